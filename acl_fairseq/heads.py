@@ -1,0 +1,100 @@
+"""What a criterion needs from a classifier with one or several exits, in one shape.
+
+Every criterion in this plugin reads the model through :func:`collect_exit_outputs`, which
+returns :class:`ExitOutputs` for both a multi-exit RoBERTa (which returns them itself, in
+``extra["exits"]``) and a stock single-exit ``roberta_*`` model (where the head's inputs are
+captured with forward pre-hooks during the one ordinary ``model(...)`` call, so DDP wrappers and
+their hooks see a normal forward).
+
+Notation follows METHOD.md: ``u^m`` is the input of exit m's ``out_proj`` (after the head's second
+dropout), ``W_c^m = out_proj.weight`` holds the label embeddings, ``c^m`` is the pooled state the
+head reads.
+"""
+from contextlib import contextmanager
+from typing import Dict, List, NamedTuple, Tuple
+
+from torch import Tensor, nn
+
+
+class ExitOutputs(NamedTuple):
+    logits: List[Tensor]  # M x (B, K): each exit's classifier output
+    features: List[Tensor]  # M x (B, d): u^m, the input of each exit's out_proj
+    pooled: List[Tensor]  # M x (B, d): c^m, the pooled layer state each head reads
+    label_embeddings: List[Tensor]  # M x (K, d): out_proj.weight of each exit
+    layers: List[int]  # 1-based encoder layer behind each exit, increasing
+
+
+def pool_states(states: Tensor, padding_mask: Tensor, mode: str) -> Tensor:
+    """Pool one layer's token states into a sentence vector.
+
+    states: (B, T, C); padding_mask: (B, T) bool, True at padding; mode: "cls" (the ``<s>`` state,
+    fairseq's convention) or "mean" (mean of the non-padding states). Returns (B, C).
+    """
+    if mode == "cls":
+        return states[:, 0, :]
+    if mode == "mean":
+        keep = (~padding_mask).unsqueeze(-1).to(states.dtype)  # B x T x 1
+        return (states * keep).sum(1) / keep.sum(1).clamp_min(1.0)
+    raise ValueError(f"unknown pooling mode {mode!r}; expected 'cls' or 'mean'")
+
+
+def head_forward(head: nn.Module, pooled: Tensor) -> Tuple[Tensor, Tensor]:
+    """Run a fairseq ``RobertaClassificationHead`` on an already pooled (B, C) state.
+
+    Returns ``(logits (B, K), u (B, d))`` where ``u`` is what ``out_proj`` reads, so that the
+    contrastive losses see exactly the representation the classifier sees.
+    """
+    x = head.dropout(pooled)
+    x = head.dense(x)
+    x = head.activation_fn(x)
+    u = head.dropout(x)
+    return head.out_proj(u), u
+
+
+@contextmanager
+def _capture_head_inputs(head: nn.Module):
+    """Record a stock head's input (B, T, C) and its out_proj's input (B, d) during one forward."""
+    seen: Dict[str, Tensor] = {}
+
+    def grab(key):
+        def hook(_module, args):
+            seen[key] = args[0]
+
+        return hook
+
+    handles = [
+        head.register_forward_pre_hook(grab("states")),
+        head.out_proj.register_forward_pre_hook(grab("u")),
+    ]
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def collect_exit_outputs(model: nn.Module, net_input: Dict, head_name: str) -> ExitOutputs:
+    """One forward pass of ``model``; returns every exit's logits and representations.
+
+    Works for the plugin's ``multi_exit_roberta`` (M exits) and for stock ``roberta_*`` (M = 1).
+    """
+    heads = model.classification_heads
+    if head_name not in heads:
+        raise ValueError(
+            f"model lacks the classification head {head_name!r} (has {sorted(heads.keys())}); "
+            "use --task sentence_prediction with the same --classification-head-name"
+        )
+    head = heads[head_name]
+    with _capture_head_inputs(head) as seen:
+        logits, extra = model(**net_input, features_only=True, classification_head_name=head_name)
+    if isinstance(extra, dict) and extra.get("exits") is not None:
+        return extra["exits"]
+    num_layers = len(model.encoder.sentence_encoder.layers)
+    return ExitOutputs(
+        logits=[logits],
+        features=[seen["u"]],
+        pooled=[seen["states"][:, 0, :]],
+        label_embeddings=[head.out_proj.weight],
+        layers=[num_layers],
+    )
+

@@ -1,0 +1,25 @@
+"""acl_fairseq: Aligned Contrastive Learning and SCL criteria plus a multi-exit RoBERTa for fairseq.
+
+Load it in fairseq with ``--user-dir acl_fairseq`` (or ``--user-dir $(python -c 'import acl_fairseq, os;
+print(os.path.dirname(acl_fairseq.__file__))')`` once installed). torch and fairseq are not listed as
+install requirements on purpose: see README "Set-up" for the order they must be installed in.
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="acl_fairseq",
+    version="0.1.0",
+    description="ACL (aligned contrastive learning) and SCL fine-tuning criteria and a multi-exit RoBERTa for fairseq",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.8",
+    packages=find_packages(include=["acl_fairseq", "acl_fairseq.*"]),
+    install_requires=["numpy", "sentencepiece", "tensorboardX"],
+    entry_points={
+        "console_scripts": [
+            "acl-evaluate=acl_fairseq.evaluate:cli_main",
+            "acl-convert-hf=acl_fairseq.convert_hf:cli_main",
+        ]
+    },
+    license="MIT",
+)

@@ -1,0 +1,10 @@
+import os
+import sys
+
+# tests import their helpers as `helpers`; acl_fairseq itself is installed (editable) or on the path
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: minutes-long tests on real data; run with -m slow")

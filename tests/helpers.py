@@ -1,0 +1,122 @@
+"""Small versions of fairseq's test helpers (not shipped in its wheel): tiny data, tiny models, and
+``fairseq-train --user-dir acl_fairseq`` runs in a subprocess (a fresh registry per run, as a user
+would run it)."""
+import os
+import subprocess
+import sys
+from typing import Dict, List, Optional, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+USER_DIR = os.path.join(REPO, "acl_fairseq")
+
+# Odd, distinct sizes so that swapped axes fail loudly (fairseq/BERT tester habit).
+TINY_ROBERTA = [
+    "--encoder-layers", "3",
+    "--encoder-embed-dim", "12",
+    "--encoder-ffn-embed-dim", "20",
+    "--encoder-attention-heads", "4",
+    "--max-positions", "64",
+    "--dropout", "0.0",
+    "--attention-dropout", "0.0",
+]
+
+
+def make_data(out_dir: str, **kw) -> Dict[str, object]:
+    """Generate and binarize the toy task (see ``acl_fairseq.toy_data.make_toy_dataset``)."""
+    from acl_fairseq.toy_data import make_toy_dataset
+
+    kw.setdefault("n_train", 48)
+    kw.setdefault("n_valid", 24)
+    return make_toy_dataset(out_dir, **kw)
+
+
+def train_args(
+    data: str,
+    save_dir: str,
+    criterion: str = "sentence_ce",
+    arch: str = "roberta",
+    num_classes: int = 2,
+    extra: Sequence[str] = (),
+    max_epoch: int = 1,
+    model_args: Sequence[str] = tuple(TINY_ROBERTA),
+) -> List[str]:
+    """The argument list of a CPU ``fairseq-train`` run of a tiny model through the plugin."""
+    return [
+        data,
+        "--user-dir", USER_DIR,
+        "--task", "sentence_prediction",
+        "--init-token", "0",
+        "--separator-token", "2",
+        "--criterion", criterion,
+        "--arch", arch,
+        *model_args,
+        "--num-classes", str(num_classes),
+        "--optimizer", "adam",
+        "--lr", "1e-3",
+        "--batch-size", "8",
+        "--max-epoch", str(max_epoch),
+        "--cpu",
+        "--seed", "1",
+        "--save-dir", save_dir,
+        "--no-epoch-checkpoints",
+        "--log-format", "json",
+        "--log-interval", "1",
+        "--num-workers", "0",
+        *extra,
+    ]
+
+
+def run_fairseq(module: str, args: Sequence[str], env: Optional[Dict[str, str]] = None, check: bool = True):
+    """Run ``python -m <module> <args>`` (e.g. ``fairseq_cli.train``); return the CompletedProcess.
+
+    On failure the assertion message carries the tail of the output, which is what one needs.
+    """
+    full_env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    full_env.update(env or {})
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args], capture_output=True, text=True, env=full_env, cwd=REPO
+    )
+    if check:
+        assert proc.returncode == 0, f"{module} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    return proc
+
+
+def train(data: str, save_dir: str, **kw):
+    """One tiny ``fairseq-train --user-dir acl_fairseq`` run; returns the CompletedProcess."""
+    env = kw.pop("env", None)
+    check = kw.pop("check", True)
+    return run_fairseq("fairseq_cli.train", train_args(data, save_dir, **kw), env=env, check=check)
+
+
+def read_scalars(logdir: str) -> Dict[str, Dict[str, List[float]]]:
+    """``{run: {tag: [values...]}}`` from the tensorboardX/torch event files under ``logdir``."""
+    from tensorboardX.proto import event_pb2  # the event protobuf ships with tensorboardX
+
+    out: Dict[str, Dict[str, List[float]]] = {}
+    for root, _, files in os.walk(logdir):
+        for name in files:
+            if "tfevents" not in name:
+                continue
+            run = os.path.relpath(root, logdir)
+            for record in _records(os.path.join(root, name)):
+                ev = event_pb2.Event.FromString(record)
+                for v in ev.summary.value:
+                    if v.HasField("simple_value"):
+                        out.setdefault(run, {}).setdefault(v.tag, []).append(v.simple_value)
+    return out
+
+
+def _records(path: str):
+    """Iterate the raw records of a TFRecord file (length, crc, data, crc)."""
+    import struct
+
+    with open(path, "rb") as f:
+        while True:
+            header = f.read(8)
+            if len(header) < 8:
+                return
+            (length,) = struct.unpack("<Q", header)
+            f.read(4)
+            data = f.read(length)
+            f.read(4)
+            yield data
