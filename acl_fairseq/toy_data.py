@@ -119,3 +119,23 @@ def make_toy_dataset(
     write_raw(os.path.join(raw, "valid"), make_examples(n_valid, seed + 1, **kw))
     binarize(raw, out_dir, ["train", "valid"], regression=regression)
     return {"data": out_dir, "num_classes": 1 if regression else num_classes}
+
+
+def cli_main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write the built-in toy sentiment task, binarized for fairseq.")
+    parser.add_argument("out_dir", help="output folder (gets raw/, input0/, label/ and input1/ for --pair)")
+    parser.add_argument("--n-train", type=int, default=4000, help="training examples")
+    parser.add_argument("--n-valid", type=int, default=500, help="validation examples")
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the generator")
+    parser.add_argument("--num-classes", type=int, default=2, help="2 = sentiment; >2 adds intensifier classes")
+    parser.add_argument("--pair", action="store_true", help="sentence pairs (label: same sentiment or not)")
+    parser.add_argument("--regression", action="store_true", help="float scores in [0, 1] instead of classes")
+    a = parser.parse_args()
+    info = make_toy_dataset(a.out_dir, a.n_train, a.n_valid, a.seed, a.num_classes, a.pair, a.regression)
+    print(f"toy task written to {info['data']} ({a.n_train} train / {a.n_valid} valid examples)")
+
+
+if __name__ == "__main__":
+    cli_main()

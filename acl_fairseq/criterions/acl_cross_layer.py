@@ -1,0 +1,48 @@
+"""ACL cross-layer: the last exit teaches the shallow exits of a multi-exit RoBERTa.
+
+For each student exit m < M, SupCon with anchors ``u^m`` against the (stop-gradient) teacher's
+``u^M`` of the whole batch and its label embeddings ``l^M``:
+``L = sum_m w_m [CE^m + lambda * L_ACL^m] + mu * mean_{m<M} L_CL^m``, with the ACL-Grad rule on
+the non-CE part unless ``--no-acl-grad``. Multi-exit models only. Registered as ``acl_cross_layer``.
+Example: ``--arch multi_exit_roberta_base --criterion acl_cross_layer --acl-cl-weight 1.0``.
+"""
+from dataclasses import dataclass, field
+from typing import Optional
+
+from fairseq.criterions import register_criterion
+
+from .. import losses
+from .acl_embed import AclEmbedCriterion
+from .acl_grad import AclGradConfig
+
+
+@dataclass
+class AclCrossLayerConfig(AclGradConfig):
+    acl_cl_weight: float = field(
+        default=1.0, metadata={"help": "mu, the weight of the mean cross-layer term; 0 means none"}
+    )
+    acl_cl_temperature: Optional[float] = field(
+        default=None, metadata={"help": "temperature of the cross-layer term; unset means --acl-temperature"}
+    )
+    no_acl_grad: bool = field(
+        default=False, metadata={"help": "always keep the non-CE part (turn the ACL-Grad gating off)"}
+    )
+
+
+@register_criterion("acl_cross_layer", dataclass=AclCrossLayerConfig)
+class AclCrossLayerCriterion(AclEmbedCriterion):
+    needs_multi_exit = True
+
+    def gated(self) -> bool:
+        return not self.cfg.no_acl_grad
+
+    def aux_terms(self, exits, targets, weights):
+        tau = self.cfg.acl_cl_temperature or self.cfg.acl_temperature
+        teacher_u, teacher_l = exits.features[-1], exits.label_embeddings[-1]
+        per_student = [
+            losses.cross_layer_acl_loss(u, teacher_u, targets, teacher_l, tau) for u in exits.features[:-1]
+        ]
+        return {
+            "acl_loss": (self.cfg.acl_weight, self.acl_term(exits, targets, weights)),
+            "acl_cl_loss": (self.cfg.acl_cl_weight, sum(per_student) / len(per_student)),
+        }

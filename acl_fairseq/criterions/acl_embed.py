@@ -1,0 +1,45 @@
+"""ACL-Embed: CE + a SupCon term where the classifier's label embeddings are extra samples.
+
+Each exit contrasts its representations ``u`` (the input of ``out_proj``) together with the rows of
+``out_proj.weight`` (one label embedding per class): ``L = CE + lambda * L_ACL``. Registered as
+``acl_embed``. Example: ``--criterion acl_embed --acl-weight 1.0 --acl-temperature 0.5``.
+"""
+from dataclasses import dataclass, field
+
+from fairseq.criterions import register_criterion
+from fairseq.dataclass import ChoiceEnum
+
+from .. import losses
+from .base import ExitCriterionBase, ExitCriterionConfig
+
+
+@dataclass
+class AclEmbedConfig(ExitCriterionConfig):
+    acl_weight: float = field(
+        default=1.0, metadata={"help": "lambda in CE + lambda * L_ACL; 0 means plain CE"}
+    )
+    acl_temperature: float = field(
+        default=0.5, metadata={"help": "ACL temperature tau (> 0) of the contrastive term"}
+    )
+    acl_anchors: ChoiceEnum(["all", "samples"]) = field(
+        default="all",
+        metadata={
+            "help": "which members of the augmented set are anchors: 'all' = samples and label "
+            "embeddings, 'samples' = only the batch's samples (label embeddings stay candidates)"
+        },
+    )
+
+
+@register_criterion("acl_embed", dataclass=AclEmbedConfig)
+class AclEmbedCriterion(ExitCriterionBase):
+    needs_class_labels = True
+
+    def acl_term(self, exits, targets, weights):
+        per_exit = [
+            losses.acl_embed_loss(u, targets, w, self.cfg.acl_temperature, anchors=self.cfg.acl_anchors)
+            for u, w in zip(exits.features, exits.label_embeddings)
+        ]
+        return losses.weighted_exit_sum(per_exit, weights)
+
+    def aux_terms(self, exits, targets, weights):
+        return {"acl_loss": (self.cfg.acl_weight, self.acl_term(exits, targets, weights))}

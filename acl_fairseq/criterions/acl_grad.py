@@ -1,0 +1,35 @@
+"""ACL-Grad: ACL-Embed whose ACL term is discarded for a batch when its gradient conflicts with CE's.
+
+If ``cos(g_CE, g_ACL) < --acl-grad-threshold`` the update uses ``g_CE`` alone, else
+``g_CE + g_ACL`` (a discard, not a PCGrad projection). ``--acl-grad-scope params`` compares the
+gradients over all trainable parameters (exact), ``features`` those over the representations ``u``
+(one backward). Logs ``grad_cos`` and ``conflict_rate``. Registered as ``acl_grad``.
+Example: ``--criterion acl_grad --acl-grad-scope params``.
+"""
+from dataclasses import dataclass, field
+
+from fairseq.criterions import register_criterion
+from fairseq.dataclass import ChoiceEnum
+
+from .acl_embed import AclEmbedConfig, AclEmbedCriterion
+
+
+@dataclass
+class AclGradConfig(AclEmbedConfig):
+    acl_grad_threshold: float = field(
+        default=0.0,
+        metadata={"help": "drop the ACL term when cos(g_CE, g_ACL) is below this value (-1 keeps it always)"},
+    )
+    acl_grad_scope: ChoiceEnum(["params", "features"]) = field(
+        default="params",
+        metadata={
+            "help": "gradients compared: 'params' = over all trainable parameters both losses reach "
+            "(exact, two extra gradient passes), 'features' = w.r.t. the representations u (cheap)"
+        },
+    )
+
+
+@register_criterion("acl_grad", dataclass=AclGradConfig)
+class AclGradCriterion(AclEmbedCriterion):
+    def gated(self) -> bool:
+        return True

@@ -1,0 +1,213 @@
+"""Shared plumbing of every criterion in this plugin: one forward, one ``reduce_metrics``.
+
+A criterion here is ``loss = ce_weight * CE + aux`` where ``CE`` is the (exit-weighted) cross-entropy
+(MSE for ``--regression-target``) and ``aux`` is what a subclass adds in :meth:`aux_terms` (SCL, ACL,
+cross-layer ACL), optionally gated by the ACL-Grad rule (:mod:`acl_fairseq.criterions.gating`).
+Losses follow fairseq's sum convention: sums over the batch, divided by ``sample_size`` (sentences)
+by the optimizer; contrastive means are multiplied by the batch size to match.
+
+Logged (and shown in TensorBoard under the same names): ``loss``, ``ce_loss``, each contrastive part,
+``grad_cos`` and ``conflict_rate`` when gated, the GLUE metrics ``accuracy``/``f1``/``mcc``
+(classification; F1/MCC with the positive class mapped through the label dictionary) or
+``pearson``/``spearman`` (regression, validation), and ``accuracy_exit{L}`` per exit of a multi-exit
+model.
+"""
+import math
+from dataclasses import dataclass, field
+from typing import Dict, Tuple
+
+import torch
+import torch.nn.functional as F
+from fairseq.criterions import FairseqCriterion
+from fairseq.criterions.sentence_prediction import SentencePredictionConfig
+from fairseq.dataclass import ChoiceEnum
+from fairseq.logging import metrics
+
+from .. import glue_metrics, losses
+from ..heads import ExitOutputs, collect_exit_outputs
+from . import gating
+from .meters import log_regression_predictions
+
+EXIT_WEIGHTING_CHOICES = ChoiceEnum(["layer", "uniform"])
+
+
+@dataclass
+class ExitCriterionConfig(SentencePredictionConfig):
+    exit_weighting: EXIT_WEIGHTING_CHOICES = field(
+        default="layer",
+        metadata={
+            "help": "how a multi-exit model weights its exits' losses: 'layer' = proportional to the "
+            "layer index (PABEE), 'uniform' = equal weights; no effect with one exit"
+        },
+    )
+
+
+class ExitCriterionBase(FairseqCriterion):
+    """Cross-entropy over every exit plus the subclass's auxiliary terms."""
+
+    needs_class_labels = False  # contrastive criteria set True: they refuse --regression-target
+    needs_multi_exit = False  # acl_cross_layer sets True
+
+    def __init__(self, cfg: ExitCriterionConfig, task):
+        super().__init__(task)
+        self.cfg = cfg
+        self.head_name = cfg.classification_head_name
+        self.regression = cfg.regression_target
+        name = type(self).__name__
+        if self.regression and self.needs_class_labels:
+            raise ValueError(
+                f"{name} is contrastive and needs class labels, but --regression-target is set "
+                "(e.g. STS-B); use --criterion sentence_ce for regression tasks"
+            )
+        self.positive = None
+        if not self.regression:
+            self.positive = _check_label_dictionary(task)
+
+    # --- what subclasses change -------------------------------------------------------------
+    @property
+    def ce_weight(self) -> float:
+        """Multiplier of the cross-entropy part (SCL uses 1 - lambda)."""
+        return 1.0
+
+    def aux_terms(
+        self, exits: ExitOutputs, targets: torch.Tensor, weights: torch.Tensor
+    ) -> Dict[str, Tuple[float, torch.Tensor]]:
+        """Auxiliary terms ``{name: (weight, batch-mean loss)}``, e.g. ``{"acl_loss": (1.0, l)}``.
+
+        ``sum(weight * loss)`` is added to the CE part; each loss is logged unweighted under its name.
+        ``weights`` are the exit weights (M,).
+        """
+        return {}
+
+    def gated(self) -> bool:
+        """Whether the ACL-Grad rule decides per batch whether the auxiliary terms are kept."""
+        return False
+
+    # --- the shared forward -------------------------------------------------------------------
+    def forward(self, model, sample, reduce=True):
+        exits = collect_exit_outputs(model, sample["net_input"], self.head_name)
+        if self.needs_multi_exit and len(exits.logits) < 2:
+            raise ValueError(
+                f"{type(self).__name__} needs a multi-exit model (at least two exits); use "
+                "--arch multi_exit_roberta_base (or _large) and keep more than one --exit-layers"
+            )
+        targets = model.get_targets(sample, [exits.logits[-1]]).view(-1)
+        n = targets.numel()
+        weights = losses.exit_weights(exits.layers, self.cfg.exit_weighting).to(targets.device)
+        task_losses = [self._task_loss(logits, targets) for logits in exits.logits]
+        ce = losses.weighted_exit_sum(task_losses, weights)  # sum over the batch
+        aux_parts = self.aux_terms(exits, targets, weights) if n > 0 else {}
+        aux = sum(w * v for w, v in aux_parts.values()) * n if aux_parts else ce.new_zeros(())
+        loss, gate_log = self._combine(model, exits, self.ce_weight * ce, aux)
+        logging_output = {
+            "loss": (self.ce_weight * ce + aux).data if not gate_log else gate_log.pop("true_loss"),
+            "ce_loss": ce.data,
+            "ntokens": sample["ntokens"],
+            "nsentences": n,
+            "sample_size": n,
+            **{k: v.data * n for k, (_, v) in aux_parts.items()},
+            **gate_log,
+        }
+        self._log_predictions(logging_output, exits, targets, model.training)
+        return loss, n, logging_output
+
+    def _task_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.regression:
+            return F.mse_loss(logits.view(-1).float(), targets.float(), reduction="sum")
+        return F.nll_loss(F.log_softmax(logits, dim=-1, dtype=torch.float32), targets, reduction="sum")
+
+    def _combine(self, model, exits: ExitOutputs, ce: torch.Tensor, aux: torch.Tensor) -> Tuple[torch.Tensor, Dict]:
+        """``ce + aux``, or the ACL-Grad choice between ``ce`` and ``ce + aux`` while training."""
+        if not (self.gated() and model.training and torch.is_grad_enabled() and aux.requires_grad):
+            return ce + aux, {}
+        return gating.gate(model, exits, ce, aux, self.cfg.acl_grad_scope, self.cfg.acl_grad_threshold)
+
+    def _log_predictions(self, out: Dict, exits: ExitOutputs, targets: torch.Tensor, training: bool) -> None:
+        if self.regression:
+            pred = exits.logits[-1].detach().view(-1).float()
+            out.update(_regression_sums(pred, targets.float()))
+            if not training:
+                out["_pred"], out["_targ"] = pred.cpu(), targets.float().cpu()
+            return
+        for layer, logits in zip(exits.layers, exits.logits):
+            out[f"ncorrect_exit{layer}"] = (logits.argmax(-1) == targets).sum()
+        pred = exits.logits[-1].argmax(-1)
+        out["ncorrect"] = out[f"ncorrect_exit{exits.layers[-1]}"]
+        if self.positive is not None:
+            pos_p, pos_t = pred == self.positive, targets == self.positive
+            out["tp"], out["fp"] = (pos_p & pos_t).sum(), (pos_p & ~pos_t).sum()
+            out["fn"], out["tn"] = (~pos_p & pos_t).sum(), (~pos_p & ~pos_t).sum()
+        if len(exits.layers) == 1:
+            del out[f"ncorrect_exit{exits.layers[-1]}"]
+
+    def logging_outputs_can_be_summed(self) -> bool:
+        # regression validation carries per-example predictions (for Spearman): gather, don't sum
+        return not self.regression
+
+    # --- metrics ----------------------------------------------------------------------------
+    @staticmethod
+    def reduce_metrics(logging_outputs) -> None:
+        def total(key):
+            return float(sum(log.get(key, 0) for log in logging_outputs))
+
+        n = total("sample_size")
+        if n == 0:
+            return
+        metrics.log_scalar("loss", total("loss") / n / math.log(2), n, round=3)
+        keys = set().union(*(log.keys() for log in logging_outputs))
+        for key in sorted(k for k in keys if k.endswith("_loss")):
+            metrics.log_scalar(key, total(key) / n / math.log(2), n, round=3)
+        steps = total("gated_steps")
+        if steps:
+            metrics.log_scalar("grad_cos", total("grad_cos") / steps, steps, round=4)
+            metrics.log_scalar("conflict_rate", total("conflict") / steps, steps, round=3)
+        if "ncorrect" in keys:
+            metrics.log_scalar("accuracy", 100.0 * total("ncorrect") / n, n, round=2)
+            for key in sorted(k for k in keys if k.startswith("ncorrect_exit")):
+                metrics.log_scalar("accuracy_exit" + key[len("ncorrect_exit"):], 100.0 * total(key) / n, n, round=2)
+        if "tp" in keys:
+            tp, fp, fn, tn = (total(k) for k in ("tp", "fp", "fn", "tn"))
+            for k, v in dict(tp=tp, fp=fp, fn=fn, tn=tn).items():
+                metrics.log_scalar_sum("_" + k, v)
+            metrics.log_derived("f1", lambda m: round(glue_metrics.f1_from_counts(*_counts(m)[:3]), 2))
+            metrics.log_derived("mcc", lambda m: round(glue_metrics.mcc_from_counts(*_counts(m)), 2))
+        if "sxy" in keys:
+            for k in ("n_reg", "sx", "sy", "sxx", "syy", "sxy"):
+                metrics.log_scalar_sum("_" + k, total(k))
+            metrics.log_derived("pearson", lambda m: round(glue_metrics.pearson_from_sums(*_sums(m)), 2))
+        log_regression_predictions(logging_outputs)
+
+
+def _counts(meters):
+    return tuple(meters["_" + k].sum for k in ("tp", "fp", "fn", "tn"))
+
+
+def _sums(meters):
+    return tuple(meters["_" + k].sum for k in ("n_reg", "sx", "sy", "sxx", "syy", "sxy"))
+
+
+def _regression_sums(pred: torch.Tensor, targ: torch.Tensor) -> Dict[str, torch.Tensor]:
+    pred, targ = pred.double(), targ.double()
+    return {
+        "n_reg": pred.new_tensor(float(pred.numel())),
+        "sx": pred.sum(), "sy": targ.sum(),
+        "sxx": (pred * pred).sum(), "syy": (targ * targ).sum(), "sxy": (pred * targ).sum(),
+    }
+
+
+def _check_label_dictionary(task):
+    """Check --num-classes against the label dictionary; return the positive class index (or None)."""
+    label_dict = getattr(task, "label_dictionary", None)
+    if label_dict is None:
+        raise ValueError(
+            "no label dictionary: classification needs DATA/label/dict.txt (binarize the labels "
+            "with fairseq-preprocess or preprocess/glue.py), or pass --regression-target for scores"
+        )
+    names = glue_metrics.label_names(label_dict)
+    num_classes = task.cfg.num_classes
+    if num_classes != len(names):
+        raise ValueError(
+            f"--num-classes {num_classes} does not match the label dictionary, which has "
+            f"{len(names)} labels ({', '.join(names)}); set --num-classes {len(names)}"
+        )
+    return glue_metrics.positive_index(label_dict)

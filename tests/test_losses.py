@@ -1,0 +1,532 @@
+"""Tests of acl_fairseq.losses against slow loop references written from docs/METHOD.md."""
+import math
+from typing import List, Optional, Sequence, Set, Tuple
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from acl_fairseq.losses import (
+    acl_embed_loss,
+    acl_grad_keep,
+    cross_layer_acl_loss,
+    exit_weights,
+    gradient_cosine,
+    prediction_entropy,
+    supcon_core,
+    supcon_loss,
+    weighted_exit_sum,
+)
+
+FLOAT_DTYPES = [torch.float32, torch.float64]
+HALF_DTYPES = [torch.float16, torch.bfloat16]
+TOL = dict(atol=1e-5, rtol=1e-5)
+
+
+def _approx():
+    return dict(abs=TOL["atol"], rel=TOL["rtol"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Loop references on plain Python floats, straight from METHOD.md's formulas
+# ----------------------------------------------------------------------------------------------
+def _ref_norm(v: Sequence[float]) -> List[float]:
+    n = math.sqrt(sum(x * x for x in v))
+    return [x / n for x in v] if n > 0 else [0.0 for _ in v]
+
+
+def _ref_supcon_per_anchor(
+    anchors: List[List[float]],
+    candidates: List[List[float]],
+    a_labels: List[int],
+    c_labels: List[int],
+    tau: float,
+    self_pairs: Set[Tuple[int, int]],
+) -> List[Optional[float]]:
+    """loss_p for each anchor, None where P(p) is empty."""
+    out: List[Optional[float]] = []
+    for p, a in enumerate(anchors):
+        s = [sum(x * y for x, y in zip(a, b)) / tau for b in candidates]
+        others = [q for q in range(len(candidates)) if (p, q) not in self_pairs]
+        log_den = math.log(sum(math.exp(s[r]) for r in others)) if others else 0.0
+        pos = [q for q in others if c_labels[q] == a_labels[p]]
+        out.append(-sum(s[q] - log_den for q in pos) / len(pos) if pos else None)
+    return out
+
+
+def _ref_mean(per_anchor: List[Optional[float]]) -> float:
+    valid = [x for x in per_anchor if x is not None]
+    return sum(valid) / len(valid) if valid else 0.0
+
+
+def _rows(x: torch.Tensor) -> List[List[float]]:
+    return [_ref_norm(r) for r in x.double().tolist()]
+
+
+def ref_supcon_loss(features, labels, tau) -> float:
+    z, y = _rows(features), labels.tolist()
+    self_pairs = {(i, i) for i in range(len(z))}
+    return _ref_mean(_ref_supcon_per_anchor(z, z, y, y, tau, self_pairs))
+
+
+def ref_acl_embed_loss(features, labels, label_emb, tau, anchors="all") -> float:
+    aug = _rows(features) + _rows(label_emb)
+    aug_y = labels.tolist() + list(range(label_emb.shape[0]))
+    n_anchors = len(aug) if anchors == "all" else features.shape[0]
+    self_pairs = {(i, i) for i in range(n_anchors)}
+    per = _ref_supcon_per_anchor(aug[:n_anchors], aug, aug_y[:n_anchors], aug_y, tau, self_pairs)
+    return _ref_mean(per)
+
+
+def ref_cross_layer_loss(student, teacher, labels, teacher_emb, tau) -> float:
+    cands = _rows(teacher) + _rows(teacher_emb)
+    c_y = labels.tolist() + list(range(teacher_emb.shape[0]))
+    per = _ref_supcon_per_anchor(_rows(student), cands, labels.tolist(), c_y, tau, set())
+    return _ref_mean(per)
+
+
+# ----------------------------------------------------------------------------------------------
+# Inputs: several N, K, d, with the edge cases of the brief
+# ----------------------------------------------------------------------------------------------
+CASES = {
+    "n1": (1, 2, 3, [1]),
+    "one_class": (5, 1, 4, [0, 0, 0, 0, 0]),
+    "singleton_class": (6, 3, 5, [0, 0, 1, 1, 1, 2]),
+    "absent_class": (5, 4, 6, [0, 1, 1, 0, 1]),
+    "all_distinct_labels": (4, 4, 3, [0, 1, 2, 3]),
+    "duplicate_features": (6, 2, 4, [0, 1, 0, 1, 0, 1]),
+    "random_wide": (13, 4, 7, None),
+}
+
+
+def make_case(name: str, dtype: torch.dtype, seed: int = 0):
+    n, k, d, labels = CASES[name]
+    g = torch.Generator().manual_seed(seed)
+    feats = torch.randn(n, d, generator=g, dtype=torch.float64)
+    if name == "duplicate_features":
+        feats[3:] = feats[:3]  # rows 0/3 (same label) and 1/4 are exact duplicates
+    if labels is None:
+        labels = torch.randint(0, k, (n,), generator=g).tolist()
+    label_emb = torch.randn(k, d, generator=g, dtype=torch.float64)
+    teacher = torch.randn(n, d, generator=g, dtype=torch.float64)
+    return (feats.to(dtype), torch.tensor(labels), label_emb.to(dtype), teacher.to(dtype))
+
+
+def _as_float(x: torch.Tensor) -> float:
+    return float(x.detach().double())
+
+
+TEMPERATURES = [0.1, 0.5]
+
+
+# ----------------------------------------------------------------------------------------------
+# Agreement with the loop references
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("tau", TEMPERATURES)
+def test_supcon_loss_matches_loop_reference(dtype, case, tau):
+    feats, labels, _, _ = make_case(case, dtype)
+    got = supcon_loss(feats, labels, tau)
+    assert got.dtype == dtype and got.dim() == 0
+    assert _as_float(got) == pytest.approx(ref_supcon_loss(feats, labels, tau), **_approx())
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("anchors", ["all", "samples"])
+@pytest.mark.parametrize("tau", TEMPERATURES)
+def test_acl_embed_loss_matches_loop_reference(dtype, case, anchors, tau):
+    feats, labels, emb, _ = make_case(case, dtype)
+    got = acl_embed_loss(feats, labels, emb, tau, anchors=anchors)
+    want = ref_acl_embed_loss(feats, labels, emb, tau, anchors)
+    assert _as_float(got) == pytest.approx(want, **_approx())
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("tau", TEMPERATURES)
+def test_cross_layer_acl_loss_matches_loop_reference(dtype, case, tau):
+    student, labels, emb, teacher = make_case(case, dtype)
+    got = cross_layer_acl_loss(student, teacher, labels, emb, tau)
+    want = ref_cross_layer_loss(student, teacher, labels, emb, tau)
+    assert _as_float(got) == pytest.approx(want, **_approx())
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_supcon_core_matches_loop_reference_with_partial_self_mask(dtype):
+    g = torch.Generator().manual_seed(3)
+    a = F.normalize(torch.randn(5, 4, generator=g, dtype=torch.float64), dim=-1).to(dtype)
+    b = F.normalize(torch.randn(7, 4, generator=g, dtype=torch.float64), dim=-1).to(dtype)
+    a_y, b_y = torch.tensor([0, 1, 2, 0, 3]), torch.tensor([0, 0, 1, 2, 2, 1, 0])
+    self_mask = torch.zeros(5, 7, dtype=torch.bool)
+    self_mask[0, 0] = self_mask[1, 2] = self_mask[2, 6] = True
+    per, valid = supcon_core(a, b, a_y, b_y, 0.3, self_mask)
+    pairs = {tuple(ix) for ix in self_mask.nonzero().tolist()}
+    want = _ref_supcon_per_anchor(a.double().tolist(), b.double().tolist(), a_y.tolist(),
+                                  b_y.tolist(), 0.3, pairs)
+    assert valid.tolist() == [w is not None for w in want] == [True, True, True, True, False]
+    assert per[4].item() == 0.0  # label 3 has no candidate: exactly 0
+    for got_p, want_p in zip(per.tolist(), want):
+        assert got_p == pytest.approx(want_p if want_p is not None else 0.0, **_approx())
+
+
+# ----------------------------------------------------------------------------------------------
+# Gradients
+# ----------------------------------------------------------------------------------------------
+def test_supcon_loss_passes_gradcheck():
+    feats, labels, _, _ = make_case("singleton_class", torch.float64)
+    feats.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda f: supcon_loss(f, labels, 0.3), (feats,))
+
+
+@pytest.mark.parametrize("anchors", ["all", "samples"])
+def test_acl_embed_loss_passes_gradcheck(anchors):
+    feats, labels, emb, _ = make_case("absent_class", torch.float64)
+    feats.requires_grad_(True)
+    emb.requires_grad_(True)
+    fn = lambda f, e: acl_embed_loss(f, labels, e, 0.5, anchors=anchors)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (feats, emb))
+
+
+def test_cross_layer_acl_loss_passes_gradcheck():
+    student, labels, emb, teacher = make_case("singleton_class", torch.float64)
+    student.requires_grad_(True)
+    fn = lambda s: cross_layer_acl_loss(s, teacher, labels, emb, 0.5)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (student,))
+
+
+def _all_losses(feats, labels, emb, teacher):
+    return {
+        "supcon": supcon_loss(feats, labels, 0.1),
+        "acl_embed_all": acl_embed_loss(feats, labels, emb, 0.1, "all"),
+        "acl_embed_samples": acl_embed_loss(feats, labels, emb, 0.1, "samples"),
+        "cross_layer": cross_layer_acl_loss(feats, teacher, labels, emb, 0.1),
+    }
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1e4])
+def test_losses_are_scale_invariant_with_finite_grads_for_extreme_features(scale):
+    feats, labels, emb, teacher = make_case("random_wide", torch.float32)
+    want = _all_losses(feats, labels, emb, teacher)
+    big = (feats * scale).requires_grad_(True)
+    big_emb = (emb * scale).requires_grad_(True)
+    got = _all_losses(big, labels, big_emb, teacher * scale)
+    for name in want:
+        assert torch.isfinite(got[name]), name
+        torch.testing.assert_close(got[name], want[name], atol=1e-4, rtol=1e-4)
+        big.grad = big_emb.grad = None
+        got[name].backward(retain_graph=True)
+        assert torch.isfinite(big.grad).all(), name
+        if big_emb.grad is not None:
+            assert torch.isfinite(big_emb.grad).all(), name
+
+
+@pytest.mark.parametrize("half", HALF_DTYPES)
+def test_half_precision_inputs_give_fp32_losses_and_finite_grads(half):
+    feats, labels, emb, teacher = make_case("random_wide", torch.float32)
+    feats_h = (feats * 1e4).to(half).requires_grad_(True)
+    emb_h = (emb * 1e4).to(half).requires_grad_(True)
+    got = _all_losses(feats_h, labels, emb_h, (teacher * 1e4).to(half))
+    # the same rounded inputs, upcast by hand, are the fp32 reference
+    want = _all_losses(feats_h.float(), labels, emb_h.float(), (teacher * 1e4).to(half).float())
+    for name in got:
+        assert got[name].dtype == torch.float32, name
+        torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-5)
+        feats_h.grad = emb_h.grad = None
+        got[name].backward(retain_graph=True)
+        assert feats_h.grad.dtype == half and torch.isfinite(feats_h.grad).all(), name
+
+
+def test_zero_feature_vector_gives_finite_loss_and_grads():
+    feats, labels, emb, teacher = make_case("random_wide", torch.float32)
+    feats[2] = 0.0
+    emb[1] = 0.0
+    feats.requires_grad_(True)
+    emb.requires_grad_(True)
+    for name, loss in _all_losses(feats, labels, emb, teacher).items():
+        feats.grad = emb.grad = None
+        loss.backward()
+        assert torch.isfinite(loss), name
+        assert torch.isfinite(feats.grad).all(), name
+
+
+# ----------------------------------------------------------------------------------------------
+# Anchors without positives
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("case", ["n1", "all_distinct_labels"])
+def test_supcon_without_positive_is_exact_zero_and_backprops(dtype, case):
+    feats, labels, _, _ = make_case(case, dtype)
+    feats.requires_grad_(True)
+    loss = supcon_loss(feats, labels, 0.1)
+    assert loss.item() == 0.0 and loss.dtype == dtype
+    assert loss.requires_grad
+    loss.backward()
+    assert feats.grad is not None
+    assert torch.equal(feats.grad, torch.zeros_like(feats.grad))
+
+
+def test_no_positive_anchor_is_excluded_from_the_mean():
+    # label 2 is a singleton: its anchor has no positive and must not dilute the mean
+    feats, labels, _, _ = make_case("singleton_class", torch.float64)
+    z = F.normalize(feats, dim=-1)
+    per, valid = supcon_core(z, z, labels, labels, 0.3, torch.eye(6, dtype=torch.bool))
+    assert valid.tolist() == [True, True, True, True, True, False]
+    assert per[5].item() == 0.0
+    torch.testing.assert_close(supcon_loss(feats, labels, 0.3), per[valid].mean())
+    # reduce-sum equals the per-anchor sum
+    torch.testing.assert_close(supcon_loss(feats, labels, 0.3) * valid.sum(), per.sum())
+
+
+def test_acl_embed_absent_class_embedding_is_not_a_valid_anchor():
+    feats, labels, emb, _ = make_case("absent_class", torch.float64)  # K = 4, labels in {0, 1}
+    aug = F.normalize(torch.cat([feats, emb]), dim=-1)
+    aug_y = torch.cat([labels, torch.arange(4)])
+    _, valid = supcon_core(aug, aug, aug_y, aug_y, 0.5, torch.eye(9, dtype=torch.bool))
+    assert valid.tolist() == [True] * 5 + [True, True, False, False]
+
+
+def test_acl_embed_every_sample_has_its_label_embedding_as_positive():
+    feats, labels, emb, _ = make_case("all_distinct_labels", torch.float64)
+    loss = acl_embed_loss(feats, labels, emb, 0.5, anchors="samples")
+    assert loss.item() > 0  # without label embeddings these anchors would have no positive
+
+
+def test_cross_layer_counts_teachers_view_of_same_example_as_positive():
+    # orthonormal examples, all labels distinct, teacher == student, l_k = u_k: anchor i has exactly
+    # two positives (teacher's u_i and l_i) scoring 1/tau, and 2(N-1) negatives scoring 0
+    n, tau = 4, 0.2
+    student = torch.eye(n, dtype=torch.float64) * 3.0
+    labels = torch.arange(n)
+    got = cross_layer_acl_loss(student, student.clone(), labels, student.clone(), tau)
+    want = math.log(2 * math.exp(1 / tau) + 2 * (n - 1)) - 1 / tau
+    assert got.item() == pytest.approx(want, abs=1e-9)
+
+
+# ----------------------------------------------------------------------------------------------
+# Invariants
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_losses_are_invariant_to_batch_permutation(dtype):
+    feats, labels, emb, teacher = make_case("random_wide", dtype, seed=5)
+    perm = torch.randperm(feats.shape[0], generator=torch.Generator().manual_seed(1))
+    want = _all_losses(feats, labels, emb, teacher)
+    got = _all_losses(feats[perm], labels[perm], emb, teacher[perm])
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], **TOL)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("tau", [0.05, 0.3, 1.0])
+def test_supcon_equals_info_nce_when_single_positive(dtype, tau):
+    n = 7
+    g = torch.Generator().manual_seed(11)
+    views = torch.randn(2 * n, 5, generator=g, dtype=torch.float64).to(dtype)
+    labels = torch.cat([torch.arange(n), torch.arange(n)])  # each anchor's only positive: its twin
+    # SimCLR's NT-Xent, written independently: cross-entropy over all other rows
+    z = views / views.norm(dim=1, keepdim=True)
+    sim = (z @ z.t() / tau).masked_fill(torch.eye(2 * n, dtype=torch.bool), float("-inf"))
+    targets = (torch.arange(2 * n) + n) % (2 * n)
+    info_nce = F.cross_entropy(sim, targets)
+    torch.testing.assert_close(supcon_loss(views, labels, tau), info_nce, **TOL)
+
+
+@pytest.mark.parametrize("n", [2, 5, 9])
+def test_supcon_at_high_temperature_tends_to_log_of_other_count(n):
+    feats = torch.randn(n, 4, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
+    labels = torch.zeros(n, dtype=torch.long)
+    # tau -> inf: every pair scores the same, so log p = -log(n - 1) for every positive
+    assert supcon_loss(feats, labels, 1e8).item() == pytest.approx(math.log(n - 1), abs=1e-6)
+
+
+def test_supcon_on_perfect_clusters_decreases_with_temperature_to_log_positive_count():
+    # identical members per class, classes orthogonal: the positives take all the mass as tau -> 0
+    feats = torch.eye(3, dtype=torch.float64)[[0, 0, 0, 1, 1, 2, 2, 2, 2]]
+    labels = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2])
+    losses = [supcon_loss(feats, labels, tau).item() for tau in (1.0, 0.5, 0.1, 0.01)]
+    assert losses == sorted(losses, reverse=True)
+    n_pos = [2, 2, 2, 1, 1, 3, 3, 3, 3]
+    assert losses[-1] == pytest.approx(sum(math.log(p) for p in n_pos) / 9, abs=1e-6)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_supcon_core_depends_on_similarities_over_temperature_only(dtype):
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(4, 3, generator=g, dtype=torch.float64).to(dtype)
+    b = torch.randn(6, 3, generator=g, dtype=torch.float64).to(dtype)
+    a_y, b_y = torch.tensor([0, 1, 1, 2]), torch.tensor([1, 0, 2, 2, 1, 0])
+    per, valid = supcon_core(a, b, a_y, b_y, 0.2)
+    per_scaled, valid_scaled = supcon_core(a * 3.0, b, a_y, b_y, 0.6)
+    torch.testing.assert_close(per, per_scaled, **TOL)
+    assert torch.equal(valid, valid_scaled)
+
+
+def test_cross_layer_teacher_gets_no_gradient():
+    student, labels, emb, teacher = make_case("random_wide", torch.float64)
+    student.requires_grad_(True)
+    teacher.requires_grad_(True)
+    emb.requires_grad_(True)
+    cross_layer_acl_loss(student, teacher, labels, emb, 0.5).backward()
+    assert teacher.grad is None and emb.grad is None
+    assert student.grad is not None and student.grad.abs().sum() > 0
+
+
+def test_cross_layer_shared_tensor_gets_student_gradient_only():
+    x, labels, emb, _ = make_case("random_wide", torch.float64)
+    x.requires_grad_(True)
+    cross_layer_acl_loss(x, x, labels, emb, 0.5).backward()
+    shared_grad = x.grad.clone()
+    x.grad = None
+    cross_layer_acl_loss(x, x.detach().clone(), labels, emb, 0.5).backward()
+    torch.testing.assert_close(shared_grad, x.grad)
+
+
+def test_invalid_arguments_raise_value_error():
+    feats, labels, emb, _ = make_case("random_wide", torch.float32)
+    with pytest.raises(ValueError):
+        acl_embed_loss(feats, labels, emb, 0.5, anchors="labels")
+    with pytest.raises(ValueError):
+        supcon_loss(feats, labels, 0.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Multi-exit weighting
+# ----------------------------------------------------------------------------------------------
+def test_exit_weights_layer_scheme_is_proportional_to_layer_index():
+    torch.testing.assert_close(exit_weights([1, 2, 3]), torch.tensor([1 / 6, 2 / 6, 3 / 6]))
+    torch.testing.assert_close(exit_weights([2, 4], "layer"), torch.tensor([1 / 3, 2 / 3]))
+    w = exit_weights(range(1, 13))
+    assert w.dtype == torch.float32 and w.sum().item() == pytest.approx(1.0)
+
+
+def test_exit_weights_uniform_scheme_is_equal():
+    torch.testing.assert_close(exit_weights([1, 2, 3], "uniform"), torch.full((3,), 1 / 3))
+    torch.testing.assert_close(exit_weights([2, 4], "uniform"), torch.tensor([0.5, 0.5]))
+    torch.testing.assert_close(exit_weights([6], "layer"), torch.tensor([1.0]))
+
+
+@pytest.mark.parametrize("layers,scheme", [([], "layer"), ([1, 2], "linear"), ([0, 1], "layer")])
+def test_exit_weights_rejects_bad_arguments(layers, scheme):
+    with pytest.raises(ValueError):
+        exit_weights(layers, scheme)
+
+
+def test_weighted_exit_sum_matches_manual_sum():
+    values = [torch.tensor(2.0), torch.tensor(4.0, dtype=torch.float64), torch.tensor(-1.0)]
+    w = exit_weights([1, 2, 3])
+    got = weighted_exit_sum(values, w)
+    assert got.item() == pytest.approx(2.0 / 6 + 8.0 / 6 - 3.0 / 6)
+    with pytest.raises(ValueError):
+        weighted_exit_sum(values[:2], w)
+
+
+def test_weighted_exit_sum_backpropagates_to_each_exit():
+    values = [torch.tensor(1.0, requires_grad=True) for _ in range(3)]
+    weighted_exit_sum(values, exit_weights([1, 2, 3])).backward()
+    assert [v.grad.item() for v in values] == pytest.approx([1 / 6, 2 / 6, 3 / 6])
+
+
+# ----------------------------------------------------------------------------------------------
+# ACL-Grad decision
+# ----------------------------------------------------------------------------------------------
+def _grad_lists(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(3, 4), (5,), (2, 2, 2), (7,), (1,)]
+    a = [torch.randn(s, generator=g) for s in shapes]
+    b = [torch.randn(s, generator=g) for s in shapes]
+    a[1] = None  # reached by loss b only
+    b[3] = None  # reached by loss a only
+    return a, b
+
+
+def test_gradient_cosine_matches_cosine_of_concatenation_skipping_none():
+    a, b = _grad_lists(0)
+    both = [i for i in range(len(a)) if a[i] is not None and b[i] is not None]
+    flat_a = torch.cat([a[i].reshape(-1) for i in both])
+    flat_b = torch.cat([b[i].reshape(-1) for i in both])
+    want = F.cosine_similarity(flat_a, flat_b, dim=0)
+    got = gradient_cosine(a, b)
+    assert got.dtype == torch.float32 and got.dim() == 0
+    torch.testing.assert_close(got, want, **TOL)
+
+
+def test_gradient_cosine_of_aligned_and_opposite_gradients():
+    a, _ = _grad_lists(1)
+    assert gradient_cosine(a, a).item() == pytest.approx(1.0, abs=1e-6)
+    neg = [None if x is None else -2.0 * x for x in a]
+    assert gradient_cosine(a, neg).item() == pytest.approx(-1.0, abs=1e-6)
+
+
+def test_gradient_cosine_is_zero_for_zero_norm_or_no_shared_parameter():
+    a, b = _grad_lists(2)
+    zeros = [None if x is None else torch.zeros_like(x) for x in b]
+    assert gradient_cosine(a, zeros).item() == 0.0
+    assert gradient_cosine([a[0], None], [None, b[1]]).item() == 0.0
+    assert gradient_cosine([], []).dtype == torch.float32
+
+
+def test_gradient_cosine_upcasts_half_gradients():
+    a, b = _grad_lists(3)
+    a16 = [None if x is None else (x * 1e4).half() for x in a]
+    b16 = [None if x is None else (x * 1e4).half() for x in b]
+    got = gradient_cosine(a16, b16)
+    assert got.dtype == torch.float32 and torch.isfinite(got)
+    want = gradient_cosine([None if x is None else x.float() for x in a16],
+                           [None if x is None else x.float() for x in b16])
+    torch.testing.assert_close(got, want)
+    with pytest.raises(ValueError):
+        gradient_cosine(a, b[:-1])
+
+
+@pytest.mark.parametrize("cosine,threshold,keep", [
+    (0.0, 0.0, True), (0.3, 0.0, True), (-0.1, 0.0, False),
+    (0.5, 0.5, True), (0.49, 0.5, False), (-0.2, -0.3, True),
+])
+def test_acl_grad_keeps_iff_cosine_at_or_above_threshold(cosine, threshold, keep):
+    got = acl_grad_keep(torch.tensor(cosine), threshold)
+    assert got.dtype == torch.bool and bool(got) is keep
+
+
+# ----------------------------------------------------------------------------------------------
+# Prediction entropy
+# ----------------------------------------------------------------------------------------------
+def test_prediction_entropy_of_one_hot_like_logits_is_zero_not_nan():
+    logits = torch.tensor([[1e4, 0.0, 0.0], [0.0, -1e4, 1e4], [-1e4, 1e4, -1e4]])
+    ent = prediction_entropy(logits)
+    assert ent.shape == (3,) and not torch.isnan(ent).any()
+    torch.testing.assert_close(ent, torch.zeros(3))
+
+
+def test_prediction_entropy_of_uniform_logits_is_one():
+    torch.testing.assert_close(prediction_entropy(torch.full((4, 5), 3.0)), torch.ones(4))
+    torch.testing.assert_close(prediction_entropy(torch.zeros(2, 2)), torch.ones(2))
+
+
+def test_prediction_entropy_with_one_class_is_zero():
+    torch.testing.assert_close(prediction_entropy(torch.tensor([[7.0], [-1e4]])), torch.zeros(2))
+
+
+def test_prediction_entropy_matches_loop_reference():
+    logits = torch.randn(6, 4, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    want = []
+    for row in logits.tolist():
+        z = sum(math.exp(x) for x in row)
+        want.append(-sum(math.exp(x) / z * math.log(math.exp(x) / z) for x in row) / math.log(4))
+    torch.testing.assert_close(prediction_entropy(logits), torch.tensor(want, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("half", HALF_DTYPES)
+def test_prediction_entropy_upcasts_half_and_has_finite_grads(half):
+    logits = (torch.randn(5, 3, generator=torch.Generator().manual_seed(0)) * 1e4).to(half)
+    logits.requires_grad_(True)
+    ent = prediction_entropy(logits)
+    assert ent.dtype == torch.float32 and torch.isfinite(ent).all()
+    ent.sum().backward()
+    assert torch.isfinite(logits.grad).all()
+
+
+def test_prediction_entropy_with_masked_minus_inf_logits_is_finite():
+    logits = torch.tensor([[0.0, 0.0, float("-inf")], [5.0, float("-inf"), float("-inf")]])
+    ent = prediction_entropy(logits)
+    torch.testing.assert_close(ent, torch.tensor([math.log(2) / math.log(3), 0.0]))
