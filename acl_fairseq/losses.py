@@ -1,0 +1,302 @@
+"""Pure tensor maths for the contrastive criteria and the multi-exit model (see docs/METHOD.md).
+
+Every function takes tensors and plain numbers and returns tensors; nothing here knows about
+fairseq. Contrastive maths runs in float32 at least: float16/bfloat16 inputs are upcast and the
+result is float32; float64 inputs stay float64 (so that ``torch.autograd.gradcheck`` can be used).
+Features are passed un-normalized unless a docstring says otherwise. No state is kept between calls.
+"""
+import math
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+# Floor on ||v|| in norm(v): a zero vector maps to zero (no 0/0 NaN); far below any real norm.
+_NORM_EPS = 1e-12
+
+_ANCHOR_MODES = ("all", "samples")
+_EXIT_SCHEMES = ("layer", "uniform")
+
+
+def _compute_dtype(*tensors: Tensor) -> torch.dtype:
+    """float32, or float64 if any input is float64 (float16/bfloat16 are upcast)."""
+    dtype = torch.float32
+    for t in tensors:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
+def _normalize(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """norm(x) row-wise in ``dtype``: x: (N, d) -> (N, d)."""
+    return F.normalize(x.to(dtype), p=2.0, dim=-1, eps=_NORM_EPS)
+
+
+def _check_temperature(temperature: float) -> None:
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+
+
+def _mean_over_valid(per_anchor: Tensor, valid: Tensor) -> Tensor:
+    """Mean of per_anchor (A,) over valid (A,) anchors; an exact 0 in the graph when none is valid.
+
+    ``supcon_core`` already sets invalid entries to exactly 0, so the sum only holds valid losses
+    and the count is clamped to 1 only where it is 0 (then the sum is 0 and the gradient is 0).
+    """
+    n_valid = valid.sum().clamp_min(1).to(per_anchor.dtype)
+    return per_anchor.sum() / n_valid
+
+
+def supcon_core(
+    anchors: Tensor,
+    candidates: Tensor,
+    anchor_labels: Tensor,
+    candidate_labels: Tensor,
+    temperature: float,
+    self_mask: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """SupCon core of METHOD.md, per anchor.
+
+    Args:
+        anchors: (A, d), already L2-normalized.
+        candidates: (C, d), already L2-normalized.
+        anchor_labels: (A,) integer labels.
+        candidate_labels: (C,) integer labels.
+        temperature: tau > 0.
+        self_mask: optional (A, C) bool; True marks the anchor's own pair ("itself"), which is left
+            out of both the softmax denominator and the positives.
+
+    Returns:
+        per_anchor_loss: (A,) float32 (float64 for float64 inputs),
+            ``-(1/|P(p)|) sum_{q in P(p)} log p_pq``, exactly 0 where the anchor has no positive.
+        valid: (A,) bool, ``|P(p)| > 0``.
+    """
+    _check_temperature(temperature)
+    dtype = _compute_dtype(anchors, candidates)
+    a, b = anchors.to(dtype), candidates.to(dtype)
+    logits = a @ b.t() / temperature  # (A, C); O(A C d), no (A, C, d) tensor
+
+    positives = anchor_labels[:, None] == candidate_labels[None, :]  # (A, C)
+    if self_mask is not None:
+        positives = positives & ~self_mask
+        masked_logits = logits.masked_fill(self_mask, torch.finfo(dtype).min)
+    else:
+        masked_logits = logits
+    # log p_pq from the *unmasked* logits, so no -inf/finfo.min value enters the positive sum below.
+    log_prob = logits - torch.logsumexp(masked_logits, dim=1, keepdim=True)  # (A, C)
+
+    n_pos = positives.sum(dim=1)  # (A,)
+    valid = n_pos > 0
+    pos_log_prob = torch.where(positives, log_prob, torch.zeros_like(log_prob)).sum(dim=1)
+    per_anchor = -pos_log_prob / n_pos.clamp_min(1).to(dtype)
+    # torch.where, not a product: what an invalid row computed never reaches the loss or its grad.
+    per_anchor = torch.where(valid, per_anchor, torch.zeros_like(per_anchor))
+    return per_anchor, valid
+
+
+def supcon_loss(features: Tensor, labels: Tensor, temperature: float) -> Tensor:
+    """SCL of Gunel et al. (2021): SupCon over norm(features) within the batch, self-pairs excluded.
+
+    Args:
+        features: (N, d), un-normalized, any float dtype.
+        labels: (N,) integer labels.
+        temperature: tau > 0.
+
+    Returns:
+        Scalar float32 (float64 for float64 input): mean loss over anchors with at least one
+        positive; an exact 0 that still back-propagates (zero gradient) when no anchor has one.
+    """
+    dtype = _compute_dtype(features)
+    z = _normalize(features, dtype)  # (N, d)
+    self_mask = torch.eye(z.shape[0], dtype=torch.bool, device=z.device)  # (N, N)
+    per_anchor, valid = supcon_core(z, z, labels, labels, temperature, self_mask)
+    return _mean_over_valid(per_anchor, valid)
+
+
+def acl_embed_loss(
+    features: Tensor,
+    labels: Tensor,
+    label_embeddings: Tensor,
+    temperature: float,
+    anchors: str = "all",
+) -> Tensor:
+    """ACL-Embed: SupCon over the batch augmented with the classifier's label embeddings.
+
+    The augmented set is A = {u_1..u_N} U {l_0..l_{K-1}} with labels y_1..y_N, 0..K-1; candidates
+    are all of A except the anchor itself. Labels must lie in [0, K).
+
+    Args:
+        features: (N, d) head features u_i (input of out_proj), un-normalized.
+        labels: (N,) integer labels in [0, K).
+        label_embeddings: (K, d) = out_proj.weight, un-normalized (gradients flow into it).
+        temperature: tau > 0.
+        anchors: "all" (the N samples and the K label embeddings are anchors) or "samples" (only the
+            N samples are anchors; the label embeddings stay candidates).
+
+    Returns:
+        Scalar float32 (float64 for float64 inputs): mean over anchors with a positive. A label
+        embedding whose class is absent from the batch has no positive and is left out.
+    """
+    if anchors not in _ANCHOR_MODES:
+        raise ValueError(f"anchors must be one of {_ANCHOR_MODES}, got {anchors!r}")
+    dtype = _compute_dtype(features, label_embeddings)
+    n, k = features.shape[0], label_embeddings.shape[0]
+    aug = torch.cat([_normalize(features, dtype), _normalize(label_embeddings, dtype)])  # (N+K, d)
+    class_ids = torch.arange(k, dtype=labels.dtype, device=labels.device)
+    aug_labels = torch.cat([labels, class_ids])  # (N+K,)
+    n_anchors = n + k if anchors == "all" else n
+    # anchor p is row p of A, so its own pair is column p: the first n_anchors rows of the identity
+    self_mask = torch.eye(n + k, dtype=torch.bool, device=aug.device)[:n_anchors]  # (A, N+K)
+    per_anchor, valid = supcon_core(
+        aug[:n_anchors], aug, aug_labels[:n_anchors], aug_labels, temperature, self_mask
+    )
+    return _mean_over_valid(per_anchor, valid)
+
+
+def cross_layer_acl_loss(
+    student_features: Tensor,
+    teacher_features: Tensor,
+    labels: Tensor,
+    teacher_label_embeddings: Tensor,
+    temperature: float,
+) -> Tensor:
+    """ACL-CL for one student exit: student features against the (stop-gradient) last exit.
+
+    Anchors are norm(u_i^m); candidates are sg(norm(u_j^M)) for all j plus sg(norm(l_k^M)).
+    Positives are the same-label candidates, the teacher's view of the anchor's own example
+    included; there is no self-pair to exclude (an anchor is never among the candidates). The
+    teacher is detached here.
+
+    Args:
+        student_features: (N, d) u^m, un-normalized.
+        teacher_features: (N, d) u^M, un-normalized.
+        labels: (N,) integer labels in [0, K).
+        teacher_label_embeddings: (K, d) = the last exit's out_proj.weight.
+        temperature: tau > 0.
+
+    Returns:
+        Scalar float32 (float64 for float64 inputs): mean over anchors (each has at least the
+        teacher's view of its own example as a positive). Gradients reach student_features only.
+    """
+    dtype = _compute_dtype(student_features, teacher_features, teacher_label_embeddings)
+    k = teacher_label_embeddings.shape[0]
+    student = _normalize(student_features, dtype)  # (N, d)
+    teacher = torch.cat(
+        [
+            _normalize(teacher_features.detach(), dtype),
+            _normalize(teacher_label_embeddings.detach(), dtype),
+        ]
+    )  # (N+K, d)
+    class_ids = torch.arange(k, dtype=labels.dtype, device=labels.device)
+    teacher_labels = torch.cat([labels, class_ids])  # (N+K,)
+    per_anchor, valid = supcon_core(student, teacher, labels, teacher_labels, temperature)
+    return _mean_over_valid(per_anchor, valid)
+
+
+def exit_weights(layers: Sequence[int], scheme: str = "layer") -> Tensor:
+    """Weights of the per-exit losses, summing to 1.
+
+    Args:
+        layers: the 1-based layer index of each exit, e.g. [1, 2, ..., 12] or a subset [2, 4].
+        scheme: "layer" (w_m proportional to the layer index, PABEE) or "uniform".
+
+    Returns:
+        (M,) float32 on the CPU; move it with ``.to(loss)``.
+    """
+    if scheme not in _EXIT_SCHEMES:
+        raise ValueError(f"scheme must be one of {_EXIT_SCHEMES}, got {scheme!r}")
+    layers = list(layers)
+    if not layers:
+        raise ValueError("exit_weights needs at least one exit layer")
+    if any(int(layer) < 1 for layer in layers):
+        raise ValueError(f"exit layers are 1-based and must be >= 1, got {layers}")
+    if scheme == "uniform":
+        raw = torch.ones(len(layers), dtype=torch.float32)
+    else:
+        raw = torch.tensor([float(layer) for layer in layers], dtype=torch.float32)
+    return raw / raw.sum()
+
+
+def weighted_exit_sum(values: Sequence[Tensor], weights: Tensor) -> Tensor:
+    """sum_m weights[m] * values[m].
+
+    Args:
+        values: M tensors of one shape (usually scalars), one per exit.
+        weights: (M,), e.g. from ``exit_weights``; moved to the values' device.
+
+    Returns:
+        Tensor of the values' shape, float32 at least.
+    """
+    if len(values) == 0 or len(values) != weights.numel():
+        raise ValueError(f"got {len(values)} values for {weights.numel()} weights")
+    stacked = torch.stack(list(values))  # (M, ...)
+    dtype = _compute_dtype(stacked, weights)
+    w = weights.to(device=stacked.device, dtype=dtype).reshape(-1, *([1] * (stacked.dim() - 1)))
+    return (w * stacked.to(dtype)).sum(dim=0)
+
+
+def gradient_cosine(
+    grads_a: Sequence[Optional[Tensor]], grads_b: Sequence[Optional[Tensor]]
+) -> Tensor:
+    """Cosine between two flattened gradient lists, over the entries that both losses reach.
+
+    Args:
+        grads_a, grads_b: per-parameter gradients in the same parameter order; None where a loss
+            does not reach that parameter. Pairs with a None on either side are skipped.
+
+    Returns:
+        Scalar float32: sum of per-tensor dots over sqrt(sum |a|^2) sqrt(sum |b|^2), clamped to
+        [-1, 1]; 0 when either norm is 0 or no pair is shared. Nothing is concatenated.
+    """
+    if len(grads_a) != len(grads_b):
+        raise ValueError(f"gradient lists differ in length: {len(grads_a)} vs {len(grads_b)}")
+    pairs = [(a, b) for a, b in zip(grads_a, grads_b) if a is not None and b is not None]
+    if not pairs:
+        device = next((g.device for g in list(grads_a) + list(grads_b) if g is not None), None)
+        return torch.zeros((), dtype=torch.float32, device=device)
+    device = pairs[0][0].device
+    dot = torch.zeros((), dtype=torch.float32, device=device)
+    sq_a = torch.zeros((), dtype=torch.float32, device=device)
+    sq_b = torch.zeros((), dtype=torch.float32, device=device)
+    for a, b in pairs:  # a loop over parameters, not over the batch
+        a32 = a.detach().reshape(-1).to(device=device, dtype=torch.float32)
+        b32 = b.detach().reshape(-1).to(device=device, dtype=torch.float32)
+        dot = dot + torch.dot(a32, b32)
+        sq_a = sq_a + torch.dot(a32, a32)
+        sq_b = sq_b + torch.dot(b32, b32)
+    denom = sq_a.sqrt() * sq_b.sqrt()  # not sqrt(sq_a * sq_b): the product may overflow
+    cosine = dot / denom.clamp_min(torch.finfo(torch.float32).tiny)
+    return torch.where(denom > 0, cosine.clamp(-1.0, 1.0), torch.zeros_like(cosine))
+
+
+def acl_grad_keep(cosine: Tensor, threshold: float) -> Tensor:
+    """ACL-Grad decision: keep the ACL gradient iff cosine >= threshold (discard when below).
+
+    Args:
+        cosine: scalar (or any shape) cosine, e.g. from ``gradient_cosine``.
+        threshold: the ``--acl-grad-threshold`` value.
+
+    Returns:
+        bool tensor of cosine's shape.
+    """
+    return torch.as_tensor(cosine) >= threshold
+
+
+def prediction_entropy(logits: Tensor) -> Tensor:
+    """Normalized entropy H(p) / log K of softmax(logits), computed from logits.
+
+    Args:
+        logits: (B, K), any float dtype; -inf entries (masked classes) are allowed.
+
+    Returns:
+        (B,) float32 (float64 for float64 input) in [0, 1]; 0 when K == 1.
+    """
+    dtype = _compute_dtype(logits)
+    x = logits.to(dtype)
+    num_classes = x.shape[-1]
+    if num_classes <= 1:
+        return x.new_zeros(x.shape[:-1])  # one class: H = 0 = log 1
+    # clamp so that a -inf logit gives 0 * finfo.min = 0, not 0 * -inf = NaN
+    log_p = F.log_softmax(x, dim=-1).clamp_min(torch.finfo(dtype).min)
+    entropy = -(F.softmax(x, dim=-1) * log_p).sum(dim=-1)  # (B,)
+    return entropy / math.log(num_classes)

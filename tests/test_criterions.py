@@ -1,0 +1,239 @@
+"""The five criteria, built the way fairseq builds them, on a tiny model and toy data."""
+import math
+
+import pytest
+import torch
+
+import helpers
+
+CRITERIA = ["sentence_ce", "sentence_scl", "acl_embed", "acl_grad", "acl_cross_layer"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return helpers.make_data(str(tmp_path_factory.mktemp("crit") / "data"))["data"]
+
+
+def build(data, criterion, arch="roberta", extra=(), num_classes=2):
+    """(task, model, criterion, sample) exactly as fairseq-train would build them."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    argv = helpers.train_args(data, "/nonexistent", criterion=criterion, arch=arch, num_classes=num_classes, extra=extra)
+    parser = options.get_training_parser()
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, input_args=argv))
+    torch.manual_seed(0)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    crit = task.build_criterion(cfg.criterion)
+    task.load_dataset("valid")
+    ds = task.dataset("valid")
+    sample = ds.collater([ds[i] for i in range(8)])
+    return task, model, crit, sample
+
+
+@pytest.mark.parametrize("name", CRITERIA)
+def test_criterion_is_registered_with_its_config(name):
+    from fairseq.criterions import CRITERION_DATACLASS_REGISTRY, CRITERION_REGISTRY
+
+    import acl_fairseq  # noqa: F401
+
+    assert name in CRITERION_REGISTRY
+    assert name in CRITERION_DATACLASS_REGISTRY
+
+
+@pytest.mark.parametrize(
+    "name,arch",
+    [(c, "roberta") for c in CRITERIA if c != "acl_cross_layer"] + [(c, "multi_exit_roberta") for c in CRITERIA],
+)
+def test_loss_is_ce_plus_weighted_parts_and_logs_them(data, name, arch):
+    _, model, crit, sample = build(data, name, arch=arch)
+    model.eval()  # no gating surrogate: the returned loss is the true total
+    loss, n, log = crit(model, sample)
+    assert n == 8 and log["sample_size"] == 8 and log["nsentences"] == 8
+    cfg = crit.cfg
+    expected = {
+        "sentence_ce": log["ce_loss"],
+        "sentence_scl": (1 - cfg.get("scl_weight", 0)) * log["ce_loss"] + cfg.get("scl_weight", 0) * log.get("scl_loss", 0),
+        "acl_embed": log["ce_loss"] + cfg.get("acl_weight", 0) * log.get("acl_loss", 0),
+        "acl_grad": log["ce_loss"] + cfg.get("acl_weight", 0) * log.get("acl_loss", 0),
+        "acl_cross_layer": log["ce_loss"]
+        + cfg.get("acl_weight", 0) * log.get("acl_loss", 0)
+        + cfg.get("acl_cl_weight", 0) * log.get("acl_cl_loss", 0),
+    }[name]
+    assert torch.allclose(loss, torch.as_tensor(expected), atol=1e-5)
+    assert torch.allclose(log["loss"], loss.detach(), atol=1e-5)
+    for key in ["ncorrect", "tp", "fp", "fn", "tn"]:
+        assert key in log
+    assert int(log["tp"] + log["fp"] + log["fn"] + log["tn"]) == 8
+    if arch == "multi_exit_roberta":
+        assert {f"ncorrect_exit{i}" for i in (1, 2, 3)} <= set(log)
+
+
+def test_multi_exit_ce_is_the_layer_weighted_mean_of_exit_losses(data):
+    import torch.nn.functional as F
+
+    from acl_fairseq.heads import collect_exit_outputs
+
+    _, model, crit, sample = build(data, "sentence_ce", arch="multi_exit_roberta")
+    model.eval()
+    loss, _, _ = crit(model, sample)
+    exits = collect_exit_outputs(model, sample["net_input"], "sentence_classification_head")
+    target = sample["target"].view(-1)
+    per_exit = [F.cross_entropy(lg.float(), target, reduction="sum") for lg in exits.logits]
+    assert exits.layers == [1, 2, 3]
+    assert torch.allclose(loss, (1 * per_exit[0] + 2 * per_exit[1] + 3 * per_exit[2]) / 6, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["sentence_scl", "acl_embed", "acl_grad", "acl_cross_layer"])
+def test_contrastive_criterion_refuses_regression_naming_sentence_ce(tmp_path, name):
+    reg = helpers.make_data(str(tmp_path / "reg"), regression=True)["data"]
+    with pytest.raises(ValueError, match="sentence_ce"):
+        build(reg, name, arch="multi_exit_roberta", extra=["--regression-target"], num_classes=1)
+
+
+def test_sentence_ce_regression_logs_pearson_inputs(tmp_path):
+    reg = helpers.make_data(str(tmp_path / "reg"), regression=True)["data"]
+    _, model, crit, sample = build(reg, "sentence_ce", extra=["--regression-target"], num_classes=1)
+    model.eval()
+    loss, _, log = crit(model, sample)
+    assert {"sx", "sy", "sxy", "_pred", "_targ"} <= set(log) and torch.isfinite(loss)
+    assert not crit.logging_outputs_can_be_summed()
+
+
+def test_wrong_num_classes_is_a_clear_error(data):
+    with pytest.raises(ValueError, match=r"--num-classes 3 does not match.*set --num-classes 2"):
+        build(data, "acl_embed", num_classes=3)
+
+
+def test_cross_layer_on_a_single_exit_model_says_it_needs_multi_exit(data):
+    _, model, crit, sample = build(data, "acl_cross_layer", arch="roberta")
+    with pytest.raises(ValueError, match="multi-exit"):
+        crit(model, sample)
+
+
+def test_positive_class_follows_the_label_dictionary_not_the_index(tmp_path):
+    """Labels written so that "1" is the most frequent: the dictionary puts it at index 0."""
+    from acl_fairseq.toy_data import binarize, write_raw
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    write_raw(str(raw / "train"), [("good movie", None, "1")] * 6 + [("bad movie", None, "0")] * 2)
+    write_raw(str(raw / "valid"), [("good movie", None, "1"), ("bad movie", None, "0")] * 4)
+    binarize(str(raw), str(tmp_path / "bin"), ["train", "valid"])
+    task, _, crit, _ = build(str(tmp_path / "bin"), "sentence_ce")
+    assert task.label_dictionary[task.label_dictionary.nspecial] == "1"
+    assert crit.positive == 0
+
+
+def _grads(model):
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _two_pass_reference(model, crit, sample):
+    """g_CE and g_ACL by two separate backward passes (the obvious, slow way)."""
+    from acl_fairseq.heads import collect_exit_outputs
+    import acl_fairseq.losses as L
+
+    def part(which):
+        model.zero_grad()
+        exits = collect_exit_outputs(model, sample["net_input"], crit.head_name)
+        target = sample["target"].view(-1)
+        w = L.exit_weights(exits.layers, crit.cfg.exit_weighting)
+        if which == "ce":
+            loss = L.weighted_exit_sum([crit._task_loss(lg, target) for lg in exits.logits], w)
+        else:
+            loss = sum(wt * v for wt, v in crit.aux_terms(exits, target, w).values()) * target.numel()
+        loss.backward()
+        return _grads(model)
+
+    return part("ce"), part("aux")
+
+
+def _cosine(a, b):
+    keys = sorted(set(a) & set(b))
+    dot = sum((a[k].double() * b[k].double()).sum() for k in keys)
+    na = math.sqrt(sum((a[k].double() ** 2).sum() for k in keys))
+    nb = math.sqrt(sum((b[k].double() ** 2).sum() for k in keys))
+    return float(dot / (na * nb))
+
+
+@pytest.mark.parametrize("arch,name", [("roberta", "acl_grad"), ("multi_exit_roberta", "acl_cross_layer")])
+def test_params_scope_update_equals_two_backward_passes_and_drops_on_conflict(data, arch, name):
+    _, model, crit, sample = build(data, name, arch=arch, extra=["--acl-grad-scope", "params"])
+    model.train()
+    g_ce, g_aux = _two_pass_reference(model, crit, sample)
+    cos = _cosine(g_ce, g_aux)
+    for threshold, keep in [(cos - 1e-3, True), (cos + 1e-3, False)]:
+        crit.cfg.acl_grad_threshold = threshold
+        model.zero_grad()
+        loss, _, log = crit(model, sample)
+        loss.backward()
+        got = _grads(model)
+        assert abs(float(log["grad_cos"]) - cos) < 1e-4
+        assert float(log["conflict"]) == (0.0 if keep else 1.0)
+        for k in g_ce:
+            want = g_ce[k] + (g_aux.get(k, torch.zeros_like(g_ce[k])) if keep else 0)
+            assert torch.allclose(got[k], want, atol=1e-6, rtol=1e-4), k
+
+
+def test_features_scope_keeps_when_aligned_and_drops_when_not(data):
+    _, model, crit, sample = build(data, "acl_grad", extra=["--acl-grad-scope", "features"])
+    model.train()
+    g_ce, _ = _two_pass_reference(model, crit, sample)
+    for threshold, keep in [(-1.01, True), (1.01, False)]:  # cos is always in [-1, 1]
+        crit.cfg.acl_grad_threshold = threshold
+        model.zero_grad()
+        loss, _, log = crit(model, sample)
+        loss.backward()
+        assert float(log["conflict"]) == (0.0 if keep else 1.0)
+        same_as_ce = all(torch.allclose(p.grad, g_ce[n], atol=1e-6) for n, p in model.named_parameters() if n in g_ce)
+        assert same_as_ce == (not keep)
+
+
+def test_features_scope_cosine_is_over_the_representations(data):
+    """grad_cos equals the cosine of d CE/du and d ACL/du computed by hand."""
+    from acl_fairseq.heads import collect_exit_outputs
+    import acl_fairseq.losses as L
+
+    _, model, crit, sample = build(data, "acl_grad", extra=["--acl-grad-scope", "features"])
+    model.train()
+    torch.manual_seed(3)
+    _, _, log = crit(model, sample)
+    torch.manual_seed(3)
+    exits = collect_exit_outputs(model, sample["net_input"], crit.head_name)
+    t = sample["target"].view(-1)
+    u = exits.features[0]
+    g1 = torch.autograd.grad(crit._task_loss(exits.logits[0], t), u, retain_graph=True)[0]
+    g2 = torch.autograd.grad(crit.cfg.acl_weight * crit.acl_term(exits, t, torch.ones(1)) * 8, u)[0]
+    assert abs(float(log["grad_cos"]) - float(torch.nn.functional.cosine_similarity(g1.view(1, -1), g2.view(1, -1)))) < 1e-5
+
+
+def test_gating_is_off_in_validation(data):
+    _, model, crit, sample = build(data, "acl_grad")
+    model.eval()
+    with torch.no_grad():
+        _, _, log = crit(model, sample)
+    assert "grad_cos" not in log and "gated_steps" not in log
+
+
+def test_reduce_metrics_names_glue_metrics(data):
+    from fairseq.logging import metrics
+
+    from acl_fairseq.criterions.base import ExitCriterionBase
+
+    logs = [
+        {"loss": 2.0, "ce_loss": 2.0, "sample_size": 4, "nsentences": 4, "ntokens": 20, "ncorrect": 3,
+         "ncorrect_exit1": 1, "ncorrect_exit2": 3, "tp": 2, "fp": 1, "fn": 0, "tn": 1, "grad_cos": 0.5,
+         "conflict": 0.0, "gated_steps": 1},
+        {"loss": 2.0, "ce_loss": 2.0, "sample_size": 4, "nsentences": 4, "ntokens": 20, "ncorrect": 4,
+         "ncorrect_exit1": 2, "ncorrect_exit2": 4, "tp": 2, "fp": 0, "fn": 0, "tn": 2, "grad_cos": -0.1,
+         "conflict": 1.0, "gated_steps": 1},
+    ]
+    with metrics.aggregate(new_root=True) as agg:
+        ExitCriterionBase.reduce_metrics(logs)
+        vals = agg.get_smoothed_values()
+    assert vals["accuracy"] == 87.5 and vals["accuracy_exit1"] == 37.5 and vals["accuracy_exit2"] == 87.5
+    assert vals["f1"] == round(100 * 8 / 9, 2)  # tp 4, fp 1, fn 0
+    assert vals["mcc"] == round(100 * (4 * 3 - 1 * 0) / math.sqrt(5 * 4 * 4 * 3), 2)
+    assert vals["grad_cos"] == 0.2 and vals["conflict_rate"] == 0.5
