@@ -19,6 +19,7 @@ setup(
         "console_scripts": [
             "acl-evaluate=acl_fairseq.evaluate:cli_main",
             "acl-convert-hf=acl_fairseq.convert_hf:cli_main",
+            "acl-fairseq-help=acl_fairseq.help:cli_main",
         ]
     },
     license="MIT",

@@ -27,6 +27,16 @@ class AclGradConfig(AclEmbedConfig):
             "(exact, two extra gradient passes), 'features' = w.r.t. the representations u (cheap)"
         },
     )
+    acl_grad_global_decision: bool = field(
+        default=False,
+        metadata={
+            "help": "under distributed training, take the keep/discard decision on the gradients summed "
+            "over all workers (every rank decides alike; with --contrast-across-workers it equals the "
+            "single-process decision on the global batch). Costs two gradient-sized all-reduces per "
+            "step with --acl-grad-scope params, a 3-number all-reduce with 'features'. Off = each "
+            "worker decides on its own micro-batch's gradients"
+        },
+    )
 
 
 @register_criterion("acl_grad", dataclass=AclGradConfig)

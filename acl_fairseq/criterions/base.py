@@ -23,7 +23,7 @@ from fairseq.criterions.sentence_prediction import SentencePredictionConfig
 from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
 
-from .. import glue_metrics, losses
+from .. import distributed, glue_metrics, losses
 from ..heads import ExitOutputs, collect_exit_outputs
 from . import gating
 from .meters import log_regression_predictions
@@ -38,6 +38,14 @@ class ExitCriterionConfig(SentencePredictionConfig):
         metadata={
             "help": "how a multi-exit model weights its exits' losses: 'layer' = proportional to the "
             "layer index (PABEE), 'uniform' = equal weights; no effect with one exit"
+        },
+    )
+    contrast_across_workers: bool = field(
+        default=False,
+        metadata={
+            "help": "under distributed training, contrast each sample against the features of every "
+            "worker's batch (the global batch, as one large-batch run would), with gradients flowing "
+            "to the local part; off = each worker contrasts within its own batch"
         },
     )
 
@@ -96,11 +104,16 @@ class ExitCriterionBase(FairseqCriterion):
         weights = losses.exit_weights(exits.layers, self.cfg.exit_weighting).to(targets.device)
         task_losses = [self._task_loss(logits, targets) for logits in exits.logits]
         ce = losses.weighted_exit_sum(task_losses, weights)  # sum over the batch
-        aux_parts = self.aux_terms(exits, targets, weights) if n > 0 else {}
-        aux = sum(w * v for w, v in aux_parts.values()) * n if aux_parts else ce.new_zeros(())
+        aux_exits, aux_targets, n_contrast = exits, targets, n
+        if self.cfg.contrast_across_workers and distributed.world_size() > 1:
+            aux_exits, aux_targets, n_contrast = distributed.gather_for_contrast(exits, targets)
+        aux_parts = self.aux_terms(aux_exits, aux_targets, weights) if n > 0 else {}
+        # sum convention: a batch-mean term counts once per sample of the set it was computed on
+        aux = sum(w * v for w, v in aux_parts.values()) * n_contrast if aux_parts else ce.new_zeros(())
         loss, gate_log = self._combine(model, exits, self.ce_weight * ce, aux)
         logging_output = {
-            "loss": (self.ce_weight * ce + aux).data if not gate_log else gate_log.pop("true_loss"),
+            # the true objective (under ACL-Grad's params scope `loss` is a gradient surrogate)
+            "loss": (self.ce_weight * ce + aux * n / max(n_contrast, 1)).detach(),
             "ce_loss": ce.data,
             "ntokens": sample["ntokens"],
             "nsentences": n,

@@ -1,0 +1,59 @@
+"""Full ``--help`` for the plugin's criteria and models.
+
+fairseq-train's ``--help`` exits during its first parsing pass, before it adds the options of the
+chosen ``--arch`` and ``--criterion``; so ``fairseq-train --user-dir acl_fairseq --criterion acl_grad
+--help`` lists the criterion's name but not its flags. This prints the parser fairseq-train builds in
+its second pass, with every plugin option and its help text:
+
+    python -m acl_fairseq.help --criterion acl_cross_layer --arch multi_exit_roberta_base
+    acl-fairseq-help --list
+"""
+import argparse
+import os
+import sys
+
+PLUGIN_CRITERIA = ["sentence_ce", "sentence_scl", "acl_embed", "acl_grad", "acl_cross_layer"]
+
+
+def build_parser(criterion: str, arch: str) -> argparse.ArgumentParser:
+    """fairseq-train's parser with the model-, task- and criterion-specific options added."""
+    from fairseq import options
+    from fairseq.criterions import CRITERION_DATACLASS_REGISTRY
+    from fairseq.dataclass.utils import gen_parser_from_dataclass
+    from fairseq.models import ARCH_MODEL_REGISTRY
+    from fairseq.tasks import TASK_REGISTRY
+
+    parser = options.get_training_parser(default_task="sentence_prediction")
+    model_group = parser.add_argument_group("Model-specific configuration", argument_default=argparse.SUPPRESS)
+    ARCH_MODEL_REGISTRY[arch].add_args(model_group)
+    TASK_REGISTRY["sentence_prediction"].add_args(parser)
+    gen_parser_from_dataclass(parser, CRITERION_DATACLASS_REGISTRY[criterion]())
+    return parser
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description="Print fairseq-train's full help for a plugin criterion and model.")
+    p.add_argument("--criterion", default="acl_cross_layer", choices=PLUGIN_CRITERIA, help="criterion whose options to show")
+    p.add_argument("--arch", default="multi_exit_roberta_base", help="architecture whose options to show")
+    p.add_argument("--list", action="store_true", help="only list the plugin's criteria and architectures")
+    a = p.parse_args(argv)
+    sys.argv = [sys.argv[0], "--user-dir", os.path.dirname(os.path.abspath(__file__))]  # fairseq reads it
+    import acl_fairseq  # noqa: F401  (registers everything)
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    if a.list:
+        archs = sorted(k for k, v in ARCH_MODEL_REGISTRY.items() if v.__module__.startswith("acl_fairseq"))
+        print("criteria:      " + " ".join(PLUGIN_CRITERIA))
+        print("architectures: " + " ".join(archs))
+        return
+    if a.arch not in ARCH_MODEL_REGISTRY:
+        p.error(f"unknown --arch {a.arch}; see --list")
+    build_parser(a.criterion, a.arch).print_help()
+
+
+def cli_main() -> None:
+    main()
+
+
+if __name__ == "__main__":
+    cli_main()

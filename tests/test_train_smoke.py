@@ -1,0 +1,124 @@
+"""End to end through `fairseq-train --user-dir acl_fairseq`: every criterion trains, logs to
+TensorBoard, resumes, and its checkpoints load with torch's safe loader left on."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import helpers
+
+RUNS = [
+    ("sentence_ce", "roberta", [], {"loss", "ce_loss", "accuracy"}),
+    ("sentence_scl", "roberta", [], {"scl_loss"}),
+    ("acl_embed", "roberta", [], {"acl_loss"}),
+    ("acl_grad", "roberta", [], {"acl_loss", "grad_cos", "conflict_rate"}),
+    ("acl_grad", "roberta", ["--acl-grad-scope", "features"], {"grad_cos", "conflict_rate"}),
+    ("sentence_ce", "multi_exit_roberta", [], {"accuracy_exit1", "accuracy_exit2", "accuracy_exit3"}),
+    ("acl_cross_layer", "multi_exit_roberta", [], {"acl_loss", "acl_cl_loss", "grad_cos", "accuracy_exit1"}),
+]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return helpers.make_data(str(tmp_path_factory.mktemp("smoke") / "data"))["data"]
+
+
+@pytest.mark.parametrize("criterion,arch,extra,tags", RUNS, ids=[f"{r[0]}-{r[1]}-{len(r[2])}" for r in RUNS])
+def test_criterion_trains_one_epoch_and_logs_tensorboard_tags(tmp_path, data, criterion, arch, extra, tags):
+    tb = tmp_path / "tb"
+    helpers.train(data, str(tmp_path / "ck"), criterion=criterion, arch=arch, extra=[*extra, "--tensorboard-logdir", str(tb)])
+    assert (tmp_path / "ck" / "checkpoint_best.pt").exists()
+    scalars = helpers.read_scalars(str(tb))
+    assert tags <= set(scalars["train_inner"]), sorted(scalars["train_inner"])
+    assert {"accuracy", "f1", "mcc", "loss"} <= set(scalars["valid"])
+
+
+def test_train_resume_then_from_pretrained_with_safe_loading(tmp_path, data):
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"}
+    ck = str(tmp_path / "ck")
+    helpers.train(data, ck, criterion="acl_embed", max_epoch=1)
+    resumed = helpers.train(data, ck, criterion="acl_embed", max_epoch=2, env=env)
+    log = resumed.stdout + resumed.stderr
+    assert re.search(r"Loaded checkpoint \S*checkpoint_last.pt \(epoch 2 @ 6 updates\)", log), log[-3000:]
+    assert '"epoch": 2' in log and '"num_updates": "12"' in log
+
+    script = f"""
+import torch
+from fairseq.models.roberta import RobertaModel
+m = RobertaModel.from_pretrained({ck!r}, checkpoint_file="checkpoint_best.pt", data_name_or_path={data!r},
+                                 bpe=None, user_dir={helpers.USER_DIR!r})
+m.eval()
+tokens = m.task.source_dictionary.encode_line("the movie was not good", append_eos=True).long()
+tokens = torch.cat([torch.tensor([0]), tokens])
+pred = m.predict("sentence_classification_head", tokens).argmax(-1).item()
+label = m.task.label_dictionary.string([pred + m.task.label_dictionary.nspecial])
+print("LABEL", label)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().split()[-1] in {"0", "1"}
+
+
+class _Evil:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_checkpoint_calling_a_non_allowlisted_global_is_refused(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    import torch
+
+    with open(path, "wb") as f:
+        torch.save({"model": {}, "args": _Evil(str(marker))}, f)
+    script = f"""
+import acl_fairseq
+from fairseq import checkpoint_utils
+try:
+    checkpoint_utils.load_checkpoint_to_cpu({str(path)!r})
+except Exception as e:
+    print("REFUSED", type(e).__name__, str(e).replace(chr(10), " "))
+else:
+    print("LOADED")
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert "REFUSED" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert "Weights only load failed" in proc.stdout and "posix.system" in proc.stdout  # names the global
+    assert not marker.exists()
+
+
+def test_fairseq_train_help_lists_the_plugin_criteria():
+    proc = helpers.run_fairseq("fairseq_cli.train", ["--user-dir", helpers.USER_DIR, "--help"])
+    for name in ["acl_embed", "acl_grad", "acl_cross_layer", "sentence_scl", "sentence_ce"]:
+        assert name in proc.stdout, name
+
+
+def test_plugin_help_lists_architectures():
+    proc = helpers.run_fairseq("acl_fairseq.help", ["--list"])
+    for name in ["multi_exit_roberta", "multi_exit_roberta_base", "multi_exit_roberta_large", "acl_cross_layer"]:
+        assert name in proc.stdout, name
+
+
+@pytest.mark.parametrize(
+    "criterion,flags",
+    [
+        ("sentence_scl", ["--scl-weight", "--scl-temperature", "--scl-feature", "--exit-weighting"]),
+        ("acl_grad", ["--acl-weight", "--acl-temperature", "--acl-anchors", "--acl-grad-threshold", "--acl-grad-scope"]),
+        ("acl_cross_layer", ["--acl-cl-weight", "--acl-cl-temperature", "--no-acl-grad", "--contrast-across-workers",
+                             "--exit-layers", "--exit-pooling"]),
+    ],
+)
+def test_help_documents_every_criterion_and_model_option(criterion, flags):
+    proc = helpers.run_fairseq("acl_fairseq.help", ["--criterion", criterion])
+    options_part = proc.stdout.split("optional arguments:" if "optional arguments:" in proc.stdout else "options:", 1)[1]
+    for flag in flags:
+        lines = [line for line in options_part.splitlines() if line.strip().startswith(flag)]
+        assert lines, flag
+        i = options_part.splitlines().index(lines[0])
+        text = " ".join(options_part.splitlines()[i : i + 3])
+        assert len(text.split()) > 5, f"{flag} has no help text: {text}"
