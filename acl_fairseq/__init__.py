@@ -1,11 +1,11 @@
 """acl_fairseq: ACL and SCL fine-tuning criteria and a multi-exit RoBERTa, as a fairseq --user-dir plugin.
 
 fairseq imports ``tasks/`` and ``models/`` of a user dir by itself but not ``criterions/``, so this
-file imports both explicitly. Importing it also allowlists the types that fairseq checkpoints pickle,
+file imports all three explicitly. Importing it also allowlists the types that fairseq checkpoints pickle,
 so that ``torch.load``'s default ``weights_only=True`` (torch >= 2.6) can read them.
 """
 from . import checkpoint_safety  # noqa: F401  (first: before anything loads a checkpoint)
 
 checkpoint_safety.allow_fairseq_checkpoints()
 
-from . import criterions, models  # noqa: E402,F401
+from . import criterions, models, tasks  # noqa: E402,F401

@@ -23,7 +23,7 @@ from fairseq.criterions.sentence_prediction import SentencePredictionConfig
 from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
 
-from .. import distributed, glue_metrics, losses
+from .. import alignment, distributed, glue_metrics, losses
 from ..heads import ExitOutputs, collect_exit_outputs
 from . import gating
 from .meters import log_regression_predictions
@@ -38,6 +38,13 @@ class ExitCriterionConfig(SentencePredictionConfig):
         metadata={
             "help": "how a multi-exit model weights its exits' losses: 'layer' = proportional to the "
             "layer index (PABEE), 'uniform' = equal weights; no effect with one exit"
+        },
+    )
+    no_alignment_metrics: bool = field(
+        default=False,
+        metadata={
+            "help": "do not log the validation alignment scalars (align_own/other/gap per exit, "
+            "align_to_last per shallow exit); they cost a K x d product per batch and exit"
         },
     )
     contrast_across_workers: bool = field(
@@ -122,6 +129,8 @@ class ExitCriterionBase(FairseqCriterion):
             **gate_log,
         }
         self._log_predictions(logging_output, exits, targets, model.training)
+        if not (model.training or self.regression or self.cfg.no_alignment_metrics):
+            logging_output.update(_alignment_sums(exits, targets))
         return loss, n, logging_output
 
     def _task_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -188,7 +197,26 @@ class ExitCriterionBase(FairseqCriterion):
             for k in ("n_reg", "sx", "sy", "sxx", "syy", "sxy"):
                 metrics.log_scalar_sum("_" + k, total(k))
             metrics.log_derived("pearson", lambda m: round(glue_metrics.pearson_from_sums(*_sums(m)), 2))
+        for key in sorted(k for k in keys if k.startswith("align_own_exit")):
+            layer = key[len("align_own_exit"):]
+            own, other = total(key) / n, total("align_other_exit" + layer) / n
+            metrics.log_scalar("align_own_exit" + layer, own, n, round=4)
+            metrics.log_scalar("align_other_exit" + layer, other, n, round=4)
+            metrics.log_scalar("align_gap_exit" + layer, own - other, n, round=4)
+        for key in sorted(k for k in keys if k.startswith("align_to_last_exit")):
+            metrics.log_scalar(key, total(key) / n, n, round=4)
         log_regression_predictions(logging_outputs)
+
+
+def _alignment_sums(exits: ExitOutputs, targets: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """Per-exit summed cosines for the validation alignment scalars (see acl_fairseq.alignment)."""
+    out = {}
+    for layer, u, w in zip(exits.layers, exits.features, exits.label_embeddings):
+        sums = alignment.label_alignment_sums(u, targets, w)
+        out[f"align_own_exit{layer}"], out[f"align_other_exit{layer}"] = sums["own"], sums["other"]
+    for layer, u in zip(exits.layers[:-1], exits.features[:-1]):
+        out[f"align_to_last_exit{layer}"] = alignment.exit_agreement_sum(u, exits.features[-1])
+    return out
 
 
 def _counts(meters):
