@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Helpers shared by recipes/glue/finetune.sh and recipes/glue/sweep.sh (sourced, not run).
 # Reads the two tables next to it: hparams.tsv (per GLUE task) and methods.tsv (per method).
+# shellcheck disable=SC2034  # the variables load_task/load_method set are used by the sourcing scripts
 set -euo pipefail
 
 GLUE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"   # recipes/glue

@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+# MRPC with one method: MRPC.sh METHOD [--dry-run] [extra fairseq-train flags...]; settings in hparams.tsv.
+set -euo pipefail
+exec "$(dirname "${BASH_SOURCE[0]}")/finetune.sh" MRPC "$@"
