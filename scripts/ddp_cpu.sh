@@ -13,18 +13,18 @@
 # DIR/rank{R}.log (default: a fresh temporary directory, named on stderr). The script waits for every
 # rank; when one fails, it stops the others and exits with that rank's status (and shows its log tail).
 # PORT defaults to $MASTER_PORT or a free loopback port. OMP_NUM_THREADS defaults to cores / NPROC.
-# --batch-size is per rank: the global batch is NPROC times larger (set --update-freq accordingly).
+# --batch-size is per rank: the global batch is NPROC times larger (scale --batch-size or --update-freq).
 # Add --contrast-across-workers to contrast against every rank's batch (one global contrastive set),
 # and --acl-grad-global-decision (acl_grad, acl_cross_layer) for one ACL-Grad decision over all ranks.
 #
-# On GPUs use fairseq's usual launch instead of this script, with the c10d backend:
-#   one node, all GPUs (fairseq spawns one process per GPU):
-#     fairseq-train DATA --user-dir acl_fairseq ... --distributed-world-size 8 --ddp-backend c10d
-#   or torchrun (one process per GPU; fairseq reads LOCAL_RANK/WORLD_SIZE from the environment):
-#     torchrun --nproc_per_node 8 $(which fairseq-train) DATA --user-dir acl_fairseq ... --ddp-backend c10d
-#   several nodes: torchrun --nnodes N --node_rank I --master_addr HOST --master_port PORT ...
-# With --acl-grad-scope params the ACL-Grad surrogate touches every parameter, so c10d needs no
-# --find-unused-parameters for it.
+# On GPUs use fairseq's usual launch instead of this script, with DDP's c10d backend (fairseq's
+# default, an alias of pytorch_ddp) and --find-unused-parameters (the RoBERTa LM head is unused):
+#   one node, all its GPUs (fairseq spawns one process per GPU by itself):
+#     fairseq-train DATA --user-dir acl_fairseq ... --distributed-world-size 8 --ddp-backend c10d --find-unused-parameters
+#   or torchrun, one process per GPU (fairseq reads RANK/WORLD_SIZE/MASTER_* from the environment):
+#     torchrun --nproc_per_node 8 --module fairseq_cli.train DATA --user-dir acl_fairseq ... --ddp-backend c10d --find-unused-parameters
+#   several nodes: torchrun --nnodes N --node_rank I --master_addr HOST --master_port PORT ... (same arguments)
+# --contrast-across-workers and --acl-grad-global-decision work the same there (NCCL collectives).
 set -euo pipefail
 
 usage() {

@@ -114,7 +114,7 @@ class ExitCriterionBase(FairseqCriterion):
         aux_exits, aux_targets, n_contrast = exits, targets, n
         if self.cfg.contrast_across_workers and distributed.world_size() > 1:
             aux_exits, aux_targets, n_contrast = distributed.gather_for_contrast(exits, targets)
-        aux_parts = self.aux_terms(aux_exits, aux_targets, weights) if n > 0 else {}
+        aux_parts = self.aux_terms(aux_exits, aux_targets, weights) if n_contrast > 0 else {}
         # sum convention: a batch-mean term counts once per sample of the set it was computed on
         aux = sum(w * v for w, v in aux_parts.values()) * n_contrast if aux_parts else ce.new_zeros(())
         loss, gate_log = self._combine(model, exits, self.ce_weight * ce, aux)
@@ -142,7 +142,10 @@ class ExitCriterionBase(FairseqCriterion):
         """``ce + aux``, or the ACL-Grad choice between ``ce`` and ``ce + aux`` while training."""
         if not (self.gated() and model.training and torch.is_grad_enabled() and aux.requires_grad):
             return ce + aux, {}
-        return gating.gate(model, exits, ce, aux, self.cfg.acl_grad_scope, self.cfg.acl_grad_threshold)
+        return gating.gate(
+            model, exits, ce, aux, self.cfg.acl_grad_scope, self.cfg.acl_grad_threshold,
+            global_decision=self.cfg.acl_grad_global_decision,
+        )
 
     def _log_predictions(self, out: Dict, exits: ExitOutputs, targets: torch.Tensor, training: bool) -> None:
         if self.regression:
