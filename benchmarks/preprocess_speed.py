@@ -1,0 +1,170 @@
+#!/usr/bin/env python
+"""Time SST-2 preprocessing: ``preprocess/glue.py`` vs fairseq's own pipeline, on this machine.
+
+fairseq's pipeline is what ``examples/roberta/preprocess_GLUE_tasks.sh`` runs for SST-2: ``tail``/``cut``
+per split, ``python -m fairseq.examples.roberta.multiprocessing_bpe_encoder`` per split, then
+``fairseq-preprocess`` for ``input0`` (with ``--srcdict dict.txt``) and for ``label``. Both use the same
+GPT-2 BPE files and the same number of workers. The official files are used when ``--bpe-dir`` holds
+them; otherwise a byte-level BPE is learned locally from SST-2's training text (``--merges``), in the
+same three-file format. Each pipeline runs ``--repeats`` times (alternating); medians are compared and
+the two outputs are checked to be byte-identical.
+
+    python benchmarks/preprocess_speed.py --json bench.json
+"""
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from preprocess.gpt2_files import GPT2_FILES, write_local_gpt2_bpe  # noqa: E402
+
+COMPARED = ["input0/train.bin", "input0/train.idx", "input0/valid.bin", "input0/test.bin", "input0/dict.txt",
+            "label/dict.txt", "label/train.bin", "label/valid.bin"]
+
+
+def bpe_files(bpe_dir, work, merges, glue_dir):
+    if bpe_dir and all(os.path.isfile(os.path.join(bpe_dir, f)) for f in GPT2_FILES):
+        return bpe_dir, "given"
+    local = os.path.join(work, f"gpt2_bpe_local_{merges}")
+    if not all(os.path.isfile(os.path.join(local, f)) for f in GPT2_FILES):
+        with open(os.path.join(glue_dir, "train.tsv"), encoding="utf-8") as f:
+            texts = [line.split("\t")[0] for line in f.read().split("\n")[1:] if line]
+        t0 = time.perf_counter()
+        write_local_gpt2_bpe(local, texts, merges)
+        print(f"[bench] learned {merges} BPE merges from SST-2 train in {time.perf_counter() - t0:.1f}s -> {local}")
+    return local, f"local byte-level BPE, {merges} merges"
+
+
+def cpu_seconds():
+    """user + system time of all finished child processes (and their waited-for children)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run(cmd, **kw):
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if proc.returncode != 0:
+        raise SystemExit(f"[bench] failed: {cmd if isinstance(cmd, str) else ' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+
+
+def ours(glue_dir, out, bpe, workers, python):
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    run([python, os.path.join(REPO, "preprocess", "glue.py"), "--task", "SST-2", "--input", glue_dir, "--output", out,
+         "--tokenizer", "gpt2", "--bpe-dir", bpe, "--workers", str(workers)])
+    return {"total": time.perf_counter() - t0, "cpu": cpu_seconds() - c0}
+
+
+def fairseq_pipeline(glue_dir, out, bpe, workers, python):
+    """preprocess_GLUE_tasks.sh for SST-2, step by step (each step timed)."""
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    raw = os.path.join(out, "raw")
+    os.makedirs(raw)
+    times, t0, c0 = {}, time.perf_counter(), cpu_seconds()
+    extract = " && ".join(
+        f"tail -n +2 '{glue_dir}/{s}.tsv' > '{raw}/{s}.tsv.temp' && "
+        + (f"cut -f1 '{raw}/{s}.tsv.temp' > '{raw}/{s}.raw.input0' && cut -f2 '{raw}/{s}.tsv.temp' > '{raw}/{s}.label'"
+           if s != "test" else f"cut -f2 '{raw}/{s}.tsv.temp' > '{raw}/{s}.raw.input0'")
+        for s in ("train", "dev", "test")
+    )
+    run(["bash", "-c", "set -euo pipefail; " + extract])
+    times["extract"], t = time.perf_counter() - t0, time.perf_counter()
+    for s in ("train", "dev", "test"):
+        run([python, "-m", "fairseq.examples.roberta.multiprocessing_bpe_encoder", "--encoder-json", f"{bpe}/encoder.json",
+             "--vocab-bpe", f"{bpe}/vocab.bpe", "--inputs", f"{raw}/{s}.raw.input0", "--outputs", f"{raw}/{s}.input0",
+             "--workers", str(workers), "--keep-empty"])
+    times["bpe"], t = time.perf_counter() - t, time.perf_counter()
+    preprocess = [os.path.join(os.path.dirname(python), "fairseq-preprocess")]
+    if not os.path.exists(preprocess[0]):
+        preprocess = [python, "-m", "fairseq_cli.preprocess"]
+    run(preprocess + ["--only-source", "--trainpref", f"{raw}/train.input0", "--validpref", f"{raw}/dev.input0",
+                      "--testpref", f"{raw}/test.input0", "--destdir", f"{out}/input0", "--workers", str(workers),
+                      "--srcdict", f"{bpe}/dict.txt"])
+    run(preprocess + ["--only-source", "--trainpref", f"{raw}/train.label", "--validpref", f"{raw}/dev.label",
+                      "--destdir", f"{out}/label", "--workers", str(workers)])
+    times["binarize"] = time.perf_counter() - t
+    times["total"] = time.perf_counter() - t0
+    times["cpu"] = cpu_seconds() - c0
+    return times
+
+
+def identical(a, b):
+    def read(root, rel):
+        with open(os.path.join(root, rel), "rb") as f:
+            return f.read()
+
+    return {rel: read(a, rel) == read(b, rel) for rel in COMPARED}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--glue-dir", default="/work/shared/glue/SST-2", help="the GLUE SST-2 folder")
+    p.add_argument("--bpe-dir", help="folder with the official encoder.json, vocab.bpe, dict.txt (default: learn locally)")
+    p.add_argument("--merges", type=int, default=5000, help="merges of the locally learned BPE")
+    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="workers for both pipelines")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--work-dir", help="scratch folder (default: a temporary one, removed afterwards)")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args()
+
+    work = args.work_dir or tempfile.mkdtemp(prefix="preprocess_bench_")
+    os.makedirs(work, exist_ok=True)
+    python = sys.executable
+    try:
+        bpe, bpe_kind = bpe_files(args.bpe_dir, work, args.merges, args.glue_dir)
+        runs = {"ours": [], "fairseq": []}
+        for r in range(args.repeats):
+            runs["ours"].append(ours(args.glue_dir, os.path.join(work, "ours"), bpe, args.workers, python))
+            runs["fairseq"].append(fairseq_pipeline(args.glue_dir, os.path.join(work, "fairseq"), bpe, args.workers, python))
+            print(f"[bench] repeat {r + 1}/{args.repeats}: ours {runs['ours'][-1]['total']:.1f}s, "
+                  f"fairseq {runs['fairseq'][-1]['total']:.1f}s")
+        same = identical(os.path.join(work, "ours"), os.path.join(work, "fairseq"))
+        with open(os.path.join(work, "ours", "stats.json")) as f:
+            n = {k: v["examples"] for k, v in json.load(f)["splits"].items()}
+    finally:
+        if not args.work_dir:
+            shutil.rmtree(work, ignore_errors=True)
+
+    med = {k: statistics.median(x["total"] for x in v) for k, v in runs.items()}
+    cpu = {k: statistics.median(x["cpu"] for x in v) for k, v in runs.items()}
+    stages = {s: statistics.median(x[s] for x in runs["fairseq"]) for s in ("extract", "bpe", "binarize")}
+    result = {
+        "task": "SST-2", "examples": n, "bpe": bpe_kind, "workers": args.workers, "repeats": args.repeats,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "seconds": {k: [round(x["total"], 2) for x in v] for k, v in runs.items()},
+        "median_seconds": {k: round(v, 2) for k, v in med.items()},
+        "median_cpu_seconds": {k: round(v, 2) for k, v in cpu.items()},  # user+sys, less sensitive to a busy machine
+        "load_average_1min": os.getloadavg()[0],
+        "fairseq_stage_median_seconds": {k: round(v, 2) for k, v in stages.items()},
+        "speedup_fairseq_over_ours": round(med["fairseq"] / med["ours"], 2),
+        "cpu_ratio_fairseq_over_ours": round(cpu["fairseq"] / cpu["ours"], 2),
+        "outputs_identical": all(same.values()), "compared_files": same,
+    }
+    print(f"\nSST-2 ({n}), GPT-2 BPE: {bpe_kind}, {args.workers} workers, median of {args.repeats}")
+    print(f"{'pipeline':<44} {'median s':>9} {'cpu s':>7}  runs (wall s)")
+    for key, label in (("ours", "preprocess/glue.py"), ("fairseq", "fairseq (bpe encoder + fairseq-preprocess)")):
+        print(f"{label:<44} {med[key]:>9.2f} {cpu[key]:>7.2f}  {result['seconds'][key]}")
+    print("  fairseq stages: " + ", ".join(f"{k} {v:.2f}s" for k, v in stages.items()))
+    print(f"speed-up (fairseq / ours): {result['speedup_fairseq_over_ours']}x wall, {result['cpu_ratio_fairseq_over_ours']}x cpu; "
+          f"outputs identical: {result['outputs_identical']}; load average {result['load_average_1min']:.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+    return 0 if result["outputs_identical"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""The per-task GLUE table and a strict reader for the official GLUE TSV files.
+
+Column numbers follow fairseq's ``examples/roberta/preprocess_GLUE_tasks.sh`` (there 1-based ``cut -f``,
+here 0-based). Quirks handled here, each noted where it is handled:
+  * CoLA train/dev have no header row (its test.tsv does), and CoLA dev.tsv has no final newline;
+  * MRPC files may start with a UTF-8 byte-order mark;
+  * GLUE text contains stray quotes, so lines are split on tabs only (csv.QUOTE_NONE semantics);
+  * QQP train/dev rows with the wrong number of fields are dropped, as fairseq's ``awk NF==6`` does
+    (counted in stats.json); for every other task such a row is an error.
+"""
+import os
+from dataclasses import dataclass
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+
+class GlueDataError(Exception):
+    """Bad input or settings; the message names the file (and line) and the fix. No traceback is shown."""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    inputs: Tuple[int, ...]  # text columns of train/dev (0-based)
+    label: int  # label column of train
+    labels: Optional[Tuple[str, ...]]  # allowed label strings; None = regression (a float score)
+    test_inputs: Tuple[int, ...]  # text columns of test (test has no label)
+    label_header: Optional[str] = None  # header name of the label column, checked to catch a wrong --task
+    dev_label: Optional[int] = None  # label column of dev when it differs from train (MNLI)
+    header: bool = True  # train/dev start with a header row (test always does)
+    ncols: Optional[int] = None  # field count of header-less files
+    dev: Tuple[str, ...] = ("dev",)  # dev files -> fairseq splits valid, valid1, ...
+    test: Tuple[str, ...] = ("test",)  # test files -> fairseq splits test, test1, ...
+    filter_malformed: bool = False  # drop train/dev rows with a wrong field count (QQP) instead of failing
+
+    @property
+    def regression(self) -> bool:
+        return self.labels is None
+
+    @property
+    def pair(self) -> bool:
+        return len(self.inputs) == 2
+
+
+_BINARY = ("0", "1")
+_NLI2 = ("entailment", "not_entailment")
+TASKS: Dict[str, TaskSpec] = {
+    t.name: t
+    for t in [
+        # CoLA: "source  label  original-label  sentence", no header in train/dev
+        TaskSpec("CoLA", (3,), 1, _BINARY, (1,), header=False, ncols=4),
+        TaskSpec("SST-2", (0,), 1, _BINARY, (1,), label_header="label"),
+        TaskSpec("MRPC", (3, 4), 0, _BINARY, (3, 4), label_header="Quality"),
+        # STS-B: a 0..5 similarity score; fairseq divides it by 5 (regression target)
+        TaskSpec("STS-B", (7, 8), 9, None, (7, 8), label_header="score"),
+        TaskSpec("QQP", (3, 4), 5, _BINARY, (1, 2), label_header="is_duplicate", filter_malformed=True),
+        # MNLI: the gold label is column 12 of train but column 16 of dev (dev adds label2..label5)
+        TaskSpec(
+            "MNLI", (8, 9), 11, ("contradiction", "entailment", "neutral"), (8, 9), label_header="gold_label",
+            dev_label=15, dev=("dev_matched", "dev_mismatched"), test=("test_matched", "test_mismatched"),
+        ),
+        TaskSpec("QNLI", (1, 2), 3, _NLI2, (1, 2), label_header="label"),
+        TaskSpec("RTE", (1, 2), 3, _NLI2, (1, 2), label_header="label"),
+        TaskSpec("WNLI", (1, 2), 3, _BINARY, (1, 2), label_header="label"),  # not in fairseq's script
+    ]
+}
+
+
+def get_task(name: str) -> TaskSpec:
+    """Look a task up by name, forgiving case and dashes (``sts-b``, ``STSB``, ``sst2``)."""
+    key = name.upper().replace("-", "")
+    for spec in TASKS.values():
+        if spec.name.upper().replace("-", "") == key:
+            return spec
+    raise GlueDataError(f"unknown task {name!r}. Fix: use one of {', '.join(TASKS)}")
+
+
+class Example(NamedTuple):
+    texts: Tuple[str, ...]
+    label: Optional[str]
+    line: int  # 1-based line number in the source file, for error messages
+
+
+@dataclass
+class SplitData:
+    path: str
+    examples: List[Example]
+    filtered: int = 0  # malformed rows dropped (QQP only)
+
+
+def split_path(input_dir: str, stem: str) -> str:
+    return os.path.join(input_dir, stem + ".tsv")
+
+
+def _read_lines(path: str, task: str) -> List[str]:
+    if not os.path.isfile(path):
+        folder = os.path.dirname(path) or "."
+        found = sorted(f for f in os.listdir(folder) if f.endswith(".tsv")) if os.path.isdir(folder) else []
+        raise GlueDataError(
+            f"{path}: missing split {os.path.basename(path)!r} for {task} (found: {', '.join(found) or 'no .tsv files'}). "
+            f"Fix: point --input at the unpacked GLUE {task} folder (re-download it if files are missing)"
+            + ("; pass --skip-test to go without the test split" if "test" in os.path.basename(path) else "")
+        )
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8-sig")  # -sig: MRPC files may start with a byte-order mark
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise GlueDataError(f"{path}:{line}: not valid UTF-8 ({e.reason}). Fix: re-download or re-encode the file as UTF-8")
+    # Split on "\n" only (not str.splitlines, which also splits on \x85, \u2028, ... inside text);
+    # tolerate CRLF endings and a missing final newline (CoLA dev.tsv has none).
+    lines = [ln[:-1] if ln.endswith("\r") else ln for ln in text.split("\n")]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    if not lines:
+        raise GlueDataError(f"{path}: empty file. Fix: re-download the GLUE {task} data; the file should hold examples")
+    return lines
+
+
+def read_split(input_dir: str, stem: str, spec: TaskSpec, kind: str) -> SplitData:
+    """Read ``input_dir/stem.tsv`` as a ``kind`` ("train", "dev" or "test") split of ``spec``."""
+    path = split_path(input_dir, stem)
+    lines = _read_lines(path, spec.name)
+    has_header = spec.header or kind == "test"
+    cols = spec.test_inputs if kind == "test" else spec.inputs
+    label_col = None if kind == "test" else (spec.dev_label if kind == "dev" and spec.dev_label is not None else spec.label)
+    if has_header:
+        header = lines[0].split("\t")
+        _check_header(path, header, cols, label_col, spec)
+        ncols, first = len(header), 1
+    else:
+        ncols, first = spec.ncols, 0
+    if len(lines) <= first:
+        raise GlueDataError(f"{path}: has a header but no examples. Fix: re-download the GLUE {spec.name} data")
+    out = SplitData(path, [])
+    for lineno, line in enumerate(lines[first:], start=first + 1):
+        fields = line.split("\t")  # quoting disabled: a '"' is text, never a field delimiter
+        if len(fields) != ncols:
+            if spec.filter_malformed and kind != "test":
+                out.filtered += 1  # fairseq: awk -F '\t' 'NF==6' for QQP train/dev
+                continue
+            raise GlueDataError(
+                f"{path}:{lineno}: expected {ncols} tab-separated fields, found {len(fields)}. Fix: repair or remove "
+                "this row (a tab or line break inside the text, or a truncated line); re-download the file if unsure"
+            )
+        texts = tuple(fields[c].strip() for c in cols)
+        label = None if label_col is None else _check_label(path, lineno, fields[label_col].strip(), spec)
+        out.examples.append(Example(texts, label, lineno))
+    if not out.examples:
+        raise GlueDataError(f"{path}: no well-formed rows ({out.filtered} filtered). Fix: re-download the GLUE {spec.name} data")
+    return out
+
+
+def _check_header(path: str, header: Sequence[str], cols, label_col, spec: TaskSpec) -> None:
+    need = max(cols + ((label_col,) if label_col is not None else ()))
+    if len(header) <= need:
+        raise GlueDataError(
+            f"{path}:1: header has {len(header)} fields but {spec.name} reads column {need + 1}. "
+            f"Fix: check that --task {spec.name} matches this folder"
+        )
+    if label_col is not None and spec.label_header and header[label_col].strip() != spec.label_header:
+        raise GlueDataError(
+            f"{path}:1: header column {label_col + 1} is {header[label_col].strip()!r}, expected {spec.label_header!r} "
+            f"for {spec.name}. Fix: check that --task {spec.name} matches this folder"
+        )
+
+
+def _check_label(path: str, lineno: int, value: str, spec: TaskSpec) -> str:
+    if spec.regression:
+        try:
+            score = float(value)
+        except ValueError:
+            score = float("nan")
+        if not 0.0 <= score <= 5.0:
+            raise GlueDataError(f"{path}:{lineno}: {spec.name} score {value!r} is not a number in [0, 5]. Fix: correct the score")
+        return value
+    if value not in spec.labels:
+        raise GlueDataError(
+            f"{path}:{lineno}: unknown label {value!r} for {spec.name}; expected one of {', '.join(spec.labels)}. "
+            f"Fix: correct the label, or check that --task {spec.name} matches this folder"
+        )
+    return value

@@ -1,0 +1,544 @@
+"""preprocess/glue.py: GLUE TSV folders -> fairseq binarized data that ``sentence_prediction`` loads.
+
+Tiny TSVs in each task's real format are made here (headers, CoLA without one, MRPC's byte-order mark,
+stray quotes); the slow test (``-m slow``) runs the real /work/shared/glue RTE and CoLA.
+"""
+import json
+import os
+import random
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from helpers import REPO
+
+from preprocess import glue, scl_protocols as scl
+from preprocess.gpt2_files import write_local_gpt2_bpe
+from preprocess.text_encoders import EncoderSpec
+from preprocess.wordpiece import WordPiece, basic_tokenize, load_vocab, vocab_is_uncased
+
+GLUE_REAL = "/work/shared/glue"
+
+# ------------------------------------------------------------------ tiny GLUE folders in the real formats
+
+WORDS = ("the movie film plot actor was is not very good bad great dull \"funny\" it 's n't a of "
+         "café naïve 1999 , . ! ? ( ) -- playing played play who what where did say run").split()
+SPECIAL_SENTENCES = ['"quoted at start', 'it \'s a "stray quote', 'ends with a quote "', "Who played the Café scene?"]
+
+
+def sentence(rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12)))
+
+
+def _nli(kind, i, a, b, y):  # QNLI / RTE / WNLI: index, s1, s2, label
+    return [str(i), a, b] + ([y] if kind != "test" else [])
+
+
+# task -> (labels, files, header(kind) or None, row(kind, i, a, b, y)); an independent description of GLUE
+FORMATS = {
+    "CoLA": (("0", "1"), ("train", "dev", "test"),
+             lambda k: ["index", "sentence"] if k == "test" else None,
+             lambda k, i, a, b, y: [str(i), a] if k == "test" else ["gj04", y, "", a]),
+    "SST-2": (("0", "1"), ("train", "dev", "test"),
+              lambda k: ["index", "sentence"] if k == "test" else ["sentence", "label"],
+              lambda k, i, a, b, y: [str(i), a] if k == "test" else [a + " ", y]),
+    "MRPC": (("0", "1"), ("train", "dev", "test"),
+             lambda k: ["index" if k == "test" else "Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"],
+             lambda k, i, a, b, y: [str(i) if k == "test" else y, str(1000 + i), str(2000 + i), a, b]),
+    "STS-B": (None, ("train", "dev", "test"),
+              lambda k: "index genre filename year old_index source1 source2 sentence1 sentence2".split() + (["score"] if k != "test" else []),
+              lambda k, i, a, b, y: [str(i), "main-captions", "MSRvid", "2012test", f"{i:04d}", "none", "none", a, b] + ([y] if k != "test" else [])),
+    "QQP": (("0", "1"), ("train", "dev", "test"),
+            lambda k: ["id", "question1", "question2"] if k == "test" else ["id", "qid1", "qid2", "question1", "question2", "is_duplicate"],
+            lambda k, i, a, b, y: [str(i), a, b] if k == "test" else [str(i), str(2 * i), str(2 * i + 1), a, b, y]),
+    "MNLI": (("contradiction", "entailment", "neutral"), ("train", "dev_matched", "dev_mismatched", "test_matched", "test_mismatched"),
+             lambda k: "index promptID pairID genre s1_bp s2_bp s1_p s2_p sentence1 sentence2".split()
+             + {"train": ["label1", "gold_label"], "dev": ["label1", "label2", "label3", "label4", "label5", "gold_label"], "test": []}[k],
+             lambda k, i, a, b, y: [str(i), "1", "1e", "fiction", "( a )", "( b )", "(ROOT a)", "(ROOT b)", a, b]
+             + {"train": [y, y], "dev": [y] * 5 + [y], "test": []}[k]),
+    "QNLI": (("entailment", "not_entailment"), ("train", "dev", "test"),
+             lambda k: ["index", "question", "sentence"] + (["label"] if k != "test" else []), _nli),
+    "RTE": (("entailment", "not_entailment"), ("train", "dev", "test"),
+            lambda k: ["index", "sentence1", "sentence2"] + (["label"] if k != "test" else []), _nli),
+    "WNLI": (("0", "1"), ("train", "dev", "test"),
+             lambda k: ["index", "sentence1", "sentence2"] + (["label"] if k != "test" else []), _nli),
+}
+PAIR = {"MRPC", "STS-B", "QQP", "MNLI", "QNLI", "RTE", "WNLI"}
+
+
+def make_task(root, task, n=(24, 12, 6), seed=0, weights=None):
+    """Write a GLUE-format folder ``root/task``; returns ``(folder, {file stem: [(a, b, y), ...]})``."""
+    labels, files, header, row = FORMATS[task]
+    rng = random.Random(seed)
+    folder = os.path.join(str(root), task)
+    os.makedirs(folder, exist_ok=True)
+    written = {}
+    for stem in files:
+        kind = "train" if stem == "train" else ("dev" if stem.startswith("dev") else "test")
+        count = n[0] if kind == "train" else (n[1] if kind == "dev" else n[2])
+        examples = []
+        for i in range(count):
+            a = SPECIAL_SENTENCES[i] if i < len(SPECIAL_SENTENCES) else sentence(rng)
+            b = sentence(rng)
+            y = f"{rng.uniform(0, 5):.3f}" if labels is None else (
+                rng.choices(labels, weights=weights)[0] if weights else labels[i % len(labels)])
+            examples.append((a, b, y))
+        lines = ([header(kind)] if header(kind) else []) + [row(kind, i, a, b, y) for i, (a, b, y) in enumerate(examples)]
+        text = "\n".join("\t".join(f) for f in lines)
+        if not (task == "CoLA" and stem == "dev"):  # CoLA dev.tsv has no final newline
+            text += "\n"
+        with open(os.path.join(folder, stem + ".tsv"), "w", encoding="utf-8-sig" if task == "MRPC" else "utf-8") as f:
+            f.write(text)  # utf-8-sig: MRPC files start with a byte-order mark
+        written[stem] = examples
+    return folder, written
+
+
+def make_wordpiece_vocab(path, texts, uncased=True):
+    words = sorted({w for t in texts for w in basic_tokenize(t, uncased)} - {"playing", "played"})
+    chars = sorted({c for w in words for c in w})
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words + chars + ["##" + c for c in chars] + ["##ing", "##ed"]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(dict.fromkeys(vocab)) + "\n")
+    return path
+
+
+ALL_TEXT = WORDS + SPECIAL_SENTENCES
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    d = tmp_path_factory.mktemp("assets")
+    bpe_dir = str(d / "gpt2_bpe")
+    write_local_gpt2_bpe(bpe_dir, [" ".join(ALL_TEXT)] * 3 + ALL_TEXT, num_merges=60)
+    return {"vocab": make_wordpiece_vocab(str(d / "vocab.txt"), ALL_TEXT), "bpe_dir": bpe_dir}
+
+
+def tok_args(tokenizer, assets):
+    return {
+        "gpt2": ["--tokenizer", "gpt2", "--bpe-dir", assets["bpe_dir"]],
+        "sentencepiece": ["--tokenizer", "sentencepiece", "--spm-vocab-size", "120"],
+        "wordpiece": ["--tokenizer", "wordpiece", "--vocab", assets["vocab"]],
+    }[tokenizer]
+
+
+def run_main(task, folder, out, *extra, workers=1):
+    argv = ["--task", task, "--input", folder, "--output", str(out), "--workers", str(workers), *extra]
+    return glue.main(argv)
+
+
+def load(data, split, regression=False, num_classes=2):
+    from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask
+
+    cfg = SentencePredictionConfig(
+        data=str(data), num_classes=1 if regression else num_classes, init_token=0, separator_token=2, no_shuffle=True,
+        regression_target=regression, classification_head_name="sentence_classification_head", seed=1,
+    )
+    task = SentencePredictionTask.setup_task(cfg)
+    task.load_dataset(split)
+    return task, task.datasets[split]
+
+
+def decode_example(task, item, decoder, pair):
+    """``<s> a </s> [</s> b </s>]`` -> (text a, text b or None)."""
+    src = item["net_input.src_tokens"].tolist()
+    assert src[0] == 0 and src[-1] == 2
+    end_a = src.index(2, 1)
+    d = task.source_dictionary
+    a = decoder(d.string(src[1:end_a]).split())
+    b = decoder(d.string(src[end_a + 2 : -1]).split()) if pair else None
+    assert pair or end_a == len(src) - 1
+    return a, b
+
+
+def normalizer(tokenizer, out, assets):
+    if tokenizer == "gpt2":
+        return str.strip
+    if tokenizer == "wordpiece":
+        return lambda t: " ".join(basic_tokenize(t, True))
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(out, "spm.model"))
+    return lambda t: sp.decode(sp.encode(t))
+
+
+def decoder_for(tokenizer, out, assets):
+    paths = {
+        "gpt2": (os.path.join(assets["bpe_dir"], "encoder.json"), os.path.join(assets["bpe_dir"], "vocab.bpe")),
+        "sentencepiece": (os.path.join(out, "spm.model"),),
+        "wordpiece": (assets["vocab"],),
+    }[tokenizer]
+    return EncoderSpec(tokenizer, paths, True).decoder()
+
+
+def stats_of(out):
+    with open(os.path.join(out, "stats.json")) as f:
+        return json.load(f)
+
+
+# ------------------------------------------------------------------ every task format loads in sentence_prediction
+
+
+@pytest.mark.parametrize("task", list(FORMATS))
+def test_every_task_loads_in_sentence_prediction(tmp_path, assets, task):
+    folder, data = make_task(tmp_path, task)
+    out = tmp_path / "bin"
+    assert run_main(task, folder, out, *tok_args("wordpiece", assets)) == 0
+    labels, files = FORMATS[task][:2]
+    regression, pair = labels is None, task in PAIR
+    dev_stems = [s for s in files if s.startswith("dev")]
+    test_stems = [s for s in files if s.startswith("test")]
+    norm, dec = normalizer("wordpiece", out, assets), decoder_for("wordpiece", out, assets)
+    names = ["train"] + [glue._nth("valid", k) for k in range(len(dev_stems))] + [glue._nth("test", k) for k in range(len(test_stems))]
+    for name, stem in zip(names, ["train"] + dev_stems + test_stems):
+        t, ds = load(out, name, regression, num_classes=len(labels or (1,)))
+        assert len(ds) == len(data[stem]), name
+        item, (a, b, y) = ds[0], data[stem][0]
+        assert decode_example(t, item, dec, pair) == (norm(a), norm(b) if pair else None)
+        if name.startswith("test"):
+            assert "target" not in item  # GLUE test labels are private: inputs only
+        elif regression:
+            assert item["target"] == pytest.approx([float(y) / 5.0], abs=1e-6)  # RawLabelDataset: a list
+        else:
+            assert t.label_dictionary[item["target"].item() + t.label_dictionary.nspecial] == y
+    if regression:
+        with open(out / "label" / "train.label") as f:
+            assert [float(x) for x in f.read().split()] == pytest.approx([float(y) / 5 for _, _, y in data["train"]], abs=1e-6)
+
+
+def test_mnli_valid1_is_dev_mismatched(tmp_path, assets):
+    folder, data = make_task(tmp_path, "MNLI", n=(30, 9, 4))
+    out = tmp_path / "bin"
+    assert run_main("MNLI", folder, out, *tok_args("wordpiece", assets)) == 0
+    for split in ("valid", "valid1", "test", "test1"):
+        for field in ("input0", "input1"):
+            assert (out / field / f"{split}.bin").exists()
+    assert (out / "label" / "valid1.bin").exists() and not (out / "label" / "test.bin").exists()
+    st = stats_of(out)
+    assert st["splits"]["valid1"]["source"] == "dev_mismatched.tsv" and st["splits"]["test1"]["source"] == "test_mismatched.tsv"
+    t, ds = load(out, "valid1", num_classes=3)
+    assert decode_example(t, ds[0], decoder_for("wordpiece", out, assets), True)[1] == " ".join(basic_tokenize(data["dev_mismatched"][0][1], True))
+
+
+# ------------------------------------------------------------------ tokenizers
+
+
+@pytest.mark.parametrize("tokenizer", ["gpt2", "sentencepiece", "wordpiece"])
+def test_tokenizer_roundtrip(tmp_path, assets, tokenizer):
+    folder, data = make_task(tmp_path, "RTE", n=(40, 10, 5))
+    out = tmp_path / "bin"
+    assert run_main("RTE", folder, out, *tok_args(tokenizer, assets)) == 0
+    norm, dec = normalizer(tokenizer, out, assets), decoder_for(tokenizer, out, assets)
+    for split, stem in (("train", "train"), ("valid", "dev"), ("test", "test")):
+        t, ds = load(out, split)
+        for i in (0, 1, 4):
+            a, b, _ = data[stem][i]
+            assert decode_example(t, ds[i], dec, True) == (norm(a), norm(b))
+    assert stats_of(out)["splits"]["train"]["unk_tokens"] == 0
+
+
+def test_gpt2_ids_are_fairseqs_bpe_ids(tmp_path, assets):
+    from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
+
+    folder, data = make_task(tmp_path, "SST-2")
+    out = tmp_path / "bin"
+    assert run_main("SST-2", folder, out, *tok_args("gpt2", assets)) == 0
+    bpe = get_encoder(os.path.join(assets["bpe_dir"], "encoder.json"), os.path.join(assets["bpe_dir"], "vocab.bpe"))
+    t, ds = load(out, "train")
+    for i, (a, _, _) in enumerate(data["train"]):
+        # what multiprocessing_bpe_encoder.py + fairseq-preprocess --srcdict dict.txt produce
+        expect = t.source_dictionary.encode_line(" ".join(map(str, bpe.encode(a.strip()))), append_eos=True, add_if_not_exist=False)
+        assert ds[i]["net_input.src_tokens"][1:].tolist() == expect.tolist()
+    with open(out / "input0" / "dict.txt") as f, open(os.path.join(assets["bpe_dir"], "dict.txt")) as g:
+        assert f.read() == g.read()  # the BPE dir's dict.txt, as RoBERTa needs
+
+
+def test_gpt2_files_downloaded_when_missing(tmp_path, assets):
+    folder, _ = make_task(tmp_path, "CoLA")
+    empty = tmp_path / "fetched"
+    url = "file://" + assets["bpe_dir"] + "/"
+    assert run_main("CoLA", folder, tmp_path / "bin", "--tokenizer", "gpt2", "--bpe-dir", str(empty), "--bpe-url", url) == 0
+    assert sorted(os.listdir(empty)) == ["dict.txt", "encoder.json", "vocab.bpe"]
+
+
+def test_gpt2_offline_says_what_to_do(tmp_path, capsys):
+    folder, _ = make_task(tmp_path, "CoLA")
+    rc = run_main("CoLA", folder, tmp_path / "bin", "--tokenizer", "gpt2", "--bpe-dir", str(tmp_path / "b"), "--bpe-url", "http://127.0.0.1:9/")
+    err = capsys.readouterr().err
+    assert rc == 1 and "download" in err and "--bpe-dir" in err and "encoder.json" in err
+    assert os.listdir(tmp_path / "b") == [] and sorted(os.listdir(tmp_path)) == ["CoLA", "b"]  # no output, no temp
+
+
+def test_wordpiece_matches_bert_semantics(tmp_path):
+    vocab = make_wordpiece_vocab(str(tmp_path / "v.txt"), ALL_TEXT + ["straße 中文 x"])
+    wp = WordPiece(load_vocab(vocab), lowercase=True)
+    assert wp.tokenize("Playing, PLAYED!") == ["play", "##ing", ",", "play", "##ed", "!"]
+    assert wp.tokenize("Naïve café\u200b\x00 中文 " + "x" * 101 + " zebra") == ["naive", "cafe", "中", "文", "[UNK]", "[UNK]"]
+    tokenizers = pytest.importorskip("tokenizers")
+    ref = tokenizers.BertWordPieceTokenizer(vocab, lowercase=True)
+    for text in ALL_TEXT + ["Playing, PLAYED!", "Naïve café\u200b 中文 " + "x" * 101, "don't (say) \"what\"--who?"]:
+        assert wp.tokenize(text) == ref.encode(text, add_special_tokens=False).tokens, text
+
+
+def test_wordpiece_case_detected_from_vocab(tmp_path, assets):
+    cased = make_wordpiece_vocab(str(tmp_path / "cased.txt"), ALL_TEXT, uncased=False)
+    assert vocab_is_uncased(load_vocab(assets["vocab"])) and not vocab_is_uncased(load_vocab(cased))
+    folder, _ = make_task(tmp_path, "SST-2")
+    assert run_main("SST-2", folder, tmp_path / "c", "--tokenizer", "wordpiece", "--vocab", cased) == 0
+    assert stats_of(tmp_path / "c")["lowercase"] is False
+    assert run_main("SST-2", folder, tmp_path / "u", "--tokenizer", "wordpiece", "--vocab", cased, "--do-lower-case") == 0
+    assert stats_of(tmp_path / "u")["lowercase"] is True
+
+
+def test_wordpiece_with_converted_dict(tmp_path, assets):
+    """An acl-convert-hf style dict.txt (BERT's specials left to fairseq's <s> <pad> </s> <unk>)."""
+    words = [w for w in load_vocab(assets["vocab"]) if not w.startswith("[")]
+    srcdict = tmp_path / "dict.txt"
+    srcdict.write_text("".join(f"{w} 1\n" for w in reversed(words)))
+    folder, data = make_task(tmp_path, "RTE")
+    out = tmp_path / "bin"
+    assert run_main("RTE", folder, out, *tok_args("wordpiece", assets), "--srcdict", str(srcdict)) == 0
+    assert (out / "input0" / "dict.txt").read_text() == srcdict.read_text()
+    t, ds = load(out, "train")
+    assert decode_example(t, ds[1], decoder_for("wordpiece", out, assets), True)[0] == " ".join(basic_tokenize(data["train"][1][0], True))
+
+
+@pytest.mark.parametrize("dict_from", ["vocab", "train"])
+def test_sentencepiece_dict_sources(tmp_path, dict_from):
+    folder, _ = make_task(tmp_path, "MRPC", n=(40, 8, 4))
+    out = tmp_path / "bin"
+    assert run_main("MRPC", folder, out, "--tokenizer", "sentencepiece", "--spm-vocab-size", "100", "--dict-from", dict_from) == 0
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
+    symbols = [line.split()[0] for line in (out / "input0" / "dict.txt").read_text().splitlines()]
+    if dict_from == "vocab":
+        assert symbols == [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not (sp.is_control(i) or sp.is_unknown(i))]
+    else:
+        assert (len(symbols) + 4) % 8 == 0  # fairseq-built: with its 4 specials, padded to a multiple of 8
+    out2 = tmp_path / "bin2"  # reuse the trained model: same ids
+    assert run_main("MRPC", folder, out2, "--tokenizer", "sentencepiece", "--spm-model", str(out / "spm.model"), "--dict-from", dict_from) == 0
+    assert (out / "input0" / "train.bin").read_bytes() == (out2 / "input0" / "train.bin").read_bytes()
+
+
+def test_two_workers_give_identical_output(tmp_path, assets):
+    folder, _ = make_task(tmp_path, "QNLI", n=(1200, 30, 10))
+    for w in (1, 2):
+        assert run_main("QNLI", folder, tmp_path / f"w{w}", *tok_args("gpt2", assets), workers=w) == 0
+    for rel in ("input0/train.bin", "input1/train.idx", "input1/valid.bin", "label/train.bin", "label/dict.txt"):
+        assert (tmp_path / "w1" / rel).read_bytes() == (tmp_path / "w2" / rel).read_bytes(), rel
+
+
+# ------------------------------------------------------------------ quirks, stats
+
+
+def test_stats_file(tmp_path, assets):
+    folder, data = make_task(tmp_path, "SST-2", n=(30, 10, 5), weights=(2, 1))
+    out = tmp_path / "bin"
+    assert run_main("SST-2", folder, out, *tok_args("wordpiece", assets), "--max-positions", "10") == 0
+    st = stats_of(out)
+    assert st["task"] == "SST-2" and st["max_positions"] == 10 and st["splits"]["train"]["over_max_positions"] > 0
+    counts = Counter(y for _, _, y in data["train"])
+    assert st["label_dictionary"] == [y for y, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]  # by frequency
+    for split, stem in (("train", "train"), ("valid", "dev"), ("test", "test")):
+        s = st["splits"][split]
+        _, ds = load(out, split)
+        lengths = sorted(len(ds[i]["net_input.src_tokens"]) for i in range(len(ds)))
+        assert s["examples"] == len(data[stem]) and s["length_tokens"]["max"] == lengths[-1]
+        assert s["over_max_positions"] == sum(n > 10 for n in lengths)
+        assert set(s["length_tokens"]) == {"p50", "p90", "p95", "p99", "max"}
+        assert s.get("label_counts") == (dict(Counter(y for _, _, y in data[stem])) if split != "test" else None)
+
+
+def test_qqp_malformed_rows_filtered_and_counted(tmp_path, assets):
+    folder, data = make_task(tmp_path, "QQP", n=(20, 6, 3))
+    with open(os.path.join(folder, "train.tsv"), "a") as f:
+        f.write("99\t1\t2\tquestion without answer\n" "100\t1\t2\ta\tb\t1\textra\n")
+    out = tmp_path / "bin"
+    assert run_main("QQP", folder, out, *tok_args("wordpiece", assets)) == 0
+    st = stats_of(out)
+    assert st["filtered_malformed_rows"]["train.tsv"] == 2 and st["filtered_malformed_rows"]["dev.tsv"] == 0 and st["splits"]["train"]["examples"] == 20
+
+
+def test_reader_quirks(tmp_path):
+    from preprocess.glue_tasks import TASKS, read_split
+
+    d = tmp_path / "t"
+    d.mkdir()
+    (d / "train.tsv").write_bytes(b"\xef\xbb\xbfQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\r\n1\t1\t2\t\"a \"\"b\t c\"\r\n\n")
+    s = read_split(str(d), "train", TASKS["MRPC"], "train")
+    assert [e.texts for e in s.examples] == [('"a ""b', 'c"')] and s.examples[0].line == 2  # BOM, CRLF, quotes kept
+    (d / "dev.tsv").write_text("gj04\t1\t\tA \u2028line sep\ngj04\t0\t*\tlast")  # no final newline
+    assert [e.texts[0] for e in read_split(str(d), "dev", TASKS["CoLA"], "dev").examples] == ["A \u2028line sep", "last"]
+
+
+# ------------------------------------------------------------------ errors
+
+
+def _break(folder, stem, lineno, new_line):
+    path = os.path.join(folder, stem + ".tsv")
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    lines[lineno - 1] = new_line
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+
+
+BREAKAGES = {
+    "wrong_columns": (lambda d: _break(d, "train", 5, "4\ta\tb\tentailment\textra"), "train.tsv:5: expected 4 tab-separated fields, found 5"),
+    "unknown_label": (lambda d: _break(d, "dev", 3, "1\ta b\tc d\tmaybe"), "dev.tsv:3: unknown label 'maybe'"),
+    "empty_file": (lambda d: open(os.path.join(d, "train.tsv"), "w").close(), "train.tsv: empty file"),
+    "missing_split": (lambda d: os.remove(os.path.join(d, "dev.tsv")), "dev.tsv: missing split"),
+    "missing_test": (lambda d: os.remove(os.path.join(d, "test.tsv")), "--skip-test"),
+    "wrong_task_header": (lambda d: _break(d, "train", 1, "index\tsentence1\tsentence2\tQuality"), "train.tsv:1: header column 4"),
+}
+
+
+@pytest.mark.parametrize("case", list(BREAKAGES))
+def test_bad_input_is_a_clear_error_and_leaves_nothing(tmp_path, assets, capsys, case):
+    folder, _ = make_task(tmp_path, "RTE")
+    breaker, expected = BREAKAGES[case]
+    breaker(folder)
+    os.makedirs(tmp_path / "out")
+    rc = run_main("RTE", folder, tmp_path / "out" / "bin", *tok_args("wordpiece", assets))
+    err = capsys.readouterr().err
+    assert rc == 1 and expected in err and "Fix:" in err and "Traceback" not in err
+    assert not os.path.exists(tmp_path / "out" / "bin") and os.listdir(tmp_path / "out") == []
+
+
+def test_skip_test_goes_without_test_tsv(tmp_path, assets):
+    folder, _ = make_task(tmp_path, "RTE")
+    os.remove(os.path.join(folder, "test.tsv"))
+    assert run_main("RTE", folder, tmp_path / "bin", *tok_args("wordpiece", assets), "--skip-test") == 0
+    assert set(stats_of(tmp_path / "bin")["splits"]) == {"train", "valid"}
+
+
+def test_missing_folder_and_cli_exit_code(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "preprocess", "glue.py"), "--task", "rte", "--input", str(tmp_path / "nope"),
+         "--output", str(tmp_path / "bin"), "--tokenizer", "wordpiece", "--vocab", "v.txt"],
+        capture_output=True, text=True, cwd=str(tmp_path),
+    )
+    assert proc.returncode == 1 and "nope: no such folder" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "bin").exists()
+
+
+def test_failed_rerun_keeps_complete_output(tmp_path, assets, capsys):
+    folder, _ = make_task(tmp_path, "RTE")
+    out = tmp_path / "bin"
+    assert run_main("RTE", folder, out, *tok_args("wordpiece", assets)) == 0
+    before = {p: (out / p).read_bytes() for p in ("stats.json", "input0/train.bin", "label/dict.txt")}
+    assert run_main("RTE", folder, out, *tok_args("wordpiece", assets)) == 1
+    assert "output exists" in capsys.readouterr().err
+    _break(folder, "train", 3, "broken")
+    assert run_main("RTE", folder, out, *tok_args("wordpiece", assets), "--force") == 1
+    assert {p: (out / p).read_bytes() for p in before} == before
+    assert sorted(os.listdir(tmp_path)) == ["RTE", "bin"]
+    make_task(tmp_path, "RTE", seed=5)  # repaired input: --force replaces the old output
+    assert run_main("RTE", folder, out, *tok_args("wordpiece", assets), "--force") == 0
+    assert (out / "input0" / "train.bin").read_bytes() != before["input0/train.bin"] and sorted(os.listdir(tmp_path)) == ["RTE", "bin"]
+
+
+# ------------------------------------------------------------------ SCL protocols
+
+
+def test_few_shot_split_unit():
+    dev = ["a"] * 700 + ["b"] * 300 + ["c"] * 100
+    valid, test = scl.dev_split(dev, seed=3)
+    assert len(test) == 550 and len(valid) == 500 and not set(valid) & set(test)
+    for part, n in ((test, 550), (valid, 500)):
+        got = Counter(dev[i] for i in part)
+        for lab, c in Counter(dev).items():
+            assert abs(got[lab] - n * c / len(dev)) <= 1  # keeps the dev label distribution
+    small = ["x"] * 7 + ["y"] * 4
+    v, t = scl.dev_split(small, seed=0)
+    assert len(t) == 5 and sorted(v + t) == list(range(11))  # fewer than 500 left: all of them
+    train = ["a"] * 90 + ["b"] * 9 + ["c"] * 1
+    idx = scl.few_shot_train(train, 20, seed=1)
+    assert len(idx) == 20 and Counter(train[i] for i in idx) == {"a": 17, "b": 2, "c": 1}  # every label kept
+    assert idx == scl.few_shot_train(train, 20, seed=1) != scl.few_shot_train(train, 20, seed=2)
+
+
+def test_label_noise_unit():
+    labels = ["0", "1"] * 50
+    noisy, changed = scl.add_label_noise(labels, 0.3, ("0", "1"), seed=4)
+    assert len(changed) == 30 and [i for i in range(100) if noisy[i] != labels[i]] == changed
+    assert scl.add_label_noise(labels, 0.3, ("0", "1"), seed=4) == (noisy, changed)
+    three, ch = scl.add_label_noise(["a", "b", "c"] * 10, 0.5, ("a", "b", "c"), seed=0)
+    assert len(ch) == 15 and all(three[i] != ["a", "b", "c"][i % 3] for i in ch)
+
+
+def test_few_shot_end_to_end(tmp_path, assets):
+    folder, data = make_task(tmp_path, "SST-2", n=(300, 1100, 5), weights=(3, 1))
+    args = (*tok_args("wordpiece", assets), "--few-shot", "20")
+    for name, seed in (("a", "1"), ("b", "1"), ("c", "2")):
+        assert run_main("SST-2", folder, tmp_path / name, *args, "--seed", seed) == 0
+    st = stats_of(tmp_path / "a")
+    assert [st["splits"][s]["examples"] for s in ("train", "valid", "test")] == [20, 500, 550]
+    dev_counts = Counter(y for _, _, y in data["dev"])
+    for s, n in (("test", 550), ("valid", 500)):
+        for lab, c in dev_counts.items():
+            assert abs(st["splits"][s]["label_counts"][lab] - n * c / 1100) <= 1
+    with open(tmp_path / "a" / "protocol.json") as f:
+        lines = {k: set(v["lines"]) for k, v in json.load(f)["source_lines"].items()}
+    assert not lines["valid"] & lines["test"] and len(lines["valid"] | lines["test"]) == 1050
+    t, ds = load(tmp_path / "a", "test")  # test comes from dev, so it has labels
+    row = min(lines["test"])  # first test example = lowest dev line (order kept); line 1 is the header
+    assert t.label_dictionary[ds[0]["target"].item() + 4] == data["dev"][row - 2][2]
+    for rel in ("input0/train.bin", "input0/test.bin", "label/valid.bin", "protocol.json"):
+        assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes()  # same seed: same data
+    assert (tmp_path / "a" / "protocol.json").read_bytes() != (tmp_path / "c" / "protocol.json").read_bytes()
+
+
+def test_label_noise_end_to_end(tmp_path, assets):
+    folder, data = make_task(tmp_path, "RTE", n=(40, 8, 4))
+    out = tmp_path / "bin"
+    assert run_main("RTE", folder, out, *tok_args("wordpiece", assets), "--label-noise", "0.25", "--seed", "7") == 0
+    t, ds = load(out, "train")
+    got = [t.label_dictionary[ds[i]["target"].item() + 4] for i in range(len(ds))]
+    changed = [i for i, (_, _, y) in enumerate(data["train"]) if got[i] != y]
+    assert len(changed) == 10 and stats_of(out)["protocol"]["label_noise"]["changed"] == 10
+    with open(out / "protocol.json") as f:
+        assert json.load(f)["label_noise"]["changed_lines"] == [i + 2 for i in changed]
+
+
+def test_few_shot_too_small_for_labels(tmp_path, assets, capsys):
+    folder, _ = make_task(tmp_path, "MNLI", n=(30, 9, 3))
+    assert run_main("MNLI", folder, tmp_path / "bin", *tok_args("wordpiece", assets), "--few-shot", "2") == 1
+    assert "never occurs in the training split" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ real data (slow)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir(GLUE_REAL), reason="no real GLUE data here")
+def test_real_rte_and_cola(tmp_path):
+    rte = tmp_path / "RTE-bin"
+    assert run_main("RTE", f"{GLUE_REAL}/RTE", rte, "--tokenizer", "sentencepiece", "--spm-vocab-size", "4000", workers=2) == 0
+    st = stats_of(rte)
+    assert {k: v["examples"] for k, v in st["splits"].items()} == {"train": 2490, "valid": 277, "test": 3000}
+    assert st["splits"]["train"]["unk_tokens"] == 0
+    t, ds = load(rte, "valid")
+    dec = EncoderSpec("sentencepiece", (str(rte / "spm.model"),)).decoder()
+    assert decode_example(t, ds[0], dec, True)[1] == "Christopher Reeve had an accident."
+    assert t.label_dictionary[ds[0]["target"].item() + 4] == "not_entailment"
+
+    with open(f"{GLUE_REAL}/CoLA/train.tsv", encoding="utf-8") as f:
+        texts = [line.rstrip("\n").split("\t")[3] for line in f]
+    vocab = make_wordpiece_vocab(str(tmp_path / "vocab.txt"), texts, uncased=False)
+    cola = tmp_path / "CoLA-bin"
+    assert run_main("CoLA", f"{GLUE_REAL}/CoLA", cola, "--tokenizer", "wordpiece", "--vocab", vocab, workers=2) == 0
+    st = stats_of(cola)
+    assert {k: v["examples"] for k, v in st["splits"].items()} == {"train": 8551, "valid": 1043, "test": 1063}
+    t, ds = load(cola, "valid")
+    dec = EncoderSpec("wordpiece", (vocab,), False).decoder()
+    assert decode_example(t, ds[len(ds) - 1], dec, False)[0] == "John talked to Bill about himself ."  # no final newline
+
+    few = tmp_path / "RTE-few"
+    assert run_main("RTE", f"{GLUE_REAL}/RTE", few, "--tokenizer", "sentencepiece", "--spm-model", str(rte / "spm.model"),
+                    "--few-shot", "100", "--label-noise", "0.1", "--seed", "3", workers=2) == 0
+    st = stats_of(few)
+    assert {k: v["examples"] for k, v in st["splits"].items()} == {"train": 100, "valid": 139, "test": 138}
+    assert st["protocol"]["label_noise"]["changed"] == 10
