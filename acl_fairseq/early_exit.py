@@ -8,6 +8,7 @@ each exit the rows that exit leave the batch: the remaining rows of ``x`` and of
 at batch size 1 and batched, for ``multi_exit_roberta`` and for a stock ``roberta`` (one exit).
 Inference only: call in eval mode, under ``torch.no_grad`` (done here).
 """
+
 from typing import List, NamedTuple, Optional, Tuple
 
 import torch

@@ -15,6 +15,7 @@ Policies (METHOD.md "Early-exit inference"):
   for regression "the same" means ``|pred^m - pred^(m-1)| < delta``; ``value <= 0`` never fires;
 - ``confidence``: exit when ``max_k p_k >= value``.
 """
+
 import math
 from typing import List, Tuple
 

@@ -13,8 +13,10 @@ exit's head under ``name`` itself, so stock tools (the ``sentence_prediction`` c
 ``predict``) see the final exit as an ordinary RoBERTa head. A plain ``roberta`` checkpoint restores
 into this model (``--restore-file model.pt --reset-optimizer ...``): fairseq's
 ``upgrade_state_dict_named`` copies heads missing from the checkpoint from their fresh weights, and
-this model logs which heads that was.
+this model logs which heads that was. (Hub ``predict`` runs the stock head on the ``<s>`` state: it
+equals the final exit with ``--exit-pooling cls``; with ``mean`` call the model itself.)
 """
+
 import logging
 import re
 from typing import List, Optional
@@ -26,6 +28,7 @@ from fairseq.models.roberta.model import (
     roberta_large_architecture,
 )
 from fairseq.utils import safe_getattr
+from omegaconf import OmegaConf
 
 from acl_fairseq.heads import ExitOutputs, head_forward, pool_states
 
@@ -79,7 +82,9 @@ class MultiExitRobertaModel(RobertaModel):
 
     @classmethod
     def build_model(cls, args, task):
-        multi_exit_roberta_architecture(args)  # exit options exist even for a bare --arch roberta cfg
+        if OmegaConf.is_config(args):
+            OmegaConf.set_struct(args, False)  # RobertaModel.build_model sets it back
+        multi_exit_roberta_architecture(args)  # the exit options exist whatever the cfg came from
         return super().build_model(args, task)
 
     # ---- heads ---------------------------------------------------------------------------------

@@ -1,0 +1,419 @@
+# Licensed under the MIT license.
+"""Evaluate a fine-tuned (multi-exit) RoBERTa checkpoint: per-exit GLUE metrics and an early-exit sweep.
+
+``acl-evaluate CHECKPOINT DATA_BIN --out-dir DIR`` (or ``python -m acl_fairseq.evaluate ...``) writes
+``DIR/early_exit.json``, ``DIR/early_exit.csv`` and ``DIR/early_exit.png`` and prints a table. Per
+setting (policy x threshold): the task metric(s), average exit layer, layer speed-up ``L / avg``,
+saved fraction ``1 - avg / L``, and wall-clock latency per example against running all layers, at
+batch size 1 and batched (median of repeats, measured side by side). Quality numbers come from one
+full pass (every exit's logits, then the policies offline: ``exits.exit_layer_indices``); latency
+from the layer-by-layer engine (``early_exit.py``), whose decisions are checked against the offline
+ones (``engine_agreement``). ``--test-split`` also writes GLUE leaderboard files (final exit).
+Works for plain ``roberta`` checkpoints too (one exit).
+"""
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from typing import Dict, List, Optional
+
+import torch
+
+from acl_fairseq import early_exit, exits, glue_metrics, report
+
+logger = logging.getLogger("acl_fairseq.evaluate")
+
+DEFAULT_THRESHOLDS = [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]
+DEFAULT_CONFIDENCE = [0.99, 0.95, 0.9, 0.85, 0.8, 0.7, 0.6]
+# GLUE leaderboard file stem per task; MNLI's second test split (mismatched) is MNLI-mm
+GLUE_TEST_FILES = {t: t for t in glue_metrics.TASK_METRICS}
+GLUE_TEST_FILES.update({"MNLI": "MNLI-m", "AX": "AX"})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="acl-evaluate", description=__doc__.split("\n")[0])
+    p.add_argument("checkpoint", help="fairseq checkpoint file (e.g. checkpoints/checkpoint_best.pt)")
+    p.add_argument("data_bin", help="binarized sentence_prediction data dir (input0/, label/, ...)")
+    p.add_argument("--out-dir", required=True, help="where early_exit.json/.csv/.png are written")
+    p.add_argument("--split", default="valid", help="split to score (valid; valid1 = MNLI mismatched)")
+    p.add_argument(
+        "--task-name",
+        help="GLUE task (RTE, CoLA, STS-B, ...) for metric choice and file "
+        "names; default: DATA_BIN's folder name without '-bin' if it is a GLUE task",
+    )
+    p.add_argument(
+        "--policy",
+        nargs="+",
+        default=list(exits.POLICIES),
+        choices=exits.POLICIES,
+        help="early-exit policies to sweep (regression runs patience only)",
+    )
+    p.add_argument(
+        "--thresholds",
+        nargs="+",
+        type=float,
+        default=DEFAULT_THRESHOLDS,
+        help="entropy policy: normalized-entropy thresholds H/log K (exit when below)",
+    )
+    p.add_argument(
+        "--confidence-thresholds",
+        nargs="+",
+        type=float,
+        default=DEFAULT_CONFIDENCE,
+        help="confidence policy: max-softmax thresholds (exit when at least)",
+    )
+    p.add_argument(
+        "--patience-values",
+        nargs="+",
+        type=int,
+        help="patience policy: consecutive agreeing exits; default 1 .. (number of exits - 1)",
+    )
+    p.add_argument(
+        "--regression-delta",
+        type=float,
+        default=exits.DEFAULT_REGRESSION_DELTA,
+        help="patience on regression: predictions 'agree' when closer than this (model units)",
+    )
+    p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (evaluation and batched timing)")
+    p.add_argument("--max-examples", type=int, help="score only the first N examples of the split (default: all)")
+    p.add_argument(
+        "--timing-examples",
+        type=int,
+        default=64,
+        help="examples timed per setting (first N of the split); 0 disables timing",
+    )
+    p.add_argument("--timing-repeats", type=int, default=3, help="timing repeats; the median is reported")
+    p.add_argument(
+        "--classification-head-name",
+        help="head to evaluate; default: the checkpoint's "
+        "criterion.classification_head_name (sentence_classification_head)",
+    )
+    p.add_argument("--tensorboard-logdir", help="also log the results to TensorBoard (tensorboardX) here")
+    p.add_argument(
+        "--test-split",
+        nargs="+",
+        help="unlabeled split(s) to predict in GLUE leaderboard "
+        "format (MNLI: test test1 -> MNLI-m.tsv MNLI-mm.tsv); needs --predictions-dir",
+    )
+    p.add_argument("--predictions-dir", help="where the GLUE prediction files (index<TAB>prediction) go")
+    p.add_argument("--user-dir", help="extra fairseq plugin dir to import (acl_fairseq itself always is)")
+    p.add_argument("--cpu", action="store_true", help="run on CPU even if CUDA is available")
+    return p
+
+
+# ---- loading -----------------------------------------------------------------------------------
+
+
+def load_model(checkpoint: str, data_bin: str, user_dir: Optional[str], cpu: bool):
+    """(model in eval mode on its device, task, cfg). Loads with torch's safe loader (weights_only)."""
+    from fairseq import checkpoint_utils, utils
+
+    if not os.path.isfile(checkpoint):
+        raise FileNotFoundError(f"checkpoint file not found: {checkpoint}")
+    if not os.path.isdir(os.path.join(data_bin, "input0")):
+        raise FileNotFoundError(f"{data_bin} is not a binarized sentence_prediction dir (no input0/)")
+    if user_dir:
+        utils.import_user_module(argparse.Namespace(user_dir=user_dir))
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+        [checkpoint], arg_overrides={"data": data_bin, "load_checkpoint_heads": True}
+    )
+    model = models[0].eval()
+    if torch.cuda.is_available() and not cpu:
+        model = model.cuda()
+    return model, task, cfg
+
+
+def infer_task_name(data_bin: str, task_name: Optional[str]) -> Optional[str]:
+    """``--task-name``, else the data folder's name (``RTE-bin`` -> ``RTE``) if it is a GLUE task."""
+    if task_name:
+        return task_name
+    stem = os.path.basename(os.path.normpath(data_bin))
+    stem = stem[: -len("-bin")] if stem.endswith("-bin") else stem
+    return stem if stem in GLUE_TEST_FILES else None
+
+
+def make_batches(dataset, ids: List[int], batch_size: int) -> List[Dict]:
+    """Collated batches of ``ids``, sorted by length to limit padding."""
+    order = sorted(ids, key=lambda i: (int(dataset.num_tokens(i)), i))
+    return [dataset.collater([dataset[i] for i in order[s : s + batch_size]]) for s in range(0, len(order), batch_size)]
+
+
+def _to(batch: Dict, device) -> torch.Tensor:
+    return batch["net_input"]["src_tokens"].to(device)
+
+
+# ---- scoring -----------------------------------------------------------------------------------
+
+
+def collect_exit_logits(model, batches: List[Dict], head_name: str):
+    """Every exit's logits over ``batches``: (ids (N,), logits (N, M, K), targets (N, ...) or None)."""
+    device = next(model.parameters()).device
+    ids, logits, targets = [], [], []
+    for batch in batches:
+        out = early_exit.early_exit_forward(model, _to(batch, device), head_name, policy=None)
+        ids.append(batch["id"])
+        logits.append(out.exit_logits.cpu())
+        targets.append(batch.get("target"))
+    has_target = all(t is not None for t in targets)
+    return torch.cat(ids), torch.cat(logits), (torch.cat(targets) if has_target else None)
+
+
+def score(logits: torch.Tensor, targets: torch.Tensor, ctx: Dict) -> Dict[str, float]:
+    """The task's GLUE metrics of (N, K) logits (classification: argmax; regression: the value)."""
+    if ctx["regression"]:
+        found = glue_metrics.regression_metrics(logits[:, 0].tolist(), targets.view(-1).tolist())
+    else:
+        found = glue_metrics.classification_metrics(
+            logits.argmax(-1).tolist(), targets.view(-1).tolist(), ctx["positive"]
+        )
+    wanted = glue_metrics.TASK_METRICS.get(ctx["task_name"])
+    return {k: found[k] for k in wanted if k in found} if wanted else found
+
+
+def sweep(args, num_exits: int, regression: bool) -> List[tuple]:
+    """(policy, value) settings in sweep order."""
+    values = {
+        "entropy": args.thresholds,
+        "confidence": args.confidence_thresholds,
+        "patience": args.patience_values or list(range(1, num_exits)),
+    }
+    policies = [p for p in args.policy if p == "patience" or not regression]
+    if regression and len(policies) < len(args.policy):
+        logger.warning("regression target: entropy/confidence need class probabilities, running patience only")
+    return [(p, v) for p in policies for v in values[p]]
+
+
+def setting_quality(exit_logits, targets, layers, num_layers, policy, value, ctx):
+    """Quality and layer accounting of one setting, from every exit's logits (offline policy).
+
+    Returns ``(setting dict, exit index (N,))``."""
+    per_exit = list(exit_logits.unbind(1))
+    idx = exits.exit_layer_indices(per_exit, policy, value, regression=ctx["regression"], delta=ctx["delta"])
+    avg = float(torch.tensor(layers, dtype=torch.float)[idx].mean())
+    counts = torch.bincount(idx, minlength=len(layers)).tolist()
+    return {
+        "policy": policy,
+        "threshold": value,
+        "metrics": score(exits.gather_exit_logits(per_exit, idx), targets, ctx),
+        "avg_exit_layer": avg,
+        "layer_speedup": num_layers / avg,
+        "saved_fraction": 1.0 - avg / num_layers,
+        "exit_fractions": [c / len(idx) for c in counts],
+    }, idx
+
+
+# ---- timing ------------------------------------------------------------------------------------
+
+
+def _clock(fn, batches: List[Dict], device) -> float:
+    """Seconds to run ``fn`` over all ``batches``."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    for batch in batches:
+        fn(_to(batch, device))
+    sync()
+    return time.perf_counter() - start
+
+
+def time_side_by_side(model, batches: List[Dict], head_name: str, policy: str, value: float, ctx: Dict):
+    """Median seconds per example of (all layers, early exit), alternated within each repeat."""
+    device = next(model.parameters()).device
+    n = sum(len(b["id"]) for b in batches)
+
+    def run_full(tokens):
+        early_exit.full_forward(model, tokens, head_name)
+
+    def run_exit(tokens):
+        early_exit.early_exit_forward(model, tokens, head_name, policy, value, ctx["regression"], ctx["delta"])
+
+    run_full(_to(batches[0], device))  # warm-up (allocator, kernels)
+    run_exit(_to(batches[0], device))
+    full, exit_ = [], []
+    for _ in range(ctx["repeats"]):
+        full.append(_clock(run_full, batches, device) / n)
+        exit_.append(_clock(run_exit, batches, device) / n)
+    return statistics.median(full), statistics.median(exit_)
+
+
+def engine_agreement(model, batches, head_name, setting, offline_index, pos_of_id, ctx) -> float:
+    """Fraction of timed examples where the layer-by-layer engine exits where the offline policy does."""
+    device = next(model.parameters()).device
+    same, total = 0, 0
+    for batch in batches:
+        out = early_exit.early_exit_forward(
+            model,
+            _to(batch, device),
+            head_name,
+            setting["policy"],
+            setting["threshold"],
+            ctx["regression"],
+            ctx["delta"],
+        )
+        offline = offline_index[[pos_of_id[int(i)] for i in batch["id"]]]
+        same += int((out.exit_index.cpu() == offline).sum())
+        total += len(offline)
+    return same / max(total, 1)
+
+
+def add_timing(model, setting: Dict, offline_index, timing_batches: Dict, head_name: str, pos_of_id: Dict, ctx: Dict):
+    """Fill the latency fields of ``setting`` (None when timing is off)."""
+    for mode in ("batch1", "batched"):
+        full = exit_ = None
+        if timing_batches[mode]:
+            full, exit_ = time_side_by_side(
+                model, timing_batches[mode], head_name, setting["policy"], setting["threshold"], ctx
+            )
+        setting[f"latency_full_{mode}_s"] = full
+        setting[f"latency_exit_{mode}_s"] = exit_
+        setting[f"wallclock_speedup_{mode}"] = full / exit_ if full and exit_ else None
+    batched = timing_batches["batched"]
+    setting["engine_agreement"] = (
+        engine_agreement(model, batched, head_name, setting, offline_index, pos_of_id, ctx) if batched else None
+    )
+
+
+# ---- GLUE test predictions ---------------------------------------------------------------------
+
+
+def format_predictions(logits: torch.Tensor, label_dictionary, regression: bool) -> List[str]:
+    """GLUE leaderboard values: label names (through the label dictionary), or STS-B scores x5 in [0, 5]."""
+    if regression:
+        return [f"{min(max(5.0 * float(v), 0.0), 5.0):.3f}" for v in logits[:, 0]]
+    return [label_dictionary[int(k) + label_dictionary.nspecial] for k in logits.argmax(-1)]
+
+
+def prediction_file_names(task_name: Optional[str], splits: List[str]) -> List[str]:
+    """GLUE file names for the test splits: ``RTE.tsv``; MNLI ``MNLI-m.tsv`` then ``MNLI-mm.tsv``."""
+    stem = GLUE_TEST_FILES.get(task_name, task_name or "predictions")
+    names = [f"{stem}.tsv" if i == 0 else f"{stem}-{s}.tsv" for i, s in enumerate(splits)]
+    if task_name == "MNLI" and len(splits) > 1:
+        names[1] = "MNLI-mm.tsv"
+    return names
+
+
+def write_test_predictions(model, task, args, head_name: str, ctx: Dict) -> List[str]:
+    """Predict each ``--test-split`` with the final exit; returns the files written."""
+    os.makedirs(args.predictions_dir, exist_ok=True)
+    written = []
+    for split, name in zip(args.test_split, prediction_file_names(ctx["task_name"], args.test_split)):
+        task.load_dataset(split)
+        dataset = task.dataset(split)
+        batches = make_batches(dataset, list(range(len(dataset))), args.batch_size)
+        ids, exit_logits, _ = collect_exit_logits(model, batches, head_name)
+        order = ids.argsort()
+        values = format_predictions(exit_logits[order, -1], task.label_dictionary, ctx["regression"])
+        path = os.path.join(args.predictions_dir, name)
+        with open(path, "w") as f:
+            f.write("index\tprediction\n")
+            f.writelines(f"{int(i)}\t{v}\n" for i, v in zip(ids[order], values))
+        written.append(path)
+    return written
+
+
+# ---- main --------------------------------------------------------------------------------------
+
+
+def run_sweep(model, dataset, scored, args, head_name: str, layers: List[int], ctx: Dict) -> List[Dict]:
+    """Every (policy, value) setting: quality offline, then latency with the layer-by-layer engine."""
+    ids, exit_logits, targets = scored
+    pos_of_id = {int(i): p for p, i in enumerate(ids)}
+    n_time = min(args.timing_examples, len(ids))
+    timing_batches = {
+        "batch1": make_batches(dataset, list(range(n_time)), 1),
+        "batched": make_batches(dataset, list(range(n_time)), args.batch_size),
+    }
+    num_layers = len(model.encoder.sentence_encoder.layers)
+    settings = []
+    for policy, value in sweep(args, len(layers), ctx["regression"]):
+        setting, idx = setting_quality(exit_logits, targets, layers, num_layers, policy, value, ctx)
+        add_timing(model, setting, idx, timing_batches, head_name, pos_of_id, ctx)
+        logger.info(
+            "%s %s: %s, %.2fx fewer layers", policy, value, json.dumps(setting["metrics"]), setting["layer_speedup"]
+        )
+        settings.append(setting)
+    return settings
+
+
+def evaluate(args) -> Dict:
+    """Run the whole evaluation; returns the result dict that is written to early_exit.json."""
+    model, task, cfg = load_model(args.checkpoint, args.data_bin, args.user_dir, args.cpu)
+    head_name = args.classification_head_name or getattr(cfg.criterion, "classification_head_name", None)
+    head_name = head_name or "sentence_classification_head"
+    layers = early_exit.exit_plan(model, head_name)[0]
+    regression = bool(task.cfg.regression_target)
+    ctx = {
+        "task_name": infer_task_name(args.data_bin, args.task_name),
+        "regression": regression,
+        "positive": None if regression else glue_metrics.positive_index(task.label_dictionary),
+        "delta": args.regression_delta,
+        "repeats": args.timing_repeats,
+    }
+    task.load_dataset(args.split)
+    dataset = task.dataset(args.split)
+    n = len(dataset) if args.max_examples is None else min(args.max_examples, len(dataset))
+    scored = collect_exit_logits(model, make_batches(dataset, list(range(n)), args.batch_size), head_name)
+    if scored[2] is None:
+        raise ValueError(f"split {args.split!r} has no labels; score a labeled split and use --test-split for test")
+    per_exit = [{"layer": l, "metrics": score(scored[1][:, m], scored[2], ctx)} for m, l in enumerate(layers)]
+    result = {
+        "task": ctx["task_name"],
+        "split": args.split,
+        "checkpoint": os.path.abspath(args.checkpoint),
+        "data": os.path.abspath(args.data_bin),
+        "head_name": head_name,
+        "regression": regression,
+        "num_examples": n,
+        "num_layers": len(model.encoder.sentence_encoder.layers),
+        "exit_layers": layers,
+        "primary_metric": next(iter(per_exit[-1]["metrics"])),
+        "per_exit": per_exit,
+        "settings": run_sweep(model, dataset, scored, args, head_name, layers, ctx),
+        "timing": {
+            "examples": min(args.timing_examples, n),
+            "repeats": args.timing_repeats,
+            "batch_size": args.batch_size,
+            "device": str(next(model.parameters()).device),
+            "unit": "seconds per example",
+        },
+    }
+    if args.test_split:
+        result["predictions"] = write_test_predictions(model, task, args, head_name, ctx)
+    return result
+
+
+def main(argv: Optional[List[str]] = None) -> Dict:
+    args = build_parser().parse_args(argv)
+    if args.test_split and not args.predictions_dir:
+        build_parser().error("--test-split needs --predictions-dir")
+    result = evaluate(args)
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, "early_exit.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    report.write_csv(result, os.path.join(args.out_dir, "early_exit.csv"))
+    report.plot_result(result, os.path.join(args.out_dir, "early_exit.png"))
+    if args.tensorboard_logdir:
+        report.log_tensorboard(result, args.tensorboard_logdir)
+    print(report.format_table(result))
+    return result
+
+
+def cli_main() -> None:
+    logging.basicConfig(
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        level=os.environ.get("LOGLEVEL", "INFO").upper(),
+        stream=sys.stderr,
+        force=True,  # importing fairseq already called basicConfig (at DEBUG, in fairseq's wav2vec module)
+    )
+    try:
+        main()
+    except FileNotFoundError as e:  # a wrong path: say so without a traceback
+        sys.exit(f"acl-evaluate: error: {e}")
+
+
+if __name__ == "__main__":
+    cli_main()

@@ -1,0 +1,118 @@
+"""Early-exit policies (acl_fairseq/exits.py): pure tensor functions, decisions per example."""
+
+import math
+
+import pytest
+import torch
+
+from acl_fairseq import exits
+
+
+def logits_for(predictions, margin=5.0, num_classes=2):
+    """(B, K) logits whose argmax is ``predictions`` with a softmax margin."""
+    out = torch.zeros(len(predictions), num_classes)
+    out[torch.arange(len(predictions)), torch.tensor(predictions)] = margin
+    return out
+
+
+def test_entropy_of_one_hot_like_logits_is_zero_not_nan():
+    logits = torch.tensor([[1e4, -1e4], [-1e4, 1e4], [1e4, 0.0]])
+    for dtype in (torch.float32, torch.float16, torch.float64):
+        h = exits.prediction_entropy(logits.to(dtype))
+        assert h.dtype == torch.float32
+        assert torch.isfinite(h).all()
+        assert torch.allclose(h, torch.zeros(3))
+
+
+def test_entropy_is_finite_for_huge_logits_in_many_classes():
+    logits = torch.tensor([[1e4, -1e4, 3.0, 1e4], [0.0, 0.0, 0.0, -1e4]])
+    h = exits.prediction_entropy(logits)
+    assert torch.isfinite(h).all()
+    assert h[0] == pytest.approx(math.log(2) / math.log(4), abs=1e-6)  # two tied classes
+    assert h[1] == pytest.approx(math.log(3) / math.log(4), abs=1e-6)
+
+
+@pytest.mark.parametrize("num_classes", [2, 3, 5])
+def test_entropy_matches_the_definition(num_classes):
+    torch.manual_seed(0)
+    logits = torch.randn(7, num_classes, dtype=torch.float64) * 3
+    p = logits.softmax(-1)
+    reference = -(p * p.log()).sum(-1)
+    raw = exits.prediction_entropy(logits, normalized=False)
+    assert torch.allclose(raw.double(), reference, atol=1e-6)
+    assert torch.allclose(exits.prediction_entropy(logits).double(), reference / math.log(num_classes), atol=1e-6)
+    assert exits.prediction_entropy(torch.zeros(1, num_classes)).item() == pytest.approx(1.0)
+
+
+def test_entropy_exit_is_decided_per_example():
+    confident, unsure = [8.0, -8.0], [0.1, 0.0]
+    per_exit = [
+        torch.tensor([confident, unsure, unsure]),
+        torch.tensor([unsure, confident, unsure]),
+        torch.tensor([unsure, unsure, unsure]),
+    ]
+    assert exits.exit_layer_indices(per_exit, "entropy", 0.1).tolist() == [0, 1, 2]
+    assert exits.entropy_exit_layer(per_exit, 0.1).tolist() == [0, 1, 2]
+
+
+def test_confidence_exit_is_decided_per_example():
+    per_exit = [torch.tensor([[3.0, 0.0], [0.2, 0.0]]), torch.tensor([[0.0, 0.0], [0.0, 3.0]])]
+    assert exits.confidence_exit_layer(per_exit, 0.9).tolist() == [0, 1]
+    assert exits.confidence_exits(per_exit[0], 0.9).tolist() == [True, False]
+
+
+def test_patience_counts_consecutive_agreeing_exits():
+    # rows: always 1; 0 then 1 1 0; alternating (never agrees twice in a row)
+    preds = [[1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 0, 1]]  # exit-major: preds[m][row]
+    per_exit = [logits_for(p) for p in preds]
+    assert exits.patience_exit_layer(per_exit, 1).tolist() == [1, 2, 3]
+    assert exits.patience_exit_layer(per_exit, 2).tolist() == [2, 3, 3]
+    assert exits.patience_exit_layer(per_exit, 3).tolist() == [3, 3, 3]
+
+
+def test_patience_zero_means_the_last_exit():
+    per_exit = [logits_for([1, 0])] * 4
+    assert exits.patience_exit_layer(per_exit, 0).tolist() == [3, 3]
+
+
+def test_patience_on_regression_uses_delta():
+    values = [[0.50, 0.10], [0.51, 0.30], [0.515, 0.60]]  # row 0 settles, row 1 keeps moving
+    per_exit = [torch.tensor(v).unsqueeze(1) for v in values]
+    assert exits.patience_exit_layer(per_exit, 1, regression=True, delta=0.02).tolist() == [1, 2]
+    assert exits.patience_exit_layer(per_exit, 2, regression=True, delta=0.02).tolist() == [2, 2]
+    assert exits.patience_exit_layer(per_exit, 1, regression=True, delta=0.5).tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("policy,never,always", [("entropy", 0.0, 1.01), ("confidence", 1.01, 0.0)])
+def test_threshold_that_never_fires_gives_last_exit_and_always_fires_gives_first(policy, never, always):
+    torch.manual_seed(0)
+    per_exit = [torch.randn(6, 3) for _ in range(4)]
+    assert exits.exit_layer_indices(per_exit, policy, never).tolist() == [3] * 6
+    assert exits.exit_layer_indices(per_exit, policy, always).tolist() == [0] * 6
+
+
+@pytest.mark.parametrize("policy,value", [("entropy", 0.3), ("confidence", 0.9), ("patience", 1), ("patience", 2)])
+def test_incremental_form_with_leaving_rows_matches_offline_form(policy, value):
+    torch.manual_seed(1)
+    per_exit = [torch.randn(32, 3) * 2 for _ in range(5)]
+    offline = exits.exit_layer_indices(per_exit, policy, value)
+    # what the layer-by-layer engine does: rows that fire leave the batch and the state
+    chosen = torch.full((32,), 4)
+    rows, state = torch.arange(32), exits.init_state(32)
+    for m, logits in enumerate(per_exit[:-1]):
+        fire, state = exits.policy_step(policy, logits[rows], state, value)
+        chosen[rows[fire]] = m
+        rows, state = rows[~fire], state[~fire]
+    assert torch.equal(chosen, offline)
+    assert 0 < (offline < 4).sum() < 32, "the test should mix early and late exits"
+
+
+def test_gather_exit_logits_picks_each_examples_exit():
+    per_exit = [torch.full((3, 2), float(m)) for m in range(3)]
+    picked = exits.gather_exit_logits(per_exit, torch.tensor([2, 0, 1]))
+    assert picked[:, 0].tolist() == [2.0, 0.0, 1.0]
+
+
+def test_unknown_policy_is_rejected():
+    with pytest.raises(ValueError, match="unknown early-exit policy"):
+        exits.exit_layer_indices([torch.zeros(1, 2)], "entropie", 0.1)
