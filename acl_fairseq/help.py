@@ -26,7 +26,7 @@ def build_parser(criterion: str, arch: str) -> argparse.ArgumentParser:
     parser = options.get_training_parser(default_task="sentence_prediction")
     model_group = parser.add_argument_group("Model-specific configuration", argument_default=argparse.SUPPRESS)
     ARCH_MODEL_REGISTRY[arch].add_args(model_group)
-    TASK_REGISTRY["sentence_prediction"].add_args(parser)
+    TASK_REGISTRY["sentence_prediction_acl"].add_args(parser)  # the stock task's options + projector
     gen_parser_from_dataclass(parser, CRITERION_DATACLASS_REGISTRY[criterion]())
     return parser
 
