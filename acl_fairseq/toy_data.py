@@ -23,15 +23,28 @@ FILLERS = ["", ", honestly", ", i think", "overall", ", to be fair"]
 NEGATIONS = ["not", "never", "hardly"]
 
 
-def _sentence(rng: random.Random) -> Tuple[str, int]:
-    """One sentence and its sentiment (1 positive, 0 negative); negation flips, twice restores."""
+def _clause(rng: random.Random) -> Tuple[str, int]:
+    """``subject was [negations] [intensifier] word``; each negation flips the polarity (parity)."""
     positive = rng.random() < 0.5
     word = rng.choice(POSITIVE if positive else NEGATIVE)
-    n_neg = rng.choices([0, 1, 2], weights=[0.45, 0.45, 0.1])[0]
+    n_neg = rng.choices([0, 1, 2, 3], weights=[0.35, 0.35, 0.2, 0.1])[0]
     negs = " ".join(rng.choice(NEGATIONS) for _ in range(n_neg))
-    parts = [rng.choice(SUBJECTS), "was", negs, rng.choice(INTENSIFIERS), word, rng.choice(FILLERS)]
-    label = int(positive) ^ (n_neg % 2)
-    return " ".join(p for p in parts if p), label
+    parts = [rng.choice(SUBJECTS), "was", negs, rng.choice(INTENSIFIERS), word]
+    return " ".join(p for p in parts if p), int(positive) ^ (n_neg % 2)
+
+
+def _sentence(rng: random.Random) -> Tuple[str, int]:
+    """One or two clauses joined by "but": the last clause's sentiment is the label (1 positive).
+
+    The words alone do not decide it: negations flip by parity, and which clause counts depends on
+    where "but" stands, so shallow exits must compose tokens to reach the deep ones' accuracy.
+    """
+    text, label = _clause(rng)
+    if rng.random() < 0.5:
+        second, label = _clause(rng)
+        text = f"{text} but {second}"
+    filler = rng.choice(FILLERS)
+    return (f"{text} {filler}" if filler else text), label
 
 
 def make_examples(

@@ -11,7 +11,7 @@ OUT="${OUT:-$ROOT/demo_out}"                 # everything the demo writes goes h
 CRITERION="${CRITERION:-acl_cross_layer}"    # any registered criterion of the plugin
 MAX_EPOCH="${MAX_EPOCH:-4}"                  # epochs over the 4000 training sentences
 SEED="${SEED:-1}"                            # training seed
-export PATH="$VENV/bin:$PATH" OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" PYTHONWARNINGS=ignore
+export PATH="$VENV/bin:$PATH" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" PYTHONWARNINGS=ignore
 
 echo "[demo] data: toy sentiment task with negation -> $OUT/data"
 rm -rf "$OUT"
