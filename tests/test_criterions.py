@@ -237,3 +237,30 @@ def test_reduce_metrics_names_glue_metrics(data):
     assert vals["f1"] == round(100 * 8 / 9, 2)  # tp 4, fp 1, fn 0
     assert vals["mcc"] == round(100 * (4 * 3 - 1 * 0) / math.sqrt(5 * 4 * 4 * 3), 2)
     assert vals["grad_cos"] == 0.2 and vals["conflict_rate"] == 0.5
+
+
+@pytest.mark.parametrize("scope", ["params", "features"])
+def test_gated_update_is_linear_in_loss_scale_and_finite_in_bf16(data, scope):
+    """fairseq's fp16/AMP optimizers back-propagate `loss * scale`: the ACL-Grad surrogate must give
+    exactly `scale` times the update, and the gate must work on a bf16 model."""
+    _, model, crit, sample = build(data, "acl_cross_layer", arch="multi_exit_roberta", extra=["--acl-grad-scope", scope])
+    model.train()
+    model.zero_grad()
+    loss, _, log = crit(model, sample)
+    loss.backward()
+    g1 = _grads(model)
+    model.zero_grad()
+    loss, _, log2 = crit(model, sample)
+    (loss * 128.0).backward()
+    g128 = _grads(model)
+    assert float(log["conflict"]) == float(log2["conflict"])
+    for k in g1:
+        assert torch.allclose(g128[k], 128.0 * g1[k], rtol=1e-4, atol=1e-6), k
+
+    model.to(torch.bfloat16)
+    model.zero_grad()
+    loss, _, log = crit(model, sample)
+    loss.backward()
+    assert torch.isfinite(log["loss"]) and log["loss"].dtype == torch.float32
+    assert -1.0 <= float(log["grad_cos"]) <= 1.0
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

@@ -13,7 +13,7 @@ RUNS = [
     ("sentence_ce", "roberta", [], {"loss", "ce_loss", "accuracy"}),
     ("sentence_scl", "roberta", [], {"scl_loss"}),
     ("acl_embed", "roberta", [], {"acl_loss"}),
-    ("acl_grad", "roberta", [], {"acl_loss", "grad_cos", "conflict_rate"}),
+    ("acl_grad", "roberta", ["--update-freq", "2"], {"acl_loss", "grad_cos", "conflict_rate"}),
     ("acl_grad", "roberta", ["--acl-grad-scope", "features"], {"grad_cos", "conflict_rate"}),
     ("sentence_ce", "multi_exit_roberta", [], {"accuracy_exit1", "accuracy_exit2", "accuracy_exit3"}),
     ("acl_cross_layer", "multi_exit_roberta", [], {"acl_loss", "acl_cl_loss", "grad_cos", "accuracy_exit1"}),
