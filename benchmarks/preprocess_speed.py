@@ -110,7 +110,11 @@ def identical(a, b):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--glue-dir", default="/work/shared/glue/SST-2", help="the GLUE SST-2 folder")
+    p.add_argument(
+        "--glue-dir",
+        default=os.path.join(os.environ.get("GLUE_DIR", os.path.join(REPO, "..", "shared", "glue")), "SST-2"),
+        help="the GLUE SST-2 folder (default: $GLUE_DIR/SST-2, GLUE_DIR defaulting to ../shared/glue beside the checkout)",
+    )
     p.add_argument("--bpe-dir", help="folder with the official encoder.json, vocab.bpe, dict.txt (default: learn locally)")
     p.add_argument("--merges", type=int, default=5000, help="merges of the locally learned BPE")
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="workers for both pipelines")

@@ -1,7 +1,7 @@
 """preprocess/glue.py: GLUE TSV folders -> fairseq binarized data that ``sentence_prediction`` loads.
 
 Tiny TSVs in each task's real format are made here (headers, CoLA without one, MRPC's byte-order mark,
-stray quotes); the slow test (``-m slow``) runs the real /work/shared/glue RTE and CoLA.
+stray quotes); the slow test (``-m slow``) runs the real ../shared/glue RTE and CoLA.
 """
 import json
 import os
@@ -19,7 +19,8 @@ from preprocess.gpt2_files import write_local_gpt2_bpe
 from preprocess.text_encoders import EncoderSpec
 from preprocess.wordpiece import WordPiece, basic_tokenize, load_vocab, vocab_is_uncased
 
-GLUE_REAL = "/work/shared/glue"
+# the real GLUE TSVs: ../shared/glue beside the checkout (override with GLUE_DIR)
+GLUE_REAL = os.environ.get("GLUE_DIR", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "glue"))
 
 # ------------------------------------------------------------------ tiny GLUE folders in the real formats
 
