@@ -47,6 +47,57 @@ def _mean_over_valid(per_anchor: Tensor, valid: Tensor) -> Tensor:
     return per_anchor.sum() / n_valid
 
 
+def _supcon_mean(
+    anchors: Tensor,
+    candidates: Tensor,
+    anchor_labels: Tensor,
+    candidate_labels: Tensor,
+    temperature: float,
+    exclude_diagonal: bool,
+) -> Tensor:
+    """``supcon_core`` followed by the mean over valid anchors, in fewer operations (the hot path).
+
+    Same maths: per anchor ``loss_p = lse_p - sum_q w_pq s_pq`` with ``lse_p`` the log-sum-exp over
+    the candidates other than itself and ``w_pq = 1/|P(p)|`` on its positives (0 elsewhere), so
+    ``-(1/|P|) sum_{q in P} (s_pq - lse_p)`` becomes one weighted sum; the mean over anchors with a
+    positive is ``(sum_p valid_p lse_p - sum_pq w_pq s_pq) / max(#valid, 1)``. The masks and weights
+    carry no gradient and are built without autograd. An anchor without positive has ``valid_p = 0``
+    and a zero weight row, so it adds an exact 0 to the loss and to every gradient (its
+    log-sum-exp is finite: masked entries are ``finfo.min``, never ``-inf``).
+
+    Args:
+        anchors: (..., A, d) normalized; candidates: (..., C, d) normalized (leading dimensions
+            broadcast, e.g. one set per exit); labels (A,) and (C,), shared by every leading index.
+        exclude_diagonal: anchor p's own pair is candidate p (needs A <= C), as in SupCon/ACL-Embed.
+
+    Returns:
+        Tensor of the leading shape (a scalar for 2-D inputs) in the compute dtype (float32,
+        float64 for float64 inputs).
+    """
+    _check_temperature(temperature)
+    dtype = _compute_dtype(anchors, candidates)
+    logits = torch.matmul(anchors.to(dtype), candidates.to(dtype).transpose(-1, -2)) / temperature  # (..., A, C)
+    with torch.no_grad():
+        positives = anchor_labels[:, None] == candidate_labels[None, :]  # (A, C)
+        if exclude_diagonal:
+            positives.diagonal().fill_(False)
+        n_pos = positives.sum(dim=1, keepdim=True)  # (A, 1)
+        weights = positives.to(dtype) / n_pos.clamp_min(1).to(dtype)  # (A, C), rows sum to 1 or 0
+        valid = (n_pos.squeeze(1) > 0).to(dtype)  # (A,)
+        n_valid = valid.sum().clamp_min(1)
+    if exclude_diagonal:
+        self_mask = torch.eye(logits.shape[-2], logits.shape[-1], dtype=torch.bool, device=logits.device)
+        lse = torch.logsumexp(logits.masked_fill(self_mask, torch.finfo(dtype).min), dim=-1)  # (..., A)
+    else:
+        lse = torch.logsumexp(logits, dim=-1)
+    total = torch.matmul(lse, valid) - torch.matmul(logits.flatten(-2), weights.reshape(-1))
+    return total / n_valid
+
+
+def _stack(tensors: Sequence[Tensor], dtype: torch.dtype) -> Tensor:
+    return torch.stack([t.to(dtype) for t in tensors])
+
+
 def supcon_core(
     anchors: Tensor,
     candidates: Tensor,
@@ -108,9 +159,7 @@ def supcon_loss(features: Tensor, labels: Tensor, temperature: float) -> Tensor:
     """
     dtype = _compute_dtype(features)
     z = _normalize(features, dtype)  # (N, d)
-    self_mask = torch.eye(z.shape[0], dtype=torch.bool, device=z.device)  # (N, N)
-    per_anchor, valid = supcon_core(z, z, labels, labels, temperature, self_mask)
-    return _mean_over_valid(per_anchor, valid)
+    return _supcon_mean(z, z, labels, labels, temperature, exclude_diagonal=True)
 
 
 def acl_embed_loss(
@@ -140,17 +189,50 @@ def acl_embed_loss(
     if anchors not in _ANCHOR_MODES:
         raise ValueError(f"anchors must be one of {_ANCHOR_MODES}, got {anchors!r}")
     dtype = _compute_dtype(features, label_embeddings)
-    n, k = features.shape[0], label_embeddings.shape[0]
-    aug = torch.cat([_normalize(features, dtype), _normalize(label_embeddings, dtype)])  # (N+K, d)
+    return _acl_embed(features.to(dtype), labels, label_embeddings.to(dtype), temperature, anchors)
+
+
+def _acl_embed(features: Tensor, labels: Tensor, label_embeddings: Tensor, temperature: float, anchors: str) -> Tensor:
+    """ACL-Embed over (..., N, d) features and (..., K, d) label embeddings of one dtype -> (...)."""
+    n, k = features.shape[-2], label_embeddings.shape[-2]
+    # one row-wise normalization of the augmented set A = {u_1..u_N} U {l_0..l_{K-1}}: (..., N+K, d)
+    aug = _normalize(torch.cat([features, label_embeddings], dim=-2), features.dtype)
     class_ids = torch.arange(k, dtype=labels.dtype, device=labels.device)
     aug_labels = torch.cat([labels, class_ids])  # (N+K,)
     n_anchors = n + k if anchors == "all" else n
-    # anchor p is row p of A, so its own pair is column p: the first n_anchors rows of the identity
-    self_mask = torch.eye(n + k, dtype=torch.bool, device=aug.device)[:n_anchors]  # (A, N+K)
-    per_anchor, valid = supcon_core(
-        aug[:n_anchors], aug, aug_labels[:n_anchors], aug_labels, temperature, self_mask
+    # anchor p is row p of A, so its own pair is column p: the diagonal of the (A, N+K) logits
+    return _supcon_mean(
+        aug[..., :n_anchors, :], aug, aug_labels[:n_anchors], aug_labels, temperature, exclude_diagonal=True
     )
-    return _mean_over_valid(per_anchor, valid)
+
+
+def acl_embed_losses(
+    features: Sequence[Tensor],
+    labels: Tensor,
+    label_embeddings: Sequence[Tensor],
+    temperature: float,
+    anchors: str = "all",
+) -> Tensor:
+    """``acl_embed_loss`` of every exit at once: (M,) per-exit losses, as M separate calls give.
+
+    Args:
+        features: M tensors (N, d), exit m's ``u^m``; label_embeddings: M tensors (K, d), ``W_c^m``.
+            Exits with different shapes are computed one by one; otherwise one batched product.
+        labels, temperature, anchors: as in :func:`acl_embed_loss`.
+
+    Returns:
+        (M,) float32 (float64 for float64 inputs).
+    """
+    if anchors not in _ANCHOR_MODES:
+        raise ValueError(f"anchors must be one of {_ANCHOR_MODES}, got {anchors!r}")
+    if len(features) == 0 or len(features) != len(label_embeddings):
+        raise ValueError(f"got {len(features)} feature sets for {len(label_embeddings)} label-embedding sets")
+    dtype = _compute_dtype(*features, *label_embeddings)
+    shapes = {tuple(t.shape) for t in features}, {tuple(t.shape) for t in label_embeddings}
+    if len(features) == 1 or len(shapes[0]) > 1 or len(shapes[1]) > 1:  # nothing to batch
+        return torch.stack([acl_embed_loss(u, labels, w, temperature, anchors).to(dtype)
+                            for u, w in zip(features, label_embeddings)])
+    return _acl_embed(_stack(features, dtype), labels, _stack(label_embeddings, dtype), temperature, anchors)
 
 
 def cross_layer_acl_loss(
@@ -179,18 +261,49 @@ def cross_layer_acl_loss(
         teacher's view of its own example as a positive). Gradients reach student_features only.
     """
     dtype = _compute_dtype(student_features, teacher_features, teacher_label_embeddings)
+    return _cross_layer(student_features.to(dtype), teacher_features, labels, teacher_label_embeddings, temperature)
+
+
+def _cross_layer(students: Tensor, teacher_features: Tensor, labels: Tensor, teacher_label_embeddings: Tensor,
+                 temperature: float) -> Tensor:
+    """ACL-CL of (..., N, d) students (in the compute dtype) against one teacher -> (...)."""
+    dtype = students.dtype
     k = teacher_label_embeddings.shape[0]
-    student = _normalize(student_features, dtype)  # (N, d)
-    teacher = torch.cat(
-        [
-            _normalize(teacher_features.detach(), dtype),
-            _normalize(teacher_label_embeddings.detach(), dtype),
-        ]
-    )  # (N+K, d)
+    student = _normalize(students, dtype)  # (..., N, d)
+    teacher = _normalize(
+        torch.cat([teacher_features.detach().to(dtype), teacher_label_embeddings.detach().to(dtype)]), dtype
+    )  # (N+K, d), no gradient
     class_ids = torch.arange(k, dtype=labels.dtype, device=labels.device)
     teacher_labels = torch.cat([labels, class_ids])  # (N+K,)
-    per_anchor, valid = supcon_core(student, teacher, labels, teacher_labels, temperature)
-    return _mean_over_valid(per_anchor, valid)
+    return _supcon_mean(student, teacher, labels, teacher_labels, temperature, exclude_diagonal=False)
+
+
+def cross_layer_acl_losses(
+    student_features: Sequence[Tensor],
+    teacher_features: Tensor,
+    labels: Tensor,
+    teacher_label_embeddings: Tensor,
+    temperature: float,
+) -> Tensor:
+    """``cross_layer_acl_loss`` of every student exit at once: (M-1,) losses, as separate calls give.
+
+    Args:
+        student_features: the students' ``u^m`` (m < M), each (N, d); one batched product when they
+            share a shape, one call each otherwise.
+        teacher_features, labels, teacher_label_embeddings, temperature: as in
+            :func:`cross_layer_acl_loss` (the teacher is detached).
+
+    Returns:
+        (M-1,) float32 (float64 for float64 inputs).
+    """
+    if len(student_features) == 0:
+        raise ValueError("cross_layer_acl_losses needs at least one student exit")
+    dtype = _compute_dtype(*student_features, teacher_features, teacher_label_embeddings)
+    if len(student_features) == 1 or len({tuple(t.shape) for t in student_features}) > 1:  # nothing to batch
+        return torch.stack([cross_layer_acl_loss(u, teacher_features, labels, teacher_label_embeddings,
+                                                 temperature).to(dtype) for u in student_features])
+    return _cross_layer(_stack(student_features, dtype), teacher_features, labels, teacher_label_embeddings,
+                        temperature)
 
 
 def exit_weights(layers: Sequence[int], scheme: str = "layer") -> Tensor:
@@ -255,15 +368,13 @@ def gradient_cosine(
         device = next((g.device for g in list(grads_a) + list(grads_b) if g is not None), None)
         return torch.zeros((), dtype=torch.float32, device=device)
     device = pairs[0][0].device
-    dot = torch.zeros((), dtype=torch.float32, device=device)
-    sq_a = torch.zeros((), dtype=torch.float32, device=device)
-    sq_b = torch.zeros((), dtype=torch.float32, device=device)
-    for a, b in pairs:  # a loop over parameters, not over the batch
-        a32 = a.detach().reshape(-1).to(device=device, dtype=torch.float32)
-        b32 = b.detach().reshape(-1).to(device=device, dtype=torch.float32)
-        dot = dot + torch.dot(a32, b32)
-        sq_a = sq_a + torch.dot(a32, a32)
-        sq_b = sq_b + torch.dot(b32, b32)
+    parts = []  # per parameter: <a, b>, |a|^2, |b|^2 (a loop over parameters, not over the batch)
+    with torch.no_grad():
+        for a, b in pairs:
+            a32 = a.reshape(-1).to(device=device, dtype=torch.float32)
+            b32 = b.reshape(-1).to(device=device, dtype=torch.float32)
+            parts.append(torch.stack([torch.dot(a32, b32), torch.dot(a32, a32), torch.dot(b32, b32)]))
+        dot, sq_a, sq_b = torch.stack(parts).sum(dim=0).unbind()  # one reduction, not 3 adds each
     denom = sq_a.sqrt() * sq_b.sqrt()  # not sqrt(sq_a * sq_b): the product may overflow
     cosine = dot / denom.clamp_min(torch.finfo(torch.float32).tiny)
     return torch.where(denom > 0, cosine.clamp(-1.0, 1.0), torch.zeros_like(cosine))

@@ -6,6 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import acl_fairseq.losses as L
+
 from acl_fairseq.losses import (
     acl_embed_loss,
     acl_grad_keep,
@@ -530,3 +532,22 @@ def test_prediction_entropy_with_masked_minus_inf_logits_is_finite():
     logits = torch.tensor([[0.0, 0.0, float("-inf")], [5.0, float("-inf"), float("-inf")]])
     ent = prediction_entropy(logits)
     torch.testing.assert_close(ent, torch.tensor([math.log(2) / math.log(3), 0.0]))
+
+
+@pytest.mark.parametrize("anchors", ["all", "samples"])
+def test_batched_exit_losses_equal_one_call_per_exit(anchors):
+    torch.manual_seed(5)
+    n, k, d, m = 9, 3, 7, 4
+    labels = torch.randint(0, k, (n,))
+    feats = [torch.randn(n, d, dtype=torch.float64, requires_grad=True) for _ in range(m)]
+    embs = [torch.randn(k, d, dtype=torch.float64, requires_grad=True) for _ in range(m)]
+    batched = L.acl_embed_losses(feats, labels, embs, 0.4, anchors=anchors)
+    single = torch.stack([L.acl_embed_loss(f, labels, e, 0.4, anchors=anchors) for f, e in zip(feats, embs)])
+    assert torch.allclose(batched, single, atol=1e-10)
+    g1 = torch.autograd.grad(batched.sum(), feats + embs)
+    g2 = torch.autograd.grad(single.sum(), feats + embs)
+    assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(g1, g2))
+
+    cl_batched = L.cross_layer_acl_losses(feats[:-1], feats[-1], labels, embs[-1], 0.4)
+    cl_single = torch.stack([L.cross_layer_acl_loss(f, feats[-1], labels, embs[-1], 0.4) for f in feats[:-1]])
+    assert torch.allclose(cl_batched, cl_single, atol=1e-10)

@@ -39,10 +39,8 @@ class AclCrossLayerCriterion(AclEmbedCriterion):
     def aux_terms(self, exits, targets, weights):
         tau = self.cfg.acl_cl_temperature or self.cfg.acl_temperature
         teacher_u, teacher_l = exits.features[-1], exits.label_embeddings[-1]
-        per_student = [
-            losses.cross_layer_acl_loss(u, teacher_u, targets, teacher_l, tau) for u in exits.features[:-1]
-        ]
+        per_student = losses.cross_layer_acl_losses(exits.features[:-1], teacher_u, targets, teacher_l, tau)  # (M-1,)
         return {
             "acl_loss": (self.cfg.acl_weight, self.acl_term(exits, targets, weights)),
-            "acl_cl_loss": (self.cfg.acl_cl_weight, sum(per_student) / len(per_student)),
+            "acl_cl_loss": (self.cfg.acl_cl_weight, per_student.mean()),
         }

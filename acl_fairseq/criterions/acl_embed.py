@@ -35,11 +35,10 @@ class AclEmbedCriterion(ExitCriterionBase):
     needs_class_labels = True
 
     def acl_term(self, exits, targets, weights):
-        per_exit = [
-            losses.acl_embed_loss(u, targets, w, self.cfg.acl_temperature, anchors=self.cfg.acl_anchors)
-            for u, w in zip(exits.features, exits.label_embeddings)
-        ]
-        return losses.weighted_exit_sum(per_exit, weights)
+        per_exit = losses.acl_embed_losses(  # (M,): every exit in one batched product
+            exits.features, targets, exits.label_embeddings, self.cfg.acl_temperature, anchors=self.cfg.acl_anchors
+        )
+        return weights.to(per_exit) @ per_exit
 
     def aux_terms(self, exits, targets, weights):
         return {"acl_loss": (self.cfg.acl_weight, self.acl_term(exits, targets, weights))}

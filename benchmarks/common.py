@@ -1,0 +1,290 @@
+"""Helpers shared by the benchmarks: model sizes, fairseq building, random data, clocks, memory.
+
+Models, tasks and criteria are built exactly as ``fairseq-train --user-dir acl_fairseq`` builds them
+(``options.get_training_parser`` -> ``parse_args_and_arch`` -> ``tasks.setup_task`` ->
+``task.build_model`` / ``task.build_criterion``) over a throw-away data folder that holds only the two
+dictionaries the ``sentence_prediction`` task reads; the batches are random tokens of a fixed shape.
+"""
+import ctypes
+import gc
+import logging
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+USER_DIR = os.path.join(REPO, "acl_fairseq")
+
+# encoder shapes; vocab = symbols in the input dictionary (the embedding matrix is part of every step:
+# its dense gradient and its Adam update)
+MODEL_SIZES: Dict[str, Dict[str, int]] = {
+    # the tests' tiny shape (odd sizes)
+    "tiny": dict(layers=3, dim=12, ffn=20, heads=4, vocab=100),
+    # MiniLM-L6-H384 (the project's packaged encoder; BERT word-piece vocabulary)
+    "minilm": dict(layers=6, dim=384, ffn=1536, heads=12, vocab=30522),
+    # roberta.base (GPT-2 BPE vocabulary)
+    "base": dict(layers=12, dim=768, ffn=3072, heads=12, vocab=50265),
+}
+
+
+def quiet() -> None:
+    """Silence fairseq's/hydra's INFO logs and deprecation warnings (command-line runs only: this
+    changes process-wide logging and warning filters)."""
+    logging.basicConfig(level=logging.WARNING)
+    for name in ("fairseq", "fairseq_cli", "hydra", "acl_fairseq"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+
+
+def size_args(model: str, seq_len: int) -> List[str]:
+    s = MODEL_SIZES[model]
+    return [
+        "--encoder-layers", str(s["layers"]),
+        "--encoder-embed-dim", str(s["dim"]),
+        "--encoder-ffn-embed-dim", str(s["ffn"]),
+        "--encoder-attention-heads", str(s["heads"]),
+        "--max-positions", str(max(seq_len, 64 if model == "tiny" else 512)),
+    ]
+
+
+def make_dict_dir(root: str, vocab: int, num_classes: int) -> str:
+    """``root/input0/dict.txt`` (``vocab`` symbols in all, fairseq's 4 specials and ``<mask>``
+    included) and ``root/label/dict.txt`` (classes ``0..K-1``). Returns ``root``."""
+    os.makedirs(os.path.join(root, "input0"), exist_ok=True)
+    os.makedirs(os.path.join(root, "label"), exist_ok=True)
+    with open(os.path.join(root, "input0", "dict.txt"), "w") as f:
+        f.writelines(f"w{i} 1\n" for i in range(max(vocab - 5, 1)))
+    with open(os.path.join(root, "label", "dict.txt"), "w") as f:
+        f.writelines(f"{k} 1\n" for k in range(num_classes))
+    return root
+
+
+def train_argv(data: str, criterion: str, arch: str, model: str, seq_len: int, num_classes: int,
+               batch: int, device: str, extra: Sequence[str] = ()) -> List[str]:
+    argv = [
+        data,
+        "--user-dir", USER_DIR,
+        "--task", "sentence_prediction",
+        "--init-token", "0",
+        "--separator-token", "2",
+        "--criterion", criterion,
+        "--arch", arch,
+        *size_args(model, seq_len),
+        "--num-classes", str(num_classes),
+        "--optimizer", "adam",
+        "--lr", "1e-5",
+        "--batch-size", str(batch),
+        "--seed", "1",
+        *extra,
+    ]
+    if device == "cpu":
+        argv.append("--cpu")
+    return argv
+
+
+def build(argv: Sequence[str]):
+    """``(cfg, task, model, criterion)`` as fairseq-train builds them from ``argv``."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parser = options.get_training_parser()
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, input_args=list(argv)))
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    criterion = task.build_criterion(cfg.criterion)
+    return cfg, task, model, criterion
+
+
+def build_criterion(argv: Sequence[str]):
+    """``(cfg, criterion)`` for ``argv`` (the task is rebuilt; the model is not)."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parser = options.get_training_parser()
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, input_args=list(argv)))
+    task = tasks.setup_task(cfg.task)
+    return cfg, task, task.build_criterion(cfg.criterion)
+
+
+def random_tokens(batch: int, seq_len: int, vocab: int, generator: torch.Generator) -> torch.Tensor:
+    """(B, T) right-padded-free token ids: ``<s>`` (0), random ordinary symbols, ``</s>`` (2)."""
+    tokens = torch.randint(5, max(vocab - 1, 6), (batch, seq_len), generator=generator)
+    tokens[:, 0] = 0
+    tokens[:, -1] = 2
+    return tokens
+
+
+def random_sample(batch: int, seq_len: int, vocab: int, num_classes: int, device, seed: int = 0) -> Dict:
+    """A ``sentence_prediction`` mini-batch of random tokens; labels cycle through every class."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = random_tokens(batch, seq_len, vocab, g)
+    target = torch.arange(batch) % num_classes
+    target = target[torch.randperm(batch, generator=g)]
+    return {
+        "id": torch.arange(batch).to(device),
+        "nsentences": batch,
+        "ntokens": batch * seq_len,
+        "net_input": {"src_tokens": tokens.to(device), "src_lengths": torch.full((batch,), seq_len).to(device)},
+        "target": target.to(device),
+    }
+
+
+def synchronize(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+# ---- peak memory ---------------------------------------------------------------------------------
+
+_LIBC = None
+
+
+def _malloc_trim() -> None:
+    """Give glibc's free heap pages back to the OS, so that the next peak is the step's own."""
+    global _LIBC
+    try:
+        if _LIBC is None:
+            _LIBC = ctypes.CDLL("libc.so.6")
+        _LIBC.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _status_kb(key: str) -> Optional[int]:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_hwm() -> bool:
+    """Reset the kernel's resident high-water mark (VmHWM) of this process (Linux >= 4.0)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class PeakMemory:
+    """Peak memory that one call adds on top of what is resident/allocated before it, in MiB.
+
+    - CUDA: ``torch.cuda.max_memory_allocated`` minus the allocated bytes before the call (tensors
+      only; the caching allocator's reserve and the CUDA context are not counted).
+    - CPU on Linux: the process's resident high-water mark (``VmHWM``, reset through
+      ``/proc/self/clear_refs``) minus its resident size before the call, after ``gc`` and
+      ``malloc_trim``. It counts everything the call touches (activations, gradients, optimizer
+      temporaries, allocator fragmentation), not only tensors; it is a whole-process figure, so it is
+      only as exact as the allocator's release of freed pages.
+    - CPU elsewhere: ``ru_maxrss`` rise (a high-water mark that never falls: only the first call that
+      raises it shows a non-zero value); ``method`` says which applies.
+    """
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            self.method = "cuda_max_allocated"
+        elif _reset_hwm() and _status_kb("VmHWM") is not None:
+            self.method = "rss_hwm_delta"
+        else:
+            self.method = "ru_maxrss_delta"
+
+    def measure(self, fn) -> float:
+        gc.collect()
+        if self.method == "cuda_max_allocated":
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            fn()
+            torch.cuda.synchronize()
+            return (torch.cuda.max_memory_allocated(self.device) - before) / 2**20
+        _malloc_trim()
+        if self.method == "rss_hwm_delta":
+            _reset_hwm()
+            before = _status_kb("VmRSS")
+            fn()
+            return max(_status_kb("VmHWM") - before, 0) / 1024
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        fn()
+        return max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before, 0) / 1024
+
+
+def describe_memory(method: str) -> str:
+    return {
+        "cuda_max_allocated": "peak_mem_mb = torch.cuda.max_memory_allocated during one step minus "
+        "the memory allocated before it (activations, gradients, temporaries; not weights/Adam state)",
+        "rss_hwm_delta": "peak_mem_mb = resident-set high-water mark during one step minus the "
+        "resident size before it (VmHWM reset via /proc/self/clear_refs, after gc + malloc_trim): "
+        "activations, gradients and temporaries of the step, allocator slack included; weights and "
+        "Adam state are resident before the step and not counted",
+        "ru_maxrss_delta": "peak_mem_mb = rise of ru_maxrss (a never-falling high-water mark) during "
+        "one step: 0 means 'no new process peak', not 'no memory'",
+    }[method]
+
+
+class Timer:
+    """``(wall seconds, process CPU seconds)`` of ``fn()``, device synchronized around it, GC off.
+
+    The CPU time (``time.process_time``: user + system of every thread of this process) hardly moves
+    when other processes share the cores, where the wall clock does; with one torch thread it is the
+    step's compute time. On CUDA only the wall clock means anything.
+    """
+
+    def __init__(self, device):
+        self.device = device
+
+    def __call__(self, fn):
+        gc.collect()
+        gc.disable()
+        try:
+            synchronize(self.device)
+            wall, cpu = time.perf_counter(), time.process_time()
+            fn()
+            synchronize(self.device)
+            return time.perf_counter() - wall, time.process_time() - cpu
+        finally:
+            gc.enable()
+
+
+def load_note() -> str:
+    """A warning line when other processes compete for the cores (then read the CPU-time columns)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return ""
+    cores = os.cpu_count() or 1
+    if load < 0.75 * cores:
+        return ""
+    return (f"# note: load average {load:.1f} on {cores} cores: wall-clock columns are noisy; keep "
+            "--threads 1 and read the CPU-time columns")
+
+
+def temp_dir(prefix: str) -> tempfile.TemporaryDirectory:
+    return tempfile.TemporaryDirectory(prefix=prefix)
+
+
+def print_table(rows: List[Dict], columns: Sequence[str], formats: Dict[str, str]) -> None:
+    cells = [[("-" if r.get(c) is None else formats.get(c, "{}").format(r[c])) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(columns)]
+    print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
+    for row in cells:
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths)))

@@ -1,0 +1,308 @@
+#!/usr/bin/env python
+"""Wall-clock speed-up of layer-by-layer early exit against running every layer, next to ``L / avg``.
+
+For each policy setting, the engine of ``acl_fairseq.early_exit`` (``early_exit_forward``, which stops
+computing for the rows that exit) and the all-layers baseline (``full_forward``: fairseq's encoder,
+then the final exit) run alternately on the same examples, at batch size 1 and batched (``--batch``).
+``wallclock_speedup`` = median over ``--repeats`` rounds of (baseline time / early-exit time);
+``layer_speedup`` = ``L / avg_exit_layer`` where ``L`` is the final exit's layer and
+``avg_exit_layer`` the mean layer the engine left at; ``efficiency`` = their quotient.
+``cpu_speedup`` / ``cpu_efficiency`` are the same from the process CPU time, which stays steady on a
+machine shared with other jobs (``--threads`` defaults to 1 for that reason; 0 = torch's default).
+
+Model: a multi-exit RoBERTa with random weights of ``--model``'s size (exits after every layer), or a
+trained one (``--checkpoint`` with its binarized ``--data``, whose ``--split`` supplies the examples).
+Random weights give every exit a near-uniform prediction, so before timing each exit's ``out_proj`` is
+set (``calibrate_exits``) so that its confidence depends on the example (its score on the first
+principal direction of that exit's features) and grows with depth: as with a trained model, one
+batch leaves over several exits. Entropy thresholds are then chosen (bisection over the examples) so
+that the average exit layer spans ``1..L`` (``--thresholds`` gives them explicitly instead). The
+examples are random tokens of ``--seq-len`` (no padding) for random weights.
+
+    python benchmarks/early_exit_latency.py --model minilm --seq-len 128 --batch 32 --json latency.json
+"""
+import argparse
+import json
+import os
+import sys
+from typing import Dict, List, Optional
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+HEAD = "sentence_classification_head"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", choices=sorted(common.MODEL_SIZES), default="minilm",
+                   help="size of the random-weight multi-exit model (ignored with --checkpoint)")
+    p.add_argument("--checkpoint", help="trained (multi-exit) checkpoint instead of random weights; needs --data")
+    p.add_argument("--data", help="binarized sentence_prediction data of --checkpoint")
+    p.add_argument("--split", default="valid", help="split of --data whose first --examples are timed")
+    p.add_argument("--seq-len", type=int, default=128, help="tokens per random example")
+    p.add_argument("--num-classes", type=int, default=2)
+    p.add_argument("--examples", type=int, default=64, help="examples timed per setting and mode")
+    p.add_argument("--batch", type=int, default=32, help="batch size of the batched mode")
+    p.add_argument("--policy", nargs="+", default=["entropy"], choices=["entropy", "confidence", "patience"])
+    p.add_argument("--thresholds", nargs="+", type=float, help="entropy thresholds (default: chosen "
+                   "so that the average exit layer spans 1..L)")
+    p.add_argument("--points", type=int, default=6, help="automatic thresholds: how many settings")
+    p.add_argument("--confidence-thresholds", nargs="+", type=float, default=[0.99, 0.9, 0.8, 0.7, 0.6])
+    p.add_argument("--patience-values", nargs="+", type=int, default=[1, 2, 3])
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds per setting (median reported)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch.set_num_threads; 0 = torch's default. Default 1: on a CPU shared with other "
+                   "jobs, idle OpenMP threads stall (steps 10-100x slower at random), which ruins ratios")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="write the rows here")
+    return p.parse_args(argv)
+
+
+# ---- model and examples ------------------------------------------------------------------------
+
+
+def random_model(args, tmp: str):
+    size = common.MODEL_SIZES[args.model]
+    data = common.make_dict_dir(tmp, size["vocab"], args.num_classes)
+    argv = common.train_argv(data, "sentence_ce", "multi_exit_roberta", args.model, args.seq_len,
+                             args.num_classes, args.batch, args.device)
+    torch.manual_seed(args.seed)
+    _, _, model, _ = common.build(argv)
+    model = model.to(args.device).eval()
+    g = torch.Generator().manual_seed(args.seed)
+    tokens = common.random_tokens(args.examples, args.seq_len, size["vocab"], g).to(args.device)
+    return model, list(tokens.split(1)), list(tokens.split(args.batch))
+
+
+def checkpoint_model(args):
+    from acl_fairseq import evaluate
+
+    if not args.data:
+        raise SystemExit("--checkpoint needs --data (its binarized sentence_prediction folder)")
+    model, task, _ = evaluate.load_model(args.checkpoint, args.data, None, args.device == "cpu")
+    task.load_dataset(args.split)
+    ds = task.dataset(args.split)
+    ids = list(range(min(args.examples, len(ds))))
+    device = next(model.parameters()).device
+
+    def tokens(bs):
+        return [b["net_input"]["src_tokens"].to(device) for b in evaluate.make_batches(ds, ids, bs)]
+
+    return model, tokens(1), tokens(args.batch)
+
+
+def exit_logits(model, batches: List[torch.Tensor]) -> torch.Tensor:
+    """(N, M, K) logits of every exit."""
+    from acl_fairseq import early_exit
+
+    return torch.cat([early_exit.early_exit_forward(model, t, HEAD, policy=None).exit_logits.cpu() for t in batches])
+
+
+@torch.no_grad()
+def exit_features(model, batches: List[torch.Tensor]) -> List[torch.Tensor]:
+    """M tensors (N, d): each exit's ``u`` (the input of its ``out_proj``) over the examples."""
+    parts = []
+    for tokens in batches:
+        _, extra = model(tokens, features_only=True, classification_head_name=HEAD)
+        parts.append([u.float().cpu() for u in extra["exits"].features])
+    return [torch.cat(col) for col in zip(*parts)]
+
+
+@torch.no_grad()
+def calibrate_exits(model, batches: List[torch.Tensor], final_margin: float = 4.0) -> List[float]:
+    """Give a random-weight model's exits graded, example-dependent confidence.
+
+    Exit m's ``out_proj`` is set so that its logit margin (class 0 minus class 1) is
+    ``alpha_m * z_i``, where ``z_i`` is example i's standardized score on the first principal
+    direction of that exit's features ``u^m`` and ``alpha_m`` grows linearly with the exit
+    (``final_margin`` at the last exit; other classes get logit 0). So some examples are confident
+    early and others late, like a trained model's, and a threshold spreads one batch over several
+    exits. Returns the ``alpha_m``.
+    """
+    from acl_fairseq import early_exit
+
+    _, heads, _ = early_exit.exit_plan(model, HEAD)
+    feats = exit_features(model, batches)
+    alphas = []
+    for m, (head, u) in enumerate(zip(heads, feats)):
+        mean = u.mean(0)
+        centered = u - mean
+        direction = torch.linalg.svd(centered, full_matrices=False).Vh[0] if u.size(0) > 1 else torch.zeros_like(mean)
+        scale = float((centered @ direction).std()) if u.size(0) > 1 else 0.0
+        if not scale > 0:  # degenerate features: a fixed random direction
+            g = torch.Generator().manual_seed(m)
+            direction = torch.nn.functional.normalize(torch.randn(u.size(1), generator=g), dim=0)
+            scale = max(float((centered @ direction).std()) if u.size(0) > 1 else 1.0, 1e-6)
+        alpha = final_margin * (m + 1) / len(heads)
+        w = torch.zeros_like(head.out_proj.weight)
+        b = torch.zeros_like(head.out_proj.bias)
+        half = alpha / 2 / scale
+        w[0], w[1] = (direction * half).to(w), (-direction * half).to(w)
+        b[0], b[1] = -half * float(mean @ direction), half * float(mean @ direction)
+        head.out_proj.weight.copy_(w)
+        head.out_proj.bias.copy_(b)
+        alphas.append(alpha)
+    return alphas
+
+
+def avg_exit_layer(logits: torch.Tensor, layers: List[int], policy: str, value: float) -> float:
+    from acl_fairseq import exits
+
+    idx = exits.exit_layer_indices(list(logits.unbind(1)), policy, value)
+    return float(torch.tensor(layers, dtype=torch.float)[idx].mean())
+
+
+def auto_thresholds(logits: torch.Tensor, layers: List[int], points: int) -> List[float]:
+    """Entropy thresholds whose offline average exit layer is closest to ``points`` targets spread
+    evenly over ``[layers[0], layers[-1]]`` (duplicates dropped)."""
+    first, last = layers[0], layers[-1]
+    targets = [first + (last - first) * i / max(points - 1, 1) for i in range(points)]
+    out = []
+    for target in targets:
+        if target <= first:
+            t = 1.0 + 1e-6  # every normalized entropy is <= 1: everything leaves at the first exit
+        elif target >= last:
+            t = 0.0  # nothing fires
+        else:
+            lo, hi = 0.0, 1.0 + 1e-6  # avg falls as the threshold grows
+            for _ in range(50):
+                mid = (lo + hi) / 2
+                if avg_exit_layer(logits, layers, "entropy", mid) > target:
+                    lo = mid
+                else:
+                    hi = mid
+            t = min((lo, hi), key=lambda v: abs(avg_exit_layer(logits, layers, "entropy", v) - target))
+        t = round(t, 6)
+        if t not in out:
+            out.append(t)
+    return out
+
+
+# ---- timing ------------------------------------------------------------------------------------
+
+
+def time_setting(model, batches: List[torch.Tensor], policy: str, value: float, repeats: int, device) -> Dict:
+    from acl_fairseq import early_exit
+
+    timer = common.Timer(device)
+
+    def full():
+        for t in batches:
+            early_exit.full_forward(model, t, HEAD)
+
+    def early():
+        for t in batches:
+            early_exit.early_exit_forward(model, t, HEAD, policy, value)
+
+    full(), early()  # warm-up
+    t_full, t_exit, ratios, cpu_ratios = [], [], [], []
+    for r in range(repeats):
+        if r % 2:  # alternate which goes first
+            b, e = timer(full), timer(early)
+        else:
+            e, b = timer(early), timer(full)
+        t_full.append(b[0])
+        t_exit.append(e[0])
+        ratios.append(b[0] / e[0])
+        cpu_ratios.append(b[1] / e[1])
+    outs = [early_exit.early_exit_forward(model, t, HEAD, policy, value) for t in batches]
+    n = sum(t.size(0) for t in batches)
+    return {
+        "avg_exit_layer": float(torch.cat([o.exit_layer for o in outs]).float().mean()),
+        "avg_layers_computed": float(torch.cat([o.layers_computed for o in outs]).float().mean()),
+        "full_ms_per_example": 1000 * common.median(t_full) / n,
+        "exit_ms_per_example": 1000 * common.median(t_exit) / n,
+        "wallclock_speedup": common.median(ratios),
+        "cpu_speedup": common.median(cpu_ratios),
+    }
+
+
+def settings(args, logits: torch.Tensor, layers: List[int]) -> List[tuple]:
+    out = []
+    for policy in args.policy:
+        if policy == "entropy":
+            values = args.thresholds or auto_thresholds(logits, layers, args.points)
+        elif policy == "confidence":
+            values = args.confidence_thresholds
+        else:
+            values = [v for v in args.patience_values if v < len(layers)]
+        out += [(policy, v) for v in values]
+    return out
+
+
+def run(args) -> List[Dict]:
+    from acl_fairseq import early_exit
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with common.temp_dir("acl_bench_") as tmp:
+        if args.checkpoint:
+            model, single, batched = checkpoint_model(args)
+            name = os.path.basename(args.checkpoint)
+        else:
+            if args.num_classes < 2:
+                raise SystemExit("--num-classes must be >= 2 (the exits are calibrated on two classes)")
+            model, single, batched = random_model(args, tmp)
+            calibrate_exits(model, batched)
+            name = f"{args.model}_multi_exit_random"
+    layers, _, _ = early_exit.exit_plan(model, HEAD)
+    num_layers = layers[-1]
+    logits = exit_logits(model, batched)
+    rows = []
+    for policy, value in settings(args, logits, layers):
+        for bs, batches in ((1, single), (args.batch, batched)):
+            found = time_setting(model, batches, policy, value, args.repeats, args.device)
+            layer_speedup = num_layers / found["avg_exit_layer"]
+            rows.append({
+                "policy": policy,
+                "threshold": value,
+                "batch": bs,
+                "avg_exit_layer": found["avg_exit_layer"],
+                "layer_speedup": layer_speedup,
+                "wallclock_speedup": found["wallclock_speedup"],
+                "efficiency": found["wallclock_speedup"] / layer_speedup,
+                "cpu_speedup": found["cpu_speedup"],
+                "cpu_efficiency": found["cpu_speedup"] / layer_speedup,
+                "full_ms_per_example": found["full_ms_per_example"],
+                "exit_ms_per_example": found["exit_ms_per_example"],
+                "model": name,
+                "num_layers": num_layers,
+                "seq_len": args.seq_len if not args.checkpoint else None,
+                "examples": sum(t.size(0) for t in batches),
+                "device": args.device,
+                "threads": torch.get_num_threads(),
+            })
+    return rows
+
+
+def main(argv=None) -> List[Dict]:
+    args = parse_args(argv)
+    rows = run(args)
+    source = f"data={args.data}:{args.split}" if args.checkpoint else f"seq_len={args.seq_len}"
+    print(f"# early_exit_latency: model={rows[0]['model'] if rows else '-'} {source} "
+          f"examples={args.examples} batch=1,{args.batch} device={args.device} threads={torch.get_num_threads()} "
+          f"repeats={args.repeats}; efficiency = wallclock_speedup / layer_speedup")
+    note = common.load_note()
+    if note:
+        print(note)
+    common.print_table(
+        rows,
+        ["policy", "threshold", "batch", "avg_exit_layer", "layer_speedup", "wallclock_speedup", "efficiency",
+         "cpu_speedup", "cpu_efficiency", "full_ms_per_example", "exit_ms_per_example"],
+        {"threshold": "{:.6g}", "avg_exit_layer": "{:.2f}", "layer_speedup": "{:.2f}x", "wallclock_speedup": "{:.2f}x",
+         "efficiency": "{:.2f}", "cpu_speedup": "{:.2f}x", "cpu_efficiency": "{:.2f}",
+         "full_ms_per_example": "{:.2f}", "exit_ms_per_example": "{:.2f}"},
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    common.quiet()
+    main()

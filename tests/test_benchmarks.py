@@ -1,0 +1,93 @@
+"""Smoke tests of the benchmarks at a tiny size: they run and write rows with the documented fields.
+
+No timing assertions (the numbers depend on the machine and its load)."""
+import json
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+
+STEP_FIELDS = {"criterion", "scope", "model", "batch", "seq_len", "median_step_s", "ratio_to_ce", "peak_mem_mb"}
+LATENCY_FIELDS = {"policy", "threshold", "batch", "avg_exit_layer", "layer_speedup", "wallclock_speedup"}
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    """The benchmarks' --threads sets torch's thread count for the whole process: put it back."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_step_time_smoke(tmp_path, capsys):
+    import step_time
+
+    out = tmp_path / "steps.json"
+    step_time.main(["--model", "tiny", "--batch", "4", "--seq-len", "16", "--repeats", "1", "--warmup", "0",
+                    "--mem-repeats", "1", "--threads", "1", "--json", str(out)])
+    rows = json.loads(out.read_text())
+    assert all(STEP_FIELDS <= set(r) for r in rows)
+    got = {(r["criterion"], r["scope"], r["model"]) for r in rows}
+    assert got == {
+        ("sentence_ce", None, "tiny"),
+        ("sentence_scl", None, "tiny"),
+        ("acl_embed", None, "tiny"),
+        ("acl_grad", "features", "tiny"),
+        ("acl_grad", "params", "tiny"),
+        ("sentence_ce", None, "tiny_multi_exit"),
+        ("acl_cross_layer", "off", "tiny_multi_exit"),
+        ("acl_cross_layer", "features", "tiny_multi_exit"),
+        ("acl_cross_layer", "params", "tiny_multi_exit"),
+    }
+    for r in rows:
+        assert r["batch"] == 4 and r["seq_len"] == 16
+        assert r["median_step_s"] > 0 and r["ratio_to_ce"] > 0 and r["peak_mem_mb"] >= 0
+        if r["criterion"] == "sentence_ce":
+            assert r["ratio_to_ce"] == pytest.approx(1.0)
+    assert "ratio_to_ce" in capsys.readouterr().out
+
+
+def test_step_time_criteria_filter_keeps_the_baseline(tmp_path):
+    import step_time
+
+    out = tmp_path / "steps.json"
+    step_time.main(["--model", "tiny", "--batch", "4", "--seq-len", "8", "--repeats", "1", "--warmup", "0",
+                    "--mem-repeats", "0", "--no-multi-exit", "--criteria", "acl_embed", "--json", str(out)])
+    rows = json.loads(out.read_text())
+    assert [r["criterion"] for r in rows] == ["sentence_ce", "acl_embed"]
+    assert all(r["peak_mem_mb"] is None for r in rows)
+
+
+def test_early_exit_latency_smoke(tmp_path, capsys):
+    import early_exit_latency
+
+    out = tmp_path / "latency.json"
+    early_exit_latency.main(["--model", "tiny", "--seq-len", "16", "--examples", "8", "--batch", "4",
+                             "--points", "3", "--repeats", "1", "--threads", "1", "--json", str(out)])
+    rows = json.loads(out.read_text())
+    assert rows and all(LATENCY_FIELDS <= set(r) for r in rows)
+    assert {r["batch"] for r in rows} == {1, 4}
+    assert {r["policy"] for r in rows} == {"entropy"}
+    layers = sorted(r["avg_exit_layer"] for r in rows)
+    # the automatic thresholds reach both ends: everything at the first exit, nothing before the last
+    assert layers[0] == pytest.approx(1.0) and layers[-1] == pytest.approx(3.0)
+    for r in rows:
+        assert r["layer_speedup"] == pytest.approx(3.0 / r["avg_exit_layer"])
+        assert r["wallclock_speedup"] > 0
+    assert "wallclock_speedup" in capsys.readouterr().out
+
+
+def test_early_exit_latency_other_policies(tmp_path):
+    import early_exit_latency
+
+    out = tmp_path / "latency.json"
+    early_exit_latency.main(["--model", "tiny", "--seq-len", "8", "--examples", "4", "--batch", "2",
+                             "--policy", "confidence", "patience", "--confidence-thresholds", "0.9",
+                             "--patience-values", "1", "--repeats", "1", "--json", str(out)])
+    rows = json.loads(out.read_text())
+    assert {(r["policy"], r["threshold"]) for r in rows} == {("confidence", 0.9), ("patience", 1)}
