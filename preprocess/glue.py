@@ -65,7 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vocab", help="wordpiece: BERT vocab.txt")
     lc = p.add_mutually_exclusive_group()
     lc.add_argument("--lowercase", "--do-lower-case", dest="lowercase", action="store_true", default=None,
-                    help="wordpiece: lowercase and strip accents (default: if the vocab has no upper-case entry)")
+                    help="wordpiece: lowercase and strip accents (default: do_lower_case of a tokenizer_config.json beside the vocab, else whether the vocab has no A-Z entry)")
     lc.add_argument("--no-lowercase", dest="lowercase", action="store_false", help="wordpiece: keep case")
     p.add_argument("--dict-from", choices=["vocab", "train"], default="vocab", help="sentencepiece/wordpiece without "
                    "--srcdict: dict.txt lists the tokenizer's vocabulary, or is built by fairseq from the training tokens "
@@ -217,10 +217,10 @@ def _sentencepiece(args, tmp, work, train_examples, info):
 
 def _wordpiece(args, tmp, work, train_examples, info):
     from preprocess import text_encoders as te
-    from preprocess.wordpiece import load_vocab, vocab_is_uncased
+    from preprocess.wordpiece import detect_lowercase, load_vocab
 
     _require_file(args.vocab, "--vocab")
-    lowercase = args.lowercase if args.lowercase is not None else vocab_is_uncased(load_vocab(args.vocab))
+    lowercase = args.lowercase if args.lowercase is not None else detect_lowercase(args.vocab, load_vocab(args.vocab))
     logger.info(f"wordpiece: lowercase={lowercase}" + ("" if args.lowercase is not None else " (detected from the vocab)"))
     shutil.copyfile(args.vocab, os.path.join(tmp, "vocab.txt"))
     info.update(vocab=os.path.abspath(args.vocab), lowercase=lowercase)

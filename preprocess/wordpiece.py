@@ -23,8 +23,27 @@ def load_vocab(path: str) -> Dict[str, int]:
 
 
 def vocab_is_uncased(vocab) -> bool:
-    """True when no entry (bracketed specials like ``[CLS]`` aside) has an upper-case letter."""
-    return not any(c.isupper() for tok in vocab if not (tok.startswith("[") and tok.endswith("]")) for c in tok)
+    """True when no entry (bracketed specials like ``[CLS]`` aside) has an ASCII upper-case letter.
+
+    Only A-Z count: uncased BERT vocabularies keep a few symbols that ``str.isupper`` calls upper
+    case (``ℝ``, some Greek letters), while a cased vocabulary has thousands of capitalised words.
+    """
+    return not any("A" <= c <= "Z" for tok in vocab if not (tok.startswith("[") and tok.endswith("]")) for c in tok)
+
+
+def detect_lowercase(vocab_path: str, vocab) -> bool:
+    """``do_lower_case`` from a ``tokenizer_config.json`` beside the vocab (what the model was trained
+    with) if there is one, else :func:`vocab_is_uncased`."""
+    import json
+    import os
+
+    config = os.path.join(os.path.dirname(os.path.abspath(vocab_path)), "tokenizer_config.json")
+    if os.path.exists(config):
+        with open(config, encoding="utf-8") as f:
+            value = json.load(f).get("do_lower_case")
+        if isinstance(value, bool):
+            return value
+    return vocab_is_uncased(vocab)
 
 
 def _is_whitespace(c: str) -> bool:

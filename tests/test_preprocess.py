@@ -17,7 +17,7 @@ from helpers import REPO
 from preprocess import glue, scl_protocols as scl
 from preprocess.gpt2_files import write_local_gpt2_bpe
 from preprocess.text_encoders import EncoderSpec
-from preprocess.wordpiece import WordPiece, basic_tokenize, load_vocab, vocab_is_uncased
+from preprocess.wordpiece import WordPiece, basic_tokenize, detect_lowercase, load_vocab, vocab_is_uncased
 
 # the real GLUE TSVs: ../shared/glue beside the checkout (override with GLUE_DIR)
 GLUE_REAL = os.environ.get("GLUE_DIR", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "glue"))
@@ -285,6 +285,13 @@ def test_wordpiece_matches_bert_semantics(tmp_path):
 def test_wordpiece_case_detected_from_vocab(tmp_path, assets):
     cased = make_wordpiece_vocab(str(tmp_path / "cased.txt"), ALL_TEXT, uncased=False)
     assert vocab_is_uncased(load_vocab(assets["vocab"])) and not vocab_is_uncased(load_vocab(cased))
+    # uncased vocabularies keep symbols that str.isupper() calls upper case (MiniLM's has "ℝ")
+    assert vocab_is_uncased({"[CLS]": 0, "ℝ": 1, "##ℝ": 2, "Σ": 3, "word": 4})
+    cfg_dir = tmp_path / "hf"
+    cfg_dir.mkdir()
+    (cfg_dir / "vocab.txt").write_text("[CLS]\nWord\n")
+    (cfg_dir / "tokenizer_config.json").write_text('{"do_lower_case": true}')
+    assert detect_lowercase(str(cfg_dir / "vocab.txt"), load_vocab(str(cfg_dir / "vocab.txt"))) is True
     folder, _ = make_task(tmp_path, "SST-2")
     assert run_main("SST-2", folder, tmp_path / "c", "--tokenizer", "wordpiece", "--vocab", cased) == 0
     assert stats_of(tmp_path / "c")["lowercase"] is False
