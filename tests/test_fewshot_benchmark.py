@@ -1,0 +1,83 @@
+"""benchmarks/fewshot.py end to end at a toy size: a tiny random HF BERT (converted with acl-convert-hf), a tiny
+GLUE-format SST-2 folder, N=8, 2 seeds, CE and SCL through recipes/glue/finetune.sh, then acl-evaluate
+on the labelled test half; checks fewshot.json's fields, the markdown table and the PNG."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from acl_fairseq import convert_hf
+from acl_fairseq.toy_data import FILLERS, INTENSIFIERS, NEGATIONS, NEGATIVE, POSITIVE, SUBJECTS, make_examples
+
+transformers = pytest.importorskip("transformers")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# CE and the paper's CE+SCL keep the test within a minute or two on a busy 2-core machine; the ACL criteria run
+# through the same driver path (their criteria have their own tests)
+METHODS = ["ce", "scl"]
+
+WORDS = sorted({w for phrase in POSITIVE + NEGATIVE + SUBJECTS + INTENSIFIERS + FILLERS + NEGATIONS + ["was"]
+                for w in phrase.split()})
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + sorted({".", ",", "!"} - set(WORDS))
+
+
+def write_tiny_bert(hf_dir):
+    config = transformers.BertConfig(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=24, max_position_embeddings=64, type_vocab_size=2, pad_token_id=0)
+    transformers.BertForPreTraining(config).save_pretrained(hf_dir)
+    with open(os.path.join(hf_dir, "vocab.txt"), "w") as f:
+        f.write("\n".join(VOCAB) + "\n")
+
+
+def write_sst2(folder):
+    os.makedirs(folder)
+    for name, n, seed in (("train.tsv", 60, 1), ("dev.tsv", 24, 2)):
+        with open(os.path.join(folder, name), "w") as f:
+            f.write("sentence\tlabel\n")
+            for text, _, label in make_examples(n, seed):
+                f.write(f"{text}\t{label}\n")
+
+
+def test_fewshot_benchmark_toy_end_to_end(tmp_path):
+    write_tiny_bert(str(tmp_path / "hf"))
+    convert_hf.convert(str(tmp_path / "hf"), str(tmp_path / "enc"))
+    write_sst2(str(tmp_path / "SST-2"))
+    results = tmp_path / "results"
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "fewshot.py"), "--toy", "--encoder-dir", str(tmp_path / "enc"),
+           "--glue-dir", str(tmp_path / "SST-2"), "--work", str(tmp_path / "work"), "--results", str(results), "--methods", *METHODS]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+    with open(results / "fewshot.json") as f:
+        summary = json.load(f)
+    assert summary["protocol"]["toy"] is True and summary["protocol"]["task"] == "SST-2"
+    assert "10.7" in summary["paper"]
+    cells = {(c["n"], c["method"]): c for c in summary["cells"]}
+    assert set(cells) == {(8, m) for m in METHODS}
+    for c in cells.values():
+        assert c["num_seeds"] == 2 and c["seeds"] == [1, 2]
+        assert len(c["test_accuracy"]) == 2 and all(0.0 <= a <= 100.0 for a in c["test_accuracy"])
+        assert c["test_accuracy_mean"] == pytest.approx(sum(c["test_accuracy"]) / 2)
+        assert c["test_accuracy_std"] is not None and c["test_accuracy_std"] >= 0
+        assert len(c["valid_accuracy"]) == 2
+    assert {(d["n"], d["method"]) for d in summary["paired_delta_vs_ce"]} == {(8, m) for m in METHODS[1:]}
+    assert len(summary["runs"]) == 2 * len(METHODS)
+    for r in summary["runs"]:
+        # the protocol: 8 training examples, test = half the dev set (12), valid = the other 12, all labelled
+        stats = json.load(open(tmp_path / "work" / "data" / "fewshot" / f"SST-2-N8-seed{r['seed']}-bin" / "stats.json"))
+        assert stats["splits"]["train"]["examples"] == 8
+        assert stats["splits"]["test"]["examples"] == 12 and stats["splits"]["valid"]["examples"] == 12
+        assert r["best_num_updates"] is not None and r["best_num_updates"] <= r["total_updates"]
+    md = (results / "fewshot.md").read_text()
+    assert "| method | N=8 |" in md and "Δ scl − ce" in md and "Paper:" in md
+    png = results / "fewshot.png"
+    assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # a second call skips every finished run and rebuilds the same table
+    proc2 = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert proc2.returncode == 0, proc2.stderr[-3000:]
+    assert "train:" not in proc2.stderr
+    with open(results / "fewshot.json") as f:
+        assert json.load(f)["cells"] == summary["cells"]
