@@ -2,7 +2,7 @@
 
 fairseq 0.12 calls ``torch.load(f, map_location=...)`` without ``weights_only``, so on torch >= 2.6 it
 fails on its own checkpoints with ``Unsupported global: argparse.Namespace``. Instead of turning the
-safe loader off (``weights_only=False`` or ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``, which would let a
+safe loader off (passing ``weights_only`` as false, or torch's environment override, which would let a
 checkpoint run arbitrary code), we allowlist exactly the plain-data types that fairseq checkpoints
 pickle. Anything else, for example a pickle that calls ``os.system``, is still refused by torch
 before it is called.
@@ -61,6 +61,6 @@ def fairseq_checkpoint_types() -> typing.List[object]:
 def allow_fairseq_checkpoints() -> None:
     """Add the fairseq checkpoint types to torch's weights-only allowlist (idempotent)."""
     add = getattr(torch.serialization, "add_safe_globals", None)
-    if add is None:  # torch < 2.4 has no allowlist and loads with weights_only=False anyway
+    if add is None:  # torch < 2.4 has no allowlist (and does not default to the safe loader)
         return
     add(fairseq_checkpoint_types())

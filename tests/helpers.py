@@ -71,8 +71,8 @@ def run_fairseq(module: str, args: Sequence[str], env: Optional[Dict[str, str]] 
 
     On failure the assertion message carries the tail of the output, which is what one needs.
     """
-    full_env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    full_env.update(env or {})
+    # `env`, when given, is the whole environment of the child (so a test can also remove variables)
+    full_env = dict(os.environ if env is None else env, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [sys.executable, "-m", module, *args], capture_output=True, text=True, env=full_env, cwd=REPO
     )
