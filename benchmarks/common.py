@@ -288,3 +288,16 @@ def print_table(rows: List[Dict], columns: Sequence[str], formats: Dict[str, str
     print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
     for row in cells:
         print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
+
+
+def report(rows: List[Dict], columns: Sequence[str], formats: Dict[str, str], json_path: Optional[str]) -> None:
+    """The benchmarks' common ending: the optional note, the table, and the rows as JSON."""
+    import json
+
+    note = load_note()
+    if note:
+        print(note)
+    print_table(rows, columns, formats)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(rows, f, indent=1)

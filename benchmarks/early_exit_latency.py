@@ -22,7 +22,6 @@ examples are random tokens of ``--seq-len`` (no padding) for random weights.
     python benchmarks/early_exit_latency.py --model minilm --seq-len 128 --batch 32 --json latency.json
 """
 import argparse
-import json
 import os
 import sys
 from typing import Dict, List, Optional
@@ -286,20 +285,15 @@ def main(argv=None) -> List[Dict]:
     print(f"# early_exit_latency: model={rows[0]['model'] if rows else '-'} {source} "
           f"examples={args.examples} batch=1,{args.batch} device={args.device} threads={torch.get_num_threads()} "
           f"repeats={args.repeats}; efficiency = wallclock_speedup / layer_speedup")
-    note = common.load_note()
-    if note:
-        print(note)
-    common.print_table(
+    common.report(
         rows,
         ["policy", "threshold", "batch", "avg_exit_layer", "layer_speedup", "wallclock_speedup", "efficiency",
          "cpu_speedup", "cpu_efficiency", "full_ms_per_example", "exit_ms_per_example"],
         {"threshold": "{:.6g}", "avg_exit_layer": "{:.2f}", "layer_speedup": "{:.2f}x", "wallclock_speedup": "{:.2f}x",
          "efficiency": "{:.2f}", "cpu_speedup": "{:.2f}x", "cpu_efficiency": "{:.2f}",
          "full_ms_per_example": "{:.2f}", "exit_ms_per_example": "{:.2f}"},
+        args.json,
     )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
     return rows
 
 

@@ -23,7 +23,6 @@ resident high-water mark over one step, on CUDA ``max_memory_allocated``).
     python benchmarks/step_time.py --model minilm --batch 16 --seq-len 128 --json step_time.json
 """
 import argparse
-import json
 import os
 import platform
 import random
@@ -198,20 +197,15 @@ def main(argv=None):
           f"threads={torch.get_num_threads()} torch={torch.__version__} "
           f"cpu={platform.processor() or platform.machine()} "
           f"repeats={args.repeats} warmup={args.warmup} inner={args.inner}")
-    note = common.load_note()
-    if note:
-        print(note)
     print(f"# {common.describe_memory(run.memory_method)}")
-    common.print_table(
+    common.report(
         rows,
         ["model", "criterion", "scope", "median_step_s", "ratio_to_ce", "median_step_cpu_s", "ratio_to_ce_cpu",
          "peak_mem_mb"],
         {"median_step_s": "{:.4f}", "ratio_to_ce": "{:.3f}x", "median_step_cpu_s": "{:.4f}",
          "ratio_to_ce_cpu": "{:.3f}x", "peak_mem_mb": "{:.1f}"},
+        args.json,
     )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
     return rows
 
 
