@@ -12,7 +12,8 @@ it draws the sample AND the initialisation of the head. Each method then runs th
 ``recipes/glue/finetune.sh SST-2 METHOD`` (single exit, mean pooling at the last layer: see _glue_runs.py);
 fairseq keeps the best checkpoint by valid accuracy (model selection on valid only), and
 ``acl-evaluate --split test`` scores that checkpoint on the labelled test half. Finished runs are skipped,
-so the benchmark can be continued a few runs at a time. Results: per-run JSON under the work dir, and in
+so the benchmark can be continued a few runs at a time. Schedules per N (batch, epochs, validation interval, lr,
+each with its reason) are the recipe table recipes/glue/fewshot.tsv. Results: per-run JSON under the work dir, and in
 ``--results``: fewshot.json (mean, std, per-seed values per cell), fewshot.md (table next to the paper's
 trend), fewshot.png (accuracy against N per method with the seed spread).
 
@@ -33,25 +34,30 @@ import _glue_runs as G  # noqa: E402
 TASK = "SST-2"
 METHODS = ["ce", "scl", "acl_embed", "acl_grad"]
 
-# Schedule per N. Method hyperparameters (SCL weight 0.9 / temperature 0.3; ACL weight 1.0 / temperature
-# 0.5) are the recipe table's (recipes/glue/methods.tsv, from METHOD.md); only the schedule is few-shot.
-#  * batch: SCL/ACL need same-label positives in the batch. N=20 trains on the whole set as one batch
-#    (10 examples per class: 9 positives per anchor; a batch of 16 would leave a ragged 4-example batch with
-#    at most one positive per anchor). N>=100: 16, fairseq's small-task batch (about 7 positives per anchor
-#    with two balanced classes).
-#  * updates: a 20-example run needs a few tens of full-batch steps to fit its training set (the small
-#    MiniLM fits 20 examples within ~20-30 steps at lr 1e-4); more steps only overfit, and model selection
-#    on valid picks the best of the checks anyway. N=100: 10 epochs x 7 = 70 updates; N=1000: 3 epochs.
-#  * lr: 1e-4 for the short runs (MiniLM-L6 is small and the schedules are tens of updates; the table's
-#    1e-5 is for roberta.base/large over thousands of updates), 5e-5 for N=1000 (189 updates).
-#  * validate (and save the best) every `every` epochs: each check scores the 436 valid examples, which
-#    costs more than the training steps at N=20, so the checks are few (3-5 per run).
-#  * warm-up: the driver's 6 % of the updates.
-SCHEDULES: Dict[int, Dict[str, object]] = {
-    20: dict(batch=20, epochs=30, every=10, lr=1e-4),
-    100: dict(batch=16, epochs=10, every=2, lr=1e-4),
-    1000: dict(batch=16, epochs=3, every=1, lr=5e-5),
-}
+# Schedule per N: the recipe table recipes/glue/fewshot.tsv (batch, epochs, validation interval, lr, and the
+# reason for each). Method hyperparameters are methods.tsv's; only the schedule is few-shot.
+SCHEDULE_TABLE = os.path.join(G.REPO, "recipes", "glue", "fewshot.tsv")
+
+
+def read_schedules(path: str = SCHEDULE_TABLE) -> Dict[int, Dict[str, object]]:
+    """N -> dict(batch, epochs, every, lr, reason) from the tab-separated table (comment lines start with #)."""
+    with open(path, encoding="utf-8") as f:
+        rows = [line.rstrip("\n").split("\t") for line in f if line.strip() and not line.startswith("#")]
+    header, body = rows[0], rows[1:]
+    want = ["n", "batch_size", "epochs", "validate_every", "lr", "reason"]
+    if header != want:
+        raise ValueError(f"{path}: header must be {want}, got {header}")
+    out = {}
+    for row in body:
+        if len(row) != len(want):
+            raise ValueError(f"{path}: row {row[0]!r} has {len(row)} fields, expected {len(want)} (tab-separated)")
+        r = dict(zip(want, row))
+        out[int(r["n"])] = dict(batch=int(r["batch_size"]), epochs=int(r["epochs"]), every=int(r["validate_every"]),
+                                lr=float(r["lr"]), reason=r["reason"])
+    return out
+
+
+SCHEDULES = read_schedules()
 TOY_SCHEDULE = dict(batch=8, epochs=2, every=1, lr=1e-4)
 
 PAPER = (
@@ -70,7 +76,8 @@ def schedule_for(n: int, toy: bool) -> Dict[str, object]:
     batch = 16
     per_epoch = math.ceil(n / batch)
     epochs = max(3, math.ceil(70 / per_epoch))
-    return dict(batch=batch, epochs=epochs, every=max(1, epochs // 5), lr=1e-4)
+    return dict(batch=batch, epochs=epochs, every=max(1, epochs // 5), lr=1e-4,
+                reason="not in recipes/glue/fewshot.tsv: batch 16, about 70 updates and at least 3 epochs, lr 1e-4")
 
 
 def data_bin(work: str, n: int, seed: int) -> str:

@@ -81,3 +81,33 @@ def test_fewshot_benchmark_toy_end_to_end(tmp_path):
     assert "train:" not in proc2.stderr
     with open(results / "fewshot.json") as f:
         assert json.load(f)["cells"] == summary["cells"]
+
+
+def _fewshot_module():
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import fewshot
+    return fewshot
+
+
+def test_fewshot_schedules_come_from_the_recipe_table_with_reasons():
+    fewshot = _fewshot_module()
+    table = fewshot.read_schedules()
+    assert sorted(table) == [20, 100, 1000]  # the SCL paper's N
+    for n, s in table.items():
+        assert s["batch"] >= 2 and s["epochs"] >= 1 and 1 <= s["every"] <= s["epochs"] and 0 < s["lr"] < 1e-3
+        assert len(s["reason"]) > 40, f"N={n}: every schedule carries its reason"
+        assert fewshot.schedule_for(n, toy=False) == s
+    # N=20 trains on the whole set as one batch, so every anchor has same-label positives
+    assert table[20]["batch"] == 20
+
+
+def test_fewshot_schedule_table_errors_name_the_file_and_the_problem(tmp_path):
+    fewshot = _fewshot_module()
+    bad_header = tmp_path / "h.tsv"
+    bad_header.write_text("# comment\nn\tbatch\tepochs\n20\t20\t30\n")
+    with pytest.raises(ValueError, match=r"h\.tsv: header must be"):
+        fewshot.read_schedules(str(bad_header))
+    short_row = tmp_path / "r.tsv"
+    short_row.write_text("n\tbatch_size\tepochs\tvalidate_every\tlr\treason\n20 20 30 10 1e-4 spaces not tabs\n")
+    with pytest.raises(ValueError, match=r"r\.tsv: row .* has 1 fields, expected 6 \(tab-separated\)"):
+        fewshot.read_schedules(str(short_row))
