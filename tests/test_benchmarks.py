@@ -91,3 +91,16 @@ def test_early_exit_latency_other_policies(tmp_path):
                              "--patience-values", "1", "--repeats", "1", "--json", str(out)])
     rows = json.loads(out.read_text())
     assert {(r["policy"], r["threshold"]) for r in rows} == {("confidence", 0.9), ("patience", 1)}
+
+
+def test_quality_plan_runs_each_method_where_it_applies():
+    import quality
+    every = quality.SINGLE + quality.MULTI
+    assert quality.methods_for("STS-B", every) == ["ce"]  # regression: no contrastive or multi-exit runs
+    assert quality.methods_for("RTE", every) == quality.SINGLE
+    assert quality.methods_for("SST-2", every) == every  # the early-exit task
+    assert quality.methods_for("RTE", every, multi_exit_tasks=("RTE",)) == every
+    assert quality.methods_for("CoLA", ["acl_cross_layer"]) == []
+    # per seed: RTE 4, CoLA 4, SST-2 6, STS-B 1 (the cost the docstring states)
+    assert sum(len(quality.methods_for(t, every)) for t in quality.TASKS) == 15
+    assert "15 runs" in quality.__doc__
