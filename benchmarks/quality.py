@@ -42,7 +42,7 @@ MULTI = ["multi_exit_ce", "acl_cross_layer"]
 TASKS = ["RTE", "CoLA", "SST-2", "STS-B"]
 # task -> schedule: training examples used (None = all), epochs, lr, batch
 PROTOCOL = {
-    # RTE, 2490 examples: 5 epochs at 5e-5, 780 updates (ce seeds 1, 2: 58.5, 58.8). Shorter was worse: 1 epoch
+    # RTE, 2490 examples: 5 epochs at 5e-5, 780 updates (ce seeds 1-3: 58.5, 58.8, 57.8). Shorter was worse: 1 epoch
     # at 1e-4 54.5 (chance); 3 epochs at 1e-4 57.4, 55.6; 1 epoch of QNLI (5000 dev pairs) first, then 3 at 5e-5:
     # 57.0. Valid loss rises from epoch 2 on: this sentence-embedding encoder memorises RTE rather than learning it.
     "RTE": dict(train_subset=None, epochs=5, lr=5e-5, batch=16),
