@@ -98,6 +98,37 @@ def cost_markdown(minutes: dict, tasks=TASKS) -> str:
             + f"\n\nOne seed of the runs above: {total:.0f} run-minutes, about {total / 2 / 60:.1f} hours on 2 cores.\n")
 
 
+def exit_metrics(run_dir: str) -> dict:
+    """{exit layer: primary metric} of one multi-exit run, from the early_exit.json its result.json names."""
+    with open(os.path.join(run_dir, "result.json")) as f:
+        rel = json.load(f).get("early_exit_json")
+    if not rel:
+        return {}
+    with open(rel if os.path.isabs(rel) else os.path.join(run_dir, rel)) as f:
+        ee = json.load(f)
+    return {row["layer"]: row["metrics"][ee["primary_metric"]] for row in ee["per_exit"]}
+
+
+def paired_exit_markdown(runs_dir: str, task: str, method: str = "acl_cross_layer", base: str = "multi_exit_ce") -> str:
+    """METHOD minus BASE at every exit, paired by seed (the seeds both have): mean difference and the number of
+    seeds where METHOD is ahead."""
+    def by_seed(m):
+        root = os.path.join(runs_dir, task, m)
+        dirs = glob.glob(os.path.join(root, "seed*", "result.json"))
+        return {int(os.path.basename(os.path.dirname(d))[4:]): exit_metrics(os.path.dirname(d)) for d in dirs}
+    a, b = by_seed(method), by_seed(base)
+    seeds = sorted(s for s in set(a) & set(b) if a[s] and b[s])
+    if not seeds:
+        return ""
+    layers = sorted(set.intersection(*(set(a[s]) & set(b[s]) for s in seeds)))
+    diffs = {layer: [a[s][layer] - b[s][layer] for s in seeds] for layer in layers}
+    return (f"\n{task}: {method} minus {base} at every exit, paired by seed (seeds {', '.join(map(str, seeds))}): "
+            "mean difference, and in how many seeds it is ahead:\n\n"
+            "| | " + " | ".join(f"exit {layer}" for layer in layers) + " |\n|---|" + "---|" * len(layers) + "\n"
+            "| difference | " + " | ".join(f"{statistics.mean(d):+.2f}" for d in diffs.values()) + " |\n"
+            "| ahead | " + " | ".join(f"{sum(x > 0 for x in d)} of {len(d)}" for d in diffs.values()) + " |\n")
+
+
 def binarize(task: str, work: str, enc: G.Encoder) -> str:
     out = os.path.join(work, "data", "quality", f"{task}-bin")
     if os.path.isfile(os.path.join(out, "stats.json")):
@@ -169,6 +200,7 @@ def main(argv=None) -> int:
                 + "; ".join(f"{t}: {'%d-example seeded subset, ' % s['train_subset'] if s['train_subset'] else ''}"
                             f"{s['epochs']} epoch(s), lr {s['lr']}, batch {s['batch']}" for t, s in PROTOCOL.items())
                 + f". Multi-exit methods on {', '.join(args.multi_exit_tasks)}; STS-B: ce only.\n"
+                + "".join(paired_exit_markdown(runs_dir, t) for t in args.multi_exit_tasks)
                 + cost_markdown(training_minutes(runs_dir)))
     print(open(md).read())
     return 0

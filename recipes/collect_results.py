@@ -7,7 +7,8 @@ One row per method, one column per (task, GLUE metric) as recipes/glue/hparams.t
 lists them (CoLA MCC, MRPC F1 and accuracy, STS-B Pearson and Spearman, MNLI matched and mismatched, ...).
 A cell is ``mean ± std (n=N)`` over seeds: the sample standard deviation, at each run's best checkpoint.
 For multi-exit runs (result.json names an early_exit.json) it also draws, per task, the overlay of the
-quality-vs-speed-up curves of every method (``acl_fairseq.report.plot_overlay``) and links it.
+quality-vs-speed-up curves of every method (``acl_fairseq.report.plot_overlay``), links it, and tabulates
+each exit's primary metric over seeds.
 ``--json`` writes the same numbers as JSON instead of markdown. The table is generated: paste it into
 the README rather than typing numbers.
 """
@@ -132,7 +133,40 @@ def summarize(results: List[dict], hparams: List[Dict[str, str]], method_order: 
     return {"columns": [c["name"] for c in cols], "methods": methods, "cells": cells}
 
 
-def markdown(summary: dict, plots: Dict[str, str]) -> str:
+def per_exit_values(groups: Dict[str, Dict[str, List[dict]]]) -> dict:
+    """task -> {"metric": the primary metric, "methods": {method: {exit layer: [value per seed]}}}, from the
+    ``per_exit`` rows of the early_exit.json files; tasks without per-exit metrics are left out."""
+    out: dict = OrderedDict()
+    for task, by_method in groups.items():
+        values: Dict[str, Dict[int, List[float]]] = OrderedDict()
+        metric = None
+        for method, runs in by_method.items():
+            for ee in runs:
+                for row in ee.get("per_exit") or []:
+                    metric = metric or ee.get("primary_metric") or next(iter(row["metrics"]))
+                    if isinstance(row["metrics"].get(metric), (int, float)):
+                        values.setdefault(method, OrderedDict()).setdefault(int(row["layer"]), []).append(
+                            float(row["metrics"][metric]))
+        if values:
+            out[task] = {"metric": metric, "methods": values}
+    return out
+
+
+def per_exit_markdown(per_exit: dict) -> List[str]:
+    """Per task, a table of each exit's primary metric: one row per method, one column per exit layer."""
+    lines: List[str] = []
+    for task, data in per_exit.items():
+        layers = sorted({layer for per in data["methods"].values() for layer in per})
+        lines += ["", f"{task}, {METRIC_NAMES.get(data['metric'], data['metric'])} of every exit (the best checkpoint "
+                      "of each run, mean ± std over seeds):", "",
+                  "| method | " + " | ".join(f"exit {layer}" for layer in layers) + " |",
+                  "|---|" + "---|" * len(layers)]
+        for method, per in data["methods"].items():
+            lines.append(f"| {method} | " + " | ".join(format_cell(per.get(layer, [])) for layer in layers) + " |")
+    return lines
+
+
+def markdown(summary: dict, plots: Dict[str, str], per_exit: Optional[List[str]] = None) -> str:
     names = summary["columns"]
     lines = [
         "| method | " + " | ".join(names) + " |",
@@ -149,6 +183,7 @@ def markdown(summary: dict, plots: Dict[str, str]) -> str:
     for task, path in plots.items():
         lines += ["", f"Early exit on {task}, quality against speed-up (mean and spread over seeds):", "",
                   f"![early exit {task}]({path})"]
+    lines += per_exit or []
     return "\n".join(lines) + "\n"
 
 
@@ -212,11 +247,13 @@ def main(argv=None) -> int:
     summary = summarize(results, read_table(args.hparams), list(OrderedDict.fromkeys(method_order)))
 
     link_dir = os.path.dirname(os.path.abspath(args.out)) if args.out else os.path.abspath(args.runs_dir)
-    plots = plot_early_exit(early_exit_groups(results), args.plot_dir or link_dir, link_dir)
+    groups = early_exit_groups(results)
+    plots = plot_early_exit(groups, args.plot_dir or link_dir, link_dir)
+    per_exit = per_exit_values(groups)
     if args.json:
-        text = json.dumps({**summary, "plots": plots}, indent=2) + "\n"
+        text = json.dumps({**summary, "plots": plots, "per_exit": per_exit}, indent=2) + "\n"
     else:
-        text = markdown(summary, plots)
+        text = markdown(summary, plots, per_exit_markdown(per_exit))
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(text)

@@ -125,3 +125,25 @@ def test_quality_cost_is_read_from_the_training_logs(tmp_path):
     assert "| SST-2 | scl | 4 | 4-4 | 1 |" in md
     assert "One seed of the runs above: 15 run-minutes" in md  # 11 + 4
     assert quality.cost_markdown({}) == ""
+
+
+def test_quality_pairs_the_multi_exit_methods_by_seed(tmp_path):
+    import quality
+
+    def run(method, seed, accs):
+        rd = tmp_path / "SST-2" / method / f"seed{seed}"
+        (rd / "early_exit").mkdir(parents=True)
+        (rd / "result.json").write_text(json.dumps({"early_exit_json": "early_exit/early_exit.json"}))
+        (rd / "early_exit" / "early_exit.json").write_text(json.dumps({"primary_metric": "accuracy", "per_exit": [
+            {"layer": i + 1, "metrics": {"accuracy": a, "f1": 0.0}} for i, a in enumerate(accs)]}))
+
+    run("multi_exit_ce", 1, [70.0, 80.0])
+    run("multi_exit_ce", 2, [72.0, 82.0])
+    run("multi_exit_ce", 3, [50.0, 50.0])  # no acl_cross_layer seed 3: not paired
+    run("acl_cross_layer", 1, [71.0, 79.0])
+    run("acl_cross_layer", 2, [75.0, 82.0])
+    md = quality.paired_exit_markdown(str(tmp_path), "SST-2")
+    assert "(seeds 1, 2)" in md
+    assert "| difference | +2.00 | -0.50 |" in md  # (1 + 3) / 2, (-1 + 0) / 2
+    assert "| ahead | 2 of 2 | 0 of 2 |" in md  # a tie is not ahead
+    assert quality.paired_exit_markdown(str(tmp_path), "RTE") == ""

@@ -573,3 +573,30 @@ def test_tiny_end_to_end_run(env, tmp_path):
     assert os.path.isfile(os.path.join(out, "early_exit_SST-2.png"))
     with open(os.path.join(out, "results.md")) as f:
         assert f.read().startswith("| method | SST-2 (Acc) |\n|---|---|\n| acl_cross_layer | ")
+
+
+def test_collector_tabulates_every_exit_over_seeds(tmp_path, monkeypatch):
+    collector = load_collector()
+    runs = str(tmp_path / "runs")
+
+    def ee(*accs):
+        return {"task": "SST-2", "primary_metric": "accuracy", "settings": [],
+                "per_exit": [{"layer": i + 1, "metrics": {"accuracy": a, "f1": 0.0}} for i, a in enumerate(accs)]}
+
+    fake_result(runs, "SST-2", "multi_exit_ce", 1, {"accuracy": 80.0}, early_exit=ee(70.0, 80.0))
+    fake_result(runs, "SST-2", "multi_exit_ce", 2, {"accuracy": 82.0}, early_exit=ee(72.0, 82.0))
+    fake_result(runs, "SST-2", "acl_cross_layer", 1, {"accuracy": 81.0}, early_exit=ee(75.0, 81.0))
+    fake_result(runs, "SST-2", "ce", 1, {"accuracy": 83.0})  # single exit: no early_exit.json, no row
+    monkeypatch.setitem(sys.modules, "acl_fairseq.report", None)  # no plot needed here
+    out = tmp_path / "results.md"
+    assert collector.main([runs, "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "SST-2, Acc of every exit" in text
+    assert "| method | exit 1 | exit 2 |" in text
+    assert "| multi_exit_ce | 71.00 ± 1.41 (n=2) | 81.00 ± 1.41 (n=2) |" in text
+    assert "| acl_cross_layer | 75.00 (n=1) | 81.00 (n=1) |" in text
+    assert "| ce | 83.00 (n=1) |" in text and "| ce | 83.00 (n=1) | –" not in text
+    assert collector.main([runs, "--json", "--out", str(tmp_path / "r.json")]) == 0
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["per_exit"]["SST-2"]["metric"] == "accuracy"
+    assert data["per_exit"]["SST-2"]["methods"]["multi_exit_ce"] == {"1": [70.0, 72.0], "2": [80.0, 82.0]}
