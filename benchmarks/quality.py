@@ -18,12 +18,15 @@ metrics and the early-exit curve) on the tasks of ``--multi-exit-tasks`` (defaul
 curve needs one task, and multi-exit runs on RTE would cost 25 more minutes per seed). STS-B (regression)
 runs ``ce`` only. Method hyperparameters: recipes/glue/methods.tsv.
 
-Protocol (PROTOCOL below; sized for CPUs: the per-token cost of MiniLM on 2 cores is ~250 train tokens/s
-uncontended, ~90 when the cores are shared): batch 16, lr 1e-4 (RTE 5e-5; a small encoder and short schedules; the
+Protocol (PROTOCOL below; sized for CPUs: MiniLM trains at ~450-500 non-padding tokens/s per run, two runs at a
+time on 2 cores, acl_grad ~290, fairseq's logged ``wps``): batch 16, lr 1e-4 (RTE 5e-5; a small encoder and short schedules; the
 recipe table's 1e-5/2e-5 are for roberta.base/large over thousands of updates), warm-up the driver's 6 %,
 one validation per epoch on the GLUE dev set, best checkpoint by the task's GLUE metric.
-Cost per seed (15 runs: RTE 4, CoLA 4, SST-2 6, STS-B 1), uncontended 2 cores: about 2.8 hours (RTE ~18 min
-per run, CoLA ~15, SST-2 ~5, STS-B ~10), so about 8 hours for the default three seeds; runs accumulate.
+Cost per seed (15 runs: RTE 4, CoLA 4, SST-2 6, STS-B 1), measured with two runs at a time on 2 cores (one
+thread each; quality.md lists every run's minutes): RTE ~33 min per run (acl_grad ~52), CoLA ~10 (ce ~11-18,
+acl_grad ~18), SST-2 ~4-6, STS-B ~6, about 240 run-minutes, so about 2 hours of the 2 cores per seed and about
+6 hours for the default three seeds; runs accumulate. RTE is two thirds of it, and shorter RTE schedules
+stay near chance (see PROTOCOL).
 """
 import argparse
 import glob
