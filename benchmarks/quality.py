@@ -95,8 +95,9 @@ def cost_markdown(minutes: dict, tasks=TASKS) -> str:
             rows.append(f"| {task} | {method} | {med:.0f} | {min(values):.0f}-{max(values):.0f} | {len(values)} |")
     if not rows:
         return ""
-    return ("\nMeasured training time per run (fairseq's \"done training in\"; minutes; two runs at a time on the "
-            "2 cores, one thread each, so the cores' wall time is about half the sum):\n\n"
+    return ("\nMeasured training time per run (wall minutes, fairseq's \"done training in\"; they depend on what ran "
+            "beside them: these ran two at a time on 2 cores, one thread each, so the cores take about half the "
+            "sum):\n\n"
             "| task | method | median | range | runs |\n|---|---|---|---|---|\n" + "\n".join(rows)
             + f"\n\nOne seed of the runs above: {total:.0f} run-minutes, about {total / 2 / 60:.1f} hours on 2 cores.\n")
 
