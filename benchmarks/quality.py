@@ -23,8 +23,8 @@ time on 2 cores, acl_grad ~290, fairseq's logged ``wps``): batch 16, lr 1e-4 (RT
 recipe table's 1e-5/2e-5 are for roberta.base/large over thousands of updates), warm-up the driver's 6 %,
 one validation per epoch on the GLUE dev set, best checkpoint by the task's GLUE metric.
 Cost per seed (15 runs: RTE 4, CoLA 4, SST-2 6, STS-B 1), measured with two runs at a time on 2 cores (one
-thread each; quality.md lists every run's minutes): RTE ~33 min per run (acl_grad ~52), CoLA ~10 (ce ~11-18,
-acl_grad ~18), SST-2 ~4-6, STS-B ~6, about 240 run-minutes, so about 2 hours of the 2 cores per seed and about
+thread each; quality.md lists every run's minutes): RTE ~33 min per run (acl_grad ~52), CoLA ~10 (acl_grad
+~20), SST-2 ~4-6, STS-B ~6, about 240 run-minutes, so about 2 hours of the 2 cores per seed and about
 6 hours for the default three seeds; runs accumulate. RTE is two thirds of it, and shorter RTE schedules
 stay near chance (see PROTOCOL).
 """
