@@ -12,8 +12,13 @@ reaches only the rank's own rows of ``u`` (the other ranks' rows are detached co
 the gradients over ranks and divides by the total sample size ``N``; the sum over ranks of
 ``N dL/du_r du_r/dtheta`` is ``N dL/dtheta`` through all rows, i.e. the single-process gradient on the
 concatenated batch. The label embeddings ``W`` (``out_proj.weight``) are shared parameters that every
-rank's global loss reaches *directly*, so their direct gradient would be counted ``world_size`` times;
-they are returned with the gradient scaled by ``1 / world_size`` (value unchanged).
+rank's global loss reaches *directly*, so their direct gradient would be counted once per rank;
+they are returned with the gradient scaled by ``1 / R`` (value unchanged), R the ranks with real rows.
+
+Replayed (dummy) batches: a rank that ran out of data runs an old batch with ``loss * 0``. Its rows
+must not enter the other ranks' sets, so it contributes none (``real=False``, which the plugin's task
+signals), fairseq zeroes its sample size, and R counts only the ranks with real rows: the update is
+one process's on the concatenation of the real rows.
 """
 from typing import List, Optional, Sequence, Tuple
 
@@ -64,24 +69,34 @@ def _all_gather_rows(x: Tensor, sizes: Sequence[int]) -> List[Tensor]:
     return [t[:s] for t, s in zip(out, sizes)]
 
 
-def gather_for_contrast(exits: ExitOutputs, targets: Tensor) -> Tuple[ExitOutputs, Tensor, int]:
+def gather_for_contrast(exits: ExitOutputs, targets: Tensor, real: bool = True) -> Tuple[ExitOutputs, Tensor, int]:
     """The global contrastive set: every rank's exits' ``features`` and ``pooled`` and targets.
 
     Args:
         exits: this rank's :class:`ExitOutputs` (M exits, B_r rows each; B_r may differ per rank).
         targets: (B_r,) this rank's labels.
+        real: False while fairseq replays a dummy batch on this rank (its loss is zeroed): the rank
+            then contributes no rows, so the set holds the real rows only, on every rank.
 
     Returns:
         ``(exits_all, targets_all, n_global)``: ``features``/``pooled`` are (N, .) with
-        ``N = n_global = sum_r B_r``, rows in rank order; the rows of the other ranks are detached
-        copies and this rank's rows are the local tensors themselves (gradients flow to them only).
-        ``label_embeddings`` have the same values, their gradient scaled by ``1 / world_size``;
+        ``N = n_global = sum_r B_r`` over the real ranks, rows in rank order; the rows of the other
+        ranks are detached copies and this rank's rows are the local tensors themselves (gradients
+        flow to them only). ``label_embeddings`` have the same values, their gradient scaled by
+        1 / (number of ranks with real rows), since each of those ranks' losses reaches them directly;
         ``logits`` and ``layers`` are the local ones. Three collectives (sizes, floats, targets).
     """
     ws, me = world_size(), rank()
     if ws == 1:
         return exits, targets, targets.numel()
+    if not real:
+        exits = ExitOutputs(
+            logits=exits.logits, features=[u[:0] for u in exits.features], pooled=[c[:0] for c in exits.pooled],
+            label_embeddings=exits.label_embeddings, layers=exits.layers,
+        )
+        targets = targets[:0]
     sizes = all_gather_sizes(targets.shape[0], targets.device)
+    contributing = sum(1 for s in sizes if s > 0)
     local = list(exits.features) + list(exits.pooled)
     # one all_gather for every float tensor: concatenated along dim 1 in a common (wider) dtype,
     # so no value is rounded; each part is cast back to its own dtype afterwards
@@ -102,10 +117,19 @@ def gather_for_contrast(exits: ExitOutputs, targets: Tensor) -> Tuple[ExitOutput
         logits=exits.logits,
         features=merged[:m],
         pooled=merged[m:],
-        label_embeddings=[scale_grad(w, 1.0 / ws) for w in exits.label_embeddings],
+        label_embeddings=[scale_grad(w, 1.0 / max(contributing, 1)) for w in exits.label_embeddings],
         layers=exits.layers,
     )
     return out, torch.cat(targets_parts), sum(sizes)
+
+
+def all_reduce_max(x: Tensor) -> Tensor:
+    """The elementwise maximum of ``x`` over ranks (a copy; ``x`` itself outside distributed training)."""
+    if world_size() == 1:
+        return x
+    out = x.detach().clone()
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return out
 
 
 def all_reduce_sum(tensors: Sequence[Optional[Tensor]]) -> List[Optional[Tensor]]:

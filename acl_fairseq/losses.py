@@ -28,23 +28,20 @@ def _compute_dtype(*tensors: Tensor) -> torch.dtype:
 
 
 def _normalize(x: Tensor, dtype: torch.dtype) -> Tensor:
-    """norm(x) row-wise in ``dtype``: x: (N, d) -> (N, d)."""
-    return F.normalize(x.to(dtype), p=2.0, dim=-1, eps=_NORM_EPS)
+    """norm(x) row-wise in ``dtype``: x: (N, d) -> (N, d), exact for every finite x.
+
+    Each nonzero row is first divided by its largest |entry| (detached: norm is scale-invariant, so
+    the gradient is unchanged), so ||x||^2 cannot overflow, as it would in float32 above ~1.8e19.
+    """
+    x = x.to(dtype)
+    amax = x.detach().abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax, torch.ones_like(amax))  # a zero row stays 0, its gradient finite
+    return F.normalize(x / scale, p=2.0, dim=-1, eps=_NORM_EPS)
 
 
 def _check_temperature(temperature: float) -> None:
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-
-
-def _mean_over_valid(per_anchor: Tensor, valid: Tensor) -> Tensor:
-    """Mean of per_anchor (A,) over valid (A,) anchors; an exact 0 in the graph when none is valid.
-
-    ``supcon_core`` already sets invalid entries to exactly 0, so the sum only holds valid losses
-    and the count is clamped to 1 only where it is 0 (then the sum is 0 and the gradient is 0).
-    """
-    n_valid = valid.sum().clamp_min(1).to(per_anchor.dtype)
-    return per_anchor.sum() / n_valid
 
 
 def _supcon_mean(
@@ -75,6 +72,11 @@ def _supcon_mean(
         float64 for float64 inputs).
     """
     _check_temperature(temperature)
+    with torch.autocast(anchors.device.type, enabled=False):  # --amp would run the product in fp16
+        return _supcon_mean_fp32(anchors, candidates, anchor_labels, candidate_labels, temperature, exclude_diagonal)
+
+
+def _supcon_mean_fp32(anchors, candidates, anchor_labels, candidate_labels, temperature, exclude_diagonal):
     dtype = _compute_dtype(anchors, candidates)
     logits = torch.matmul(anchors.to(dtype), candidates.to(dtype).transpose(-1, -2)) / temperature  # (..., A, C)
     with torch.no_grad():
@@ -348,6 +350,63 @@ def weighted_exit_sum(values: Sequence[Tensor], weights: Tensor) -> Tensor:
     return (w * stacked.to(dtype)).sum(dim=0)
 
 
+def _shared_pairs(grads_a, grads_b):
+    if len(grads_a) != len(grads_b):
+        raise ValueError(f"gradient lists differ in length: {len(grads_a)} vs {len(grads_b)}")
+    return [(a, b) for a, b in zip(grads_a, grads_b) if a is not None and b is not None]
+
+
+def gradient_scales(grads_a: Sequence[Optional[Tensor]], grads_b: Sequence[Optional[Tensor]]) -> Tensor:
+    """(2,) float32: the largest |entry| of each gradient list, over the pairs both lists have.
+
+    Dividing by these before squaring keeps every square <= 1 (see :func:`gradient_sums`); inf or NaN
+    entries make the scale inf or NaN, which the cosine then reports as NaN.
+    """
+    pairs = _shared_pairs(grads_a, grads_b)
+    if not pairs:
+        return torch.zeros(2, dtype=torch.float32, device=_device(grads_a, grads_b))
+    with torch.no_grad():
+        amax = torch.stack([torch.stack([a.detach().abs().amax().float(), b.detach().abs().amax().float().to(a.device)])
+                            for a, b in pairs])
+        return amax.amax(dim=0)
+
+
+def gradient_sums(
+    grads_a: Sequence[Optional[Tensor]], grads_b: Sequence[Optional[Tensor]], scales: Optional[Tensor] = None
+) -> Tensor:
+    """(3,) float32 ``<a', b'>, |a'|^2, |b'|^2`` of the flattened lists, ``a' = a / scales[0]``,
+    ``b' = b / scales[1]`` (default :func:`gradient_scales`), over the pairs both lists have.
+
+    The sums of several workers' disjoint parts add up, if every worker uses the same (global) scales.
+    A loop over parameters, never a concatenation.
+    """
+    pairs = _shared_pairs(grads_a, grads_b)
+    if not pairs:
+        return torch.zeros(3, dtype=torch.float32, device=_device(grads_a, grads_b))
+    if scales is None:
+        scales = gradient_scales(grads_a, grads_b)
+    device = pairs[0][0].device
+    with torch.no_grad():
+        inv = 1.0 / scales.to(device=device, dtype=torch.float32).clamp_min(torch.finfo(torch.float32).tiny)
+        parts = []  # per parameter: <a, b>, |a|^2, |b|^2 (a loop over parameters, not over the batch)
+        for a, b in pairs:
+            a32 = a.detach().reshape(-1).to(device=device, dtype=torch.float32) * inv[0]
+            b32 = b.detach().reshape(-1).to(device=device, dtype=torch.float32) * inv[1]
+            parts.append(torch.stack([torch.dot(a32, b32), torch.dot(a32, a32), torch.dot(b32, b32)]))
+        return torch.stack(parts).sum(dim=0)  # one reduction, not 3 adds each
+
+
+def cosine_from_sums(sums: Tensor) -> Tensor:
+    """The cosine from :func:`gradient_sums`' ``(dot, |a|^2, |b|^2)``: clamped to [-1, 1], 0 when either
+    norm is 0, NaN when any sum is not finite (an overflowed or NaN gradient: never a number that
+    could pass for a decision)."""
+    dot, sq_a, sq_b = sums.unbind()
+    denom = sq_a.sqrt() * sq_b.sqrt()  # not sqrt(sq_a * sq_b): the product may underflow
+    cosine = dot / denom.clamp_min(torch.finfo(sums.dtype).tiny)
+    cosine = torch.where(denom > 0, cosine.clamp(-1.0, 1.0), torch.zeros_like(cosine))
+    return torch.where(torch.isfinite(sums).all(), cosine, torch.full_like(cosine, float("nan")))
+
+
 def gradient_cosine(
     grads_a: Sequence[Optional[Tensor]], grads_b: Sequence[Optional[Tensor]]
 ) -> Tensor:
@@ -359,29 +418,22 @@ def gradient_cosine(
 
     Returns:
         Scalar float32: sum of per-tensor dots over sqrt(sum |a|^2) sqrt(sum |b|^2), clamped to
-        [-1, 1]; 0 when either norm is 0 or no pair is shared. Nothing is concatenated.
+        [-1, 1]; 0 when either norm is 0 or no pair is shared; NaN when an entry is inf or NaN.
+        Exact for any finite gradients (each list is rescaled by its largest entry before squaring).
     """
-    if len(grads_a) != len(grads_b):
-        raise ValueError(f"gradient lists differ in length: {len(grads_a)} vs {len(grads_b)}")
-    pairs = [(a, b) for a, b in zip(grads_a, grads_b) if a is not None and b is not None]
-    if not pairs:
-        device = next((g.device for g in list(grads_a) + list(grads_b) if g is not None), None)
-        return torch.zeros((), dtype=torch.float32, device=device)
-    device = pairs[0][0].device
-    parts = []  # per parameter: <a, b>, |a|^2, |b|^2 (a loop over parameters, not over the batch)
-    with torch.no_grad():
-        for a, b in pairs:
-            a32 = a.reshape(-1).to(device=device, dtype=torch.float32)
-            b32 = b.reshape(-1).to(device=device, dtype=torch.float32)
-            parts.append(torch.stack([torch.dot(a32, b32), torch.dot(a32, a32), torch.dot(b32, b32)]))
-        dot, sq_a, sq_b = torch.stack(parts).sum(dim=0).unbind()  # one reduction, not 3 adds each
-    denom = sq_a.sqrt() * sq_b.sqrt()  # not sqrt(sq_a * sq_b): the product may overflow
-    cosine = dot / denom.clamp_min(torch.finfo(torch.float32).tiny)
-    return torch.where(denom > 0, cosine.clamp(-1.0, 1.0), torch.zeros_like(cosine))
+    return cosine_from_sums(gradient_sums(grads_a, grads_b))
+
+
+def _device(*lists):
+    return next((g.device for grads in lists for g in grads if g is not None), None)
 
 
 def acl_grad_keep(cosine: Tensor, threshold: float) -> Tensor:
     """ACL-Grad decision: keep the ACL gradient iff cosine >= threshold (discard when below).
+
+    A NaN cosine (an inf or NaN gradient) keeps: the non-finite gradient then reaches the optimizer,
+    which treats it as an overflow (fp16/AMP: skip the step, lower the loss scale), instead of being
+    dropped silently. Callers without a loss scaler raise on it first (see ``criterions.gating``).
 
     Args:
         cosine: scalar (or any shape) cosine, e.g. from ``gradient_cosine``.
@@ -390,7 +442,8 @@ def acl_grad_keep(cosine: Tensor, threshold: float) -> Tensor:
     Returns:
         bool tensor of cosine's shape.
     """
-    return torch.as_tensor(cosine) >= threshold
+    cosine = torch.as_tensor(cosine)
+    return (cosine >= threshold) | torch.isnan(cosine)
 
 
 def prediction_entropy(logits: Tensor) -> Tensor:

@@ -84,6 +84,7 @@ def train_argv(data: str, criterion: str, arch: str, model: str, seq_len: int, n
         "--optimizer", "adam",
         "--lr", "1e-5",
         "--batch-size", str(batch),
+        "--required-batch-size-multiple", "1",
         "--seed", "1",
         *extra,
     ]

@@ -62,6 +62,10 @@ def parse_args(argv=None):
     p.add_argument("--criteria", nargs="+", help="only these criteria (sentence_ce is always kept as the base)")
     p.add_argument("--no-multi-exit", action="store_true", help="skip the multi-exit rows")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--fp16", action="store_true",
+                   help="train as fairseq-train --fp16 does: fp16 weights, fairseq's FP16Optimizer with its "
+                   "dynamic loss scale (an overflowed step is skipped and counted in 'overflows'); on CPU "
+                   "with --fp16-no-flatten-grads, since flat fp16 gradients need CUDA")
     p.add_argument("--threads", type=int, default=1,
                    help="torch.set_num_threads; 0 = torch's default. Default 1: on a CPU shared with other "
                    "jobs, idle OpenMP threads stall (steps 10-100x slower at random), which ruins ratios")
@@ -86,6 +90,7 @@ class Variant:
         self.name, self.scope, self.kind = name, scope, kind
         self.task, self.model, self.criterion, self.optimizer, self.sample = task, model, criterion, optimizer, sample
         self.updates = 0
+        self.overflows = 0  # fp16 steps skipped by the loss scaler
         self.times: List[float] = []  # wall seconds per step
         self.cpu_times: List[float] = []  # process CPU seconds per step
         self.mem: List[float] = []
@@ -102,7 +107,12 @@ class Variant:
         opt.zero_grad()
         loss, sample_size, log = self.task.train_step(self.sample, self.model, self.criterion, opt, self.updates)
         opt.multiply_grads(1.0 / float(sample_size or 1.0))
-        grad_norm = opt.clip_grad_norm(0.0)
+        try:
+            grad_norm = opt.clip_grad_norm(0.0)
+        except OverflowError:  # fp16: the scaler lowered its scale; fairseq skips the step
+            self.overflows += 1
+            opt.zero_grad()
+            return
         if not torch.isfinite(grad_norm).all():
             raise FloatingPointError(f"{self.label}: non-finite gradient norm")
         opt.step()
@@ -119,15 +129,24 @@ def build_variants(args, data_dir) -> List[Variant]:
     sample = common.random_sample(args.batch, args.seq_len, size["vocab"], args.num_classes, args.device, args.seed)
     shared: Dict[str, tuple] = {}
     variants = []
+    precision = []
+    if args.fp16:
+        precision = ["--fp16"] + (["--fp16-no-flatten-grads"] if args.device == "cpu" else [])
     for name, scope, kind, extra in selected_variants(args):
         argv = common.train_argv(data_dir, name, ARCH[kind], args.model, args.seq_len, args.num_classes,
-                                 args.batch, args.device, extra)
+                                 args.batch, args.device, extra + precision)
         if kind not in shared:
             torch.manual_seed(args.seed)
             cfg, task, model, criterion = common.build(argv)
             model = model.to(args.device)
             params = [p for p in model.parameters() if p.requires_grad]
-            shared[kind] = (model, optim.build_optimizer(cfg.optimizer, params))
+            if args.fp16:  # as fairseq's Trainer builds it for --fp16
+                model = model.half()
+                params = [p for p in model.parameters() if p.requires_grad]
+                opt = optim.FP16Optimizer.build_optimizer(cfg, params)
+            else:
+                opt = optim.build_optimizer(cfg.optimizer, params)
+            shared[kind] = (model, opt)
         else:
             cfg, task, criterion = common.build_criterion(argv)
         model, optimizer = shared[kind]
@@ -183,6 +202,8 @@ def run(args) -> List[Dict]:
             "median_step_cpu_s": common.median(v.cpu_times),
             "ratio_to_ce_cpu": common.median(cpu_ratios),
             "device": args.device,
+            "precision": "fp16" if args.fp16 else "fp32",
+            "overflows": v.overflows,
             "repeats": args.repeats,
             "threads": torch.get_num_threads(),
         })
@@ -194,6 +215,7 @@ def main(argv=None):
     args = parse_args(argv)
     rows = run(args)
     print(f"# step_time: model={args.model} batch={args.batch} seq_len={args.seq_len} device={args.device} "
+          f"precision={'fp16' if args.fp16 else 'fp32'} "
           f"threads={torch.get_num_threads()} torch={torch.__version__} "
           f"cpu={platform.processor() or platform.machine()} "
           f"repeats={args.repeats} warmup={args.warmup} inner={args.inner}")
@@ -201,7 +223,7 @@ def main(argv=None):
     common.report(
         rows,
         ["model", "criterion", "scope", "median_step_s", "ratio_to_ce", "median_step_cpu_s", "ratio_to_ce_cpu",
-         "peak_mem_mb"],
+         "peak_mem_mb", "overflows"],
         {"median_step_s": "{:.4f}", "ratio_to_ce": "{:.3f}x", "median_step_cpu_s": "{:.4f}",
          "ratio_to_ce_cpu": "{:.3f}x", "peak_mem_mb": "{:.1f}"},
         args.json,

@@ -21,7 +21,7 @@ mv "$OUT.preprocess.log" "$OUT/preprocess.log"
 
 echo "[demo] training: multi_exit_roberta (4 layers, dim 64), criterion $CRITERION, $MAX_EPOCH epochs on CPU"
 fairseq-train "$OUT/data" --user-dir "$ROOT/acl_fairseq" \
-  --task sentence_prediction --init-token 0 --separator-token 2 --num-classes 2 \
+  --task sentence_prediction_acl --init-token 0 --separator-token 2 --num-classes 2 \
   --arch multi_exit_roberta --encoder-layers 4 --encoder-embed-dim 64 --encoder-ffn-embed-dim 128 \
   --encoder-attention-heads 4 --max-positions 64 --dropout 0.1 --attention-dropout 0.1 \
   --criterion "$CRITERION" \

@@ -39,12 +39,17 @@ def train_args(
     extra: Sequence[str] = (),
     max_epoch: int = 1,
     model_args: Sequence[str] = tuple(TINY_ROBERTA),
+    task: str = "sentence_prediction",
 ) -> List[str]:
-    """The argument list of a CPU ``fairseq-train`` run of a tiny model through the plugin."""
+    """The argument list of a CPU ``fairseq-train`` run of a tiny model through the plugin.
+
+    ``--required-batch-size-multiple 1``: fairseq otherwise drops a last validation batch whose size
+    is not a multiple of 8 under the stock task.
+    """
     return [
         data,
         "--user-dir", USER_DIR,
-        "--task", "sentence_prediction",
+        "--task", task,
         "--init-token", "0",
         "--separator-token", "2",
         "--criterion", criterion,
@@ -54,6 +59,7 @@ def train_args(
         "--optimizer", "adam",
         "--lr", "1e-3",
         "--batch-size", "8",
+        "--required-batch-size-multiple", "1",
         "--max-epoch", str(max_epoch),
         "--cpu",
         "--seed", "1",

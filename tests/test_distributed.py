@@ -50,7 +50,8 @@ def _parse(data, criterion, arch, extra):
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    argv = helpers.train_args(data, "/nonexistent", criterion=criterion, arch=arch, extra=extra)
+    argv = helpers.train_args(data, "/nonexistent", criterion=criterion, arch=arch, extra=extra,
+                              task="sentence_prediction_acl")
     parser = options.get_training_parser()
     return convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, input_args=argv))
 
@@ -94,7 +95,12 @@ def _prepare(data, name, rank):
     model.train()  # dropout is 0 in these tiny models: the forward is deterministic
     ref, ref_grads = _step(model, crit_ref, full)  # one process, the concatenated batch
     loc, _ = _step(model, crit_ref, local)  # one process, this rank's rows only
-    return dict(model=model, crit_dist=crit_dist, crit_ref=crit_ref, local=local, ref=ref, ref_grads=ref_grads, loc=loc)
+    # a replayed batch: rank 1 runs out of data and fairseq replays rows it saw before, loss zeroed
+    real = ds.collater([ds[i] for i in range(n0)])
+    replay = ds.collater([ds[i] for i in range(n0, BATCH)]) if rank == 1 else real
+    real_ref, real_ref_grads = _step(model, crit_ref, real)  # one process, the real rows only
+    return dict(model=model, task=task, crit_dist=crit_dist, crit_ref=crit_ref, local=local, ref=ref,
+                ref_grads=ref_grads, loc=loc, replay=replay, real_ref=real_ref, real_ref_grads=real_ref_grads)
 
 
 def _distributed(p):
@@ -123,7 +129,37 @@ def _distributed(p):
         "summed_off_log_loss": sums[2].item(),
         "grad_max_diff": diff,
         "grad_scale": max(g.abs().max().item() for g in p["ref_grads"].values()) / ref_n,
+        "real_ref": p["real_ref"],
     }
+
+
+class _Backward:
+    """What ``task.train_step`` needs of fairseq's optimizer here: a plain backward."""
+
+    def backward(self, loss):
+        loss.backward()
+
+
+def _replayed(p, rank):
+    """One update where rank 1 replays a dummy batch, as ``Trainer.train_step`` runs it: the task
+    step with ``ignore_grad``, the sample size zeroed, gradients summed and divided by the total."""
+    import torch
+    import torch.distributed as dist
+
+    model, crit = p["model"], p["crit_dist"]
+    model.zero_grad(set_to_none=True)
+    _, n, log = p["task"].train_step(p["replay"], model, crit, _Backward(), 0, ignore_grad=rank == 1)
+    total = torch.tensor([0.0 if rank == 1 else float(n)])
+    dist.all_reduce(total)
+    grads = {k: q.grad.detach().clone() for k, q in model.named_parameters() if q.grad is not None}
+    diff = 0.0
+    for k in sorted(p["real_ref_grads"]):
+        g = grads.get(k, torch.zeros_like(p["real_ref_grads"][k]))
+        dist.all_reduce(g)
+        diff = max(diff, (g / total.item() - p["real_ref_grads"][k] / p["real_ref"]["n"]).abs().max().item())
+    out = {"grad_max_diff": diff, "total": total.item(), "n_contrast_logged": float(log["loss"])}
+    out.update({k: float(log[k]) for k in ("grad_cos", "conflict") if k in log})
+    return out
 
 
 def _worker(rank: int, port: int, data: str, out_dir: str) -> None:
@@ -136,6 +172,8 @@ def _worker(rank: int, port: int, data: str, out_dir: str) -> None:
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD, timeout=timedelta(seconds=120)
     )
     results = {name: _distributed(p) for name, p in prepared.items()}
+    for name, p in prepared.items():
+        results[name]["replayed"] = _replayed(p, rank)
     dist.barrier()
     dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
@@ -226,6 +264,20 @@ def test_global_acl_grad_decision_equals_the_single_process_one(ranks, name):
     assert ranks[0][name]["dist"]["grad_cos"] == ranks[1][name]["dist"]["grad_cos"]
 
 
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_a_replayed_batch_is_neither_contrasted_nor_counted(ranks, name):
+    """Uneven batch counts: rank 1 replays a dummy batch (loss * 0, as fairseq does when it runs out
+    of data). The update equals one process's on rank 0's real rows alone, and a global ACL-Grad
+    decision is that process's decision."""
+    for r, res in enumerate(ranks):
+        s = res[name]["replayed"]
+        assert s["total"] == SCENARIOS[name][3]
+        assert s["grad_max_diff"] <= TOL, (r, s)
+        if SCENARIOS[name][0] in GATED:
+            assert abs(s["grad_cos"] - res[name]["real_ref"]["grad_cos"]) <= TOL, (r, s)
+            assert s["conflict"] == res[name]["real_ref"]["conflict"], (r, s)
+
+
 @pytest.mark.parametrize("name", ["grad_params", "grad_features", "cross_layer"])
 def test_default_acl_grad_decision_is_local_to_each_rank(ranks, name):
     for r, res in enumerate(ranks):
@@ -252,8 +304,9 @@ def test_gather_is_identity_outside_distributed_training():
 
 
 def test_two_rank_fairseq_train_with_the_cpu_launcher(tmp_path):
-    """acl_cross_layer on multi_exit_roberta_tiny, global contrastive set, to the end of training."""
-    data = helpers.make_data(str(tmp_path / "data"), n_train=44)["data"]  # 6 batches: one has 4 rows
+    """acl_cross_layer on multi_exit_roberta_tiny, global contrastive set, to the end of training.
+    3 batches over 2 ranks: in the second update rank 1 has none left and fairseq replays a dummy."""
+    data = helpers.make_data(str(tmp_path / "data"), n_train=20)["data"]  # batches of 8, 8 and 4
     save = tmp_path / "ckpt"
     args = helpers.train_args(
         data,
@@ -262,6 +315,7 @@ def test_two_rank_fairseq_train_with_the_cpu_launcher(tmp_path):
         arch="multi_exit_roberta_tiny",
         model_args=["--max-positions", "64", "--dropout", "0.0", "--attention-dropout", "0.0"],
         extra=["--contrast-across-workers", "--acl-grad-global-decision"],
+        task="sentence_prediction_acl",
     )
     logs = tmp_path / "logs"
     cmd = [
@@ -277,8 +331,8 @@ def test_two_rank_fairseq_train_with_the_cpu_launcher(tmp_path):
     out = proc.stdout + proc.stderr
     assert "distributed init (rank 0)" in out and "distributed init (rank 1)" in rank1
     assert "all 2 ranks finished" in proc.stderr
-    # 6 batches of (up to) 8 sharded over 2 ranks: 3 updates in the epoch
-    assert '"num_updates": "3"' in out, out[-3000:]
+    # 3 batches sharded over 2 ranks: 2 updates in the epoch, the second with a replayed batch on rank 1
+    assert '"num_updates": "2"' in out, out[-3000:]
 
 
 if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "--worker":

@@ -207,8 +207,9 @@ def _all_losses(feats, labels, emb, teacher):
     }
 
 
-@pytest.mark.parametrize("scale", [1e-3, 1e4])
+@pytest.mark.parametrize("scale", [1e-3, 1e4, 1e20, 1e-20])
 def test_losses_are_scale_invariant_with_finite_grads_for_extreme_features(scale):
+    """1e20 and 1e-20: ||v||^2 overflows (and underflows) float32, so rows are rescaled first."""
     feats, labels, emb, teacher = make_case("random_wide", torch.float32)
     want = _all_losses(feats, labels, emb, teacher)
     big = (feats * scale).requires_grad_(True)
@@ -479,6 +480,33 @@ def test_gradient_cosine_upcasts_half_gradients():
     torch.testing.assert_close(got, want)
     with pytest.raises(ValueError):
         gradient_cosine(a, b[:-1])
+
+
+@pytest.mark.parametrize("scale", [1e20, 1e-25])
+def test_gradient_cosine_is_exact_for_huge_and_tiny_finite_gradients(scale):
+    """|g|^2 overflows float32 above ~1.8e19 (NaN cosine) and underflows below ~1e-19."""
+    a, b = _grad_lists(4)
+    want = gradient_cosine(a, b)
+    a_s = [None if x is None else x * scale for x in a]
+    b_s = [None if x is None else x * (scale * 3.0) for x in b]
+    got = gradient_cosine(a_s, b_s)
+    assert torch.isfinite(got)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_gradient_cosine_of_inf_or_nan_gradients_is_nan_never_a_number():
+    a, b = _grad_lists(5)
+    for bad in (float("inf"), float("nan")):
+        b_bad = [None if x is None else x.clone() for x in b]
+        b_bad[0].view(-1)[0] = bad
+        assert torch.isnan(gradient_cosine(a, b_bad))
+        assert torch.isnan(gradient_cosine(b_bad, a))
+
+
+def test_a_nan_cosine_keeps_so_that_the_overflow_reaches_the_optimizer():
+    """Never a silent drop: NaN >= threshold is False, which used to discard the term quietly."""
+    assert bool(acl_grad_keep(torch.tensor(float("nan")), 0.0))
+    assert bool(acl_grad_keep(torch.tensor(float("nan")), 2.0))
 
 
 @pytest.mark.parametrize("cosine,threshold,keep", [

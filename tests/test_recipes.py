@@ -178,7 +178,7 @@ def test_dry_run_command(task, method, env):
               "--no-epoch-checkpoints", "--cpu"):
         assert f in argv, f
     assert "--fp16" not in argv
-    for name, value in [("--task", "sentence_prediction"), ("--init-token", "0"), ("--separator-token", "2"),
+    for name, value in [("--task", "sentence_prediction_acl"), ("--init-token", "0"), ("--separator-token", "2"),
                         ("--adam-betas", "(0.9,0.98)"), ("--adam-eps", "1e-06"), ("--weight-decay", "0.1"),
                         ("--clip-norm", "0.0"), ("--lr-scheduler", "polynomial_decay"), ("--max-epoch", "10"),
                         ("--dropout", "0.1"), ("--attention-dropout", "0.1"), ("--max-positions", "512"),

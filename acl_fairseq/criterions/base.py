@@ -12,9 +12,11 @@ Logged (and shown in TensorBoard under the same names): ``loss``, ``ce_loss``, e
 ``pearson``/``spearman`` (regression, validation), and ``accuracy_exit{L}`` per exit of a multi-exit
 model.
 """
+import logging
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -22,13 +24,17 @@ from fairseq.criterions import FairseqCriterion
 from fairseq.criterions.sentence_prediction import SentencePredictionConfig
 from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
+from omegaconf import II
 
 from .. import alignment, distributed, glue_metrics, losses
 from ..heads import ExitOutputs, collect_exit_outputs
 from . import gating
 from .meters import log_regression_predictions
 
+logger = logging.getLogger(__name__)
+
 EXIT_WEIGHTING_CHOICES = ChoiceEnum(["layer", "uniform"])
+_WARNED = []  # the --required-batch-size-multiple warning was given
 
 
 @dataclass
@@ -52,9 +58,13 @@ class ExitCriterionConfig(SentencePredictionConfig):
         metadata={
             "help": "under distributed training, contrast each sample against the features of every "
             "worker's batch (the global batch, as one large-batch run would), with gradients flowing "
-            "to the local part; off = each worker contrasts within its own batch"
+            "to the local part; off = each worker contrasts within its own batch. Needs --task "
+            "sentence_prediction_acl, which tells the criterion which batches fairseq replays as "
+            "dummies (their rows are never contrasted)"
         },
     )
+    # not an option of its own: fairseq fills it from --required-batch-size-multiple (start-up check)
+    required_batch_size_multiple: Optional[int] = II("dataset.required_batch_size_multiple")
 
 
 class ExitCriterionBase(FairseqCriterion):
@@ -77,6 +87,32 @@ class ExitCriterionBase(FairseqCriterion):
         self.positive = None
         if not self.regression:
             self.positive = _check_label_dictionary(task)
+        self.replayed = False  # set by the plugin's task while fairseq replays a dummy batch
+        knows_replays = getattr(task, "marks_replayed_batches", False)
+        if cfg.contrast_across_workers and not knows_replays:
+            raise ValueError(
+                "--contrast-across-workers needs --task sentence_prediction_acl: when a worker runs out "
+                "of batches fairseq replays an old one with its loss zeroed, and only the plugin's task "
+                "tells the criterion, so that those rows are not contrasted by the other workers"
+            )
+        multiple = _config_value(cfg, "required_batch_size_multiple")
+        if multiple and multiple > 1 and not getattr(task, "validates_every_example", False) and not _WARNED:
+            _WARNED.append(multiple)  # once per process, not once per criterion built
+            logger.warning(
+                "fairseq drops the last validation batch when its size is not a multiple of "
+                "--required-batch-size-multiple (%d here), so validation metrics may skip examples: pass "
+                "--required-batch-size-multiple 1, or use --task sentence_prediction_acl (it validates "
+                "every example)", multiple,
+            )
+
+    @contextmanager
+    def replaying(self, replayed: bool):
+        """While fairseq replays a dummy batch (``ignore_grad``): its rows are not contrast candidates."""
+        before, self.replayed = self.replayed, bool(replayed)
+        try:
+            yield
+        finally:
+            self.replayed = before
 
     # --- what subclasses change -------------------------------------------------------------
     @property
@@ -113,7 +149,7 @@ class ExitCriterionBase(FairseqCriterion):
         ce = losses.weighted_exit_sum(task_losses, weights)  # sum over the batch
         aux_exits, aux_targets, n_contrast = exits, targets, n
         if self.cfg.contrast_across_workers and distributed.world_size() > 1:
-            aux_exits, aux_targets, n_contrast = distributed.gather_for_contrast(exits, targets)
+            aux_exits, aux_targets, n_contrast = distributed.gather_for_contrast(exits, targets, real=not self.replayed)
         aux_parts = self.aux_terms(aux_exits, aux_targets, weights) if n_contrast > 0 else {}
         # sum convention: a batch-mean term counts once per sample of the set it was computed on
         aux = sum(w * v for w, v in aux_parts.values()) * n_contrast if aux_parts else ce.new_zeros(())
@@ -139,12 +175,18 @@ class ExitCriterionBase(FairseqCriterion):
         return F.nll_loss(F.log_softmax(logits, dim=-1, dtype=torch.float32), targets, reduction="sum")
 
     def _combine(self, model, exits: ExitOutputs, ce: torch.Tensor, aux: torch.Tensor) -> Tuple[torch.Tensor, Dict]:
-        """``ce + aux``, or the ACL-Grad choice between ``ce`` and ``ce + aux`` while training."""
-        if not (self.gated() and model.training and torch.is_grad_enabled() and aux.requires_grad):
+        """``ce + aux``, or the ACL-Grad choice between ``ce`` and ``ce + aux`` while training.
+
+        Every rank of a global decision enters the gate, even one whose ``aux`` reaches nothing, since
+        the decision's collectives run in every rank's backward.
+        """
+        if not (self.gated() and model.training and torch.is_grad_enabled() and ce.requires_grad):
+            return ce + aux, {}
+        if not (aux.requires_grad or self.cfg.acl_grad_global_decision):
             return ce + aux, {}
         return gating.gate(
             model, exits, ce, aux, self.cfg.acl_grad_scope, self.cfg.acl_grad_threshold,
-            global_decision=self.cfg.acl_grad_global_decision,
+            global_decision=self.cfg.acl_grad_global_decision, loss_scaler=_has_loss_scaler(model),
         )
 
     def _log_predictions(self, out: Dict, exits: ExitOutputs, targets: torch.Tensor, training: bool) -> None:
@@ -182,6 +224,9 @@ class ExitCriterionBase(FairseqCriterion):
         keys = set().union(*(log.keys() for log in logging_outputs))
         for key in sorted(k for k in keys if k.endswith("_loss")):
             metrics.log_scalar(key, total(key) / n / math.log(2), n, round=3)
+        overflows = total("acl_grad_overflow")
+        if overflows:
+            metrics.log_scalar_sum("acl_grad_overflow", overflows, round=0)
         steps = total("gated_steps")
         if steps:
             metrics.log_scalar("grad_cos", total("grad_cos") / steps, steps, round=4)
@@ -209,6 +254,25 @@ class ExitCriterionBase(FairseqCriterion):
         for key in sorted(k for k in keys if k.startswith("align_to_last_exit")):
             metrics.log_scalar(key, total(key) / n, n, round=4)
         log_regression_predictions(logging_outputs)
+
+
+def _has_loss_scaler(model) -> bool:
+    """Whether training runs with a dynamic loss scaler: fp16 weights (``--fp16``,
+    ``--memory-efficient-fp16``) or fp16 autocast (``--amp``); not fp32, bf16 or bf16 autocast."""
+    first = next((p for p in model.parameters() if p.requires_grad), None)
+    if first is None:
+        return False
+    device = first.device.type
+    autocast_fp16 = torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16
+    return first.dtype == torch.float16 or autocast_fp16
+
+
+def _config_value(cfg, key: str):
+    """``cfg.key``, or None where its interpolation cannot resolve (a config detached from fairseq's)."""
+    try:
+        return getattr(cfg, key, None)
+    except Exception:  # omegaconf's InterpolationResolutionError and relatives
+        return None
 
 
 def _alignment_sums(exits: ExitOutputs, targets: torch.Tensor) -> Dict[str, torch.Tensor]:

@@ -1,35 +1,49 @@
 """The ACL-Grad rule: drop the auxiliary (ACL) term of a batch when its gradient conflicts with CE's.
 
 Both scopes of METHOD.md:
-- ``params`` (exact): the gradients of ``ce`` and ``aux`` over every trainable parameter are taken
-  with two ``autograd.grad`` calls; the update is ``g_ce`` or ``g_ce + g_aux``. The criterion returns a
-  *surrogate* loss ``sum_p <p, g_p.detach()>`` whose gradient is exactly the chosen one, so fairseq's
-  one ``backward`` (loss scaling, fp16/AMP, gradient accumulation, DDP's all-reduce) applies to it
-  unchanged and no third pass through the encoder is made. The true loss values are logged.
-- ``features`` (cheap): the gradients with respect to the exits' representations ``u`` only, found on
-  the small head graph; the step then costs one ordinary backward.
+- ``params`` (exact): the gradients of ``ce`` and ``aux`` over every trainable parameter, with two
+  ``autograd.grad`` calls; the update is ``g_ce`` or ``g_ce + g_aux``, handed to the parameters
+  directly (no third pass through the encoder).
+- ``features`` (cheap): the gradients with respect to the exits' representations ``u`` only; the
+  chosen loss ``ce`` or ``ce + aux`` then back-propagates once, as an ordinary backward.
 
-Where the decision is taken:
-- By default on each worker's own micro-batch, from its *local* gradients, once per forward. With
+**When: inside the backward pass.** The criterion returns a loss whose backward (:class:`_Gate`)
+takes the decision. It receives fairseq's loss scale as its incoming gradient ``S`` (``--fp16`` and
+``--memory-efficient-fp16`` back-propagate ``loss * scale``, ``--amp`` ``GradScaler.scale(loss)``,
+a replayed (dummy) batch ``loss * 0``), so both gradients are taken at the same scale as any plain
+backward: fp16 flushes no more entries to zero than a plain backward does, and an overflow is an
+ordinary overflow. The cosine is scale-invariant, so the decision is the fp32 one.
+
+**Non-finite gradients never decide.** An inf or NaN in either gradient makes the cosine NaN (see
+``losses.cosine_from_sums``). With a loss scaler (``--fp16``, ``--amp``) the term is then kept, so
+the inf/NaN reaches fairseq's optimizer, which skips the step and lowers the scale; the step counts
+in ``acl_grad_overflow``, not in ``grad_cos``/``conflict_rate``. Without one (fp32, bf16) the
+backward raises ``FloatingPointError`` naming the update.
+
+**Where the decision is taken.**
+- By default on each worker's own micro-batch, from its *local* gradients, once per backward. With
   ``--update-freq > 1`` each micro-batch decides for itself (the paper's rule is per mini-batch).
   Under DDP every rank decides on its local gradients, so ranks may disagree within one update:
   the applied update is the sum of each rank's chosen gradient.
-- With ``--acl-grad-global-decision`` (``global_decision=True``) and more than one worker, the
-  decision is taken on the gradients summed over the ranks: ``params`` all-reduces ``g_ce`` and
-  ``g_aux`` (two gradient-sized all-reduces per step, in float32) before the cosine; ``features``
-  all-reduces the three partial sums ``<g_ce, g_aux>``, ``|g_ce|^2``, ``|g_aux|^2`` over the rows of
-  every rank (a 3-element all-reduce, since the feature gradients of different rows are disjoint
-  coordinates of the concatenated batch). Every rank then takes the same decision. Together with
-  ``--contrast-across-workers`` it equals the single-process decision on the concatenated batch;
-  without it, it is the decision on the summed update of each rank's local contrastive terms. Each rank
-  still back-propagates only its own (local) chosen gradient; DDP sums them as usual.
+- With ``--acl-grad-global-decision`` and more than one worker, on the gradients summed over the
+  ranks: ``params`` all-reduces ``g_ce`` and ``g_aux`` (two gradient-sized all-reduces per step, in
+  float32) before the cosine; ``features`` all-reduces the largest entries (a 2-number max) and then
+  the three sums ``<g_ce, g_aux>``, ``|g_ce|^2``, ``|g_aux|^2`` over every rank's rows (the feature
+  gradients of different rows are disjoint coordinates of the concatenated batch). Every rank takes
+  the same decision. A replayed batch back-propagates ``loss * 0``, so its rank adds exact zeros.
+  Together with ``--contrast-across-workers`` it equals the single-process decision on the
+  concatenated batch. Each rank still back-propagates only its own chosen gradient; DDP sums them.
+
+The logged ``grad_cos``, ``conflict``, ``gated_steps`` and ``acl_grad_overflow`` are tensors of the
+logging output that the backward fills in (fairseq reads them after the backward).
 """
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from .. import distributed, losses
 from ..heads import ExitOutputs
+from .meters import current_update
 
 
 def gate(
@@ -40,68 +54,114 @@ def gate(
     scope: str,
     threshold: float,
     global_decision: bool = False,
+    loss_scaler: bool = False,
 ) -> Tuple[torch.Tensor, Dict]:
     """Return ``(loss to back-propagate, logging entries)`` under the ACL-Grad rule.
 
-    ``global_decision``: take the decision on the gradients summed over all workers (see the module
-    docstring); no effect outside distributed training.
+    ``global_decision``: decide on the gradients summed over all workers (no effect outside
+    distributed training). ``loss_scaler``: training runs with a dynamic loss scaler (``--fp16``,
+    ``--amp``), which skips a step whose gradients overflowed; without one a non-finite gradient
+    raises.
     """
+    zero = ce.new_zeros((), dtype=torch.float32)
+    log = {"grad_cos": zero.clone(), "conflict": zero.clone(), "gated_steps": zero.clone(),
+           "acl_grad_overflow": zero.clone()}
+    gate_state = _GateState(
+        ce=ce, aux=aux, scope=scope, threshold=threshold, log=log, loss_scaler=loss_scaler,
+        global_decision=global_decision and distributed.world_size() > 1,
+    )
     if scope == "features":
-        inputs = [u for u in exits.features if u.requires_grad]
-    else:
-        inputs = [p for p in model.parameters() if p.requires_grad]
-    g_ce = torch.autograd.grad(ce, inputs, retain_graph=True, allow_unused=True)
-    g_aux = torch.autograd.grad(aux, inputs, retain_graph=scope == "features", allow_unused=True)
-    if global_decision and distributed.world_size() > 1:
-        cos = global_gradient_cosine(g_ce, g_aux, scope, device=ce.device)
-    else:
-        cos = losses.gradient_cosine(g_ce, g_aux)
-    keep = losses.acl_grad_keep(cos, threshold)
-    log = {
-        "grad_cos": cos.detach(),
-        "conflict": (~keep).float(),
-        "gated_steps": 1,
-    }
-    if scope == "features":
-        return ce + keep.to(aux.dtype) * aux, log
-    return _surrogate(inputs, g_ce, g_aux, keep), log
+        gate_state.inputs = [u for u in exits.features if u.requires_grad]
+        return _Gate.apply(gate_state, ce, aux), log
+    gate_state.inputs = [p for p in model.parameters() if p.requires_grad]
+    return _Gate.apply(gate_state, *gate_state.inputs), log
 
 
-def global_gradient_cosine(
-    g_ce: Sequence[Optional[torch.Tensor]],
-    g_aux: Sequence[Optional[torch.Tensor]],
-    scope: str,
-    device=None,
-) -> torch.Tensor:
-    """``losses.gradient_cosine`` of the gradients over all workers (the same value on every rank).
+class _GateState:
+    """What the backward needs; kept on the autograd context, off the graph's inputs."""
+
+    def __init__(self, **kw):
+        self.inputs: List[torch.Tensor] = []
+        self.__dict__.update(kw)
+
+
+class _Gate(torch.autograd.Function):
+    """Value: ``ce + aux``. Backward: the ACL-Grad choice at the incoming scale (see the module doc).
+
+    Inputs: ``(state, ce, aux)`` for the features scope (the chosen loss then back-propagates as usual),
+    ``(state, *params)`` for the params scope (the chosen gradient goes to the parameters directly).
+    """
+
+    @staticmethod
+    def forward(ctx, state: _GateState, *tensors):
+        ctx.state = state
+        return (state.ce.detach() + state.aux.detach()).float()
+
+    @staticmethod
+    def backward(ctx, scale):
+        st: _GateState = ctx.state
+        ctx.state = None  # free the graph references as soon as they are used
+        features = st.scope == "features"
+        g_ce = _grad(st.ce, st.inputs, scale, retain=True)
+        g_aux = _grad(st.aux, st.inputs, scale, retain=features)
+        cos = _cosine(st.inputs, g_ce, g_aux, features, st.global_decision)
+        finite = torch.isfinite(cos)
+        if not st.loss_scaler and not bool(finite):
+            raise FloatingPointError(
+                f"ACL-Grad at update {current_update()}: the CE or ACL gradient has inf/NaN entries "
+                "(no loss scaler to skip the step). Lower --lr, set --clip-norm, or check the data; "
+                "with --fp16 or --amp such a step is skipped and the loss scale lowered"
+            )
+        keep = losses.acl_grad_keep(cos, st.threshold)  # NaN keeps: the overflow reaches the optimizer
+        st.log["grad_cos"].copy_(torch.where(finite, cos, torch.zeros_like(cos)))
+        st.log["conflict"].copy_((~keep).float())
+        st.log["gated_steps"].copy_(finite.float())
+        st.log["acl_grad_overflow"].copy_((~finite).float())
+        if features:
+            return None, scale, scale * keep.to(scale.dtype)
+        return (None, *_chosen(st.inputs, g_ce, g_aux, keep))
+
+
+def _grad(loss: torch.Tensor, inputs: Sequence[torch.Tensor], scale: torch.Tensor, retain: bool):
+    if loss.grad_fn is None or not inputs:  # e.g. no local rows reach the term
+        return [None] * len(inputs)
+    return torch.autograd.grad(loss, inputs, grad_outputs=scale.to(loss.dtype).expand_as(loss),
+                               retain_graph=retain, allow_unused=True)
+
+
+def _cosine(inputs, g_ce, g_aux, features: bool, global_decision: bool) -> torch.Tensor:
+    """``losses.gradient_cosine``, or that of the gradients over all workers (the same on every rank).
 
     ``params``: the per-parameter gradients are summed over ranks, then compared. ``features``: each
-    rank holds the gradients of its own rows, so the dot product and squared norms of the
-    concatenation are the sums of the per-rank ones.
+    rank holds the gradients of its own rows, so the sums of the concatenation are the sums of the
+    per-rank ones, once every rank uses the same (global) scales.
     """
-    if scope != "features":
-        return losses.gradient_cosine(distributed.all_reduce_sum(g_ce), distributed.all_reduce_sum(g_aux))
-    pairs = [(a, b) for a, b in zip(g_ce, g_aux) if a is not None and b is not None]
-    sums = torch.zeros(3, dtype=torch.float32, device=device)  # <a, b>, |a|^2, |b|^2
-    for a, b in pairs:
-        a32, b32 = a.detach().reshape(-1).float(), b.detach().reshape(-1).float()
-        sums = sums + torch.stack([torch.dot(a32, b32), torch.dot(a32, a32), torch.dot(b32, b32)])
-    (sums,) = distributed.all_reduce_sum([sums])
-    dot, sq_a, sq_b = sums.unbind()
-    denom = sq_a.sqrt() * sq_b.sqrt()
-    cosine = dot / denom.clamp_min(torch.finfo(torch.float32).tiny)
-    return torch.where(denom > 0, cosine.clamp(-1.0, 1.0), torch.zeros_like(cosine))
+    if not global_decision:
+        return losses.gradient_cosine(g_ce, g_aux)
+    if not features:
+        def summed(grads):  # every rank reduces the same shapes (None as 0); None stays "not reached"
+            total = distributed.all_reduce_sum([torch.zeros_like(x) if g is None else g for x, g in zip(inputs, grads)])
+            return [None if g is None else t for g, t in zip(grads, total)]
+
+        return losses.gradient_cosine(summed(g_ce), summed(g_aux))
+    scales = distributed.all_reduce_max(losses.gradient_scales(g_ce, g_aux))
+    (sums,) = distributed.all_reduce_sum([losses.gradient_sums(g_ce, g_aux, scales)])
+    return losses.cosine_from_sums(sums)
 
 
-def _surrogate(params, g_ce, g_aux, keep: torch.Tensor) -> torch.Tensor:
-    """``sum_p <p, (g_ce + keep * g_aux).detach()>``: its gradient w.r.t. ``p`` is the chosen update."""
-    total = None
+def _chosen(params, g_ce, g_aux, keep: torch.Tensor) -> List[Optional[torch.Tensor]]:
+    """``g_ce + keep * g_aux`` per parameter, summed in float32 and rounded once to its dtype.
+
+    ``keep`` multiplies (never selects), so an inf/NaN in a dropped ``g_aux`` still reaches the
+    optimizer as an overflow.
+    """
+    out: List[Optional[torch.Tensor]] = []
     for p, gc, ga in zip(params, g_ce, g_aux):
         if gc is None and ga is None:
+            out.append(None)
             continue
-        g = gc if ga is None else (ga * keep.to(ga.dtype) if gc is None else gc + ga * keep.to(ga.dtype))
-        term = (p.float() * g.detach().float()).sum()
-        total = term if total is None else total + term
-    if total is None:  # nothing reached: still return a differentiable zero
-        total = sum(p.sum() * 0.0 for p in params)
-    return total
+        g = 0.0 if gc is None else gc.float()
+        if ga is not None:
+            g = g + ga.float() * keep.to(torch.float32)
+        out.append(g.to(p.dtype))
+    return out

@@ -1,4 +1,5 @@
-"""A validation-only meter for Spearman correlation, which needs every prediction (not sums)."""
+"""What criteria read from and add to fairseq's meters: the update count, and a validation-only meter
+for Spearman correlation, which needs every prediction (not sums)."""
 from typing import List
 
 import torch
@@ -6,6 +7,14 @@ from fairseq.logging import metrics
 from fairseq.logging.meters import Meter
 
 from .. import glue_metrics
+
+
+def current_update(default: int = -1) -> int:
+    """The trainer's update count (it logs ``num_updates`` to the always-active default aggregator);
+    ``default`` outside fairseq's trainer."""
+    meter = metrics.get_meter("default", "num_updates")
+    value = getattr(meter, "val", None) if meter is not None else None
+    return int(value) if value is not None else default
 
 
 class PredictionMeter(Meter):

@@ -1,9 +1,11 @@
 """``--task sentence_prediction_acl``: fairseq's ``sentence_prediction`` plus TensorBoard projector
 snapshots of the label-embedding geometry that ACL shapes.
 
-A drop-in replacement: data loading, batching, model building, training and validation steps are
-the stock task's (this class only adds :meth:`begin_valid_epoch`, which fairseq calls at the start of
-every validation). With ``--projector-every N`` (N > 0), every N-th validation first runs the model in
+A drop-in replacement: data loading, model building, training and validation steps are the stock
+task's, with three additions. Validation (every split but ``--train-subset``) keeps every example,
+whatever ``--required-batch-size-multiple``. ``train_step`` tells the criterion when fairseq replays
+a dummy batch (``--contrast-across-workers`` needs that). And :meth:`begin_valid_epoch`, which fairseq
+calls at the start of every validation, writes the projector snapshots. With ``--projector-every N`` (N > 0), every N-th validation first runs the model in
 eval mode on a fixed, seeded sample of ``--projector-samples`` sentences of the validation subset and
 writes, per exit, their head representations u^m and the exit's label embeddings (rows of
 ``out_proj.weight``) as one embedding-projector snapshot ``exit{L}`` at step = num_updates (see
@@ -26,12 +28,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from fairseq.logging import metrics
 from fairseq.tasks import register_task
 from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask
 from omegaconf import II
 
 from .. import glue_metrics, projector
+from ..criterions.meters import current_update
 
 logger = logging.getLogger(__name__)
 
@@ -68,13 +70,17 @@ class SentencePredictionAclConfig(SentencePredictionConfig):
         default=None,
         metadata={"help": "where projector snapshots go; default: <--tensorboard-logdir>/projector"},
     )
-    # not an option of its own: fairseq fills it from --tensorboard-logdir
+    # not options of their own: fairseq fills them from --tensorboard-logdir and --train-subset
     tensorboard_logdir: Optional[str] = II("common.tensorboard_logdir")
+    train_subset: str = II("dataset.train_subset")
 
 
 @register_task("sentence_prediction_acl", dataclass=SentencePredictionAclConfig)
 class SentencePredictionAclTask(SentencePredictionTask):
-    """``sentence_prediction`` plus projector snapshots at the start of every N-th validation."""
+    """``sentence_prediction`` plus projector snapshots, every validation example, marked replays."""
+
+    marks_replayed_batches = True  # criteria may rely on :meth:`train_step` telling them
+    validates_every_example = True  # see :meth:`get_batch_iterator`
 
     def __init__(self, cfg: SentencePredictionAclConfig, data_dictionary, label_dictionary):
         super().__init__(cfg, data_dictionary, label_dictionary)
@@ -89,12 +95,30 @@ class SentencePredictionAclTask(SentencePredictionTask):
                 raise ValueError(f"--projector-samples must be positive, got {cfg.projector_samples}")
             self.projector_logdir = projector.resolve_logdir(cfg.projector_logdir, cfg.tensorboard_logdir)
 
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        """The stock step; while fairseq replays a dummy batch (``ignore_grad``) the criterion knows it."""
+        replaying = getattr(criterion, "replaying", None)
+        if replaying is None:
+            return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+        with replaying(ignore_grad):
+            return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+
+    def get_batch_iterator(self, dataset, *args, **kwargs):
+        """The stock iterator, except that splits other than the training one keep every example.
+
+        fairseq drops a last batch whose size is not a multiple of ``--required-batch-size-multiple``
+        (default 8), from validation too: a validation metric would skip up to 7 examples.
+        """
+        if dataset is not self.datasets.get(self.cfg.train_subset):
+            kwargs["required_batch_size_multiple"] = 1
+        return super().get_batch_iterator(dataset, *args, **kwargs)
+
     def begin_valid_epoch(self, epoch, model):
         super().begin_valid_epoch(epoch, model)
         self.num_validations += 1
         every = self.cfg.projector_every
         if every > 0 and self.num_validations % every == 0 and _is_master():
-            self.write_projector_snapshot(model, _num_updates(default=self.num_validations))
+            self.write_projector_snapshot(model, current_update(default=self.num_validations))
 
     def projector_indices(self) -> List[int]:
         """The fixed sample of ``--projector-subset`` indices (chosen once per run)."""
@@ -132,8 +156,3 @@ def _is_master() -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
-def _num_updates(default: int) -> int:
-    """The trainer's update count (it logs ``num_updates`` to the always-active default aggregator)."""
-    meter = metrics.get_meter("default", "num_updates")
-    value = getattr(meter, "val", None) if meter is not None else None
-    return int(value) if value is not None else default

@@ -175,7 +175,7 @@ train_cmd=(
   "$FAIRSEQ_TRAIN" "$DATA_BIN"
   --user-dir "$REPO/acl_fairseq"
   "${restore_args[@]+"${restore_args[@]}"}"
-  --task sentence_prediction --init-token 0 --separator-token 2 --num-classes "$NUM_CLASSES"
+  --task sentence_prediction_acl --init-token 0 --separator-token 2 --num-classes "$NUM_CLASSES"
   "${task_args[@]+"${task_args[@]}"}"
   --max-positions "$MAX_POSITIONS" --batch-size "$BATCH_SIZE" --max-tokens "$MAX_TOKENS"
   --required-batch-size-multiple 1

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The GPU check, as one script: the mixed-precision tests on the device, every criterion's fp16 step
+# time at roberta-base size, and early-exit latency at batch 1 and 32; JSON under the output folder.
+#
+#   bash benchmarks/gpu_check.sh --prepare                  # here (network): fetch what a GPU machine lacks
+#   bash benchmarks/gpu_check.sh [--device cuda] [--out DIR] # on the GPU machine (offline), < 8 minutes
+#   bash benchmarks/gpu_check.sh --device cpu --tiny         # toy sizes on CPU (CI runs this)
+#
+# --prepare downloads into .whl/ (ignored by git): the fairseq-fixed sdist (built on the GPU machine,
+# against its own CUDA torch, with all its cores) and Python 3.12 wheels of hydra-core, omegaconf,
+# antlr4 and bitarray. On a machine without fairseq the check installs them from there first
+# (--wheels DIR to use another folder). fairseq 0.12's --bf16 implies --tpu, so bf16 is checked at the
+# criterion level (tests/test_losses.py, tests/test_criterions.py), not through fairseq-train.
+# --tiny: toy model sizes and one timed round; the JSON then goes to a temporary folder unless --out.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DEVICE=cuda
+TINY=0
+PREPARE=0
+OUT=""
+WHEELS="$ROOT/.whl"
+PY="${PYTHON:-python3}"
+[[ -x "$ROOT/.venv/bin/python" && -z "${PYTHON:-}" ]] && PY="$ROOT/.venv/bin/python"
+
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --device) [[ $# -ge 2 ]] || usage; DEVICE="$2"; shift 2 ;;
+    --tiny) TINY=1; shift ;;
+    --prepare) PREPARE=1; shift ;;
+    --out) [[ $# -ge 2 ]] || usage; OUT="$2"; shift 2 ;;
+    --wheels) [[ $# -ge 2 ]] || usage; WHEELS="$2"; shift 2 ;;
+    -h|--help) usage ;;
+    *) echo "gpu_check: unknown argument $1" >&2; usage ;;
+  esac
+done
+[[ "$DEVICE" == cuda || "$DEVICE" == cpu ]] || { echo "gpu_check: --device is cuda or cpu, got $DEVICE" >&2; exit 2; }
+
+if (( PREPARE )); then
+  mkdir -p "$WHEELS"
+  plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+  "$PY" -m pip download -q --no-deps "${plat[@]}" -d "$WHEELS" hydra-core==1.3.2 omegaconf==2.3.0 bitarray==3.12.3
+  # sources: antlr4's runtime ships no wheel; fairseq is compiled there, against that machine's torch
+  "$PY" -m pip download -q --no-deps --no-binary=:all: -d "$WHEELS" antlr4-python3-runtime==4.9.3 fairseq-fixed==0.12.3.1
+  echo "[gpu_check] prepared in $WHEELS:"; ls -1 "$WHEELS"
+  exit 0
+fi
+
+if ! "$PY" -c "import fairseq" 2>/dev/null; then
+  [[ -d "$WHEELS" ]] || { echo "[gpu_check] fairseq is missing and $WHEELS does not exist: run --prepare where pip has a network" >&2; exit 1; }
+  echo "[gpu_check] installing fairseq and its missing dependencies from $WHEELS (offline)"
+  SITE="${TMPDIR:-/tmp}/acl_gpu_site"
+  "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --target "$SITE" \
+    "$WHEELS"/*.whl "$WHEELS"/antlr4-python3-runtime-*.tar.gz
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+  MAX_JOBS="$(nproc)" "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --target "$SITE" \
+    "$WHEELS"/fairseq-fixed-*.tar.gz
+fi
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONWARNINGS=ignore PYTHONUNBUFFERED=1
+
+if [[ -z "$OUT" ]]; then
+  if (( TINY )); then OUT="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")"; else OUT="$ROOT/benchmarks/results/gpu"; fi
+fi
+mkdir -p "$OUT"
+"$PY" -c "import torch, sys; d = sys.argv[1]; ok = d == 'cpu' or torch.cuda.is_available(); \
+print('[gpu_check] torch', torch.__version__, 'device', torch.cuda.get_device_name(0) if d == 'cuda' and ok else d); \
+sys.exit(0 if ok else 'gpu_check: CUDA is not available here (use --device cpu)')" "$DEVICE"
+
+if (( TINY )); then
+  size=(--model tiny --seq-len 16 --repeats 1)
+  step=(--batch 8 --mem-repeats 0 --warmup 1)
+  latency=(--examples 8 --points 2)
+  tests=(-k "fp16_optimizer or amp or flushes")
+else
+  size=(--model base --seq-len 128 --repeats 5)
+  step=(--batch 32 --mem-repeats 1 --warmup 2)
+  latency=(--examples 64 --points 4)
+  tests=()
+fi
+
+echo "[gpu_check] 1/3 mixed-precision tests on $DEVICE"
+ACL_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests/test_precision.py" "${tests[@]}"
+
+echo "[gpu_check] 2/3 fp16 training step of every criterion, ratio to CE"
+"$PY" "$ROOT/benchmarks/step_time.py" --device "$DEVICE" --fp16 "${size[@]}" "${step[@]}" --json "$OUT/step_time_fp16.json"
+
+echo "[gpu_check] 3/3 early-exit latency at batch 1 and 32"
+"$PY" "$ROOT/benchmarks/early_exit_latency.py" --device "$DEVICE" "${size[@]}" "${latency[@]}" --batch 32 \
+  --json "$OUT/early_exit_latency.json"
+echo "[gpu_check] done: JSON in $OUT"
