@@ -15,6 +15,10 @@ from torch import Tensor
 # Floor on ||v|| in norm(v): a zero vector maps to zero (no 0/0 NaN); far below any real norm.
 _NORM_EPS = 1e-12
 
+# Below this a float32 sum of squares may have flushed terms to zero: gradient sums are then redone
+# on rescaled gradients (see gradient_cosine).
+_SMALLEST_EXACT_SQUARE = 1e-30
+
 _ANCHOR_MODES = ("all", "samples")
 _EXIT_SCHEMES = ("layer", "uniform")
 
@@ -365,8 +369,11 @@ def gradient_scales(grads_a: Sequence[Optional[Tensor]], grads_b: Sequence[Optio
     pairs = _shared_pairs(grads_a, grads_b)
     if not pairs:
         return torch.zeros(2, dtype=torch.float32, device=_device(grads_a, grads_b))
+    device = pairs[0][0].device
     with torch.no_grad():
-        amax = torch.stack([torch.stack([a.detach().abs().amax().float(), b.detach().abs().amax().float().to(a.device)])
+        inf = float("inf")
+        amax = torch.stack([torch.stack([torch.linalg.vector_norm(a.detach(), inf).float().to(device),
+                                         torch.linalg.vector_norm(b.detach(), inf).float().to(device)])
                             for a, b in pairs])
         return amax.amax(dim=0)
 
@@ -374,26 +381,34 @@ def gradient_scales(grads_a: Sequence[Optional[Tensor]], grads_b: Sequence[Optio
 def gradient_sums(
     grads_a: Sequence[Optional[Tensor]], grads_b: Sequence[Optional[Tensor]], scales: Optional[Tensor] = None
 ) -> Tensor:
-    """(3,) float32 ``<a', b'>, |a'|^2, |b'|^2`` of the flattened lists, ``a' = a / scales[0]``,
-    ``b' = b / scales[1]`` (default :func:`gradient_scales`), over the pairs both lists have.
+    """(3,) float32 ``<a', b'>, |a'|^2, |b'|^2`` of the flattened lists over the pairs both lists have,
+    with ``a' = a / scales[0]``, ``b' = b / scales[1]`` (no rescaling without ``scales``).
 
-    The sums of several workers' disjoint parts add up, if every worker uses the same (global) scales.
-    A loop over parameters, never a concatenation.
+    The sums of several workers' disjoint parts add up, if every worker uses the same scales. A loop
+    over parameters, never a concatenation; the unscaled sums allocate nothing for fp32 gradients.
     """
     pairs = _shared_pairs(grads_a, grads_b)
     if not pairs:
         return torch.zeros(3, dtype=torch.float32, device=_device(grads_a, grads_b))
-    if scales is None:
-        scales = gradient_scales(grads_a, grads_b)
     device = pairs[0][0].device
     with torch.no_grad():
-        inv = 1.0 / scales.to(device=device, dtype=torch.float32).clamp_min(torch.finfo(torch.float32).tiny)
+        inv = None
+        if scales is not None:
+            inv = 1.0 / scales.to(device=device, dtype=torch.float32).clamp_min(torch.finfo(torch.float32).tiny)
         parts = []  # per parameter: <a, b>, |a|^2, |b|^2 (a loop over parameters, not over the batch)
         for a, b in pairs:
-            a32 = a.detach().reshape(-1).to(device=device, dtype=torch.float32) * inv[0]
-            b32 = b.detach().reshape(-1).to(device=device, dtype=torch.float32) * inv[1]
+            a32 = a.detach().reshape(-1).to(device=device, dtype=torch.float32)
+            b32 = b.detach().reshape(-1).to(device=device, dtype=torch.float32)
+            if inv is not None:
+                a32, b32 = a32 * inv[0], b32 * inv[1]
             parts.append(torch.stack([torch.dot(a32, b32), torch.dot(a32, a32), torch.dot(b32, b32)]))
         return torch.stack(parts).sum(dim=0)  # one reduction, not 3 adds each
+
+
+def sums_need_rescaling(sums: Tensor) -> bool:
+    """Whether :func:`gradient_sums` without scales may be inexact: a sum overflowed (or an entry is
+    inf/NaN), or a squared norm is so small that float32 may have lost it. One host sync."""
+    return not bool(torch.isfinite(sums).all() and (sums[1:] >= _SMALLEST_EXACT_SQUARE).all())
 
 
 def cosine_from_sums(sums: Tensor) -> Tensor:
@@ -421,7 +436,10 @@ def gradient_cosine(
         [-1, 1]; 0 when either norm is 0 or no pair is shared; NaN when an entry is inf or NaN.
         Exact for any finite gradients (each list is rescaled by its largest entry before squaring).
     """
-    return cosine_from_sums(gradient_sums(grads_a, grads_b))
+    sums = gradient_sums(grads_a, grads_b)
+    if sums_need_rescaling(sums):  # rare: an overflow, a tiny or zero gradient, or inf/NaN entries
+        sums = gradient_sums(grads_a, grads_b, gradient_scales(grads_a, grads_b))
+    return cosine_from_sums(sums)
 
 
 def _device(*lists):

@@ -27,9 +27,10 @@ backward raises ``FloatingPointError`` naming the update.
   the applied update is the sum of each rank's chosen gradient.
 - With ``--acl-grad-global-decision`` and more than one worker, on the gradients summed over the
   ranks: ``params`` all-reduces ``g_ce`` and ``g_aux`` (two gradient-sized all-reduces per step, in
-  float32) before the cosine; ``features`` all-reduces the largest entries (a 2-number max) and then
-  the three sums ``<g_ce, g_aux>``, ``|g_ce|^2``, ``|g_aux|^2`` over every rank's rows (the feature
-  gradients of different rows are disjoint coordinates of the concatenated batch). Every rank takes
+  float32) before the cosine; ``features`` all-reduces the three sums ``<g_ce, g_aux>``, ``|g_ce|^2``,
+  ``|g_aux|^2`` over every rank's rows (the feature gradients of different rows are disjoint
+  coordinates of the concatenated batch), and only where a sum overflowed or underflowed float32, the
+  largest entries (a 2-number max) and the sums of the rescaled gradients. Every rank takes
   the same decision. A replayed batch back-propagates ``loss * 0``, so its rank adds exact zeros.
   Together with ``--contrast-across-workers`` it equals the single-process decision on the
   concatenated batch. Each rank still back-propagates only its own chosen gradient; DDP sums them.
@@ -144,8 +145,10 @@ def _cosine(inputs, g_ce, g_aux, features: bool, global_decision: bool) -> torch
             return [None if g is None else t for g, t in zip(grads, total)]
 
         return losses.gradient_cosine(summed(g_ce), summed(g_aux))
-    scales = distributed.all_reduce_max(losses.gradient_scales(g_ce, g_aux))
-    (sums,) = distributed.all_reduce_sum([losses.gradient_sums(g_ce, g_aux, scales)])
+    (sums,) = distributed.all_reduce_sum([losses.gradient_sums(g_ce, g_aux)])
+    if losses.sums_need_rescaling(sums):  # the same on every rank: the sums are global
+        scales = distributed.all_reduce_max(losses.gradient_scales(g_ce, g_aux))
+        (sums,) = distributed.all_reduce_sum([losses.gradient_sums(g_ce, g_aux, scales)])
     return losses.cosine_from_sums(sums)
 
 
