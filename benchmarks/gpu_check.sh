@@ -72,7 +72,7 @@ if (( TINY )); then
   size=(--model tiny --seq-len 16 --repeats 1)
   step=(--batch 8 --mem-repeats 0 --warmup 1)
   latency=(--examples 8 --points 2)
-  tests=(-k "fp16_optimizer or amp or flushes")
+  tests=(-k "fp16_optimizer or amp or bf16 or flushes")
 else
   size=(--model base --seq-len 128 --repeats 5)
   step=(--batch 32 --mem-repeats 1 --warmup 2)

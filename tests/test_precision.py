@@ -100,6 +100,21 @@ def test_fp16_decision_is_the_fp32_one_away_from_the_threshold(data, name, arch,
 
 
 @pytest.mark.parametrize("scope", ["params", "features"])
+def test_bf16_gated_update_and_decision_match_fp32(data, scope):
+    """bf16 has no loss scaler (its range is fp32's): the update within bf16 tolerance, the same decision."""
+    _, model, crit, sample = build(data, "acl_cross_layer", arch="multi_exit_roberta", extra=["--acl-grad-scope", scope])
+    model.train()
+    mb = model.to(torch.bfloat16).to(DEVICE)
+    m32 = copy.deepcopy(mb).float()
+    sample = _to_device(sample)
+    want, log32 = _update(m32, crit, sample, 1.0)
+    got, logb = _update(mb, crit, sample, 1.0)
+    assert float(logb["conflict"]) == float(log32["conflict"])
+    assert abs(float(logb["grad_cos"]) - float(log32["grad_cos"])) < 5e-2
+    assert _max_rel_error(got, want) < 5e-2
+
+
+@pytest.mark.parametrize("scope", ["params", "features"])
 def test_fp16_overflow_is_passed_on_never_dropped(data, scope):
     """An ACL gradient that overflows at the loss scale makes the cosine NaN: the term is kept, so the
     inf reaches the parameters (fairseq then skips the step), even where the rule would drop it."""
