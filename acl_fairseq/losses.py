@@ -434,7 +434,8 @@ def gradient_cosine(
     Returns:
         Scalar float32: sum of per-tensor dots over sqrt(sum |a|^2) sqrt(sum |b|^2), clamped to
         [-1, 1]; 0 when either norm is 0 or no pair is shared; NaN when an entry is inf or NaN.
-        Exact for any finite gradients (each list is rescaled by its largest entry before squaring).
+        Exact for any finite gradients: where the plain float32 sums overflow or underflow, they are
+        redone with each list divided by its largest entry.
     """
     sums = gradient_sums(grads_a, grads_b)
     if sums_need_rescaling(sums):  # rare: an overflow, a tiny or zero gradient, or inf/NaN entries

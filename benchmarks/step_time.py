@@ -139,10 +139,10 @@ def build_variants(args, data_dir) -> List[Variant]:
             torch.manual_seed(args.seed)
             cfg, task, model, criterion = common.build(argv)
             model = model.to(args.device)
-            params = [p for p in model.parameters() if p.requires_grad]
             if args.fp16:  # as fairseq's Trainer builds it for --fp16
                 model = model.half()
-                params = [p for p in model.parameters() if p.requires_grad]
+            params = [p for p in model.parameters() if p.requires_grad]
+            if args.fp16:
                 opt = optim.FP16Optimizer.build_optimizer(cfg, params)
             else:
                 opt = optim.build_optimizer(cfg.optimizer, params)

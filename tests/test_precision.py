@@ -137,10 +137,8 @@ def test_without_a_loss_scaler_a_non_finite_gradient_raises_naming_the_update(da
 
 def _fp16_optimizer(data, crit_name, arch, init_scale):
     """fairseq's FP16Optimizer as fairseq-train builds it (--fp16-no-flatten-grads: flat grads need CUDA)."""
-    from fairseq import optim
-    from fairseq import options
+    from fairseq import optim, options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    from fairseq import tasks
 
     extra = ["--fp16", "--fp16-no-flatten-grads", "--fp16-init-scale", str(init_scale), "--fp16-scale-window", "1"]
     argv = helpers.train_args(data, "/nonexistent", criterion=crit_name, arch=arch, extra=extra)
