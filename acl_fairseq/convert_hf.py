@@ -2,9 +2,12 @@
 
     acl-convert-hf HF_DIR OUT_DIR [--num-classes N]      (or python -m acl_fairseq.convert_hf)
 
-writes ``OUT_DIR/model.pt`` (a fairseq checkpoint for ``--restore-file``, arch ``roberta`` or
-``multi_exit_roberta``), ``dict.txt``, ``model_args.txt`` (the fairseq-train architecture flags, one
-line) and copies of the tokenizer files. How the two models line up:
+writes ``OUT_DIR/model.pt`` (a fairseq checkpoint for ``--restore-file``), ``dict.txt``,
+``model_args.txt`` (the fairseq-train architecture flags, one line), ``conventions.json`` (the input
+conventions of the encoder family, :mod:`acl_fairseq.conventions`: pass ``--conventions OUT_DIR``) and
+copies of the tokenizer files. A BERT (type_vocab_size 2) restores only into ``multi_exit_roberta``
+(with ``--exit-layers N`` it is a single-exit classifier), which holds its segment embedding; fairseq's
+``roberta`` has none and refuses the file rather than drop it. How the two models line up:
 
 - Dictionary. fairseq puts ``<s> <pad> </s> <unk>`` first (BERT's [CLS] [PAD] [SEP] [UNK]), then
   dict.txt in file order, then ``<mask>`` (appended by the task when it loads dict.txt; BERT's
@@ -13,8 +16,9 @@ line) and copies of the tokenizer files. How the two models line up:
   RoBERTa (what ``--bpe hf_byte_bpe --bpe-vocab OUT_DIR/vocab.json --bpe-merges OUT_DIR/merges.txt``
   emits), so no GPT-2 ``encoder.json`` / fairseq ``dict.txt`` is needed.
 - Positions. fairseq's learned positions start at padding_idx + 1 = 2 (table of max_positions + 2
-  rows); BERT's start at 0, HF RoBERTa's at pad_token_id + 1. fairseq has no segment embeddings, so
-  token type 0 is folded into every position row.
+  rows); BERT's start at 0, HF RoBERTa's at pad_token_id + 1. Token type 0 is folded into every
+  position row; BERT's type 1 becomes the parameter ``segment_delta`` (row 1 - row 0), added by the
+  model after the first ``</s>``. Pairs are ``<s> A </s> B </s>`` for BERT (no ``--separator-token``).
 - LayerNorm eps is 1e-5 in fairseq (BERT: 1e-12); this is the only numerical difference.
 - Pooler. BERT's pooler (dense + tanh) equals the dense layer of fairseq's classification head
   (dropout, dense, ``--pooler-activation-fn tanh``, dropout, out_proj). It is always stored beside
@@ -32,6 +36,8 @@ import shutil
 import sys
 import warnings
 from typing import Dict, List, Optional, Tuple
+
+from acl_fairseq import conventions
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +101,11 @@ def read_config(hf_dir: str) -> dict:
         )
     if config["hidden_size"] % config["num_attention_heads"]:
         raise UnsupportedCheckpointError("hidden_size is not a multiple of num_attention_heads")
+    if config.get("type_vocab_size", 2) not in (1, 2):
+        raise UnsupportedCheckpointError(
+            f"type_vocab_size {config.get('type_vocab_size')} is not supported: BERT's sentence pairs use 2 token "
+            "types (1 for single-segment encoders); the model holds one segment embedding for the second sentence"
+        )
     return config
 
 
@@ -236,6 +247,11 @@ def map_state_dict(hf: Dict, config: dict, hf_ids: List[int]) -> Tuple[Dict, Opt
     out = {se + "embed_tokens.weight": take("embeddings.word_embeddings.weight")[rows]}
 
     # fairseq row padding_idx + 1 + i <- HF row offset + i, plus token type 0 (no segments in fairseq)
+    if "embeddings.position_embeddings.weight" not in hf:
+        raise UnsupportedCheckpointError(
+            "the checkpoint has no absolute position embeddings (embeddings.position_embeddings.weight): "
+            "fairseq roberta needs a learned absolute position table"
+        )
     hf_pos = take("embeddings.position_embeddings.weight")
     start, n = _position_offset(config), hf_pos.size(0) - _position_offset(config)
     pos = hf_pos.new_zeros(n + 2, hf_pos.size(1))
@@ -243,6 +259,8 @@ def map_state_dict(hf: Dict, config: dict, hf_ids: List[int]) -> Tuple[Dict, Opt
     token_type = hf.pop("embeddings.token_type_embeddings.weight", None)
     if token_type is not None:
         pos[2:] += token_type[0]
+        if has_segment(config):
+            out["segment_delta"] = token_type[1] - token_type[0]
     out[se + "embed_positions.weight"] = pos
     _move(hf, out, "embeddings.LayerNorm", se + "layernorm_embedding")
 
@@ -271,15 +289,47 @@ def map_state_dict(hf: Dict, config: dict, hf_ids: List[int]) -> Tuple[Dict, Opt
     return out, pooler
 
 
+def has_segment(config: dict) -> bool:
+    """BERT with two token types; RoBERTa never uses a second type (its tokenizer gives none)."""
+    return config["model_type"] == "bert" and config.get("type_vocab_size", 2) == 2
+
+
+def head_dropout(config: dict) -> Optional[float]:
+    """The dropout HF's sequence classifiers put before their head: classifier_dropout, else hidden."""
+    value = config.get("classifier_dropout")
+    return float(value if value is not None else config.get("hidden_dropout_prob", 0.1))
+
+
+def make_conventions(config: dict, hf_dir: str, dict_sha256: str) -> dict:
+    """The :mod:`acl_fairseq.conventions` record of this encoder."""
+    if config["model_type"] == "bert":
+        lowercase = True  # transformers' BertTokenizer default
+        path = os.path.join(hf_dir, "tokenizer_config.json")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                lowercase = bool(json.load(f).get("do_lower_case", True))
+        tokenizer = {"kind": "wordpiece", "vocab": "vocab.txt", "lowercase": lowercase}
+    else:
+        tokenizer = {"kind": "hf_byte_bpe", "vocab": "vocab.json", "merges": "merges.txt"}
+    return conventions.validate({
+        "schema": conventions.SCHEMA, "family": config["model_type"],
+        "pair_format": "single" if config["model_type"] == "bert" else "double",
+        "segment_embedding": has_segment(config), "head_dropout": head_dropout(config),
+        "tokenizer": tokenizer, "dictionary_sha256": dict_sha256,
+    })
+
+
 def _move(hf: Dict, out: Dict, src: str, dst: str) -> None:
     for p in ("weight", "bias"):
         out[f"{dst}.{p}"] = hf.pop(f"{src}.{p}")
 
 
-def build_checkpoint(config, flags, dict_words, encoder_sd, pooler, num_classes, head_name, seed) -> Dict:
+def build_checkpoint(config, flags, dict_words, encoder_sd, pooler, num_classes, head_name, seed,
+                     record: dict) -> Dict:
     """A fairseq checkpoint dict. The fairseq model is built here and loaded strictly, so the file is
     known to restore; parameters the HF checkpoint lacks (the LM head, a new out_proj) keep
-    fairseq's own initialisation under ``seed``."""
+    fairseq's own initialisation under ``seed``. A BERT with a segment embedding is built as a
+    single-exit ``multi_exit_roberta`` (the only model that holds it), anything else as ``roberta``."""
     import torch
     from fairseq import options
     from fairseq.data import Dictionary
@@ -287,8 +337,14 @@ def build_checkpoint(config, flags, dict_words, encoder_sd, pooler, num_classes,
     from fairseq.models.roberta import RobertaModel
     from omegaconf import OmegaConf
 
+    from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
+
     parser = options.get_training_parser()
-    cli = [".", "--task", "masked_lm", "--criterion", "masked_lm", "--arch", "roberta", *flags,
+    arch = ["--arch", "roberta"]
+    if record["segment_embedding"]:
+        arch = ["--arch", "multi_exit_roberta", "--exit-layers", str(config["num_hidden_layers"]),
+                "--conventions", json.dumps(record)]
+    cli = [".", "--task", "masked_lm", "--criterion", "masked_lm", *arch, *flags,
            "--tokens-per-sample", flags[flags.index("--max-positions") + 1], "--seed", str(seed)]
     args = options.parse_args_and_arch(parser, input_args=cli)
     dictionary = Dictionary()
@@ -296,7 +352,8 @@ def build_checkpoint(config, flags, dict_words, encoder_sd, pooler, num_classes,
         dictionary.add_symbol(w)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = RobertaModel.build_model(args, argparse.Namespace(source_dictionary=dictionary))
+        model_cls = MultiExitRobertaModel if record["segment_embedding"] else RobertaModel
+        model = model_cls.build_model(args, argparse.Namespace(source_dictionary=dictionary))
         if num_classes is not None:
             if pooler is None:
                 raise UnsupportedCheckpointError("--num-classes needs a checkpoint with a pooler (pooler.dense)")
@@ -344,15 +401,18 @@ def convert(hf_dir: str, out_dir: str, num_classes: Optional[int] = None,
     dict_words, hf_ids = fairseq_order(words, specials)
     encoder_sd, pooler = map_state_dict(load_hf_state_dict(hf_dir, model_type), config, hf_ids)
     flags = model_args(config)
-    checkpoint = build_checkpoint(config, flags, dict_words, encoder_sd, pooler, num_classes, head_name, seed)
-
     os.makedirs(out_dir, exist_ok=True)
-    torch.save(checkpoint, os.path.join(out_dir, "model.pt"))
-    with open(os.path.join(out_dir, "dict.txt"), "w", encoding="utf-8") as f:
+    dict_path = os.path.join(out_dir, "dict.txt")
+    with open(dict_path, "w", encoding="utf-8") as f:
         f.writelines(f"{w} 1\n" for w in dict_words)
+    record = make_conventions(config, hf_dir, conventions.dictionary_sha256(dict_path))
+    checkpoint = build_checkpoint(config, flags, dict_words, encoder_sd, pooler, num_classes, head_name, seed, record)
+
+    torch.save(checkpoint, os.path.join(out_dir, "model.pt"))
     with open(os.path.join(out_dir, "model_args.txt"), "w", encoding="utf-8") as f:
         f.write(" ".join(flags) + "\n")
-    files = ["model.pt", "dict.txt", "model_args.txt"]
+    conventions.write(os.path.join(out_dir, conventions.FILE_NAME), record)
+    files = ["model.pt", "dict.txt", "model_args.txt", conventions.FILE_NAME]
     for name in TOKENIZER_FILES[model_type] + OPTIONAL_TOKENIZER_FILES:
         if os.path.isfile(os.path.join(hf_dir, name)):
             shutil.copyfile(os.path.join(hf_dir, name), os.path.join(out_dir, name))
@@ -366,9 +426,10 @@ def get_parser() -> argparse.ArgumentParser:
         prog="acl-convert-hf",
         description="Convert a Hugging Face BERT/RoBERTa checkpoint folder into fairseq RoBERTa format "
         "(OUT_DIR/model.pt, dict.txt, model_args.txt, tokenizer files) for fairseq-train --restore-file.",
-        epilog="Then: fairseq-train ... --arch roberta $(cat OUT_DIR/model_args.txt) --restore-file "
-        "OUT_DIR/model.pt --reset-optimizer --reset-dataloader --reset-meters, with data binarized by "
-        "fairseq-preprocess --srcdict OUT_DIR/dict.txt.",
+        epilog="Then: fairseq-train ... --arch multi_exit_roberta $(cat OUT_DIR/model_args.txt) --conventions "
+        "OUT_DIR --restore-file OUT_DIR/model.pt --reset-optimizer --reset-dataloader --reset-meters, with data "
+        "binarized with --srcdict OUT_DIR/dict.txt (no --separator-token for a BERT: the conventions set it). "
+        "recipes/glue/finetune.sh does all of this from ROBERTA_PATH=OUT_DIR/model.pt.",
     )
     parser.add_argument("hf_dir", metavar="HF_DIR", help="folder with config.json, model.safetensors or "
                         "pytorch_model.bin, and vocab.txt (BERT) or vocab.json + merges.txt (RoBERTa)")

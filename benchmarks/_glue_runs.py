@@ -102,8 +102,9 @@ class Encoder:
 
 
 def convert_encoder(hf_dir: str, out_dir: str) -> Encoder:
-    """``acl-convert-hf HF_DIR OUT_DIR`` once (skipped when OUT_DIR/model.pt exists)."""
-    if os.path.isfile(os.path.join(out_dir, "model.pt")):
+    """``acl-convert-hf HF_DIR OUT_DIR`` once (skipped when OUT_DIR/model.pt and its conventions.json exist:
+    a conversion from before the conventions record is made again)."""
+    if all(os.path.isfile(os.path.join(out_dir, f)) for f in ("model.pt", "conventions.json")):
         log(f"encoder: {out_dir}/model.pt exists, not converting again")
     else:
         log(f"encoder: acl-convert-hf {hf_dir} {out_dir}")

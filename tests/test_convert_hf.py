@@ -7,6 +7,7 @@ at unusual ids so that the re-ordering into fairseq's dictionary is exercised.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -70,22 +71,29 @@ def write_roberta(hf_dir: str) -> torch.nn.Module:
 
 
 def load_fairseq(out_dir: str, num_classes=None, head="sentence_classification_head"):
-    """fairseq's RobertaModel (``roberta`` arch + model_args.txt), loaded strictly from model.pt through
+    """The model model.pt names (fairseq's ``roberta``, or ``multi_exit_roberta`` for a BERT with its
+    segment embedding), built from model_args.txt plus conventions.json and loaded strictly through
     fairseq's own checkpoint reader and ``load_state_dict`` (which runs upgrade_state_dict_named)."""
     from fairseq import checkpoint_utils
     from fairseq.data import Dictionary
     from fairseq.models.roberta import RobertaModel
 
+    from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
+
+    state = checkpoint_utils.load_checkpoint_to_cpu(os.path.join(out_dir, "model.pt"))
     flags = open(os.path.join(out_dir, "model_args.txt")).read().split()
     args = argparse.Namespace(dropout=0.0, attention_dropout=0.0, **{
         k.lstrip("-").replace("-", "_"): int(v) if v.isdigit() else v for k, v in zip(flags[::2], flags[1::2])
     })
+    model_cls = RobertaModel
+    if state["cfg"]["model"]["arch"] == "multi_exit_roberta":
+        model_cls = MultiExitRobertaModel
+        args.conventions, args.exit_layers = out_dir, str(args.encoder_layers)
     dictionary = Dictionary.load(os.path.join(out_dir, "dict.txt"))
     dictionary.add_symbol("<mask>")  # as the sentence_prediction / masked_lm tasks do
-    model = RobertaModel.build_model(args, argparse.Namespace(source_dictionary=dictionary))
+    model = model_cls.build_model(args, argparse.Namespace(source_dictionary=dictionary))
     if num_classes is not None:
         model.register_classification_head(head, num_classes=num_classes)
-    state = checkpoint_utils.load_checkpoint_to_cpu(os.path.join(out_dir, "model.pt"))
     model.load_state_dict(state["model"], strict=True)
     return model.eval(), dictionary, state
 
@@ -97,29 +105,39 @@ def fairseq_ids(dictionary, vocab, hf_tokens):
 
 
 def batch(vocab, sentences):
-    """Right-padded (HF ids, token strings, attention mask) for token lists of different lengths."""
+    """Right-padded (HF ids, token strings, attention mask, token types) for token lists of different
+    lengths; token type 1 on ``B [SEP]`` of ``[CLS] A [SEP] B [SEP]``, as BERT's tokenizer gives."""
     pad = "[PAD]" if "[PAD]" in vocab else "<pad>"
     width = max(map(len, sentences))
     toks = [s + [pad] * (width - len(s)) for s in sentences]
     ids = torch.tensor([[vocab.index(t) for t in row] for row in toks])
-    return ids, toks, (ids != vocab.index(pad)).long()
+    types = torch.tensor([[int(t != pad and "[SEP]" in row[:i]) for i, t in enumerate(row)] for row in toks])
+    return ids, toks, (ids != vocab.index(pad)).long(), types
 
 
 def bert_sentences():
     body = [TOY_WORDS[i % len(TOY_WORDS)] for i in range(38)]
     return [["[CLS]"] + body + ["[SEP]"],  # full length: the last position row is used
             ["[CLS]", "the", "plot", "was", "[MASK]", "##s", "[SEP]"],
+            ["[CLS]", "[UNK]", "[SEP]", "good", "[SEP]"]]  # a pair: token type 1 on "good [SEP]"
+
+
+def bert_pairs():
+    """Sentence pairs as BERT builds them: [CLS] A [SEP] B [SEP], one at full length."""
+    a, b = [TOY_WORDS[i % len(TOY_WORDS)] for i in range(20)], [TOY_WORDS[(3 * i) % len(TOY_WORDS)] for i in range(17)]
+    return [["[CLS]"] + a + ["[SEP]"] + b + ["[SEP]"],
+            ["[CLS]", "the", "plot", "[SEP]", "was", "[MASK]", "##s", "[SEP]"],
             ["[CLS]", "[UNK]", "[SEP]", "good", "[SEP]"]]
 
 
 def compare(hf, out_dir, vocab, sentences, lm=True):
     """Max abs differences (hidden states, LM logits) over the non-padding positions."""
     model, dictionary, _ = load_fairseq(out_dir)
-    hf_ids, toks, mask = batch(vocab, sentences)
+    hf_ids, toks, mask, types = batch(vocab, sentences)
     src = torch.tensor([fairseq_ids(dictionary, vocab, row) for row in toks])
     hf_to_fs = [fairseq_ids(dictionary, vocab, [t])[0] for t in vocab]
     with torch.no_grad():
-        hf_out = hf(input_ids=hf_ids, attention_mask=mask, output_hidden_states=True)
+        hf_out = hf(input_ids=hf_ids, attention_mask=mask, token_type_ids=types, output_hidden_states=True)
         logits, extra = model(src, return_all_hiddens=True)
         features = extra["inner_states"][-1].transpose(0, 1)  # T x B x C -> B x T x C
     keep = mask.bool()
@@ -147,7 +165,7 @@ def test_bert_dictionary_puts_specials_first_and_mask_last(bert):
     model, dictionary, _ = load_fairseq(out)
     assert dictionary[len(dictionary) - 1] == "<mask>"
     assert model.encoder.sentence_encoder.embed_tokens.weight.shape[0] == len(BERT_VOCAB)  # padded rows dropped
-    assert sorted(os.listdir(out)) == ["dict.txt", "model.pt", "model_args.txt", "vocab.txt"]
+    assert sorted(os.listdir(out)) == ["conventions.json", "dict.txt", "model.pt", "model_args.txt", "vocab.txt"]
 
 
 def test_bert_hidden_states_and_lm_logits_match_hf(bert):
@@ -221,6 +239,7 @@ def test_pooler_is_stored_and_restores_as_head_dense_only_when_sizes_match(bert,
     ({"position_embedding_type": "relative_key"}, "relative position"),
     ({"hidden_act": "swish"}, "hidden_act 'swish'"),
     ({"is_decoder": True}, "decoder"),
+    ({"type_vocab_size": 3}, "type_vocab_size 3"),
 ])
 def test_unsupported_architecture_is_refused_with_the_reason(bert, tmp_path, change, message):
     _, hf_dir, _ = bert
@@ -230,6 +249,16 @@ def test_unsupported_architecture_is_refused_with_the_reason(bert, tmp_path, cha
     with pytest.raises(convert_hf.UnsupportedCheckpointError, match=message):
         convert_hf.convert(str(tmp_path / "hf"), str(tmp_path / "fs"))
     assert not os.path.exists(tmp_path / "fs")
+
+
+def test_missing_absolute_positions_are_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    write_bert(str(tmp_path / "hf"), model_cls="BertModel")
+    path = str(tmp_path / "hf" / "model.safetensors")
+    save_file({k: v for k, v in load_file(path).items() if "position_embeddings" not in k}, path)
+    with pytest.raises(convert_hf.UnsupportedCheckpointError, match="no absolute position embeddings"):
+        convert_hf.convert(str(tmp_path / "hf"), str(tmp_path / "fs"))
 
 
 @pytest.mark.parametrize("missing, message", [("model.safetensors", "no weights"), ("vocab.txt", "vocab.txt not found"),
@@ -253,33 +282,119 @@ def _binarize(raw: str, out: str, srcdict: str) -> None:
     """The toy task with input0 mapped through the converted dict.txt (labels get their own dict)."""
     from fairseq_cli import preprocess
 
-    for field, extra in (("input0", ["--srcdict", srcdict]), ("label", [])):
+    fields = [("input0", ["--srcdict", srcdict]), ("label", [])]
+    if os.path.isfile(os.path.join(raw, "train.input1")):
+        fields.append(("input1", ["--srcdict", srcdict]))
+    for field, extra in fields:
         args = ["--only-source", "--destdir", os.path.join(out, field), "--workers", "1",
                 "--trainpref", os.path.join(raw, f"train.{field}"), "--validpref", os.path.join(raw, f"valid.{field}")]
         preprocess.main(preprocess.options.get_preprocessing_parser().parse_args(args + extra))
 
 
-@pytest.mark.parametrize("arch", ["roberta", "multi_exit_roberta"])
-def test_converted_checkpoint_restores_in_fairseq_train(bert, tmp_path, arch):
+@pytest.fixture(scope="module")
+def bert_run(bert, tmp_path_factory):
+    """The converted tiny BERT (with a pooler head for 2 classes) and the toy task binarized with its dict."""
     _, hf_dir, _ = bert
-    out = str(tmp_path / "fs")
+    root = tmp_path_factory.mktemp("bert_run")
+    out = str(root / "fs")
     convert_hf.convert(hf_dir, out, num_classes=2)
-    raw = str(tmp_path / "raw")
+    raw = str(root / "raw")
     os.makedirs(raw)
-    write_raw(os.path.join(raw, "train"), make_examples(24, seed=0))
-    write_raw(os.path.join(raw, "valid"), make_examples(8, seed=1))
-    _binarize(raw, str(tmp_path / "data"), os.path.join(out, "dict.txt"))
+    write_raw(os.path.join(raw, "train"), make_examples(24, seed=0, pair=True))
+    write_raw(os.path.join(raw, "valid"), make_examples(8, seed=1, pair=True))
+    _binarize(raw, str(root / "data"), os.path.join(out, "dict.txt"))
+    return out, str(root / "data")
 
-    flags = open(os.path.join(out, "model_args.txt")).read().split()
-    restore = ["--restore-file", os.path.join(out, "model.pt"), "--reset-optimizer", "--reset-dataloader",
-               "--reset-meters"]
-    proc = helpers.train(str(tmp_path / "data"), str(tmp_path / "ckpt"), arch=arch,
-                         model_args=flags + ["--dropout", "0.0", "--attention-dropout", "0.0"], extra=restore)
+
+def _restore_flags(out):
+    return ["--restore-file", os.path.join(out, "model.pt"), "--reset-optimizer", "--reset-dataloader",
+            "--reset-meters"]
+
+
+def _model_flags(out, *more):
+    return open(os.path.join(out, "model_args.txt")).read().split() + ["--dropout", "0.0", "--attention-dropout",
+                                                                        "0.0", *more]
+
+
+def test_converted_bert_restores_in_fairseq_train_with_its_conventions(bert_run, tmp_path):
+    out, data = bert_run
+    proc = helpers.train(data, str(tmp_path / "ckpt"), arch="multi_exit_roberta", extra=_restore_flags(out),
+                         model_args=_model_flags(out, "--exit-layers", "3", "--conventions", out))
     log = proc.stdout + proc.stderr
     assert f"Loaded checkpoint {os.path.join(out, 'model.pt')}" in log, log[-3000:]
     assert "No existing checkpoint found" not in log
-    if arch == "roberta":
-        assert "deleting classification head" not in log  # the pooler-initialised head was kept
+    assert "newly initialised" not in log  # the pooler-initialised head was kept
+    # helpers pass --separator-token 2; the BERT record says single, and wins (reported)
+    assert "--separator-token 2 becomes None" in log
+    state = torch.load(tmp_path / "ckpt" / "checkpoint_last.pt", weights_only=True, map_location="cpu")
+    record = json.loads(state["cfg"]["model"].conventions)  # the record itself travels in the checkpoint
+    assert record["pair_format"] == "single" and record["segment_embedding"] is True
+    from fairseq import checkpoint_utils  # what acl-evaluate and the hub do: the record applies again
+
+    _, _, task = checkpoint_utils.load_model_ensemble_and_task([str(tmp_path / "ckpt" / "checkpoint_last.pt")])
+    task.load_dataset("valid")
+    tokens = task.datasets["valid"][0]["net_input.src_tokens"]
+    assert tokens[0] == 0 and int(tokens.eq(2).sum()) == 2  # <s> A </s> B </s>: one separator
+    assert state["cfg"]["model"].pooler_dropout == 0.0  # SIZES: hidden_dropout_prob 0.0 -> head dropout 0
+    start = torch.load(os.path.join(out, "model.pt"), weights_only=True)["model"]["segment_delta"]
+    assert not torch.equal(state["model"]["segment_delta"], start)  # trained like any parameter
+
+
+@pytest.mark.parametrize("arch, extra, message", [
+    ("roberta", [], 'Unexpected key(s) in state_dict: "segment_delta"'),
+    ("multi_exit_roberta", ["--exit-layers", "3"], "built without it: pass --conventions"),
+])
+def test_converted_bert_without_its_segment_embedding_is_refused(bert_run, tmp_path, arch, extra, message):
+    out, data = bert_run
+    proc = helpers.train(data, str(tmp_path / "ckpt"), arch=arch, extra=_restore_flags(out),
+                         model_args=_model_flags(out, *extra), check=False)
+    assert proc.returncode != 0 and message in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
+
+
+def test_data_binarized_with_another_dictionary_is_refused_before_training(bert_run, tmp_path):
+    out, data = bert_run
+    other = tmp_path / "data"
+    shutil.copytree(data, other)
+    with open(other / "input0" / "dict.txt", "a") as f:
+        f.write("someotherword 1\n")
+    proc = helpers.train(str(other), str(tmp_path / "ckpt"), arch="multi_exit_roberta", extra=_restore_flags(out),
+                         model_args=_model_flags(out, "--exit-layers", "3", "--conventions", out), check=False)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0, log[-2000:]
+    assert f"the data dictionary {other / 'input0' / 'dict.txt'} differs from the encoder's " \
+           f"{os.path.join(out, 'dict.txt')}" in log, log[-3000:]
+    assert "begin training" not in log and not os.path.exists(tmp_path / "ckpt" / "checkpoint_last.pt")
+
+
+def test_conventions_record_of_bert_and_roberta(bert, tmp_path):
+    from acl_fairseq import conventions
+
+    hf, _, out = bert
+    record = conventions.read(out)
+    assert (record["family"], record["pair_format"], record["segment_embedding"]) == ("bert", "single", True)
+    assert record["tokenizer"] == {"kind": "wordpiece", "vocab": "vocab.txt", "lowercase": True}
+    assert record["dictionary_sha256"] == conventions.dictionary_sha256(os.path.join(out, "dict.txt"))
+    state = torch.load(os.path.join(out, "model.pt"), weights_only=True)
+    rows = hf.bert.embeddings.token_type_embeddings.weight.detach()
+    torch.testing.assert_close(state["model"]["segment_delta"], rows[1] - rows[0])
+    assert state["cfg"]["model"]["arch"] == "multi_exit_roberta"
+
+    write_roberta(str(tmp_path / "hf"))
+    convert_hf.convert(str(tmp_path / "hf"), str(tmp_path / "fs"))
+    record = conventions.read(str(tmp_path / "fs"))
+    assert (record["family"], record["pair_format"], record["segment_embedding"]) == ("roberta", "double", False)
+    state = torch.load(tmp_path / "fs" / "model.pt", weights_only=True)
+    assert "segment_delta" not in state["model"] and state["cfg"]["model"]["arch"] == "roberta"
+
+
+def test_head_dropout_comes_from_the_hf_config(tmp_path):
+    from acl_fairseq import conventions
+
+    write_bert(str(tmp_path / "a"), hidden_dropout_prob=0.1)
+    write_bert(str(tmp_path / "b"), hidden_dropout_prob=0.1, classifier_dropout=0.25)
+    for name, expected in (("a", 0.1), ("b", 0.25)):
+        convert_hf.convert(str(tmp_path / name), str(tmp_path / (name + "_fs")))
+        assert conventions.read(str(tmp_path / (name + "_fs")))["head_dropout"] == pytest.approx(expected)
 
 
 def test_checkpoint_loads_with_torch_safe_loader_and_no_allowlist(bert):
@@ -313,3 +428,32 @@ def test_packaged_minilm_matches_hf_on_real_sentences(tmp_path):
         with torch.no_grad():
             diff = (hf(**enc).last_hidden_state - fs.extract_features(tokens)).abs().max().item()
         assert diff < 1e-2, (s, diff)
+    # pairs: BERT's [CLS] A [SEP] B [SEP] with token type 1 on B (fairseq's hub encode would put two
+    # separators, RoBERTa's format, so the pair is joined here as the task joins it without --separator-token)
+    for a, b in [("A man is playing a guitar.", "Someone plays music."), ("It rains.", "The street is wet today.")]:
+        enc = tok(a, b, return_tensors="pt")
+        tokens = torch.cat([fs.encode(a), fs.encode(b)[1:]])
+        assert tokens.tolist() == [fs.task.source_dictionary.index(t) if t not in ("[CLS]", "[SEP]")
+                                   else {"[CLS]": 0, "[SEP]": 2}[t] for t in tok.convert_ids_to_tokens(enc["input_ids"][0])]
+        with torch.no_grad():
+            diff = (hf(**enc).last_hidden_state - fs.extract_features(tokens)).abs().max().item()
+            enc.pop("token_type_ids")
+            wrong = (hf(**enc).last_hidden_state - fs.extract_features(tokens)).abs().max().item()
+        assert diff < 1e-2 and wrong > 10 * diff, (a, b, diff, wrong)
+
+
+def test_early_exit_engine_adds_the_segment_like_the_forward(bert):
+    """The layer-by-layer engine embeds through the same token embedding, so pairs match the forward."""
+    from acl_fairseq.early_exit import early_exit_forward
+
+    hf, _, out = bert
+    model, dictionary, _ = load_fairseq(out, num_classes=3)
+    _, toks, _, _ = batch(BERT_VOCAB, bert_pairs())
+    src = torch.tensor([fairseq_ids(dictionary, BERT_VOCAB, row) for row in toks])
+    with torch.no_grad():
+        logits, _ = model(src, classification_head_name="sentence_classification_head")
+        engine = early_exit_forward(model, src, policy=None).logits
+        model.segment_delta.zero_()  # without the segment, pairs come out different
+        unsegmented, _ = model(src, classification_head_name="sentence_classification_head")
+    torch.testing.assert_close(engine, logits, atol=1e-5, rtol=1e-5)
+    assert (unsegmented - logits).abs().max() > 1e-4  # 10x the tolerance above: the segment is there

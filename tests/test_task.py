@@ -75,3 +75,24 @@ def test_train_step_marks_a_replayed_batch_for_the_criterion(data):
     task.train_step(sample, model, crit, Backward(), 0, ignore_grad=True)
     task.train_step(sample, model, crit, Backward(), 0)
     assert seen == [True, False] and crit.replayed is False
+
+
+def test_data_dictionary_other_than_the_restore_files_is_refused_at_start_up(data, tmp_path):
+    """fairseq accepts two dictionaries of the same size silently: the plugin task stops, naming both."""
+    import os
+    import shutil
+
+    from acl_fairseq.conventions import ConventionsError
+
+    restore = tmp_path / "roberta" / "model.pt"
+    restore.parent.mkdir()
+    restore.write_bytes(b"not read before the check")
+    shutil.copy(os.path.join(data, "input0", "dict.txt"), restore.parent / "dict.txt")
+    extra = ["--task", "sentence_prediction_acl", "--restore-file", str(restore)]
+    build(data, "sentence_ce", extra=extra)  # the same dictionary: accepted
+    lines = (restore.parent / "dict.txt").read_text().splitlines()
+    lines[0], lines[1] = lines[1], lines[0]  # same size, two words swapped
+    (restore.parent / "dict.txt").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConventionsError, match=f"data dictionary {data}/input0/dict.txt differs from "
+                                               f"{restore.parent}/dict.txt, the dictionary of --restore-file"):
+        build(data, "sentence_ce", extra=extra)

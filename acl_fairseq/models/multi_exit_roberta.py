@@ -21,6 +21,7 @@ import logging
 import re
 from typing import List, Optional
 
+import torch
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta.model import (
     RobertaModel,
@@ -30,6 +31,7 @@ from fairseq.models.roberta.model import (
 from fairseq.utils import safe_getattr
 from omegaconf import OmegaConf
 
+from acl_fairseq import conventions
 from acl_fairseq.heads import ExitOutputs, head_forward, pool_states
 
 logger = logging.getLogger(__name__)
@@ -62,6 +64,18 @@ class MultiExitRobertaModel(RobertaModel):
         if safe_getattr(args, "encoder_layerdrop", 0.0) > 0:
             # LayerDrop skips layers in training, so inner_states would no longer line up with layers
             raise ValueError("multi_exit_roberta does not support --encoder-layerdrop > 0")
+        self.conventions = conventions.from_args(args)
+        if self.conventions is not None and self.conventions["segment_embedding"]:
+            # BERT's token type 1 minus type 0 (type 0 is folded into the positions): see conventions.py.
+            # A hook on the token embedding reaches every path that embeds tokens (forward, hub,
+            # the layer-by-layer early-exit engine), so none can drop the segment.
+            self.segment_delta = torch.nn.Parameter(torch.zeros(args.encoder_embed_dim))
+            self.encoder.sentence_encoder.embed_tokens.register_forward_hook(self._add_segment)
+
+    def _add_segment(self, module, inputs, embedded):
+        encoder = self.encoder.sentence_encoder
+        mask = conventions.segment_mask(inputs[0], encoder.dictionary.eos(), encoder.padding_idx)
+        return embedded + mask.unsqueeze(-1).to(embedded.dtype) * self.segment_delta.to(embedded.dtype)
 
     @staticmethod
     def add_args(parser):
@@ -79,13 +93,34 @@ class MultiExitRobertaModel(RobertaModel):
             help="what each exit head reads: 'cls' = the layer's <s> state (fairseq's convention), "
             "'mean' = the mean of the layer's non-padding states. Default: cls",
         )
+        parser.add_argument(
+            "--conventions",
+            type=str,
+            metavar="PATH",
+            help="conventions.json of a converted encoder (acl-convert-hf writes it beside model.pt), "
+            "or its folder: pair format (sets --separator-token), BERT's segment embedding, head "
+            "dropout (the default of --pooler-dropout), tokenizer. The record itself is kept in the "
+            "checkpoint. Default: none (RoBERTa, fairseq's behaviour)",
+        )
 
     @classmethod
     def build_model(cls, args, task):
         if OmegaConf.is_config(args):
             OmegaConf.set_struct(args, False)  # RobertaModel.build_model sets it back
         multi_exit_roberta_architecture(args)  # the exit options exist whatever the cfg came from
+        conventions.apply_to_task(conventions.from_args(args), task)
         return super().build_model(args, task)
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        has_segment = "segment_delta" in state_dict
+        if has_segment != hasattr(self, "segment_delta"):
+            where = "the checkpoint has BERT's segment embedding but this model was built without it" if has_segment \
+                else "this model has a segment embedding (--conventions) but the checkpoint has none"
+            raise conventions.ConventionsError(
+                f"{where}: pass --conventions DIR/conventions.json of the converted encoder (acl-convert-hf) "
+                "so that both agree"
+            )
+        return super().load_state_dict(state_dict, strict, model_cfg, args)
 
     # ---- heads ---------------------------------------------------------------------------------
 
@@ -163,6 +198,10 @@ class MultiExitRobertaModel(RobertaModel):
 
 @register_model_architecture("multi_exit_roberta", "multi_exit_roberta")
 def multi_exit_roberta_architecture(args):
+    args.conventions = conventions.resolve(safe_getattr(args, "conventions", None))  # the record, as JSON text
+    record = conventions.from_args(args)
+    if record is not None and record["head_dropout"] is not None:
+        args.pooler_dropout = safe_getattr(args, "pooler_dropout", record["head_dropout"])
     args.exit_layers = safe_getattr(args, "exit_layers", None)  # None: an exit after every layer
     args.exit_pooling = safe_getattr(args, "exit_pooling", "cls")  # fairseq's <s> convention
     roberta_base_architecture(args)

@@ -25,6 +25,7 @@ Only the master process writes under distributed training. The validation count 
 run resumes.
 """
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -32,7 +33,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask
 from omegaconf import II
 
-from .. import glue_metrics, projector
+from .. import conventions, glue_metrics, projector
 from ..criterions.meters import current_update
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class SentencePredictionAclConfig(SentencePredictionConfig):
     # not options of their own: fairseq fills them from --tensorboard-logdir and --train-subset
     tensorboard_logdir: Optional[str] = II("common.tensorboard_logdir")
     train_subset: str = II("dataset.train_subset")
+    restore_file: str = II("checkpoint.restore_file")
 
 
 @register_task("sentence_prediction_acl", dataclass=SentencePredictionAclConfig)
@@ -88,6 +90,7 @@ class SentencePredictionAclTask(SentencePredictionTask):
         self._indices: Optional[List[int]] = None
         self._writer = None
         self.projector_logdir = None
+        check_restore_dictionary(cfg)
         if cfg.projector_every < 0:
             raise ValueError(f"--projector-every must be >= 0 (0 = off), got {cfg.projector_every}")
         if cfg.projector_every > 0:
@@ -147,6 +150,25 @@ class SentencePredictionAclTask(SentencePredictionTask):
         logger.info(
             "projector snapshot at update %d: %d samples + label embeddings, tags %s, in %s",
             step, len(indices), ", ".join(s.tag for s in snaps), self.projector_logdir,
+        )
+
+
+def check_restore_dictionary(cfg) -> None:
+    """Stop before training when the data's dict.txt is not the one beside ``--restore-file``.
+
+    fairseq accepts two dictionaries of the same size silently, and the embedding rows then mean other
+    words. roberta.* downloads and acl-convert-hf both keep their dict.txt beside model.pt."""
+    restore = getattr(cfg, "restore_file", None)
+    data = getattr(cfg, "data", None)
+    if not restore or not data or not os.path.isfile(restore):
+        return
+    theirs = os.path.join(os.path.dirname(os.path.abspath(restore)), "dict.txt")
+    ours = os.path.join(str(data).split(os.pathsep)[0], "input0", "dict.txt")
+    if os.path.isfile(theirs) and os.path.isfile(ours) and \
+            conventions.dictionary_sha256(theirs) != conventions.dictionary_sha256(ours):
+        raise conventions.ConventionsError(
+            f"the data dictionary {ours} differs from {theirs}, the dictionary of --restore-file {restore}: the "
+            f"data was binarized with another tokenizer or vocabulary; binarize it again with --srcdict {theirs}"
         )
 
 

@@ -1,0 +1,168 @@
+"""The encoder family's input conventions, one small record that travels with a converted checkpoint.
+
+``acl-convert-hf`` writes ``conventions.json`` beside ``model.pt``. ``multi_exit_roberta`` reads it
+through ``--conventions PATH`` (the file or its folder) and keeps the record itself, as JSON text, in
+its arguments, so every checkpoint of the run carries it and nothing depends on the path any more.
+Schema (``SCHEMA``), every field required:
+
+- ``family``: ``"bert"`` or ``"roberta"``, the HF ``model_type`` the weights came from.
+- ``pair_format``: ``"single"`` builds ``<s> A </s> B </s>`` (BERT's ``[CLS] A [SEP] B [SEP]``; fairseq's
+  ``sentence_prediction`` without ``--separator-token``); ``"double"`` builds ``<s> A </s></s> B </s>``
+  (RoBERTa; ``--separator-token 2``). The model sets the task's separator from it (the checkpoint wins
+  over a disagreeing flag, with a warning).
+- ``segment_embedding``: ``true`` when the encoder has BERT's token-type embedding. Row 0 is folded into
+  the position table by the converter, so the model holds the difference row 1 - row 0 as the
+  parameter ``segment_delta`` and adds it to the second segment's tokens: those after the first
+  ``</s>``, as the stock task passes no segment ids.
+- ``head_dropout``: dropout of the classification head (HF ``classifier_dropout``, else
+  ``hidden_dropout_prob``); the default of ``--pooler-dropout``. null: fairseq's default 0.
+- ``tokenizer``: ``{"kind": "wordpiece", "vocab": "vocab.txt", "lowercase": bool}`` or ``{"kind":
+  "hf_byte_bpe", "vocab": "vocab.json", "merges": "merges.txt"}``; file names relative to the record's
+  folder.
+- ``dictionary_sha256``: :func:`dictionary_sha256` of the ``dict.txt`` the embedding rows follow (a data folder binarized
+  with another dictionary is refused before training).
+
+When read from a path the record gains ``dictionary_path``, the dict.txt beside it, to name in errors.
+"""
+import hashlib
+import json
+import logging
+import os
+from typing import Optional
+
+SCHEMA = "acl_fairseq.conventions/1"
+FILE_NAME = "conventions.json"
+FAMILIES = ("bert", "roberta")
+PAIR_FORMATS = ("single", "double")
+TOKENIZER_KINDS = ("wordpiece", "hf_byte_bpe")
+FIELDS = ("schema", "family", "pair_format", "segment_embedding", "head_dropout", "tokenizer", "dictionary_sha256")
+EOS = 2  # fairseq Dictionary's </s>, what --separator-token names
+PAIR_LAYOUT = {"single": "<s> A </s> B </s>", "double": "<s> A </s></s> B </s>"}
+
+logger = logging.getLogger(__name__)
+
+
+class ConventionsError(ValueError):
+    """A conventions record that is missing, malformed or contradicts the data."""
+
+
+def validate(record: dict, where: str = "conventions") -> dict:
+    """``record`` if it follows the schema, else a ConventionsError naming the field."""
+    if not isinstance(record, dict):
+        raise ConventionsError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    missing = [f for f in FIELDS if f not in record]
+    if missing:
+        raise ConventionsError(f"{where}: missing field(s) {missing} (schema {SCHEMA})")
+    checks = [
+        ("schema", record["schema"] == SCHEMA, f"must be {SCHEMA!r}"),
+        ("family", record["family"] in FAMILIES, f"must be one of {FAMILIES}"),
+        ("pair_format", record["pair_format"] in PAIR_FORMATS, f"must be one of {PAIR_FORMATS}"),
+        ("segment_embedding", isinstance(record["segment_embedding"], bool), "must be true or false"),
+        ("head_dropout", record["head_dropout"] is None
+         or (isinstance(record["head_dropout"], (int, float)) and 0 <= record["head_dropout"] < 1),
+         "must be null or a number in [0, 1)"),
+        ("tokenizer", isinstance(record["tokenizer"], dict) and record["tokenizer"].get("kind") in TOKENIZER_KINDS,
+         f"must be an object whose kind is one of {TOKENIZER_KINDS}"),
+    ]
+    for name, ok, rule in checks:
+        if not ok:
+            raise ConventionsError(f"{where}: {name} {record[name]!r} {rule}")
+    return record
+
+
+def read(path: str) -> dict:
+    """The record in ``path`` (a conventions.json, or a folder holding one)."""
+    if os.path.isdir(path):
+        path = os.path.join(path, FILE_NAME)
+    if not os.path.isfile(path):
+        raise ConventionsError(f"--conventions: {path} not found (acl-convert-hf writes {FILE_NAME} beside model.pt)")
+    with open(path, encoding="utf-8") as f:
+        try:
+            record = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ConventionsError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    return validate(record, path)
+
+
+def write(path: str, record: dict) -> None:
+    """Write ``record`` atomically as canonical JSON."""
+    validate(record, path)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(dumps(record) + "\n")
+    os.replace(tmp, path)
+
+
+def dumps(record: dict) -> str:
+    return json.dumps(record, indent=2, sort_keys=True)
+
+
+def resolve(value) -> Optional[str]:
+    """The ``--conventions`` value as stored in a model's arguments: None, or the record as JSON text.
+
+    Accepts what a user passes (a path) and what a checkpoint holds (the JSON text itself)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, dict):
+        return dumps(validate(dict(value)))
+    text = str(value)
+    if text.lstrip().startswith("{"):
+        return dumps(validate(json.loads(text), "--conventions (from the checkpoint)"))
+    record = read(text)
+    record.setdefault("dictionary_path", os.path.join(os.path.dirname(os.path.abspath(
+        os.path.join(text, FILE_NAME) if os.path.isdir(text) else text)), "dict.txt"))
+    return dumps(record)
+
+
+def from_args(args) -> Optional[dict]:
+    """The record a model was built with, or None (a RoBERTa checkpoint: fairseq's behaviour)."""
+    value = getattr(args, "conventions", None) if not isinstance(args, dict) else args.get("conventions")
+    text = resolve(value)
+    return None if text is None else json.loads(text)
+
+
+def separator_token(record: Optional[dict]) -> Optional[int]:
+    """What fairseq's ``--separator-token`` must be for this record."""
+    return EOS if record is None or record["pair_format"] == "double" else None
+
+
+def dictionary_sha256(path: str) -> str:
+    """sha256 of a fairseq dict.txt's words, one per line (counts and flags do not change the rows)."""
+    with open(path, encoding="utf-8") as f:
+        words = [line.split(" ")[0] for line in f.read().splitlines() if line]
+    return hashlib.sha256("\n".join(words).encode("utf-8")).hexdigest()
+
+
+def segment_mask(tokens, eos: int, pad: int):
+    """B x T bool: the tokens of the second segment, everything after the first ``</s>`` but padding.
+
+    BERT gives token type 1 to ``B [SEP]`` in ``[CLS] A [SEP] B [SEP]``; a single sentence has no
+    second segment (only padding follows its ``</s>``)."""
+    is_eos = tokens.eq(eos).int()
+    before = is_eos.cumsum(1) - is_eos  # separators strictly before each position
+    return before.gt(0) & tokens.ne(pad)
+
+
+def apply_to_task(record: Optional[dict], task) -> None:
+    """Make a ``sentence_prediction`` task build its inputs as the record says, before it loads data.
+
+    The record comes from the model's arguments (the checkpoint), so it wins over the task's
+    ``--separator-token`` (with a warning); a data dictionary that differs from the record's is refused."""
+    cfg = getattr(task, "cfg", None)
+    if record is None or cfg is None or not hasattr(cfg, "separator_token"):
+        return
+    expected = separator_token(record)
+    if cfg.separator_token != expected:
+        logger.warning(
+            "the encoder's conventions say pair format %r (%s): --separator-token %s becomes %s",
+            record["pair_format"], PAIR_LAYOUT[record["pair_format"]], cfg.separator_token, expected,
+        )
+        cfg.separator_token = expected
+    data = getattr(cfg, "data", None)
+    data_dict = os.path.join(str(data).split(os.pathsep)[0], "input0", "dict.txt") if data else None
+    if data_dict and os.path.isfile(data_dict) and dictionary_sha256(data_dict) != record["dictionary_sha256"]:
+        source = record.get("dictionary_path") or "the converted encoder's dict.txt"
+        raise ConventionsError(
+            f"the data dictionary {data_dict} differs from the encoder's {source}: the data was binarized "
+            "with another tokenizer or vocabulary; binarize it again with --srcdict set to the encoder's dict.txt"
+        )
