@@ -268,6 +268,25 @@ def test_converter_model_args_file_sets_the_model_flags(env, tmp_path):
     assert flag(argv, "--encoder-layers") == "6"
 
 
+@pytest.mark.parametrize("pair_format, separator", [("single", None), ("double", "2")])
+def test_converted_encoder_conventions_set_pair_format_arch_and_exit(env, tmp_path, pair_format, separator):
+    conv = tmp_path / "converted"
+    conv.mkdir()
+    (conv / "model.pt").write_bytes(b"x")
+    (conv / "model_args.txt").write_text("--encoder-layers 6 --encoder-embed-dim 384\n")
+    (conv / "conventions.json").write_text(json.dumps({"pair_format": pair_format}))
+    env["ROBERTA_PATH"] = str(conv / "model.pt")
+    argv = train_argv(run("RTE.sh", "ce", "--dry-run", env=env).stdout)
+    assert (flag(argv, "--separator-token") if separator else "--separator-token" not in argv) in (separator, True)
+    # a BERT's segment embedding lives in multi_exit_roberta: a single-exit method gets one exit, the top layer
+    assert flag(argv, "--arch") == "multi_exit_roberta" and flag(argv, "--exit-layers") == "6"
+    assert flag(argv, "--conventions") == str(conv / "conventions.json")
+    env["EXIT_POOLING"] = "mean"
+    argv = train_argv(run("RTE.sh", "multi_exit_ce", "--dry-run", env=env).stdout)
+    assert "--exit-layers" not in argv and flag(argv, "--exit-pooling") == "mean"
+    assert argv.count("--conventions") == 1
+
+
 def test_download_only_when_missing(env, tmp_path):
     env.pop("ROBERTA_PATH")
     proc = run("RTE.sh", "ce", "--dry-run", env=env)

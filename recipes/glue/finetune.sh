@@ -20,8 +20,8 @@ ROBERTA_PATH="${ROBERTA_PATH:-}"                   # checkpoint to start from; d
 RESTORE="${RESTORE:-}"                             # "none": start from random weights (tiny smoke runs only)
 ARCH="${ARCH:-}"                                   # fairseq --arch; default from MODEL and the method's exits
 MODEL_ARGS="${MODEL_ARGS:-}"                       # extra model flags; default: model_args.txt next to ROBERTA_PATH
-EXIT_LAYERS="${EXIT_LAYERS:-}"                     # multi-exit: --exit-layers value; empty = the model's default
-EXIT_POOLING="${EXIT_POOLING:-}"                   # multi-exit: --exit-pooling cls | mean; empty = the model's default
+EXIT_LAYERS="${EXIT_LAYERS:-}"                     # multi_exit_roberta: --exit-layers; empty = every layer (single-exit methods: the top one)
+EXIT_POOLING="${EXIT_POOLING:-}"                   # multi_exit_roberta: --exit-pooling cls | mean; empty = the model's default
 DATA_ROOT="${DATA_ROOT:-$REPO/data-bin}"           # holds one binarized folder per task, <TASK>-bin
 DATA_BIN="${DATA_BIN:-}"                           # this task's binarized data; default $DATA_ROOT/<TASK>-bin
 OUT_ROOT="${OUT_ROOT:-$REPO/runs/glue}"            # output root: runs/TASK/METHOD/seedS and tb/TASK/METHOD/seedS
@@ -34,6 +34,7 @@ MAX_POSITIONS="${MAX_POSITIONS:-512}"              # longest input in tokens (Ro
 MAX_TOKENS="${MAX_TOKENS:-4400}"                   # fairseq's recipe: at most 4400 tokens per batch
 LOG_INTERVAL="${LOG_INTERVAL:-200}"                # updates between train_inner log lines
 DEVICE="${DEVICE:-auto}"                           # auto | gpu | cpu (auto: gpu when nvidia-smi lists one)
+OPTIMIZER="${OPTIMIZER:-adamw_torch}"              # adamw_torch (fused torch AdamW, the same update as fairseq's adam) | adam
 FP16="${FP16:-auto}"                               # auto (on when running on a GPU) | 1 | 0
 NUM_GPUS="${NUM_GPUS:-1}"                          # GPUs per run; the recipe's batch sizes are for one GPU
 EVAL_ARGS="${EVAL_ARGS:-}"                         # extra acl-evaluate flags (multi-exit methods)
@@ -128,10 +129,21 @@ elif [[ -n "$ROBERTA_PATH" && -f "$(dirname "$ROBERTA_PATH")/model_args.txt" ]];
   done
 fi
 
+# A converted encoder's conventions.json (acl-convert-hf) sets the pair format and BERT's segment
+# embedding, which only multi_exit_roberta holds: single-exit methods run it with one exit on the top layer.
+CONVENTIONS=""
+PAIR_FORMAT=double
+if [[ -n "$ROBERTA_PATH" && -f "$(dirname "$ROBERTA_PATH")/conventions.json" ]]; then
+  CONVENTIONS="$(dirname "$ROBERTA_PATH")/conventions.json"
+  PAIR_FORMAT="$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["pair_format"])' "$CONVENTIONS")" ||
+    die "cannot read the pair format from $CONVENTIONS"
+fi
+
 if [[ -z "$ARCH" ]]; then
   size="$MODEL"
   [[ -z "$MODEL_ARGS_FILE" ]] || size=""  # sizes come from model_args.txt: the generic arch, no preset
-  case "$EXITS:$size" in
+  [[ -z "$CONVENTIONS" ]] || EXITS_ARCH=multi
+  case "${EXITS_ARCH:-$EXITS}:$size" in
     multi:) ARCH=multi_exit_roberta ;;
     multi:*) ARCH="multi_exit_roberta_$size" ;;
     single:large) ARCH=roberta_large ;;
@@ -141,10 +153,23 @@ fi
 if [[ "$EXITS" == multi && "$ARCH" != multi_exit_roberta* ]]; then
   die "method '$METHOD' needs a multi-exit architecture (multi_exit_roberta*), not ARCH=$ARCH" 2
 fi
-if [[ "$EXITS" == multi ]]; then
+has_flag() {  # has_flag FLAG: FLAG is among the model flags
+  local a
+  for a in "${model_args[@]+"${model_args[@]}"}"; do [[ "$a" == "$1" ]] && return 0; done
+  return 1
+}
+if [[ "$ARCH" == multi_exit_roberta* ]]; then
+  if [[ "$EXITS" == single ]] && ! has_flag --exit-layers; then  # one exit, on the top layer
+    layers=""
+    for i in "${!model_args[@]}"; do [[ "${model_args[$i]}" == --encoder-layers ]] && layers="${model_args[$((i + 1))]}"; done
+    EXIT_LAYERS="${EXIT_LAYERS:-$layers}"
+  fi
   [[ -n "$EXIT_LAYERS" ]] && model_args+=(--exit-layers "$EXIT_LAYERS")
   [[ -n "$EXIT_POOLING" ]] && model_args+=(--exit-pooling "$EXIT_POOLING")
+  [[ -z "$CONVENTIONS" ]] || has_flag --conventions || model_args+=(--conventions "$CONVENTIONS")
 fi
+separator_args=(--separator-token 2)  # fairseq's RoBERTa pairs: <s> A </s></s> B </s>
+[[ "$PAIR_FORMAT" == single ]] && separator_args=()  # BERT's: <s> A </s> B </s>
 
 if [[ "$DEVICE" == auto ]]; then
   if has_gpu; then DEVICE=gpu; else DEVICE=cpu; fi
@@ -175,14 +200,14 @@ train_cmd=(
   "$FAIRSEQ_TRAIN" "$DATA_BIN"
   --user-dir "$REPO/acl_fairseq"
   "${restore_args[@]+"${restore_args[@]}"}"
-  --task sentence_prediction_acl --init-token 0 --separator-token 2 --num-classes "$NUM_CLASSES"
+  --task sentence_prediction_acl --init-token 0 "${separator_args[@]+"${separator_args[@]}"}" --num-classes "$NUM_CLASSES"
   "${task_args[@]+"${task_args[@]}"}"
   --max-positions "$MAX_POSITIONS" --batch-size "$BATCH_SIZE" --max-tokens "$MAX_TOKENS"
   --required-batch-size-multiple 1
   --arch "$ARCH" "${model_args[@]+"${model_args[@]}"}"
   --criterion "$CRITERION" "${METHOD_FLAGS[@]+"${METHOD_FLAGS[@]}"}"
   --dropout 0.1 --attention-dropout 0.1 --weight-decay 0.1
-  --optimizer adam --adam-betas "(0.9,0.98)" --adam-eps 1e-06 --clip-norm 0.0
+  --optimizer "$OPTIMIZER" --adam-betas "(0.9,0.98)" --adam-eps 1e-06 --clip-norm 0.0
   --lr-scheduler polynomial_decay --lr "$LR"
   --total-num-update "$TOTAL_UPDATES" --max-update "$TOTAL_UPDATES" --warmup-updates "$WARMUP_UPDATES"
   --max-epoch "$MAX_EPOCH" --seed "$SEED" --find-unused-parameters
