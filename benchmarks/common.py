@@ -81,7 +81,7 @@ def train_argv(data: str, criterion: str, arch: str, model: str, seq_len: int, n
         "--arch", arch,
         *size_args(model, seq_len),
         "--num-classes", str(num_classes),
-        "--optimizer", "adam",
+        "--optimizer", "adamw_torch",  # the recipes' default (fairseq adam's update, fused)
         "--lr", "1e-5",
         "--batch-size", str(batch),
         "--required-batch-size-multiple", "1",

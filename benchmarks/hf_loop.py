@@ -211,8 +211,11 @@ def lr_factor(n: int, total: int, warmup: int) -> float:
 
 
 def make_optimizer_and_schedule(model: nn.Module, cfg: HFConfig, total_updates: int):
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
-                                  weight_decay=cfg.weight_decay)
+    # fused: what HF's Trainer uses by default on torch >= 2.8 (optim="adamw_torch_fused")
+    params = list(model.parameters())
+    fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
+                                  weight_decay=cfg.weight_decay, fused=fused)
     warm = warmup_updates(total_updates, cfg.warmup)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: lr_factor(n, total_updates, warm))
     return optimizer, scheduler

@@ -261,3 +261,15 @@ def test_multi_exit_checkpoint_loads_back_with_every_exit(restored, data):
     logits, extra = model(tokens, classification_head_name=HEAD)
     assert len(extra["exits"].logits) == 2
     assert torch.allclose(hub.predict(HEAD, tokens), F.log_softmax(logits, -1))  # stock hub API = last exit
+
+
+def test_a_single_top_exit_keeps_no_per_layer_states(data):
+    """What a single-exit run of the multi-exit model pays: no T x B x C copy per layer."""
+    task, model, _ = build(data, extra=["--exit-layers", "3"])
+    tokens = padded_batch(task)["net_input"]["src_tokens"]
+    logits, extra = model(tokens, classification_head_name=HEAD)
+    assert extra["inner_states"] is None
+    again, extra = model(tokens, classification_head_name=HEAD, return_all_hiddens=True)
+    assert len(extra["inner_states"]) == 4 and torch.equal(logits, again)
+    _, extra = build(data, extra=["--exit-layers", "2,3"])[1](tokens, classification_head_name=HEAD)
+    assert len(extra["inner_states"]) == 4  # a lower exit reads its layer

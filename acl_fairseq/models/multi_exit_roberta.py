@@ -13,8 +13,9 @@ exit's head under ``name`` itself, so stock tools (the ``sentence_prediction`` c
 ``predict``) see the final exit as an ordinary RoBERTa head. A plain ``roberta`` checkpoint restores
 into this model (``--restore-file model.pt --reset-optimizer ...``): fairseq's
 ``upgrade_state_dict_named`` copies heads missing from the checkpoint from their fresh weights, and
-this model logs which heads that was. (Hub ``predict`` runs the stock head on the ``<s>`` state: it
-equals the final exit with ``--exit-pooling cls``; with ``mean`` call the model itself.)
+this model logs which heads that was. ``MultiExitRobertaModel.from_pretrained(run_dir, "checkpoint_best.pt",
+data_bin)`` gives the plugin's hub interface (:mod:`acl_fairseq.hub`), whose ``predict`` pools as the model
+was trained and whose ``predict_early_exit`` takes raw text.
 """
 
 import logging
@@ -122,6 +123,15 @@ class MultiExitRobertaModel(RobertaModel):
             )
         return super().load_state_dict(state_dict, strict, model_cfg, args)
 
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="checkpoint_best.pt", data_name_or_path=".",
+                        **kwargs):
+        """A :class:`acl_fairseq.hub.MultiExitHubInterface` (raw text in, labels and exit layers out); the
+        tokenizer comes from the data folder's record, so no tokenizer arguments are needed."""
+        from acl_fairseq import hub
+
+        return hub.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, **kwargs)
+
     # ---- heads ---------------------------------------------------------------------------------
 
     def exit_head_names(self, name: str) -> List[str]:
@@ -168,18 +178,21 @@ class MultiExitRobertaModel(RobertaModel):
     ):
         """Without a head name: exactly ``RobertaModel.forward``. With one: ``(logits of the last
         exit (B, K), extra)``, where ``extra["exits"]`` is an :class:`ExitOutputs` over every exit
-        and ``extra["inner_states"]`` holds the per-layer states (list of T x B x C)."""
+        and ``extra["inner_states"]`` holds the per-layer states (list of T x B x C; None when the
+        only exit is on the top layer and ``return_all_hiddens`` is not asked for)."""
         if classification_head_name is None:
             return super().forward(src_tokens, features_only, return_all_hiddens, **kwargs)
-        features, extra = self.encoder(src_tokens, features_only=True, return_all_hiddens=True, **kwargs)
+        # the per-layer states are kept only when an exit reads one (a single top exit reads the output)
+        inner = return_all_hiddens or self.exit_layers[0] < len(self.encoder.sentence_encoder.layers)
+        features, extra = self.encoder(src_tokens, features_only=True, return_all_hiddens=inner, **kwargs)
         extra["exits"] = self.exit_outputs(src_tokens, features, extra["inner_states"], classification_head_name)
         return extra["exits"].logits[-1], extra
 
     def exit_outputs(self, src_tokens, features, inner_states, name) -> ExitOutputs:
         """Run every exit head on its layer. features: B x T x C (encoder output); inner_states:
-        list of num_layers + 1 tensors T x B x C (embeddings first)."""
+        list of num_layers + 1 tensors T x B x C (embeddings first), or None when only the top layer exits."""
         padding_mask = src_tokens.eq(self.encoder.sentence_encoder.padding_idx)
-        num_layers = len(inner_states) - 1
+        num_layers = len(self.encoder.sentence_encoder.layers)
         out = ExitOutputs([], [], [], [], [])
         for layer, head_name in zip(self.exit_layers, self.exit_head_names(name)):
             # the last layer reads the encoder output (it includes a pre-norm encoder's final LayerNorm)
