@@ -14,7 +14,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.8",
     packages=find_packages(include=["acl_fairseq", "acl_fairseq.*"]),
-    install_requires=["numpy", "sentencepiece", "tensorboardX"],
+    install_requires=["numpy", "sentencepiece", "tensorboardX", "tokenizers"],
     entry_points={
         "console_scripts": [
             "acl-evaluate=acl_fairseq.evaluate:cli_main",

@@ -8,4 +8,4 @@ from . import checkpoint_safety  # noqa: F401  (first: before anything loads a c
 
 checkpoint_safety.allow_fairseq_checkpoints()
 
-from . import criterions, models, optim, tasks  # noqa: E402,F401
+from . import bpe, criterions, models, optim, tasks  # noqa: E402,F401

@@ -16,9 +16,11 @@ Schema (``SCHEMA``), every field required:
   ``</s>``, as the stock task passes no segment ids.
 - ``head_dropout``: dropout of the classification head (HF ``classifier_dropout``, else
   ``hidden_dropout_prob``); the default of ``--pooler-dropout``. null: fairseq's default 0.
-- ``tokenizer``: ``{"kind": "wordpiece", "vocab": "vocab.txt", "lowercase": bool}`` or ``{"kind":
-  "hf_byte_bpe", "vocab": "vocab.json", "merges": "merges.txt"}``; file names relative to the record's
-  folder.
+- ``tokenizer``: a :mod:`acl_fairseq.tokenization` record, ``{"kind": "wordpiece", "files": {"vocab":
+  "vocab.txt"}, "lowercase": bool}`` or ``{"kind": "hf_byte_bpe", "files": {"vocab": "vocab.json",
+  "merges": "merges.txt"}, "lowercase": false}``; file names relative to the record's folder. The form
+  written before (``{"kind": ..., "vocab": ..., "merges": ...}``, still inside older checkpoints) is read
+  and upgraded.
 - ``dictionary_sha256``: :func:`dictionary_sha256` of the ``dict.txt`` the embedding rows follow (a data folder binarized
   with another dictionary is refused before training).
 
@@ -34,7 +36,7 @@ SCHEMA = "acl_fairseq.conventions/1"
 FILE_NAME = "conventions.json"
 FAMILIES = ("bert", "roberta")
 PAIR_FORMATS = ("single", "double")
-TOKENIZER_KINDS = ("wordpiece", "hf_byte_bpe")
+TOKENIZER_KINDS = ("wordpiece", "hf_byte_bpe")  # the kinds acl-convert-hf writes
 FIELDS = ("schema", "family", "pair_format", "segment_embedding", "head_dropout", "tokenizer", "dictionary_sha256")
 EOS = 2  # fairseq Dictionary's </s>, what --separator-token names
 PAIR_LAYOUT = {"single": "<s> A </s> B </s>", "double": "<s> A </s></s> B </s>"}
@@ -61,12 +63,25 @@ def validate(record: dict, where: str = "conventions") -> dict:
         ("head_dropout", record["head_dropout"] is None
          or (isinstance(record["head_dropout"], (int, float)) and 0 <= record["head_dropout"] < 1),
          "must be null or a number in [0, 1)"),
-        ("tokenizer", isinstance(record["tokenizer"], dict) and record["tokenizer"].get("kind") in TOKENIZER_KINDS,
-         f"must be an object whose kind is one of {TOKENIZER_KINDS}"),
     ]
     for name, ok, rule in checks:
         if not ok:
             raise ConventionsError(f"{where}: {name} {record[name]!r} {rule}")
+    return _validate_tokenizer(record, where)
+
+
+def _validate_tokenizer(record: dict, where: str) -> dict:
+    from acl_fairseq import tokenization
+
+    tokenizer = tokenization.upgrade_legacy(record["tokenizer"])
+    try:
+        tokenization.validate(tokenizer, f"{where}: tokenizer")
+    except ValueError as e:
+        raise ConventionsError(str(e)) from None
+    if tokenizer["kind"] not in TOKENIZER_KINDS:
+        raise ConventionsError(f"{where}: tokenizer kind {tokenizer['kind']!r} must be one of {TOKENIZER_KINDS}")
+    if tokenizer is not record["tokenizer"]:
+        record = {**record, "tokenizer": tokenizer}
     return record
 
 

@@ -37,7 +37,7 @@ import sys
 import warnings
 from typing import Dict, List, Optional, Tuple
 
-from acl_fairseq import conventions
+from acl_fairseq import conventions, tokenization
 
 logger = logging.getLogger(__name__)
 
@@ -308,15 +308,26 @@ def make_conventions(config: dict, hf_dir: str, dict_sha256: str) -> dict:
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as f:
                 lowercase = bool(json.load(f).get("do_lower_case", True))
-        tokenizer = {"kind": "wordpiece", "vocab": "vocab.txt", "lowercase": lowercase}
+        tokenizer = tokenization.make_record("wordpiece", {"vocab": "vocab.txt"}, lowercase)
     else:
-        tokenizer = {"kind": "hf_byte_bpe", "vocab": "vocab.json", "merges": "merges.txt"}
+        tokenizer = tokenization.make_record("hf_byte_bpe", {"vocab": "vocab.json", "merges": "merges.txt"})
     return conventions.validate({
         "schema": conventions.SCHEMA, "family": config["model_type"],
         "pair_format": "single" if config["model_type"] == "bert" else "double",
         "segment_embedding": has_segment(config), "head_dropout": head_dropout(config),
         "tokenizer": tokenizer, "dictionary_sha256": dict_sha256,
     })
+
+
+def hub_bpe(tokenizer: dict) -> dict:
+    """``cfg.bpe`` of the checkpoint: what fairseq's hub (``RobertaModel.from_pretrained(OUT, "model.pt",
+    OUT)``) tokenizes with, offline. File names are kept relative to the data folder through the
+    unresolved ``${task.data}``, which the hub sets to the folder it loads from, so the folder can move."""
+    if tokenizer["kind"] == "wordpiece":  # acl_fairseq.bpe: the same implementation preprocessing uses
+        return {"_name": "acl_wordpiece", "wordpiece_vocab": tokenizer["files"]["vocab"],
+                "wordpiece_cased": not tokenizer["lowercase"], "data": "${task.data}"}
+    return {"_name": "hf_byte_bpe", "bpe_vocab": "${task.data}/" + tokenizer["files"]["vocab"],
+            "bpe_merges": "${task.data}/" + tokenizer["files"]["merges"], "bpe_add_prefix_space": False}
 
 
 def _move(hf: Dict, out: Dict, src: str, dst: str) -> None:
@@ -373,6 +384,7 @@ def build_checkpoint(config, flags, dict_words, encoder_sd, pooler, num_classes,
     # fairseq keeps a legacy (argparse) model's cfg as a Namespace; a dict keeps the file loadable by
     # torch.load(weights_only=True) without any allowlist, and fairseq builds the model from it alike
     cfg["model"] = dict(vars(cfg["model"]))
+    cfg["bpe"] = hub_bpe(record["tokenizer"])
     return {
         "args": None,
         "cfg": cfg,

@@ -6,8 +6,11 @@ flipped by a negation a few tokens earlier, and by intensifiers/fillers in betwe
 and by the tests (which want a learnable task, not noise).
 
 Writes fairseq's raw layout (``{split}.input0``, optional ``{split}.input1``, ``{split}.label``) and
-binarizes it with fairseq's own ``fairseq-preprocess`` into ``input0/``, ``input1/`` and ``label/``.
+binarizes it with fairseq's own ``fairseq-preprocess`` into ``input0/``, ``input1/`` and ``label/``, with a
+``stats.json`` whose ``"tokenizer"`` record (:mod:`acl_fairseq.tokenization`, kind ``whitespace``) says how
+raw text becomes these tokens, as ``preprocess/glue.py`` writes for GLUE.
 """
+import json
 import logging
 import os
 import random
@@ -113,6 +116,16 @@ def binarize(raw_dir: str, out_dir: str, splits: Sequence[str], regression: bool
                     dst.write(src.read())
     else:
         run("label", None)
+    write_stats(out_dir)
+
+
+def write_stats(out_dir: str) -> None:
+    """``out_dir/stats.json`` with the tokenizer record: the text is already split on spaces."""
+    from acl_fairseq.tokenization import make_record
+
+    with open(os.path.join(out_dir, "stats.json"), "w", encoding="utf-8") as f:
+        json.dump({"tokenizer": make_record("whitespace", {})}, f, indent=1)
+        f.write("\n")
 
 
 def make_toy_dataset(

@@ -8,11 +8,14 @@ Output (the layout of fairseq's preprocess_GLUE_tasks.sh):
     OUT/input1/...                                            second sentence of pair tasks
     OUT/label/{dict.txt, train.*, valid.*}                    classification labels, fairseq-built dict
     OUT/label/{train,valid}.label                             STS-B: plain float scores / 5
-    OUT/stats.json  (OUT/protocol.json with --few-shot/--label-noise; OUT/spm.model or OUT/vocab.txt)
+    OUT/stats.json  (OUT/protocol.json with --few-shot/--label-noise)
+    OUT/vocab.txt, OUT/spm.model or OUT/encoder.json + vocab.bpe: the tokenizer, named by stats.json "tokenizer"
 Everything is written to a hidden temporary folder next to OUT and renamed into place only when complete.
-stats.json: examples, label counts and token-length percentiles per split (lengths as the model sees them,
-with <s>/</s>), the unknown-token count, and ``over_max_positions``: examples longer than --max-positions,
-which fairseq-train must cut (``--shorten-method truncate``) or skip. The data itself is never truncated.
+stats.json: the tokenizer record (``acl_fairseq.tokenization``; file names relative to OUT, no absolute path
+anywhere, so OUT can move), examples, label counts and token-length percentiles per split (lengths as the
+model sees them, with <s>/</s>), the unknown-token count, and ``over_max_positions``: examples longer than
+--max-positions, which fairseq-train must cut (``--shorten-method truncate``) or skip. The data itself is
+never truncated.
 """
 import argparse
 import json
@@ -175,57 +178,66 @@ def check_label_coverage(splits: List[OutSplit], spec: TaskSpec) -> None:
 
 
 def setup_tokenizer(args, tmp: str, work: str, train_examples: List[Example]):
-    """Returns ``(EncoderSpec, srcdict or None, info)``; None means fairseq builds the dict from the training tokens."""
+    """Returns ``(EncoderSpec, srcdict or None, info)``; None means fairseq builds the dict from the training tokens.
+
+    The tokenizer's files are copied into the output, and ``info["tokenizer"]`` is their record
+    (:mod:`acl_fairseq.tokenization`), names relative to the output, so the folder alone can tokenize."""
     from preprocess import text_encoders as te
 
     make = {"gpt2": _gpt2, "sentencepiece": _sentencepiece, "wordpiece": _wordpiece}[args.tokenizer]
-    info: Dict = {"tokenizer": args.tokenizer}
-    enc, srcdict = make(args, tmp, work, train_examples, info)
+    info: Dict = {}
+    record, srcdict = make(args, tmp, work, train_examples, info)
+    info = {"tokenizer": record, **info}
     if srcdict:
         te.check_srcdict(srcdict)
-    info["dictionary"] = os.path.abspath(args.srcdict) if args.srcdict else (
+    # only names, never absolute paths: the folder must still describe itself after it is moved
+    info["dictionary"] = f"--srcdict {os.path.basename(args.srcdict)}" if args.srcdict else (
         "built from the training tokens" if srcdict is None else f"from the {args.tokenizer} vocabulary")
-    return enc, srcdict, info
+    return te.EncoderSpec(record, tmp), srcdict, info
 
 
 def _gpt2(args, tmp, work, train_examples, info):
+    from acl_fairseq.tokenization import make_record
     from preprocess.gpt2_files import ensure_gpt2_bpe
-    from preprocess.text_encoders import EncoderSpec
 
     paths = ensure_gpt2_bpe(args.bpe_dir, args.bpe_url)
-    info["bpe_dir"] = os.path.abspath(args.bpe_dir)
+    for name in ("encoder.json", "vocab.bpe"):
+        shutil.copyfile(paths[name], os.path.join(tmp, name))
+    info["bpe_dir"] = os.path.basename(os.path.normpath(args.bpe_dir))
     # never a dict built from the data: RoBERTa's embeddings are indexed by the official dict.txt
-    return EncoderSpec("gpt2", (paths["encoder.json"], paths["vocab.bpe"])), args.srcdict or paths["dict.txt"]
+    record = make_record("gpt2", {"encoder_json": "encoder.json", "vocab_bpe": "vocab.bpe"})
+    return record, args.srcdict or paths["dict.txt"]
 
 
 def _sentencepiece(args, tmp, work, train_examples, info):
+    from acl_fairseq.tokenization import make_record
     from preprocess import text_encoders as te
 
     model = os.path.join(tmp, "spm.model")  # kept in the output, to decode with
     if args.spm_model:
         _require_file(args.spm_model, "--spm-model")
         shutil.copyfile(args.spm_model, model)
-        info["spm_model"] = os.path.abspath(args.spm_model)
+        info["spm_model"] = f"spm.model, a copy of --spm-model {os.path.basename(args.spm_model)}"
     else:  # trained on all of train.tsv's text, also under --few-shot (text only, no labels)
         text_file = os.path.join(work, "spm_train.txt")
         with open(text_file, "w", encoding="utf-8") as f:
             f.writelines(t + "\n" for e in train_examples for t in e.texts if t)
         te.train_sentencepiece(text_file, os.path.join(tmp, "spm"), args.spm_vocab_size, args.workers, args.seed)
         info["spm_model"] = f"spm.model, trained on train.tsv text (--spm-vocab-size {args.spm_vocab_size})"
-    return te.EncoderSpec("sentencepiece", (model,)), args.srcdict or _vocab_dict(args, work, te.write_sentencepiece_dict, model)
+    return make_record("sentencepiece", {"model": "spm.model"}), args.srcdict or _vocab_dict(args, work, te.write_sentencepiece_dict, model)
 
 
 def _wordpiece(args, tmp, work, train_examples, info):
+    from acl_fairseq.tokenization import detect_lowercase, load_vocab, make_record
     from preprocess import text_encoders as te
-    from preprocess.wordpiece import detect_lowercase, load_vocab
 
     _require_file(args.vocab, "--vocab")
     lowercase = args.lowercase if args.lowercase is not None else detect_lowercase(args.vocab, load_vocab(args.vocab))
     logger.info(f"wordpiece: lowercase={lowercase}" + ("" if args.lowercase is not None else " (detected from the vocab)"))
     shutil.copyfile(args.vocab, os.path.join(tmp, "vocab.txt"))
-    info.update(vocab=os.path.abspath(args.vocab), lowercase=lowercase)
-    enc = te.EncoderSpec("wordpiece", (os.path.join(tmp, "vocab.txt"),), lowercase)
-    return enc, args.srcdict or _vocab_dict(args, work, te.write_wordpiece_dict, args.vocab)
+    info["vocab"] = f"vocab.txt, a copy of --vocab {os.path.basename(args.vocab)}"
+    record = make_record("wordpiece", {"vocab": "vocab.txt"}, lowercase)
+    return record, args.srcdict or _vocab_dict(args, work, te.write_wordpiece_dict, args.vocab)
 
 
 def _vocab_dict(args, work: str, writer, source: str) -> Optional[str]:

@@ -1,17 +1,15 @@
-"""Text -> token strings for fairseq's dictionary, and the fairseq ``dict.txt`` each tokenizer needs.
+"""Tokenizing GLUE text in a process pool, and the fairseq ``dict.txt`` each tokenizer kind needs.
 
-  * ``gpt2``: fairseq's own ``gpt2_bpe_utils.get_encoder``; tokens are BPE ids written as strings, exactly
-    what ``multiprocessing_bpe_encoder.py`` writes, looked up in the official ``dict.txt``;
-  * ``sentencepiece``: the model's pieces (``▁the``), dict from the model's vocabulary or the data;
-  * ``wordpiece``: BERT wordpieces (``play ##ing``) from a ``vocab.txt``; the dict (e.g. the one written
-    by ``acl-convert-hf``) does the id mapping.
-Encoding runs in a process pool (one encoder per worker, built once), chunks kept in order.
+The tokenizers themselves live in :mod:`acl_fairseq.tokenization` (one implementation per kind, shared
+with prediction); an :class:`EncoderSpec` is the picklable ``(record, base_dir)`` that each worker process
+builds its tokenizer from, once. Chunks are kept in order.
 """
 import logging
 from dataclasses import dataclass
 from multiprocessing import Pool
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence
 
+from acl_fairseq import tokenization
 from preprocess.glue_tasks import GlueDataError
 
 logger = logging.getLogger("preprocess.text_encoders")
@@ -21,44 +19,17 @@ FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
 
 @dataclass(frozen=True)
 class EncoderSpec:
-    """A picklable description of a tokenizer; ``build()`` makes it (once per worker process)."""
+    """A tokenizer record (:mod:`acl_fairseq.tokenization`) and the folder its file names are relative to."""
 
-    kind: str  # "gpt2" | "sentencepiece" | "wordpiece"
-    paths: Tuple[str, ...]  # gpt2: (encoder.json, vocab.bpe); sentencepiece: (model,); wordpiece: (vocab.txt,)
-    lowercase: bool = False  # wordpiece only
+    record: dict
+    base_dir: str
 
     def build(self) -> Callable[[str], List[str]]:
-        if self.kind == "gpt2":
-            from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
-
-            bpe = get_encoder(*self.paths)
-            return lambda text: [str(i) for i in bpe.encode(text)]
-        if self.kind == "sentencepiece":
-            import sentencepiece as spm
-
-            sp = spm.SentencePieceProcessor(model_file=self.paths[0])
-            return lambda text: sp.encode(text, out_type=str)
-        if self.kind == "wordpiece":
-            from preprocess.wordpiece import WordPiece, load_vocab
-
-            return WordPiece(load_vocab(self.paths[0]), self.lowercase).tokenize
-        raise ValueError(f"unknown tokenizer {self.kind!r}")
+        return tokenization.build(self.record, self.base_dir)
 
     def decoder(self) -> Callable[[Sequence[str]], str]:
         """Token strings (as fairseq's ``Dictionary.string`` gives them) -> text; for checks and inspection."""
-        if self.kind == "gpt2":
-            from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
-
-            bpe = get_encoder(*self.paths)
-            return lambda toks: bpe.decode([int(t) for t in toks])
-        if self.kind == "sentencepiece":
-            import sentencepiece as spm
-
-            sp = spm.SentencePieceProcessor(model_file=self.paths[0])
-            return lambda toks: sp.decode_pieces(list(toks))
-        from preprocess.wordpiece import detokenize
-
-        return lambda toks: detokenize(list(toks))
+        return tokenization.build_decoder(self.record, self.base_dir)
 
 
 _ENCODE: Optional[Callable[[str], List[str]]] = None
@@ -144,9 +115,8 @@ def write_sentencepiece_dict(model_path: str, out_path: str) -> int:
 
 def write_wordpiece_dict(vocab_path: str, out_path: str) -> int:
     """fairseq ``dict.txt`` listing the vocab's wordpieces in vocab order, BERT's specials left out."""
-    from preprocess.wordpiece import BERT_SPECIALS, load_vocab
-
-    pieces = [t for t in load_vocab(vocab_path) if t not in BERT_SPECIALS and t not in FAIRSEQ_SPECIALS]
+    specials = set(tokenization.BERT_SPECIALS) | set(FAIRSEQ_SPECIALS)
+    pieces = [t for t in tokenization.load_vocab(vocab_path) if t not in specials]
     return _write_dict(pieces, out_path)
 
 

@@ -6,6 +6,7 @@ stray quotes); the slow test (``-m slow``) runs the real ../shared/glue RTE and 
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -14,10 +15,10 @@ import pytest
 
 from helpers import REPO
 
+from acl_fairseq import tokenization
+from acl_fairseq.tokenization import basic_words, detect_lowercase, load_vocab, vocab_is_uncased
 from preprocess import glue, scl_protocols as scl
 from preprocess.gpt2_files import write_local_gpt2_bpe
-from preprocess.text_encoders import EncoderSpec
-from preprocess.wordpiece import WordPiece, basic_tokenize, detect_lowercase, load_vocab, vocab_is_uncased
 
 # the real GLUE TSVs: ../shared/glue beside the checkout (override with GLUE_DIR)
 GLUE_REAL = os.environ.get("GLUE_DIR", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "glue"))
@@ -97,7 +98,7 @@ def make_task(root, task, n=(24, 12, 6), seed=0, weights=None):
 
 
 def make_wordpiece_vocab(path, texts, uncased=True):
-    words = sorted({w for t in texts for w in basic_tokenize(t, uncased)} - {"playing", "played"})
+    words = sorted({w for t in texts for w in basic_words(t, uncased)} - {"playing", "played"})
     chars = sorted({c for w in words for c in w})
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words + chars + ["##" + c for c in chars] + ["##ing", "##ed"]
     with open(path, "w", encoding="utf-8") as f:
@@ -157,20 +158,18 @@ def normalizer(tokenizer, out, assets):
     if tokenizer == "gpt2":
         return str.strip
     if tokenizer == "wordpiece":
-        return lambda t: " ".join(basic_tokenize(t, True))
+        return lambda t: " ".join(basic_words(t, True))
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=os.path.join(out, "spm.model"))
     return lambda t: sp.decode(sp.encode(t))
 
 
-def decoder_for(tokenizer, out, assets):
-    paths = {
-        "gpt2": (os.path.join(assets["bpe_dir"], "encoder.json"), os.path.join(assets["bpe_dir"], "vocab.bpe")),
-        "sentencepiece": (os.path.join(out, "spm.model"),),
-        "wordpiece": (assets["vocab"],),
-    }[tokenizer]
-    return EncoderSpec(tokenizer, paths, True).decoder()
+def decoder_for(tokenizer, out, assets=None):
+    """The decoder of the tokenizer the output folder records (its own copies of the files)."""
+    record = tokenization.read(str(out))
+    assert record["kind"] == tokenizer
+    return tokenization.build_decoder(record, str(out))
 
 
 def stats_of(out):
@@ -219,7 +218,7 @@ def test_mnli_valid1_is_dev_mismatched(tmp_path, assets):
     st = stats_of(out)
     assert st["splits"]["valid1"]["source"] == "dev_mismatched.tsv" and st["splits"]["test1"]["source"] == "test_mismatched.tsv"
     t, ds = load(out, "valid1", num_classes=3)
-    assert decode_example(t, ds[0], decoder_for("wordpiece", out, assets), True)[1] == " ".join(basic_tokenize(data["dev_mismatched"][0][1], True))
+    assert decode_example(t, ds[0], decoder_for("wordpiece", out, assets), True)[1] == " ".join(basic_words(data["dev_mismatched"][0][1], True))
 
 
 # ------------------------------------------------------------------ tokenizers
@@ -228,8 +227,16 @@ def test_mnli_valid1_is_dev_mismatched(tmp_path, assets):
 @pytest.mark.parametrize("tokenizer", ["gpt2", "sentencepiece", "wordpiece"])
 def test_tokenizer_roundtrip(tmp_path, assets, tokenizer):
     folder, data = make_task(tmp_path, "RTE", n=(40, 10, 5))
-    out = tmp_path / "bin"
-    assert run_main("RTE", folder, out, *tok_args(tokenizer, assets)) == 0
+    assert run_main("RTE", folder, tmp_path / "bin", *tok_args(tokenizer, assets)) == 0
+    text = (tmp_path / "bin" / "stats.json").read_text()
+    assert str(tmp_path) not in text and not _abs_paths(json.loads(text))  # nothing ties the folder to its place
+    out = tmp_path / "moved" / "RTE-bin"
+    shutil.move(str(tmp_path / "bin"), str(out))
+    record = stats_of(out)["tokenizer"]
+    assert record == tokenization.make_record(tokenizer, {
+        "gpt2": {"encoder_json": "encoder.json", "vocab_bpe": "vocab.bpe"}, "sentencepiece": {"model": "spm.model"},
+        "wordpiece": {"vocab": "vocab.txt"}}[tokenizer], lowercase=tokenizer == "wordpiece")
+    assert all(os.path.isfile(p) for p in tokenization.files_of(record, str(out)))  # copied into the folder
     norm, dec = normalizer(tokenizer, out, assets), decoder_for(tokenizer, out, assets)
     for split, stem in (("train", "train"), ("valid", "dev"), ("test", "test")):
         t, ds = load(out, split)
@@ -237,6 +244,14 @@ def test_tokenizer_roundtrip(tmp_path, assets, tokenizer):
             a, b, _ = data[stem][i]
             assert decode_example(t, ds[i], dec, True) == (norm(a), norm(b))
     assert stats_of(out)["splits"]["train"]["unk_tokens"] == 0
+
+
+def _abs_paths(value):
+    if isinstance(value, dict):
+        return [p for v in value.values() for p in _abs_paths(v)]
+    if isinstance(value, list):
+        return [p for v in value for p in _abs_paths(v)]
+    return [value] if isinstance(value, str) and os.path.isabs(value) else []
 
 
 def test_gpt2_ids_are_fairseqs_bpe_ids(tmp_path, assets):
@@ -253,6 +268,10 @@ def test_gpt2_ids_are_fairseqs_bpe_ids(tmp_path, assets):
         assert ds[i]["net_input.src_tokens"][1:].tolist() == expect.tolist()
     with open(out / "input0" / "dict.txt") as f, open(os.path.join(assets["bpe_dir"], "dict.txt")) as g:
         assert f.read() == g.read()  # the BPE dir's dict.txt, as RoBERTa needs
+    for name in ("encoder.json", "vocab.bpe"):  # the folder carries its BPE files
+        assert (out / name).read_bytes() == open(os.path.join(assets["bpe_dir"], name), "rb").read()
+    tok = tokenization.build(stats_of(out)["tokenizer"], str(out))
+    assert tok(data["train"][0][0].strip()) == [str(i) for i in bpe.encode(data["train"][0][0].strip())]
 
 
 def test_gpt2_files_downloaded_when_missing(tmp_path, assets):
@@ -272,14 +291,17 @@ def test_gpt2_offline_says_what_to_do(tmp_path, capsys):
 
 
 def test_wordpiece_matches_bert_semantics(tmp_path):
-    vocab = make_wordpiece_vocab(str(tmp_path / "v.txt"), ALL_TEXT + ["straße 中文 x"])
-    wp = WordPiece(load_vocab(vocab), lowercase=True)
-    assert wp.tokenize("Playing, PLAYED!") == ["play", "##ing", ",", "play", "##ed", "!"]
-    assert wp.tokenize("Naïve café\u200b\x00 中文 " + "x" * 101 + " zebra") == ["naive", "cafe", "中", "文", "[UNK]", "[UNK]"]
-    import tokenizers  # installed with transformers (requirements.txt)
-    ref = tokenizers.BertWordPieceTokenizer(vocab, lowercase=True)
+    make_wordpiece_vocab(str(tmp_path / "v.txt"), ALL_TEXT + ["straße 中文 x"])
+    tokenize = tokenization.build(tokenization.make_record("wordpiece", {"vocab": "v.txt"}, True), str(tmp_path))
+    assert tokenize("Playing, PLAYED!") == ["play", "##ing", ",", "play", "##ed", "!"]
+    assert tokenize("Naïve café\u200b\x00 中文 " + "x" * 101 + " zebra") == ["naive", "cafe", "中", "文", "[UNK]", "[UNK]"]
+    assert tokenize("[CLS] a") == ["[UNK]", "c", "##l", "##s", "[UNK]", "a"]  # specials in the text are plain words
+    import tokenizers  # a runtime dependency (requirements.txt)
+    ref = tokenizers.BertWordPieceTokenizer(str(tmp_path / "v.txt"), lowercase=True)
     for text in ALL_TEXT + ["Playing, PLAYED!", "Naïve café\u200b 中文 " + "x" * 101, "don't (say) \"what\"--who?"]:
-        assert wp.tokenize(text) == ref.encode(text, add_special_tokens=False).tokens, text
+        assert tokenize(text) == ref.encode(text, add_special_tokens=False).tokens, text
+    cased = tokenization.build(tokenization.make_record("wordpiece", {"vocab": "v.txt"}, False), str(tmp_path))
+    assert cased("Naïve played") == ["[UNK]", "play", "##ed"]  # case and accents kept: not in this uncased vocab
 
 
 def test_wordpiece_case_detected_from_vocab(tmp_path, assets):
@@ -294,9 +316,9 @@ def test_wordpiece_case_detected_from_vocab(tmp_path, assets):
     assert detect_lowercase(str(cfg_dir / "vocab.txt"), load_vocab(str(cfg_dir / "vocab.txt"))) is True
     folder, _ = make_task(tmp_path, "SST-2")
     assert run_main("SST-2", folder, tmp_path / "c", "--tokenizer", "wordpiece", "--vocab", cased) == 0
-    assert stats_of(tmp_path / "c")["lowercase"] is False
+    assert stats_of(tmp_path / "c")["tokenizer"]["lowercase"] is False
     assert run_main("SST-2", folder, tmp_path / "u", "--tokenizer", "wordpiece", "--vocab", cased, "--do-lower-case") == 0
-    assert stats_of(tmp_path / "u")["lowercase"] is True
+    assert stats_of(tmp_path / "u")["tokenizer"]["lowercase"] is True
 
 
 def test_wordpiece_with_converted_dict(tmp_path, assets):
@@ -309,7 +331,7 @@ def test_wordpiece_with_converted_dict(tmp_path, assets):
     assert run_main("RTE", folder, out, *tok_args("wordpiece", assets), "--srcdict", str(srcdict)) == 0
     assert (out / "input0" / "dict.txt").read_text() == srcdict.read_text()
     t, ds = load(out, "train")
-    assert decode_example(t, ds[1], decoder_for("wordpiece", out, assets), True)[0] == " ".join(basic_tokenize(data["train"][1][0], True))
+    assert decode_example(t, ds[1], decoder_for("wordpiece", out, assets), True)[0] == " ".join(basic_words(data["train"][1][0], True))
 
 
 @pytest.mark.parametrize("dict_from", ["vocab", "train"])
@@ -529,7 +551,7 @@ def test_real_rte_and_cola(tmp_path):
     assert {k: v["examples"] for k, v in st["splits"].items()} == {"train": 2490, "valid": 277, "test": 3000}
     assert st["splits"]["train"]["unk_tokens"] == 0
     t, ds = load(rte, "valid")
-    dec = EncoderSpec("sentencepiece", (str(rte / "spm.model"),)).decoder()
+    dec = decoder_for("sentencepiece", rte)
     assert decode_example(t, ds[0], dec, True)[1] == "Christopher Reeve had an accident."
     assert t.label_dictionary[ds[0]["target"].item() + 4] == "not_entailment"
 
@@ -541,7 +563,7 @@ def test_real_rte_and_cola(tmp_path):
     st = stats_of(cola)
     assert {k: v["examples"] for k, v in st["splits"].items()} == {"train": 8551, "valid": 1043, "test": 1063}
     t, ds = load(cola, "valid")
-    dec = EncoderSpec("wordpiece", (vocab,), False).decoder()
+    dec = decoder_for("wordpiece", cola)
     assert decode_example(t, ds[len(ds) - 1], dec, False)[0] == "John talked to Bill about himself ."  # no final newline
 
     few = tmp_path / "RTE-few"
