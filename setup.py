@@ -13,11 +13,13 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.8",
-    packages=find_packages(include=["acl_fairseq", "acl_fairseq.*"]),
+    # preprocess/: GLUE task table and binarization, also read by acl-predict --task
+    packages=find_packages(include=["acl_fairseq", "acl_fairseq.*", "preprocess"]),
     install_requires=["numpy", "sentencepiece", "tensorboardX", "tokenizers"],
     entry_points={
         "console_scripts": [
             "acl-evaluate=acl_fairseq.evaluate:cli_main",
+            "acl-predict=acl_fairseq.predict:cli_main",
             "acl-convert-hf=acl_fairseq.convert_hf:cli_main",
             "acl-fairseq-help=acl_fairseq.help:cli_main",
         ]

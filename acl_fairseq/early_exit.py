@@ -64,15 +64,23 @@ def early_exit_forward(
     value: float = 0.0,
     regression: bool = False,
     delta: float = exits.DEFAULT_REGRESSION_DELTA,
+    exit_layer: Optional[int] = None,
 ) -> EarlyExitOutput:
     """Run ``model`` on ``src_tokens`` (B x T, right-padded) exiting per example under ``policy``
-    (``exits.POLICIES``) with threshold / patience ``value``; ``policy=None`` runs every exit."""
+    (``exits.POLICIES``) with threshold / patience ``value``; ``policy=None`` runs every exit.
+    ``exit_layer``: stop at that exit (one of the model's exit layers) for every example; the exits
+    after it are not computed (NaN in ``exit_logits``)."""
     layers, heads, pooling = exit_plan(model, head_name)
+    num_exits = len(layers)
+    if exit_layer is not None:
+        if exit_layer not in layers:
+            raise ValueError(f"exit layer {exit_layer} is not one of the model's exits {layers}")
+        layers, heads = layers[: layers.index(exit_layer) + 1], heads[: layers.index(exit_layer) + 1]
     encoder = model.encoder.sentence_encoder
     x, padding_mask = _embed(encoder, src_tokens)
     batch_size, device = src_tokens.size(0), src_tokens.device
     num_classes = heads[0].out_proj.out_features
-    exit_logits = torch.full((batch_size, len(layers), num_classes), float("nan"), device=device)
+    exit_logits = torch.full((batch_size, num_exits, num_classes), float("nan"), device=device)
     exit_index = torch.full((batch_size,), len(layers) - 1, dtype=torch.long, device=device)
     computed = torch.zeros(batch_size, dtype=torch.long, device=device)
     rows = torch.arange(batch_size, device=device)  # original row of each row still running

@@ -41,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", required=True, help="where early_exit.json/.csv/.png are written")
     p.add_argument("--split", default="valid", help="split to score (valid; valid1 = MNLI mismatched)")
     p.add_argument(
+        "--task",
         "--task-name",
+        dest="task_name",
         help="GLUE task (RTE, CoLA, STS-B, ...) for metric choice and file "
         "names; default: DATA_BIN's folder name without '-bin' if it is a GLUE task",
     )

