@@ -105,7 +105,7 @@ class MultiExitHubInterface(RobertaHubInterface):
     # ---- inputs ----------------------------------------------------------------------------------
 
     def encode(self, a: str, b: Optional[str] = None) -> torch.LongTensor:
-        """Token ids of one input as training built it (untruncated)."""
+        """Token ids of one input as training built it (cut at the model's positions when longer)."""
         return self.encode_with_info(a, b)[0]
 
     def encode_with_info(self, a: str, b: Optional[str] = None) -> Tuple[torch.LongTensor, bool]:

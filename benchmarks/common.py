@@ -9,6 +9,7 @@ import ctypes
 import gc
 import logging
 import os
+import random
 import resource
 import statistics
 import sys
@@ -302,3 +303,25 @@ def report(rows: List[Dict], columns: Sequence[str], formats: Dict[str, str], js
     if json_path:
         with open(json_path, "w") as f:
             json.dump(rows, f, indent=1)
+
+
+def interleaved_rounds(systems, timed, repeats: int, warmup: int, mem_repeats: int, device, seed: int) -> str:
+    """Time ``systems`` side by side: ``warmup`` untimed rounds, then ``repeats`` rounds that run every system
+    once in a shuffled order, appending ``timed(s)``'s ``(wall, cpu)`` to ``s.times`` / ``s.cpu_times``;
+    then ``mem_repeats`` steps each into ``s.mem`` (:class:`PeakMemory`). Returns the memory method."""
+    rng = random.Random(seed)
+    for _ in range(warmup):
+        for s in systems:
+            timed(s)
+    for _ in range(repeats):
+        order = list(systems)
+        rng.shuffle(order)
+        for s in order:
+            wall, cpu = timed(s)
+            s.times.append(wall)
+            s.cpu_times.append(cpu)
+    mem = PeakMemory(device)
+    for _ in range(mem_repeats):
+        for s in systems:
+            s.mem.append(mem.measure(s.step))
+    return mem.method

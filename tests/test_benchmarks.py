@@ -147,3 +147,29 @@ def test_quality_pairs_the_multi_exit_methods_by_seed(tmp_path):
     assert "| difference | +2.00 | -0.50 |" in md  # (1 + 3) / 2, (-1 + 0) / 2
     assert "| ahead | 2 of 2 | 0 of 2 |" in md  # a tie is not ahead
     assert quality.paired_exit_markdown(str(tmp_path), "RTE") == ""
+
+
+def test_hf_speed_at_toy_size(tmp_path):
+    """The HF-vs-plugin step benchmark on a tiny random BERT: every system timed, ratios against HF."""
+    import importlib.util
+
+    from test_convert_hf import write_bert
+
+    write_bert(str(tmp_path / "hf"), model_cls="BertModel")
+    spec = importlib.util.spec_from_file_location("hf_speed", os.path.join(REPO, "benchmarks", "hf_speed.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.main(["--hf-dir", str(tmp_path / "hf"), "--shapes", "2x8", "--repeats", "2", "--mem-repeats", "1",
+                       "--json", str(tmp_path / "s.json")])
+    assert [r["system"] for r in rows] == ["hf", "plugin/sentence_ce", "plugin/acl_embed", "plugin/acl_grad/features",
+                                           "plugin/acl_grad/params", "plugin/acl_cross_layer/features/all exits"]
+    assert rows[0]["ratio_to_hf"] == 1.0 and all(r["ratio_to_hf"] > 0 and r["peak_mem_mb"] is not None for r in rows)
+    assert len(json.load(open(tmp_path / "s.json"))) == 6
+
+
+def test_optimizer_time_at_toy_size(tmp_path):
+    import optimizer_time
+
+    rows = optimizer_time.main(["--model", "tiny", "--repeats", "2", "--json", str(tmp_path / "o.json")])
+    assert [(r["layout"], r["optimizer"]) for r in rows][:2] == [("tensors", "fairseq adam"), ("tensors", "adamw_torch fused")]
+    assert {r["layout"] for r in rows} == {"tensors", "flat"} and all(r["median_step_ms"] > 0 for r in rows)

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""The optimizer step alone: fairseq's ``--optimizer adam`` against ``--optimizer adamw_torch`` (each
+kernel), on the parameters of a model as fairseq-train builds it, interleaved rounds, medians.
+
+    .venv/bin/python benchmarks/optimizer_time.py [--model minilm] [--repeats 9] [--threads 1] [--json PATH]
+
+Gradients are random and fixed; each round steps every optimizer once in a shuffled order. The flat
+row is what ``--fp16`` hands the optimizer: all parameters as one fp32 tensor.
+"""
+import argparse
+import os
+import random
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+KW = dict(lr=1e-5, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.1)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=sorted(common.MODEL_SIZES), default="minilm")
+    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: torch's default)")
+    p.add_argument("--json", help="write the rows here")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from fairseq.optim.adam import Adam
+
+    from acl_fairseq.optim.adamw_torch import BiasCorrectedEpsAdamW
+
+    with common.temp_dir("acl_opt_") as tmp:
+        data = common.make_dict_dir(tmp, common.MODEL_SIZES[args.model]["vocab"], 2)
+        _, _, model, _ = common.build(common.train_argv(data, "sentence_ce", "roberta", args.model, 128, 2, 16, "cpu"))
+    shapes = [tuple(q.shape) for q in model.parameters() if q.requires_grad]
+    numel = sum(torch.Size(s).numel() for s in shapes)
+    makers = {
+        "fairseq adam": lambda ps: Adam(ps, **KW),
+        "adamw_torch fused": lambda ps: BiasCorrectedEpsAdamW(ps, **KW, fused=True),
+        "adamw_torch foreach": lambda ps: BiasCorrectedEpsAdamW(ps, **KW, foreach=True),
+        "adamw_torch for-loop": lambda ps: BiasCorrectedEpsAdamW(ps, **KW, foreach=False),
+    }
+    gen = torch.Generator().manual_seed(0)
+    systems = {}
+    for layout, layout_shapes in (("tensors", shapes), ("flat", [(numel,)])):
+        for name, make in makers.items():
+            if layout == "flat" and name.endswith("for-loop"):
+                continue  # one tensor: the same as foreach
+            ps = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in layout_shapes]
+            for q in ps:
+                q.grad = torch.randn(q.shape, generator=gen)
+            systems[(layout, name)] = (make(ps), [])
+    rng = random.Random(0)
+    for r in range(args.repeats + 1):
+        order = list(systems)
+        rng.shuffle(order)
+        for key in order:
+            opt, times = systems[key]
+            start = time.perf_counter()
+            opt.step()
+            if r:  # the first round warms up
+                times.append(time.perf_counter() - start)
+    rows = []
+    for (layout, name), (_, times) in systems.items():
+        base = systems[(layout, "fairseq adam")][1]
+        rows.append({"layout": layout, "optimizer": name, "tensors": len(shapes) if layout == "tensors" else 1,
+                     "params_m": numel / 1e6, "median_step_ms": 1e3 * common.median(times),
+                     "speedup_vs_adam": common.median([b / t for b, t in zip(base, times)]),
+                     "threads": torch.get_num_threads(), "repeats": args.repeats})
+    print(f"# optimizer_time: {args.model}, {len(shapes)} tensors, {numel / 1e6:.1f}M parameters, "
+          f"threads={torch.get_num_threads()}, torch={torch.__version__}")
+    common.report(rows, ["layout", "optimizer", "tensors", "median_step_ms", "speedup_vs_adam"],
+                  {"median_step_ms": "{:.1f}", "speedup_vs_adam": "{:.2f}x"}, args.json)
+    return rows
+
+
+if __name__ == "__main__":
+    common.quiet()
+    main()
