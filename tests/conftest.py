@@ -7,4 +7,4 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: minutes-long tests on real data; run with -m slow")
+    config.addinivalue_line("markers", "slow: tests kept out of make test (real data, or long fairseq-train runs); run with -m slow")

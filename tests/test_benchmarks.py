@@ -149,6 +149,7 @@ def test_quality_pairs_the_multi_exit_methods_by_seed(tmp_path):
     assert quality.paired_exit_markdown(str(tmp_path), "RTE") == ""
 
 
+@pytest.mark.slow  # fairseq-train runs / model loads: kept out of make test's 10 minutes
 def test_hf_speed_at_toy_size(tmp_path):
     """The HF-vs-plugin step benchmark on a tiny random BERT: every system timed, ratios against HF."""
     import importlib.util

@@ -238,6 +238,7 @@ def test_fairseq_train_then_resume(tmp_path, data):
     assert state["optimizer_history"][-1]["num_updates"] == 6 and steps == {6}
 
 
+@pytest.mark.slow  # fairseq-train runs / model loads: kept out of make test's 10 minutes
 def test_resuming_an_adam_checkpoint_in_fp32_is_refused_by_fairseq(tmp_path, data):
     ck = str(tmp_path / "ck")
     helpers.train(data, ck, extra=["--max-update", "1"])  # helpers' default optimizer: adam

@@ -208,7 +208,8 @@ def _train_two_updates(data, save, model_args, extra=()):
     return os.path.join(save, "checkpoint_last.pt")
 
 
-@pytest.mark.parametrize("tokenizer", ["gpt2", "sentencepiece", "wordpiece"])
+@pytest.mark.parametrize("tokenizer", [pytest.param("gpt2", marks=pytest.mark.slow),
+                                       pytest.param("sentencepiece", marks=pytest.mark.slow), "wordpiece"])
 def test_each_tokenizer_from_a_moved_data_folder(glue_assets, tmp_path, tokenizer):
     """preprocess/glue.py's folder carries its tokenizer: after a move, raw dev text encodes to exactly the
     binarized dev split, and acl-predict reads the GLUE file."""

@@ -272,6 +272,7 @@ def write_roberta_with_bpe(hf_dir: str):
     model.save_pretrained(hf_dir)
 
 
+@pytest.mark.slow  # fairseq-train runs / model loads: kept out of make test's 10 minutes
 def test_hub_tokenizes_a_converted_roberta_as_hf_does(tmp_path):
     import transformers
 
