@@ -194,7 +194,8 @@ def main(argv=None) -> List[Dict]:
         rows += run_shape(args, b, t)
     print(f"# hf_speed: device={args.device} threads={torch.get_num_threads()} torch={torch.__version__} "
           f"cpu={platform.processor() or platform.machine()} repeats={args.repeats} pooling={args.pooling}")
-    print(f"# {common.describe_memory(run_shape.memory_method)}")
+    if rows:
+        print(f"# {common.describe_memory(run_shape.memory_method)}")
     common.report(rows, ["system", "batch", "seq_len", "median_step_s", "samples_per_s", "ratio_to_hf",
                          "ratio_to_hf_cpu", "peak_mem_mb", "mem_ratio_to_hf"],
                   {"median_step_s": "{:.4f}", "samples_per_s": "{:.1f}", "ratio_to_hf": "{:.3f}x",
