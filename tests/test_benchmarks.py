@@ -174,3 +174,24 @@ def test_optimizer_time_at_toy_size(tmp_path):
     rows = optimizer_time.main(["--model", "tiny", "--repeats", "2", "--json", str(tmp_path / "o.json")])
     assert [(r["layout"], r["optimizer"]) for r in rows][:2] == [("tensors", "fairseq adam"), ("tensors", "adamw_torch fused")]
     assert {r["layout"] for r in rows} == {"tensors", "flat"} and all(r["median_step_ms"] > 0 for r in rows)
+
+
+def test_hf_parity_summary_pairs_by_seed_and_names_settings():
+    import argparse
+
+    import hf_parity
+
+    runs = {"matched": {"RTE": {
+        "plugin": [{"seed": 1, "metric": 60.0, "samples_per_s": 3.0}, {"seed": 2, "metric": 62.0, "samples_per_s": 3.2},
+                   {"seed": 3, "metric": 58.0, "samples_per_s": None}],
+        "hf": [{"seed": 2, "metric": 61.0, "samples_per_s": 2.9}, {"seed": 1, "metric": 63.0, "samples_per_s": 3.1}]}}}
+    entry = hf_parity.summarize(runs)["matched"]["RTE"]
+    assert entry["paired"]["seeds"] == [1, 2] and entry["paired"]["diffs"] == [-3.0, 1.0]
+    assert entry["paired"]["within_target"] is True  # |mean -1| <= max(1, std 2.83)
+    assert entry["plugin"]["values"] == [60.0, 62.0, 58.0] and entry["plugin"]["samples_per_s"] == 3.1
+    args = argparse.Namespace(pair_format="double", head_dropout=None, clip_norm=1.0, adam_betas=None, adam_eps=None,
+                              hf_max_len=512, hf_batching="shuffle", no_segment=True)
+    row = {"lr": "3e-05", "pooling": "cls"}
+    assert hf_parity.setting_name(args, row, 3e-5, "mean") == "mean_pair_format=double_clip_norm=1.0_no_segment"
+    assert "| matched | RTE | 60.0, 62.0, 58.0 |" in hf_parity.markdown(hf_parity.summarize(runs), "cmd")
+    assert set(hf_parity.read_table()) >= {"RTE", "STS-B", "SST-2"}
