@@ -60,13 +60,11 @@ def read_table(path: str = TABLE) -> Dict[str, Dict[str, str]]:
     return rows
 
 
-def setting_name(args, task_row: Dict[str, str], lr: float, pooling: str) -> str:
-    """The folder of a setting: 'matched', or what differs from the matched defaults."""
-    parts = []
-    if lr != float(task_row["lr"]):
-        parts.append(f"lr{lr:g}")
-    if pooling != task_row["pooling"]:
-        parts.append(pooling)
+def setting_name(args, lr: float, pooling: str) -> str:
+    """The folder of a setting: its lr and pooling, then what else differs from the matched defaults. Names
+    do not depend on the recipe table, so the search's runs and the parity runs of the same setting are the
+    same runs (seed 1 of the chosen row is not trained twice)."""
+    parts = [f"lr{lr:g}", pooling]
     for name, default in (("pair_format", "single"), ("head_dropout", None), ("clip_norm", 0.0),
                           ("adam_betas", None), ("adam_eps", None), ("hf_max_len", 512), ("hf_batching", "shuffle")):
         value = getattr(args, name)
@@ -74,7 +72,7 @@ def setting_name(args, task_row: Dict[str, str], lr: float, pooling: str) -> str
             parts.append(f"{name}={value}".replace(" ", "").replace("(", "").replace(")", ""))
     if args.no_segment:
         parts.append("no_segment")
-    return "_".join(parts) or "matched"
+    return "_".join(parts)
 
 
 def variant_encoder(enc: G.Encoder, args) -> G.Encoder:
@@ -127,12 +125,13 @@ def plugin_job(args, enc, task, seed, lr, pooling, root, epochs, batch) -> Dict:
 
 
 def _fairseq_samples_per_s(log_path: str, n_train: int) -> Optional[float]:
-    """Examples per second of training (fairseq's per-epoch train_wall, the time inside train_step)."""
+    """Examples per second of training: fairseq's per-epoch train_wall (logged as train_train_wall; the
+    train_wall beside it is the run's cumulative wall-clock)."""
     walls = []
     with open(log_path, encoding="utf-8", errors="replace") as f:
         for line in f:
-            if '"train_wall"' in line and "| train |" in line:
-                walls.append(float(json.loads(line[line.index("{"):])["train_wall"]))
+            if '"train_train_wall"' in line and "| train |" in line:
+                walls.append(float(json.loads(line[line.index("{"):])["train_train_wall"]))
     return n_train * len(walls) / sum(walls) if walls and sum(walls) > 0 else None
 
 
@@ -166,8 +165,7 @@ def plan(args, table) -> List[tuple]:
     jobs = []
     if args.search:
         for lr, pooling in SEARCH:
-            row = table["RTE"]
-            root = os.path.join(args.work, "parity", "search", setting_name(args, row, lr, pooling))
+            root = os.path.join(args.work, "parity", setting_name(args, lr, pooling))
             jobs.append(("plugin", "RTE", args.seeds[0], lr, pooling, root))
         return jobs
     for seed in args.seeds:
@@ -175,7 +173,7 @@ def plan(args, table) -> List[tuple]:
             row = table[task]
             lr = args.lr if args.lr is not None else float(row["lr"])
             pooling = args.pooling or row["pooling"]
-            root = os.path.join(args.work, "parity", setting_name(args, row, lr, pooling))
+            root = os.path.join(args.work, "parity", setting_name(args, lr, pooling))
             jobs += [(system, task, seed, lr, pooling, root) for system in args.systems]
     return jobs
 

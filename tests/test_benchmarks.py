@@ -191,7 +191,17 @@ def test_hf_parity_summary_pairs_by_seed_and_names_settings():
     assert entry["plugin"]["values"] == [60.0, 62.0, 58.0] and entry["plugin"]["samples_per_s"] == 3.1
     args = argparse.Namespace(pair_format="double", head_dropout=None, clip_norm=1.0, adam_betas=None, adam_eps=None,
                               hf_max_len=512, hf_batching="shuffle", no_segment=True)
-    row = {"lr": "3e-05", "pooling": "cls"}
-    assert hf_parity.setting_name(args, row, 3e-5, "mean") == "mean_pair_format=double_clip_norm=1.0_no_segment"
+    assert hf_parity.setting_name(args, 3e-5, "mean") == "lr3e-05_mean_pair_format=double_clip_norm=1.0_no_segment"
     assert "| matched | RTE | 60.0, 62.0, 58.0 |" in hf_parity.markdown(hf_parity.summarize(runs), "cmd")
     assert set(hf_parity.read_table()) >= {"RTE", "STS-B", "SST-2"}
+
+
+def test_hf_parity_samples_per_s_uses_each_epochs_train_wall(tmp_path):
+    # fairseq logs the epoch's time in train_step as train_train_wall; train_wall is the run's running total
+    import hf_parity
+
+    log = tmp_path / "train.log"
+    log.write_text("".join(
+        f'2026-12-01 | INFO | train | {{"epoch": {e}, "train_train_wall": "100", "train_wall": "{105 * e}"}}\n'
+        for e in (1, 2, 3)) + '2026-12-01 | INFO | valid | {"epoch": 3, "valid_wall": "400"}\n')
+    assert hf_parity._fairseq_samples_per_s(str(log), 250) == pytest.approx(2.5)
