@@ -9,12 +9,19 @@ from typing import Dict, List, Optional, Sequence
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(REPO, "acl_fairseq")
 
-# Odd, distinct sizes so that swapped axes fail loudly (fairseq/BERT tester habit).
-TINY_ROBERTA = [
+# The tests' tiny encoder: odd, distinct sizes so that swapped axes fail loudly (fairseq/BERT tester
+# habit). The plugin registers no tiny preset, so every tiny run passes these flags, with --arch roberta
+# or multi_exit_roberta. (benchmarks/common.py keeps its own "tiny" entry of the same shape: benchmarks
+# import nothing from tests/.)
+TINY_SHAPE = [
     "--encoder-layers", "3",
     "--encoder-embed-dim", "12",
     "--encoder-ffn-embed-dim", "20",
     "--encoder-attention-heads", "4",
+]
+# ... with short positions and no dropout, where values are compared
+TINY_ROBERTA = [
+    *TINY_SHAPE,
     "--max-positions", "64",
     "--dropout", "0.0",
     "--attention-dropout", "0.0",

@@ -304,7 +304,7 @@ def test_gather_is_identity_outside_distributed_training():
 
 
 def test_two_rank_fairseq_train_with_the_cpu_launcher(tmp_path):
-    """acl_cross_layer on multi_exit_roberta_tiny, global contrastive set, to the end of training.
+    """acl_cross_layer on a tiny multi_exit_roberta, global contrastive set, to the end of training.
     3 batches over 2 ranks: in the second update rank 1 has none left and fairseq replays a dummy."""
     data = helpers.make_data(str(tmp_path / "data"), n_train=20)["data"]  # batches of 8, 8 and 4
     save = tmp_path / "ckpt"
@@ -312,8 +312,8 @@ def test_two_rank_fairseq_train_with_the_cpu_launcher(tmp_path):
         data,
         str(save),
         criterion="acl_cross_layer",
-        arch="multi_exit_roberta_tiny",
-        model_args=["--max-positions", "64", "--dropout", "0.0", "--attention-dropout", "0.0"],
+        arch="multi_exit_roberta",
+        model_args=helpers.TINY_ROBERTA,
         extra=["--contrast-across-workers", "--acl-grad-global-decision"],
         task="sentence_prediction_acl",
     )

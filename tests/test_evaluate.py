@@ -180,7 +180,7 @@ def evaluated(data, tmp_path_factory):
         data,
         str(root / "ckpt"),
         criterion="sentence_prediction",
-        arch="multi_exit_roberta_tiny",
+        arch="multi_exit_roberta",
         model_args=TINY_MULTI,
         max_epoch=2,
     )

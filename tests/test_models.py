@@ -13,10 +13,10 @@ from acl_fairseq import heads as heads_mod
 from acl_fairseq.models import multi_exit_roberta as mer
 
 HEAD = "sentence_classification_head"
-TINY_MULTI = ["--max-positions", "64", "--dropout", "0.0", "--attention-dropout", "0.0"]
+TINY_MULTI = helpers.TINY_ROBERTA  # the tiny shape for --arch multi_exit_roberta (no tiny preset is registered)
 
 
-def build(data, arch="multi_exit_roberta_tiny", extra=()):
+def build(data, arch="multi_exit_roberta", extra=()):
     """(task, model in eval mode, args) built in-process exactly as fairseq-train builds them."""
     from fairseq import options, tasks
 
@@ -75,13 +75,17 @@ def test_architectures_are_registered_with_encoder_shapes():
         "multi_exit_roberta",
         "multi_exit_roberta_base",
         "multi_exit_roberta_large",
-        "multi_exit_roberta_tiny",
     ):
         assert ARCH_MODEL_REGISTRY[arch] is mer.MultiExitRobertaModel
+    # the spec's presets and nothing else (test sizes are flags, tests/helpers.py TINY_SHAPE)
+    assert {a for a, m in ARCH_MODEL_REGISTRY.items() if m is mer.MultiExitRobertaModel} == {
+        "multi_exit_roberta",
+        "multi_exit_roberta_base",
+        "multi_exit_roberta_large",
+    }
     shapes = {
         "multi_exit_roberta_base": (12, 768, 3072, 12),
         "multi_exit_roberta_large": (24, 1024, 4096, 16),
-        "multi_exit_roberta_tiny": (3, 12, 20, 4),
     }
     for arch, shape in shapes.items():
         args = argparse.Namespace()
@@ -213,7 +217,7 @@ def restored(data, tmp_path_factory):
         data,
         multi_dir,
         criterion="sentence_prediction",
-        arch="multi_exit_roberta_tiny",
+        arch="multi_exit_roberta",
         model_args=TINY_MULTI,
         extra=[
             "--restore-file",

@@ -41,7 +41,7 @@ def _pbtxt_entries(path: str):
 def test_train_logs_alignment_scalars_and_one_projector_snapshot_per_exit(tmp_path, data):
     tb = tmp_path / "tb"
     proc = helpers.train(
-        data, str(tmp_path / "ck"), criterion="acl_cross_layer", arch="multi_exit_roberta_tiny", model_args=[],
+        data, str(tmp_path / "ck"), criterion="acl_cross_layer", arch="multi_exit_roberta", model_args=helpers.TINY_SHAPE,
         extra=[*TINY, "--projector-every", "1", "--tensorboard-logdir", str(tb)],
     )
     log = proc.stdout + proc.stderr
@@ -83,7 +83,7 @@ def test_train_logs_alignment_scalars_and_one_projector_snapshot_per_exit(tmp_pa
 
     # a drop-in replacement: the stock task's run gives the same validation numbers
     stock = helpers.train(data, str(tmp_path / "ck_stock"), criterion="acl_cross_layer",
-                          arch="multi_exit_roberta_tiny", model_args=[])
+                          arch="multi_exit_roberta", model_args=helpers.TINY_SHAPE)
     timing = ("valid_wps", "valid_wpb", "valid_bsz", "valid_wall")
     ours, theirs = _valid_stats(proc), _valid_stats(stock)
     assert {k: v for k, v in ours.items() if k not in timing} == {k: v for k, v in theirs.items() if k not in timing}
@@ -98,7 +98,7 @@ def test_projector_refuses_without_a_log_dir(tmp_path, data):
 
     def task_cfg(extra):
         args = helpers.train_args(data, str(tmp_path / "ck"), criterion="acl_cross_layer",
-                                  arch="multi_exit_roberta_tiny", model_args=[], extra=[*TINY, *extra])
+                                  arch="multi_exit_roberta", model_args=helpers.TINY_SHAPE, extra=[*TINY, *extra])
         return convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), args)).task
 
     with pytest.raises(ValueError, match="no log dir is known: pass --tensorboard-logdir DIR"):

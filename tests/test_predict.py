@@ -25,7 +25,7 @@ def run(tmp_path_factory):
     """A tiny multi-exit model (mean pooling, every layer an exit) trained 2 epochs on toy pairs."""
     root = tmp_path_factory.mktemp("predict")
     data = helpers.make_data(str(root / "data"), pair=True)["data"]
-    helpers.train(data, str(root / "ckpt"), criterion="sentence_prediction", arch="multi_exit_roberta_tiny",
+    helpers.train(data, str(root / "ckpt"), criterion="sentence_prediction", arch="multi_exit_roberta",
                   model_args=TINY_MULTI + ["--exit-pooling", "mean"], max_epoch=2)
     return root, data, str(root / "ckpt" / "checkpoint_best.pt")
 

@@ -228,7 +228,7 @@ def test_extra_flags_pass_through_last(env):
 
 def test_environment_overrides(env, tmp_path):
     env.update(SEED="7", MAX_EPOCH="1", TOTAL_UPDATES="50", MODEL="large", RESTORE="none", LR="5e-4", BATCH_SIZE="8",
-               DATA_BIN=str(tmp_path / "mydata"), ARCH="multi_exit_roberta_tiny", EXIT_LAYERS="2,3",
+               DATA_BIN=str(tmp_path / "mydata"), ARCH="multi_exit_roberta", EXIT_LAYERS="2,3",
                EXIT_POOLING="mean", MODEL_ARGS="--encoder-layers 3")
     argv = train_argv(run("CoLA.sh", "multi_exit_ce", "--dry-run", env=env).stdout)
     assert argv[1] == str(tmp_path / "mydata")
@@ -237,7 +237,7 @@ def test_environment_overrides(env, tmp_path):
     assert flag(argv, "--total-num-update") == flag(argv, "--max-update") == "50"
     assert flag(argv, "--warmup-updates") == "3"  # 6 % of the overridden total
     assert "--restore-file" not in argv and "--reset-optimizer" not in argv
-    assert flag(argv, "--arch") == "multi_exit_roberta_tiny"
+    assert flag(argv, "--arch") == "multi_exit_roberta"
     assert flag(argv, "--exit-layers") == "2,3" and flag(argv, "--exit-pooling") == "mean"
     assert flag(argv, "--encoder-layers") == "3"
 
@@ -566,7 +566,8 @@ def test_tiny_end_to_end_run(env, tmp_path):
     through to the checkpoint, TensorBoard events, the early-exit JSON, result.json and the table."""
     data = helpers.make_data(str(tmp_path / "toy"))["data"]
     env.pop("ROBERTA_PATH")
-    env.update(DATA_BIN=data, ARCH="multi_exit_roberta_tiny", RESTORE="none", MAX_EPOCH="2", TOTAL_UPDATES="4",
+    env.update(DATA_BIN=data, ARCH="multi_exit_roberta", MODEL_ARGS=" ".join(helpers.TINY_SHAPE), RESTORE="none",
+               MAX_EPOCH="2", TOTAL_UPDATES="4",
                LOG_INTERVAL="1", EVAL_ARGS="--timing-examples 8 --timing-repeats 1")
     proc = run("SST-2.sh", "acl_cross_layer", "--num-workers", "0", env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -2,8 +2,8 @@
 """Multi-exit RoBERTa: one fairseq ``RobertaClassificationHead`` after each chosen encoder layer.
 
 A thin subclass of fairseq's ``RobertaModel`` (encoder, embeddings and transformer layers are
-fairseq's own). Registered as ``multi_exit_roberta`` with presets ``multi_exit_roberta_base``,
-``multi_exit_roberta_large`` and ``multi_exit_roberta_tiny`` (tests). Example:
+fairseq's own). Registered as ``multi_exit_roberta`` with presets ``multi_exit_roberta_base`` and
+``multi_exit_roberta_large``. Example:
 ``fairseq-train DATA --user-dir acl_fairseq --task sentence_prediction --arch multi_exit_roberta_base
 --exit-layers 2,4,6,8,10,12 --exit-pooling cls --criterion sentence_prediction ...``
 
@@ -228,14 +228,4 @@ def multi_exit_roberta_base_architecture(args):
 @register_model_architecture("multi_exit_roberta", "multi_exit_roberta_large")
 def multi_exit_roberta_large_architecture(args):
     roberta_large_architecture(args)  # 24 layers, 1024 dim, fills the encoder shape first
-    multi_exit_roberta_architecture(args)
-
-
-@register_model_architecture("multi_exit_roberta", "multi_exit_roberta_tiny")
-def multi_exit_roberta_tiny_architecture(args):
-    # odd, distinct sizes (tests only) so that swapped axes fail loudly
-    args.encoder_layers = safe_getattr(args, "encoder_layers", 3)
-    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 12)
-    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 20)
-    args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", 4)
     multi_exit_roberta_architecture(args)
