@@ -16,7 +16,7 @@ export PATH="$VENV/bin:$PATH" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" PYTHONWARN
 
 echo "[demo] data: toy sentiment task with negation -> $OUT/data"
 rm -rf "$OUT"
-python -m acl_fairseq.toy_data "$OUT/data" --n-train 4000 --n-valid 500 > "$OUT.preprocess.log" 2>&1 \
+python "$ROOT/scripts/toy_data.py" "$OUT/data" --n-train 4000 --n-valid 500 > "$OUT.preprocess.log" 2>&1 \
   || { cat "$OUT.preprocess.log"; exit 1; }
 mv "$OUT.preprocess.log" "$OUT/preprocess.log"
 

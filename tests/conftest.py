@@ -1,9 +1,11 @@
 import os
 import sys
 
-# tests import their helpers as `helpers`; acl_fairseq itself is installed (editable) or on the path
+# tests import their helpers as `helpers` and the demo's synthetic data as `toy_data` (scripts/toy_data.py,
+# not part of the package); acl_fairseq itself is installed (editable) or on the path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
 
 
 def pytest_configure(config):

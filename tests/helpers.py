@@ -29,8 +29,8 @@ TINY_ROBERTA = [
 
 
 def make_data(out_dir: str, **kw) -> Dict[str, object]:
-    """Generate and binarize the toy task (see ``acl_fairseq.toy_data.make_toy_dataset``)."""
-    from acl_fairseq.toy_data import make_toy_dataset
+    """Generate and binarize the toy task (see ``make_toy_dataset`` in scripts/toy_data.py)."""
+    from toy_data import make_toy_dataset
 
     kw.setdefault("n_train", 48)
     kw.setdefault("n_valid", 24)

@@ -151,7 +151,7 @@ def test_console_script_is_declared():
 
 def add_unlabeled_test_split(data, root):
     """Binarize an unlabeled ``test`` split with the data's dictionary (like GLUE's test sets)."""
-    from acl_fairseq.toy_data import make_examples, write_raw
+    from toy_data import make_examples, write_raw
     from fairseq_cli import preprocess
 
     write_raw(str(root / "test"), make_examples(10, seed=7))

@@ -149,7 +149,7 @@ def test_conventions_tokenizer_is_a_record_and_the_old_form_is_upgraded():
 def test_toy_data_records_its_whitespace_tokenizer(tmp_path):
     from fairseq.data import Dictionary, data_utils
 
-    from acl_fairseq.toy_data import make_toy_dataset
+    from toy_data import make_toy_dataset
 
     make_toy_dataset(str(tmp_path), n_train=16, n_valid=8)
     record = read(str(tmp_path))
@@ -257,7 +257,7 @@ def write_roberta_with_bpe(hf_dir: str):
     from test_convert_hf import SIZES, _randomize
     from tokenizers import ByteLevelBPETokenizer
 
-    from acl_fairseq.toy_data import make_examples
+    from toy_data import make_examples
 
     texts = [a for a, _, _ in make_examples(200, seed=0)]
     bpe = ByteLevelBPETokenizer()

@@ -1,9 +1,13 @@
+#!/usr/bin/env python
 """A small built-in sentence classification task, generated offline, where depth matters.
+
+    python scripts/toy_data.py OUT_DIR [--n-train 4000] [--n-valid 500] [--pair] [--regression]
 
 Sentences like ``the plot was not very dull , honestly`` carry sentiment words whose polarity is
 flipped by a negation a few tokens earlier, and by intensifiers/fillers in between, so a bag of words
 (what a shallow exit sees first) is not enough: the model must combine tokens. Used by ``make demo``
-and by the tests (which want a learnable task, not noise).
+(scripts/demo.sh) and by the tests (which want a learnable task, not noise; tests/conftest.py puts this
+folder on their path). Demo and test code, so not part of the plugin package.
 
 Writes fairseq's raw layout (``{split}.input0``, optional ``{split}.input1``, ``{split}.label``) and
 binarizes it with fairseq's own ``fairseq-preprocess`` into ``input0/``, ``input1/`` and ``label/``, with a
