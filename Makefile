@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: env demo test test-slow clean
+.PHONY: env demo test test-slow lint clean
 
 env:
 	@bash scripts/setup_env.sh
@@ -15,6 +15,10 @@ test: env
 
 test-slow: env
 	@$(PY) -m pytest -q -m slow
+
+# ruff (lint and import order, settings in pyproject.toml); installed by scripts/setup_env.sh
+lint: env
+	@$(VENV)/bin/ruff check .
 
 clean:
 	rm -rf demo_out
