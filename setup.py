@@ -13,15 +13,18 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.8",
-    # preprocess/: GLUE task table and binarization, also read by acl-predict --task
-    packages=find_packages(include=["acl_fairseq", "acl_fairseq.*", "preprocess"]),
+    # the plugin and its subpackages only (acl_fairseq.preprocessing: GLUE preprocessing, also read by
+    # acl-predict --task; never imported by the --user-dir package itself)
+    packages=find_packages(include=["acl_fairseq", "acl_fairseq.*"]),
     install_requires=["numpy", "sentencepiece", "tensorboardX", "tokenizers"],
     entry_points={
         "console_scripts": [
             "acl-evaluate=acl_fairseq.evaluate:cli_main",
             "acl-predict=acl_fairseq.predict:cli_main",
             "acl-convert-hf=acl_fairseq.convert_hf:cli_main",
-            "acl-fairseq-help=acl_fairseq.help:cli_main",
+            "acl-preprocess=acl_fairseq.preprocessing.glue:cli_main",
+            "acl-help=acl_fairseq.help:cli_main",
+            "acl-fairseq-help=acl_fairseq.help:cli_main",  # deprecated spelling of acl-help, kept working
         ]
     },
     license="MIT",

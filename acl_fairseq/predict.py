@@ -3,14 +3,15 @@
     acl-predict CHECKPOINT --data DATA_BIN --input FILE|- [--task RTE | --columns 2,3]
         [--policy entropy --threshold 0.3 | --exit-layer L] [--batch-size 32] [--output FILE|-] [--format jsonl|tsv]
 
-Input: a GLUE TSV (``--task``: the task's text columns, header and layout from preprocess/glue_tasks.py), a
-TSV with ``--columns`` (1-based), JSONL (``{"text": ..., "text_pair": ...}``; ``"id"`` is kept), or plain
-text, one sentence per line. Output, streamed in input order: one record per input with its id, label
-(or score), probabilities and exit layer. Without policy flags the last exit decides, like an ordinary
-classifier. A bad row (empty, wrong column count, bad JSON) is reported with ``file:line`` and skipped, or
-stops the run with ``--strict``. Inputs longer than the model's positions are cut and counted. The
-decisions are those of the layer-by-layer engine acl-evaluate checks, on the same length-sorted batches
-(``--chunk-size`` inputs are sorted together; the default holds a GLUE dev set whole).
+Input: a GLUE TSV (``--task``: the task's text columns, header and layout from
+``acl_fairseq.preprocessing.glue_tasks``), a TSV with ``--columns`` (1-based), JSONL (``{"text": ...,
+"text_pair": ...}``; ``"id"`` is kept), or plain text, one sentence per line. Output, streamed in input
+order: one record per input with its id, label (or score), probabilities and exit layer. Without policy
+flags the last exit decides, like an ordinary classifier. A bad row (empty, wrong column count, bad JSON) is
+reported with ``file:line`` and skipped, or stops the run with ``--strict``. Inputs longer than the model's
+positions are cut and counted. The decisions are those of the layer-by-layer engine acl-evaluate checks, on
+the same length-sorted batches (``--chunk-size`` inputs are sorted together; the default holds a GLUE dev
+set whole).
 """
 import argparse
 import itertools
@@ -130,7 +131,7 @@ def read_rows(args) -> Iterator[object]:
 def glue_layout(task: str, path: str) -> Tuple[List[int], bool, Optional[int]]:
     """(text columns, header?, field count) of a GLUE file of ``task``: train/dev or test layout,
     told apart by the header (test files have no label column)."""
-    from preprocess.glue_tasks import get_task
+    from acl_fairseq.preprocessing.glue_tasks import get_task
 
     spec = get_task(task)
     first = next(_lines(path), (1, ""))[1].split("\t") if path != "-" else None

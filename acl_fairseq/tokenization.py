@@ -121,7 +121,7 @@ def build(record: dict, base_dir: str) -> Tokenize:
     """``text -> token strings``, the tokenizer built once here. ``base_dir``: the record's folder.
 
     The returned closure is not picklable: a process pool passes ``(record, base_dir)`` and each worker
-    calls ``build`` itself (``preprocess/text_encoders.py``)."""
+    calls ``build`` itself (``acl_fairseq/preprocessing/text_encoders.py``)."""
     validate(record)
     kind, paths = record["kind"], _paths(record, base_dir)
     if kind == "gpt2":

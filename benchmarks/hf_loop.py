@@ -31,14 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _glue_runs as G  # noqa: E402
-
-sys.path.insert(0, G.REPO)  # preprocess/ is not installed (as in preprocess_speed.py)
-from preprocess.glue_tasks import TASKS, TaskSpec, get_task, read_split  # noqa: E402
-
-from acl_fairseq import glue_metrics  # noqa: E402
-from acl_fairseq.heads import head_forward, pool_states  # noqa: E402
+import _glue_runs as G
+from acl_fairseq import glue_metrics
+from acl_fairseq.heads import head_forward, pool_states
+from acl_fairseq.preprocessing.glue_tasks import TASKS, TaskSpec, get_task, read_split
 
 Text = Union[str, Tuple[str, str]]
 Examples = Tuple[List[Text], List[Union[int, float]]]  # texts, targets

@@ -23,10 +23,9 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from acl_fairseq.preprocessing.gpt2_files import GPT2_FILES, write_local_gpt2_bpe
 
-from preprocess.gpt2_files import GPT2_FILES, write_local_gpt2_bpe  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 COMPARED = ["input0/train.bin", "input0/train.idx", "input0/valid.bin", "input0/test.bin", "input0/dict.txt",
             "label/dict.txt", "label/train.bin", "label/valid.bin"]

@@ -17,8 +17,8 @@ from helpers import REPO
 
 from acl_fairseq import tokenization
 from acl_fairseq.tokenization import basic_words, detect_lowercase, load_vocab, vocab_is_uncased
-from preprocess import glue, scl_protocols as scl
-from preprocess.gpt2_files import write_local_gpt2_bpe
+from acl_fairseq.preprocessing import glue, scl_protocols as scl
+from acl_fairseq.preprocessing.gpt2_files import write_local_gpt2_bpe
 
 # the real GLUE TSVs: ../shared/glue beside the checkout (override with GLUE_DIR)
 GLUE_REAL = os.environ.get("GLUE_DIR", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "glue"))
@@ -392,7 +392,7 @@ def test_qqp_malformed_rows_filtered_and_counted(tmp_path, assets):
 
 
 def test_reader_quirks(tmp_path):
-    from preprocess.glue_tasks import TASKS, read_split
+    from acl_fairseq.preprocessing.glue_tasks import TASKS, read_split
 
     d = tmp_path / "t"
     d.mkdir()

@@ -22,8 +22,8 @@ def assets(tmp_path_factory):
     """One folder holding the files of every kind, under the names the records use."""
     from tokenizers import ByteLevelBPETokenizer
 
-    from preprocess import text_encoders as te
-    from preprocess.gpt2_files import write_local_gpt2_bpe
+    from acl_fairseq.preprocessing import text_encoders as te
+    from acl_fairseq.preprocessing.gpt2_files import write_local_gpt2_bpe
 
     d = str(tmp_path_factory.mktemp("tok"))
     write_local_gpt2_bpe(d, TEXTS * 3, num_merges=80)
@@ -124,7 +124,7 @@ def test_read_from_stats_json(assets, tmp_path):
 
 
 def test_pool_workers_build_their_tokenizer_from_the_record(assets):
-    from preprocess.text_encoders import EncoderPool, EncoderSpec
+    from acl_fairseq.preprocessing.text_encoders import EncoderPool, EncoderSpec
 
     spec = EncoderSpec(RECORDS["wordpiece"], assets)
     texts = TEXTS * 7
@@ -304,8 +304,8 @@ def _sha(data: bytes) -> str:
 
 def _split_files(task: str):
     """``[(fairseq split, tsv stem, kind)]`` of the task folder (QNLI here has no train.tsv)."""
-    from preprocess.glue import _nth
-    from preprocess.glue_tasks import get_task
+    from acl_fairseq.preprocessing.glue import _nth
+    from acl_fairseq.preprocessing.glue_tasks import get_task
 
     spec = get_task(task)
     out = [("train", "train", "train")] if os.path.isfile(os.path.join(GLUE_REAL, task, "train.tsv")) else []
@@ -330,9 +330,9 @@ def minilm(tmp_path_factory):
 def test_wordpiece_glue_output_unchanged(minilm, tmp_path, task):
     """Every split, token lines and binarized files, as the pure-Python WordPiece wrote them (how the
     hashes were made: the "how" field of the data file)."""
-    from preprocess import glue
-    from preprocess.glue_tasks import read_split
-    from preprocess.text_encoders import EncoderPool, EncoderSpec
+    from acl_fairseq.preprocessing import glue
+    from acl_fairseq.preprocessing.glue_tasks import read_split
+    from acl_fairseq.preprocessing.text_encoders import EncoderPool, EncoderSpec
 
     with open(os.path.join(HERE, "data", "wordpiece_glue_sha256.json")) as f:
         expected = json.load(f)

@@ -10,9 +10,9 @@ from multiprocessing import Pool
 from typing import Callable, Iterator, List, Optional, Sequence
 
 from acl_fairseq import tokenization
-from preprocess.glue_tasks import GlueDataError
+from acl_fairseq.preprocessing.glue_tasks import GlueDataError
 
-logger = logging.getLogger("preprocess.text_encoders")
+logger = logging.getLogger(__name__)
 
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
 

@@ -15,9 +15,9 @@ import urllib.request
 from collections import Counter
 from typing import Dict, Iterable, List, Tuple
 
-from preprocess.glue_tasks import GlueDataError
+from acl_fairseq.preprocessing.glue_tasks import GlueDataError
 
-logger = logging.getLogger("preprocess.gpt2_files")
+logger = logging.getLogger(__name__)
 
 GPT2_BPE_URL = "https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/"
 GPT2_FILES = ("encoder.json", "vocab.bpe", "dict.txt")

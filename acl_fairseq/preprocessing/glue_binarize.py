@@ -6,7 +6,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-logger = logging.getLogger("preprocess.glue_binarize")
+logger = logging.getLogger(__name__)
 
 PERCENTILES = (50, 90, 95, 99)
 

@@ -1,7 +1,0 @@
-"""GLUE preprocessing for fairseq's ``sentence_prediction`` task (entry point: ``preprocess/glue.py``).
-
-Modules: ``glue_tasks`` (the per-task table and the strict TSV reader), ``text_encoders`` (the tokenizing
-process pool and the dict.txt of each tokenizer; the tokenizers are ``acl_fairseq.tokenization``),
-``gpt2_files`` (fetching or locally building GPT-2 BPE files), ``scl_protocols`` (the SCL paper's
-few-shot split and label noise), ``glue_binarize`` (fairseq-preprocess calls and stats).
-"""
