@@ -282,6 +282,28 @@ def test_gpt2_files_downloaded_when_missing(tmp_path, assets):
     assert sorted(os.listdir(empty)) == ["dict.txt", "encoder.json", "vocab.bpe"]
 
 
+def test_local_gpt2_bpe_files_round_trip_through_fairseqs_gpt2_reader(tmp_path):
+    """The tokenizers trainer's files as encoder.json / vocab.bpe: fairseq's reader skips only the '#version'
+    header (every merge kept, in order), encodes as tokenizers does, and decodes back to the text."""
+    from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
+    from tokenizers import ByteLevelBPETokenizer
+
+    from acl_fairseq.preprocessing.gpt2_files import train_byte_level_bpe
+
+    texts = [" ".join(ALL_TEXT)] * 3 + ALL_TEXT
+    paths = write_local_gpt2_bpe(str(tmp_path), texts, num_merges=60)
+    assert open(paths["vocab.bpe"], encoding="utf-8").readline().startswith("#version")
+    bpe = get_encoder(paths["encoder.json"], paths["vocab.bpe"])
+    encoder, merges = train_byte_level_bpe(texts, 60)
+    assert len(merges) == 60 and list(bpe.bpe_ranks) == merges
+    assert bpe.encoder == encoder and len(encoder) == 256 + 60
+    ref = ByteLevelBPETokenizer(paths["encoder.json"], paths["vocab.bpe"])
+    for text in ALL_TEXT + ["naïve Straße 中文 (what) -- where", "  two  spaces "]:
+        ids = bpe.encode(text)
+        assert ids == ref.encode(text).ids and bpe.decode(ids) == text, text
+    assert sorted(int(line.split()[0]) for line in open(paths["dict.txt"])) == sorted(encoder.values())
+
+
 def test_gpt2_offline_says_what_to_do(tmp_path, capsys):
     folder, _ = make_task(tmp_path, "CoLA")
     rc = run_main("CoLA", folder, tmp_path / "bin", "--tokenizer", "gpt2", "--bpe-dir", str(tmp_path / "b"), "--bpe-url", "http://127.0.0.1:9/")

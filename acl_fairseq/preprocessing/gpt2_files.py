@@ -2,14 +2,15 @@
 
 ``ensure_gpt2_bpe`` downloads any missing file from fairseq's server (as preprocess_GLUE_tasks.sh does
 with ``wget -N``), into ``--bpe-dir``, atomically; files already there are never fetched again.
-``write_local_gpt2_bpe`` builds a small byte-level BPE in the same three-file format from some text,
-for tests and benchmarks on machines that cannot reach the official files. It is NOT roberta.base's
-vocabulary: a model pretrained with the official files needs the official files.
+``write_local_gpt2_bpe`` learns a small byte-level BPE from some text with the ``tokenizers`` trainer and
+writes it in the same three-file format, for tests and benchmarks on machines that cannot reach the
+official files. It is NOT roberta.base's vocabulary: a model pretrained with the official files needs the
+official files.
 """
-import heapq
 import json
 import logging
 import os
+import tempfile
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -21,8 +22,6 @@ logger = logging.getLogger(__name__)
 
 GPT2_BPE_URL = "https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/"
 GPT2_FILES = ("encoder.json", "vocab.bpe", "dict.txt")
-# the pre-tokenization regex of GPT-2 (fairseq/data/encoders/gpt2_bpe_utils.py)
-GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
 def default_bpe_dir() -> str:
@@ -59,76 +58,30 @@ def ensure_gpt2_bpe(bpe_dir: str, base_url: str = GPT2_BPE_URL, timeout: float =
     return paths
 
 
-def _words(texts: Iterable[str]) -> Counter:
-    import regex
+def _trained_bpe(texts: Iterable[str], num_merges: int):
+    """A ``tokenizers`` byte-level BPE learned from ``texts``: GPT-2's pre-tokenization regex and byte-to-symbol
+    map (``pre_tokenizers.ByteLevel``, as fairseq's ``gpt2_bpe_utils``), all 256 byte symbols, then up to
+    ``num_merges`` merges, most frequent pair first."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from fairseq.data.encoders.gpt2_bpe_utils import bytes_to_unicode
-
-    byte_encoder, pat = bytes_to_unicode(), regex.compile(GPT2_PATTERN)
-    words: Counter = Counter()
-    for text in texts:
-        for tok in pat.findall(text.strip()):
-            words["".join(byte_encoder[b] for b in tok.encode("utf-8"))] += 1
-    return words
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2 adds no leading space
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=256 + num_merges, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=[], show_progress=False)
+    tokenizer.train_from_iterator([t.strip() for t in texts], trainer)
+    return tokenizer
 
 
 def train_byte_level_bpe(texts: Iterable[str], num_merges: int) -> Tuple[Dict[str, int], List[Tuple[str, str]]]:
-    """Learn ``num_merges`` byte-level BPE merges (most frequent pair first, ties by pair order).
+    """Learn ``num_merges`` byte-level BPE merges (most frequent pair first), with the ``tokenizers`` trainer.
 
     Returns ``(encoder, merges)``: the encoder maps all 256 byte symbols and every merged symbol to ids.
-    Pair counts are updated incrementally (a heap with lazy deletion), so SST-2 takes seconds.
     """
-    from fairseq.data.encoders.gpt2_bpe_utils import bytes_to_unicode
-
-    word_freq = _words(texts)
-    words = [list(w) for w in word_freq]
-    freqs = list(word_freq.values())
-    counts: Counter = Counter()
-    where: Dict[Tuple[str, str], set] = {}
-    for i, w in enumerate(words):
-        for pair in zip(w, w[1:]):
-            counts[pair] += freqs[i]
-            where.setdefault(pair, set()).add(i)
-    heap = [(-c, p) for p, c in counts.items()]
-    heapq.heapify(heap)
-    merges: List[Tuple[str, str]] = []
-    while heap and len(merges) < num_merges:
-        neg, pair = heapq.heappop(heap)
-        if counts.get(pair, 0) != -neg or -neg <= 0:
-            continue  # stale heap entry
-        merges.append(pair)
-        touched: Counter = Counter()
-        for i in where.pop(pair, ()):
-            w, f = words[i], freqs[i]
-            for p in zip(w, w[1:]):
-                counts[p] -= f
-                touched[p] += 1
-            words[i] = w = _merge(w, pair)
-            for p in zip(w, w[1:]):
-                counts[p] += f
-                where.setdefault(p, set()).add(i)
-                touched[p] += 1
-        for p in touched:
-            if counts[p] > 0:
-                heapq.heappush(heap, (-counts[p], p))
-        counts.pop(pair, None)
-    symbols = list(bytes_to_unicode().values()) + [a + b for a, b in merges]
-    encoder: Dict[str, int] = {}
-    for s in symbols:
-        encoder.setdefault(s, len(encoder))
-    return encoder, merges
-
-
-def _merge(word: List[str], pair: Tuple[str, str]) -> List[str]:
-    out, i = [], 0
-    while i < len(word):
-        if i + 1 < len(word) and word[i] == pair[0] and word[i + 1] == pair[1]:
-            out.append(word[i] + word[i + 1])
-            i += 2
-        else:
-            out.append(word[i])
-            i += 1
-    return out
+    model = json.loads(_trained_bpe(texts, num_merges).to_str())["model"]
+    # merges are "a b" strings in older tokenizers releases, [a, b] pairs in newer ones
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    return dict(model["vocab"]), merges
 
 
 def write_local_gpt2_bpe(out_dir: str, texts: List[str], num_merges: int = 2000) -> Dict[str, str]:
@@ -139,16 +92,19 @@ def write_local_gpt2_bpe(out_dir: str, texts: List[str], num_merges: int = 2000)
     from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
 
     os.makedirs(out_dir, exist_ok=True)
-    encoder, merges = train_byte_level_bpe(texts, num_merges)
     paths = {name: os.path.join(out_dir, name) for name in GPT2_FILES}
-    with open(paths["encoder.json"], "w", encoding="utf-8") as f:
-        json.dump(encoder, f, ensure_ascii=False)
-    with open(paths["vocab.bpe"], "w", encoding="utf-8") as f:
-        # get_encoder drops the first line (a version header) and the last (empty after the final newline)
-        f.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        # tokenizers' vocab.json and merges.txt are GPT-2's encoder.json and vocab.bpe formats
+        vocab_json, merges_txt = _trained_bpe(texts, num_merges).model.save(tmp)
+        with open(merges_txt, encoding="utf-8") as f:
+            header = f.readline()
+        if not header.startswith("#version"):  # fairseq's get_encoder skips line 1 as GPT-2's header
+            raise RuntimeError(f"tokenizers wrote {merges_txt} without the '#version' line fairseq skips")
+        os.replace(vocab_json, paths["encoder.json"])
+        os.replace(merges_txt, paths["vocab.bpe"])
     bpe = get_encoder(paths["encoder.json"], paths["vocab.bpe"])
     freq = Counter(i for t in texts for i in bpe.encode(t.strip()))
     with open(paths["dict.txt"], "w", encoding="utf-8") as f:
-        for i in sorted(encoder.values(), key=lambda i: (-freq[i], i)):
+        for i in sorted(bpe.encoder.values(), key=lambda i: (-freq[i], i)):
             f.write(f"{i} {freq[i]}\n")
     return paths
