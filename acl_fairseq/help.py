@@ -11,8 +11,23 @@ its second pass, with every plugin option and its help text:
 import argparse
 import os
 import sys
+from typing import List
 
-PLUGIN_CRITERIA = ["sentence_ce", "sentence_scl", "acl_embed", "acl_grad", "acl_cross_layer"]
+from acl_fairseq import criterions, models
+
+
+def plugin_criteria() -> List[str]:
+    """The criteria registered by ``acl_fairseq.criterions``, in registration (import) order."""
+    from fairseq.criterions import CRITERION_REGISTRY
+
+    return [name for name, cls in CRITERION_REGISTRY.items() if cls.__module__.startswith(criterions.__name__ + ".")]
+
+
+def plugin_architectures() -> List[str]:
+    """The architectures registered by ``acl_fairseq.models``, sorted."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    return sorted(name for name, cls in ARCH_MODEL_REGISTRY.items() if cls.__module__.startswith(models.__name__ + "."))
 
 
 def build_parser(criterion: str, arch: str) -> argparse.ArgumentParser:
@@ -33,18 +48,17 @@ def build_parser(criterion: str, arch: str) -> argparse.ArgumentParser:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description="Print fairseq-train's full help for a plugin criterion and model.")
-    p.add_argument("--criterion", default="acl_cross_layer", choices=PLUGIN_CRITERIA, help="criterion whose options to show")
+    p.add_argument("--criterion", default="acl_cross_layer", choices=plugin_criteria(),
+                   help="criterion whose options to show")
     p.add_argument("--arch", default="multi_exit_roberta_base", help="architecture whose options to show")
     p.add_argument("--list", action="store_true", help="only list the plugin's criteria and architectures")
     a = p.parse_args(argv)
     sys.argv = [sys.argv[0], "--user-dir", os.path.dirname(os.path.abspath(__file__))]  # fairseq reads it
-    import acl_fairseq  # noqa: F401  (registers everything)
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     if a.list:
-        archs = sorted(k for k, v in ARCH_MODEL_REGISTRY.items() if v.__module__.startswith("acl_fairseq"))
-        print("criteria:      " + " ".join(PLUGIN_CRITERIA))
-        print("architectures: " + " ".join(archs))
+        print("criteria:      " + " ".join(plugin_criteria()))
+        print("architectures: " + " ".join(plugin_architectures()))
         return
     if a.arch not in ARCH_MODEL_REGISTRY:
         p.error(f"unknown --arch {a.arch}; see --list")
