@@ -10,7 +10,8 @@ construction:
 - offline, over all exits at once: ``exit_layer_indices(per_exit_logits, policy, value)`` -> (B,).
 
 Policies (METHOD.md "Early-exit inference"):
-- ``entropy``: exit when ``H(p) / log K < value`` (DeeBERT, normalized; entropy from logits in fp32);
+- ``entropy``: exit when ``H(p) / log K < value`` (DeeBERT, normalized; entropy from logits in fp32,
+  masked -inf logits allowed);
 - ``patience``: exit once the prediction has stayed the same for ``value`` consecutive exits (PABEE);
   for regression "the same" means ``|pred^m - pred^(m-1)| < delta``; ``value <= 0`` never fires;
 - ``confidence``: exit when ``max_k p_k >= value``.
@@ -30,16 +31,23 @@ DEFAULT_REGRESSION_DELTA = 0.02  # model units; STS-B targets are score / 5, so 
 def prediction_entropy(logits: Tensor, normalized: bool = True) -> Tensor:
     """Entropy of softmax(logits), from logits: ``-(softmax * log_softmax).sum(-1)`` in fp32.
 
-    logits: (B, K), any float dtype. Returns (B,) float32, divided by ``log K`` when ``normalized``
-    (then in [0, 1]; a single-output head, K = 1, has entropy 0). Finite for logits of magnitude 1e4
-    (a softmax of exactly 0 multiplies a finite log-probability), unlike ``p * log p``.
+    Args:
+        logits: (B, K), any float dtype; -inf entries (masked classes) are allowed: each adds
+            ``0 * log 0 = 0``, so a row whose logits are all -inf but one has entropy 0, never NaN.
+        normalized: divide by ``log K`` (the result is then in [0, 1]).
+
+    Returns:
+        (B,) float32 whatever the input dtype; 0 when K == 1. Finite for logits of magnitude 1e4
+        (a softmax of exactly 0 multiplies a finite log-probability), unlike ``p * log p``.
     """
-    logits = logits.float()
-    entropy = -(F.softmax(logits, dim=-1) * F.log_softmax(logits, dim=-1)).sum(-1)
-    num_classes = logits.size(-1)
-    if normalized and num_classes > 1:
-        entropy = entropy / math.log(num_classes)
-    return entropy
+    x = logits.float()
+    num_classes = x.shape[-1]
+    if num_classes <= 1:
+        return x.new_zeros(x.shape[:-1])  # one class: H = 0 = log 1
+    # clamp so that a -inf logit gives 0 * finfo.min = 0, not 0 * -inf = NaN
+    log_p = F.log_softmax(x, dim=-1).clamp_min(torch.finfo(torch.float32).min)
+    entropy = -(F.softmax(x, dim=-1) * log_p).sum(dim=-1)  # (B,)
+    return entropy / math.log(num_classes) if normalized else entropy
 
 
 def entropy_exits(logits: Tensor, threshold: float) -> Tensor:

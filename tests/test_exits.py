@@ -44,6 +44,66 @@ def test_entropy_matches_the_definition(num_classes):
     assert exits.prediction_entropy(torch.zeros(1, num_classes)).item() == pytest.approx(1.0)
 
 
+def test_prediction_entropy_of_one_hot_like_logits_is_zero_not_nan():
+    logits = torch.tensor([[1e4, 0.0, 0.0], [0.0, -1e4, 1e4], [-1e4, 1e4, -1e4]])
+    ent = exits.prediction_entropy(logits)
+    assert ent.shape == (3,) and not torch.isnan(ent).any()
+    torch.testing.assert_close(ent, torch.zeros(3))
+
+
+def test_prediction_entropy_of_uniform_logits_is_one():
+    torch.testing.assert_close(exits.prediction_entropy(torch.full((4, 5), 3.0)), torch.ones(4))
+    torch.testing.assert_close(exits.prediction_entropy(torch.zeros(2, 2)), torch.ones(2))
+
+
+def test_prediction_entropy_with_one_class_is_zero():
+    torch.testing.assert_close(exits.prediction_entropy(torch.tensor([[7.0], [-1e4]])), torch.zeros(2))
+
+
+def test_prediction_entropy_matches_loop_reference():
+    logits = torch.randn(6, 4, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    want = []
+    for row in logits.tolist():
+        z = sum(math.exp(x) for x in row)
+        want.append(-sum(math.exp(x) / z * math.log(math.exp(x) / z) for x in row) / math.log(4))
+    # float32 out (the early-exit contract) for float64 in: compared at float32's precision
+    torch.testing.assert_close(exits.prediction_entropy(logits).double(), torch.tensor(want, dtype=torch.float64),
+                               atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+def test_prediction_entropy_upcasts_half_and_has_finite_grads(half):
+    logits = (torch.randn(5, 3, generator=torch.Generator().manual_seed(0)) * 1e4).to(half)
+    logits.requires_grad_(True)
+    ent = exits.prediction_entropy(logits)
+    assert ent.dtype == torch.float32 and torch.isfinite(ent).all()
+    ent.sum().backward()
+    assert torch.isfinite(logits.grad).all()
+
+
+def test_prediction_entropy_with_masked_minus_inf_logits_is_finite():
+    logits = torch.tensor([[0.0, 0.0, float("-inf")], [5.0, float("-inf"), float("-inf")]])
+    ent = exits.prediction_entropy(logits)
+    torch.testing.assert_close(ent, torch.tensor([math.log(2) / math.log(3), 0.0]))
+
+
+def test_entropy_exit_fires_on_the_finite_entropy_of_masked_minus_inf_logits():
+    """A masked class (-inf logit) adds 0 * log 0 = 0 to the entropy the early-exit path compares:
+    NaN there would never be below the threshold, so such a row would never exit."""
+    inf = float("inf")
+    masked = torch.tensor([[3.0, -inf, -inf], [0.0, 0.0, -inf], [-inf, 1e4, -inf]])
+    h = exits.prediction_entropy(masked)
+    torch.testing.assert_close(h, torch.tensor([0.0, math.log(2) / math.log(3), 0.0]))
+    raw = exits.prediction_entropy(masked, normalized=False)
+    torch.testing.assert_close(raw, torch.tensor([0.0, math.log(2), 0.0]))
+    per_exit = [masked, torch.zeros(3, 3)]
+    assert exits.entropy_exits(masked, 0.1).tolist() == [True, False, True]
+    assert exits.entropy_exit_layer(per_exit, 0.1).tolist() == [0, 1, 0]
+    assert exits.exit_layer_indices(per_exit, "entropy", 0.7).tolist() == [0, 0, 0]
+    fire, _ = exits.policy_step("entropy", masked, exits.init_state(3), 0.1)  # the engine's incremental form
+    assert fire.tolist() == [True, False, True]
+
+
 def test_entropy_exit_is_decided_per_example():
     confident, unsure = [8.0, -8.0], [0.1, 0.0]
     per_exit = [

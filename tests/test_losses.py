@@ -1,4 +1,5 @@
-"""Tests of acl_fairseq.losses against slow loop references written from docs/METHOD.md."""
+"""Tests of acl_fairseq.losses against slow references written from docs/METHOD.md: Python loops, and
+``supcon_core``, the SupCon core per anchor written the obvious way (tensors, no fusion)."""
 import math
 from typing import List, Optional, Sequence, Set, Tuple
 
@@ -10,12 +11,8 @@ import acl_fairseq.losses as L
 
 from acl_fairseq.losses import (
     acl_embed_loss,
-    acl_grad_keep,
     cross_layer_acl_loss,
     exit_weights,
-    gradient_cosine,
-    prediction_entropy,
-    supcon_core,
     supcon_loss,
     weighted_exit_sum,
 )
@@ -63,6 +60,38 @@ def _ref_mean(per_anchor: List[Optional[float]]) -> float:
 
 def _rows(x: torch.Tensor) -> List[List[float]]:
     return [_ref_norm(r) for r in x.double().tolist()]
+
+
+def supcon_core(
+    anchors: torch.Tensor,
+    candidates: torch.Tensor,
+    anchor_labels: torch.Tensor,
+    candidate_labels: torch.Tensor,
+    temperature: float,
+    self_mask: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """METHOD.md's SupCon core per anchor, written the obvious way (the reference of the fused
+    ``losses._supcon_mean``).
+
+    anchors (A, d) and candidates (C, d) already L2-normalized; labels (A,), (C,); ``self_mask``
+    (A, C) bool marks the anchor's own pair, left out of the denominator and of the positives.
+    Returns ``(per_anchor (A,), valid (A,) bool)``: ``-(1/|P(p)|) sum_{q in P(p)} log p_pq`` in
+    float32 (float64 for float64 inputs), exactly 0 where the anchor has no positive.
+    """
+    dtype = torch.promote_types(torch.promote_types(anchors.dtype, candidates.dtype), torch.float32)
+    logits = anchors.to(dtype) @ candidates.to(dtype).t() / temperature  # (A, C)
+    positives = anchor_labels[:, None] == candidate_labels[None, :]  # (A, C)
+    masked_logits = logits
+    if self_mask is not None:
+        positives = positives & ~self_mask
+        masked_logits = logits.masked_fill(self_mask, torch.finfo(dtype).min)
+    # log p_pq from the *unmasked* logits, so no finfo.min value enters the positive sum below
+    log_prob = logits - torch.logsumexp(masked_logits, dim=1, keepdim=True)  # (A, C)
+    n_pos = positives.sum(dim=1)  # (A,)
+    valid = n_pos > 0
+    pos_log_prob = torch.where(positives, log_prob, torch.zeros_like(log_prob)).sum(dim=1)
+    per_anchor = -pos_log_prob / n_pos.clamp_min(1).to(dtype)
+    return torch.where(valid, per_anchor, torch.zeros_like(per_anchor)), valid
 
 
 def ref_supcon_loss(features, labels, tau) -> float:
@@ -391,6 +420,16 @@ def test_invalid_arguments_raise_value_error():
         acl_embed_loss(feats, labels, emb, 0.5, anchors="labels")
     with pytest.raises(ValueError):
         supcon_loss(feats, labels, 0.0)
+    # every public function checks its arguments once at entry (the fused core itself checks nothing)
+    with pytest.raises(ValueError, match="anchors must be one of"):
+        L.acl_embed_losses([feats, feats], labels, [emb, emb], 0.5, anchors="labels")
+    for tau in (0.0, -0.1):
+        for call in (lambda: acl_embed_loss(feats, labels, emb, tau),
+                     lambda: L.acl_embed_losses([feats], labels, [emb], tau),
+                     lambda: cross_layer_acl_loss(feats, feats, labels, emb, tau),
+                     lambda: L.cross_layer_acl_losses([feats, feats], feats, labels, emb, tau)):
+            with pytest.raises(ValueError, match="temperature must be > 0"):
+                call()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -428,138 +467,6 @@ def test_weighted_exit_sum_backpropagates_to_each_exit():
     values = [torch.tensor(1.0, requires_grad=True) for _ in range(3)]
     weighted_exit_sum(values, exit_weights([1, 2, 3])).backward()
     assert [v.grad.item() for v in values] == pytest.approx([1 / 6, 2 / 6, 3 / 6])
-
-
-# ----------------------------------------------------------------------------------------------
-# ACL-Grad decision
-# ----------------------------------------------------------------------------------------------
-def _grad_lists(seed: int):
-    g = torch.Generator().manual_seed(seed)
-    shapes = [(3, 4), (5,), (2, 2, 2), (7,), (1,)]
-    a = [torch.randn(s, generator=g) for s in shapes]
-    b = [torch.randn(s, generator=g) for s in shapes]
-    a[1] = None  # reached by loss b only
-    b[3] = None  # reached by loss a only
-    return a, b
-
-
-def test_gradient_cosine_matches_cosine_of_concatenation_skipping_none():
-    a, b = _grad_lists(0)
-    both = [i for i in range(len(a)) if a[i] is not None and b[i] is not None]
-    flat_a = torch.cat([a[i].reshape(-1) for i in both])
-    flat_b = torch.cat([b[i].reshape(-1) for i in both])
-    want = F.cosine_similarity(flat_a, flat_b, dim=0)
-    got = gradient_cosine(a, b)
-    assert got.dtype == torch.float32 and got.dim() == 0
-    torch.testing.assert_close(got, want, **TOL)
-
-
-def test_gradient_cosine_of_aligned_and_opposite_gradients():
-    a, _ = _grad_lists(1)
-    assert gradient_cosine(a, a).item() == pytest.approx(1.0, abs=1e-6)
-    neg = [None if x is None else -2.0 * x for x in a]
-    assert gradient_cosine(a, neg).item() == pytest.approx(-1.0, abs=1e-6)
-
-
-def test_gradient_cosine_is_zero_for_zero_norm_or_no_shared_parameter():
-    a, b = _grad_lists(2)
-    zeros = [None if x is None else torch.zeros_like(x) for x in b]
-    assert gradient_cosine(a, zeros).item() == 0.0
-    assert gradient_cosine([a[0], None], [None, b[1]]).item() == 0.0
-    assert gradient_cosine([], []).dtype == torch.float32
-
-
-def test_gradient_cosine_upcasts_half_gradients():
-    a, b = _grad_lists(3)
-    a16 = [None if x is None else (x * 1e4).half() for x in a]
-    b16 = [None if x is None else (x * 1e4).half() for x in b]
-    got = gradient_cosine(a16, b16)
-    assert got.dtype == torch.float32 and torch.isfinite(got)
-    want = gradient_cosine([None if x is None else x.float() for x in a16],
-                           [None if x is None else x.float() for x in b16])
-    torch.testing.assert_close(got, want)
-    with pytest.raises(ValueError):
-        gradient_cosine(a, b[:-1])
-
-
-@pytest.mark.parametrize("scale", [1e20, 1e-25])
-def test_gradient_cosine_is_exact_for_huge_and_tiny_finite_gradients(scale):
-    """|g|^2 overflows float32 above ~1.8e19 (NaN cosine) and underflows below ~1e-19."""
-    a, b = _grad_lists(4)
-    want = gradient_cosine(a, b)
-    a_s = [None if x is None else x * scale for x in a]
-    b_s = [None if x is None else x * (scale * 3.0) for x in b]
-    got = gradient_cosine(a_s, b_s)
-    assert torch.isfinite(got)
-    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
-
-
-def test_gradient_cosine_of_inf_or_nan_gradients_is_nan_never_a_number():
-    a, b = _grad_lists(5)
-    for bad in (float("inf"), float("nan")):
-        b_bad = [None if x is None else x.clone() for x in b]
-        b_bad[0].view(-1)[0] = bad
-        assert torch.isnan(gradient_cosine(a, b_bad))
-        assert torch.isnan(gradient_cosine(b_bad, a))
-
-
-def test_a_nan_cosine_keeps_so_that_the_overflow_reaches_the_optimizer():
-    """Never a silent drop: NaN >= threshold is False, which used to discard the term quietly."""
-    assert bool(acl_grad_keep(torch.tensor(float("nan")), 0.0))
-    assert bool(acl_grad_keep(torch.tensor(float("nan")), 2.0))
-
-
-@pytest.mark.parametrize("cosine,threshold,keep", [
-    (0.0, 0.0, True), (0.3, 0.0, True), (-0.1, 0.0, False),
-    (0.5, 0.5, True), (0.49, 0.5, False), (-0.2, -0.3, True),
-])
-def test_acl_grad_keeps_iff_cosine_at_or_above_threshold(cosine, threshold, keep):
-    got = acl_grad_keep(torch.tensor(cosine), threshold)
-    assert got.dtype == torch.bool and bool(got) is keep
-
-
-# ----------------------------------------------------------------------------------------------
-# Prediction entropy
-# ----------------------------------------------------------------------------------------------
-def test_prediction_entropy_of_one_hot_like_logits_is_zero_not_nan():
-    logits = torch.tensor([[1e4, 0.0, 0.0], [0.0, -1e4, 1e4], [-1e4, 1e4, -1e4]])
-    ent = prediction_entropy(logits)
-    assert ent.shape == (3,) and not torch.isnan(ent).any()
-    torch.testing.assert_close(ent, torch.zeros(3))
-
-
-def test_prediction_entropy_of_uniform_logits_is_one():
-    torch.testing.assert_close(prediction_entropy(torch.full((4, 5), 3.0)), torch.ones(4))
-    torch.testing.assert_close(prediction_entropy(torch.zeros(2, 2)), torch.ones(2))
-
-
-def test_prediction_entropy_with_one_class_is_zero():
-    torch.testing.assert_close(prediction_entropy(torch.tensor([[7.0], [-1e4]])), torch.zeros(2))
-
-
-def test_prediction_entropy_matches_loop_reference():
-    logits = torch.randn(6, 4, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
-    want = []
-    for row in logits.tolist():
-        z = sum(math.exp(x) for x in row)
-        want.append(-sum(math.exp(x) / z * math.log(math.exp(x) / z) for x in row) / math.log(4))
-    torch.testing.assert_close(prediction_entropy(logits), torch.tensor(want, dtype=torch.float64))
-
-
-@pytest.mark.parametrize("half", HALF_DTYPES)
-def test_prediction_entropy_upcasts_half_and_has_finite_grads(half):
-    logits = (torch.randn(5, 3, generator=torch.Generator().manual_seed(0)) * 1e4).to(half)
-    logits.requires_grad_(True)
-    ent = prediction_entropy(logits)
-    assert ent.dtype == torch.float32 and torch.isfinite(ent).all()
-    ent.sum().backward()
-    assert torch.isfinite(logits.grad).all()
-
-
-def test_prediction_entropy_with_masked_minus_inf_logits_is_finite():
-    logits = torch.tensor([[0.0, 0.0, float("-inf")], [5.0, float("-inf"), float("-inf")]])
-    ent = prediction_entropy(logits)
-    torch.testing.assert_close(ent, torch.tensor([math.log(2) / math.log(3), 0.0]))
 
 
 @pytest.mark.parametrize("anchors", ["all", "samples"])

@@ -15,7 +15,7 @@ backward: fp16 flushes no more entries to zero than a plain backward does, and a
 ordinary overflow. The cosine is scale-invariant, so the decision is the fp32 one.
 
 **Non-finite gradients never decide.** An inf or NaN in either gradient makes the cosine NaN (see
-``losses.cosine_from_sums``). With a loss scaler (``--fp16``, ``--amp``) the term is then kept, so
+``gradients.cosine_from_sums``). With a loss scaler (``--fp16``, ``--amp``) the term is then kept, so
 the inf/NaN reaches fairseq's optimizer, which skips the step and lowers the scale; the step counts
 in ``acl_grad_overflow``, not in ``grad_cos``/``conflict_rate``. Without one (fp32, bf16) the
 backward raises ``FloatingPointError`` naming the update.
@@ -42,9 +42,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .. import distributed, losses
+from .. import distributed, gradients
 from ..heads import ExitOutputs
 from .meters import current_update
+
+SCOPES = ("params", "features")  # --acl-grad-scope: the two scopes above
 
 
 def gate(
@@ -113,7 +115,7 @@ class _Gate(torch.autograd.Function):
                 "(no loss scaler to skip the step). Lower --lr, set --clip-norm, or check the data; "
                 "with --fp16 or --amp such a step is skipped and the loss scale lowered"
             )
-        keep = losses.acl_grad_keep(cos, st.threshold)  # NaN keeps: the overflow reaches the optimizer
+        keep = gradients.acl_grad_keep(cos, st.threshold)  # NaN keeps: the overflow reaches the optimizer
         st.log["grad_cos"].copy_(torch.where(finite, cos, torch.zeros_like(cos)))
         st.log["conflict"].copy_((~keep).float())
         st.log["gated_steps"].copy_(finite.float())
@@ -131,25 +133,27 @@ def _grad(loss: torch.Tensor, inputs: Sequence[torch.Tensor], scale: torch.Tenso
 
 
 def _cosine(inputs, g_ce, g_aux, features: bool, global_decision: bool) -> torch.Tensor:
-    """``losses.gradient_cosine``, or that of the gradients over all workers (the same on every rank).
+    """``gradients.gradient_cosine``, or that of the gradients over all workers (the same on every rank).
 
     ``params``: the per-parameter gradients are summed over ranks, then compared. ``features``: each
-    rank holds the gradients of its own rows, so the sums of the concatenation are the sums of the
-    per-rank ones, once every rank uses the same (global) scales.
+    rank holds the gradients of its own rows, so the sums of the concatenation are the all-reduced
+    per-rank sums, once every rank uses the same (all-reduced) scales.
     """
     if not global_decision:
-        return losses.gradient_cosine(g_ce, g_aux)
-    if not features:
-        def summed(grads):  # every rank reduces the same shapes (None as 0); None stays "not reached"
-            total = distributed.all_reduce_sum([torch.zeros_like(x) if g is None else g for x, g in zip(inputs, grads)])
-            return [None if g is None else t for g, t in zip(grads, total)]
+        return gradients.gradient_cosine(g_ce, g_aux)
+    if features:
+        return gradients.gradient_cosine(g_ce, g_aux, sum_over=_all_reduce_sum, max_over=distributed.all_reduce_max)
 
-        return losses.gradient_cosine(summed(g_ce), summed(g_aux))
-    (sums,) = distributed.all_reduce_sum([losses.gradient_sums(g_ce, g_aux)])
-    if losses.sums_need_rescaling(sums):  # the same on every rank: the sums are global
-        scales = distributed.all_reduce_max(losses.gradient_scales(g_ce, g_aux))
-        (sums,) = distributed.all_reduce_sum([losses.gradient_sums(g_ce, g_aux, scales)])
-    return losses.cosine_from_sums(sums)
+    def summed(grads):  # every rank reduces the same shapes (None as 0); None stays "not reached"
+        total = distributed.all_reduce_sum([torch.zeros_like(x) if g is None else g for x, g in zip(inputs, grads)])
+        return [None if g is None else t for g, t in zip(grads, total)]
+
+    return gradients.gradient_cosine(summed(g_ce), summed(g_aux))
+
+
+def _all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
+    (total,) = distributed.all_reduce_sum([x])
+    return total
 
 
 def _chosen(params, g_ce, g_aux, keep: torch.Tensor) -> List[Optional[torch.Tensor]]:
