@@ -15,6 +15,8 @@ from typing import Dict, List, NamedTuple, Tuple
 
 from torch import Tensor, nn
 
+POOLING_MODES = ("cls", "mean")  # --exit-pooling: what pool_states can do (the model validates it once)
+
 
 class ExitOutputs(NamedTuple):
     logits: List[Tensor]  # M x (B, K): each exit's classifier output
@@ -27,15 +29,16 @@ class ExitOutputs(NamedTuple):
 def pool_states(states: Tensor, padding_mask: Tensor, mode: str) -> Tensor:
     """Pool one layer's token states into a sentence vector.
 
-    states: (B, T, C); padding_mask: (B, T) bool, True at padding; mode: "cls" (the ``<s>`` state,
-    fairseq's convention) or "mean" (mean of the non-padding states). Returns (B, C).
+    states: (B, T, C); padding_mask: (B, T) bool, True at padding; mode: one of :data:`POOLING_MODES`,
+    "cls" (the ``<s>`` state, fairseq's convention) or "mean" (mean of the non-padding states).
+    Returns (B, C).
     """
     if mode == "cls":
         return states[:, 0, :]
     if mode == "mean":
         keep = (~padding_mask).unsqueeze(-1).to(states.dtype)  # B x T x 1
         return (states * keep).sum(1) / keep.sum(1).clamp_min(1.0)
-    raise ValueError(f"unknown pooling mode {mode!r}; expected 'cls' or 'mean'")
+    raise ValueError(f"unknown pooling mode {mode!r}; expected one of {POOLING_MODES}")
 
 
 def head_forward(head: nn.Module, pooled: Tensor) -> Tuple[Tensor, Tensor]:

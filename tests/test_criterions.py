@@ -14,14 +14,21 @@ def data(tmp_path_factory):
     return helpers.make_data(str(tmp_path_factory.mktemp("crit") / "data"))["data"]
 
 
-def build(data, criterion, arch="roberta", extra=(), num_classes=2):
-    """(task, model, criterion, sample) exactly as fairseq-train would build them."""
-    from fairseq import options, tasks
+def parse(data, criterion, arch="roberta", extra=(), num_classes=2):
+    """fairseq-train's config for these flags, through its real option parser (with --user-dir)."""
+    from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     argv = helpers.train_args(data, "/nonexistent", criterion=criterion, arch=arch, num_classes=num_classes, extra=extra)
     parser = options.get_training_parser()
-    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, input_args=argv))
+    return convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, input_args=argv))
+
+
+def build(data, criterion, arch="roberta", extra=(), num_classes=2):
+    """(task, model, criterion, sample) exactly as fairseq-train would build them."""
+    from fairseq import tasks
+
+    cfg = parse(data, criterion, arch=arch, extra=extra, num_classes=num_classes)
     torch.manual_seed(0)
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)
@@ -112,9 +119,82 @@ def test_cross_layer_on_a_single_exit_model_says_it_needs_multi_exit(data):
         crit(model, sample)
 
 
+@pytest.mark.parametrize("name,flag,value", [
+    ("acl_cross_layer", "--acl-cl-temperature", "0"),  # used to become --acl-temperature through `or`
+    ("acl_cross_layer", "--acl-cl-temperature", "-0.5"),
+    ("acl_cross_layer", "--acl-temperature", "0"),
+    ("acl_embed", "--acl-temperature", "-1"),
+    ("sentence_scl", "--scl-temperature", "0"),
+])
+def test_a_temperature_of_zero_or_below_is_refused_at_construction(data, name, flag, value):
+    with pytest.raises(ValueError, match=f"{flag} must be > 0, got {float(value)}"):
+        build(data, name, arch="multi_exit_roberta", extra=[flag, value])
+
+
+def test_cross_layer_temperature_unset_means_the_acl_temperature(data):
+    """METHOD.md: --acl-cl-temperature defaults to tau; only an unset value falls back."""
+    _, model, default, sample = build(data, "acl_cross_layer", arch="multi_exit_roberta",
+                                      extra=["--acl-temperature", "0.4"])
+    assert default.cfg.acl_cl_temperature is None and default.cl_temperature == 0.4
+    _, _, explicit, _ = build(data, "acl_cross_layer", arch="multi_exit_roberta",
+                              extra=["--acl-temperature", "0.4", "--acl-cl-temperature", "0.4"])
+    _, _, other, _ = build(data, "acl_cross_layer", arch="multi_exit_roberta", extra=["--acl-cl-temperature", "0.7"])
+    assert other.cl_temperature == 0.7
+    model.eval()
+    logs = [crit(model, sample)[2]["acl_cl_loss"] for crit in (default, explicit, other)]
+    assert torch.equal(logs[0], logs[1]) and not torch.allclose(logs[0], logs[2])
+
+
+@pytest.mark.parametrize("extra,gated", [([], True), (["--no-acl-grad"], False)])
+def test_no_acl_grad_flag_parses_to_the_positive_acl_grad(data, extra, gated):
+    """METHOD.md's --no-acl-grad through fairseq's parser; the code reads the positive crit.acl_grad."""
+    _, model, crit, sample = build(data, "acl_cross_layer", arch="multi_exit_roberta", extra=extra)
+    assert crit.acl_grad is gated and crit.gated() is gated
+    model.train()
+    loss, _, log = crit(model, sample)
+    assert ("grad_cos" in log) is gated
+    if not gated:  # no gradient surrogate: the loss is the plain sum
+        assert torch.allclose(loss, log["loss"])
+
+
+@pytest.mark.parametrize("extra,logged", [([], True), (["--no-alignment-metrics"], False)])
+def test_no_alignment_metrics_flag_parses_to_the_positive_alignment_metrics(data, extra, logged):
+    _, model, crit, sample = build(data, "sentence_ce", arch="multi_exit_roberta", extra=extra)
+    assert crit.alignment_metrics is logged
+    model.eval()
+    _, _, log = crit(model, sample)
+    assert ("align_own_exit1" in log) is logged and ("align_to_last_exit1" in log) is logged
+
+
+def test_option_choices_are_the_tuples_of_the_modules_that_use_them(data):
+    """Each list of allowed values is defined once; the flags' choices are built from it, and fairseq
+    refuses other values when it builds the criterion from a config that bypassed the parser."""
+    from fairseq import tasks
+    from omegaconf import open_dict
+
+    from acl_fairseq import losses
+    from acl_fairseq.criterions import gating
+    from acl_fairseq.heads import POOLING_MODES
+    from acl_fairseq.help import build_parser
+
+    actions = {}
+    for name in ("acl_cross_layer", "sentence_scl"):
+        for action in build_parser(name, "multi_exit_roberta")._actions:
+            actions.update({opt: action.choices for opt in action.option_strings if action.choices})
+    assert tuple(actions["--acl-anchors"]) == losses.ANCHOR_MODES
+    assert tuple(actions["--exit-weighting"]) == losses.EXIT_WEIGHTINGS
+    assert tuple(actions["--acl-grad-scope"]) == gating.SCOPES
+    assert tuple(actions["--exit-pooling"]) == POOLING_MODES
+    cfg = parse(data, "acl_embed")
+    with open_dict(cfg.criterion):
+        cfg.criterion.acl_anchors = "labels"
+    with pytest.raises(ValueError, match="labels"):
+        tasks.setup_task(cfg.task).build_criterion(cfg.criterion)
+
+
 def test_positive_class_follows_the_label_dictionary_not_the_index(tmp_path):
     """Labels written so that "1" is the most frequent: the dictionary puts it at index 0."""
-    from acl_fairseq.toy_data import binarize, write_raw
+    from toy_data import binarize, write_raw
 
     raw = tmp_path / "raw"
     raw.mkdir()

@@ -21,7 +21,7 @@ class AclEmbedConfig(ExitCriterionConfig):
     acl_temperature: float = field(
         default=0.5, metadata={"help": "ACL temperature tau (> 0) of the contrastive term"}
     )
-    acl_anchors: ChoiceEnum(["all", "samples"]) = field(
+    acl_anchors: ChoiceEnum(list(losses.ANCHOR_MODES)) = field(
         default="all",
         metadata={
             "help": "which members of the augmented set are anchors: 'all' = samples and label "
@@ -33,6 +33,7 @@ class AclEmbedConfig(ExitCriterionConfig):
 @register_criterion("acl_embed", dataclass=AclEmbedConfig)
 class AclEmbedCriterion(ExitCriterionBase):
     needs_class_labels = True
+    temperatures = ("acl_temperature",)
 
     def acl_term(self, exits, targets, weights):
         per_exit = losses.acl_embed_losses(  # (M,): every exit in one batched product

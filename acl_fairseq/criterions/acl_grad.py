@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from fairseq.criterions import register_criterion
 from fairseq.dataclass import ChoiceEnum
 
+from . import gating
 from .acl_embed import AclEmbedConfig, AclEmbedCriterion
 
 
@@ -20,7 +21,7 @@ class AclGradConfig(AclEmbedConfig):
         default=0.0,
         metadata={"help": "drop the ACL term when cos(g_CE, g_ACL) is below this value (-1 keeps it always)"},
     )
-    acl_grad_scope: ChoiceEnum(["params", "features"]) = field(
+    acl_grad_scope: ChoiceEnum(list(gating.SCOPES)) = field(
         default="params",
         metadata={
             "help": "gradients compared: 'params' = over all trainable parameters both losses reach "

@@ -33,13 +33,12 @@ from .meters import log_regression_predictions
 
 logger = logging.getLogger(__name__)
 
-EXIT_WEIGHTING_CHOICES = ChoiceEnum(["layer", "uniform"])
 _WARNED = []  # the --required-batch-size-multiple warning was given
 
 
 @dataclass
 class ExitCriterionConfig(SentencePredictionConfig):
-    exit_weighting: EXIT_WEIGHTING_CHOICES = field(
+    exit_weighting: ChoiceEnum(list(losses.EXIT_WEIGHTINGS)) = field(
         default="layer",
         metadata={
             "help": "how a multi-exit model weights its exits' losses: 'layer' = proportional to the "
@@ -72,10 +71,14 @@ class ExitCriterionBase(FairseqCriterion):
 
     needs_class_labels = False  # contrastive criteria set True: they refuse --regression-target
     needs_multi_exit = False  # acl_cross_layer sets True
+    temperatures: Tuple[str, ...] = ()  # config fields that must be > 0 (None: unset), checked at construction
 
     def __init__(self, cfg: ExitCriterionConfig, task):
         super().__init__(task)
         self.cfg = cfg
+        for key in self.temperatures:
+            if getattr(cfg, key) is not None:
+                losses.check_temperature(getattr(cfg, key), "--" + key.replace("_", "-"))
         self.head_name = cfg.classification_head_name
         self.regression = cfg.regression_target
         name = type(self).__name__
@@ -113,6 +116,11 @@ class ExitCriterionBase(FairseqCriterion):
             yield
         finally:
             self.replayed = before
+
+    @property
+    def alignment_metrics(self) -> bool:
+        """Whether validation logs the alignment scalars (on unless ``--no-alignment-metrics``)."""
+        return not self.cfg.no_alignment_metrics
 
     # --- what subclasses change -------------------------------------------------------------
     @property
@@ -165,7 +173,7 @@ class ExitCriterionBase(FairseqCriterion):
             **gate_log,
         }
         self._log_predictions(logging_output, exits, targets, model.training)
-        if not (model.training or self.regression or self.cfg.no_alignment_metrics):
+        if self.alignment_metrics and not (model.training or self.regression):
             logging_output.update(_alignment_sums(exits, targets))
         return loss, n, logging_output
 

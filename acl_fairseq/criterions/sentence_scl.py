@@ -34,6 +34,7 @@ class SentenceSclConfig(ExitCriterionConfig):
 @register_criterion("sentence_scl", dataclass=SentenceSclConfig)
 class SentenceSclCriterion(ExitCriterionBase):
     needs_class_labels = True
+    temperatures = ("scl_temperature",)
 
     @property
     def ce_weight(self) -> float:

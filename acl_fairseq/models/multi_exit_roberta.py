@@ -33,11 +33,10 @@ from fairseq.utils import safe_getattr
 from omegaconf import OmegaConf
 
 from acl_fairseq import conventions
-from acl_fairseq.heads import ExitOutputs, head_forward, pool_states
+from acl_fairseq.heads import POOLING_MODES, ExitOutputs, head_forward, pool_states
 
 logger = logging.getLogger(__name__)
 
-EXIT_POOLING_CHOICES = ("cls", "mean")
 _EXIT_HEAD_RE = re.compile(r"_exit\d+$")
 
 
@@ -60,8 +59,8 @@ class MultiExitRobertaModel(RobertaModel):
         super().__init__(args, encoder)
         self.exit_layers = parse_exit_layers(args.exit_layers, args.encoder_layers)
         self.exit_pooling = args.exit_pooling
-        if self.exit_pooling not in EXIT_POOLING_CHOICES:
-            raise ValueError(f"--exit-pooling must be one of {EXIT_POOLING_CHOICES}, got {self.exit_pooling!r}")
+        if self.exit_pooling not in POOLING_MODES:  # checked once here, not on every pool_states call
+            raise ValueError(f"--exit-pooling must be one of {POOLING_MODES}, got {self.exit_pooling!r}")
         if safe_getattr(args, "encoder_layerdrop", 0.0) > 0:
             # LayerDrop skips layers in training, so inner_states would no longer line up with layers
             raise ValueError("multi_exit_roberta does not support --encoder-layerdrop > 0")
@@ -90,7 +89,7 @@ class MultiExitRobertaModel(RobertaModel):
         )
         parser.add_argument(
             "--exit-pooling",
-            choices=EXIT_POOLING_CHOICES,
+            choices=POOLING_MODES,
             help="what each exit head reads: 'cls' = the layer's <s> state (fairseq's convention), "
             "'mean' = the mean of the layer's non-padding states. Default: cls",
         )
