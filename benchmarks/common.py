@@ -4,6 +4,10 @@ Models, tasks and criteria are built exactly as ``fairseq-train --user-dir acl_f
 (``options.get_training_parser`` -> ``parse_args_and_arch`` -> ``tasks.setup_task`` ->
 ``task.build_model`` / ``task.build_criterion``) over a throw-away data folder that holds only the two
 dictionaries the ``sentence_prediction`` task reads; the batches are random tokens of a fixed shape.
+
+The benchmarks are scripts started by path (``python benchmarks/step_time.py ...``): Python puts the
+script's folder on ``sys.path``, so they import each other by name (``import common``), and ``acl_fairseq``
+is the installed package (``pip install -e .``). Nothing here changes ``sys.path``.
 """
 import ctypes
 import gc
@@ -12,7 +16,6 @@ import os
 import random
 import resource
 import statistics
-import sys
 import tempfile
 import time
 import warnings
@@ -21,8 +24,6 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
 USER_DIR = os.path.join(REPO, "acl_fairseq")
 
 # encoder shapes; vocab = symbols in the input dictionary (the embedding matrix is part of every step:

@@ -23,13 +23,11 @@ examples are random tokens of ``--seq-len`` (no padding) for random weights.
 """
 import argparse
 import os
-import sys
 from typing import Dict, List, Optional
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import common
 
 HEAD = "sentence_classification_head"
 

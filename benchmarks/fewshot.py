@@ -2,7 +2,7 @@
 """Few-shot SST-2 (Gunel et al. 2021, "Supervised Contrastive Learning for Pre-trained Language Model
 Fine-tuning", few-shot protocol) with a real pretrained encoder, offline, through the recipe driver.
 
-    .venv/bin/python benchmarks/fewshot.py [--ns 20 100 1000] [--methods ce scl acl_embed acl_grad]
+    python benchmarks/fewshot.py [--ns 20 100 1000] [--methods ce scl acl_embed acl_grad]
         [--seeds 1 2 3 4 5] [--work runs/bench] [--results benchmarks/results] [--toy]
 
 Protocol, per (N, seed): ``preprocess/glue.py --few-shot N --seed S`` draws N label-stratified training
@@ -28,8 +28,7 @@ import sys
 import time
 from typing import Dict, List
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _glue_runs as G  # noqa: E402
+import _glue_runs as G
 
 TASK = "SST-2"
 METHODS = ["ce", "scl", "acl_embed", "acl_grad"]

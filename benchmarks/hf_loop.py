@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A plain Hugging Face transformers fine-tuning loop for GLUE: the reference the plugin is compared with.
 
-    .venv/bin/python benchmarks/hf_loop.py --task RTE --seed 1 --lr 3e-5 --epochs 3 --out result.json
+    python benchmarks/hf_loop.py --task RTE --seed 1 --lr 3e-5 --epochs 3 --out result.json
 
 hf_parity.py compares its quality with the plugin's fairseq runs; hf_speed.py times :func:`train_step`.
 Defaults are what recipes/glue/finetune.sh gives fairseq-train, so that a gap is one of the framework:

@@ -3,9 +3,9 @@
 plain Hugging Face transformers loop (benchmarks/hf_loop.py), on the same converted encoder, data, seeds
 and hyperparameters.
 
-    .venv/bin/python benchmarks/hf_parity.py --tasks RTE STS-B SST-2 --seeds 1 2 3 [--jobs 2]
-    .venv/bin/python benchmarks/hf_parity.py --search      # the RTE schedule/pooling search (plugin only)
-    .venv/bin/python benchmarks/hf_parity.py --collect-only
+    python benchmarks/hf_parity.py --tasks RTE STS-B SST-2 --seeds 1 2 3 [--jobs 2]
+    python benchmarks/hf_parity.py --search      # the RTE schedule/pooling search (plugin only)
+    python benchmarks/hf_parity.py --collect-only
 
 Every run is a subprocess with one thread, ``--jobs`` at a time, and lands in
 WORK/parity/<setting>/<system>/<TASK>/seed<S> (the plugin's under the driver's runs/ layout); a run with its
@@ -38,9 +38,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _glue_runs as G  # noqa: E402
-import quality  # noqa: E402  (its binarized data and SST-2 subset rule)
+import _glue_runs as G
+import quality  # its binarized data and SST-2 subset rule
 
 TASKS = ["RTE", "STS-B", "SST-2", "CoLA"]
 TRAIN_SIZES = {"RTE": 2490, "STS-B": 5749, "SST-2": 2000, "CoLA": 8551}  # SST-2: quality.py's 2000-example subset

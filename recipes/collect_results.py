@@ -21,7 +21,6 @@ from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
 HPARAMS = os.path.join(HERE, "glue", "hparams.tsv")
 METHODS = os.path.join(HERE, "glue", "methods.tsv")
 
@@ -207,8 +206,6 @@ def plot_early_exit(groups: Dict[str, Dict[str, List[dict]]], plot_dir: str, lin
     """One overlay plot per task; returns task -> path relative to ``link_dir``."""
     if not groups:
         return {}
-    if REPO not in sys.path:
-        sys.path.append(REPO)  # a checkout without `pip install -e .` still has the package here
     try:
         from acl_fairseq.report import plot_overlay
     except ImportError as e:

@@ -1,11 +1,15 @@
 import os
 import sys
 
-# tests import their helpers as `helpers` and the demo's synthetic data as `toy_data` (scripts/toy_data.py,
-# not part of the package); acl_fairseq itself is installed (editable) or on the path
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+# tests import their helpers as `helpers`, the demo's synthetic data as `toy_data` (scripts/toy_data.py) and
+# the benchmark scripts by name (`import step_time`, as the scripts import each other): none of them is part of
+# the package. acl_fairseq itself is installed (editable) or on the path.
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
 
 def pytest_configure(config):

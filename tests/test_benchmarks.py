@@ -3,12 +3,10 @@
 No timing assertions (the numbers depend on the machine and its load)."""
 import json
 import os
-import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/ is on the path: conftest.py
 
 STEP_FIELDS = {"criterion", "scope", "model", "batch", "seq_len", "median_step_s", "ratio_to_ce", "peak_mem_mb"}
 LATENCY_FIELDS = {"policy", "threshold", "batch", "avg_exit_layer", "layer_speedup", "wallclock_speedup"}

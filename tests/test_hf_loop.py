@@ -3,15 +3,13 @@ import json
 import math
 import os
 import random
-import sys
 
 import pytest
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+import hf_loop as H  # benchmarks/hf_loop.py (benchmarks/ is on the path: conftest.py)
 
-import hf_loop as H  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 WORDS = "the a cat dog sat ran on mat big small red blue is was not very happy sad man woman".split()
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
