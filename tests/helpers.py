@@ -84,13 +84,26 @@ def run_fairseq(module: str, args: Sequence[str], env: Optional[Dict[str, str]] 
 
     On failure the assertion message carries the tail of the output, which is what one needs.
     """
+    return _run([sys.executable, "-m", module, *args], module, env, check)
+
+
+def tool(name: str) -> str:
+    """The path of one of the package's console scripts (``acl-evaluate``, ...) in this interpreter's
+    environment, as ``pip install -e .`` made it."""
+    return os.path.join(os.path.dirname(sys.executable), name)
+
+
+def run_tool(name: str, args: Sequence[str], env: Optional[Dict[str, str]] = None, check: bool = True):
+    """Run the console script ``name`` (see :func:`tool`) with ``args``, like :func:`run_fairseq`."""
+    return _run([tool(name), *args], name, env, check)
+
+
+def _run(argv: Sequence[str], what: str, env: Optional[Dict[str, str]], check: bool):
     # `env`, when given, is the whole environment of the child (so a test can also remove variables)
     full_env = dict(os.environ if env is None else env, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", module, *args], capture_output=True, text=True, env=full_env, cwd=REPO
-    )
+    proc = subprocess.run(list(argv), capture_output=True, text=True, env=full_env, cwd=REPO)
     if check:
-        assert proc.returncode == 0, f"{module} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+        assert proc.returncode == 0, f"{what} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
     return proc
 
 

@@ -273,8 +273,8 @@ def test_missing_files_are_named(bert, tmp_path, capsys, missing, message):
     assert message in str(exc.value.code)
 
 
-def test_cli_help_runs_as_a_module():
-    proc = subprocess.run([sys.executable, "-m", "acl_fairseq.convert_hf", "--help"], capture_output=True, text=True)
+def test_cli_help_runs_as_the_console_script():
+    proc = subprocess.run([helpers.tool("acl-convert-hf"), "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "HF_DIR" in proc.stdout and "--num-classes" in proc.stdout
 
 

@@ -146,6 +146,21 @@ def test_console_script_is_declared():
     assert ep.value == "acl_fairseq.evaluate:cli_main" and ep.load() is evaluate.cli_main
 
 
+def test_every_tool_is_an_acl_console_script():
+    """One prefix, one way to start each tool; acl-fairseq-help is the deprecated spelling of acl-help."""
+    from importlib.metadata import distribution
+
+    scripts = {e.name: e.value for e in distribution("acl_fairseq").entry_points if e.group == "console_scripts"}
+    assert scripts == {
+        "acl-evaluate": "acl_fairseq.evaluate:cli_main",
+        "acl-predict": "acl_fairseq.predict:cli_main",
+        "acl-convert-hf": "acl_fairseq.convert_hf:cli_main",
+        "acl-preprocess": "acl_fairseq.preprocessing.glue:cli_main",
+        "acl-help": "acl_fairseq.help:cli_main",
+        "acl-fairseq-help": "acl_fairseq.help:cli_main",
+    }
+
+
 # ---- the command on trained checkpoints -------------------------------------------------------
 
 
@@ -174,7 +189,7 @@ def add_unlabeled_test_split(data, root):
 
 @pytest.fixture(scope="module")
 def evaluated(data, tmp_path_factory):
-    """Train a tiny multi-exit model (2 epochs), then run ``python -m acl_fairseq.evaluate`` on it."""
+    """Train a tiny multi-exit model (2 epochs), then run ``acl-evaluate`` on it."""
     root = tmp_path_factory.mktemp("evaluated")
     helpers.train(
         data,
@@ -211,7 +226,7 @@ def evaluated(data, tmp_path_factory):
         "--predictions-dir",
         str(root / "pred"),
     ]
-    proc = helpers.run_fairseq("acl_fairseq.evaluate", args)
+    proc = helpers.run_tool("acl-evaluate", args)
     return root, proc.stdout
 
 

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, tool
 
 from acl_fairseq import tokenization
 from acl_fairseq.tokenization import basic_words, detect_lowercase, load_vocab, vocab_is_uncased
@@ -466,9 +466,13 @@ def test_skip_test_goes_without_test_tsv(tmp_path, assets):
     assert set(stats_of(tmp_path / "bin")["splits"]) == {"train", "valid"}
 
 
-def test_missing_folder_and_cli_exit_code(tmp_path):
+@pytest.mark.parametrize("command", ["path", "console script"])
+def test_missing_folder_and_cli_exit_code(tmp_path, command):
+    """Both ways to start it: ``python preprocess/glue.py`` from a checkout, and ``acl-preprocess``."""
+    start = {"path": [sys.executable, os.path.join(REPO, "preprocess", "glue.py")],
+             "console script": [tool("acl-preprocess")]}[command]
     proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "preprocess", "glue.py"), "--task", "rte", "--input", str(tmp_path / "nope"),
+        [*start, "--task", "rte", "--input", str(tmp_path / "nope"),
          "--output", str(tmp_path / "bin"), "--tokenizer", "wordpiece", "--vocab", "v.txt"],
         capture_output=True, text=True, cwd=str(tmp_path),
     )

@@ -99,8 +99,9 @@ def test_fairseq_train_help_lists_the_plugin_criteria():
         assert name in proc.stdout, name
 
 
-def test_plugin_help_lists_architectures():
-    proc = helpers.run_fairseq("acl_fairseq.help", ["--list"])
+@pytest.mark.parametrize("tool", ["acl-help", "acl-fairseq-help"])  # the second: the deprecated old name
+def test_plugin_help_lists_architectures(tool):
+    proc = helpers.run_tool(tool, ["--list"])
     for name in ["multi_exit_roberta", "multi_exit_roberta_base", "multi_exit_roberta_large", "acl_cross_layer"]:
         assert name in proc.stdout, name
 
@@ -115,7 +116,7 @@ def test_plugin_help_lists_architectures():
     ],
 )
 def test_help_documents_every_criterion_and_model_option(criterion, flags):
-    proc = helpers.run_fairseq("acl_fairseq.help", ["--criterion", criterion])
+    proc = helpers.run_tool("acl-help", ["--criterion", criterion])
     options_part = proc.stdout.split("optional arguments:" if "optional arguments:" in proc.stdout else "options:", 1)[1]
     for flag in flags:
         lines = [line for line in options_part.splitlines() if line.strip().startswith(flag)]
