@@ -128,8 +128,16 @@ def plot_result(result: Dict, path: str) -> None:
     plt.close(fig)
 
 
+def mean_std(values: List[float]):
+    """Mean and sample standard deviation over seeds: (None, None) for no values, std None for one."""
+    if not values:
+        return None, None
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
 def _mean_spread(values: List[float]):
-    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+    mean, std = mean_std(values)
+    return mean, std or 0.0  # a single run plots without an error bar
 
 
 def overlay_points(results: List[Dict], policy: str, metric: str) -> List[Dict]:

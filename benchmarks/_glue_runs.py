@@ -81,19 +81,7 @@ class Encoder:
     @property
     def model_args(self) -> List[str]:
         with open(os.path.join(self.dir, "model_args.txt")) as f:
-            args = f.read().split()
-        out, skip = [], False
-        for a in args:  # the driver chooses the architecture
-            if skip:
-                skip = False
-                continue
-            if a == "--arch":
-                skip = True
-                continue
-            if a.startswith("--arch="):
-                continue
-            out.append(a)
-        return out
+            return f.read().split()  # acl-convert-hf's sizes; the driver chooses the architecture
 
     @property
     def num_layers(self) -> int:
@@ -193,8 +181,3 @@ def drop_checkpoints(rd: str) -> None:
         os.remove(p)
 
 
-def mean_std(values: Sequence[float]):
-    import statistics
-    if not values:
-        return None, None
-    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else None)

@@ -29,6 +29,8 @@ import time
 from typing import Dict, List
 
 import _glue_runs as G
+from acl_fairseq.report import mean_std  # noqa: E402
+from acl_fairseq.tables import read_tsv  # noqa: E402
 
 TASK = "SST-2"
 METHODS = ["ce", "scl", "acl_embed", "acl_grad"]
@@ -39,21 +41,10 @@ SCHEDULE_TABLE = os.path.join(G.REPO, "recipes", "glue", "fewshot.tsv")
 
 
 def read_schedules(path: str = SCHEDULE_TABLE) -> Dict[int, Dict[str, object]]:
-    """N -> dict(batch, epochs, every, lr, reason) from the tab-separated table (comment lines start with #)."""
-    with open(path, encoding="utf-8") as f:
-        rows = [line.rstrip("\n").split("\t") for line in f if line.strip() and not line.startswith("#")]
-    header, body = rows[0], rows[1:]
-    want = ["n", "batch_size", "epochs", "validate_every", "lr", "reason"]
-    if header != want:
-        raise ValueError(f"{path}: header must be {want}, got {header}")
-    out = {}
-    for row in body:
-        if len(row) != len(want):
-            raise ValueError(f"{path}: row {row[0]!r} has {len(row)} fields, expected {len(want)} (tab-separated)")
-        r = dict(zip(want, row))
-        out[int(r["n"])] = dict(batch=int(r["batch_size"]), epochs=int(r["epochs"]), every=int(r["validate_every"]),
-                                lr=float(r["lr"]), reason=r["reason"])
-    return out
+    """N -> dict(batch, epochs, every, lr, reason) of the recipe table."""
+    rows = read_tsv(path, ["n", "batch_size", "epochs", "validate_every", "lr", "reason"])
+    return {int(r["n"]): dict(batch=int(r["batch_size"]), epochs=int(r["epochs"]), every=int(r["validate_every"]),
+                              lr=float(r["lr"]), reason=r["reason"]) for r in rows}
 
 
 SCHEDULES = read_schedules()
@@ -145,8 +136,8 @@ def summarize(runs: List[dict], protocol: dict) -> dict:
                 continue
             acc = [r["test_accuracy"] for r in rs]
             val = [r["valid_accuracy"] for r in rs]
-            mean, std = G.mean_std(acc)
-            vmean, vstd = G.mean_std(val)
+            mean, std = mean_std(acc)
+            vmean, vstd = mean_std(val)
             cells.append({
                 "n": n, "method": method, "num_seeds": len(rs), "seeds": [r["seed"] for r in rs],
                 "test_accuracy_mean": mean, "test_accuracy_std": std, "test_accuracy": acc,
@@ -164,7 +155,7 @@ def summarize(runs: List[dict], protocol: dict) -> dict:
         common = sorted(set(c["seeds"]) & set(ce["seeds"]))
         d = [c["test_accuracy"][c["seeds"].index(s)] - ce["test_accuracy"][ce["seeds"].index(s)] for s in common]
         if d:
-            m, s = G.mean_std(d)
+            m, s = mean_std(d)
             deltas.append({"n": c["n"], "method": c["method"], "seeds": common, "delta_vs_ce": d, "mean": m, "std": s})
     return {"protocol": protocol, "paper": PAPER, "cells": cells, "paired_delta_vs_ce": deltas, "runs": runs}
 

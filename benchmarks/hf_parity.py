@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional
 
 import _glue_runs as G
+from acl_fairseq.report import mean_std  # noqa: E402
 import quality  # its binarized data and SST-2 subset rule
 
 TASKS = ["RTE", "STS-B", "SST-2", "CoLA"]
@@ -251,7 +252,7 @@ def summarize(runs: Dict) -> Dict:
             for system, rows in systems.items():
                 values = [r["metric"] for r in sorted(rows, key=lambda r: r["seed"])]
                 speeds = [r["samples_per_s"] for r in rows if r["samples_per_s"]]
-                mean, std = G.mean_std(values)
+                mean, std = mean_std(values)
                 entry[system] = {"seeds": sorted(r["seed"] for r in rows), "values": values, "mean": mean, "std": std,
                                  "samples_per_s": statistics.median(speeds) if speeds else None}
             if "plugin" in entry and "hf" in entry:
@@ -259,7 +260,7 @@ def summarize(runs: Dict) -> Dict:
                 b = {r["seed"]: r["metric"] for r in systems["hf"]}
                 seeds = sorted(set(a) & set(b))
                 diffs = [a[s] - b[s] for s in seeds]
-                mean, std = G.mean_std(diffs)
+                mean, std = mean_std(diffs)
                 if diffs:
                     entry["paired"] = {"seeds": seeds, "diffs": diffs, "mean": mean, "std": std,
                                        "within_target": abs(mean) <= max(1.0, std or 0.0)}

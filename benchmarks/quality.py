@@ -235,7 +235,7 @@ def main(argv=None) -> int:
     os.makedirs(args.results, exist_ok=True)
     md = os.path.join(args.results, "quality.md")
     G.run([sys.executable, G.COLLECTOR, runs_dir, "--out", md, "--plot-dir", args.results])
-    G.run([sys.executable, G.COLLECTOR, runs_dir, "--out", os.path.join(args.results, "quality.json"), "--json"])
+    G.run([sys.executable, G.COLLECTOR, runs_dir, "--out", os.path.join(args.results, "quality.json")])
     with open(md) as f:
         table = f.read()
     with open(md, "w") as f:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turn the runs' result.json files (written by recipes/glue/finetune.sh) into the results table.
 
-    recipes/collect_results.py RUNS_DIR [--out results.md] [--json] [--plot-dir DIR]
+    python recipes/collect_results.py RUNS_DIR [--out results.md|results.json] [--format md|json] [--plot-dir DIR]
 
 One row per method, one column per (task, GLUE metric) as recipes/glue/hparams.tsv's ``report`` column
 lists them (CoLA MCC, MRPC F1 and accuracy, STS-B Pearson and Spearman, MNLI matched and mismatched, ...).
@@ -9,8 +9,8 @@ A cell is ``mean ± std (n=N)`` over seeds: the sample standard deviation, at ea
 For multi-exit runs (result.json names an early_exit.json) it also draws, per task, the overlay of the
 quality-vs-speed-up curves of every method (``acl_fairseq.report.plot_overlay``), links it, and tabulates
 each exit's primary metric over seeds.
-``--json`` writes the same numbers as JSON instead of markdown. The table is generated: paste it into
-the README rather than typing numbers.
+``--format json`` (the default for an --out ending in .json) writes the same numbers as JSON instead of
+markdown. The table is generated: paste it into the README rather than typing numbers.
 """
 import argparse
 import json
@@ -20,6 +20,9 @@ import sys
 from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
+from acl_fairseq.report import mean_std
+from acl_fairseq.tables import read_tsv
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 HPARAMS = os.path.join(HERE, "glue", "hparams.tsv")
 METHODS = os.path.join(HERE, "glue", "methods.tsv")
@@ -27,14 +30,6 @@ METHODS = os.path.join(HERE, "glue", "methods.tsv")
 METRIC_NAMES = {"mcc": "MCC", "accuracy": "Acc", "f1": "F1", "pearson": "Pearson", "spearman": "Spearman"}
 # column names where a task has more than one validation subset (fairseq-preprocess's valid, valid1, ...)
 SUBSET_NAMES = {("MNLI", "valid"): "MNLI-m", ("MNLI", "valid1"): "MNLI-mm"}
-
-
-def read_table(path: str) -> List[Dict[str, str]]:
-    """Rows of a recipes table (tab-separated, '#' comments, a header line) as dicts."""
-    with open(path, encoding="utf-8") as f:
-        lines = [ln.rstrip("\n") for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
-    header = lines[0].split("\t")
-    return [dict(zip(header, ln.split("\t"))) for ln in lines[1:]]
 
 
 def task_columns(hparams: List[Dict[str, str]]) -> "OrderedDict[str, List[Tuple[str, str]]]":
@@ -73,14 +68,6 @@ def load_results(runs_dir: str) -> List[dict]:
         res["_dir"] = root
         results.append(res)
     return results
-
-
-def mean_std(values: List[float]) -> Tuple[float, Optional[float]]:
-    """Mean and sample standard deviation (None for a single value)."""
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, None
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
 def format_cell(values: List[float]) -> str:
@@ -229,7 +216,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], usage=__doc__.split("\n\n")[1].strip())
     p.add_argument("runs_dir", help="folder searched recursively for result.json (e.g. OUT_ROOT/runs)")
     p.add_argument("--out", help="write here instead of standard output")
-    p.add_argument("--json", action="store_true", help="write the numbers as JSON instead of markdown")
+    p.add_argument("--format", choices=["md", "json"], help="markdown table or the numbers as JSON (default: json "
+                   "for an --out ending in .json, else md)")
+    p.add_argument("--json", dest="format", action="store_const", const="json", help="deprecated: --format json")
     p.add_argument("--plot-dir", help="where early-exit plots go (default: beside --out, else RUNS_DIR)")
     p.add_argument("--hparams", default=HPARAMS, help="the task table (report column, task order)")
     args = p.parse_args(argv)
@@ -240,20 +229,21 @@ def main(argv=None) -> int:
     if not results:
         print(f"error: no result.json under {args.runs_dir}", file=sys.stderr)
         return 1
-    method_order = [row["method"] for row in read_table(METHODS)] if os.path.isfile(METHODS) else []
-    summary = summarize(results, read_table(args.hparams), list(OrderedDict.fromkeys(method_order)))
+    method_order = [row["method"] for row in read_tsv(METHODS)] if os.path.isfile(METHODS) else []
+    summary = summarize(results, read_tsv(args.hparams), list(OrderedDict.fromkeys(method_order)))
 
     link_dir = os.path.dirname(os.path.abspath(args.out)) if args.out else os.path.abspath(args.runs_dir)
     groups = early_exit_groups(results)
     plots = plot_early_exit(groups, args.plot_dir or link_dir, link_dir)
     per_exit = per_exit_values(groups)
-    if args.json:
+    if (args.format or ("json" if (args.out or "").endswith(".json") else "md")) == "json":
         text = json.dumps({**summary, "plots": plots, "per_exit": per_exit}, indent=2) + "\n"
     else:
         text = markdown(summary, plots, per_exit_markdown(per_exit))
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
+        with open(args.out + ".tmp", "w", encoding="utf-8") as f:
             f.write(text)
+        os.replace(args.out + ".tmp", args.out)
         print(f"[collect] {len(results)} runs -> {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)

@@ -104,9 +104,9 @@ def test_fewshot_schedule_table_errors_name_the_file_and_the_problem(tmp_path):
     fewshot = _fewshot_module()
     bad_header = tmp_path / "h.tsv"
     bad_header.write_text("# comment\nn\tbatch\tepochs\n20\t20\t30\n")
-    with pytest.raises(ValueError, match=r"h\.tsv: header must be"):
+    with pytest.raises(ValueError, match=r"h\.tsv:2: the header must be"):
         fewshot.read_schedules(str(bad_header))
     short_row = tmp_path / "r.tsv"
     short_row.write_text("n\tbatch_size\tepochs\tvalidate_every\tlr\treason\n20 20 30 10 1e-4 spaces not tabs\n")
-    with pytest.raises(ValueError, match=r"r\.tsv: row .* has 1 fields, expected 6 \(tab-separated\)"):
+    with pytest.raises(ValueError, match=r"r\.tsv:2: 1 fields, the header has 6: separate the fields with tabs"):
         fewshot.read_schedules(str(short_row))

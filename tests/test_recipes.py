@@ -258,7 +258,7 @@ def test_converter_model_args_file_sets_the_model_flags(env, tmp_path):
     conv = tmp_path / "converted"
     conv.mkdir()
     (conv / "model.pt").write_bytes(b"x")
-    (conv / "model_args.txt").write_text("--arch roberta --encoder-layers 6 --encoder-embed-dim 384")  # no newline
+    (conv / "model_args.txt").write_text("--encoder-layers 6 --encoder-embed-dim 384")  # no newline
     env["ROBERTA_PATH"] = str(conv / "model.pt")
     argv = train_argv(run("SST-2.sh", "ce", "--dry-run", env=env).stdout)
     assert argv.count("--arch") == 1 and flag(argv, "--arch") == "roberta"
@@ -266,6 +266,10 @@ def test_converter_model_args_file_sets_the_model_flags(env, tmp_path):
     argv = train_argv(run("SST-2.sh", "multi_exit_ce", "--dry-run", env=env).stdout)
     assert argv.count("--arch") == 1 and flag(argv, "--arch") == "multi_exit_roberta"
     assert flag(argv, "--encoder-layers") == "6"
+    # the method chooses the architecture: a file that names one is refused, not silently edited
+    (conv / "model_args.txt").write_text("--arch roberta --encoder-layers 6\n")
+    r = run("SST-2.sh", "ce", "--dry-run", env=env)
+    assert r.returncode != 0 and "model_args.txt hold --arch" in r.stderr and "remove it" in r.stderr
 
 
 @pytest.mark.parametrize("pair_format, separator", [("single", None), ("double", "2")])
@@ -518,9 +522,16 @@ def test_collector_table(tmp_path):
     assert lines[2] == "| ce | 61.00 ± 1.41 (n=2) | – | – |"
     assert lines[3] == "| acl_embed | – | 87.50 (n=1) | 87.00 (n=1) |"
     assert "sample standard deviation" in out.read_text()
-    js = subprocess.run([sys.executable, os.path.join(RECIPES, "collect_results.py"), runs, "--json"],
+    js = subprocess.run([sys.executable, os.path.join(RECIPES, "collect_results.py"), runs, "--format", "json"],
                         capture_output=True, text=True)
     data = json.loads(js.stdout)
+    old_spelling = subprocess.run([sys.executable, os.path.join(RECIPES, "collect_results.py"), runs, "--json"],
+                                  capture_output=True, text=True)
+    assert json.loads(old_spelling.stdout) == data  # the deprecated switch still works
+    by_suffix = tmp_path / "table.json"
+    subprocess.run([sys.executable, os.path.join(RECIPES, "collect_results.py"), runs, "--out", str(by_suffix)],
+                   check=True, capture_output=True)
+    assert json.loads(by_suffix.read_text()) == data
     cell = next(c for c in data["cells"] if c["method"] == "ce" and c["task"] == "CoLA")
     assert cell["values"] == [60.0, 62.0] and cell["seeds"] == [1, 2] and cell["n"] == 2
     assert cell["mean"] == 61.0 and abs(cell["std"] - 2 ** 0.5) < 1e-12

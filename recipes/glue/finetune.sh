@@ -117,17 +117,11 @@ if [[ -n "$MODEL_ARGS" ]]; then
   read -r -a model_args <<<"$MODEL_ARGS"
 elif [[ -n "$ROBERTA_PATH" && -f "$(dirname "$ROBERTA_PATH")/model_args.txt" ]]; then
   MODEL_ARGS_FILE="$(dirname "$ROBERTA_PATH")/model_args.txt"
-  read -r -a file_args <"$MODEL_ARGS_FILE" || true  # (read fails on a last line without newline)
-  skip=0
-  for a in "${file_args[@]+"${file_args[@]}"}"; do  # the method chooses the architecture, so drop any --arch in the file
-    if ((skip)); then skip=0; continue; fi
-    case "$a" in
-      --arch) skip=1 ;;
-      --arch=*) ;;
-      *) model_args+=("$a") ;;
-    esac
-  done
+  read -r -a model_args <"$MODEL_ARGS_FILE" || true  # (read fails on a last line without newline)
 fi
+for a in "${model_args[@]+"${model_args[@]}"}"; do  # the method chooses the architecture
+  [[ "$a" != --arch && "$a" != --arch=* ]] || die "model flags ${MODEL_ARGS_FILE:-MODEL_ARGS} hold --arch, which the method chooses: remove it (or set ARCH)"
+done
 
 # A converted encoder's conventions.json (acl-convert-hf) sets the pair format and BERT's segment
 # embedding, which only multi_exit_roberta holds: single-exit methods run it with one exit on the top layer.
