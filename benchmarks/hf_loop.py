@@ -33,7 +33,7 @@ from torch import nn
 
 import _glue_runs as G
 from acl_fairseq import glue_metrics
-from acl_fairseq.heads import head_forward, pool_states
+from acl_fairseq.heads import POOLING_MODES, head_forward, pool_states
 from acl_fairseq.preprocessing.glue_tasks import TASKS, TaskSpec, get_task, read_split
 
 Text = Union[str, Tuple[str, str]]
@@ -55,7 +55,7 @@ class HFConfig:
     batch_size: int = _opt(16, "sentences per update")
     max_len: int = _opt(128, "longest input in tokens, special tokens included")
     pooling: str = _opt("mean", "sentence vector the head reads: the [CLS] state or the mean of the non-padding "
-                                "states (the plugin's MiniLM runs use mean)", choices=["cls", "mean"])
+                                "states (the plugin's MiniLM runs use mean)", choices=POOLING_MODES)
     head_dropout: float = _opt(0.1, "dropout before the head's dense and before its out_proj")
     hidden_dropout: float = _opt(0.1, "BERT's hidden_dropout_prob")
     attention_dropout: float = _opt(0.1, "BERT's attention_probs_dropout_prob")

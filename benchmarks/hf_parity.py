@@ -39,12 +39,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional
 
 import _glue_runs as G
-from acl_fairseq.report import mean_std  # noqa: E402
+from acl_fairseq.heads import POOLING_MODES
+from acl_fairseq.report import mean_std
 import quality  # its binarized data and SST-2 subset rule
 
 TASKS = ["RTE", "STS-B", "SST-2", "CoLA"]
 TRAIN_SIZES = {"RTE": 2490, "STS-B": 5749, "SST-2": 2000, "CoLA": 8551}  # SST-2: quality.py's 2000-example subset
-SEARCH = [(lr, pooling) for lr in (2e-5, 3e-5) for pooling in ("cls", "mean")]  # RTE, one seed each
+SEARCH = [(lr, pooling) for lr in (2e-5, 3e-5) for pooling in POOLING_MODES]  # RTE, one seed each
 
 
 def setting_name(args, lr: float, pooling: str) -> str:
@@ -318,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--collect-only", action="store_true", help="only rebuild the table from finished runs")
     g = p.add_argument_group("switches (defaults: the matched setting)")
     g.add_argument("--lr", type=float, default=None, help="peak lr (default: recipes/glue/converted.tsv)")
-    g.add_argument("--pooling", choices=["cls", "mean"], default=None, help="default: recipes/glue/converted.tsv")
+    g.add_argument("--pooling", choices=POOLING_MODES, default=None, help="default: recipes/glue/converted.tsv")
     g.add_argument("--pair-format", choices=["single", "double"], default="single",
                    help="double: fairseq's RoBERTa pairs <s> A </s></s> B </s> on both systems")
     g.add_argument("--no-segment", action="store_true", help="drop BERT's token type 1 on both systems")

@@ -29,6 +29,7 @@ import common
 import hf_loop
 import step_time
 from acl_fairseq import conventions
+from acl_fairseq.heads import POOLING_MODES
 
 # (criterion, scope, exits, extra flags)
 PLUGIN = [
@@ -172,7 +173,7 @@ def main(argv=None) -> List[Dict]:
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     p.add_argument("--mem-repeats", type=int, default=2, help="steps per system measuring peak memory (0: skip)")
     p.add_argument("--criteria", nargs="+", help="only these plugin criteria (sentence_ce is always kept)")
-    p.add_argument("--pooling", choices=["cls", "mean"], default="cls", help="what the head reads, both sides")
+    p.add_argument("--pooling", choices=POOLING_MODES, default="cls", help="what the head reads, both sides")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: torch's default)")
     p.add_argument("--hf-dir", help="HF BERT folder (default: the packaged MiniLM)")
