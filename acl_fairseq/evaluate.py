@@ -1,14 +1,14 @@
 # Licensed under the MIT license.
 """Evaluate a fine-tuned (multi-exit) RoBERTa checkpoint: per-exit GLUE metrics and an early-exit sweep.
 
-``acl-evaluate CHECKPOINT DATA_BIN --out-dir DIR`` (or ``python -m acl_fairseq.evaluate ...``) writes
-``DIR/early_exit.json``, ``DIR/early_exit.csv`` and ``DIR/early_exit.png`` and prints a table. Per
-setting (policy x threshold): the task metric(s), average exit layer, layer speed-up ``L / avg``,
-saved fraction ``1 - avg / L``, and wall-clock latency per example against running all layers, at
-batch size 1 and batched (median of repeats, measured side by side). Quality numbers come from one
-full pass (every exit's logits, then the policies offline: ``exits.exit_layer_indices``); latency
-from the layer-by-layer engine (``early_exit.py``), whose decisions are checked against the offline
-ones (``engine_agreement``). ``--test-split`` also writes GLUE leaderboard files (final exit).
+``acl-evaluate CHECKPOINT DATA_BIN --out-dir DIR`` writes ``DIR/early_exit.json``, ``DIR/early_exit.csv``
+and ``DIR/early_exit.png`` and prints a table. Per setting (policy x threshold): the task metric(s), average
+exit layer, layer speed-up ``L / avg``, saved fraction ``1 - avg / L``, and wall-clock latency per example
+against running all layers, at batch size 1 and batched (median of repeats, measured side by side). Quality
+numbers come from one full pass (every exit's logits, then the policies offline:
+``exits.exit_layer_indices``); latency from the layer-by-layer engine (``early_exit.py``, timed by
+``latency.py``), whose decisions are checked against the offline ones (``engine_agreement``).
+``--test-split`` also writes GLUE leaderboard files (final exit).
 Works for plain ``roberta`` checkpoints too (one exit).
 """
 
@@ -16,14 +16,12 @@ import argparse
 import json
 import logging
 import os
-import statistics
 import sys
-import time
 from typing import Dict, List, Optional
 
 import torch
 
-from acl_fairseq import early_exit, exits, glue_metrics, report
+from acl_fairseq import early_exit, exits, glue_metrics, latency, report
 
 logger = logging.getLogger("acl_fairseq.evaluate")
 
@@ -208,77 +206,6 @@ def setting_quality(exit_logits, targets, layers, num_layers, policy, value, ctx
     }, idx
 
 
-# ---- timing ------------------------------------------------------------------------------------
-
-
-def _clock(fn, batches: List[Dict], device) -> float:
-    """Seconds to run ``fn`` over all ``batches``."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    start = time.perf_counter()
-    for batch in batches:
-        fn(_to(batch, device))
-    sync()
-    return time.perf_counter() - start
-
-
-def time_side_by_side(model, batches: List[Dict], head_name: str, policy: str, value: float, ctx: Dict):
-    """Median seconds per example of (all layers, early exit), alternated within each repeat."""
-    device = next(model.parameters()).device
-    n = sum(len(b["id"]) for b in batches)
-
-    def run_full(tokens):
-        early_exit.full_forward(model, tokens, head_name)
-
-    def run_exit(tokens):
-        early_exit.early_exit_forward(model, tokens, head_name, policy, value, ctx["regression"], ctx["delta"])
-
-    run_full(_to(batches[0], device))  # warm-up (allocator, kernels)
-    run_exit(_to(batches[0], device))
-    full, exit_ = [], []
-    for _ in range(ctx["repeats"]):
-        full.append(_clock(run_full, batches, device) / n)
-        exit_.append(_clock(run_exit, batches, device) / n)
-    return statistics.median(full), statistics.median(exit_)
-
-
-def engine_agreement(model, batches, head_name, setting, offline_index, pos_of_id, ctx) -> float:
-    """Fraction of timed examples where the layer-by-layer engine exits where the offline policy does."""
-    device = next(model.parameters()).device
-    same, total = 0, 0
-    for batch in batches:
-        out = early_exit.early_exit_forward(
-            model,
-            _to(batch, device),
-            head_name,
-            setting["policy"],
-            setting["threshold"],
-            ctx["regression"],
-            ctx["delta"],
-        )
-        offline = offline_index[[pos_of_id[int(i)] for i in batch["id"]]]
-        same += int((out.exit_index.cpu() == offline).sum())
-        total += len(offline)
-    return same / max(total, 1)
-
-
-def add_timing(model, setting: Dict, offline_index, timing_batches: Dict, head_name: str, pos_of_id: Dict, ctx: Dict):
-    """Fill the latency fields of ``setting`` (None when timing is off)."""
-    for mode in ("batch1", "batched"):
-        full = exit_ = None
-        if timing_batches[mode]:
-            full, exit_ = time_side_by_side(
-                model, timing_batches[mode], head_name, setting["policy"], setting["threshold"], ctx
-            )
-        setting[f"latency_full_{mode}_s"] = full
-        setting[f"latency_exit_{mode}_s"] = exit_
-        setting[f"wallclock_speedup_{mode}"] = full / exit_ if full and exit_ else None
-    batched = timing_batches["batched"]
-    setting["engine_agreement"] = (
-        engine_agreement(model, batched, head_name, setting, offline_index, pos_of_id, ctx) if batched else None
-    )
-
-
 # ---- GLUE test predictions ---------------------------------------------------------------------
 
 
@@ -333,7 +260,7 @@ def run_sweep(model, dataset, scored, args, head_name: str, layers: List[int], c
     settings = []
     for policy, value in sweep(args, len(layers), ctx["regression"]):
         setting, idx = setting_quality(exit_logits, targets, layers, num_layers, policy, value, ctx)
-        add_timing(model, setting, idx, timing_batches, head_name, pos_of_id, ctx)
+        latency.add_timing(model, setting, idx, timing_batches, head_name, pos_of_id, ctx)
         logger.info(
             "%s %s: %s, %.2fx fewer layers", policy, value, json.dumps(setting["metrics"]), setting["layer_speedup"]
         )

@@ -17,7 +17,6 @@ import random
 import resource
 import statistics
 import tempfile
-import time
 import warnings
 from typing import Dict, List, Optional, Sequence
 
@@ -142,11 +141,6 @@ def random_sample(batch: int, seq_len: int, vocab: int, num_classes: int, device
     }
 
 
-def synchronize(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
 def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
@@ -245,7 +239,8 @@ def describe_memory(method: str) -> str:
 
 
 class Timer:
-    """``(wall seconds, process CPU seconds)`` of ``fn()``, device synchronized around it, GC off.
+    """``(wall seconds, process CPU seconds)`` of ``fn()``: the package's ``acl_fairseq.latency.clock``
+    (device synchronized around it), with the garbage collector off.
 
     The CPU time (``time.process_time``: user + system of every thread of this process) hardly moves
     when other processes share the cores, where the wall clock does; with one torch thread it is the
@@ -253,17 +248,15 @@ class Timer:
     """
 
     def __init__(self, device):
-        self.device = device
+        self.device = torch.device(device)
 
     def __call__(self, fn):
+        from acl_fairseq.latency import clock
+
         gc.collect()
         gc.disable()
         try:
-            synchronize(self.device)
-            wall, cpu = time.perf_counter(), time.process_time()
-            fn()
-            synchronize(self.device)
-            return time.perf_counter() - wall, time.process_time() - cpu
+            return clock(fn, self.device)
         finally:
             gc.enable()
 

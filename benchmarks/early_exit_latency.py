@@ -3,7 +3,8 @@
 
 For each policy setting, the engine of ``acl_fairseq.early_exit`` (``early_exit_forward``, which stops
 computing for the rows that exit) and the all-layers baseline (``full_forward``: fairseq's encoder,
-then the final exit) run alternately on the same examples, at batch size 1 and batched (``--batch``).
+then the final exit) run alternately on the same examples, at batch size 1 and batched (``--batch``),
+timed by the package's ``acl_fairseq.latency.side_by_side`` (what acl-evaluate's latency columns use).
 ``wallclock_speedup`` = median over ``--repeats`` rounds of (baseline time / early-exit time);
 ``layer_speedup`` = ``L / avg_exit_layer`` where ``L`` is the final exit's layer and
 ``avg_exit_layer`` the mean layer the engine left at; ``efficiency`` = their quotient.
@@ -23,13 +24,19 @@ examples are random tokens of ``--seq-len`` (no padding) for random weights.
 """
 import argparse
 import os
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import torch
 
 import common
 
 HEAD = "sentence_classification_head"
+# the printed table: its columns, and the format of each numeric one
+COLUMNS = ["policy", "threshold", "batch", "avg_exit_layer", "layer_speedup", "wallclock_speedup", "efficiency",
+           "cpu_speedup", "cpu_efficiency", "full_ms_per_example", "exit_ms_per_example"]
+FORMATS = {"threshold": "{:.6g}", "avg_exit_layer": "{:.2f}", "layer_speedup": "{:.2f}x", "wallclock_speedup": "{:.2f}x",
+           "efficiency": "{:.2f}", "cpu_speedup": "{:.2f}x", "cpu_efficiency": "{:.2f}",
+           "full_ms_per_example": "{:.2f}", "exit_ms_per_example": "{:.2f}"}
 
 
 def parse_args(argv=None):
@@ -182,30 +189,13 @@ def auto_thresholds(logits: torch.Tensor, layers: List[int], points: int) -> Lis
 # ---- timing ------------------------------------------------------------------------------------
 
 
-def time_setting(model, batches: List[torch.Tensor], policy: str, value: float, repeats: int, device) -> Dict:
-    from acl_fairseq import early_exit
+def time_setting(model, batches: List[torch.Tensor], policy: str, value: float, repeats: int) -> Dict:
+    """The package's side-by-side rounds (``acl_fairseq.latency``, as acl-evaluate times), the order of the two
+    systems swapped every round; speed-ups are medians of the per-round ratios."""
+    from acl_fairseq import early_exit, latency
 
-    timer = common.Timer(device)
-
-    def full():
-        for t in batches:
-            early_exit.full_forward(model, t, HEAD)
-
-    def early():
-        for t in batches:
-            early_exit.early_exit_forward(model, t, HEAD, policy, value)
-
-    full(), early()  # warm-up
-    t_full, t_exit, ratios, cpu_ratios = [], [], [], []
-    for r in range(repeats):
-        if r % 2:  # alternate which goes first
-            b, e = timer(full), timer(early)
-        else:
-            e, b = timer(early), timer(full)
-        t_full.append(b[0])
-        t_exit.append(e[0])
-        ratios.append(b[0] / e[0])
-        cpu_ratios.append(b[1] / e[1])
+    rounds = latency.side_by_side(model, batches, HEAD, policy, value, repeats, alternate=True)
+    (t_full, c_full), (t_exit, c_exit) = (zip(*rounds[k]) for k in ("full", "exit"))
     outs = [early_exit.early_exit_forward(model, t, HEAD, policy, value) for t in batches]
     n = sum(t.size(0) for t in batches)
     return {
@@ -213,8 +203,8 @@ def time_setting(model, batches: List[torch.Tensor], policy: str, value: float, 
         "avg_layers_computed": float(torch.cat([o.layers_computed for o in outs]).float().mean()),
         "full_ms_per_example": 1000 * common.median(t_full) / n,
         "exit_ms_per_example": 1000 * common.median(t_exit) / n,
-        "wallclock_speedup": common.median(ratios),
-        "cpu_speedup": common.median(cpu_ratios),
+        "wallclock_speedup": common.median([b / e for b, e in zip(t_full, t_exit)]),
+        "cpu_speedup": common.median([b / e for b, e in zip(c_full, c_exit)]),
     }
 
 
@@ -252,7 +242,7 @@ def run(args) -> List[Dict]:
     rows = []
     for policy, value in settings(args, logits, layers):
         for bs, batches in ((1, single), (args.batch, batched)):
-            found = time_setting(model, batches, policy, value, args.repeats, args.device)
+            found = time_setting(model, batches, policy, value, args.repeats)
             layer_speedup = num_layers / found["avg_exit_layer"]
             rows.append({
                 "policy": policy,
@@ -283,15 +273,7 @@ def main(argv=None) -> List[Dict]:
     print(f"# early_exit_latency: model={rows[0]['model'] if rows else '-'} {source} "
           f"examples={args.examples} batch=1,{args.batch} device={args.device} threads={torch.get_num_threads()} "
           f"repeats={args.repeats}; efficiency = wallclock_speedup / layer_speedup")
-    common.report(
-        rows,
-        ["policy", "threshold", "batch", "avg_exit_layer", "layer_speedup", "wallclock_speedup", "efficiency",
-         "cpu_speedup", "cpu_efficiency", "full_ms_per_example", "exit_ms_per_example"],
-        {"threshold": "{:.6g}", "avg_exit_layer": "{:.2f}", "layer_speedup": "{:.2f}x", "wallclock_speedup": "{:.2f}x",
-         "efficiency": "{:.2f}", "cpu_speedup": "{:.2f}x", "cpu_efficiency": "{:.2f}",
-         "full_ms_per_example": "{:.2f}", "exit_ms_per_example": "{:.2f}"},
-        args.json,
-    )
+    common.report(rows, COLUMNS, FORMATS, args.json)
     return rows
 
 

@@ -43,6 +43,11 @@ VARIANTS = [
     ("acl_cross_layer", "params", "multi", ["--acl-grad-scope", "params"]),
 ]
 ARCH = {"single": "roberta", "multi": "multi_exit_roberta"}
+# the printed table: its columns, and the format of each numeric one
+COLUMNS = ["model", "criterion", "scope", "median_step_s", "ratio_to_ce", "median_step_cpu_s", "ratio_to_ce_cpu",
+           "peak_mem_mb", "overflows"]
+FORMATS = {"median_step_s": "{:.4f}", "ratio_to_ce": "{:.3f}x", "median_step_cpu_s": "{:.4f}",
+           "ratio_to_ce_cpu": "{:.3f}x", "peak_mem_mb": "{:.1f}"}
 
 
 def parse_args(argv=None):
@@ -202,14 +207,7 @@ def main(argv=None):
           f"cpu={platform.processor() or platform.machine()} "
           f"repeats={args.repeats} warmup={args.warmup} inner={args.inner}")
     print(f"# {common.describe_memory(run.memory_method)}")
-    common.report(
-        rows,
-        ["model", "criterion", "scope", "median_step_s", "ratio_to_ce", "median_step_cpu_s", "ratio_to_ce_cpu",
-         "peak_mem_mb", "overflows"],
-        {"median_step_s": "{:.4f}", "ratio_to_ce": "{:.3f}x", "median_step_cpu_s": "{:.4f}",
-         "ratio_to_ce_cpu": "{:.3f}x", "peak_mem_mb": "{:.1f}"},
-        args.json,
-    )
+    common.report(rows, COLUMNS, FORMATS, args.json)
     return rows
 
 
