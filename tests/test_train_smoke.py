@@ -93,6 +93,15 @@ else:
     assert not marker.exists()
 
 
+def test_user_dir_loads_only_what_training_uses():
+    """``--user-dir acl_fairseq`` imports the package: the registered parts, never the tools or preprocessing."""
+    code = "import sys, acl_fairseq; print(' '.join(m for m in sys.modules if m.startswith('acl_fairseq')))"
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    assert {"acl_fairseq.criterions", "acl_fairseq.models", "acl_fairseq.tasks", "acl_fairseq.optim"} <= loaded
+    tools = {"evaluate", "latency", "report", "predict", "hub", "convert_hf", "hf_mapping", "preprocessing", "help"}
+    assert not loaded & {f"acl_fairseq.{t}" for t in tools}, sorted(loaded)
+
+
 def test_fairseq_train_help_lists_the_plugin_criteria():
     proc = helpers.run_fairseq("fairseq_cli.train", ["--user-dir", helpers.USER_DIR, "--help"])
     for name in ["acl_embed", "acl_grad", "acl_cross_layer", "sentence_scl", "sentence_ce"]:
