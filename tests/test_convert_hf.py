@@ -16,8 +16,7 @@ import torch
 
 import helpers
 from acl_fairseq import convert_hf
-from toy_data import (FILLERS, INTENSIFIERS, NEGATIONS, NEGATIVE, POSITIVE, SUBJECTS, make_examples,
-                                  write_raw)
+from toy_data import FILLERS, INTENSIFIERS, NEGATIONS, NEGATIVE, POSITIVE, SUBJECTS, make_examples, write_raw
 
 import transformers  # noqa: E402  (test-only dependency, pinned in requirements.txt)
 

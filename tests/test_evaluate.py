@@ -166,8 +166,9 @@ def test_every_tool_is_an_acl_console_script():
 
 def add_unlabeled_test_split(data, root):
     """Binarize an unlabeled ``test`` split with the data's dictionary (like GLUE's test sets)."""
-    from toy_data import make_examples, write_raw
     from fairseq_cli import preprocess
+
+    from toy_data import make_examples, write_raw
 
     write_raw(str(root / "test"), make_examples(10, seed=7))
     out = str(root / "bin")

@@ -194,8 +194,8 @@ def setup_tokenizer(args, tmp: str, work: str, train_examples: List[Example]):
 
 
 def _gpt2(args, tmp, work, train_examples, info):
-    from acl_fairseq.tokenization import make_record
     from acl_fairseq.preprocessing.gpt2_files import ensure_gpt2_bpe
+    from acl_fairseq.tokenization import make_record
 
     paths = ensure_gpt2_bpe(args.bpe_dir, args.bpe_url)
     for name in ("encoder.json", "vocab.bpe"):
@@ -207,8 +207,8 @@ def _gpt2(args, tmp, work, train_examples, info):
 
 
 def _sentencepiece(args, tmp, work, train_examples, info):
-    from acl_fairseq.tokenization import make_record
     from acl_fairseq.preprocessing import text_encoders as te
+    from acl_fairseq.tokenization import make_record
 
     model = os.path.join(tmp, "spm.model")  # kept in the output, to decode with
     if args.spm_model:
@@ -225,8 +225,8 @@ def _sentencepiece(args, tmp, work, train_examples, info):
 
 
 def _wordpiece(args, tmp, work, train_examples, info):
-    from acl_fairseq.tokenization import detect_lowercase, load_vocab, make_record
     from acl_fairseq.preprocessing import text_encoders as te
+    from acl_fairseq.tokenization import detect_lowercase, load_vocab, make_record
 
     _require_file(args.vocab, "--vocab")
     lowercase = args.lowercase if args.lowercase is not None else detect_lowercase(args.vocab, load_vocab(args.vocab))
