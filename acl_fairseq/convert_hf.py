@@ -28,7 +28,7 @@ import sys
 import warnings
 from typing import Dict, List, Optional
 
-from acl_fairseq import conventions, tokenization
+from acl_fairseq import console, conventions, tokenization
 from acl_fairseq.hf_mapping import (
     TOKENIZER_FILES,
     UnsupportedCheckpointError,
@@ -203,8 +203,7 @@ def get_parser() -> argparse.ArgumentParser:
 
 def cli_main(argv: Optional[List[str]] = None) -> None:
     args = get_parser().parse_args(argv)
-    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO)
-    logging.getLogger("hydra").setLevel(logging.WARNING)
+    console.setup_logging()
     try:
         convert(args.hf_dir, args.out_dir, args.num_classes, args.classification_head_name, args.seed)
     except UnsupportedCheckpointError as e:

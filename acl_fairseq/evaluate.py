@@ -21,7 +21,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from acl_fairseq import early_exit, exits, glue_metrics, latency, report
+from acl_fairseq import console, early_exit, exits, glue_metrics, latency, report
 
 logger = logging.getLogger("acl_fairseq.evaluate")
 
@@ -101,14 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--predictions-dir", help="where the GLUE prediction files (index<TAB>prediction) go")
     p.add_argument("--user-dir", help="extra fairseq plugin dir to import (acl_fairseq itself always is)")
-    p.add_argument("--cpu", action="store_true", help="run on CPU even if CUDA is available")
+    console.add_device_argument(p)
     return p
 
 
 # ---- loading -----------------------------------------------------------------------------------
 
 
-def load_model(checkpoint: str, data_bin: str, user_dir: Optional[str], cpu: bool):
+def load_model(checkpoint: str, data_bin: str, user_dir: Optional[str], device: str = "auto"):
     """(model in eval mode on its device, task, cfg). Loads with torch's safe loader (weights_only)."""
     from fairseq import checkpoint_utils, utils
 
@@ -122,7 +122,7 @@ def load_model(checkpoint: str, data_bin: str, user_dir: Optional[str], cpu: boo
         [checkpoint], arg_overrides={"data": data_bin, "load_checkpoint_heads": True}
     )
     model = models[0].eval()
-    if torch.cuda.is_available() and not cpu:
+    if console.resolve_device(device) == "cuda":
         model = model.cuda()
     return model, task, cfg
 
@@ -270,7 +270,7 @@ def run_sweep(model, dataset, scored, args, head_name: str, layers: List[int], c
 
 def evaluate(args) -> Dict:
     """Run the whole evaluation; returns the result dict that is written to early_exit.json."""
-    model, task, cfg = load_model(args.checkpoint, args.data_bin, args.user_dir, args.cpu)
+    model, task, cfg = load_model(args.checkpoint, args.data_bin, args.user_dir, args.device)
     head_name = args.classification_head_name or getattr(cfg.criterion, "classification_head_name", None)
     head_name = head_name or "sentence_classification_head"
     layers = early_exit.exit_plan(model, head_name)[0]
@@ -332,12 +332,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
 
 
 def cli_main() -> None:
-    logging.basicConfig(
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-        level=os.environ.get("LOGLEVEL", "INFO").upper(),
-        stream=sys.stderr,
-        force=True,  # importing fairseq already called basicConfig (at DEBUG, in fairseq's wav2vec module)
-    )
+    console.setup_logging()
     try:
         main()
     except FileNotFoundError as e:  # a wrong path: say so without a traceback

@@ -5,8 +5,8 @@ chosen ``--arch`` and ``--criterion``; so ``fairseq-train --user-dir acl_fairseq
 --help`` lists the criterion's name but not its flags. This prints the parser fairseq-train builds in
 its second pass, with every plugin option and its help text:
 
-    python -m acl_fairseq.help --criterion acl_cross_layer --arch multi_exit_roberta_base
-    acl-fairseq-help --list
+    acl-help --criterion acl_cross_layer --arch multi_exit_roberta_base
+    acl-help --list
 """
 import argparse
 import os

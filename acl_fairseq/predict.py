@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
-from acl_fairseq import exits
+from acl_fairseq import console, exits
 
 logger = logging.getLogger("acl_fairseq.predict")
 FORMATS = ("jsonl", "tsv")
@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="overwrite an existing --output")
     p.add_argument("--strict", action="store_true", help="stop at the first bad input row instead of skipping it")
     p.add_argument("--tokenizer", help="stats.json or conventions.json naming the tokenizer, when --data has none")
-    p.add_argument("--cpu", action="store_true", help="run on CPU even if CUDA is available")
+    console.add_device_argument(p)
     return p
 
 
@@ -247,11 +247,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
     except hub_mod.TokenizerNotFound as e:
         raise SystemExit(f"acl-predict: error: {e}")
     hub.eval()
-    if not args.cpu:
-        import torch
-
-        if torch.cuda.is_available():
-            hub.cuda()
+    if console.resolve_device(args.device) == "cuda":
+        hub.cuda()
     try:
         summary = predict(args, hub)
     except ValueError as e:  # a policy the model cannot run, a bad exit layer
@@ -265,8 +262,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
 
 
 def cli_main() -> None:
-    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-                        level=os.environ.get("LOGLEVEL", "WARNING").upper(), stream=sys.stderr, force=True)
+    console.setup_logging("WARNING")
     main()
 
 

@@ -170,7 +170,7 @@ def evaluate_split(rd: str, data_bin: str, split: str, task: str) -> dict:
     path = os.path.join(out, "early_exit.json")
     if not os.path.isfile(path):
         run([tool("acl-evaluate"), os.path.join(rd, "checkpoint_best.pt"), data_bin, "--out-dir", out, "--split", split,
-             "--task-name", task, "--timing-examples", "0", "--cpu"], log_path=os.path.join(out, "acl_evaluate.log"))
+             "--task-name", task, "--timing-examples", "0", "--device", "cpu"], log_path=os.path.join(out, "acl_evaluate.log"))
     with open(path) as f:
         return json.load(f)
 

@@ -22,6 +22,8 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from acl_fairseq import console
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(REPO, "acl_fairseq")
 
@@ -40,7 +42,7 @@ MODEL_SIZES: Dict[str, Dict[str, int]] = {
 def quiet() -> None:
     """Silence fairseq's/hydra's INFO logs and deprecation warnings (command-line runs only: this
     changes process-wide logging and warning filters)."""
-    logging.basicConfig(level=logging.WARNING)
+    console.setup_logging("WARNING")
     for name in ("fairseq", "fairseq_cli", "hydra", "acl_fairseq"):
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", category=FutureWarning)

@@ -3,7 +3,7 @@
 
 For each policy setting, the engine of ``acl_fairseq.early_exit`` (``early_exit_forward``, which stops
 computing for the rows that exit) and the all-layers baseline (``full_forward``: fairseq's encoder,
-then the final exit) run alternately on the same examples, at batch size 1 and batched (``--batch``),
+then the final exit) run alternately on the same examples, at batch size 1 and batched (``--batch-size``),
 timed by the package's ``acl_fairseq.latency.side_by_side`` (what acl-evaluate's latency columns use).
 ``wallclock_speedup`` = median over ``--repeats`` rounds of (baseline time / early-exit time);
 ``layer_speedup`` = ``L / avg_exit_layer`` where ``L`` is the final exit's layer and
@@ -20,7 +20,7 @@ batch leaves over several exits. Entropy thresholds are then chosen (bisection o
 that the average exit layer spans ``1..L`` (``--thresholds`` gives them explicitly instead). The
 examples are random tokens of ``--seq-len`` (no padding) for random weights.
 
-    python benchmarks/early_exit_latency.py --model minilm --seq-len 128 --batch 32 --json latency.json
+    python benchmarks/early_exit_latency.py --model minilm --seq-len 128 --batch-size 32 --json latency.json
 """
 import argparse
 import os
@@ -49,7 +49,8 @@ def parse_args(argv=None):
     p.add_argument("--seq-len", type=int, default=128, help="tokens per random example")
     p.add_argument("--num-classes", type=int, default=2)
     p.add_argument("--examples", type=int, default=64, help="examples timed per setting and mode")
-    p.add_argument("--batch", type=int, default=32, help="batch size of the batched mode")
+    p.add_argument("--batch-size", "--batch", dest="batch", type=int, default=32,
+                   help="batch size of the batched mode (--batch: deprecated spelling)")
     p.add_argument("--policy", nargs="+", default=["entropy"], choices=["entropy", "confidence", "patience"])
     p.add_argument("--thresholds", nargs="+", type=float, help="entropy thresholds (default: chosen "
                    "so that the average exit layer spans 1..L)")
@@ -87,7 +88,7 @@ def checkpoint_model(args):
 
     if not args.data:
         raise SystemExit("--checkpoint needs --data (its binarized sentence_prediction folder)")
-    model, task, _ = evaluate.load_model(args.checkpoint, args.data, None, args.device == "cpu")
+    model, task, _ = evaluate.load_model(args.checkpoint, args.data, None, args.device)
     task.load_dataset(args.split)
     ds = task.dataset(args.split)
     ids = list(range(min(args.examples, len(ds))))

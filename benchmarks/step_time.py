@@ -20,7 +20,7 @@ oversubscribed machine stall at random and inflate both clocks); ``--threads 0``
 few extra steps per variant measure ``peak_mem_mb`` (see ``common.PeakMemory``: on CPU the rise of the
 resident high-water mark over one step, on CUDA ``max_memory_allocated``).
 
-    python benchmarks/step_time.py --model minilm --batch 16 --seq-len 128 --json step_time.json
+    python benchmarks/step_time.py --model minilm --batch-size 16 --seq-len 128 --json step_time.json
 """
 import argparse
 import platform
@@ -53,7 +53,8 @@ FORMATS = {"median_step_s": "{:.4f}", "ratio_to_ce": "{:.3f}x", "median_step_cpu
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=sorted(common.MODEL_SIZES), default="minilm")
-    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--batch-size", "--batch", dest="batch", type=int, default=16,
+                   help="sentences per step (--batch: deprecated spelling)")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--num-classes", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5, help="timed rounds (each runs every variant once)")

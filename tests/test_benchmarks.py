@@ -26,7 +26,7 @@ def test_step_time_smoke(tmp_path, capsys):
     import step_time
 
     out = tmp_path / "steps.json"
-    step_time.main(["--model", "tiny", "--batch", "4", "--seq-len", "16", "--repeats", "1", "--warmup", "0",
+    step_time.main(["--model", "tiny", "--batch-size", "4", "--seq-len", "16", "--repeats", "1", "--warmup", "0",
                     "--mem-repeats", "1", "--threads", "1", "--json", str(out)])
     rows = json.loads(out.read_text())
     assert all(STEP_FIELDS <= set(r) for r in rows)
@@ -65,7 +65,7 @@ def test_early_exit_latency_smoke(tmp_path, capsys):
     import early_exit_latency
 
     out = tmp_path / "latency.json"
-    early_exit_latency.main(["--model", "tiny", "--seq-len", "16", "--examples", "8", "--batch", "4",
+    early_exit_latency.main(["--model", "tiny", "--seq-len", "16", "--examples", "8", "--batch-size", "4",
                              "--points", "3", "--repeats", "1", "--threads", "1", "--json", str(out)])
     rows = json.loads(out.read_text())
     assert rows and all(LATENCY_FIELDS <= set(r) for r in rows)

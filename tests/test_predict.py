@@ -97,14 +97,14 @@ def test_cli_equals_acl_evaluate_on_the_same_split(run, model, tmp_path):
     src.write_text("".join(json.dumps({"text": a, "text_pair": b}) + "\n" for a, b in texts))
     out = tmp_path / "pred.jsonl"
     summary = predict.main([ckpt, "--data", data, "--input", str(src), "--output", str(out), "--policy", "entropy",
-                            "--threshold", str(threshold), "--batch-size", "32", "--cpu"])
+                            "--threshold", str(threshold), "--batch-size", "32", "--device", "cpu"])
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in records] == [str(i) for i in range(1, len(texts) + 1)]
     assert summary["examples"] == len(texts) and summary["skipped"] == 0
     result = evaluate.main([ckpt, data, "--out-dir", str(tmp_path / "ee"), "--policy", "entropy", "--thresholds", str(threshold),
-                            "--batch-size", "32", "--timing-examples", "0", "--cpu"])
+                            "--batch-size", "32", "--timing-examples", "0", "--device", "cpu"])
     setting = result["settings"][0]
-    m, task, _ = evaluate.load_model(ckpt, data, None, cpu=True)
+    m, task, _ = evaluate.load_model(ckpt, data, None, device="cpu")
     m.task = task
     ds = (task.load_dataset("valid"), task.dataset("valid"))[1]
     ids, logits, _ = evaluate.collect_exit_logits(m, evaluate.make_batches(ds, list(range(len(ds))), 32), HEAD)

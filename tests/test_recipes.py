@@ -194,6 +194,7 @@ def test_dry_run_command(task, method, env):
         ev = shlex.split(ln)
         assert ev[1] == os.path.join(out, "runs", task, method, "seed1", "checkpoint_best.pt")
         assert flag(ev, "--task-name") == task
+        assert flag(ev, "--device") == ("cpu" if "--cpu" in argv else "cuda")  # the training run's device
     assert "write_result.py" in proc.stdout.splitlines()[-1]
     assert not os.path.exists(out), "a dry run must not create anything"
 
@@ -248,9 +249,10 @@ def test_environment_overrides(env, tmp_path):
 
 
 def test_gpu_uses_fp16_and_no_cpu_flag(env):
-    argv = train_argv(run("RTE.sh", "ce", "--dry-run", env=dict(env, DEVICE="gpu")).stdout)
-    assert "--cpu" not in argv and "--fp16" in argv and flag(argv, "--fp16-init-scale") == "4"
-    argv = train_argv(run("RTE.sh", "ce", "--dry-run", env=dict(env, DEVICE="gpu", FP16="0")).stdout)
+    for device in ("cuda", "gpu"):  # gpu: the old spelling
+        argv = train_argv(run("RTE.sh", "ce", "--dry-run", env=dict(env, DEVICE=device)).stdout)
+        assert "--cpu" not in argv and "--fp16" in argv and flag(argv, "--fp16-init-scale") == "4"
+    argv = train_argv(run("RTE.sh", "ce", "--dry-run", env=dict(env, DEVICE="cuda", FP16="0")).stdout)
     assert "--fp16" not in argv
 
 

@@ -28,6 +28,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
+from acl_fairseq import console
 from acl_fairseq.preprocessing import glue_binarize as gb
 from acl_fairseq.preprocessing import scl_protocols as scl
 from acl_fairseq.preprocessing.glue_tasks import TASKS, Example, GlueDataError, TaskSpec, get_task, read_split
@@ -385,7 +386,7 @@ def _publish(tmp: str, out: str) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stderr)
+    console.setup_logging()
     try:
         run(args)
     except GlueDataError as e:

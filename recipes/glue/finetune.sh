@@ -33,7 +33,7 @@ WARMUP_UPDATES="${WARMUP_UPDATES:-}"               # override warm-up; default t
 MAX_POSITIONS="${MAX_POSITIONS:-512}"              # longest input in tokens (RoBERTa: 512)
 MAX_TOKENS="${MAX_TOKENS:-4400}"                   # fairseq's recipe: at most 4400 tokens per batch
 LOG_INTERVAL="${LOG_INTERVAL:-200}"                # updates between train_inner log lines
-DEVICE="${DEVICE:-auto}"                           # auto | gpu | cpu (auto: gpu when nvidia-smi lists one)
+DEVICE="${DEVICE:-auto}"                           # auto | cuda | cpu (auto: cuda when nvidia-smi lists a GPU; gpu = cuda)
 OPTIMIZER="${OPTIMIZER:-adamw_torch}"              # adamw_torch (fused torch AdamW, the same update as fairseq's adam) | adam
 FP16="${FP16:-auto}"                               # auto (on when running on a GPU) | 1 | 0
 NUM_GPUS="${NUM_GPUS:-1}"                          # GPUs per run; the recipe's batch sizes are for one GPU
@@ -80,7 +80,8 @@ if [[ "$REGRESSION" == 1 ]] && is_contrastive "$CRITERION"; then
 '$CRITERION', which needs class labels; run 'ce' (sentence_ce) or 'multi_exit_ce' on $TASK." 2
 fi
 [[ "$MODEL" == base || "$MODEL" == large ]] || die "MODEL must be base or large, not '$MODEL'" 2
-[[ "$DEVICE" =~ ^(auto|gpu|cpu)$ ]] || die "DEVICE must be auto, gpu or cpu, not '$DEVICE'" 2
+[[ "$DEVICE" != gpu ]] || DEVICE=cuda  # the old spelling
+[[ "$DEVICE" =~ ^(auto|cuda|cpu)$ ]] || die "DEVICE must be auto, cuda or cpu, not '$DEVICE'" 2
 [[ "$FP16" =~ ^(auto|0|1)$ ]] || die "FP16 must be auto, 0 or 1, not '$FP16'" 2
 
 # ---- derived settings --------------------------------------------------------------------------------
@@ -166,10 +167,10 @@ separator_args=(--separator-token 2)  # fairseq's RoBERTa pairs: <s> A </s></s> 
 [[ "$PAIR_FORMAT" == single ]] && separator_args=()  # BERT's: <s> A </s> B </s>
 
 if [[ "$DEVICE" == auto ]]; then
-  if has_gpu; then DEVICE=gpu; else DEVICE=cpu; fi
+  if has_gpu; then DEVICE=cuda; else DEVICE=cpu; fi
 fi
 if [[ "$FP16" == auto ]]; then
-  if [[ "$DEVICE" == gpu ]]; then FP16=1; else FP16=0; fi
+  if [[ "$DEVICE" == cuda ]]; then FP16=1; else FP16=0; fi
 fi
 device_args=(--distributed-world-size "$NUM_GPUS")
 if [[ "$DEVICE" == cpu ]]; then
@@ -226,7 +227,7 @@ if [[ "$EXITS" == multi ]]; then
     if [[ "$PREDICT_TEST" == 1 && "$i" == 0 ]]; then  # test splits pair with the valid ones: test, test1, ...
       cmd+=(--test-split "${SUBSETS[@]/#valid/test}" --predictions-dir "$RUN_DIR/predictions")
     fi
-    [[ "$DEVICE" == gpu ]] || cmd+=(--cpu)
+    cmd+=(--device "$DEVICE")
     cmd+=("${eval_extra[@]+"${eval_extra[@]}"}")
     eval_cmds+=("$(quote_cmd "${cmd[@]}")")
     early_exit_args+=(--early-exit "$subset=${out#"$RUN_DIR"/}/early_exit.json")
