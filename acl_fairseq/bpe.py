@@ -11,10 +11,9 @@ is a name relative to the task's data folder (``data`` defaults to ``${task.data
 import os
 from dataclasses import dataclass, field
 
-from omegaconf import II
-
 from fairseq.data.encoders import register_bpe
 from fairseq.dataclass import FairseqDataclass
+from omegaconf import II
 
 from acl_fairseq import tokenization
 

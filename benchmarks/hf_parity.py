@@ -32,16 +32,15 @@ import math
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional
 
 import _glue_runs as G
+import quality  # its binarized data and SST-2 subset rule
 from acl_fairseq.heads import POOLING_MODES
 from acl_fairseq.report import mean_std
-import quality  # its binarized data and SST-2 subset rule
 
 TASKS = ["RTE", "STS-B", "SST-2", "CoLA"]
 TRAIN_SIZES = {"RTE": 2490, "STS-B": 5749, "SST-2": 2000, "CoLA": 8551}  # SST-2: quality.py's 2000-example subset

@@ -156,7 +156,8 @@ def run_shape(args, batch: int, seq_len: int) -> List[Dict]:
 
 def profile(systems, top: int) -> None:
     """torch.profiler over one step of each system (after a warm-up step): the ops that take the time."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
 
     for s in systems:
         s.step()

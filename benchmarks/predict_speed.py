@@ -15,7 +15,6 @@ saved layers that turns into saved time. ``prep_share``: tokenization plus batch
 time.
 """
 import argparse
-import json
 import os
 import statistics
 import time

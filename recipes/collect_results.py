@@ -14,7 +14,6 @@ markdown. The table is generated: paste it into the README rather than typing nu
 """
 import argparse
 import json
-import math
 import os
 import sys
 from collections import OrderedDict

@@ -13,12 +13,11 @@ import sys
 
 import pytest
 import torch
+import transformers  # noqa: E402  (test-only dependency, pinned in requirements.txt)
 
 import helpers
 from acl_fairseq import convert_hf
 from toy_data import FILLERS, INTENSIFIERS, NEGATIONS, NEGATIVE, POSITIVE, SUBJECTS, make_examples, write_raw
-
-import transformers  # noqa: E402  (test-only dependency, pinned in requirements.txt)
 
 TOY_WORDS = sorted({w for phrase in POSITIVE + NEGATIVE + SUBJECTS + INTENSIFIERS + FILLERS + NEGATIONS + ["was"]
                     for w in phrase.split()})

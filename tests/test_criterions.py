@@ -212,8 +212,8 @@ def _grads(model):
 
 def _two_pass_reference(model, crit, sample):
     """g_CE and g_ACL by two separate backward passes (the obvious, slow way)."""
-    from acl_fairseq.heads import collect_exit_outputs
     import acl_fairseq.losses as L
+    from acl_fairseq.heads import collect_exit_outputs
 
     def part(which):
         model.zero_grad()
@@ -274,7 +274,6 @@ def test_features_scope_keeps_when_aligned_and_drops_when_not(data):
 def test_features_scope_cosine_is_over_the_representations(data):
     """grad_cos equals the cosine of d CE/du and d ACL/du computed by hand."""
     from acl_fairseq.heads import collect_exit_outputs
-    import acl_fairseq.losses as L
 
     _, model, crit, sample = build(data, "acl_grad", extra=["--acl-grad-scope", "features"])
     model.train()

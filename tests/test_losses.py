@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 
 import acl_fairseq.losses as L
-
 from acl_fairseq.losses import (
     acl_embed_loss,
     cross_layer_acl_loss,

@@ -69,7 +69,7 @@ def data(tmp_path_factory):
 
 
 def test_architectures_are_registered_with_encoder_shapes():
-    from fairseq.models import ARCH_MODEL_REGISTRY, ARCH_CONFIG_REGISTRY
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
     for arch in (
         "multi_exit_roberta",

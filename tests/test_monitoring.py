@@ -92,9 +92,10 @@ def test_train_logs_alignment_scalars_and_one_projector_snapshot_per_exit(tmp_pa
 def test_projector_refuses_without_a_log_dir(tmp_path, data):
     """fairseq-train's own config path (argparse -> OmegaConf -> task setup), in process: refused at
     task setup, before any training, with a message that names the fix."""
-    import acl_fairseq.tasks  # noqa: F401  (fairseq skips a user dir's tasks/ if the package is already imported)
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    import acl_fairseq.tasks  # noqa: F401  (fairseq skips a user dir's tasks/ if the package is already imported)
 
     def task_cfg(extra):
         args = helpers.train_args(data, str(tmp_path / "ck"), criterion="acl_cross_layer",

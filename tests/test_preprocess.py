@@ -13,12 +13,12 @@ from collections import Counter
 
 import pytest
 
-from helpers import REPO, tool
-
 from acl_fairseq import tokenization
-from acl_fairseq.tokenization import basic_words, detect_lowercase, load_vocab, vocab_is_uncased
-from acl_fairseq.preprocessing import glue, scl_protocols as scl
+from acl_fairseq.preprocessing import glue
+from acl_fairseq.preprocessing import scl_protocols as scl
 from acl_fairseq.preprocessing.gpt2_files import write_local_gpt2_bpe
+from acl_fairseq.tokenization import basic_words, detect_lowercase, load_vocab, vocab_is_uncased
+from helpers import REPO, tool
 
 # the real GLUE TSVs: ../shared/glue beside the checkout (override with GLUE_DIR)
 GLUE_REAL = os.environ.get("GLUE_DIR", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "glue"))

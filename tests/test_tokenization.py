@@ -206,9 +206,8 @@ def _dict_ids(out: str, words):
 
 
 def test_hub_tokenizes_a_converted_bert_offline_and_after_a_move(tmp_path):
-    from test_convert_hf import write_bert
-
     from acl_fairseq import convert_hf
+    from test_convert_hf import write_bert
 
     write_bert(str(tmp_path / "hf"))
     out = str(tmp_path / "fs")
@@ -232,10 +231,10 @@ def test_checkpoint_bpe_resolves_the_task_data_folder(tmp_path, monkeypatch):
     import torch
     from fairseq import checkpoint_utils
     from fairseq.data import encoders
-    from test_convert_hf import write_bert
 
     import acl_fairseq  # noqa: F401
     from acl_fairseq import convert_hf
+    from test_convert_hf import write_bert
 
     write_bert(str(tmp_path / "hf"))
     convert_hf.convert(str(tmp_path / "hf"), str(tmp_path / "fs"))
@@ -254,9 +253,9 @@ def test_checkpoint_bpe_resolves_the_task_data_folder(tmp_path, monkeypatch):
 def write_roberta_with_bpe(hf_dir: str):
     """A tiny random RoBERTa whose vocab.json + merges.txt are a real byte-level BPE (trained here)."""
     import transformers
-    from test_convert_hf import SIZES, _randomize
     from tokenizers import ByteLevelBPETokenizer
 
+    from test_convert_hf import SIZES, _randomize
     from toy_data import make_examples
 
     texts = [a for a, _, _ in make_examples(200, seed=0)]
