@@ -62,11 +62,14 @@ def run(cmd: Sequence[str], env: Optional[Dict[str, str]] = None, log_path: Opti
         if proc.returncode:
             with open(log_path, errors="replace") as f:
                 tail = f.read()[-4000:]
-            raise RuntimeError(f"command failed ({proc.returncode}): {shlex.join(cmd)}\n--- {log_path} (tail) ---\n{tail}")
+            raise RuntimeError(
+                f"command failed ({proc.returncode}): {shlex.join(cmd)}\n--- {log_path} (tail) ---\n{tail}"
+            )
         return proc
     proc = subprocess.run(list(cmd), env=full_env, cwd=REPO, capture_output=quiet, text=True)
     if proc.returncode:
-        raise RuntimeError(f"command failed ({proc.returncode}): {shlex.join(cmd)}\n{(proc.stdout or '')[-3000:]}{(proc.stderr or '')[-3000:]}")
+        raise RuntimeError(f"command failed ({proc.returncode}): {shlex.join(cmd)}\n"
+                           f"{(proc.stdout or '')[-3000:]}{(proc.stderr or '')[-3000:]}")
     return proc
 
 
@@ -170,7 +173,8 @@ def evaluate_split(rd: str, data_bin: str, split: str, task: str) -> dict:
     path = os.path.join(out, "early_exit.json")
     if not os.path.isfile(path):
         run([tool("acl-evaluate"), os.path.join(rd, "checkpoint_best.pt"), data_bin, "--out-dir", out, "--split", split,
-             "--task-name", task, "--timing-examples", "0", "--device", "cpu"], log_path=os.path.join(out, "acl_evaluate.log"))
+             "--task-name", task, "--timing-examples", "0", "--device", "cpu"],
+            log_path=os.path.join(out, "acl_evaluate.log"))
     with open(path) as f:
         return json.load(f)
 

@@ -34,8 +34,8 @@ HEAD = "sentence_classification_head"
 # the printed table: its columns, and the format of each numeric one
 COLUMNS = ["policy", "threshold", "batch", "avg_exit_layer", "layer_speedup", "wallclock_speedup", "efficiency",
            "cpu_speedup", "cpu_efficiency", "full_ms_per_example", "exit_ms_per_example"]
-FORMATS = {"threshold": "{:.6g}", "avg_exit_layer": "{:.2f}", "layer_speedup": "{:.2f}x", "wallclock_speedup": "{:.2f}x",
-           "efficiency": "{:.2f}", "cpu_speedup": "{:.2f}x", "cpu_efficiency": "{:.2f}",
+FORMATS = {"threshold": "{:.6g}", "avg_exit_layer": "{:.2f}", "layer_speedup": "{:.2f}x",
+           "wallclock_speedup": "{:.2f}x", "efficiency": "{:.2f}", "cpu_speedup": "{:.2f}x", "cpu_efficiency": "{:.2f}",
            "full_ms_per_example": "{:.2f}", "exit_ms_per_example": "{:.2f}"}
 
 

@@ -86,7 +86,8 @@ def one_run(args, enc: G.Encoder, n: int, method: str, seed: int) -> dict:
     if os.path.isfile(summary_path):
         with open(summary_path) as f:
             return json.load(f)
-    db = G.preprocess(TASK, args.glue_dir, data_bin(args.work, n, seed), enc, ["--few-shot", str(n), "--seed", str(seed)])
+    db = G.preprocess(TASK, args.glue_dir, data_bin(args.work, n, seed), enc,
+                      ["--few-shot", str(n), "--seed", str(seed)])
     sch = schedule_for(n, args.toy)
     per_epoch = math.ceil(n / sch["batch"])
     updates = per_epoch * sch["epochs"]
@@ -180,19 +181,21 @@ def markdown(summary: dict) -> str:
         row = []
         for n in ns:
             d = next((d for d in summary["paired_delta_vs_ce"] if d["n"] == n and d["method"] == m), None)
-            row.append(("%+.1f" % d["mean"]) + ("" if d["std"] is None else " ± %.1f" % d["std"]) + f" (n={len(d['seeds'])})"
-                       if d else "–")
+            row.append(("%+.1f" % d["mean"]) + ("" if d["std"] is None else " ± %.1f" % d["std"])
+                       + f" (n={len(d['seeds'])})" if d else "–")
         lines.append(f"| Δ {m} − ce (paired by seed) | " + " | ".join(row) + " |")
     p = summary["protocol"]
     sizes = summary["runs"][0].get("split_sizes", {})
     lines += [
         "",
         f"SST-2 test half of dev ({sizes.get('test', '?')} examples), accuracy (%) of the checkpoint selected on "
-        f"valid ({sizes.get('valid', '?')} other dev examples); mean ± sample std over seeds (the seed draws the N training examples, the dev split and the "
+        f"valid ({sizes.get('valid', '?')} other dev examples); mean ± sample std over seeds (the seed draws the N "
+        "training examples, the dev split and the "
         f"initialisation). Encoder: {p['encoder']}; {p['pooling']} pooling, single exit at the last layer.",
         "",
         "Schedules: " + "; ".join(f"N={n}: batch {s['batch']}, {s['epochs']} epochs, lr {s['lr']}, valid every "
-                                  f"{s['every']} epochs" for n, s in sorted(p["schedules"].items(), key=lambda kv: int(kv[0]))
+                                  f"{s['every']} epochs"
+                                  for n, s in sorted(p["schedules"].items(), key=lambda kv: int(kv[0]))
                                   if int(n) in ns),
         "",
         "Paper: " + summary["paper"],
@@ -247,7 +250,8 @@ def main(argv=None) -> int:
                    help="seed-major (default): all methods of seed 1, then seed 2 ... so every method has the same "
                         "seeds when stopped early; cell-major: all seeds of one method first")
     p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="data, converted encoder and runs")
-    p.add_argument("--results", default=os.path.join(G.REPO, "benchmarks", "results"), help="fewshot.json/.md/.png go here")
+    p.add_argument("--results", default=os.path.join(G.REPO, "benchmarks", "results"),
+                   help="fewshot.json/.md/.png go here")
     p.add_argument("--glue-dir", default=os.path.join(G.GLUE_DIR, TASK), help="GLUE SST-2 folder (train.tsv, dev.tsv)")
     p.add_argument("--hf-dir", default=None, help="HF BERT folder to convert (default: the packaged MiniLM)")
     p.add_argument("--encoder-dir", default=None, help="an already converted encoder (acl-convert-hf output)")

