@@ -21,8 +21,8 @@ Schema (``SCHEMA``), every field required:
   "merges": "merges.txt"}, "lowercase": false}``; file names relative to the record's folder. The form
   written before (``{"kind": ..., "vocab": ..., "merges": ...}``, still inside older checkpoints) is read
   and upgraded.
-- ``dictionary_sha256``: :func:`dictionary_sha256` of the ``dict.txt`` the embedding rows follow (a data folder binarized
-  with another dictionary is refused before training).
+- ``dictionary_sha256``: :func:`dictionary_sha256` of the ``dict.txt`` the embedding rows follow (a data
+  folder binarized with another dictionary is refused before training).
 
 When read from a path the record gains ``dictionary_path``, the dict.txt beside it, to name in errors.
 """

@@ -288,7 +288,7 @@ def evaluate(args) -> Dict:
     scored = collect_exit_logits(model, make_batches(dataset, list(range(n)), args.batch_size), head_name)
     if scored[2] is None:
         raise ValueError(f"split {args.split!r} has no labels; score a labeled split and use --test-split for test")
-    per_exit = [{"layer": l, "metrics": score(scored[1][:, m], scored[2], ctx)} for m, l in enumerate(layers)]
+    per_exit = [{"layer": layer, "metrics": score(scored[1][:, m], scored[2], ctx)} for m, layer in enumerate(layers)]
     result = {
         "task": ctx["task_name"],
         "split": args.split,

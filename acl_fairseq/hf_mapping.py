@@ -19,7 +19,10 @@ the buffers and task heads of ``IGNORED_PREFIXES``. How the two models line up:
 """
 import json
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    import torch
 
 SUPPORTED_MODEL_TYPES = ("bert", "roberta")
 # HF hidden_act -> fairseq --activation-fn (HF's gelu_new/gelu_fast/gelu_pytorch_tanh are all the tanh form)

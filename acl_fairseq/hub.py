@@ -1,7 +1,8 @@
 """Raw text in, predictions out: the hub interface of ``multi_exit_roberta`` (and of plain ``roberta``).
 
     from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
-    m = MultiExitRobertaModel.from_pretrained("runs/RTE/acl_cross_layer/seed1", "checkpoint_best.pt", "data-bin/RTE-bin")
+    m = MultiExitRobertaModel.from_pretrained("runs/RTE/acl_cross_layer/seed1", "checkpoint_best.pt",
+                                              "data-bin/RTE-bin")
     m.predict_early_exit([("A man plays.", "Someone plays.")], policy="entropy", threshold=0.3)
 
 The tokenizer comes from the data folder's record (``stats.json`` "tokenizer", written by
@@ -227,7 +228,8 @@ class MultiExitHubInterface(RobertaHubInterface):
 
 
 def from_pretrained(model_name_or_path: str, checkpoint_file: str = "checkpoint_best.pt",
-                    data_name_or_path: str = ".", tokenizer_file: Optional[str] = None, **kwargs) -> MultiExitHubInterface:
+                    data_name_or_path: str = ".", tokenizer_file: Optional[str] = None,
+                    **kwargs) -> MultiExitHubInterface:
     """Load a checkpoint with fairseq's hub loader (no tokenizer arguments) and wrap it."""
     from fairseq import hub_utils
 

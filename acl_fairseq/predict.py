@@ -245,14 +245,14 @@ def main(argv: Optional[List[str]] = None) -> dict:
                                       os.path.basename(args.checkpoint), os.path.abspath(args.data),
                                       tokenizer_file=args.tokenizer)
     except hub_mod.TokenizerNotFound as e:
-        raise SystemExit(f"acl-predict: error: {e}")
+        raise SystemExit(f"acl-predict: error: {e}") from None
     hub.eval()
     if console.resolve_device(args.device) == "cuda":
         hub.cuda()
     try:
         summary = predict(args, hub)
     except ValueError as e:  # a policy the model cannot run, a bad exit layer
-        raise SystemExit(f"acl-predict: error: {e}")
+        raise SystemExit(f"acl-predict: error: {e}") from None
     speed = f"{summary['examples_per_s']:.1f} examples/s" if summary["examples_per_s"] else "no examples"
     layers = (f", mean exit layer {summary['mean_exit_layer']:.2f} (layer speed-up {summary['layer_speedup']:.2f}x)"
               if summary["mean_exit_layer"] else "")

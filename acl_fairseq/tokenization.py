@@ -58,7 +58,9 @@ def validate(record: dict, where: str = "tokenizer") -> dict:
         raise ValueError(f"{where}: kind {kind!r} must be one of {KINDS}")
     files = record["files"]
     if not isinstance(files, dict) or set(files) != set(FILES[kind]):
-        raise ValueError(f"{where}: files {files!r} must be an object naming exactly {list(FILES[kind])} for kind {kind!r}")
+        raise ValueError(
+            f"{where}: files {files!r} must be an object naming exactly {list(FILES[kind])} for kind {kind!r}"
+        )
     for role, name in files.items():
         if not isinstance(name, str) or not name:
             raise ValueError(f"{where}: files.{role} {name!r} must be a file name")

@@ -66,8 +66,9 @@ def measure(hub, sentences, batch_size, policy, threshold, repeats) -> List[Dict
     for _ in range(repeats):
         for mode, pol in (("all layers", None), ("early exit", policy)):
             t_tok, encoded = clock(lambda: [hub.encode_with_info(s)[0] for s in sentences])
-            t_batch, batches = clock(lambda: hub.make_batches(encoded, batch_size))
-            t_model, (_, exit_layers) = clock(lambda: hub.run_batches(batches, len(encoded), pol, threshold))
+            t_batch, batches = clock(lambda encoded=encoded: hub.make_batches(encoded, batch_size))
+            t_model, (_, exit_layers) = clock(lambda batches=batches, encoded=encoded, pol=pol:
+                                              hub.run_batches(batches, len(encoded), pol, threshold))
             for k, v in (("tokenize", t_tok), ("batch", t_batch), ("model", t_model)):
                 times[mode][k].append(v)
             layers[mode] = float(exit_layers.float().mean())
@@ -116,8 +117,8 @@ def main(argv=None) -> List[Dict]:
     rows = []
     for b in args.batch_sizes:
         rows += measure(hub, sentences, b, args.policy, args.threshold, args.repeats)
-    print(f"# predict_speed: {len(sentences)} sentences of {args.input or 'SST-2 dev'}, policy {args.policy} {args.threshold}, "
-          f"threads={torch.get_num_threads()}, checkpoint {ckpt}")
+    print(f"# predict_speed: {len(sentences)} sentences of {args.input or 'SST-2 dev'}, "
+          f"policy {args.policy} {args.threshold}, threads={torch.get_num_threads()}, checkpoint {ckpt}")
     common.report(rows, ["batch_size", "mode", "sentences_per_s", "tokenize_s", "batch_s", "model_s", "prep_share",
                          "mean_exit_layer", "layer_speedup", "wall_speedup", "wall_over_layer_speedup"],
                   {"sentences_per_s": "{:.1f}", "tokenize_s": "{:.3f}", "batch_s": "{:.3f}", "model_s": "{:.3f}",

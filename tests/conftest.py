@@ -13,4 +13,5 @@ sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: tests kept out of make test (real data, or long fairseq-train runs); run with -m slow")
+    config.addinivalue_line("markers", "slow: tests kept out of make test (real data, or long fairseq-train runs); "
+                            "run with -m slow")

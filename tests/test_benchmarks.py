@@ -191,7 +191,8 @@ def test_optimizer_time_at_toy_size(tmp_path):
     import optimizer_time
 
     rows = optimizer_time.main(["--model", "tiny", "--repeats", "2", "--json", str(tmp_path / "o.json")])
-    assert [(r["layout"], r["optimizer"]) for r in rows][:2] == [("tensors", "fairseq adam"), ("tensors", "adamw_torch fused")]
+    assert ([(r["layout"], r["optimizer"]) for r in rows][:2]
+            == [("tensors", "fairseq adam"), ("tensors", "adamw_torch fused")])
     assert {r["layout"] for r in rows} == {"tensors", "flat"} and all(r["median_step_ms"] > 0 for r in rows)
 
 

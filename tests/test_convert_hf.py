@@ -435,7 +435,8 @@ def test_packaged_minilm_matches_hf_on_real_sentences(tmp_path):
         enc = tok(a, b, return_tensors="pt")
         tokens = torch.cat([fs.encode(a), fs.encode(b)[1:]])
         assert tokens.tolist() == [fs.task.source_dictionary.index(t) if t not in ("[CLS]", "[SEP]")
-                                   else {"[CLS]": 0, "[SEP]": 2}[t] for t in tok.convert_ids_to_tokens(enc["input_ids"][0])]
+                                   else {"[CLS]": 0, "[SEP]": 2}[t]
+                                   for t in tok.convert_ids_to_tokens(enc["input_ids"][0])]
         with torch.no_grad():
             diff = (hf(**enc).last_hidden_state - fs.extract_features(tokens)).abs().max().item()
             enc.pop("token_type_ids")

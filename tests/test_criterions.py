@@ -19,7 +19,8 @@ def parse(data, criterion, arch="roberta", extra=(), num_classes=2):
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    argv = helpers.train_args(data, "/nonexistent", criterion=criterion, arch=arch, num_classes=num_classes, extra=extra)
+    argv = helpers.train_args(data, "/nonexistent", criterion=criterion, arch=arch, num_classes=num_classes,
+                              extra=extra)
     parser = options.get_training_parser()
     return convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, input_args=argv))
 
@@ -61,7 +62,8 @@ def test_loss_is_ce_plus_weighted_parts_and_logs_them(data, name, arch):
     cfg = crit.cfg
     expected = {
         "sentence_ce": log["ce_loss"],
-        "sentence_scl": (1 - cfg.get("scl_weight", 0)) * log["ce_loss"] + cfg.get("scl_weight", 0) * log.get("scl_loss", 0),
+        "sentence_scl": ((1 - cfg.get("scl_weight", 0)) * log["ce_loss"]
+                         + cfg.get("scl_weight", 0) * log.get("scl_loss", 0)),
         "acl_embed": log["ce_loss"] + cfg.get("acl_weight", 0) * log.get("acl_loss", 0),
         "acl_grad": log["ce_loss"] + cfg.get("acl_weight", 0) * log.get("acl_loss", 0),
         "acl_cross_layer": log["ce_loss"]
@@ -286,7 +288,8 @@ def test_features_scope_cosine_is_over_the_representations(data):
     u = exits.features[0]
     g1 = torch.autograd.grad(crit._task_loss(exits.logits[0], t), u, retain_graph=True)[0]
     g2 = torch.autograd.grad(crit.cfg.acl_weight * crit.acl_term(exits, t, torch.ones(1)) * 8, u)[0]
-    assert abs(float(log["grad_cos"]) - float(torch.nn.functional.cosine_similarity(g1.view(1, -1), g2.view(1, -1)))) < 1e-5
+    assert abs(float(log["grad_cos"])
+               - float(torch.nn.functional.cosine_similarity(g1.view(1, -1), g2.view(1, -1)))) < 1e-5
 
 
 def test_gating_is_off_in_validation(data):
@@ -323,7 +326,8 @@ def test_reduce_metrics_names_glue_metrics(data):
 def test_gated_update_is_linear_in_loss_scale_and_finite_in_bf16(data, scope):
     """fairseq's fp16/AMP optimizers back-propagate `loss * scale`: the ACL-Grad surrogate must give
     exactly `scale` times the update, and the gate must work on a bf16 model."""
-    _, model, crit, sample = build(data, "acl_cross_layer", arch="multi_exit_roberta", extra=["--acl-grad-scope", scope])
+    _, model, crit, sample = build(data, "acl_cross_layer", arch="multi_exit_roberta",
+                                   extra=["--acl-grad-scope", scope])
     model.train()
     model.zero_grad()
     loss, _, log = crit(model, sample)

@@ -423,10 +423,10 @@ def test_invalid_arguments_raise_value_error():
     with pytest.raises(ValueError, match="anchors must be one of"):
         L.acl_embed_losses([feats, feats], labels, [emb, emb], 0.5, anchors="labels")
     for tau in (0.0, -0.1):
-        for call in (lambda: acl_embed_loss(feats, labels, emb, tau),
-                     lambda: L.acl_embed_losses([feats], labels, [emb], tau),
-                     lambda: cross_layer_acl_loss(feats, feats, labels, emb, tau),
-                     lambda: L.cross_layer_acl_losses([feats, feats], feats, labels, emb, tau)):
+        for call in (lambda tau=tau: acl_embed_loss(feats, labels, emb, tau),
+                     lambda tau=tau: L.acl_embed_losses([feats], labels, [emb], tau),
+                     lambda tau=tau: cross_layer_acl_loss(feats, feats, labels, emb, tau),
+                     lambda tau=tau: L.cross_layer_acl_losses([feats, feats], feats, labels, emb, tau)):
             with pytest.raises(ValueError, match="temperature must be > 0"):
                 call()
 

@@ -41,7 +41,8 @@ def _pbtxt_entries(path: str):
 def test_train_logs_alignment_scalars_and_one_projector_snapshot_per_exit(tmp_path, data):
     tb = tmp_path / "tb"
     proc = helpers.train(
-        data, str(tmp_path / "ck"), criterion="acl_cross_layer", arch="multi_exit_roberta", model_args=helpers.TINY_SHAPE,
+        data, str(tmp_path / "ck"), criterion="acl_cross_layer", arch="multi_exit_roberta",
+        model_args=helpers.TINY_SHAPE,
         extra=[*TINY, "--projector-every", "1", "--tensorboard-logdir", str(tb)],
     )
     log = proc.stdout + proc.stderr
@@ -53,7 +54,8 @@ def test_train_logs_alignment_scalars_and_one_projector_snapshot_per_exit(tmp_pa
             assert f"{name}_exit{layer}" in valid, sorted(valid)
             assert all(-1.0 <= v <= 1.0 or name == "align_gap" for v in valid[f"{name}_exit{layer}"])
         gap = valid[f"align_gap_exit{layer}"][-1]
-        assert gap == pytest.approx(valid[f"align_own_exit{layer}"][-1] - valid[f"align_other_exit{layer}"][-1], abs=2e-4)
+        assert gap == pytest.approx(valid[f"align_own_exit{layer}"][-1] - valid[f"align_other_exit{layer}"][-1],
+                                    abs=2e-4)
     assert {"align_to_last_exit1", "align_to_last_exit2"} <= set(valid)
     assert "align_to_last_exit3" not in valid  # the last exit is the reference
 
@@ -132,7 +134,8 @@ def test_snapshot_rows_normalize_and_name_the_points():
     assert torch.allclose(torch.tensor(snap.mat).norm(dim=1), torch.ones(5).double(), atol=1e-4)
     assert snap.metadata[0] == ["sample", "neg", "neg", "4", "7"]
     assert snap.metadata[1] == ["sample", "pos", "pos", "4", "2"]
-    assert snap.metadata[3:] == [["label embedding", "pos", "pos", "4", "-"], ["label embedding", "neg", "neg", "4", "-"]]
+    assert snap.metadata[3:] == [["label embedding", "pos", "pos", "4", "-"],
+                                 ["label embedding", "neg", "neg", "4", "-"]]
 
     reg = projector.snapshot_rows(2, u, w[:1], logits[:, :1], torch.tensor([[0.25], [1.0], [0.5]]), [0, 1, 2], [],
                                   regression=True)  # STS-B-like: scores, one head row
@@ -162,7 +165,8 @@ def test_alignment_sums_on_orthogonal_label_embeddings():
 
 def _result(seed: int, shift: float) -> dict:
     """A hand-written early_exit.json of a 3-layer, 3-exit model (what acl_fairseq.evaluate writes)."""
-    per_exit = [{"layer": l, "metrics": {"accuracy": a + shift + seed}} for l, a in ((1, 60.0), (2, 70.0), (3, 80.0))]
+    per_exit = [{"layer": layer, "metrics": {"accuracy": a + shift + seed}}
+                for layer, a in ((1, 60.0), (2, 70.0), (3, 80.0))]
     settings = []
     for policy, thresholds in (("entropy", (0.2, 0.5, 0.8)), ("patience", (1, 2))):
         for i, t in enumerate(thresholds):

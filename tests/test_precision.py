@@ -102,7 +102,8 @@ def test_fp16_decision_is_the_fp32_one_away_from_the_threshold(data, name, arch,
 @pytest.mark.parametrize("scope", ["params", "features"])
 def test_bf16_gated_update_and_decision_match_fp32(data, scope):
     """bf16 has no loss scaler (its range is fp32's): the update within bf16 tolerance, the same decision."""
-    _, model, crit, sample = build(data, "acl_cross_layer", arch="multi_exit_roberta", extra=["--acl-grad-scope", scope])
+    _, model, crit, sample = build(data, "acl_cross_layer", arch="multi_exit_roberta",
+                                   extra=["--acl-grad-scope", scope])
     model.train()
     mb = model.to(torch.bfloat16).to(DEVICE)
     m32 = copy.deepcopy(mb).float()
@@ -187,7 +188,8 @@ def test_amp_autocast_and_grad_scaler(data, scope):
     """fp32 weights, fp16 autocast, torch's GradScaler (what fairseq's --amp does on CUDA): the unscaled
     update is the fp32 one within fp16 tolerance; at an overflowing scale the scaler skips the step and
     lowers the scale, and the ACL-Grad step counts as an overflow, not as a decision."""
-    _, model, crit, sample = build(data, "acl_cross_layer", arch="multi_exit_roberta", extra=["--acl-grad-scope", scope])
+    _, model, crit, sample = build(data, "acl_cross_layer", arch="multi_exit_roberta",
+                                   extra=["--acl-grad-scope", scope])
     model.train()
     model.to(DEVICE)
     sample = _to_device(sample)

@@ -75,13 +75,15 @@ def test_predict_early_exit_makes_the_engines_decisions_in_input_order(run, mode
     engine = {}
     for batch in batches:
         out = early_exit.early_exit_forward(model.model, batch["net_input"]["src_tokens"], HEAD, "entropy", threshold)
-        engine.update({int(i): (int(k), int(l)) for i, k, l in zip(batch["id"], out.logits.argmax(-1), out.exit_layer)})
+        engine.update({int(i): (int(k), int(layer))
+                       for i, k, layer in zip(batch["id"], out.logits.argmax(-1), out.exit_layer)})
     preds = model.predict_early_exit(texts, policy="entropy", threshold=threshold, batch_size=8)
     names = model.label_names()
     assert [(names.index(p.label), p.exit_layer) for p in preds] == [engine[i] for i in range(len(texts))]
     assert len({p.exit_layer for p in preds}) > 1, "the threshold should split the examples between exits"
     for p in preds:
-        assert abs(sum(p.probabilities.values()) - 1) < 1e-5 and p.label == max(p.probabilities, key=p.probabilities.get)
+        assert abs(sum(p.probabilities.values()) - 1) < 1e-5
+        assert p.label == max(p.probabilities, key=p.probabilities.get)
     # no policy: the last exit, like an ordinary classifier; a fixed exit: that layer for all
     assert {p.exit_layer for p in model.predict_early_exit(texts[:5])} == {3}
     assert {p.exit_layer for p in model.predict_early_exit(texts[:5], exit_layer=2)} == {2}
@@ -101,8 +103,9 @@ def test_cli_equals_acl_evaluate_on_the_same_split(run, model, tmp_path):
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in records] == [str(i) for i in range(1, len(texts) + 1)]
     assert summary["examples"] == len(texts) and summary["skipped"] == 0
-    result = evaluate.main([ckpt, data, "--out-dir", str(tmp_path / "ee"), "--policy", "entropy", "--thresholds", str(threshold),
-                            "--batch-size", "32", "--timing-examples", "0", "--device", "cpu"])
+    result = evaluate.main([ckpt, data, "--out-dir", str(tmp_path / "ee"), "--policy", "entropy",
+                            "--thresholds", str(threshold), "--batch-size", "32", "--timing-examples", "0",
+                            "--device", "cpu"])
     setting = result["settings"][0]
     m, task, _ = evaluate.load_model(ckpt, data, None, device="cpu")
     m.task = task
@@ -124,7 +127,8 @@ def test_cli_equals_acl_evaluate_on_the_same_split(run, model, tmp_path):
 def test_tsv_bad_rows_are_reported_and_skipped_or_stop_with_strict(run, tmp_path, caplog):
     _, data, ckpt = run
     texts, _ = _raw(data)
-    lines = ["index\tsentence1\tsentence2\tlabel"] + [f"{i}\t{a}\t{b}\tentailment" for i, (a, b) in enumerate(texts[:4])]
+    lines = (["index\tsentence1\tsentence2\tlabel"]
+             + [f"{i}\t{a}\t{b}\tentailment" for i, (a, b) in enumerate(texts[:4])])
     lines[2] = "1\tonly one field"
     lines.insert(4, "")
     long = " ".join(["good"] * 200)
@@ -217,8 +221,8 @@ def test_each_tokenizer_from_a_moved_data_folder(glue_assets, tmp_path, tokenize
 
     folder, written = tp.make_task(tmp_path / "glue", "RTE")
     tp.run_main("RTE", folder, tmp_path / "bin", *tp.tok_args(tokenizer, glue_assets))
-    ckpt = _train_two_updates(str(tmp_path / "bin"), str(tmp_path / "ckpt"),
-                             helpers.TINY_ROBERTA + ["--exit-layers", "2,3"])
+    _train_two_updates(str(tmp_path / "bin"), str(tmp_path / "ckpt"),
+                       helpers.TINY_ROBERTA + ["--exit-layers", "2,3"])
     moved = tmp_path / "moved"
     shutil.move(str(tmp_path / "bin"), moved)
     m = hub.from_pretrained(str(tmp_path / "ckpt"), "checkpoint_last.pt", str(moved)).eval()
@@ -245,8 +249,9 @@ def test_converted_tiny_bert_pairs_through_the_hub(tmp_path):
     tp.run_main("RTE", folder, tmp_path / "bin", "--tokenizer", "wordpiece", "--vocab", os.path.join(out, "vocab.txt"),
                 "--srcdict", os.path.join(out, "dict.txt"), "--lowercase")
     flags = open(os.path.join(out, "model_args.txt")).read().split()
-    _train_two_updates(str(tmp_path / "bin"), str(tmp_path / "ckpt"), flags + ["--exit-layers", "2,3", "--conventions", out],
-                             ["--restore-file", os.path.join(out, "model.pt"), "--reset-optimizer"])
+    _train_two_updates(str(tmp_path / "bin"), str(tmp_path / "ckpt"),
+                       flags + ["--exit-layers", "2,3", "--conventions", out],
+                       ["--restore-file", os.path.join(out, "model.pt"), "--reset-optimizer"])
     m = hub.from_pretrained(str(tmp_path / "ckpt"), "checkpoint_last.pt", str(tmp_path / "bin")).eval()
     a, b, _ = written["dev"][0]
     tokens = m.encode(a, b)

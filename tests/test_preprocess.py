@@ -21,7 +21,8 @@ from acl_fairseq.tokenization import basic_words, detect_lowercase, load_vocab, 
 from helpers import REPO, tool
 
 # the real GLUE TSVs: ../shared/glue beside the checkout (override with GLUE_DIR)
-GLUE_REAL = os.environ.get("GLUE_DIR", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "glue"))
+GLUE_REAL = os.environ.get("GLUE_DIR", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..",
+                                                    "shared", "glue"))
 
 # ------------------------------------------------------------------ tiny GLUE folders in the real formats
 
@@ -50,14 +51,19 @@ FORMATS = {
              lambda k: ["index" if k == "test" else "Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"],
              lambda k, i, a, b, y: [str(i) if k == "test" else y, str(1000 + i), str(2000 + i), a, b]),
     "STS-B": (None, ("train", "dev", "test"),
-              lambda k: "index genre filename year old_index source1 source2 sentence1 sentence2".split() + (["score"] if k != "test" else []),
-              lambda k, i, a, b, y: [str(i), "main-captions", "MSRvid", "2012test", f"{i:04d}", "none", "none", a, b] + ([y] if k != "test" else [])),
+              lambda k: "index genre filename year old_index source1 source2 sentence1 sentence2".split()
+              + (["score"] if k != "test" else []),
+              lambda k, i, a, b, y: [str(i), "main-captions", "MSRvid", "2012test", f"{i:04d}", "none", "none", a, b]
+              + ([y] if k != "test" else [])),
     "QQP": (("0", "1"), ("train", "dev", "test"),
-            lambda k: ["id", "question1", "question2"] if k == "test" else ["id", "qid1", "qid2", "question1", "question2", "is_duplicate"],
+            lambda k: (["id", "question1", "question2"] if k == "test"
+                       else ["id", "qid1", "qid2", "question1", "question2", "is_duplicate"]),
             lambda k, i, a, b, y: [str(i), a, b] if k == "test" else [str(i), str(2 * i), str(2 * i + 1), a, b, y]),
-    "MNLI": (("contradiction", "entailment", "neutral"), ("train", "dev_matched", "dev_mismatched", "test_matched", "test_mismatched"),
+    "MNLI": (("contradiction", "entailment", "neutral"),
+             ("train", "dev_matched", "dev_mismatched", "test_matched", "test_mismatched"),
              lambda k: "index promptID pairID genre s1_bp s2_bp s1_p s2_p sentence1 sentence2".split()
-             + {"train": ["label1", "gold_label"], "dev": ["label1", "label2", "label3", "label4", "label5", "gold_label"], "test": []}[k],
+             + {"train": ["label1", "gold_label"],
+                "dev": ["label1", "label2", "label3", "label4", "label5", "gold_label"], "test": []}[k],
              lambda k, i, a, b, y: [str(i), "1", "1e", "fiction", "( a )", "( b )", "(ROOT a)", "(ROOT b)", a, b]
              + {"train": [y, y], "dev": [y] * 5 + [y], "test": []}[k]),
     "QNLI": (("entailment", "not_entailment"), ("train", "dev", "test"),
@@ -87,7 +93,8 @@ def make_task(root, task, n=(24, 12, 6), seed=0, weights=None):
             y = f"{rng.uniform(0, 5):.3f}" if labels is None else (
                 rng.choices(labels, weights=weights)[0] if weights else labels[i % len(labels)])
             examples.append((a, b, y))
-        lines = ([header(kind)] if header(kind) else []) + [row(kind, i, a, b, y) for i, (a, b, y) in enumerate(examples)]
+        lines = (([header(kind)] if header(kind) else [])
+                 + [row(kind, i, a, b, y) for i, (a, b, y) in enumerate(examples)])
         text = "\n".join("\t".join(f) for f in lines)
         if not (task == "CoLA" and stem == "dev"):  # CoLA dev.tsv has no final newline
             text += "\n"
@@ -100,7 +107,8 @@ def make_task(root, task, n=(24, 12, 6), seed=0, weights=None):
 def make_wordpiece_vocab(path, texts, uncased=True):
     words = sorted({w for t in texts for w in basic_words(t, uncased)} - {"playing", "played"})
     chars = sorted({c for w in words for c in w})
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words + chars + ["##" + c for c in chars] + ["##ing", "##ed"]
+    vocab = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words + chars + ["##" + c for c in chars]
+             + ["##ing", "##ed"])
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(dict.fromkeys(vocab)) + "\n")
     return path
@@ -190,7 +198,8 @@ def test_every_task_loads_in_sentence_prediction(tmp_path, assets, task):
     dev_stems = [s for s in files if s.startswith("dev")]
     test_stems = [s for s in files if s.startswith("test")]
     norm, dec = normalizer("wordpiece", out, assets), decoder_for("wordpiece", out, assets)
-    names = ["train"] + [glue._nth("valid", k) for k in range(len(dev_stems))] + [glue._nth("test", k) for k in range(len(test_stems))]
+    names = (["train"] + [glue._nth("valid", k) for k in range(len(dev_stems))]
+             + [glue._nth("test", k) for k in range(len(test_stems))])
     for name, stem in zip(names, ["train"] + dev_stems + test_stems):
         t, ds = load(out, name, regression, num_classes=len(labels or (1,)))
         assert len(ds) == len(data[stem]), name
@@ -204,7 +213,8 @@ def test_every_task_loads_in_sentence_prediction(tmp_path, assets, task):
             assert t.label_dictionary[item["target"].item() + t.label_dictionary.nspecial] == y
     if regression:
         with open(out / "label" / "train.label") as f:
-            assert [float(x) for x in f.read().split()] == pytest.approx([float(y) / 5 for _, _, y in data["train"]], abs=1e-6)
+            assert ([float(x) for x in f.read().split()]
+                    == pytest.approx([float(y) / 5 for _, _, y in data["train"]], abs=1e-6))
 
 
 def test_mnli_valid1_is_dev_mismatched(tmp_path, assets):
@@ -216,9 +226,11 @@ def test_mnli_valid1_is_dev_mismatched(tmp_path, assets):
             assert (out / field / f"{split}.bin").exists()
     assert (out / "label" / "valid1.bin").exists() and not (out / "label" / "test.bin").exists()
     st = stats_of(out)
-    assert st["splits"]["valid1"]["source"] == "dev_mismatched.tsv" and st["splits"]["test1"]["source"] == "test_mismatched.tsv"
+    assert st["splits"]["valid1"]["source"] == "dev_mismatched.tsv"
+    assert st["splits"]["test1"]["source"] == "test_mismatched.tsv"
     t, ds = load(out, "valid1", num_classes=3)
-    assert decode_example(t, ds[0], decoder_for("wordpiece", out, assets), True)[1] == " ".join(basic_words(data["dev_mismatched"][0][1], True))
+    assert (decode_example(t, ds[0], decoder_for("wordpiece", out, assets), True)[1]
+            == " ".join(basic_words(data["dev_mismatched"][0][1], True)))
 
 
 # ------------------------------------------------------------------ tokenizers
@@ -264,7 +276,8 @@ def test_gpt2_ids_are_fairseqs_bpe_ids(tmp_path, assets):
     t, ds = load(out, "train")
     for i, (a, _, _) in enumerate(data["train"]):
         # what multiprocessing_bpe_encoder.py + fairseq-preprocess --srcdict dict.txt produce
-        expect = t.source_dictionary.encode_line(" ".join(map(str, bpe.encode(a.strip()))), append_eos=True, add_if_not_exist=False)
+        expect = t.source_dictionary.encode_line(" ".join(map(str, bpe.encode(a.strip()))), append_eos=True,
+                                                 add_if_not_exist=False)
         assert ds[i]["net_input.src_tokens"][1:].tolist() == expect.tolist()
     with open(out / "input0" / "dict.txt") as f, open(os.path.join(assets["bpe_dir"], "dict.txt")) as g:
         assert f.read() == g.read()  # the BPE dir's dict.txt, as RoBERTa needs
@@ -278,7 +291,8 @@ def test_gpt2_files_downloaded_when_missing(tmp_path, assets):
     folder, _ = make_task(tmp_path, "CoLA")
     empty = tmp_path / "fetched"
     url = "file://" + assets["bpe_dir"] + "/"
-    assert run_main("CoLA", folder, tmp_path / "bin", "--tokenizer", "gpt2", "--bpe-dir", str(empty), "--bpe-url", url) == 0
+    assert run_main("CoLA", folder, tmp_path / "bin", "--tokenizer", "gpt2", "--bpe-dir", str(empty),
+                    "--bpe-url", url) == 0
     assert sorted(os.listdir(empty)) == ["dict.txt", "encoder.json", "vocab.bpe"]
 
 
@@ -306,7 +320,8 @@ def test_local_gpt2_bpe_files_round_trip_through_fairseqs_gpt2_reader(tmp_path):
 
 def test_gpt2_offline_says_what_to_do(tmp_path, capsys):
     folder, _ = make_task(tmp_path, "CoLA")
-    rc = run_main("CoLA", folder, tmp_path / "bin", "--tokenizer", "gpt2", "--bpe-dir", str(tmp_path / "b"), "--bpe-url", "http://127.0.0.1:9/")
+    rc = run_main("CoLA", folder, tmp_path / "bin", "--tokenizer", "gpt2", "--bpe-dir", str(tmp_path / "b"),
+                  "--bpe-url", "http://127.0.0.1:9/")
     err = capsys.readouterr().err
     assert rc == 1 and "download" in err and "--bpe-dir" in err and "encoder.json" in err
     assert os.listdir(tmp_path / "b") == [] and sorted(os.listdir(tmp_path)) == ["CoLA", "b"]  # no output, no temp
@@ -316,7 +331,8 @@ def test_wordpiece_matches_bert_semantics(tmp_path):
     make_wordpiece_vocab(str(tmp_path / "v.txt"), ALL_TEXT + ["straße 中文 x"])
     tokenize = tokenization.build(tokenization.make_record("wordpiece", {"vocab": "v.txt"}, True), str(tmp_path))
     assert tokenize("Playing, PLAYED!") == ["play", "##ing", ",", "play", "##ed", "!"]
-    assert tokenize("Naïve café\u200b\x00 中文 " + "x" * 101 + " zebra") == ["naive", "cafe", "中", "文", "[UNK]", "[UNK]"]
+    assert (tokenize("Naïve café\u200b\x00 中文 " + "x" * 101 + " zebra")
+            == ["naive", "cafe", "中", "文", "[UNK]", "[UNK]"])
     assert tokenize("[CLS] a") == ["[UNK]", "c", "##l", "##s", "[UNK]", "a"]  # specials in the text are plain words
     import tokenizers  # a runtime dependency (requirements.txt)
     ref = tokenizers.BertWordPieceTokenizer(str(tmp_path / "v.txt"), lowercase=True)
@@ -339,7 +355,8 @@ def test_wordpiece_case_detected_from_vocab(tmp_path, assets):
     folder, _ = make_task(tmp_path, "SST-2")
     assert run_main("SST-2", folder, tmp_path / "c", "--tokenizer", "wordpiece", "--vocab", cased) == 0
     assert stats_of(tmp_path / "c")["tokenizer"]["lowercase"] is False
-    assert run_main("SST-2", folder, tmp_path / "u", "--tokenizer", "wordpiece", "--vocab", cased, "--do-lower-case") == 0
+    assert run_main("SST-2", folder, tmp_path / "u", "--tokenizer", "wordpiece", "--vocab", cased,
+                    "--do-lower-case") == 0
     assert stats_of(tmp_path / "u")["tokenizer"]["lowercase"] is True
 
 
@@ -353,24 +370,28 @@ def test_wordpiece_with_converted_dict(tmp_path, assets):
     assert run_main("RTE", folder, out, *tok_args("wordpiece", assets), "--srcdict", str(srcdict)) == 0
     assert (out / "input0" / "dict.txt").read_text() == srcdict.read_text()
     t, ds = load(out, "train")
-    assert decode_example(t, ds[1], decoder_for("wordpiece", out, assets), True)[0] == " ".join(basic_words(data["train"][1][0], True))
+    assert (decode_example(t, ds[1], decoder_for("wordpiece", out, assets), True)[0]
+            == " ".join(basic_words(data["train"][1][0], True)))
 
 
 @pytest.mark.parametrize("dict_from", ["vocab", "train"])
 def test_sentencepiece_dict_sources(tmp_path, dict_from):
     folder, _ = make_task(tmp_path, "MRPC", n=(40, 8, 4))
     out = tmp_path / "bin"
-    assert run_main("MRPC", folder, out, "--tokenizer", "sentencepiece", "--spm-vocab-size", "100", "--dict-from", dict_from) == 0
+    assert run_main("MRPC", folder, out, "--tokenizer", "sentencepiece", "--spm-vocab-size", "100",
+                    "--dict-from", dict_from) == 0
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
     symbols = [line.split()[0] for line in (out / "input0" / "dict.txt").read_text().splitlines()]
     if dict_from == "vocab":
-        assert symbols == [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not (sp.is_control(i) or sp.is_unknown(i))]
+        assert symbols == [sp.id_to_piece(i) for i in range(sp.get_piece_size())
+                           if not (sp.is_control(i) or sp.is_unknown(i))]
     else:
         assert (len(symbols) + 4) % 8 == 0  # fairseq-built: with its 4 specials, padded to a multiple of 8
     out2 = tmp_path / "bin2"  # reuse the trained model: same ids
-    assert run_main("MRPC", folder, out2, "--tokenizer", "sentencepiece", "--spm-model", str(out / "spm.model"), "--dict-from", dict_from) == 0
+    assert run_main("MRPC", folder, out2, "--tokenizer", "sentencepiece", "--spm-model", str(out / "spm.model"),
+                    "--dict-from", dict_from) == 0
     assert (out / "input0" / "train.bin").read_bytes() == (out2 / "input0" / "train.bin").read_bytes()
 
 
@@ -392,7 +413,8 @@ def test_stats_file(tmp_path, assets):
     st = stats_of(out)
     assert st["task"] == "SST-2" and st["max_positions"] == 10 and st["splits"]["train"]["over_max_positions"] > 0
     counts = Counter(y for _, _, y in data["train"])
-    assert st["label_dictionary"] == [y for y, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]  # by frequency
+    # by frequency
+    assert st["label_dictionary"] == [y for y, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
     for split, stem in (("train", "train"), ("valid", "dev"), ("test", "test")):
         s = st["splits"][split]
         _, ds = load(out, split)
@@ -410,7 +432,8 @@ def test_qqp_malformed_rows_filtered_and_counted(tmp_path, assets):
     out = tmp_path / "bin"
     assert run_main("QQP", folder, out, *tok_args("wordpiece", assets)) == 0
     st = stats_of(out)
-    assert st["filtered_malformed_rows"]["train.tsv"] == 2 and st["filtered_malformed_rows"]["dev.tsv"] == 0 and st["splits"]["train"]["examples"] == 20
+    assert st["filtered_malformed_rows"]["train.tsv"] == 2 and st["filtered_malformed_rows"]["dev.tsv"] == 0
+    assert st["splits"]["train"]["examples"] == 20
 
 
 def test_reader_quirks(tmp_path):
@@ -418,11 +441,13 @@ def test_reader_quirks(tmp_path):
 
     d = tmp_path / "t"
     d.mkdir()
-    (d / "train.tsv").write_bytes(b"\xef\xbb\xbfQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\r\n1\t1\t2\t\"a \"\"b\t c\"\r\n\n")
+    (d / "train.tsv").write_bytes(b"\xef\xbb\xbfQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\r\n"
+                                  b"1\t1\t2\t\"a \"\"b\t c\"\r\n\n")
     s = read_split(str(d), "train", TASKS["MRPC"], "train")
     assert [e.texts for e in s.examples] == [('"a ""b', 'c"')] and s.examples[0].line == 2  # BOM, CRLF, quotes kept
     (d / "dev.tsv").write_text("gj04\t1\t\tA \u2028line sep\ngj04\t0\t*\tlast")  # no final newline
-    assert [e.texts[0] for e in read_split(str(d), "dev", TASKS["CoLA"], "dev").examples] == ["A \u2028line sep", "last"]
+    assert ([e.texts[0] for e in read_split(str(d), "dev", TASKS["CoLA"], "dev").examples]
+            == ["A \u2028line sep", "last"])
 
 
 # ------------------------------------------------------------------ errors
@@ -438,12 +463,14 @@ def _break(folder, stem, lineno, new_line):
 
 
 BREAKAGES = {
-    "wrong_columns": (lambda d: _break(d, "train", 5, "4\ta\tb\tentailment\textra"), "train.tsv:5: expected 4 tab-separated fields, found 5"),
+    "wrong_columns": (lambda d: _break(d, "train", 5, "4\ta\tb\tentailment\textra"),
+                      "train.tsv:5: expected 4 tab-separated fields, found 5"),
     "unknown_label": (lambda d: _break(d, "dev", 3, "1\ta b\tc d\tmaybe"), "dev.tsv:3: unknown label 'maybe'"),
     "empty_file": (lambda d: open(os.path.join(d, "train.tsv"), "w").close(), "train.tsv: empty file"),
     "missing_split": (lambda d: os.remove(os.path.join(d, "dev.tsv")), "dev.tsv: missing split"),
     "missing_test": (lambda d: os.remove(os.path.join(d, "test.tsv")), "--skip-test"),
-    "wrong_task_header": (lambda d: _break(d, "train", 1, "index\tsentence1\tsentence2\tQuality"), "train.tsv:1: header column 4"),
+    "wrong_task_header": (lambda d: _break(d, "train", 1, "index\tsentence1\tsentence2\tQuality"),
+                          "train.tsv:1: header column 4"),
 }
 
 
@@ -493,7 +520,8 @@ def test_failed_rerun_keeps_complete_output(tmp_path, assets, capsys):
     assert sorted(os.listdir(tmp_path)) == ["RTE", "bin"]
     make_task(tmp_path, "RTE", seed=5)  # repaired input: --force replaces the old output
     assert run_main("RTE", folder, out, *tok_args("wordpiece", assets), "--force") == 0
-    assert (out / "input0" / "train.bin").read_bytes() != before["input0/train.bin"] and sorted(os.listdir(tmp_path)) == ["RTE", "bin"]
+    assert (out / "input0" / "train.bin").read_bytes() != before["input0/train.bin"]
+    assert sorted(os.listdir(tmp_path)) == ["RTE", "bin"]
 
 
 # ------------------------------------------------------------------ SCL protocols
@@ -572,7 +600,8 @@ def test_few_shot_too_small_for_labels(tmp_path, assets, capsys):
 @pytest.mark.skipif(not os.path.isdir(GLUE_REAL), reason="no real GLUE data here")
 def test_real_rte_and_cola(tmp_path):
     rte = tmp_path / "RTE-bin"
-    assert run_main("RTE", f"{GLUE_REAL}/RTE", rte, "--tokenizer", "sentencepiece", "--spm-vocab-size", "4000", workers=2) == 0
+    assert run_main("RTE", f"{GLUE_REAL}/RTE", rte, "--tokenizer", "sentencepiece", "--spm-vocab-size", "4000",
+                    workers=2) == 0
     st = stats_of(rte)
     assert {k: v["examples"] for k, v in st["splits"].items()} == {"train": 2490, "valid": 277, "test": 3000}
     assert st["splits"]["train"]["unk_tokens"] == 0
@@ -590,11 +619,13 @@ def test_real_rte_and_cola(tmp_path):
     assert {k: v["examples"] for k, v in st["splits"].items()} == {"train": 8551, "valid": 1043, "test": 1063}
     t, ds = load(cola, "valid")
     dec = decoder_for("wordpiece", cola)
-    assert decode_example(t, ds[len(ds) - 1], dec, False)[0] == "John talked to Bill about himself ."  # no final newline
+    # no final newline
+    assert decode_example(t, ds[len(ds) - 1], dec, False)[0] == "John talked to Bill about himself ."
 
     few = tmp_path / "RTE-few"
-    assert run_main("RTE", f"{GLUE_REAL}/RTE", few, "--tokenizer", "sentencepiece", "--spm-model", str(rte / "spm.model"),
-                    "--few-shot", "100", "--label-noise", "0.1", "--seed", "3", workers=2) == 0
+    assert run_main("RTE", f"{GLUE_REAL}/RTE", few, "--tokenizer", "sentencepiece",
+                    "--spm-model", str(rte / "spm.model"), "--few-shot", "100", "--label-noise", "0.1", "--seed", "3",
+                    workers=2) == 0
     st = stats_of(few)
     assert {k: v["examples"] for k, v in st["splits"].items()} == {"train": 100, "valid": 139, "test": 138}
     assert st["protocol"]["label_noise"]["changed"] == 10

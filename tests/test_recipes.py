@@ -376,6 +376,7 @@ def test_missing_checkpoint_is_refused_before_training(how, env, stub_trainer, t
 
 # ---- a real run of the driver with stub executables -----------------------------------------------
 
+# the two `echo` lines are fairseq's one-line JSON log records, kept verbatim (hence the noqa: E501 below)
 FAKE_TRAIN = r"""#!/usr/bin/env bash
 # fake fairseq-train: writes the checkpoint and fairseq's json log lines for 3 epochs
 save=""; prev=""
@@ -390,7 +391,7 @@ for acc in 70.5 80.25 80.25; do
   echo "2026-01-01 00:00:02 | INFO | valid1 | {\"epoch\": $i, \"valid1_loss\": \"0.$i\", \"valid1_accuracy\": \"6$i\", \"valid1_num_updates\": \"$((i * 10))\"}"
 done
 touch "$save/checkpoint_best.pt" "$save/checkpoint_last.pt"
-"""
+"""  # noqa: E501
 
 FAKE_EVALUATE = r"""#!/usr/bin/env bash
 # fake acl-evaluate: writes OUT_DIR/early_exit.json
@@ -418,7 +419,8 @@ def test_driver_run_writes_command_log_and_result(env, tmp_path):
     # the best of equal scores is the last one, as fairseq keeps it (`>=`): epoch 3, and valid1 of that update
     assert result["best_metric"] == "accuracy" and result["best_value"] == 80.25
     assert (result["best_epoch"], result["best_num_updates"], result["num_validations"]) == (3, 30, 3)
-    assert result["best_valid"] == {"valid": {"loss": 0.3, "accuracy": 80.25}, "valid1": {"loss": 0.3, "accuracy": 63.0}}
+    assert result["best_valid"] == {"valid": {"loss": 0.3, "accuracy": 80.25},
+                                    "valid1": {"loss": 0.3, "accuracy": 63.0}}
     assert result["early_exit_json"] == "early_exit/early_exit.json"
     assert result["early_exit_jsons"]["valid1"] == "early_exit_valid1/early_exit.json"
     assert os.path.isfile(os.path.join(run_dir, "early_exit_valid1", "early_exit.json"))

@@ -115,7 +115,8 @@ def test_read_from_stats_json(assets, tmp_path):
     assert read(str(tmp_path)) is None
     stats.write_text(json.dumps({"task": "RTE", "tokenizer": RECORDS["wordpiece"]}))
     assert read(str(tmp_path)) == RECORDS["wordpiece"]
-    stats.write_text(json.dumps({"tokenizer": {"kind": "wordpiece", "files": {"vocab": "/a/vocab.txt"}, "lowercase": True}}))
+    stats.write_text(json.dumps({"tokenizer": {"kind": "wordpiece", "files": {"vocab": "/a/vocab.txt"},
+                                               "lowercase": True}}))
     with pytest.raises(ValueError, match="stats.json: tokenizer: files.vocab"):
         read(str(tmp_path))
     stats.write_text("{")

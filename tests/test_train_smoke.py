@@ -28,7 +28,8 @@ def data(tmp_path_factory):
 @pytest.mark.parametrize("criterion,arch,extra,tags", RUNS, ids=[f"{r[0]}-{r[1]}-{len(r[2])}" for r in RUNS])
 def test_criterion_trains_one_epoch_and_logs_tensorboard_tags(tmp_path, data, criterion, arch, extra, tags):
     tb = tmp_path / "tb"
-    helpers.train(data, str(tmp_path / "ck"), criterion=criterion, arch=arch, extra=[*extra, "--tensorboard-logdir", str(tb)])
+    helpers.train(data, str(tmp_path / "ck"), criterion=criterion, arch=arch,
+                  extra=[*extra, "--tensorboard-logdir", str(tb)])
     assert (tmp_path / "ck" / "checkpoint_best.pt").exists()
     scalars = helpers.read_scalars(str(tb))
     assert tags <= set(scalars["train_inner"]), sorted(scalars["train_inner"])
@@ -96,7 +97,8 @@ else:
 def test_user_dir_loads_only_what_training_uses():
     """``--user-dir acl_fairseq`` imports the package: the registered parts, never the tools or preprocessing."""
     code = "import sys, acl_fairseq; print(' '.join(m for m in sys.modules if m.startswith('acl_fairseq')))"
-    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(proc.stdout.split())
     assert {"acl_fairseq.criterions", "acl_fairseq.models", "acl_fairseq.tasks", "acl_fairseq.optim"} <= loaded
     tools = {"evaluate", "latency", "report", "predict", "hub", "convert_hf", "hf_mapping", "preprocessing", "help"}
     assert not loaded & {f"acl_fairseq.{t}" for t in tools}, sorted(loaded)
@@ -119,14 +121,16 @@ def test_plugin_help_lists_architectures(tool):
     "criterion,flags",
     [
         ("sentence_scl", ["--scl-weight", "--scl-temperature", "--scl-feature", "--exit-weighting"]),
-        ("acl_grad", ["--acl-weight", "--acl-temperature", "--acl-anchors", "--acl-grad-threshold", "--acl-grad-scope"]),
+        ("acl_grad", ["--acl-weight", "--acl-temperature", "--acl-anchors", "--acl-grad-threshold",
+                      "--acl-grad-scope"]),
         ("acl_cross_layer", ["--acl-cl-weight", "--acl-cl-temperature", "--no-acl-grad", "--contrast-across-workers",
                              "--exit-layers", "--exit-pooling"]),
     ],
 )
 def test_help_documents_every_criterion_and_model_option(criterion, flags):
     proc = helpers.run_tool("acl-help", ["--criterion", criterion])
-    options_part = proc.stdout.split("optional arguments:" if "optional arguments:" in proc.stdout else "options:", 1)[1]
+    header = "optional arguments:" if "optional arguments:" in proc.stdout else "options:"
+    options_part = proc.stdout.split(header, 1)[1]
     for flag in flags:
         lines = [line for line in options_part.splitlines() if line.strip().startswith(flag)]
         assert lines, flag

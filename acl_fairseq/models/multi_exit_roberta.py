@@ -47,7 +47,7 @@ def parse_exit_layers(spec: Optional[str], num_layers: int) -> List[int]:
     try:
         layers = sorted({int(s) for s in str(spec).split(",") if s.strip()})
     except ValueError:
-        raise ValueError(f"--exit-layers must be a comma-separated list of integers, got {spec!r}")
+        raise ValueError(f"--exit-layers must be a comma-separated list of integers, got {spec!r}") from None
     if not layers or layers[0] < 1 or layers[-1] > num_layers:
         raise ValueError(f"--exit-layers {spec!r} must lie in 1..{num_layers} (--encoder-layers)")
     return layers

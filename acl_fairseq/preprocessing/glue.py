@@ -51,32 +51,41 @@ def _nproc() -> int:
 def parse_args(argv=None) -> argparse.Namespace:
     from acl_fairseq.preprocessing.gpt2_files import GPT2_BPE_URL, default_bpe_dir
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", required=True, help=f"one of {', '.join(TASKS)} (case and dashes ignored)")
     p.add_argument("--input", required=True, help="the GLUE task folder (train.tsv, dev.tsv, test.tsv)")
     p.add_argument("--output", required=True, help="destination folder (fairseq data dir)")
     p.add_argument("--tokenizer", choices=["gpt2", "sentencepiece", "wordpiece"], default="gpt2",
                    help="default: gpt2 (what roberta.base/large use)")
-    p.add_argument("--srcdict", help="fairseq dict.txt for the inputs (gpt2 default: BPE_DIR/dict.txt, the one roberta.* needs)")
+    p.add_argument("--srcdict", help="fairseq dict.txt for the inputs (gpt2 default: BPE_DIR/dict.txt, the one "
+                   "roberta.* needs)")
     p.add_argument("--bpe-dir", default=default_bpe_dir(), help="gpt2: folder with encoder.json, vocab.bpe, dict.txt "
                    "(missing files are downloaded; default: $ACL_GPT2_BPE_DIR or %(default)s)")
-    p.add_argument("--bpe-url", default=GPT2_BPE_URL, help="gpt2: where missing BPE files are downloaded from (default: %(default)s)")
+    p.add_argument("--bpe-url", default=GPT2_BPE_URL,
+                   help="gpt2: where missing BPE files are downloaded from (default: %(default)s)")
     p.add_argument("--spm-model", help="sentencepiece: an existing .model (default: train one on the training text)")
-    p.add_argument("--spm-vocab-size", type=int, default=8000, help="sentencepiece: vocabulary size (upper bound) when training (default: %(default)s)")
+    p.add_argument("--spm-vocab-size", type=int, default=8000,
+                   help="sentencepiece: vocabulary size (upper bound) when training (default: %(default)s)")
     p.add_argument("--vocab", help="wordpiece: BERT vocab.txt")
     lc = p.add_mutually_exclusive_group()
     lc.add_argument("--lowercase", "--do-lower-case", dest="lowercase", action="store_true", default=None,
-                    help="wordpiece: lowercase and strip accents (default: do_lower_case of a tokenizer_config.json beside the vocab, else whether the vocab has no A-Z entry)")
+                    help="wordpiece: lowercase and strip accents (default: do_lower_case of a tokenizer_config.json "
+                    "beside the vocab, else whether the vocab has no A-Z entry)")
     lc.add_argument("--no-lowercase", dest="lowercase", action="store_false", help="wordpiece: keep case")
     p.add_argument("--dict-from", choices=["vocab", "train"], default="vocab", help="sentencepiece/wordpiece without "
-                   "--srcdict: dict.txt lists the tokenizer's vocabulary, or is built by fairseq from the training tokens "
-                   "(default: %(default)s)")
+                   "--srcdict: dict.txt lists the tokenizer's vocabulary, or is built by fairseq from the training "
+                   "tokens (default: %(default)s)")
     p.add_argument("--few-shot", type=int, metavar="N", help="SCL protocol: N stratified training examples; dev split "
                    "into test (half) and valid (500 others); replaces the GLUE test split")
-    p.add_argument("--label-noise", type=float, metavar="F", help="replace a fraction F of training labels by another label")
-    p.add_argument("--seed", type=int, default=1, help="seed for --few-shot, --label-noise and sentencepiece training (default: %(default)s)")
-    p.add_argument("--max-positions", type=int, default=512, help="count (in stats.json) examples longer than this, in tokens incl. specials (default: %(default)s)")
-    p.add_argument("--workers", type=int, default=_nproc(), help="processes for tokenizing and binarizing (default: nproc, here %(default)s)")
+    p.add_argument("--label-noise", type=float, metavar="F",
+                   help="replace a fraction F of training labels by another label")
+    p.add_argument("--seed", type=int, default=1,
+                   help="seed for --few-shot, --label-noise and sentencepiece training (default: %(default)s)")
+    p.add_argument("--max-positions", type=int, default=512, help="count (in stats.json) examples longer than this, "
+                   "in tokens incl. specials (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=_nproc(),
+                   help="processes for tokenizing and binarizing (default: nproc, here %(default)s)")
     p.add_argument("--skip-test", action="store_true", help="do not read or binarize the GLUE test split(s)")
     p.add_argument("--force", action="store_true", help="replace an existing OUTPUT; it is swapped out only after the "
                    "new output is complete, so a failed run leaves it untouched")
@@ -103,7 +112,8 @@ def plan_splits(args, spec: TaskSpec) -> Tuple[List[OutSplit], Dict, List[Exampl
     devs = [read_split(args.input, stem, spec, "dev") for stem in spec.dev]
     record: Dict = {"seed": args.seed}
     if spec.filter_malformed:
-        record["filtered_malformed_rows"] = {"train.tsv": train.filtered, **{os.path.basename(d.path): d.filtered for d in devs}}
+        record["filtered_malformed_rows"] = {"train.tsv": train.filtered,
+                                             **{os.path.basename(d.path): d.filtered for d in devs}}
     if args.few_shot is not None:
         out = _few_shot_splits(args, spec, train.examples, devs)
         record["few_shot"] = args.few_shot
@@ -119,7 +129,9 @@ def plan_splits(args, spec: TaskSpec) -> Tuple[List[OutSplit], Dict, List[Exampl
         record["source_lines"] = {s.name: {"file": s.source, "lines": [e.line for e in s.examples]} for s in out}
     for s in out:
         if not s.examples:
-            raise GlueDataError(f"{s.source}: the {s.name} split would be empty. Fix: use a larger dev set or --few-shot N")
+            raise GlueDataError(
+                f"{s.source}: the {s.name} split would be empty. Fix: use a larger dev set or --few-shot N"
+            )
     order = {"train": 0, "valid": 1, "test": 2}
     out.sort(key=lambda s: (order[s.name.rstrip("0123456789")], s.name))  # fairseq's valid, valid1, test, test1
     return out, record, train.examples
@@ -143,10 +155,13 @@ def _few_shot_splits(args, spec: TaskSpec, train: List[Example], devs) -> List[O
 
 def _apply_label_noise(args, spec: TaskSpec, train: OutSplit) -> Dict:
     if spec.regression:
-        raise GlueDataError(f"--label-noise swaps class labels; {spec.name} is a regression task. Fix: drop --label-noise")
+        raise GlueDataError(
+            f"--label-noise swaps class labels; {spec.name} is a regression task. Fix: drop --label-noise"
+        )
     labels, flipped = scl.add_label_noise([e.label for e in train.examples], args.label_noise, spec.labels, args.seed)
     train.examples = [e._replace(label=y) for e, y in zip(train.examples, labels)]
-    return {"fraction": args.label_noise, "changed": len(flipped), "changed_lines": [train.examples[i].line for i in flipped]}
+    return {"fraction": args.label_noise, "changed": len(flipped),
+            "changed_lines": [train.examples[i].line for i in flipped]}
 
 
 def _nth(base: str, k: int) -> str:
@@ -167,8 +182,9 @@ def check_label_coverage(splits: List[OutSplit], spec: TaskSpec) -> None:
         for e in s.examples if s.labelled else ():
             if e.label not in known:
                 raise GlueDataError(
-                    f"{s.source}:{e.line}: label {e.label!r} never occurs in the training split ({len(splits[0].examples)} "
-                    "examples), so fairseq's label dictionary cannot encode it. Fix: use more training data (a larger --few-shot N)"
+                    f"{s.source}:{e.line}: label {e.label!r} never occurs in the training split "
+                    f"({len(splits[0].examples)} examples), so fairseq's label dictionary cannot encode it. "
+                    "Fix: use more training data (a larger --few-shot N)"
                 )
 
 
@@ -222,7 +238,8 @@ def _sentencepiece(args, tmp, work, train_examples, info):
             f.writelines(t + "\n" for e in train_examples for t in e.texts if t)
         te.train_sentencepiece(text_file, os.path.join(tmp, "spm"), args.spm_vocab_size, args.workers, args.seed)
         info["spm_model"] = f"spm.model, trained on train.tsv text (--spm-vocab-size {args.spm_vocab_size})"
-    return make_record("sentencepiece", {"model": "spm.model"}), args.srcdict or _vocab_dict(args, work, te.write_sentencepiece_dict, model)
+    return (make_record("sentencepiece", {"model": "spm.model"}),
+            args.srcdict or _vocab_dict(args, work, te.write_sentencepiece_dict, model))
 
 
 def _wordpiece(args, tmp, work, train_examples, info):
@@ -231,7 +248,8 @@ def _wordpiece(args, tmp, work, train_examples, info):
 
     _require_file(args.vocab, "--vocab")
     lowercase = args.lowercase if args.lowercase is not None else detect_lowercase(args.vocab, load_vocab(args.vocab))
-    logger.info(f"wordpiece: lowercase={lowercase}" + ("" if args.lowercase is not None else " (detected from the vocab)"))
+    logger.info(f"wordpiece: lowercase={lowercase}"
+                + ("" if args.lowercase is not None else " (detected from the vocab)"))
     shutil.copyfile(args.vocab, os.path.join(tmp, "vocab.txt"))
     info["vocab"] = f"vocab.txt, a copy of --vocab {os.path.basename(args.vocab)}"
     record = make_record("wordpiece", {"vocab": "vocab.txt"}, lowercase)
@@ -270,7 +288,8 @@ def write_token_files(splits: List[OutSplit], n_inputs: int, enc, work: str, wor
                 logger.info(f"{s.name}.input{j}: {n} lines tokenized in {time.time() - t0:.1f}s ({s.source})")
 
 
-def binarize(splits: List[OutSplit], n_inputs: int, spec: TaskSpec, srcdict: Optional[str], tmp: str, work: str, workers: int):
+def binarize(splits: List[OutSplit], n_inputs: int, spec: TaskSpec, srcdict: Optional[str], tmp: str, work: str,
+             workers: int):
     train = splits[0]
     valid = [s for s in splits if s.name.startswith("valid")]
     test = [s for s in splits if s.name.startswith("test")]
@@ -279,8 +298,9 @@ def binarize(splits: List[OutSplit], n_inputs: int, spec: TaskSpec, srcdict: Opt
         srcdict = os.path.join(work, "dict.txt")
         gb.build_dict_from_data([os.path.join(work, f"train.input{j}") for j in range(n_inputs)], srcdict, workers)
     for j in range(n_inputs):
-        pref = lambda s: os.path.join(work, f"{s.name}.input{j}")  # noqa: E731
-        gb.fairseq_preprocess(os.path.join(tmp, f"input{j}"), pref(train), [pref(s) for s in valid], [pref(s) for s in test], srcdict, bw)
+        pref = lambda s, j=j: os.path.join(work, f"{s.name}.input{j}")  # noqa: E731
+        gb.fairseq_preprocess(os.path.join(tmp, f"input{j}"), pref(train), [pref(s) for s in valid],
+                              [pref(s) for s in test], srcdict, bw)
     labelled = [s for s in splits if s.labelled]
     if spec.regression:  # fairseq: awk '{print $1 / 5.0}' into label/<split>.label, not binarized
         os.makedirs(os.path.join(tmp, "label"))
@@ -293,11 +313,13 @@ def binarize(splits: List[OutSplit], n_inputs: int, spec: TaskSpec, srcdict: Opt
             f.writelines(e.label + "\n" for e in s.examples)
     lab = lambda s: os.path.join(work, f"{s.name}.label")  # noqa: E731
     gb.fairseq_preprocess(
-        os.path.join(tmp, "label"), lab(train), [lab(s) for s in valid if s.labelled], [lab(s) for s in test if s.labelled], None, 1
+        os.path.join(tmp, "label"), lab(train), [lab(s) for s in valid if s.labelled],
+        [lab(s) for s in test if s.labelled], None, 1
     )
 
 
-def collect_stats(splits: List[OutSplit], n_inputs: int, spec: TaskSpec, tmp: str, args, info: Dict, record: Dict) -> Dict:
+def collect_stats(splits: List[OutSplit], n_inputs: int, spec: TaskSpec, tmp: str, args, info: Dict,
+                  record: Dict) -> Dict:
     from fairseq.data import Dictionary
 
     dict_size = len(Dictionary.load(os.path.join(tmp, "input0", "dict.txt")))
@@ -307,7 +329,8 @@ def collect_stats(splits: List[OutSplit], n_inputs: int, spec: TaskSpec, tmp: st
     else:
         stats["label_dictionary"] = gb.label_dictionary_order(os.path.join(tmp, "label", "dict.txt"))
     if "filtered_malformed_rows" in record:  # QQP, as fairseq's awk NF==6 filter
-        stats["filtered_malformed_rows"] = {**record["filtered_malformed_rows"], "why": "wrong field count, dropped as fairseq does"}
+        stats["filtered_malformed_rows"] = {**record["filtered_malformed_rows"],
+                                            "why": "wrong field count, dropped as fairseq does"}
     stats["protocol"] = {k: record[k] for k in ("seed", "few_shot") if k in record}
     if "label_noise" in record:
         stats["protocol"]["label_noise"] = {k: v for k, v in record["label_noise"].items() if k != "changed_lines"}
@@ -330,14 +353,18 @@ def collect_stats(splits: List[OutSplit], n_inputs: int, spec: TaskSpec, tmp: st
 def run(args) -> str:
     spec = get_task(args.task)
     if not os.path.isdir(args.input):
-        raise GlueDataError(f"{args.input}: no such folder. Fix: pass --input GLUE_DIR/{spec.name} (the unpacked GLUE task folder)")
+        raise GlueDataError(
+            f"{args.input}: no such folder. Fix: pass --input GLUE_DIR/{spec.name} (the unpacked GLUE task folder)"
+        )
     out = os.path.abspath(args.output)
     if os.path.exists(out) and not args.force:
-        raise GlueDataError(f"{out}: output exists. Fix: pass --force to replace it (the old output is swapped out only "
-                            "after the new one is complete) or choose another --output")
+        raise GlueDataError(f"{out}: output exists. Fix: pass --force to replace it (the old output is swapped out "
+                            "only after the new one is complete) or choose another --output")
     parent = os.path.dirname(out)
     if "," in parent:
-        raise GlueDataError(f"{out}: the output path contains a comma, which fairseq-preprocess cannot take. Fix: rename it")
+        raise GlueDataError(
+            f"{out}: the output path contains a comma, which fairseq-preprocess cannot take. Fix: rename it"
+        )
     t0 = time.time()
     splits, record, train_full = plan_splits(args, spec)
     check_label_coverage(splits, spec)

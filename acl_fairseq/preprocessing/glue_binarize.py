@@ -12,7 +12,8 @@ PERCENTILES = (50, 90, 95, 99)
 
 
 def fairseq_preprocess(
-    destdir: str, trainpref: str, validprefs: Sequence[str], testprefs: Sequence[str], srcdict: Optional[str], workers: int
+    destdir: str, trainpref: str, validprefs: Sequence[str], testprefs: Sequence[str], srcdict: Optional[str],
+    workers: int,
 ) -> None:
     """``fairseq-preprocess --only-source``: the k-th valid/test prefix becomes split ``valid{k}``/``test{k}``
     (``valid``, ``valid1``, ...). Without ``srcdict`` fairseq builds a frequency-sorted dict from train."""
@@ -78,7 +79,8 @@ def split_stats(out_dir: str, split: str, n_inputs: int, dict_size: int, max_pos
     pct = np.percentile(total, PERCENTILES) if len(total) else [0] * len(PERCENTILES)
     return {
         "examples": n_expected,
-        "length_tokens": {**{f"p{p}": int(round(v)) for p, v in zip(PERCENTILES, pct)}, "max": int(total.max(initial=0))},
+        "length_tokens": {**{f"p{p}": int(round(v)) for p, v in zip(PERCENTILES, pct)},
+                          "max": int(total.max(initial=0))},
         "over_max_positions": int((total > max_positions).sum()),
         "unk_tokens": unk,
     }

@@ -96,7 +96,8 @@ def _read_lines(path: str, task: str) -> List[str]:
         folder = os.path.dirname(path) or "."
         found = sorted(f for f in os.listdir(folder) if f.endswith(".tsv")) if os.path.isdir(folder) else []
         raise GlueDataError(
-            f"{path}: missing split {os.path.basename(path)!r} for {task} (found: {', '.join(found) or 'no .tsv files'}). "
+            f"{path}: missing split {os.path.basename(path)!r} for {task} "
+            f"(found: {', '.join(found) or 'no .tsv files'}). "
             f"Fix: point --input at the unpacked GLUE {task} folder (re-download it if files are missing)"
             + ("; pass --skip-test to go without the test split" if "test" in os.path.basename(path) else "")
         )
@@ -106,7 +107,9 @@ def _read_lines(path: str, task: str) -> List[str]:
         text = raw.decode("utf-8-sig")  # -sig: MRPC files may start with a byte-order mark
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
-        raise GlueDataError(f"{path}:{line}: not valid UTF-8 ({e.reason}). Fix: re-download or re-encode the file as UTF-8")
+        raise GlueDataError(
+            f"{path}:{line}: not valid UTF-8 ({e.reason}). Fix: re-download or re-encode the file as UTF-8"
+        ) from None
     # Split on "\n" only (not str.splitlines, which also splits on \x85, \u2028, ... inside text);
     # tolerate CRLF endings and a missing final newline (CoLA dev.tsv has none).
     lines = [ln[:-1] if ln.endswith("\r") else ln for ln in text.split("\n")]
@@ -123,7 +126,9 @@ def read_split(input_dir: str, stem: str, spec: TaskSpec, kind: str) -> SplitDat
     lines = _read_lines(path, spec.name)
     has_header = spec.header or kind == "test"
     cols = spec.test_inputs if kind == "test" else spec.inputs
-    label_col = None if kind == "test" else (spec.dev_label if kind == "dev" and spec.dev_label is not None else spec.label)
+    label_col = None if kind == "test" else (
+        spec.dev_label if kind == "dev" and spec.dev_label is not None else spec.label
+    )
     if has_header:
         header = lines[0].split("\t")
         _check_header(path, header, cols, label_col, spec)
@@ -147,7 +152,9 @@ def read_split(input_dir: str, stem: str, spec: TaskSpec, kind: str) -> SplitDat
         label = None if label_col is None else _check_label(path, lineno, fields[label_col].strip(), spec)
         out.examples.append(Example(texts, label, lineno))
     if not out.examples:
-        raise GlueDataError(f"{path}: no well-formed rows ({out.filtered} filtered). Fix: re-download the GLUE {spec.name} data")
+        raise GlueDataError(
+            f"{path}: no well-formed rows ({out.filtered} filtered). Fix: re-download the GLUE {spec.name} data"
+        )
     return out
 
 
@@ -172,7 +179,9 @@ def _check_label(path: str, lineno: int, value: str, spec: TaskSpec) -> str:
         except ValueError:
             score = float("nan")
         if not 0.0 <= score <= 5.0:
-            raise GlueDataError(f"{path}:{lineno}: {spec.name} score {value!r} is not a number in [0, 5]. Fix: correct the score")
+            raise GlueDataError(
+                f"{path}:{lineno}: {spec.name} score {value!r} is not a number in [0, 5]. Fix: correct the score"
+            )
         return value
     if value not in spec.labels:
         raise GlueDataError(

@@ -25,7 +25,8 @@ GPT2_FILES = ("encoder.json", "vocab.bpe", "dict.txt")
 
 
 def default_bpe_dir() -> str:
-    return os.environ.get("ACL_GPT2_BPE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "acl_fairseq", "gpt2_bpe")
+    return (os.environ.get("ACL_GPT2_BPE_DIR")
+            or os.path.join(os.path.expanduser("~"), ".cache", "acl_fairseq", "gpt2_bpe"))
 
 
 def ensure_gpt2_bpe(bpe_dir: str, base_url: str = GPT2_BPE_URL, timeout: float = 60.0) -> Dict[str, str]:

@@ -74,7 +74,8 @@ def few_shot_train(strata: Sequence[Hashable], n: int, seed: int) -> List[int]:
     return stratified_sample(strata, n, _rng(seed, "few-shot-train"), minimum=1)
 
 
-def dev_split(strata: Sequence[Hashable], seed: int, purpose: str = "dev", valid_size: int = VALID_SIZE) -> Tuple[List[int], List[int]]:
+def dev_split(strata: Sequence[Hashable], seed: int, purpose: str = "dev",
+              valid_size: int = VALID_SIZE) -> Tuple[List[int], List[int]]:
     """``(valid, test)`` index lists: test = half the dev set (floor), valid = ``valid_size`` others
     (or all the rest if fewer); both stratified by ``strata``, disjoint."""
     rng = _rng(seed, purpose)
@@ -85,7 +86,8 @@ def dev_split(strata: Sequence[Hashable], seed: int, purpose: str = "dev", valid
     return valid, test
 
 
-def add_label_noise(labels: Sequence[str], fraction: float, label_set: Sequence[str], seed: int) -> Tuple[List[str], List[int]]:
+def add_label_noise(labels: Sequence[str], fraction: float, label_set: Sequence[str],
+                    seed: int) -> Tuple[List[str], List[int]]:
     """Replace ``round(fraction * len(labels))`` labels, at seeded random positions, by a different label
     drawn uniformly from ``label_set``. Returns the new labels and the (sorted) changed positions."""
     if not 0.0 <= fraction <= 1.0:

@@ -96,7 +96,9 @@ def train_sentencepiece(text_file: str, model_prefix: str, vocab_size: int, work
             input_sentence_size=2_000_000, shuffle_input_sentence=True, minloglevel=2,
         )
     except (RuntimeError, OSError) as e:
-        raise GlueDataError(f"{text_file}: sentencepiece training failed ({e}). Fix: try a smaller --spm-vocab-size")
+        raise GlueDataError(
+            f"{text_file}: sentencepiece training failed ({e}). Fix: try a smaller --spm-vocab-size"
+        ) from None
     return model_prefix + ".model"
 
 
@@ -134,6 +136,8 @@ def check_srcdict(path: str) -> None:
     try:
         Dictionary.load(path)
     except FileNotFoundError:
-        raise GlueDataError(f"{path}: dictionary not found. Fix: pass an existing fairseq dict.txt as --srcdict")
+        raise GlueDataError(
+            f"{path}: dictionary not found. Fix: pass an existing fairseq dict.txt as --srcdict"
+        ) from None
     except (ValueError, RuntimeError) as e:
-        raise GlueDataError(f"{path}: not a fairseq dict.txt ({e}). Fix: pass a file of 'symbol count' lines")
+        raise GlueDataError(f"{path}: not a fairseq dict.txt ({e}). Fix: pass a file of 'symbol count' lines") from None

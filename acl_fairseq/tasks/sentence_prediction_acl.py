@@ -5,12 +5,12 @@ A drop-in replacement: data loading, model building, training and validation ste
 task's, with three additions. Validation (every split but ``--train-subset``) keeps every example,
 whatever ``--required-batch-size-multiple``. ``train_step`` tells the criterion when fairseq replays
 a dummy batch (``--contrast-across-workers`` needs that). And :meth:`begin_valid_epoch`, which fairseq
-calls at the start of every validation, writes the projector snapshots. With ``--projector-every N`` (N > 0), every N-th validation first runs the model in
-eval mode on a fixed, seeded sample of ``--projector-samples`` sentences of the validation subset and
-writes, per exit, their head representations u^m and the exit's label embeddings (rows of
-``out_proj.weight``) as one embedding-projector snapshot ``exit{L}`` at step = num_updates (see
-:mod:`acl_fairseq.projector` for the layout and metadata). Criteria do no file I/O, so this lives
-in the task.
+calls at the start of every validation, writes the projector snapshots. With ``--projector-every N``
+(N > 0), every N-th validation first runs the model in eval mode on a fixed, seeded sample of
+``--projector-samples`` sentences of the validation subset and writes, per exit, their head
+representations u^m and the exit's label embeddings (rows of ``out_proj.weight``) as one
+embedding-projector snapshot ``exit{L}`` at step = num_updates (see :mod:`acl_fairseq.projector` for
+the layout and metadata). Criteria do no file I/O, so this lives in the task.
 
     fairseq-train DATA --user-dir acl_fairseq --task sentence_prediction_acl ... \\
         --tensorboard-logdir tb --projector-every 5 --projector-samples 256

@@ -44,7 +44,8 @@ def validation_records(log_path: str, subset: str) -> List[Dict[str, object]]:
             metrics = {
                 k[len(prefix):]: _number(v)
                 for k, v in stats.items()
-                if k.startswith(prefix) and k[len(prefix):] not in NOT_METRICS and not k[len(prefix):].startswith("best_")
+                if k.startswith(prefix) and k[len(prefix):] not in NOT_METRICS
+                and not k[len(prefix):].startswith("best_")
             }
             num_updates = stats.get(prefix + "num_updates")
             records.append(
