@@ -281,8 +281,8 @@ def markdown(summary: Dict, command: str) -> str:
              "thread per run, two runs at a time on 2 cores.", "",
              "| setting | task | plugin (per seed) | plugin | HF (per seed) | HF | paired difference | within target | "
              "samples/s plugin / HF |", "|---|---|---|---|---|---|---|---|---|"]
-    for setting, tasks in summary.items():
-        for task, e in tasks.items():
+    for setting, tasks in sorted(summary.items()):
+        for task, e in sorted(tasks.items()):
             p, h, d = e.get("plugin", {}), e.get("hf", {}), e.get("paired")
             per = lambda x: ", ".join(f"{v:.1f}" for v in x.get("values", [])) or "-"  # noqa: E731
             speed = lambda x: f"{x['samples_per_s']:.1f}" if x.get("samples_per_s") else "-"  # noqa: E731
