@@ -228,8 +228,8 @@ def collect(work: str) -> Dict:
     # the table's settings: benchmarks/quality.py's ce runs (the ones with a conventions record)
     for path in sorted(glob.glob(os.path.join(work, "quality", "runs", "*", "ce", "seed*"))):
         task, row = path.split(os.sep)[-3], _plugin_result(path)
-        if row and task in TASKS and quality.trained_setting(path)["conventions"]:
-            got = quality.trained_setting(path)
+        got = quality.trained_setting(path) if row and task in TASKS else None
+        if got and got["conventions"]:
             setting = f"lr{got['lr']:g}_{got['pooling']}"
             out.setdefault(setting, {}).setdefault(task, {}).setdefault("plugin", []).append(row)
     for path in sorted(glob.glob(os.path.join(root, "**", "hf", "*", "seed*", "result.json"), recursive=True)):
