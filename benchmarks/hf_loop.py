@@ -11,7 +11,7 @@ updates, so the first update runs at lr 0 as in fairseq); RobertaClassificationH
 initialised, on a cls / mean pooled state; CE / MSE batch means; STS-B targets score / 5 (what
 preprocess/glue.py writes for fairseq); on a tie of the dev metric the later epoch wins (fairseq's >=).
 Where the systems differ by nature HFConfig has a switch; fairseq's stock RoBERTa recipe is
-``--pair-format double --truncation tail --no-token-types --batching bucket`` (it cuts only at
+``--pair-format double --truncation tail --no-token-types --batching fixed`` (it cuts only at
 --max-positions 512, and caps a batch at --max-tokens 4400, not done here). Left as is: fairseq's adam
 adds eps before the bias correction of the second moment, torch's after it.
 """
@@ -37,6 +37,9 @@ from acl_fairseq.heads import POOLING_MODES, head_forward, pool_states
 from acl_fairseq.preprocessing.glue_tasks import TASKS, TaskSpec, get_task, read_split
 
 Text = Union[str, Tuple[str, str]]
+# fairseq's sentence_prediction orders examples by a seeded permutation only (SortDataset(sort_order=[shuffle])), so
+# its batches are random, made once, and only their order changes each epoch: "fixed", not "bucket".
+BATCHING_MODES = ("shuffle", "fixed", "bucket")
 Examples = Tuple[List[Text], List[Union[int, float]]]  # texts, targets
 
 
@@ -70,9 +73,9 @@ class HFConfig:
     truncation: str = _opt("longest_first", "longest_first: HF's, trims the longer text; tail: cut the end of the "
                                             "joined sequence (fairseq's TruncateDataset)",
                            choices=["longest_first", "tail"])
-    batching: str = _opt("shuffle", "shuffle: new random batches each epoch (HF DataLoader); bucket: length-sorted "
-                                    "batches made once, their order shuffled each epoch (fairseq)",
-                         choices=["shuffle", "bucket"])
+    batching: str = _opt("shuffle", "shuffle: new random batches each epoch (HF DataLoader); fixed: random batches "
+                                    "made once, their order shuffled each epoch (fairseq's sentence_prediction); "
+                                    "bucket: the same with length-sorted batches", choices=BATCHING_MODES)
     train_subset: Optional[int] = _opt(None, "train on a fixed seeded subset of N examples (benchmarks/quality.py's "
                                              "rule, so the plugin runs see the same examples)", type=int)
     subset_seed: int = _opt(1, "seed of --train-subset (quality.py's SUBSET_SEED)")
@@ -151,11 +154,14 @@ def encode_batch(tokenizer, texts: Sequence[Text], cfg: HFConfig) -> Dict[str, t
 def epoch_batches(lengths: Sequence[int], cfg: HFConfig, rng: np.random.RandomState) -> Iterator[List[np.ndarray]]:
     """The batches (example indices) of each epoch, endlessly."""
     n, bs = len(lengths), cfg.batch_size
-    if cfg.batching == "bucket":  # fairseq: sort by length, ties in random order; batch once
+    if cfg.batching == "bucket":  # sort by length, ties in random order; batch once
         order = np.lexsort((rng.permutation(n), np.asarray(lengths)))
+    elif cfg.batching == "fixed":  # fairseq's sentence_prediction: one seeded permutation; batch once
+        order = rng.permutation(n)
+    if cfg.batching != "shuffle":
         buckets = [order[i: i + bs] for i in range(0, n, bs)]
     while True:
-        if cfg.batching == "bucket":
+        if cfg.batching != "shuffle":
             yield [buckets[j] for j in rng.permutation(len(buckets))]
         else:
             perm = rng.permutation(n)

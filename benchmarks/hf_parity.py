@@ -18,8 +18,8 @@ the task (recipes/glue/converted.tsv), head dropout from the HF config (0.1), no
 (0.9, 0.98), eps 1e-6, weight decay 0.1 on every parameter, 6 % warm-up then linear decay. Each known
 difference between the two pipelines is a switch (``--help``): ``--pair-format double`` and
 ``--no-segment`` (both systems), ``--head-dropout``, ``--clip-norm``, ``--adam-betas``, ``--adam-eps``,
-``--pooling``, ``--lr``; ``--hf-max-len`` (HF truncates, longest first) and ``--hf-batching bucket``
-(fairseq's length-bucketed batches) on the HF side.
+``--pooling``, ``--lr``; ``--hf-max-len`` (HF truncates, longest first) and ``--hf-batching fixed``
+(fairseq's batches: made once at random, reordered each epoch) on the HF side.
 
 Writes RESULTS/hf_parity.json and RESULTS/hf_parity.md: per-seed values, mean ± std, the plugin-minus-HF
 difference paired by seed, and each system's training samples/s (fairseq's train_wall; HF's loop time
@@ -41,6 +41,7 @@ import _glue_runs as G
 import quality  # its binarized data and SST-2 subset rule
 from acl_fairseq.heads import POOLING_MODES
 from acl_fairseq.report import mean_std
+from hf_loop import BATCHING_MODES
 
 TASKS = ["RTE", "STS-B", "SST-2", "CoLA"]
 TRAIN_SIZES = {"RTE": 2490, "STS-B": 5749, "SST-2": 2000, "CoLA": 8551}  # SST-2: quality.py's 2000-example subset
@@ -330,8 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--adam-betas", default=None, help="e.g. '(0.9,0.999)'; default (0.9,0.98)")
     g.add_argument("--adam-eps", type=float, default=None, help="default 1e-6")
     g.add_argument("--hf-max-len", type=int, default=512, help="HF truncation (longest first); 128 is HF's usual")
-    g.add_argument("--hf-batching", choices=["shuffle", "bucket"], default="shuffle",
-                   help="HF batches: reshuffled examples each epoch, or fairseq-like length buckets")
+    g.add_argument("--hf-batching", choices=BATCHING_MODES, default="shuffle",
+                   help="HF batches: shuffle (new random batches each epoch), fixed (fairseq's sentence_prediction: "
+                   "random batches made once, reordered each epoch) or bucket (the same, length-sorted)")
     return p
 
 

@@ -4,6 +4,7 @@ import math
 import os
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -168,7 +169,7 @@ def _check_result(res, cfg, n_train, metric_keys):
 
 def test_train_hf_rte_and_stsb(tiny):
     hf_dir, glue = tiny
-    cfg = _cfg(hf_dir, pair_format="double", token_types=False, truncation="tail", batching="bucket")
+    cfg = _cfg(hf_dir, pair_format="double", token_types=False, truncation="tail", batching="fixed")
     _check_result(H.train_hf(cfg, glue), cfg, 24, {"accuracy", "f1", "mcc"})
     cfg = _cfg(hf_dir, task="STS-B", pooling="cls", clip_norm=1.0, train_subset=15)
     res = H.train_hf(cfg, glue)
@@ -200,3 +201,34 @@ def test_cli_writes_json_and_refuses_overwrite(tiny, tmp_path, capsys):
     assert H.main(argv + ["--force", "--seed", "2"]) == 0
     assert json.loads(out.read_text())["config"]["seed"] == 2
     assert [p.name for p in tmp_path.iterdir()] == ["res.json"]  # no temporary left behind
+
+
+def _three_epochs(mode, lengths):
+    batches = H.epoch_batches(lengths, _cfg("unused", batching=mode), np.random.RandomState(0))
+    return [[tuple(sorted(b.tolist())) for b in next(batches)] for _ in range(3)]
+
+
+def test_batching_modes():
+    lengths = np.random.RandomState(1).randint(5, 60, size=40)
+    for mode in H.BATCHING_MODES:
+        for epoch in _three_epochs(mode, lengths):
+            assert sorted(i for b in epoch for i in b) == list(range(40))  # every example once per epoch
+    fixed, bucket, shuffle = (_three_epochs(m, lengths) for m in ("fixed", "bucket", "shuffle"))
+    for made_once in (fixed, bucket):  # the same batches every epoch, in another order
+        assert all(sorted(e) == sorted(made_once[0]) for e in made_once) and made_once[0] != made_once[1]
+    assert sorted(shuffle[0]) != sorted(shuffle[1])
+    spans = lambda epoch: sorted((min(lengths[list(b)]), max(lengths[list(b)])) for b in epoch)  # noqa: E731
+    assert all(hi <= lo for (_, hi), (lo, _) in zip(spans(bucket[0]), spans(bucket[0])[1:]))  # length-sorted
+    assert not all(hi <= lo for (_, hi), (lo, _) in zip(spans(fixed[0]), spans(fixed[0])[1:]))
+
+
+def test_fairseq_sentence_prediction_orders_by_permutation_only():
+    """Why "fixed" is fairseq's: sentence_prediction wraps its data in SortDataset(sort_order=[shuffle]), whose
+    order ignores the lengths, and batch_by_size cuts that order into batches once."""
+    from fairseq.data import ListDataset, SortDataset
+
+    lengths = np.random.RandomState(1).randint(5, 60, size=40)
+    perm = np.random.RandomState(2).permutation(40)
+    order = SortDataset(ListDataset(list(range(40)), sizes=lengths), sort_order=[perm]).ordered_indices()
+    assert order.tolist() == np.argsort(perm).tolist()
+    assert order.tolist() != np.argsort(lengths, kind="stable").tolist()
