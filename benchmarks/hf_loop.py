@@ -68,6 +68,9 @@ class HFConfig:
     clip_norm: float = _opt(0.0, "gradient norm clipping (0 = none)")
     warmup: float = _opt(0.06, "warm-up, fraction of the total updates (rounded up, as finetune.sh does)")
     token_types: bool = _opt(True, "BERT token type 1 on segment B (--no-token-types: all 0, like fairseq)")
+    fold_token_types: bool = _opt(False, "train acl-convert-hf's parameters: token type 0 folded into the positions, "
+                                         "type 1 as its difference from type 0 (the same forward; Adam sees other "
+                                         "parameters)")
     pair_format: str = _opt("single", "single: [CLS] A [SEP] B [SEP]; double: [CLS] A [SEP] [SEP] B [SEP] "
                                       "(fairseq's --separator-token)", choices=["single", "double"])
     truncation: str = _opt("longest_first", "longest_first: HF's, trims the longer text; tail: cut the end of the "
@@ -179,9 +182,23 @@ class _Head(nn.Module):
         self.out_proj = nn.Linear(dim, num_classes)
 
 
+def fold_token_type_embeddings(embeddings: nn.Module) -> None:
+    """Reparametrise BertEmbeddings as acl-convert-hf does: positions + type 0, type 1 - type 0, type 0 held at 0.
+    The forward is unchanged; the update is not, because Adam scales each parameter's step by its own history and
+    HF's type-0 row shifts every position at once."""
+    types, positions = embeddings.token_type_embeddings.weight, embeddings.position_embeddings.weight
+    with torch.no_grad():
+        positions += types[0]
+        types[1:] -= types[0]
+        types[0] = 0
+    keep = torch.ones_like(types[:, :1])
+    keep[0] = 0
+    types.register_hook(lambda grad: grad * keep)  # a zero row with zero gradients stays 0 under AdamW
+
+
 class HFClassifier(nn.Module):
     def __init__(self, hf_dir: str, num_classes: int, pooling: str = "mean", head_dropout: float = 0.1,
-                 hidden_dropout: float = 0.1, attention_dropout: float = 0.1):
+                 hidden_dropout: float = 0.1, attention_dropout: float = 0.1, fold_token_types: bool = False):
         super().__init__()
         from transformers import BertModel
 
@@ -191,6 +208,8 @@ class HFClassifier(nn.Module):
             attention_probs_dropout_prob=attention_dropout, local_files_only=True)
         self.pooling = pooling
         self.head = _Head(self.encoder.config.hidden_size, num_classes, head_dropout)
+        if fold_token_types:
+            fold_token_type_embeddings(self.encoder.embeddings)
 
     def forward(self, input_ids, attention_mask, token_type_ids):
         states = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
@@ -296,7 +315,7 @@ def train_hf(cfg: HFConfig, glue_dir: str = G.GLUE_DIR, train_examples: Optional
     encoded = encode(tokenizer, texts, cfg)
     labels = torch.tensor(targets, dtype=torch.float if spec.regression else torch.long)
     model = HFClassifier(cfg.hf_dir, 1 if spec.regression else len(spec.labels), cfg.pooling, cfg.head_dropout,
-                         cfg.hidden_dropout, cfg.attention_dropout).to(cfg.device)
+                         cfg.hidden_dropout, cfg.attention_dropout, cfg.fold_token_types).to(cfg.device)
     total = cfg.epochs * math.ceil(len(encoded) / cfg.batch_size)
     optimizer, scheduler = make_optimizer_and_schedule(model, cfg, total)
     primary = glue_metrics.TASK_METRICS[spec.name][0]

@@ -18,8 +18,10 @@ the task (recipes/glue/converted.tsv), head dropout from the HF config (0.1), no
 (0.9, 0.98), eps 1e-6, weight decay 0.1 on every parameter, 6 % warm-up then linear decay. Each known
 difference between the two pipelines is a switch (``--help``): ``--pair-format double`` and
 ``--no-segment`` (both systems), ``--head-dropout``, ``--clip-norm``, ``--adam-betas``, ``--adam-eps``,
-``--pooling``, ``--lr``; ``--hf-max-len`` (HF truncates, longest first) and ``--hf-batching fixed``
-(fairseq's batches: made once at random, reordered each epoch) on the HF side.
+``--pooling``, ``--lr``; ``--hf-max-len`` (HF truncates, longest first), ``--hf-batching fixed``
+(fairseq's batches: made once at random, reordered each epoch) and ``--hf-fold-token-types`` (the
+converter's embedding parameters) on the HF side only: those settings pair HF with the plugin runs of the
+setting without them.
 
 Writes RESULTS/hf_parity.json and RESULTS/hf_parity.md: per-seed values, mean ± std, the plugin-minus-HF
 difference paired by seed, and each system's training samples/s (fairseq's train_wall; HF's loop time
@@ -30,6 +32,7 @@ import glob
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -60,7 +63,18 @@ def setting_name(args, lr: float, pooling: str) -> str:
             parts.append(f"{name}={value}".replace(" ", "").replace("(", "").replace(")", ""))
     if args.no_segment:
         parts.append("no_segment")
+    if args.hf_fold_token_types:
+        parts.append("hf_fold_token_types")
     return "_".join(parts)
+
+
+# the HF loop's own switches: a setting that differs only in these pairs HF with the plugin runs of the setting
+# without them (the plugin side is the same fairseq-train run, not trained again)
+HF_ONLY = re.compile(r"_(hf_max_len=[^_]+|hf_batching=[^_]+|hf_fold_token_types)")
+
+
+def plugin_setting(setting: str) -> str:
+    return HF_ONLY.sub("", setting)
 
 
 def variant_encoder(enc: G.Encoder, args) -> G.Encoder:
@@ -94,7 +108,8 @@ def variant_encoder(enc: G.Encoder, args) -> G.Encoder:
 def is_matched(args, lr: float, pooling: str, task: str) -> bool:
     """The table's setting with no switch: the plugin run is then benchmarks/quality.py's ce run."""
     sch = quality.PROTOCOL[task]
-    return (lr, pooling) == (sch["lr"], sch["pooling"]) and setting_name(args, lr, pooling) == f"lr{lr:g}_{pooling}"
+    return (lr, pooling) == (sch["lr"], sch["pooling"]) and plugin_setting(setting_name(args, lr, pooling)) == \
+        f"lr{lr:g}_{pooling}"
 
 
 def plugin_job(args, enc, task, seed, lr, pooling, root) -> Dict:
@@ -150,6 +165,8 @@ def hf_job(args, enc, task, seed, lr, pooling, root) -> Dict:
             cmd += ["--train-subset", str(TRAIN_SIZES[task]), "--subset-seed", str(quality.SUBSET_SEED)]
         if args.no_segment:
             cmd += ["--no-token-types"]
+        if args.hf_fold_token_types:
+            cmd += ["--fold-token-types"]
         if args.head_dropout is not None:
             cmd += ["--head-dropout", str(args.head_dropout)]
         if args.adam_betas:
@@ -175,8 +192,10 @@ def plan(args) -> List[tuple]:
         for task in args.tasks:
             lr = args.lr if args.lr is not None else quality.PROTOCOL[task]["lr"]
             pooling = args.pooling or quality.PROTOCOL[task]["pooling"]
-            root = os.path.join(args.work, "parity", setting_name(args, lr, pooling))
-            jobs += [(system, task, seed, lr, pooling, root) for system in args.systems]
+            name = setting_name(args, lr, pooling)
+            jobs += [(system, task, seed, lr, pooling,
+                      os.path.join(args.work, "parity", plugin_setting(name) if system == "plugin" else name))
+                     for system in args.systems]
     return jobs
 
 
@@ -241,6 +260,11 @@ def collect(work: str) -> Dict:
         row = {"seed": int(rel[-2][4:]), "metric": res["best"][res["primary_metric"]],
                "samples_per_s": res["train_samples_per_s"]}
         out.setdefault(setting, {}).setdefault(task, {}).setdefault("hf", []).append(row)
+    for setting, tasks in out.items():
+        base = out.get(plugin_setting(setting), {})
+        for task, systems in tasks.items():
+            if "plugin" not in systems and "plugin" in base.get(task, {}):
+                systems["plugin"] = base[task]["plugin"]
     return out
 
 
@@ -334,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--hf-batching", choices=BATCHING_MODES, default="shuffle",
                    help="HF batches: shuffle (new random batches each epoch), fixed (fairseq's sentence_prediction: "
                    "random batches made once, reordered each epoch) or bucket (the same, length-sorted)")
+    g.add_argument("--hf-fold-token-types", action="store_true",
+                   help="the HF loop trains acl-convert-hf's parameters: token type 0 folded into the positions, "
+                   "type 1 as its difference (the plugin's segment_delta); the forward is the same")
     return p
 
 

@@ -210,10 +210,44 @@ def test_hf_parity_summary_pairs_by_seed_and_names_settings():
     assert entry["paired"]["within_target"] is True  # |mean -1| <= max(1, std 2.83)
     assert entry["plugin"]["values"] == [60.0, 62.0, 58.0] and entry["plugin"]["samples_per_s"] == 3.1
     args = argparse.Namespace(pair_format="double", head_dropout=None, clip_norm=1.0, adam_betas=None, adam_eps=None,
-                              hf_max_len=512, hf_batching="shuffle", no_segment=True)
+                              hf_max_len=512, hf_batching="shuffle", no_segment=True, hf_fold_token_types=False)
     assert hf_parity.setting_name(args, 3e-5, "mean") == "lr3e-05_mean_pair_format=double_clip_norm=1.0_no_segment"
+    args.hf_batching, args.hf_fold_token_types, args.hf_max_len = "fixed", True, 128
+    name = hf_parity.setting_name(args, 3e-5, "mean")
+    assert name == ("lr3e-05_mean_pair_format=double_clip_norm=1.0_hf_max_len=128_hf_batching=fixed_no_segment"
+                    "_hf_fold_token_types")
+    assert hf_parity.plugin_setting(name) == "lr3e-05_mean_pair_format=double_clip_norm=1.0_no_segment"
     assert "| matched | RTE | 60.0, 62.0, 58.0 |" in hf_parity.markdown(hf_parity.summarize(runs), "cmd")
     assert set(hf_parity.quality.PROTOCOL) >= {"RTE", "STS-B", "SST-2"}
+
+
+def test_hf_parity_hf_only_switches_pair_with_the_plugin_runs_without_them(tmp_path, monkeypatch):
+    import hf_parity
+
+    def result(path, payload):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(payload, f)
+
+    parity = tmp_path / "parity"
+    for seed, value in ((1, 57.0), (2, 56.0)):
+        rd = parity / "lr2e-05_cls_pair_format=double" / "runs" / "RTE" / "ce" / f"seed{seed}"
+        result(str(rd / "result.json"), {"task": "RTE", "best_value": value})
+        (rd / "train.log").write_text("")
+    for setting in ("lr2e-05_cls_pair_format=double", "lr2e-05_cls_pair_format=double_hf_batching=fixed"):
+        for seed, value in ((1, 58.0), (2, 59.0)):
+            result(str(parity / setting / "hf" / "RTE" / f"seed{seed}" / "result.json"),
+                   {"best": {"accuracy": value}, "primary_metric": "accuracy", "train_samples_per_s": 3.0})
+    summary = hf_parity.summarize(hf_parity.collect(str(tmp_path)))
+    fixed = summary["lr2e-05_cls_pair_format=double_hf_batching=fixed"]["RTE"]
+    assert fixed["plugin"]["values"] == [57.0, 56.0] and fixed["paired"]["diffs"] == [-1.0, -3.0]
+    assert summary["lr2e-05_cls_pair_format=double"]["RTE"]["plugin"]["values"] == [57.0, 56.0]
+
+    args = hf_parity.build_parser().parse_args(["--tasks", "RTE", "--seeds", "1", "--pair-format", "double",
+                                                "--hf-batching", "fixed", "--work", str(tmp_path)])
+    roots = {system: os.path.basename(root) for system, *_, root in hf_parity.plan(args)}
+    assert roots == {"plugin": "lr2e-05_cls_pair_format=double",
+                     "hf": "lr2e-05_cls_pair_format=double_hf_batching=fixed"}
 
 
 def test_hf_parity_samples_per_s_uses_each_epochs_train_wall(tmp_path):

@@ -138,6 +138,35 @@ def test_weight_decay_on_every_parameter(tiny):
     assert sorted(shrunk) == sorted(nonzero)
 
 
+def test_fold_token_types_keeps_the_forward_and_trains_the_converters_parameters(tiny):
+    hf_dir, _ = tiny
+    models = []
+    for fold in (False, True):
+        torch.manual_seed(0)  # the same head
+        models.append(H.HFClassifier(hf_dir, 2, "cls", 0.0, 0.0, 0.0, fold_token_types=fold))
+    plain, folded = models
+    ids = torch.randint(5, 25, (3, 8))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor([0, 1, 1]),
+             "token_type_ids": torch.tensor([[0] * 4 + [1] * 4] * 3)}
+    args = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    assert torch.allclose(plain(*args), folded(*args), atol=1e-6)
+    emb, ref = folded.encoder.embeddings, plain.encoder.embeddings
+    rows = ref.token_type_embeddings.weight
+    assert torch.allclose(emb.position_embeddings.weight, ref.position_embeddings.weight + rows[0])  # the converter's
+    assert torch.allclose(emb.token_type_embeddings.weight[1], rows[1] - rows[0])  # segment_delta
+
+    cfg = _cfg(hf_dir, lr=1e-2, warmup=0.0)
+    for model in models:
+        opt, sched = H.make_optimizer_and_schedule(model, cfg, total_updates=10)
+        for _ in range(3):
+            H.train_step(model, batch, opt, sched, cfg, regression=False)
+    types = emb.token_type_embeddings.weight
+    assert torch.equal(types[0], torch.zeros_like(types[0])) and not torch.equal(types[1], rows[1] - rows[0])
+    # what differs is the update, not the model: position 0 of segment 0 as each system now embeds it
+    moved = (emb.position_embeddings.weight[0] + types[0]) - (ref.position_embeddings.weight[0] + rows[0])
+    assert moved.abs().max() > 1e-4
+
+
 def test_load_examples_targets(tiny):
     _, glue = tiny
     texts, targets = H.load_examples("STS-B", glue, "train")
