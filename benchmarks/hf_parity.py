@@ -8,9 +8,10 @@ and hyperparameters.
     python benchmarks/hf_parity.py --collect-only
 
 Every run is a subprocess with one thread, ``--jobs`` at a time, and lands in
-WORK/parity/<setting>/<system>/<TASK>/seed<S> (the plugin's under the driver's runs/ layout); a run with its
-result is skipped, so the benchmark resumes where it stopped. The setting name lists what differs from the
-matched defaults, so switched runs never mix with the others.
+WORK/parity/<setting>/<system>/<TASK>/seed<S> (the plugin's under the driver's runs/ layout), its record under
+RESULTS/runs/parity/... (benchmarks/_records.py); a run with a result in either is skipped, so the benchmark
+resumes where it stopped, and the table is built from the records of every machine and session. The setting
+name lists what differs from the matched defaults, so switched runs never mix with the others.
 
 Matched defaults (what the plugin's recipe gives a converted BERT): pairs as BERT builds them ([CLS] A
 [SEP] B [SEP], token type 1 on B), no truncation below 512 tokens, the recipe table's pooling and lr for
@@ -41,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional
 
 import _glue_runs as G
+import _records as R
 import quality  # its binarized data and SST-2 subset rule
 from acl_fairseq.heads import POOLING_MODES
 from acl_fairseq.report import mean_std
@@ -114,7 +116,7 @@ def is_matched(args, lr: float, pooling: str, task: str) -> bool:
 
 def plugin_job(args, enc, task, seed, lr, pooling, root) -> Dict:
     if is_matched(args, lr, pooling, task):
-        rd, res = quality.run_one(task, "ce", seed, args.work, enc, threads=1)
+        rd, res = quality.run_one(task, "ce", seed, args.work, enc, threads=1, records=R.records_root(args.results))
     else:
         rd, res = _switched_plugin_run(args, enc, task, seed, lr, pooling, root)
     return {"metric": res["best_value"], "result": res,
@@ -122,6 +124,10 @@ def plugin_job(args, enc, task, seed, lr, pooling, root) -> Dict:
 
 
 def _switched_plugin_run(args, enc, task, seed, lr, pooling, root):
+    rd, records = G.run_dir(root, task, "ce", seed), R.records_root(args.results)
+    done = R.finished(rd, args.work, records)
+    if done:
+        return done, R.load(done)
     sch = quality.PROTOCOL[task]
     data = quality.binarize(task, args.work, enc)
     updates = math.ceil(TRAIN_SIZES[task] / sch["batch"]) * sch["epochs"]
@@ -136,8 +142,8 @@ def _switched_plugin_run(args, enc, task, seed, lr, pooling, root):
     if args.adam_eps is not None:
         extra += ["--adam-eps", str(args.adam_eps)]
     res = G.finetune(task, "ce", env, extra)
-    rd = G.run_dir(root, task, "ce", seed)
     G.drop_checkpoints(rd)
+    R.save(rd, R.record_dir(rd, args.work, records))
     return rd, res
 
 
@@ -145,6 +151,8 @@ def _fairseq_samples_per_s(log_path: str, n_train: int) -> Optional[float]:
     """Examples per second of training: fairseq's per-epoch train_wall (logged as train_train_wall; the
     train_wall beside it is the run's cumulative wall-clock)."""
     walls = []
+    if not os.path.isfile(log_path):  # a record restored from a table
+        return None
     with open(log_path, encoding="utf-8", errors="replace") as f:
         for line in f:
             if '"train_train_wall"' in line and "| train |" in line:
@@ -155,7 +163,11 @@ def _fairseq_samples_per_s(log_path: str, n_train: int) -> Optional[float]:
 def hf_job(args, enc, task, seed, lr, pooling, root) -> Dict:
     epochs, batch = quality.PROTOCOL[task]["epochs"], quality.PROTOCOL[task]["batch"]
     out = os.path.join(root, "hf", task, f"seed{seed}", "result.json")
-    if not os.path.isfile(out):
+    records = R.records_root(args.results)
+    done = R.finished(os.path.dirname(out), args.work, records)
+    if done:
+        out = os.path.join(done, "result.json")
+    else:
         cmd = [sys.executable, os.path.join(G.REPO, "benchmarks", "hf_loop.py"), "--task", task, "--seed", str(seed),
                "--lr", str(lr), "--epochs", str(epochs), "--batch-size", str(batch), "--pooling", pooling,
                "--max-len", str(args.hf_max_len), "--batching", args.hf_batching, "--threads", "1",
@@ -175,6 +187,7 @@ def hf_job(args, enc, task, seed, lr, pooling, root) -> Dict:
             cmd += ["--adam-eps", str(args.adam_eps)]
         G.log(f"train: hf {task} seed {seed} -> {out}")
         G.run(cmd, env={"OMP_NUM_THREADS": "1"}, log_path=out[: -len(".json")] + ".log")
+        R.save(os.path.dirname(out), R.record_dir(os.path.dirname(out), args.work, records))
     with open(out) as f:
         res = json.load(f)
     return {"metric": res["best"][res["primary_metric"]], "result": res, "samples_per_s": res["train_samples_per_s"]}
@@ -230,13 +243,14 @@ def _plugin_result(rd: str) -> Optional[Dict]:
     with open(path) as f:
         res = json.load(f)
     seed = int(os.path.basename(rd)[4:])
-    return {"seed": seed, "metric": res["best_value"],
-            "samples_per_s": _fairseq_samples_per_s(os.path.join(rd, "train.log"), TRAIN_SIZES[res["task"]])}
+    speed = _fairseq_samples_per_s(os.path.join(rd, "train.log"), TRAIN_SIZES[res["task"]])
+    return {"seed": seed, "metric": res["best_value"], "samples_per_s": speed or res.get("samples_per_s")}
 
 
 def collect(work: str) -> Dict:
-    """{setting: {task: {system: [{seed, metric, samples_per_s}]}}} of every finished run: WORK/parity, and the
-    table setting's plugin runs in WORK/quality."""
+    """{setting: {task: {system: [{seed, metric, samples_per_s}]}}} of every finished run under WORK (a work
+    folder or the records' root, which has the same layout): WORK/parity, and the table setting's plugin runs
+    in WORK/quality."""
     out: Dict = {}
     root = os.path.join(work, "parity")
     for path in sorted(glob.glob(os.path.join(root, "**", "runs", "*", "ce", "seed*"), recursive=True)):
@@ -319,7 +333,10 @@ def markdown(summary: Dict, command: str) -> str:
 
 
 def write_results(work: str, results: str, command: str) -> Dict:
-    summary = summarize(collect(work))
+    records = R.records_root(results)
+    for sub in ("parity", "quality"):
+        G.log(f"records: {R.sync(work, sub, records)} written from {os.path.join(work, sub)} into {records}")
+    summary = summarize(collect(records))
     os.makedirs(results, exist_ok=True)
     for name, text in (("hf_parity.json", json.dumps(summary, indent=2, sort_keys=True) + "\n"),
                        ("hf_parity.md", markdown(summary, command))):

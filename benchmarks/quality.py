@@ -8,8 +8,10 @@ converted once with acl-convert-hf, fine-tuned through the recipe driver (recipe
 Steps (each skipped when done): convert the encoder into WORK/minilm; binarize the tasks with its word-piece
 vocab into WORK/data/quality/<TASK>-bin (SST-2: a fixed seeded subset of 2000 training examples, written to a
 temporary folder outside the repo and binarized; dev sets whole); run every (task, method, seed) through the
-driver into WORK/quality/runs/TASK/METHOD/seedS (the driver skips a run that has its result.json);
-then recipes/collect_results.py makes RESULTS/quality.md (mean ± std over seeds) and the early-exit overlay.
+driver into WORK/quality/runs/TASK/METHOD/seedS and keep its record in RESULTS/runs/quality/runs/... (a run
+with a result.json in either is skipped: benchmarks/_records.py); then recipes/collect_results.py makes
+RESULTS/quality.md (mean ± std over seeds) and the early-exit overlay from the records, so the table holds the
+runs of every machine and session whose records are committed.
 
 Methods: single exit ``ce scl acl_embed acl_grad`` (multi_exit_roberta with only the last layer as an exit) on
 RTE, CoLA and SST-2, and multi-exit ``multi_exit_ce acl_cross_layer`` (an exit after every layer; the driver then
@@ -34,9 +36,10 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import _glue_runs as G
+import _records as R
 from acl_fairseq.tables import read_tsv
 
 SINGLE = ["ce", "scl", "acl_embed", "acl_grad"]
@@ -59,8 +62,15 @@ PROTOCOL = read_protocol()
 
 
 def trained_setting(run_dir: str) -> Dict[str, object]:
-    """lr, pooling and epochs of a finished run, from the fairseq-train command the driver recorded (command.sh)."""
-    with open(os.path.join(run_dir, "command.sh"), encoding="utf-8") as f:
+    """lr, pooling and epochs of a finished run, from the fairseq-train command the driver recorded (command.sh);
+    a record restored from a table has no command and carries them in result.json's ``setting``."""
+    path = os.path.join(run_dir, "command.sh")
+    if not os.path.isfile(path):
+        setting = (R.load(run_dir) or {}).get("setting")
+        if not setting:
+            sys.exit(f"quality: {run_dir} has neither command.sh nor a recorded setting: move it away")
+        return dict(setting)
+    with open(path, encoding="utf-8") as f:
         words = f.read().split()
     value = lambda flag: words[words.index(flag) + 1] if flag in words else None  # noqa: E731
     return {"lr": float(value("--lr")), "pooling": value("--exit-pooling"), "epochs": int(value("--max-epoch")),
@@ -79,12 +89,18 @@ def check_finished(run_dir: str, sch: Dict[str, object]) -> None:
 
 
 def run_one(task: str, method: str, seed: int, work: str, enc: "G.Encoder", extra=(), keep_checkpoints=False,
-            threads: int = 2) -> Tuple[str, dict]:
-    """One run of the table's schedule through the driver, into WORK/quality/runs/TASK/METHOD/seedS (skipped
-    when finished); returns its folder and result.json."""
+            threads: int = 2, records: Optional[str] = None) -> Tuple[str, dict]:
+    """One run of the table's schedule through the driver, into WORK/quality/runs/TASK/METHOD/seedS, its record
+    saved under RECORDS (skipped when either has a result); returns the folder holding it and result.json."""
     out_root = os.path.join(work, "quality")
     sch = PROTOCOL[task]
-    check_finished(G.run_dir(out_root, task, method, seed), sch)
+    rd = G.run_dir(out_root, task, method, seed)
+    done = R.finished(rd, work, records)
+    if done and done != rd:  # trained on another machine or in an earlier session
+        check_finished(done, sch)
+        G.log(f"recorded: {task} {method} seed {seed} ({done})")
+        return done, R.load(done)
+    check_finished(rd, sch)
     db = binarize(task, work, enc)
     n = sch["train_subset"] or TRAIN_SIZES[task]
     updates = math.ceil(n / sch["batch"]) * sch["epochs"]
@@ -94,8 +110,10 @@ def run_one(task: str, method: str, seed: int, work: str, enc: "G.Encoder", extr
     env["OMP_NUM_THREADS"] = str(threads)
     res = G.finetune(task, method, env, ["--no-last-checkpoints", *extra])
     if not keep_checkpoints:
-        G.drop_checkpoints(G.run_dir(out_root, task, method, seed))
-    return G.run_dir(out_root, task, method, seed), res
+        G.drop_checkpoints(rd)
+    if records:
+        R.save(rd, R.record_dir(rd, work, records))
+    return rd, res
 
 
 def methods_for(task, methods, multi_exit_tasks=("SST-2",)):
@@ -183,6 +201,19 @@ def legacy_markdown(runs_dir: str) -> str:
             "double separator): " + ", ".join(old) + ".\n")
 
 
+def restored_markdown(runs_dir: str) -> str:
+    """Which runs are records restored from a committed table (their folders lost): values only, no training
+    time."""
+    restored = {}
+    for path in sorted(glob.glob(os.path.join(runs_dir, "*", "*", "seed*", "result.json"))):
+        res = R.load(os.path.dirname(path))
+        if res.get("restored_from"):
+            restored.setdefault(res["restored_from"], []).append("/".join(path.split(os.sep)[-4:-1]))
+    return "".join(f"\nRestored from {src} (their run folders were lost): {', '.join(runs)}. Values only: without "
+                   f"their training logs they are not in the training time below (`git show {src.split()[-1]}:"
+                   f"{src.split()[0].replace('.json', '.md')}` has it).\n" for src, runs in restored.items())
+
+
 def binarize(task: str, work: str, enc: G.Encoder) -> str:
     out = os.path.join(work, "data", "quality", f"{task}-bin")
     if os.path.isfile(os.path.join(out, "stats.json")):
@@ -217,7 +248,7 @@ def main(argv=None) -> int:
     p.add_argument("--collect-only", action="store_true", help="only rebuild the tables from finished runs")
     args = p.parse_args(argv)
 
-    out_root = os.path.join(args.work, "quality")
+    out_root, records = os.path.join(args.work, "quality"), R.records_root(args.results)
     if not args.collect_only:
         hf = args.hf_dir or G.packaged_minilm()
         if not hf:
@@ -230,9 +261,11 @@ def main(argv=None) -> int:
         t0 = time.time()
         for i, (task, method, seed) in enumerate(plan, 1):
             G.log(f"[{i}/{len(plan)}] {task} {method} seed {seed} (elapsed {time.time() - t0:.0f}s)")
-            run_one(task, method, seed, args.work, enc, keep_checkpoints=args.keep_checkpoints, threads=args.threads)
+            run_one(task, method, seed, args.work, enc, keep_checkpoints=args.keep_checkpoints, threads=args.threads,
+                    records=records)
 
-    runs_dir = os.path.join(out_root, "runs")
+    G.log(f"records: {R.sync(args.work, 'quality', records)} written from {out_root} into {records}")
+    runs_dir = os.path.join(records, "quality", "runs")
     if not os.path.isdir(runs_dir):
         G.log("no runs yet")
         return 0
@@ -249,7 +282,7 @@ def main(argv=None) -> int:
                             f"{s['epochs']} epoch(s), lr {s['lr']:g}, batch {s['batch']}, {s['pooling']} pooling"
                             for t, s in PROTOCOL.items() if t in args.tasks)
                 + f". Multi-exit methods on {', '.join(args.multi_exit_tasks)}; STS-B: ce only.\n"
-                + legacy_markdown(runs_dir)
+                + legacy_markdown(runs_dir) + restored_markdown(runs_dir)
                 + "".join(paired_exit_markdown(runs_dir, t) for t in args.multi_exit_tasks)
                 + cost_markdown(training_minutes(runs_dir)))
     print(open(md).read())

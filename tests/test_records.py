@@ -1,0 +1,152 @@
+"""Run records (benchmarks/_records.py): what a finished benchmark run keeps in the repository, so that the
+tables add up the runs of every machine and session, and a recorded run is not trained again."""
+import json
+import os
+
+import pytest
+
+TRAIN_LOG = (
+    "2026-12-02 | INFO | fairseq_cli.train | Loaded checkpoint /enc/model.pt (epoch 1 @ 0 updates)\n"
+    '2026-12-02 | INFO | train_inner | {"epoch": 1, "update": 0.5, "loss": "0.7"}\n'
+    '2026-12-02 | INFO | valid | {"epoch": 1, "valid_accuracy": "55.2"}\n'
+    '2026-12-02 | INFO | train | {"epoch": 1, "train_train_wall": "100"}\n'
+    "2026-12-02 | INFO | fairseq.checkpoint_utils | Saved checkpoint checkpoint_best.pt\n"
+    "2026-12-02 | INFO | fairseq_cli.train | done training in 600.0 seconds\n"
+)
+
+
+def _finished_run(rd, result, log=TRAIN_LOG, command="fairseq-train x\n"):
+    os.makedirs(rd, exist_ok=True)
+    with open(os.path.join(rd, "train.log"), "w") as f:
+        f.write(log)
+    with open(os.path.join(rd, "command.sh"), "w") as f:
+        f.write(command)
+    with open(os.path.join(rd, "result.json"), "w") as f:
+        json.dump(result, f)
+
+
+def test_a_record_keeps_the_result_the_command_the_named_report_and_the_log_lines_the_collectors_read(tmp_path):
+    import _records as R
+
+    rd = tmp_path / "work" / "quality" / "runs" / "SST-2" / "acl_cross_layer" / "seed1"
+    _finished_run(str(rd), {"task": "SST-2", "early_exit_json": "early_exit/early_exit.json",
+                            "escape": "../../outside.json", "checkpoint": "/abs/checkpoint_best.pt"})
+    (rd / "early_exit").mkdir()
+    (rd / "early_exit" / "early_exit.json").write_text('{"per_exit": []}')
+    (rd / "checkpoint_best.pt").write_bytes(b"x" * 1000)
+    (tmp_path / "work" / "quality" / "runs" / "outside.json").write_text("{}")
+
+    dest = R.record_dir(str(rd), str(tmp_path / "work"), str(tmp_path / "records"))
+    assert dest == str(tmp_path / "records" / "quality" / "runs" / "SST-2" / "acl_cross_layer" / "seed1")
+    assert R.save(str(rd), dest)
+    kept = sorted(os.path.relpath(os.path.join(d, f), dest) for d, _, files in os.walk(dest) for f in files)
+    assert kept == ["command.sh", os.path.join("early_exit", "early_exit.json"), "result.json", "train.log"]
+    assert not (tmp_path / "records" / "quality" / "outside.json").exists()  # a name leaving the run is not followed
+    log = open(os.path.join(dest, "train.log")).read().splitlines()
+    assert [line.split(" | ")[2] for line in log] == ["fairseq_cli.train", "valid", "train", "fairseq_cli.train"]
+    assert R.load(dest) == R.load(str(rd))
+
+    unfinished = tmp_path / "work" / "quality" / "runs" / "RTE" / "ce" / "seed1"
+    unfinished.mkdir(parents=True)
+    (unfinished / "train.log").write_text(TRAIN_LOG)
+    assert not R.save(str(unfinished), str(tmp_path / "records" / "x"))
+    assert not (tmp_path / "records" / "x").exists()
+    with pytest.raises(ValueError, match="not inside the work folder"):
+        R.record_dir(str(tmp_path / "elsewhere"), str(tmp_path / "work"), str(tmp_path / "records"))
+
+
+def test_sync_writes_the_missing_and_the_changed_records_only(tmp_path):
+    import _records as R
+
+    work, records = str(tmp_path / "work"), str(tmp_path / "records")
+    for seed in (1, 2):
+        _finished_run(os.path.join(work, "quality", "runs", "RTE", "ce", f"seed{seed}"), {"seed": seed, "v": 50})
+    os.makedirs(os.path.join(work, "quality", "runs", "RTE", "ce", "seed3"))  # running: no result yet
+    assert R.sync(work, "quality", records) == 2
+    assert R.sync(work, "quality", records) == 0  # nothing new
+    _finished_run(os.path.join(work, "quality", "runs", "RTE", "ce", "seed2"), {"seed": 2, "v": 51})  # trained again
+    assert R.sync(work, "quality", records) == 1
+    assert R.load(os.path.join(records, "quality", "runs", "RTE", "ce", "seed2"))["v"] == 51
+    assert R.sync(work, "parity", records) == 0  # no such folder
+
+
+def _encoder(tmp_path):
+    import _glue_runs as G
+
+    enc = tmp_path / "enc"
+    enc.mkdir(exist_ok=True)
+    (enc / "model_args.txt").write_text("--encoder-layers 2 --encoder-embed-dim 8\n")
+    return G.Encoder(str(enc))
+
+
+def test_quality_skips_a_recorded_run_and_records_a_new_one(tmp_path, monkeypatch):
+    import _glue_runs as G
+    import _records as R
+    import quality
+
+    work, records = str(tmp_path / "work"), str(tmp_path / "records")
+    sch = quality.PROTOCOL["RTE"]
+    command = (f"fairseq-train x --lr {sch['lr']:g} --exit-pooling {sch['pooling']} --max-epoch {sch['epochs']} "
+               "--conventions c.json\n")
+    monkeypatch.setattr(quality, "binarize", lambda task, work, enc: "/data-bin")
+    trained = []
+
+    def finetune(task, method, env, extra):
+        rd = G.run_dir(env["OUT_ROOT"], task, method, int(env["SEED"]))
+        trained.append((task, method, int(env["SEED"])))
+        _finished_run(rd, {"task": task, "method": method, "seed": int(env["SEED"]), "best_value": 57.0},
+                      command=command)
+        return R.load(rd)
+
+    monkeypatch.setattr(G, "finetune", finetune)
+    recorded = os.path.join(records, "quality", "runs", "RTE", "ce", "seed1")  # from another machine
+    _finished_run(recorded, {"task": "RTE", "method": "ce", "seed": 1, "best_value": 56.0}, command=command)
+
+    rd, res = quality.run_one("RTE", "ce", 1, work, _encoder(tmp_path), records=records)
+    assert (rd, res["best_value"], trained) == (recorded, 56.0, [])  # not trained again
+
+    rd, res = quality.run_one("RTE", "ce", 2, work, _encoder(tmp_path), records=records)
+    assert trained == [("RTE", "ce", 2)] and rd == G.run_dir(os.path.join(work, "quality"), "RTE", "ce", 2)
+    assert R.load(os.path.join(records, "quality", "runs", "RTE", "ce", "seed2"))["best_value"] == 57.0
+
+    stale = os.path.join(records, "quality", "runs", "RTE", "ce", "seed3")  # a record of another schedule
+    _finished_run(stale, {"task": "RTE"}, command=command.replace(f"--lr {sch['lr']:g}", "--lr 0.001"))
+    with pytest.raises(SystemExit, match="seed3 was trained with lr 0.001"):
+        quality.run_one("RTE", "ce", 3, work, _encoder(tmp_path), records=records)
+
+
+def test_the_tables_are_built_from_the_records_when_the_work_folder_is_gone(tmp_path, capsys):
+    import hf_parity
+    import quality
+
+    results = tmp_path / "results"
+    runs = results / "runs" / "quality" / "runs"
+    for seed, acc in ((1, 56.0), (2, 58.0)):
+        _finished_run(str(runs / "RTE" / "ce" / f"seed{seed}"), {
+            "task": "RTE", "method": "ce", "seed": seed, "best_metric": "accuracy", "best_value": acc,
+            "best_valid": {"valid": {"accuracy": acc}}},
+            command="fairseq-train x --lr 2e-05 --exit-pooling cls --max-epoch 5 --conventions c.json\n")
+    restored = runs / "RTE" / "scl" / "seed1"  # a record restored from a committed table: result.json only
+    restored.mkdir(parents=True)
+    (restored / "result.json").write_text(json.dumps({
+        "task": "RTE", "method": "scl", "seed": 1, "best_metric": "accuracy", "best_value": 55.0,
+        "best_valid": {"valid": {"accuracy": 55.0}}, "restored_from": "benchmarks/results/quality.json at abc1234",
+        "setting": {"lr": 2e-5, "pooling": "cls", "epochs": 5, "conventions": True}}))
+    hf = results / "runs" / "parity" / "lr2e-05_cls" / "hf" / "RTE"
+    for seed, acc in ((1, 57.0), (2, 60.0)):
+        (hf / f"seed{seed}").mkdir(parents=True)
+        (hf / f"seed{seed}" / "result.json").write_text(json.dumps(
+            {"best": {"accuracy": acc}, "primary_metric": "accuracy", "train_samples_per_s": 3.0}))
+
+    empty_work = str(tmp_path / "new_machine")
+    assert quality.main(["--tasks", "RTE", "--collect-only", "--work", empty_work, "--results", str(results)]) == 0
+    md = (results / "quality.md").read_text()
+    assert "| ce | 57.00 ± 1.41 (n=2) |" in md and "| scl | 55.00 (n=1) |" in md
+    assert "Restored from benchmarks/results/quality.json at abc1234 (their run folders were lost): RTE/scl/seed1" in md
+    assert "| RTE | ce | 10 | 10-10 | 2 |" in md  # the records' cut logs keep "done training in"
+
+    summary = hf_parity.write_results(empty_work, str(results), "test")
+    entry = summary["lr2e-05_cls"]["RTE"]
+    assert entry["plugin"]["values"] == [56.0, 58.0] and entry["paired"]["diffs"] == [-1.0, -2.0]
+    assert entry["plugin"]["samples_per_s"] == pytest.approx(24.9)  # 2490 examples / the record log's 100 s
+    capsys.readouterr()
