@@ -20,6 +20,7 @@ saying where its numbers come from.
 import json
 import os
 import re
+import sys
 from typing import Iterator, Optional
 
 KEPT_FILES = ("result.json", "command.sh", "git_head.txt")
@@ -87,17 +88,24 @@ def save(run_dir: str, dest: str) -> bool:
 
 
 def sync(work: str, sub: str, records: str) -> int:
-    """Save the record of every finished run under WORK/SUB whose record is missing or has another
-    result.json (a run trained again replaces its record). Returns how many records were written."""
+    """Save the record of every finished run under WORK/SUB whose record is missing, or holds another result
+    that is older than the run's (a run trained again replaces its record; a stale run left in WORK does not
+    replace a newer record: it is reported). Returns how many records were written."""
     written = 0
-    top = os.path.join(work, sub)
-    for folder, dirs, files in os.walk(top):
+    for folder, dirs, files in os.walk(os.path.join(work, sub)):
         dirs.sort()
         if "result.json" not in files:
             continue
         dest = record_dir(folder, work, records)
-        if load(dest) != load(folder) and save(folder, dest):
-            written += 1
+        theirs = load(dest)
+        if theirs == load(folder):
+            continue
+        if theirs is not None and os.path.getmtime(os.path.join(dest, "result.json")) >= \
+                os.path.getmtime(os.path.join(folder, "result.json")):
+            print(f"records: kept {dest}, which is newer than the run {folder} (move the run away or train it "
+                  "again to replace it)", file=sys.stderr)
+            continue
+        written += save(folder, dest)
     return written
 
 

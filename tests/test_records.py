@@ -55,7 +55,7 @@ def test_a_record_keeps_the_result_the_command_the_named_report_and_the_log_line
         R.record_dir(str(tmp_path / "elsewhere"), str(tmp_path / "work"), str(tmp_path / "records"))
 
 
-def test_sync_writes_the_missing_and_the_changed_records_only(tmp_path):
+def test_sync_writes_the_missing_and_the_newer_records_only(tmp_path, capsys):
     import _records as R
 
     work, records = str(tmp_path / "work"), str(tmp_path / "records")
@@ -64,9 +64,16 @@ def test_sync_writes_the_missing_and_the_changed_records_only(tmp_path):
     os.makedirs(os.path.join(work, "quality", "runs", "RTE", "ce", "seed3"))  # running: no result yet
     assert R.sync(work, "quality", records) == 2
     assert R.sync(work, "quality", records) == 0  # nothing new
-    _finished_run(os.path.join(work, "quality", "runs", "RTE", "ce", "seed2"), {"seed": 2, "v": 51})  # trained again
+    run2, rec2 = (os.path.join(root, "quality", "runs", "RTE", "ce", "seed2") for root in (work, records))
+    _finished_run(run2, {"seed": 2, "v": 51})  # trained again
+    os.utime(os.path.join(run2, "result.json"), (2e9, 2e9))
     assert R.sync(work, "quality", records) == 1
-    assert R.load(os.path.join(records, "quality", "runs", "RTE", "ce", "seed2"))["v"] == 51
+    assert R.load(rec2)["v"] == 51
+
+    _finished_run(run2, {"seed": 2, "v": 49})  # a stale run: older than the record (say, the record was pulled)
+    os.utime(os.path.join(run2, "result.json"), (1e9, 1e9))
+    assert R.sync(work, "quality", records) == 0
+    assert R.load(rec2)["v"] == 51 and "kept" in capsys.readouterr().err
     assert R.sync(work, "parity", records) == 0  # no such folder
 
 
