@@ -20,10 +20,11 @@ saying where its numbers come from.
 import json
 import os
 import re
+import shutil
 import sys
 from typing import Iterator, Optional
 
-KEPT_FILES = ("result.json", "command.sh", "git_head.txt")
+KEPT_FILES = ("command.sh", "git_head.txt", "result.json")
 LOG_LINES = re.compile(r"\| (train|valid) \||Loaded checkpoint|done training in")
 
 
@@ -50,9 +51,8 @@ def load(folder: str) -> Optional[dict]:
 
 def _write(path: str, data: bytes) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "wb") as f:
+    with open(path, "wb") as f:
         f.write(data)
-    os.replace(path + ".tmp", path)
 
 
 def _named_files(result: dict) -> Iterator[str]:
@@ -66,55 +66,68 @@ def _named_files(result: dict) -> Iterator[str]:
 
 
 def save(run_dir: str, dest: str) -> bool:
-    """Write the record of a finished run (one with result.json) into ``dest``; result.json goes last, so a
-    record that has it is whole. Returns False (and writes nothing) when the run is not finished."""
+    """Write the record of a finished run (one with result.json) as ``dest``, replacing what was there: it is
+    built beside ``dest`` and moved into place, so a record is whole or absent. Returns False (and writes
+    nothing) when the run is not finished."""
     result = load(run_dir)
     if result is None:
         return False
-    for rel in _named_files(result):
+    tmp = f"{dest}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    for rel in list(_named_files(result)) + list(KEPT_FILES):
         if os.path.isfile(os.path.join(run_dir, rel)):
             with open(os.path.join(run_dir, rel), "rb") as f:
-                _write(os.path.join(dest, rel), f.read())
+                _write(os.path.join(tmp, rel), f.read())
     log = os.path.join(run_dir, "train.log")
     if os.path.isfile(log):
         with open(log, encoding="utf-8", errors="replace") as f:
             kept = "".join(line for line in f if LOG_LINES.search(line))
-        _write(os.path.join(dest, "train.log"), kept.encode("utf-8"))
-    for name in KEPT_FILES:
-        if os.path.isfile(os.path.join(run_dir, name)):
-            with open(os.path.join(run_dir, name), "rb") as f:
-                _write(os.path.join(dest, name), f.read())
+        _write(os.path.join(tmp, "train.log"), kept.encode("utf-8"))
+    old = f"{dest}.old{os.getpid()}"
+    if os.path.isdir(dest):
+        os.replace(dest, old)
+    os.replace(tmp, dest)
+    shutil.rmtree(old, ignore_errors=True)
     return True
 
 
+def _record_is_newer(run_dir: str, dest: str) -> bool:
+    """The record holds another result than the run folder, written after it: the run is stale (left in the
+    work folder, say, while a newer record came with the repository)."""
+    theirs, mine = load(dest), load(run_dir)
+    return theirs is not None and theirs != mine and \
+        os.path.getmtime(os.path.join(dest, "result.json")) >= os.path.getmtime(os.path.join(run_dir, "result.json"))
+
+
+def keep(run_dir: str, dest: str) -> bool:
+    """Save the record of a finished run unless it is already there or a newer record holds another result
+    (reported, and kept). Returns whether a record was written."""
+    if load(run_dir) is None or load(run_dir) == load(dest):
+        return False
+    if _record_is_newer(run_dir, dest):
+        print(f"records: kept {dest}, which is newer than the run {run_dir} (move the run away, or train it again "
+              "to replace the record)", file=sys.stderr)
+        return False
+    return save(run_dir, dest)
+
+
 def sync(work: str, sub: str, records: str) -> int:
-    """Save the record of every finished run under WORK/SUB whose record is missing, or holds another result
-    that is older than the run's (a run trained again replaces its record; a stale run left in WORK does not
-    replace a newer record: it is reported). Returns how many records were written."""
+    """``keep`` every finished run under WORK/SUB: a run trained again replaces its record, a stale one does
+    not. Returns how many records were written."""
     written = 0
     for folder, dirs, files in os.walk(os.path.join(work, sub)):
         dirs.sort()
-        if "result.json" not in files:
-            continue
-        dest = record_dir(folder, work, records)
-        theirs = load(dest)
-        if theirs == load(folder):
-            continue
-        if theirs is not None and os.path.getmtime(os.path.join(dest, "result.json")) >= \
-                os.path.getmtime(os.path.join(folder, "result.json")):
-            print(f"records: kept {dest}, which is newer than the run {folder} (move the run away or train it "
-                  "again to replace it)", file=sys.stderr)
-            continue
-        written += save(folder, dest)
+        if "result.json" in files:
+            written += keep(folder, record_dir(folder, work, records))
     return written
 
 
 def finished(run_dir: str, work: str, records: Optional[str]) -> Optional[str]:
-    """The folder holding a finished run's result: the run folder itself, else its record, else None."""
+    """The folder holding a finished run's result: the run folder itself unless its record is newer (see
+    ``keep``), else the record, else None."""
+    dest = record_dir(run_dir, work, records) if records else None
     if os.path.isfile(os.path.join(run_dir, "result.json")):
-        return run_dir
-    if records:
-        dest = record_dir(run_dir, work, records)
-        if os.path.isfile(os.path.join(dest, "result.json")):
-            return dest
+        return dest if dest and _record_is_newer(run_dir, dest) else run_dir
+    if dest and os.path.isfile(os.path.join(dest, "result.json")):
+        return dest
     return None

@@ -127,6 +127,7 @@ def _switched_plugin_run(args, enc, task, seed, lr, pooling, root):
     rd, records = G.run_dir(root, task, "ce", seed), R.records_root(args.results)
     done = R.finished(rd, args.work, records)
     if done:
+        R.keep(rd, R.record_dir(rd, args.work, records))  # a finished run of an older version has none yet
         return done, R.load(done)
     sch = quality.PROTOCOL[task]
     data = quality.binarize(task, args.work, enc)
@@ -143,7 +144,7 @@ def _switched_plugin_run(args, enc, task, seed, lr, pooling, root):
         extra += ["--adam-eps", str(args.adam_eps)]
     res = G.finetune(task, "ce", env, extra)
     G.drop_checkpoints(rd)
-    R.save(rd, R.record_dir(rd, args.work, records))
+    R.keep(rd, R.record_dir(rd, args.work, records))
     return rd, res
 
 
@@ -162,9 +163,9 @@ def _fairseq_samples_per_s(log_path: str, n_train: int) -> Optional[float]:
 
 def hf_job(args, enc, task, seed, lr, pooling, root) -> Dict:
     epochs, batch = quality.PROTOCOL[task]["epochs"], quality.PROTOCOL[task]["batch"]
-    out = os.path.join(root, "hf", task, f"seed{seed}", "result.json")
-    records = R.records_root(args.results)
-    done = R.finished(os.path.dirname(out), args.work, records)
+    rd, records = os.path.join(root, "hf", task, f"seed{seed}"), R.records_root(args.results)
+    out = os.path.join(rd, "result.json")
+    done = R.finished(rd, args.work, records)
     if done:
         out = os.path.join(done, "result.json")
     else:
@@ -187,7 +188,7 @@ def hf_job(args, enc, task, seed, lr, pooling, root) -> Dict:
             cmd += ["--adam-eps", str(args.adam_eps)]
         G.log(f"train: hf {task} seed {seed} -> {out}")
         G.run(cmd, env={"OMP_NUM_THREADS": "1"}, log_path=out[: -len(".json")] + ".log")
-        R.save(os.path.dirname(out), R.record_dir(os.path.dirname(out), args.work, records))
+    R.keep(rd, R.record_dir(rd, args.work, records))
     with open(out) as f:
         res = json.load(f)
     return {"metric": res["best"][res["primary_metric"]], "result": res, "samples_per_s": res["train_samples_per_s"]}

@@ -112,7 +112,7 @@ def run_one(task: str, method: str, seed: int, work: str, enc: "G.Encoder", extr
     if not keep_checkpoints:
         G.drop_checkpoints(rd)
     if records:
-        R.save(rd, R.record_dir(rd, work, records))
+        R.keep(rd, R.record_dir(rd, work, records))
     return rd, res
 
 

@@ -46,6 +46,11 @@ def test_a_record_keeps_the_result_the_command_the_named_report_and_the_log_line
     assert [line.split(" | ")[2] for line in log] == ["fairseq_cli.train", "valid", "train", "fairseq_cli.train"]
     assert R.load(dest) == R.load(str(rd))
 
+    (rd / "result.json").write_text(json.dumps({"task": "SST-2"}))  # trained again, without the early-exit report
+    assert R.save(str(rd), dest)
+    assert not os.path.exists(os.path.join(dest, "early_exit")) and R.load(dest) == {"task": "SST-2"}
+    assert sorted(os.listdir(os.path.dirname(dest))) == ["seed1"]  # no temporary folders left
+
     unfinished = tmp_path / "work" / "quality" / "runs" / "RTE" / "ce" / "seed1"
     unfinished.mkdir(parents=True)
     (unfinished / "train.log").write_text(TRAIN_LOG)
@@ -116,24 +121,51 @@ def test_quality_skips_a_recorded_run_and_records_a_new_one(tmp_path, monkeypatc
     assert trained == [("RTE", "ce", 2)] and rd == G.run_dir(os.path.join(work, "quality"), "RTE", "ce", 2)
     assert R.load(os.path.join(records, "quality", "runs", "RTE", "ce", "seed2"))["best_value"] == 57.0
 
+    # a run left in the work folder, older than the record that came with the repository: the record wins
+    old_run = G.run_dir(os.path.join(work, "quality"), "RTE", "ce", 1)
+    _finished_run(old_run, {"task": "RTE", "method": "ce", "seed": 1, "best_value": 50.0}, command=command)
+    os.utime(os.path.join(old_run, "result.json"), (1e9, 1e9))
+    rd, res = quality.run_one("RTE", "ce", 1, work, _encoder(tmp_path), records=records)
+    assert (rd, res["best_value"], R.load(recorded)["best_value"]) == (recorded, 56.0, 56.0)
+
     stale = os.path.join(records, "quality", "runs", "RTE", "ce", "seed3")  # a record of another schedule
     _finished_run(stale, {"task": "RTE"}, command=command.replace(f"--lr {sch['lr']:g}", "--lr 0.001"))
     with pytest.raises(SystemExit, match="seed3 was trained with lr 0.001"):
         quality.run_one("RTE", "ce", 3, work, _encoder(tmp_path), records=records)
 
 
+def test_hf_parity_does_not_train_a_recorded_hf_run_again(tmp_path, monkeypatch):
+    import _glue_runs as G
+    import hf_parity
+
+    results, work = tmp_path / "results", tmp_path / "work"
+    rec = results / "runs" / "parity" / "lr2e-05_cls" / "hf" / "RTE" / "seed1"
+    rec.mkdir(parents=True)
+    (rec / "result.json").write_text(json.dumps({"best": {"accuracy": 57.0}, "primary_metric": "accuracy",
+                                                 "train_samples_per_s": 3.0}))
+    monkeypatch.setattr(G, "run", lambda *a, **k: pytest.fail("a recorded run was trained again"))
+    args = hf_parity.build_parser().parse_args(["--work", str(work), "--results", str(results)])
+    out = hf_parity.hf_job(args, None, "RTE", 1, 2e-5, "cls", str(work / "parity" / "lr2e-05_cls"))
+    assert out["metric"] == 57.0
+
+
 def test_the_tables_are_built_from_the_records_when_the_work_folder_is_gone(tmp_path, capsys):
+    import shutil
+
+    import _records as R
     import hf_parity
     import quality
 
-    results = tmp_path / "results"
-    runs = results / "runs" / "quality" / "runs"
+    results, work = tmp_path / "results", tmp_path / "old_machine"
+    runs = work / "quality" / "runs"
     for seed, acc in ((1, 56.0), (2, 58.0)):
         _finished_run(str(runs / "RTE" / "ce" / f"seed{seed}"), {
             "task": "RTE", "method": "ce", "seed": seed, "best_metric": "accuracy", "best_value": acc,
             "best_valid": {"valid": {"accuracy": acc}}},
             command="fairseq-train x --lr 2e-05 --exit-pooling cls --max-epoch 5 --conventions c.json\n")
-    restored = runs / "RTE" / "scl" / "seed1"  # a record restored from a committed table: result.json only
+    assert R.sync(str(work), "quality", str(results / "runs")) == 2
+    shutil.rmtree(work)
+    restored = results / "runs" / "quality" / "runs" / "RTE" / "scl" / "seed1"  # restored from a table: result only
     restored.mkdir(parents=True)
     (restored / "result.json").write_text(json.dumps({
         "task": "RTE", "method": "scl", "seed": 1, "best_metric": "accuracy", "best_value": 55.0,
