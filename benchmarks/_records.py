@@ -22,7 +22,7 @@ import os
 import re
 import shutil
 import sys
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional, Tuple
 
 KEPT_FILES = ("command.sh", "git_head.txt", "result.json")
 LOG_LINES = re.compile(r"\| (train|valid) \||Loaded checkpoint|done training in")
@@ -102,7 +102,8 @@ def _record_is_newer(run_dir: str, dest: str) -> bool:
 def keep(run_dir: str, dest: str) -> bool:
     """Save the record of a finished run unless it is already there or a newer record holds another result
     (reported, and kept). Returns whether a record was written."""
-    if load(run_dir) is None or load(run_dir) == load(dest):
+    result = load(run_dir)
+    if result is None or result == load(dest):
         return False
     if _record_is_newer(run_dir, dest):
         print(f"records: kept {dest}, which is newer than the run {run_dir} (move the run away, or train it again "
@@ -131,3 +132,23 @@ def finished(run_dir: str, work: str, records: Optional[str]) -> Optional[str]:
     if dest and os.path.isfile(os.path.join(dest, "result.json")):
         return dest
     return None
+
+
+def result_or_train(run_dir: str, work: str, records: Optional[str], train: Callable[[], object],
+                    check: Optional[Callable[[str], None]] = None) -> Tuple[str, dict]:
+    """One run of a benchmark, trained only when neither its folder nor its record holds a result: returns the
+    folder holding the result and its result.json. ``check(folder)`` vets a finished run before it is used (one of
+    another schedule must not pass for this one); the run's record is then saved (``keep``), so a run finished by
+    an older version of the benchmark gets one too."""
+    done = finished(run_dir, work, records)
+    if done is None:
+        train()
+        done = run_dir
+    elif check is not None:
+        check(done)
+    if records:
+        keep(run_dir, record_dir(run_dir, work, records))
+    result = load(done)
+    if result is None:
+        raise RuntimeError(f"{run_dir}: training finished without a result.json")
+    return done, result

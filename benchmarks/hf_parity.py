@@ -125,27 +125,25 @@ def plugin_job(args, enc, task, seed, lr, pooling, root) -> Dict:
 
 def _switched_plugin_run(args, enc, task, seed, lr, pooling, root):
     rd, records = G.run_dir(root, task, "ce", seed), R.records_root(args.results)
-    done = R.finished(rd, args.work, records)
-    if done:
-        R.keep(rd, R.record_dir(rd, args.work, records))  # a finished run of an older version has none yet
-        return done, R.load(done)
-    sch = quality.PROTOCOL[task]
-    data = quality.binarize(task, args.work, enc)
-    updates = math.ceil(TRAIN_SIZES[task] / sch["batch"]) * sch["epochs"]
-    env = G.driver_env(G.Encoder(enc.dir, pooling=pooling), data, root, seed, multi=False, schedule=dict(
-        LR=lr, BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"], TOTAL_UPDATES=updates, LOG_INTERVAL=10))
-    env["OMP_NUM_THREADS"] = "1"  # --jobs runs side by side, one thread each
-    extra = ["--no-last-checkpoints", "--clip-norm", str(args.clip_norm)]
-    if args.head_dropout is not None:
-        extra += ["--pooler-dropout", str(args.head_dropout)]
-    if args.adam_betas:
-        extra += ["--adam-betas", args.adam_betas]
-    if args.adam_eps is not None:
-        extra += ["--adam-eps", str(args.adam_eps)]
-    res = G.finetune(task, "ce", env, extra)
-    G.drop_checkpoints(rd)
-    R.keep(rd, R.record_dir(rd, args.work, records))
-    return rd, res
+
+    def train():
+        sch = quality.PROTOCOL[task]
+        data = quality.binarize(task, args.work, enc)
+        updates = math.ceil(TRAIN_SIZES[task] / sch["batch"]) * sch["epochs"]
+        env = G.driver_env(G.Encoder(enc.dir, pooling=pooling), data, root, seed, multi=False, schedule=dict(
+            LR=lr, BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"], TOTAL_UPDATES=updates, LOG_INTERVAL=10))
+        env["OMP_NUM_THREADS"] = "1"  # --jobs runs side by side, one thread each
+        extra = ["--no-last-checkpoints", "--clip-norm", str(args.clip_norm)]
+        if args.head_dropout is not None:
+            extra += ["--pooler-dropout", str(args.head_dropout)]
+        if args.adam_betas:
+            extra += ["--adam-betas", args.adam_betas]
+        if args.adam_eps is not None:
+            extra += ["--adam-eps", str(args.adam_eps)]
+        G.finetune(task, "ce", env, extra)
+        G.drop_checkpoints(rd)
+
+    return R.result_or_train(rd, args.work, records, train)
 
 
 def _fairseq_samples_per_s(log_path: str, n_train: int) -> Optional[float]:
@@ -164,11 +162,9 @@ def _fairseq_samples_per_s(log_path: str, n_train: int) -> Optional[float]:
 def hf_job(args, enc, task, seed, lr, pooling, root) -> Dict:
     epochs, batch = quality.PROTOCOL[task]["epochs"], quality.PROTOCOL[task]["batch"]
     rd, records = os.path.join(root, "hf", task, f"seed{seed}"), R.records_root(args.results)
-    out = os.path.join(rd, "result.json")
-    done = R.finished(rd, args.work, records)
-    if done:
-        out = os.path.join(done, "result.json")
-    else:
+
+    def train():
+        out = os.path.join(rd, "result.json")
         cmd = [sys.executable, os.path.join(G.REPO, "benchmarks", "hf_loop.py"), "--task", task, "--seed", str(seed),
                "--lr", str(lr), "--epochs", str(epochs), "--batch-size", str(batch), "--pooling", pooling,
                "--max-len", str(args.hf_max_len), "--batching", args.hf_batching, "--threads", "1",
@@ -188,9 +184,8 @@ def hf_job(args, enc, task, seed, lr, pooling, root) -> Dict:
             cmd += ["--adam-eps", str(args.adam_eps)]
         G.log(f"train: hf {task} seed {seed} -> {out}")
         G.run(cmd, env={"OMP_NUM_THREADS": "1"}, log_path=out[: -len(".json")] + ".log")
-    R.keep(rd, R.record_dir(rd, args.work, records))
-    with open(out) as f:
-        res = json.load(f)
+
+    _, res = R.result_or_train(rd, args.work, records, train)
     return {"metric": res["best"][res["primary_metric"]], "result": res, "samples_per_s": res["train_samples_per_s"]}
 
 

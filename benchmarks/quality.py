@@ -95,25 +95,25 @@ def run_one(task: str, method: str, seed: int, work: str, enc: "G.Encoder", extr
     out_root = os.path.join(work, "quality")
     sch = PROTOCOL[task]
     rd = G.run_dir(out_root, task, method, seed)
-    done = R.finished(rd, work, records)
-    if done and done != rd:  # trained on another machine or in an earlier session
+
+    def train():
+        db = binarize(task, work, enc)
+        n = sch["train_subset"] or TRAIN_SIZES[task]
+        updates = math.ceil(n / sch["batch"]) * sch["epochs"]
+        env = G.driver_env(G.Encoder(enc.dir, pooling=sch["pooling"]), db, out_root, seed, multi=method in MULTI,
+                           schedule=dict(LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"],
+                                         TOTAL_UPDATES=updates, LOG_INTERVAL=10))
+        env["OMP_NUM_THREADS"] = str(threads)
+        G.finetune(task, method, env, ["--no-last-checkpoints", *extra])
+        if not keep_checkpoints:
+            G.drop_checkpoints(rd)
+
+    def check(done):
         check_finished(done, sch)
-        G.log(f"recorded: {task} {method} seed {seed} ({done})")
-        return done, R.load(done)
-    check_finished(rd, sch)
-    db = binarize(task, work, enc)
-    n = sch["train_subset"] or TRAIN_SIZES[task]
-    updates = math.ceil(n / sch["batch"]) * sch["epochs"]
-    env = G.driver_env(G.Encoder(enc.dir, pooling=sch["pooling"]), db, out_root, seed, multi=method in MULTI,
-                       schedule=dict(LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"],
-                                     TOTAL_UPDATES=updates, LOG_INTERVAL=10))
-    env["OMP_NUM_THREADS"] = str(threads)
-    res = G.finetune(task, method, env, ["--no-last-checkpoints", *extra])
-    if not keep_checkpoints:
-        G.drop_checkpoints(rd)
-    if records:
-        R.keep(rd, R.record_dir(rd, work, records))
-    return rd, res
+        if done != rd:  # trained on another machine or in an earlier session
+            G.log(f"recorded: {task} {method} seed {seed} ({done})")
+
+    return R.result_or_train(rd, work, records, train, check)
 
 
 def methods_for(task, methods, multi_exit_tasks=("SST-2",)):

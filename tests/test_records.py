@@ -189,3 +189,24 @@ def test_the_tables_are_built_from_the_records_when_the_work_folder_is_gone(tmp_
     assert entry["plugin"]["values"] == [56.0, 58.0] and entry["paired"]["diffs"] == [-1.0, -2.0]
     assert entry["plugin"]["samples_per_s"] == pytest.approx(24.9)  # 2490 examples / the record log's 100 s
     capsys.readouterr()
+
+
+def test_result_or_train_trains_only_what_no_folder_holds_and_records_it(tmp_path):
+    import _records as R
+
+    work, records = str(tmp_path / "work"), str(tmp_path / "records")
+    rd = os.path.join(work, "parity", "x", "RTE", "ce", "seed1")
+    trained, checked = [], []
+    train = lambda: trained.append(1) or _finished_run(rd, {"v": 1})  # noqa: E731
+    assert R.result_or_train(rd, work, records, train, checked.append) == (rd, {"v": 1})
+    assert (trained, checked) == ([1], [])  # a run just trained is not vetted as an old one
+    assert R.load(R.record_dir(rd, work, records)) == {"v": 1}
+
+    old = os.path.join(work, "parity", "x", "RTE", "ce", "seed2")  # finished by a version without records
+    _finished_run(old, {"v": 2})
+    assert R.result_or_train(old, work, records, train, checked.append) == (old, {"v": 2})
+    assert trained == [1] and checked == [old] and R.load(R.record_dir(old, work, records)) == {"v": 2}
+
+    broken = os.path.join(work, "parity", "x", "RTE", "ce", "seed3")
+    with pytest.raises(RuntimeError, match="seed3: training finished without a result.json"):
+        R.result_or_train(broken, work, records, lambda: None)
