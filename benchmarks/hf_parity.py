@@ -258,7 +258,7 @@ def collect(work: str) -> Dict:
     # the table's settings: benchmarks/quality.py's ce runs (the ones with a conventions record)
     for path in sorted(glob.glob(os.path.join(work, "quality", "runs", "*", "ce", "seed*"))):
         task, row = path.split(os.sep)[-3], _plugin_result(path)
-        got = quality.trained_setting(path) if row and task in TASKS else None
+        got = G.trained_setting(path) if row and task in TASKS else None
         if got and got["conventions"]:
             setting = f"lr{got['lr']:g}_{got['pooling']}"
             out.setdefault(setting, {}).setdefault(task, {}).setdefault("plugin", []).append(row)
@@ -336,10 +336,7 @@ def write_results(work: str, results: str, command: str) -> Dict:
     os.makedirs(results, exist_ok=True)
     for name, text in (("hf_parity.json", json.dumps(summary, indent=2, sort_keys=True) + "\n"),
                        ("hf_parity.md", markdown(summary, command))):
-        tmp = os.path.join(results, name + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, os.path.join(results, name))
+        R.write_atomic(os.path.join(results, name), text)
     print(markdown(summary, command))
     return summary
 

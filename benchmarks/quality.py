@@ -61,27 +61,11 @@ def read_protocol(path: str = CONVERTED_TABLE) -> Dict[str, Dict[str, object]]:
 PROTOCOL = read_protocol()
 
 
-def trained_setting(run_dir: str) -> Dict[str, object]:
-    """lr, pooling and epochs of a finished run, from the fairseq-train command the driver recorded (command.sh);
-    a record restored from a table has no command and carries them in result.json's ``setting``."""
-    path = os.path.join(run_dir, "command.sh")
-    if not os.path.isfile(path):
-        setting = (R.load(run_dir) or {}).get("setting")
-        if not setting:
-            sys.exit(f"quality: {run_dir} has neither command.sh nor a recorded setting: move it away")
-        return dict(setting)
-    with open(path, encoding="utf-8") as f:
-        words = f.read().split()
-    value = lambda flag: words[words.index(flag) + 1] if flag in words else None  # noqa: E731
-    return {"lr": float(value("--lr")), "pooling": value("--exit-pooling"), "epochs": int(value("--max-epoch")),
-            "conventions": "--conventions" in words}
-
-
 def check_finished(run_dir: str, sch: Dict[str, object]) -> None:
     """A finished run of another schedule must not pass for this one (the driver skips a run with a result)."""
     if not os.path.isfile(os.path.join(run_dir, "result.json")):
         return
-    got = trained_setting(run_dir)
+    got = G.trained_setting(run_dir)
     if (got["lr"], got["pooling"], got["epochs"]) != (sch["lr"], sch["pooling"], sch["epochs"]):
         sys.exit(f"quality: {run_dir} was trained with lr {got['lr']:g}, {got['pooling']} pooling, {got['epochs']} "
                  f"epochs, but {CONVERTED_TABLE} now says lr {sch['lr']:g}, {sch['pooling']} pooling, {sch['epochs']} "
@@ -194,7 +178,7 @@ def legacy_markdown(runs_dir: str) -> str:
     with fairseq's double separator, no segment embedding, head dropout 0), if any."""
     old = sorted({"/".join(p.split(os.sep)[-4:-2])
                   for p in glob.glob(os.path.join(runs_dir, "*", "*", "seed*", "command.sh"))
-                  if not trained_setting(os.path.dirname(p))["conventions"]})
+                  if not G.trained_setting(os.path.dirname(p))["conventions"]})
     if not old:
         return ""
     return ("\nRows trained before the conventions record (no segment embedding, head dropout 0; pairs with fairseq's "

@@ -104,6 +104,7 @@ def test_quality_plan_runs_each_method_where_it_applies():
 
 
 def test_quality_schedule_is_the_converted_table_and_a_stale_run_stops_it(tmp_path):
+    import _glue_runs as G
     import quality
 
     assert set(quality.PROTOCOL) == set(quality.TASKS)
@@ -116,7 +117,7 @@ def test_quality_schedule_is_the_converted_table_and_a_stale_run_stops_it(tmp_pa
     quality.check_finished(str(rd), sch)  # no result yet: nothing to check
     (rd / "result.json").write_text("{}")
     quality.check_finished(str(rd), sch)  # the same schedule: it may be skipped
-    assert quality.trained_setting(str(rd))["conventions"] is True
+    assert G.trained_setting(str(rd))["conventions"] is True
     other = "mean" if sch["pooling"] == "cls" else "cls"
     with pytest.raises(SystemExit, match=f"trained with lr {sch['lr']:g}, {sch['pooling']} pooling.*now says lr "
                        f"{sch['lr']:g}, {other} pooling.*move the run away"):

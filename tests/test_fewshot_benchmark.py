@@ -3,6 +3,7 @@ GLUE-format SST-2 folder, N=8, 2 seeds, CE and SCL through recipes/glue/finetune
 on the labelled test half; checks fewshot.json's fields, the markdown table and the PNG."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -84,6 +85,15 @@ def test_fewshot_benchmark_toy_end_to_end(tmp_path):
     with open(results / "fewshot.json") as f:
         assert json.load(f)["cells"] == summary["cells"]
 
+    # the runs' records (RESULTS/runs/fewshot/...) rebuild the table on a machine without the work folder
+    assert (results / "runs" / "fewshot" / "N8" / "runs" / "SST-2" / "scl" / "seed2" / "fewshot_result.json").is_file()
+    shutil.rmtree(tmp_path / "work")
+    (results / "fewshot.json").unlink()
+    proc3 = subprocess.run(cmd + ["--collect-only"], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert proc3.returncode == 0, proc3.stderr[-3000:]
+    with open(results / "fewshot.json") as f:
+        assert json.load(f)["cells"] == summary["cells"]
+
 
 def _fewshot_module():
     import fewshot  # benchmarks/fewshot.py (benchmarks/ is on the path: conftest.py)
@@ -112,3 +122,44 @@ def test_fewshot_schedule_table_errors_name_the_file_and_the_problem(tmp_path):
     short_row.write_text("n\tbatch_size\tepochs\tvalidate_every\tlr\treason\n20 20 30 10 1e-4 spaces not tabs\n")
     with pytest.raises(ValueError, match=r"r\.tsv:2: 1 fields, the header has 6: separate the fields with tabs"):
         fewshot.read_schedules(str(short_row))
+
+
+def test_fewshot_keeps_a_table_it_cannot_rebuild_and_one_of_another_protocol(tmp_path):
+    fewshot = _fewshot_module()
+    enc = tmp_path / "enc"
+    enc.mkdir()
+    with pytest.raises(SystemExit):  # a toy run would record its runs beside the real ones
+        fewshot.main(["--toy", "--encoder-dir", str(enc), "--collect-only"])
+    results = tmp_path / "results"
+    results.mkdir()
+    table = results / "fewshot.json"
+    table.write_text(json.dumps({"protocol": {"encoder": "MiniLM", "toy": False}, "cells": [1]}))
+    base = ["--toy", "--encoder-dir", str(enc), "--results", str(results), "--work", str(tmp_path / "w"),
+            "--collect-only"]
+    with pytest.raises(SystemExit):
+        fewshot.main(base)
+    assert json.loads(table.read_text())["cells"] == [1]
+    # --force may replace it, but not with nothing: no runs, no records, the table stays
+    assert fewshot.main(base + ["--force"]) == 1
+    assert json.loads(table.read_text())["cells"] == [1] and not (results / "fewshot.md").exists()
+
+
+def test_a_finished_fewshot_run_of_another_schedule_or_from_before_the_conventions_record_is_refused(tmp_path):
+    import _glue_runs as G
+    fewshot = _fewshot_module()
+
+    enc = tmp_path / "enc"
+    enc.mkdir()
+    (enc / "conventions.json").write_text("{}")
+    sch = fewshot.schedule_for(20, toy=False)
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "fewshot_result.json").write_text(json.dumps({"schedule": sch}))
+    command = f"fairseq-train x --lr {sch['lr']:g} --exit-pooling mean --max-epoch {sch['epochs']} --conventions c.json"
+    (rd / "command.sh").write_text(command + "\n")
+    fewshot.check_finished(str(rd), sch, G.Encoder(str(enc)))  # the same schedule and record: it may be reused
+    with pytest.raises(SystemExit, match="move it away"):
+        fewshot.check_finished(str(rd), dict(sch, lr=sch["lr"] / 2), G.Encoder(str(enc)))
+    (rd / "command.sh").write_text(command.replace(" --conventions c.json", "") + "\n")  # an earlier pipeline's
+    with pytest.raises(SystemExit, match="conventions record absent; this run asks for .* record passed"):
+        fewshot.check_finished(str(rd), sch, G.Encoder(str(enc)))
