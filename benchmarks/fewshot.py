@@ -3,7 +3,7 @@
 Fine-tuning", few-shot protocol) with a real pretrained encoder, offline, through the recipe driver.
 
     python benchmarks/fewshot.py [--ns 20 100 1000] [--methods ce scl acl_embed acl_grad]
-        [--seeds 1 2 3 4 5] [--work runs/bench] [--results benchmarks/results] [--toy]
+        [--seeds 1 2 3 4 5] [--work runs/bench] [--results benchmarks/results] [--threads 2] [--toy]
 
 Protocol, per (N, seed): ``preprocess/glue.py --few-shot N --seed S`` draws N label-stratified training
 examples and splits the dev set (stratified, seeded) into test = half of it and valid = 500 other examples
@@ -11,11 +11,13 @@ examples and splits the dev set (stratified, seeded) into test = half of it and 
 it draws the sample AND the initialisation of the head. Each method then runs through
 ``recipes/glue/finetune.sh SST-2 METHOD`` (single exit, mean pooling at the last layer: see _glue_runs.py);
 fairseq keeps the best checkpoint by valid accuracy (model selection on valid only), and
-``acl-evaluate --split test`` scores that checkpoint on the labelled test half. Finished runs are skipped,
-so the benchmark can be continued a few runs at a time. Schedules per N (batch, epochs, validation interval, lr,
-each with its reason) are the recipe table recipes/glue/fewshot.tsv. Results: per-run JSON under the work dir, and in
-``--results``: fewshot.json (mean, std, per-seed values per cell), fewshot.md (table next to the paper's
-trend), fewshot.png (accuracy against N per method with the seed spread).
+``acl-evaluate --split test`` scores that checkpoint on the labelled test half. Each finished run is recorded
+under RESULTS/runs/fewshot/ (benchmarks/_records.py); a run with a result in the work folder or a record is
+skipped, so the benchmark can be continued a few runs at a time, on any machine, and the table holds them all.
+Schedules per N (batch, epochs, validation interval, lr, each with its reason) are the recipe table
+recipes/glue/fewshot.tsv. Results: per-run JSON under the work dir and its record, and in ``--results``:
+fewshot.json (mean, std, per-seed values per cell), fewshot.md (table next to the paper's trend), fewshot.png
+(accuracy against N per method with the seed spread).
 
 ``--toy``: N=8, 2 seeds, a 2-epoch schedule, for the end-to-end test (pass a tiny encoder with
 ``--encoder-dir`` and a tiny GLUE-format folder with ``--glue-dir``).
@@ -109,6 +111,7 @@ def one_run(args, enc: G.Encoder, n: int, method: str, seed: int, records: str) 
         env = G.driver_env(enc, db, root, seed, multi=False, schedule=dict(
             LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"], TOTAL_UPDATES=updates,
             LOG_INTERVAL=max(1, per_epoch)))
+        env["OMP_NUM_THREADS"] = str(args.threads)
         t0 = time.time()
         res = G.finetune(TASK, method, env, ["--validate-interval", str(sch["every"]), "--save-interval",
                                              str(sch["every"]), "--no-last-checkpoints", "--no-save-optimizer-state"])
@@ -283,6 +286,7 @@ def main(argv=None) -> int:
     p.add_argument("--encoder-dir", default=None, help="an already converted encoder (acl-convert-hf output)")
     p.add_argument("--toy", action="store_true", help="N=8, seeds 1 2, a 2-epoch schedule (tests)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep checkpoint_best.pt of every run")
+    p.add_argument("--threads", type=int, default=2, help="threads per run (1 when two benchmarks share 2 cores)")
     p.add_argument("--collect-only", action="store_true", help="only rebuild fewshot.json/.md/.png from finished runs")
     p.add_argument("--force", action="store_true",
                    help="replace a fewshot.json of another encoder or of the toy protocol in --results")
