@@ -82,6 +82,15 @@ def out_root(work: str, n: int) -> str:
     return os.path.join(work, "fewshot", f"N{n}")
 
 
+def _conventions(enc: G.Encoder):
+    """The converted encoder's conventions record (head dropout, pair format), or None for one without it."""
+    path = os.path.join(enc.dir, "conventions.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return {k: v for k, v in json.load(f).items() if k in ("family", "head_dropout", "pair_format")}
+
+
 def check_finished(folder: str, sch: Dict[str, object], enc: G.Encoder) -> None:
     """A finished run (in WORK or recorded) of another schedule, or from before the converted encoder carried its
     conventions record (no head dropout, fairseq's adam), must not pass for this one."""
@@ -217,7 +226,9 @@ def markdown(summary: dict) -> str:
         f"SST-2 test half of dev ({sizes.get('test', '?')} examples), accuracy (%) of the checkpoint selected on "
         f"valid ({sizes.get('valid', '?')} other dev examples); mean ± sample std over seeds (the seed draws the N "
         "training examples, the dev split and the "
-        f"initialisation). Encoder: {p['encoder']}; {p['pooling']} pooling, single exit at the last layer.",
+        f"initialisation). Encoder: {p['encoder']}; {p['pooling']} pooling, single exit at the last layer"
+        + (f", head dropout {p['conventions']['head_dropout']:g} (its conventions record)." if p.get("conventions")
+           else "."),
         "",
         "Schedules: " + "; ".join(f"N={n}: batch {s['batch']}, {s['epochs']} epochs, lr {s['lr']}, valid every "
                                   f"{s['every']} epochs"
@@ -345,6 +356,7 @@ def main(argv=None) -> int:
         "test": "half of dev, stratified (436), labelled; acl-evaluate --split test on checkpoint_best.pt",
         "schedules": all_schedules,
         "method_flags": "recipes/glue/methods.tsv",
+        "conventions": _conventions(enc),
     }
     summary = summarize(runs, protocol)
     R.write_atomic(table, json.dumps(summary, indent=2))

@@ -75,6 +75,9 @@ def test_fewshot_benchmark_toy_end_to_end(tmp_path):
         assert r["best_num_updates"] is not None and r["best_num_updates"] <= r["total_updates"]
     md = (results / "fewshot.md").read_text()
     assert "| method | N=8 |" in md and "Δ scl − ce" in md and "Paper:" in md
+    # the converted encoder's conventions record is the pipeline the table was trained with
+    assert summary["protocol"]["conventions"] == {"family": "bert", "head_dropout": 0.1, "pair_format": "single"}
+    assert "head dropout 0.1 (its conventions record)" in md
     png = results / "fewshot.png"
     assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
