@@ -247,6 +247,9 @@ def markdown(summary: dict) -> str:
 
 
 def plot(summary: dict, path: str) -> None:
+    import logging
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's imports leave the root logger at DEBUG
+
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
