@@ -62,7 +62,8 @@ PROTOCOL = read_protocol()
 
 
 def check_finished(run_dir: str, sch: Dict[str, object]) -> None:
-    """A finished run of another schedule must not pass for this one (the driver skips a run with a result)."""
+    """A finished run of another schedule, or of the pipeline before the conventions record, must not pass for this
+    one (the driver skips a run with a result)."""
     if not os.path.isfile(os.path.join(run_dir, "result.json")):
         return
     got = G.trained_setting(run_dir)
@@ -70,6 +71,10 @@ def check_finished(run_dir: str, sch: Dict[str, object]) -> None:
         sys.exit(f"quality: {run_dir} was trained with lr {got['lr']:g}, {got['pooling']} pooling, {got['epochs']} "
                  f"epochs, but {CONVERTED_TABLE} now says lr {sch['lr']:g}, {sch['pooling']} pooling, {sch['epochs']} "
                  "epochs: move the run away (or pass another --work) so that it is trained again")
+    if not got["conventions"]:
+        sys.exit(f"quality: {run_dir} was trained before the converted encoder carried its conventions record (pairs "
+                 "with fairseq's double separator, no segment embedding, no head dropout): move the run away (or pass "
+                 "another --work) so that it is trained again")
 
 
 def run_one(task: str, method: str, seed: int, work: str, enc: "G.Encoder", extra=(), keep_checkpoints=False,

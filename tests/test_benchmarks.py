@@ -124,6 +124,10 @@ def test_quality_schedule_is_the_converted_table_and_a_stale_run_stops_it(tmp_pa
         quality.check_finished(str(rd), dict(sch, pooling=other))
     with pytest.raises(SystemExit, match=f"{sch['epochs']} epochs, but"):
         quality.check_finished(str(rd), dict(sch, epochs=sch["epochs"] + 1))
+    (rd / "command.sh").write_text(f"fairseq-train x --lr {sch['lr']:g} --exit-pooling {sch['pooling']} --max-epoch "
+                                   f"{sch['epochs']}\n")  # the same schedule, from before the conventions record
+    with pytest.raises(SystemExit, match="trained before the converted encoder carried its conventions record"):
+        quality.check_finished(str(rd), sch)
 
 
 def test_quality_cost_is_read_from_the_training_logs(tmp_path):
