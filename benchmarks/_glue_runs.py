@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
+import _records as R
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)  # the venv's console scripts (fairseq-train, acl-evaluate, ...)
 DRIVER = os.path.join(REPO, "recipes", "glue", "finetune.sh")
@@ -150,19 +152,13 @@ def run_dir(out_root: str, task: str, method: str, seed: int) -> str:
     return os.path.join(out_root, "runs", task, method, f"seed{seed}")
 
 
-def _load_json(path: str) -> dict:
-    if not os.path.isfile(path):
-        return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
 def trained_setting(run_dir: str) -> Dict[str, object]:
-    """lr, pooling, epochs and batch size of a finished run, from the fairseq-train command the driver recorded
-    (command.sh); a record restored from a table has no command and carries them in result.json's ``setting``."""
+    """lr, pooling and epochs of a finished run, and whether it had a conventions record, from the fairseq-train
+    command the driver recorded (command.sh); a record restored from a table has no command and carries them in
+    result.json's ``setting``."""
     path = os.path.join(run_dir, "command.sh")
     if not os.path.isfile(path):
-        setting = _load_json(os.path.join(run_dir, "result.json")).get("setting")
+        setting = (R.load(run_dir) or {}).get("setting")
         if not setting:
             sys.exit(f"{run_dir} has neither command.sh nor a recorded setting: move it away")
         return dict(setting)
@@ -170,7 +166,6 @@ def trained_setting(run_dir: str) -> Dict[str, object]:
         words = f.read().split()
     value = lambda flag: words[words.index(flag) + 1] if flag in words else None  # noqa: E731
     return {"lr": float(value("--lr")), "pooling": value("--exit-pooling"), "epochs": int(value("--max-epoch")),
-            "batch": int(value("--batch-size")) if "--batch-size" in words else None,
             "conventions": "--conventions" in words}
 
 

@@ -97,11 +97,11 @@ def check_finished(folder: str, sch: Dict[str, object], enc: G.Encoder) -> None:
     with open(os.path.join(folder, RESULT)) as f:
         got = {k: v for k, v in json.load(f)["schedule"].items() if k != "reason"}
     want = {k: v for k, v in sch.items() if k != "reason"}
-    has_conventions = os.path.isfile(os.path.join(enc.dir, "conventions.json"))
-    if got != want or G.trained_setting(folder)["conventions"] != has_conventions:
+    had, has = G.trained_setting(folder)["conventions"], os.path.isfile(os.path.join(enc.dir, "conventions.json"))
+    if got != want or had != has:
         sys.exit(f"fewshot: {folder} was trained with schedule {got}, conventions record "
-                 f"{'passed' if G.trained_setting(folder)['conventions'] else 'absent'}; this run asks for {want}, "
-                 f"record {'passed' if has_conventions else 'absent'}: move it away (or pass another --work and "
+                 f"{'passed' if had else 'absent'}; this run asks for {want}, "
+                 f"record {'passed' if has else 'absent'}: move it away (or pass another --work and "
                  "--results) so that it is trained again")
 
 

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import _glue_runs as G
+import _records as R
 from acl_fairseq import glue_metrics
 from acl_fairseq.heads import POOLING_MODES, head_forward, pool_states
 from acl_fairseq.preprocessing.glue_tasks import TASKS, TaskSpec, get_task, read_split
@@ -379,12 +380,7 @@ def main(argv=None) -> int:
     transformers.logging.set_verbosity_error()  # the load report lists the unused BERT pooler, on purpose
     transformers.logging.disable_progress_bar()
     result = train_hf(cfg, glue_dir)
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    tmp = f"{out}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, out)  # a reader never sees half a file
+    R.write_atomic(out, json.dumps(result, indent=1) + "\n")
     G.log(f"best dev {result['primary_metric']} {result['best'][result['primary_metric']]:.2f} at epoch "
           f"{result['best_epoch']} -> {out}")
     return 0
