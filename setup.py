@@ -19,12 +19,12 @@ setup(
     install_requires=["numpy", "sentencepiece", "tensorboardX", "tokenizers"],
     entry_points={
         "console_scripts": [
-            "acl-evaluate=acl_fairseq.evaluate:cli_main",
-            "acl-predict=acl_fairseq.predict:cli_main",
-            "acl-convert-hf=acl_fairseq.convert_hf:cli_main",
+            "acl-evaluate=acl_fairseq.cli.evaluate:cli_main",
+            "acl-predict=acl_fairseq.cli.predict:cli_main",
+            "acl-convert-hf=acl_fairseq.hf.convert:cli_main",
             "acl-preprocess=acl_fairseq.preprocessing.glue:cli_main",
-            "acl-help=acl_fairseq.help:cli_main",
-            "acl-fairseq-help=acl_fairseq.help:cli_main",  # deprecated spelling of acl-help, kept working
+            "acl-help=acl_fairseq.cli.help:cli_main",
+            "acl-fairseq-help=acl_fairseq.cli.help:cli_main",  # deprecated spelling of acl-help, kept working
         ]
     },
     license="MIT",

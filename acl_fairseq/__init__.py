@@ -1,14 +1,29 @@
 """acl_fairseq: ACL and SCL fine-tuning criteria and a multi-exit RoBERTa, as a fairseq --user-dir plugin.
 
-fairseq imports ``tasks/`` and ``models/`` of a user dir by itself but not ``criterions/``, so this
-file imports all three explicitly, with what else fairseq looks up in its registries: the ``adamw_torch``
-optimizer (``optim/``) and the ``acl_wordpiece`` BPE (``bpe.py``, what a converted BERT's hub tokenizes
-with). Importing it also allowlists the types that fairseq checkpoints pickle, so that ``torch.load``'s
-default ``weights_only=True`` (torch >= 2.6) can read them. The tools (``evaluate``, ``predict``, ``hub``,
-``convert_hf``, ``preprocessing/``, ...) are imported by their commands only, never at training time.
+The layout follows what runs when:
+
+- training (what ``--user-dir acl_fairseq`` loads): ``criterions/``, ``models/``, ``tasks/``, ``optim/``
+  and their helpers at the top level: the maths (``losses``, ``exits``, ``gradients``, ``alignment``), the
+  exits' heads (``heads``), ``distributed``, the encoder's input conventions (``layout``, ``conventions``,
+  ``tokenization``, ``bpe``), ``glue_metrics``, ``projector`` and ``checkpoint_safety``;
+- tools, imported by their commands only: ``cli/`` (acl-evaluate, acl-predict, acl-help), ``inference/``
+  (the early-exit engine and the hub), ``hf/`` (acl-convert-hf), ``preprocessing/`` (acl-preprocess).
+
+fairseq imports ``tasks/`` and ``models/`` of a user dir by itself but not ``criterions/``, so this file
+imports them explicitly, with what else fairseq looks up in its registries: the ``adamw_torch`` optimizer
+and the ``acl_wordpiece`` BPE (what a converted BERT's hub tokenizes with). Importing it also allowlists
+the types that fairseq checkpoints pickle, so that ``torch.load``'s default ``weights_only=True``
+(torch >= 2.6) can read them. Without torch and fairseq (a serving runtime) nothing is registered, and the
+modules that need neither (``layout``) still import.
 """
-from . import checkpoint_safety  # noqa: F401  (first: before anything loads a checkpoint)
+try:
+    import fairseq  # noqa: F401
+except ModuleNotFoundError as e:  # a runtime without torch or fairseq: nothing to register
+    if e.name not in ("fairseq", "torch"):
+        raise
+else:
+    from . import checkpoint_safety  # (first: before anything loads a checkpoint)
 
-checkpoint_safety.allow_fairseq_checkpoints()
+    checkpoint_safety.allow_fairseq_checkpoints()
 
-from . import bpe, criterions, models, optim, tasks  # noqa: E402,F401
+    from . import bpe, criterions, models, optim, tasks  # noqa: F401

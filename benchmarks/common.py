@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from acl_fairseq import console
+from acl_fairseq.cli import console
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(REPO, "acl_fairseq")
@@ -241,7 +241,7 @@ def describe_memory(method: str) -> str:
 
 
 class Timer:
-    """``(wall seconds, process CPU seconds)`` of ``fn()``: the package's ``acl_fairseq.latency.clock``
+    """``(wall seconds, process CPU seconds)`` of ``fn()``: the package's ``acl_fairseq.inference.latency.clock``
     (device synchronized around it), with the garbage collector off.
 
     The CPU time (``time.process_time``: user + system of every thread of this process) hardly moves
@@ -253,7 +253,7 @@ class Timer:
         self.device = torch.device(device)
 
     def __call__(self, fn):
-        from acl_fairseq.latency import clock
+        from acl_fairseq.inference.latency import clock
 
         gc.collect()
         gc.disable()

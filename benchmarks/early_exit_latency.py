@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Wall-clock speed-up of layer-by-layer early exit against running every layer, next to ``L / avg``.
 
-For each policy setting, the engine of ``acl_fairseq.early_exit`` (``early_exit_forward``, which stops
+For each policy setting, the engine of ``acl_fairseq.inference.early_exit`` (``early_exit_forward``, which stops
 computing for the rows that exit) and the all-layers baseline (``full_forward``: fairseq's encoder,
 then the final exit) run alternately on the same examples, at batch size 1 and batched (``--batch-size``),
-timed by the package's ``acl_fairseq.latency.side_by_side`` (what acl-evaluate's latency columns use).
+timed by the package's ``acl_fairseq.inference.latency.side_by_side`` (what acl-evaluate's latency columns use).
 ``wallclock_speedup`` = median over ``--repeats`` rounds of (baseline time / early-exit time);
 ``layer_speedup`` = ``L / avg_exit_layer`` where ``L`` is the final exit's layer and
 ``avg_exit_layer`` the mean layer the engine left at; ``efficiency`` = their quotient.
@@ -84,7 +84,7 @@ def random_model(args, tmp: str):
 
 
 def checkpoint_model(args):
-    from acl_fairseq import evaluate
+    from acl_fairseq.cli import evaluate
 
     if not args.data:
         raise SystemExit("--checkpoint needs --data (its binarized sentence_prediction folder)")
@@ -102,7 +102,7 @@ def checkpoint_model(args):
 
 def exit_logits(model, batches: List[torch.Tensor]) -> torch.Tensor:
     """(N, M, K) logits of every exit."""
-    from acl_fairseq import early_exit
+    from acl_fairseq.inference import early_exit
 
     return torch.cat([early_exit.early_exit_forward(model, t, HEAD, policy=None).exit_logits.cpu() for t in batches])
 
@@ -128,7 +128,7 @@ def calibrate_exits(model, batches: List[torch.Tensor], final_margin: float = 4.
     early and others late, like a trained model's, and a threshold spreads one batch over several
     exits. Returns the ``alpha_m``.
     """
-    from acl_fairseq import early_exit
+    from acl_fairseq.inference import early_exit
 
     _, heads, _ = early_exit.exit_plan(model, HEAD)
     feats = exit_features(model, batches)
@@ -191,9 +191,9 @@ def auto_thresholds(logits: torch.Tensor, layers: List[int], points: int) -> Lis
 
 
 def time_setting(model, batches: List[torch.Tensor], policy: str, value: float, repeats: int) -> Dict:
-    """The package's side-by-side rounds (``acl_fairseq.latency``, as acl-evaluate times), the order of the two
-    systems swapped every round; speed-ups are medians of the per-round ratios."""
-    from acl_fairseq import early_exit, latency
+    """The package's side-by-side rounds (``acl_fairseq.inference.latency``, as acl-evaluate times), the order of
+    the two systems swapped every round; speed-ups are medians of the per-round ratios."""
+    from acl_fairseq.inference import early_exit, latency
 
     rounds = latency.side_by_side(model, batches, HEAD, policy, value, repeats, alternate=True)
     (t_full, c_full), (t_exit, c_exit) = (zip(*rounds[k]) for k in ("full", "exit"))
@@ -223,7 +223,7 @@ def settings(args, logits: torch.Tensor, layers: List[int]) -> List[tuple]:
 
 
 def run(args) -> List[Dict]:
-    from acl_fairseq import early_exit
+    from acl_fairseq.inference import early_exit
 
     if args.threads:
         torch.set_num_threads(args.threads)

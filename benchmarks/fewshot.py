@@ -32,8 +32,8 @@ from typing import Dict, List
 
 import _glue_runs as G
 import _records as R
-from acl_fairseq.report import mean_std  # noqa: E402
-from acl_fairseq.tables import read_tsv  # noqa: E402
+from acl_fairseq.cli.report import mean_std  # noqa: E402
+from acl_fairseq.cli.tables import read_tsv  # noqa: E402
 
 TASK = "SST-2"
 METHODS = ["ce", "scl", "acl_embed", "acl_grad"]

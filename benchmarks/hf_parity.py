@@ -44,8 +44,8 @@ from typing import Dict, List, Optional
 import _glue_runs as G
 import _records as R
 import quality  # its binarized data and SST-2 subset rule
+from acl_fairseq.cli.report import mean_std
 from acl_fairseq.heads import POOLING_MODES
-from acl_fairseq.report import mean_std
 from hf_loop import BATCHING_MODES
 
 TASKS = ["RTE", "STS-B", "SST-2", "CoLA"]

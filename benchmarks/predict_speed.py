@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Raw text to predictions, end to end: SST-2 dev sentences through the hub interface (acl_fairseq.hub) of
+"""Raw text to predictions, end to end: SST-2 dev sentences through the hub interface (acl_fairseq.inference.hub) of
 a multi-exit MiniLM, at batch 1 and 32, with and without early exit; tokenization, batching and the model
 timed apart.
 
@@ -109,7 +109,7 @@ def main(argv=None) -> List[Dict]:
     if args.threads:
         torch.set_num_threads(args.threads)
     ckpt, data = trained_checkpoint(args)
-    from acl_fairseq import hub as hub_mod
+    from acl_fairseq.inference import hub as hub_mod
 
     hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(ckpt)), os.path.basename(ckpt),
                                   os.path.abspath(data)).eval()

@@ -40,7 +40,7 @@ from typing import Dict, Optional, Tuple
 
 import _glue_runs as G
 import _records as R
-from acl_fairseq.tables import read_tsv
+from acl_fairseq.cli.tables import read_tsv
 
 SINGLE = ["ce", "scl", "acl_embed", "acl_grad"]
 MULTI = ["multi_exit_ce", "acl_cross_layer"]

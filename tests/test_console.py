@@ -5,7 +5,7 @@ import logging
 import pytest
 import torch
 
-from acl_fairseq import console
+from acl_fairseq.cli import console
 
 
 def parser():

@@ -1,4 +1,4 @@
-"""acl_fairseq.convert_hf: tiny random HF BERT / RoBERTa encoders, converted, must compute what HF computes.
+"""acl_fairseq.hf.convert: tiny random HF BERT / RoBERTa encoders, converted, must compute what HF computes.
 
 Sizes are odd and distinct (hidden 20, 4 heads, ffn 37, 3 layers, 40 positions) and every parameter,
 LayerNorms included, is drawn at random, so a swapped or unmapped tensor shows. The special tokens sit
@@ -16,7 +16,7 @@ import torch
 import transformers  # noqa: E402  (test-only dependency, pinned in requirements.txt)
 
 import helpers
-from acl_fairseq import convert_hf
+from acl_fairseq.hf import convert as convert_hf
 from toy_data import FILLERS, INTENSIFIERS, NEGATIONS, NEGATIVE, POSITIVE, SUBJECTS, make_examples, write_raw
 
 TOY_WORDS = sorted({w for phrase in POSITIVE + NEGATIVE + SUBJECTS + INTENSIFIERS + FILLERS + NEGATIONS + ["was"]
@@ -446,7 +446,7 @@ def test_packaged_minilm_matches_hf_on_real_sentences(tmp_path):
 
 def test_early_exit_engine_adds_the_segment_like_the_forward(bert):
     """The layer-by-layer engine embeds through the same token embedding, so pairs match the forward."""
-    from acl_fairseq.early_exit import early_exit_forward
+    from acl_fairseq.inference.early_exit import early_exit_forward
 
     hf, _, out = bert
     model, dictionary, _ = load_fairseq(out, num_classes=3)

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 import helpers
-from acl_fairseq import early_exit, evaluate, exits, report
+from acl_fairseq import exits
+from acl_fairseq.cli import evaluate, report
+from acl_fairseq.inference import early_exit
 from test_models import HEAD, TINY_MULTI, build, one_thread  # noqa: F401  (autouse fixture, per module)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -143,7 +145,7 @@ def test_console_script_is_declared():
     from importlib.metadata import entry_points
 
     (ep,) = [e for e in entry_points(group="console_scripts") if e.name == "acl-evaluate"]
-    assert ep.value == "acl_fairseq.evaluate:cli_main" and ep.load() is evaluate.cli_main
+    assert ep.value == "acl_fairseq.cli.evaluate:cli_main" and ep.load() is evaluate.cli_main
 
 
 def test_every_tool_is_an_acl_console_script():
@@ -152,12 +154,12 @@ def test_every_tool_is_an_acl_console_script():
 
     scripts = {e.name: e.value for e in distribution("acl_fairseq").entry_points if e.group == "console_scripts"}
     assert scripts == {
-        "acl-evaluate": "acl_fairseq.evaluate:cli_main",
-        "acl-predict": "acl_fairseq.predict:cli_main",
-        "acl-convert-hf": "acl_fairseq.convert_hf:cli_main",
+        "acl-evaluate": "acl_fairseq.cli.evaluate:cli_main",
+        "acl-predict": "acl_fairseq.cli.predict:cli_main",
+        "acl-convert-hf": "acl_fairseq.hf.convert:cli_main",
         "acl-preprocess": "acl_fairseq.preprocessing.glue:cli_main",
-        "acl-help": "acl_fairseq.help:cli_main",
-        "acl-fairseq-help": "acl_fairseq.help:cli_main",
+        "acl-help": "acl_fairseq.cli.help:cli_main",
+        "acl-fairseq-help": "acl_fairseq.cli.help:cli_main",
     }
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from acl_fairseq import convert_hf
+from acl_fairseq.hf import convert as convert_hf
 from toy_data import FILLERS, INTENSIFIERS, NEGATIONS, NEGATIVE, POSITIVE, SUBJECTS, make_examples
 
 transformers = pytest.importorskip("transformers")

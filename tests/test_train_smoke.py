@@ -1,6 +1,7 @@
 """End to end through `fairseq-train --user-dir acl_fairseq`: every criterion trains, logs to
 TensorBoard, resumes, and its checkpoints load with torch's safe loader left on."""
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -100,8 +101,25 @@ def test_user_dir_loads_only_what_training_uses():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(proc.stdout.split())
     assert {"acl_fairseq.criterions", "acl_fairseq.models", "acl_fairseq.tasks", "acl_fairseq.optim"} <= loaded
-    tools = {"evaluate", "latency", "report", "predict", "hub", "convert_hf", "hf_mapping", "preprocessing", "help"}
+    tools = {"cli", "inference", "hf", "preprocessing"}  # every tool lives in one of these subpackages
     assert not loaded & {f"acl_fairseq.{t}" for t in tools}, sorted(loaded)
+    top = sorted(p.stem for p in pathlib.Path(helpers.USER_DIR).glob("*.py") if p.stem != "__init__")
+    assert len(top) <= 12, top  # the top level stays small: what training loads, the tools in subpackages
+
+
+def test_layout_imports_without_torch_or_fairseq(tmp_path):
+    """A serving runtime has neither torch nor fairseq: the package imports and registers nothing."""
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('torch', 'fairseq'):\n"
+            "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "import acl_fairseq\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'fairseq', 'acl_fairseq')))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "['acl_fairseq']", proc.stdout
 
 
 def test_fairseq_train_help_lists_the_plugin_criteria():

@@ -14,7 +14,7 @@ exit's head under ``name`` itself, so stock tools (the ``sentence_prediction`` c
 into this model (``--restore-file model.pt --reset-optimizer ...``): fairseq's
 ``upgrade_state_dict_named`` copies heads missing from the checkpoint from their fresh weights, and
 this model logs which heads that was. ``MultiExitRobertaModel.from_pretrained(run_dir, "checkpoint_best.pt",
-data_bin)`` gives the plugin's hub interface (:mod:`acl_fairseq.hub`), whose ``predict`` pools as the model
+data_bin)`` gives the plugin's hub interface (:mod:`acl_fairseq.inference.hub`), whose ``predict`` pools as the model
 was trained and whose ``predict_early_exit`` takes raw text.
 """
 
@@ -125,9 +125,9 @@ class MultiExitRobertaModel(RobertaModel):
     @classmethod
     def from_pretrained(cls, model_name_or_path, checkpoint_file="checkpoint_best.pt", data_name_or_path=".",
                         **kwargs):
-        """A :class:`acl_fairseq.hub.MultiExitHubInterface` (raw text in, labels and exit layers out); the
+        """A :class:`acl_fairseq.inference.hub.MultiExitHubInterface` (raw text in, labels and exit layers out); the
         tokenizer comes from the data folder's record, so no tokenizer arguments are needed."""
-        from acl_fairseq import hub
+        from acl_fairseq.inference import hub
 
         return hub.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, **kwargs)
 

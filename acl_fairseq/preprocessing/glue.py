@@ -28,7 +28,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from acl_fairseq import console
+from acl_fairseq.cli import console
 from acl_fairseq.preprocessing import glue_binarize as gb
 from acl_fairseq.preprocessing import scl_protocols as scl
 from acl_fairseq.preprocessing.glue_tasks import TASKS, Example, GlueDataError, TaskSpec, get_task, read_split

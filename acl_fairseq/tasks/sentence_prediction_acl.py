@@ -34,7 +34,6 @@ from fairseq.tasks.sentence_prediction import SentencePredictionConfig, Sentence
 from omegaconf import II
 
 from .. import conventions, glue_metrics, projector
-from ..criterions.meters import current_update
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +86,7 @@ class SentencePredictionAclTask(SentencePredictionTask):
     def __init__(self, cfg: SentencePredictionAclConfig, data_dictionary, label_dictionary):
         super().__init__(cfg, data_dictionary, label_dictionary)
         self.num_validations = 0
+        self.num_updates: Optional[int] = None  # the trainer's count after the latest train_step
         self._indices: Optional[List[int]] = None
         self._writer = None
         self.projector_logdir = None
@@ -100,6 +100,7 @@ class SentencePredictionAclTask(SentencePredictionTask):
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         """The stock step; while fairseq replays a dummy batch (``ignore_grad``) the criterion knows it."""
+        self.num_updates = update_num + 1  # fairseq passes the count before this update
         replaying = getattr(criterion, "replaying", None)
         if replaying is None:
             return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
@@ -121,7 +122,8 @@ class SentencePredictionAclTask(SentencePredictionTask):
         self.num_validations += 1
         every = self.cfg.projector_every
         if every > 0 and self.num_validations % every == 0 and _is_master():
-            self.write_projector_snapshot(model, current_update(default=self.num_validations))
+            step = self.num_updates if self.num_updates is not None else self.num_validations
+            self.write_projector_snapshot(model, step)
 
     def projector_indices(self) -> List[int]:
         """The fixed sample of ``--projector-subset`` indices (chosen once per run)."""

@@ -10,7 +10,7 @@ preprocess/glue.py; or the ``conventions.json`` of a converted encoder's folder)
 implementation preprocessing used (:mod:`acl_fairseq.tokenization`). Inputs are built as the task built
 them in training: ``--init-token``, the first sentence, ``</s>``, the checkpoint's separator (the
 conventions record's pair format), the second sentence, ``</s>``. Prediction runs the layer-by-layer
-engine of ``acl-evaluate`` (:mod:`acl_fairseq.early_exit`) on length-sorted batches, exited rows leaving
+engine of ``acl-evaluate`` (:mod:`acl_fairseq.inference.early_exit`) on length-sorted batches, exited rows leaving
 the batch; results come back in input order.
 """
 import json
@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from fairseq.models.roberta.hub_interface import RobertaHubInterface
 
-from acl_fairseq import conventions, early_exit, exits, tokenization
+from acl_fairseq import conventions, exits, tokenization
+from acl_fairseq.inference import early_exit
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Reading a Hugging Face BERT or RoBERTa folder and mapping it onto fairseq RoBERTa, per encoder family.
 
-:mod:`acl_fairseq.convert_hf` (``acl-convert-hf``) builds and writes the checkpoint from what this returns:
+:mod:`acl_fairseq.hf.convert` (``acl-convert-hf``) builds and writes the checkpoint from what this returns:
 the checked ``config.json``, the weights, the vocabulary in fairseq's dictionary order, the architecture
 flags and the fairseq state dict. An HF parameter that has no place in fairseq RoBERTa is refused, except
 the buffers and task heads of ``IGNORED_PREFIXES``. How the two models line up:

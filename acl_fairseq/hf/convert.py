@@ -8,7 +8,7 @@ conventions of the encoder family, :mod:`acl_fairseq.conventions`: pass ``--conv
 copies of the tokenizer files. A BERT (type_vocab_size 2) restores only into ``multi_exit_roberta``
 (with ``--exit-layers N`` it is a single-exit classifier), which holds its segment embedding; fairseq's
 ``roberta`` has none and refuses the file rather than drop it. How the embeddings, positions and layers
-line up, and what is refused: :mod:`acl_fairseq.hf_mapping` (reading and mapping the HF folder); this module
+line up, and what is refused: :mod:`acl_fairseq.hf.mapping` (reading and mapping the HF folder); this module
 builds the fairseq model from that, checks it loads, and writes the files.
 
 The pooler. BERT's pooler (dense + tanh) equals the dense layer of fairseq's classification head
@@ -28,8 +28,9 @@ import sys
 import warnings
 from typing import Dict, List, Optional
 
-from acl_fairseq import console, conventions, tokenization
-from acl_fairseq.hf_mapping import (
+from acl_fairseq import conventions, tokenization
+from acl_fairseq.cli import console
+from acl_fairseq.hf.mapping import (
     TOKENIZER_FILES,
     UnsupportedCheckpointError,
     fairseq_order,

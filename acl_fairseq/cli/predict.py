@@ -22,9 +22,10 @@ import sys
 import time
 from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
-from acl_fairseq import console, exits
+from acl_fairseq import exits
+from acl_fairseq.cli import console
 
-logger = logging.getLogger("acl_fairseq.predict")
+logger = logging.getLogger("acl_fairseq.cli.predict")
 FORMATS = ("jsonl", "tsv")
 
 
@@ -238,7 +239,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
         raise SystemExit(f"acl-predict: error: checkpoint file not found: {args.checkpoint}")
     if args.output != "-" and os.path.exists(args.output) and not args.force:
         raise SystemExit(f"acl-predict: error: {args.output} exists; pass --force to overwrite it")
-    from acl_fairseq import hub as hub_mod
+    from acl_fairseq.inference import hub as hub_mod
 
     try:
         hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(args.checkpoint)),

@@ -21,9 +21,11 @@ from typing import Dict, List, Optional
 
 import torch
 
-from acl_fairseq import console, early_exit, exits, glue_metrics, latency, report
+from acl_fairseq import exits, glue_metrics
+from acl_fairseq.cli import console, report
+from acl_fairseq.inference import early_exit, latency
 
-logger = logging.getLogger("acl_fairseq.evaluate")
+logger = logging.getLogger("acl_fairseq.cli.evaluate")
 
 DEFAULT_THRESHOLDS = [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]
 DEFAULT_CONFIDENCE = [0.99, 0.95, 0.9, 0.85, 0.8, 0.7, 0.6]

@@ -1,7 +1,7 @@
 # Licensed under the MIT license.
 """Wall-clock latency of layer-by-layer early exit against running every layer, measured side by side.
 
-The two systems are the engine of :mod:`acl_fairseq.early_exit` (``early_exit_forward``, which stops
+The two systems are the engine of :mod:`acl_fairseq.inference.early_exit` (``early_exit_forward``, which stops
 computing for the rows that exit) and the all-layers baseline (``full_forward``: fairseq's encoder, then
 the final exit), run over the same token batches in every round. ``acl-evaluate`` fills its report's
 latency fields from :func:`add_timing`; ``benchmarks/early_exit_latency.py`` reads the rounds of
@@ -14,7 +14,8 @@ from typing import Callable, Dict, List, Tuple
 
 import torch
 
-from acl_fairseq import early_exit, exits
+from acl_fairseq import exits
+from acl_fairseq.inference import early_exit
 
 Clock = Tuple[float, float]  # (wall seconds, process CPU seconds)
 
