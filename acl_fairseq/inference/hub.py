@@ -12,6 +12,11 @@ them in training, by the checkpoint's :class:`acl_fairseq.conventions.InputLayou
 sentence, ``</s>``, the separator of the pair format, the second sentence, ``</s>``. Prediction runs the layer-by-layer
 engine of ``acl-evaluate`` (:mod:`acl_fairseq.inference.early_exit`) on length-sorted batches, exited rows leaving
 the batch; results come back in input order.
+
+fairseq's own ``RobertaModel.from_pretrained(DIR, "model.pt", DIR, user_dir="path/to/acl_fairseq")`` loads
+these checkpoints (and ``acl-convert-hf`` folders) too, but only with the plugin: ``user_dir=`` or an
+``import acl_fairseq`` before the call. Without it fairseq does not know the arch ``multi_exit_roberta`` and
+fails with ``KeyError: "'no_progress_bar'"``.
 """
 import json
 import logging
