@@ -4,7 +4,7 @@ The layout follows what runs when:
 
 - training (what ``--user-dir acl_fairseq`` loads): ``criterions/``, ``models/``, ``tasks/``, ``optim/``
   and their helpers at the top level: the maths (``losses``, ``exits``, ``gradients``, ``alignment``), the
-  exits' heads (``heads``), ``distributed``, the encoder's input conventions (``layout``, ``conventions``,
+  exits' heads (``heads``), ``distributed``, the encoder's input conventions and layout (``conventions``,
   ``tokenization``, ``bpe``), ``glue_metrics``, ``projector`` and ``checkpoint_safety``;
 - tools, imported by their commands only: ``cli/`` (acl-evaluate, acl-predict, acl-help), ``inference/``
   (the early-exit engine and the hub), ``hf/`` (acl-convert-hf), ``preprocessing/`` (acl-preprocess).
@@ -14,7 +14,7 @@ imports them explicitly, with what else fairseq looks up in its registries: the 
 and the ``acl_wordpiece`` BPE (what a converted BERT's hub tokenizes with). Importing it also allowlists
 the types that fairseq checkpoints pickle, so that ``torch.load``'s default ``weights_only=True``
 (torch >= 2.6) can read them. Without torch and fairseq (a serving runtime) nothing is registered, and the
-modules that need neither (``layout``) still import.
+modules that need neither (``conventions``, which builds a model's inputs) still import.
 """
 try:
     import fairseq  # noqa: F401

@@ -9,7 +9,7 @@ Schema (``SCHEMA``), every field required:
 - ``pair_format``: ``"single"`` builds ``<s> A </s> B </s>`` (BERT's ``[CLS] A [SEP] B [SEP]``; fairseq's
   ``sentence_prediction`` without ``--separator-token``); ``"double"`` builds ``<s> A </s></s> B </s>``
   (RoBERTa; ``--separator-token 2``). The model sets the task's separator from it (the checkpoint wins
-  over a disagreeing flag, with a warning).
+  over a disagreeing flag, with a warning). :func:`input_layout` turns it into an :class:`InputLayout`.
 - ``segment_embedding``: ``true`` when the encoder has BERT's token-type embedding. Row 0 is folded into
   the position table by the converter, so the model holds the difference row 1 - row 0 as the
   parameter ``segment_delta`` and adds it to the second segment's tokens: those after the first
@@ -25,12 +25,19 @@ Schema (``SCHEMA``), every field required:
   folder binarized with another dictionary is refused before training).
 
 When read from a path the record gains ``dictionary_path``, the dict.txt beside it, to name in errors.
+
+The input layout (the init token, the separators, where the second segment starts) is decided here only,
+by :func:`input_layout`: the hub's ``encode``, the fairseq-train task flags of the recipes, benchmarks,
+demo and tests (:meth:`InputLayout.fairseq_flags`, or ``python -m acl_fairseq.cli.recipe flags``) and the
+model's check at build time (:func:`apply_to_task`) all come from it. This module is the one place that
+spells fairseq's separator flag (a test holds every other tracked file to that). It imports neither torch
+nor fairseq, so a runtime without them builds inputs exactly as training did.
 """
 import hashlib
 import json
 import logging
 import os
-from typing import Optional
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 SCHEMA = "acl_fairseq.conventions/1"
 FILE_NAME = "conventions.json"
@@ -38,7 +45,10 @@ FAMILIES = ("bert", "roberta")
 PAIR_FORMATS = ("single", "double")
 TOKENIZER_KINDS = ("wordpiece", "hf_byte_bpe")  # the kinds acl-convert-hf writes
 FIELDS = ("schema", "family", "pair_format", "segment_embedding", "head_dropout", "tokenizer", "dictionary_sha256")
+BOS = 0  # fairseq Dictionary's <s>, what --init-token names
 EOS = 2  # fairseq Dictionary's </s>, what --separator-token names
+INIT_FLAG = "--init-token"
+SEPARATOR_FLAG = "--separator-token"  # the one spelling of the flag in the repository
 PAIR_LAYOUT = {"single": "<s> A </s> B </s>", "double": "<s> A </s></s> B </s>"}
 
 logger = logging.getLogger(__name__)
@@ -136,9 +146,68 @@ def from_args(args) -> Optional[dict]:
     return None if text is None else json.loads(text)
 
 
-def separator_token(record: Optional[dict]) -> Optional[int]:
-    """What fairseq's ``--separator-token`` must be for this record."""
-    return EOS if record is None or record["pair_format"] == "double" else None
+class InputLayout(NamedTuple):
+    """How an encoder's input is laid out: ``init A </s> [separator] B </s>``, as fairseq's
+    ``sentence_prediction`` task builds it (``--init-token``, ``--separator-token``)."""
+
+    init: Optional[int] = BOS  # prepended to the input; None: nothing (a task trained without --init-token)
+    separator_token: Optional[int] = EOS  # after A's own </s>, before B; None: BERT's one [SEP]
+    eos: int = EOS
+    segment_embedding: bool = False  # BERT's token types: the second segment (after A's </s>) is type 1
+
+    @property
+    def pair_format(self) -> str:
+        return "single" if self.separator_token is None else "double"
+
+    @property
+    def separator(self) -> Tuple[int, ...]:
+        """The ids between the two segments' words: A's ``</s>``, then the separator token if any."""
+        return (self.eos,) if self.separator_token is None else (self.eos, self.separator_token)
+
+    def build(self, a: Sequence[int], b: Optional[Sequence[int]] = None) -> List[int]:
+        """The token ids of ``(a)`` or ``(a, b)``, each already encoded, without ``</s>``."""
+        ids = ([] if self.init is None else [self.init]) + list(a) + [self.eos]
+        if b is not None:
+            ids += list(self.separator[1:]) + list(b) + [self.eos]
+        return ids
+
+    def fit(self, ids: Sequence[int], max_positions: int) -> Tuple[List[int], bool]:
+        """``(ids, truncated)``: ``ids`` cut to ``max_positions``, still ending with ``</s>``."""
+        if len(ids) <= max_positions:
+            return list(ids), False
+        return list(ids[: max_positions - 1]) + [self.eos], True
+
+    def segment_ids(self, ids: Sequence[int]) -> List[int]:
+        """BERT's token types of built ids: 1 after the first ``</s>`` (the pure-Python :func:`segment_mask`)."""
+        out, seen = [], False
+        for i in ids:
+            out.append(int(seen))
+            seen = seen or i == self.eos
+        return out
+
+    def fairseq_flags(self) -> List[str]:
+        """The ``sentence_prediction`` task flags of fairseq-train that build inputs this way."""
+        flags = [] if self.init is None else [INIT_FLAG, str(self.init)]
+        return flags + ([] if self.separator_token is None else [SEPARATOR_FLAG, str(self.separator_token)])
+
+
+def input_layout(record: Optional[dict] = None) -> InputLayout:
+    """The layout a conventions record asks for; None (a RoBERTa checkpoint): fairseq's RoBERTa layout."""
+    if record is None:
+        return InputLayout()
+    if record.get("pair_format") not in PAIR_FORMATS:
+        raise ConventionsError(f"conventions: pair_format {record.get('pair_format')!r} must be one of {PAIR_FORMATS}")
+    return InputLayout(separator_token=EOS if record["pair_format"] == "double" else None,
+                       segment_embedding=bool(record.get("segment_embedding", False)))
+
+
+def task_layout(task_cfg, record: Optional[dict]) -> InputLayout:
+    """The layout a loaded checkpoint's task built: a ``sentence_prediction`` task's own flags (its
+    separator already set from the record by :func:`apply_to_task`), else the record's with ``<s>`` first."""
+    layout = input_layout(record)
+    if task_cfg is None or not hasattr(task_cfg, "separator_token"):
+        return layout
+    return layout._replace(init=getattr(task_cfg, "init_token", BOS), separator_token=task_cfg.separator_token)
 
 
 def dictionary_sha256(path: str) -> str:
@@ -166,11 +235,11 @@ def apply_to_task(record: Optional[dict], task) -> None:
     cfg = getattr(task, "cfg", None)
     if record is None or cfg is None or not hasattr(cfg, "separator_token"):
         return
-    expected = separator_token(record)
+    expected = input_layout(record).separator_token
     if cfg.separator_token != expected:
         logger.warning(
-            "the encoder's conventions say pair format %r (%s): --separator-token %s becomes %s",
-            record["pair_format"], PAIR_LAYOUT[record["pair_format"]], cfg.separator_token, expected,
+            "the encoder's conventions say pair format %r (%s): %s %s becomes %s",
+            record["pair_format"], PAIR_LAYOUT[record["pair_format"]], SEPARATOR_FLAG, cfg.separator_token, expected,
         )
         cfg.separator_token = expected
     data = getattr(cfg, "data", None)

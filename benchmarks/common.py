@@ -73,13 +73,17 @@ def make_dict_dir(root: str, vocab: int, num_classes: int) -> str:
 
 
 def train_argv(data: str, criterion: str, arch: str, model: str, seq_len: int, num_classes: int,
-               batch: int, device: str, extra: Sequence[str] = ()) -> List[str]:
+               batch: int, device: str, extra: Sequence[str] = (), record: Optional[dict] = None) -> List[str]:
+    """fairseq-train's arguments; ``record``: a converted encoder's conventions (its input layout), None for
+    RoBERTa's."""
+    from acl_fairseq import conventions
+
+    layout_flags = conventions.input_layout(record).fairseq_flags()
     argv = [
         data,
         "--user-dir", USER_DIR,
         "--task", "sentence_prediction",
-        "--init-token", "0",
-        "--separator-token", "2",
+        *layout_flags,
         "--criterion", criterion,
         "--arch", arch,
         *size_args(model, seq_len),

@@ -73,7 +73,7 @@ class HFConfig:
                                          "type 1 as its difference from type 0 (the same forward; Adam sees other "
                                          "parameters)")
     pair_format: str = _opt("single", "single: [CLS] A [SEP] B [SEP]; double: [CLS] A [SEP] [SEP] B [SEP] "
-                                      "(fairseq's --separator-token)", choices=["single", "double"])
+                                      "(acl_fairseq.conventions.input_layout)", choices=["single", "double"])
     truncation: str = _opt("longest_first", "longest_first: HF's, trims the longer text; tail: cut the end of the "
                                             "joined sequence (fairseq's TruncateDataset)",
                            choices=["longest_first", "tail"])

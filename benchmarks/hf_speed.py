@@ -94,8 +94,8 @@ def build_plugin(args, data_dir, record, sample, layers, pooling) -> List[step_t
         exit_flags = ["--exit-layers", str(layers)] if exits == "top" else []
         argv = common.train_argv(data_dir, name, "multi_exit_roberta", "hf", args.seq_len, 2, args.batch,
                                  args.device, extra + OPTIM + exit_flags + ["--exit-pooling", pooling,
-                                                                           "--conventions", record])
-        argv[argv.index("--separator-token"): argv.index("--separator-token") + 2] = []  # BERT: one separator
+                                                                           "--conventions", record],
+                                 record=conventions.read(record))  # BERT's layout: one separator
         if exits not in shared:
             torch.manual_seed(0)
             cfg, task, model, criterion = common.build(argv)

@@ -20,9 +20,11 @@ python "$ROOT/scripts/toy_data.py" "$OUT/data" --n-train 4000 --n-valid 500 > "$
   || { cat "$OUT.preprocess.log"; exit 1; }
 mv "$OUT.preprocess.log" "$OUT/preprocess.log"
 
+# the task flags of RoBERTa's input layout, from the one place that decides it (acl_fairseq/conventions.py)
+read -r -a layout_flags <<<"$(PYTHONPATH="$ROOT" python -S -m acl_fairseq.cli.recipe flags)"
 echo "[demo] training: multi_exit_roberta (4 layers, dim 64), criterion $CRITERION, $MAX_EPOCH epochs on CPU"
 fairseq-train "$OUT/data" --user-dir "$ROOT/acl_fairseq" \
-  --task sentence_prediction_acl --init-token 0 --separator-token 2 --num-classes 2 \
+  --task sentence_prediction_acl "${layout_flags[@]}" --num-classes 2 \
   --arch multi_exit_roberta --encoder-layers 4 --encoder-embed-dim 64 --encoder-ffn-embed-dim 128 \
   --encoder-attention-heads 4 --max-positions 64 --dropout 0.1 --attention-dropout 0.1 \
   --criterion "$CRITERION" \

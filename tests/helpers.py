@@ -51,14 +51,16 @@ def train_args(
     """The argument list of a CPU ``fairseq-train`` run of a tiny model through the plugin.
 
     ``--required-batch-size-multiple 1``: fairseq otherwise drops a last validation batch whose size
-    is not a multiple of 8 under the stock task.
+    is not a multiple of 8 under the stock task. The task flags of the input layout are RoBERTa's
+    (:func:`acl_fairseq.conventions.input_layout`).
     """
+    from acl_fairseq import conventions
+
     return [
         data,
         "--user-dir", USER_DIR,
         "--task", task,
-        "--init-token", "0",
-        "--separator-token", "2",
+        *conventions.input_layout().fairseq_flags(),
         "--criterion", criterion,
         "--arch", arch,
         *model_args,

@@ -16,6 +16,7 @@ import torch
 import transformers  # noqa: E402  (test-only dependency, pinned in requirements.txt)
 
 import helpers
+from acl_fairseq import conventions
 from acl_fairseq.hf import convert as convert_hf
 from toy_data import FILLERS, INTENSIFIERS, NEGATIONS, NEGATIVE, POSITIVE, SUBJECTS, make_examples, write_raw
 
@@ -163,7 +164,8 @@ def test_bert_dictionary_puts_specials_first_and_mask_last(bert):
     model, dictionary, _ = load_fairseq(out)
     assert dictionary[len(dictionary) - 1] == "<mask>"
     assert model.encoder.sentence_encoder.embed_tokens.weight.shape[0] == len(BERT_VOCAB)  # padded rows dropped
-    assert sorted(os.listdir(out)) == ["conventions.json", "dict.txt", "model.pt", "model_args.txt", "vocab.txt"]
+    assert sorted(os.listdir(out)) == ["README.txt", "conventions.json", "dict.txt", "model.pt", "model_args.txt",
+                                       "vocab.txt"]
 
 
 def test_bert_hidden_states_and_lm_logits_match_hf(bert):
@@ -276,6 +278,42 @@ def test_cli_help_runs_as_the_console_script():
     assert proc.returncode == 0 and "HF_DIR" in proc.stdout and "--num-classes" in proc.stdout
 
 
+FAIRSEQ_HUB = r"""
+import sys
+from fairseq.models.roberta import RobertaModel
+out = sys.argv[1]
+kw = {"user_dir": sys.argv[2]} if len(sys.argv) > 2 else {}
+m = RobertaModel.from_pretrained(out, "model.pt", out, **kw)
+print("LOADED", type(m.model).__name__)
+"""
+
+
+def test_fairseq_hub_needs_the_plugin_and_the_folder_says_how(bert, tmp_path, caplog):
+    """fairseq's own hub, in a process that never imported acl_fairseq: the arch is unknown without the
+    plugin (fairseq's KeyError), and loads with user_dir=, as README.txt, the log and --help say."""
+    _, hf_dir, out = bert
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["OMP_NUM_THREADS"] = "1"
+
+    def hub(*args):
+        return subprocess.run([sys.executable, "-c", FAIRSEQ_HUB, out, *args], capture_output=True, text=True,
+                              cwd=str(tmp_path), env=env)
+
+    without = hub()
+    assert without.returncode != 0 and "no_progress_bar" in without.stderr  # what the notes below explain
+    loaded = hub(helpers.USER_DIR)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    assert "LOADED MultiExitRobertaModel" in loaded.stdout
+    with open(os.path.join(out, "README.txt")) as f:
+        readme = f.read()
+    assert f'user_dir="{helpers.USER_DIR}"' in readme and "no_progress_bar" in readme and "import acl_fairseq" in readme
+    assert "acl_fairseq.cli.recipe flags --conventions" in readme
+    with caplog.at_level("INFO"):
+        convert_hf.convert(hf_dir, str(tmp_path / "again"))
+    assert f'user_dir="{helpers.USER_DIR}"' in caplog.text and "no_progress_bar" in caplog.text
+    assert f'user_dir="{helpers.USER_DIR}"' in convert_hf.get_parser().format_help().replace("\n", " ")
+
+
 def _binarize(raw: str, out: str, srcdict: str) -> None:
     """The toy task with input0 mapped through the converted dict.txt (labels get their own dict)."""
     from fairseq_cli import preprocess
@@ -322,8 +360,8 @@ def test_converted_bert_restores_in_fairseq_train_with_its_conventions(bert_run,
     assert f"Loaded checkpoint {os.path.join(out, 'model.pt')}" in log, log[-3000:]
     assert "No existing checkpoint found" not in log
     assert "newly initialised" not in log  # the pooler-initialised head was kept
-    # helpers pass --separator-token 2; the BERT record says single, and wins (reported)
-    assert "--separator-token 2 becomes None" in log
+    # helpers pass RoBERTa's separator token 2; the BERT record says single, and wins (reported)
+    assert f"{conventions.SEPARATOR_FLAG} 2 becomes None" in log
     state = torch.load(tmp_path / "ckpt" / "checkpoint_last.pt", weights_only=True, map_location="cpu")
     record = json.loads(state["cfg"]["model"].conventions)  # the record itself travels in the checkpoint
     assert record["pair_format"] == "single" and record["segment_embedding"] is True
@@ -430,7 +468,7 @@ def test_packaged_minilm_matches_hf_on_real_sentences(tmp_path):
             diff = (hf(**enc).last_hidden_state - fs.extract_features(tokens)).abs().max().item()
         assert diff < 1e-2, (s, diff)
     # pairs: BERT's [CLS] A [SEP] B [SEP] with token type 1 on B (fairseq's hub encode would put two
-    # separators, RoBERTa's format, so the pair is joined here as the task joins it without --separator-token)
+    # separators, RoBERTa's format, so the pair is joined here as the task joins it in BERT's single layout)
     for a, b in [("A man is playing a guitar.", "Someone plays music."), ("It rains.", "The street is wet today.")]:
         enc = tok(a, b, return_tensors="pt")
         tokens = torch.cat([fs.encode(a), fs.encode(b)[1:]])

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import helpers
+from acl_fairseq import conventions
 from acl_fairseq import heads as heads_mod
 from acl_fairseq.models import multi_exit_roberta as mer
 
@@ -32,10 +33,7 @@ def build(data, arch="multi_exit_roberta", extra=()):
         "sentence_prediction",
         "--num-classes",
         "2",
-        "--init-token",
-        "0",
-        "--separator-token",
-        "2",
+        *conventions.input_layout().fairseq_flags(),
         *TINY_MULTI,
         *extra,
     ]

@@ -16,6 +16,7 @@ import sys
 import pytest
 
 import helpers
+from acl_fairseq.conventions import SEPARATOR_FLAG
 
 REPO = helpers.REPO
 RECIPES = os.path.join(REPO, "recipes")
@@ -45,7 +46,7 @@ RECIPE_ENV = [
     "SEED", "MODEL", "MODEL_DIR", "ROBERTA_PATH", "RESTORE", "ARCH", "MODEL_ARGS", "EXIT_LAYERS", "EXIT_POOLING",
     "DATA_ROOT", "DATA_BIN", "OUT_ROOT", "MAX_EPOCH", "TOTAL_UPDATES", "WARMUP_UPDATES", "MAX_POSITIONS",
     "MAX_TOKENS", "LOG_INTERVAL", "DEVICE", "FP16", "NUM_GPUS", "EVAL_ARGS", "PREDICT_TEST", "FORCE", "DOWNLOAD",
-    "DRY_RUN", "FAIRSEQ_TRAIN", "ACL_EVALUATE", "PYTHON", "TASKS", "METHODS", "SEEDS", "KEEP_GOING", "COLLECT",
+    "DRY_RUN", "FRESH", "FAIRSEQ_TRAIN", "ACL_EVALUATE", "PYTHON", "TASKS", "METHODS", "SEEDS", "KEEP_GOING", "COLLECT",
     "HPARAMS_TABLE", "METHODS_TABLE",
 ]
 
@@ -178,7 +179,7 @@ def test_dry_run_command(task, method, env):
               "--no-epoch-checkpoints", "--cpu"):
         assert f in argv, f
     assert "--fp16" not in argv
-    for name, value in [("--task", "sentence_prediction_acl"), ("--init-token", "0"), ("--separator-token", "2"),
+    for name, value in [("--task", "sentence_prediction_acl"), ("--init-token", "0"), (SEPARATOR_FLAG, "2"),
                         ("--adam-betas", "(0.9,0.98)"), ("--adam-eps", "1e-06"), ("--weight-decay", "0.1"),
                         ("--clip-norm", "0.0"), ("--lr-scheduler", "polynomial_decay"), ("--max-epoch", "10"),
                         ("--dropout", "0.1"), ("--attention-dropout", "0.1"), ("--max-positions", "512"),
@@ -283,7 +284,7 @@ def test_converted_encoder_conventions_set_pair_format_arch_and_exit(env, tmp_pa
     (conv / "conventions.json").write_text(json.dumps({"pair_format": pair_format}))
     env["ROBERTA_PATH"] = str(conv / "model.pt")
     argv = train_argv(run("RTE.sh", "ce", "--dry-run", env=env).stdout)
-    assert (flag(argv, "--separator-token") if separator else "--separator-token" not in argv) in (separator, True)
+    assert (flag(argv, SEPARATOR_FLAG) if separator else SEPARATOR_FLAG not in argv) in (separator, True)
     # a BERT's segment embedding lives in multi_exit_roberta: a single-exit method gets one exit, the top layer
     assert flag(argv, "--arch") == "multi_exit_roberta" and flag(argv, "--exit-layers") == "6"
     assert flag(argv, "--conventions") == str(conv / "conventions.json")
@@ -291,6 +292,63 @@ def test_converted_encoder_conventions_set_pair_format_arch_and_exit(env, tmp_pa
     argv = train_argv(run("RTE.sh", "multi_exit_ce", "--dry-run", env=env).stdout)
     assert "--exit-layers" not in argv and flag(argv, "--exit-pooling") == "mean"
     assert argv.count("--conventions") == 1
+
+
+def test_explicit_conventions_in_the_model_flags_set_the_pair_format(env, tmp_path):
+    """The layout follows the record the model is built with, also when MODEL_ARGS names it."""
+    conv = tmp_path / "bert"
+    conv.mkdir()
+    (conv / "conventions.json").write_text(json.dumps({"pair_format": "single"}))
+    env["MODEL_ARGS"] = f"--encoder-layers 6 --conventions {conv}"
+    argv = train_argv(run("RTE.sh", "multi_exit_ce", "--dry-run", env=env).stdout)
+    assert SEPARATOR_FLAG not in argv and flag(argv, "--init-token") == "0"
+    assert flag(argv, "--conventions") == str(conv) and argv.count("--conventions") == 1
+
+
+def recipe_cli(*args):
+    """``python -S -m acl_fairseq.cli.recipe``, as the driver runs it (standard library only)."""
+    return subprocess.run([sys.executable, "-S", "-m", "acl_fairseq.cli.recipe", *args], capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONPATH=REPO))
+
+
+@pytest.mark.parametrize("pair_format, expected", [(None, ["--init-token", "0", SEPARATOR_FLAG, "2"]),
+                                                   ("double", ["--init-token", "0", SEPARATOR_FLAG, "2"]),
+                                                   ("single", ["--init-token", "0"])])
+def test_recipe_flags_print_the_layout_of_a_record(tmp_path, pair_format, expected):
+    args = []
+    if pair_format:
+        (tmp_path / "conventions.json").write_text(json.dumps({"pair_format": pair_format}))
+        args = ["--conventions", str(tmp_path)]
+    proc = recipe_cli("flags", *args)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == expected
+    (tmp_path / "conventions.json").write_text(json.dumps({"pair_format": "triple"}))
+    bad = recipe_cli("flags", "--conventions", str(tmp_path))
+    assert bad.returncode == 1 and "cannot read the pair format" in bad.stderr and "triple" in bad.stderr
+
+
+def test_the_same_command_resumes_from_its_checkpoint_last(env):
+    first = run("RTE.sh", "ce", "--dry-run", env=env)
+    line = next(ln for ln in first.stdout.splitlines() if ln.startswith("fairseq-train "))
+    run_dir = os.path.join(env["OUT_ROOT"], "runs", "RTE", "ce", "seed1")
+    os.makedirs(run_dir)
+    with open(os.path.join(run_dir, "command.sh"), "w") as f:
+        f.write(f"#!/usr/bin/env bash\n# RTE / ce / seed 1\ncd {REPO}\n{line}\n")
+    last = os.path.join(run_dir, "checkpoint_last.pt")
+    open(last, "w").close()
+    proc = run("RTE.sh", "ce", "--dry-run", env=env)
+    argv = train_argv(proc.stdout)
+    assert flag(argv, "--restore-file") == last and argv.count("--restore-file") == 1
+    assert not [a for a in argv if a.startswith("--reset-")]
+    assert "resume from " + last in proc.stderr and "| tee -a " in proc.stdout
+    # starting over: --fresh, FRESH=1, another command
+    for args, extra in [(["--fresh"], {}), ([], {"FRESH": "1"}), (["--lr", "3e-05"], {})]:
+        argv = train_argv(run("RTE.sh", "ce", "--dry-run", *args, env=dict(env, **extra)).stdout)
+        assert flag(argv, "--restore-file") == env["ROBERTA_PATH"] and "--reset-optimizer" in argv, (args, extra)
+    # a finished run (result.json) rerun with FORCE=1 starts over: its checkpoint_last.pt is the end
+    open(os.path.join(run_dir, "result.json"), "w").close()
+    argv = train_argv(run("RTE.sh", "ce", "--dry-run", env=dict(env, FORCE="1")).stdout)
+    assert flag(argv, "--restore-file") == env["ROBERTA_PATH"]
 
 
 def test_download_only_when_missing(env, tmp_path):
@@ -446,6 +504,38 @@ def test_driver_run_writes_command_log_and_result(env, tmp_path):
     assert not os.path.exists(os.path.join(run_dir, "argv.txt"))
     assert run("MNLI.sh", "multi_exit_ce", env=dict(env, FORCE="1")).returncode == 0
     assert os.path.exists(os.path.join(run_dir, "argv.txt"))
+
+
+def test_a_killed_run_resumes_on_the_same_call(env, tmp_path):
+    """kill -9 mid-run, then the same recipe call: fairseq-train restores the run's checkpoint_last.pt with
+    nothing reset, the log keeps both parts, and the run finishes."""
+    marker = tmp_path / "killed_once"
+    killed = FAKE_TRAIN.replace("echo \"$*\" > \"$save/argv.txt\"\n", f"""echo "$*" > "$save/argv.txt"
+if [[ ! -f {marker} ]]; then
+  touch {marker} "$save/checkpoint_last.pt"
+  echo "2026-01-01 00:00:00 | INFO | fairseq.trainer | Loaded checkpoint x.pt (epoch 1 @ 0 updates)"
+  echo "first part"
+  exit 137
+fi
+""", 1)
+    assert killed != FAKE_TRAIN
+    env.update(FAIRSEQ_TRAIN=write_exe(tmp_path / "fake-train", killed), DATA_BIN=fake_data(tmp_path / "rte"))
+    assert run("RTE.sh", "ce", env=env).returncode != 0
+    run_dir = os.path.join(env["OUT_ROOT"], "runs", "RTE", "ce", "seed1")
+    proc = run("RTE.sh", "ce", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "resuming from " + os.path.join(run_dir, "checkpoint_last.pt") in proc.stderr
+    with open(os.path.join(run_dir, "argv.txt")) as f:
+        argv = f.read().split()
+    assert flag(argv, "--restore-file") == os.path.join(run_dir, "checkpoint_last.pt")
+    assert "--reset-optimizer" not in argv and "--reset-dataloader" not in argv and "--reset-meters" not in argv
+    with open(os.path.join(run_dir, "train.log")) as f:
+        log = f.read()
+    assert "first part" in log and '"valid_accuracy": "80.25"' in log
+    with open(os.path.join(run_dir, "command.sh")) as f:
+        command = f.read()
+    assert "# resumed" in command and f"--restore-file {env['ROBERTA_PATH']} --reset-optimizer" in command
+    assert os.path.isfile(os.path.join(run_dir, "result.json"))
 
 
 def test_driver_refuses_a_run_that_did_not_load_the_checkpoint(env, tmp_path):

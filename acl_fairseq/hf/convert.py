@@ -48,6 +48,10 @@ logger = logging.getLogger(__name__)
 OPTIONAL_TOKENIZER_FILES = ["tokenizer_config.json", "special_tokens_map.json", "tokenizer.json"]
 POOLER_KEY = "hf_pooler"
 FRESH_BUFFER = "encoder.sentence_encoder.version"  # a buffer fairseq fills itself
+README = "README.txt"
+PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # what fairseq's user_dir must name
+# fairseq's hub resolves the arch before it could import anything: the plugin must be named (or imported)
+HUB_USAGE = f'RobertaModel.from_pretrained(OUT_DIR, "model.pt", OUT_DIR, user_dir="{PLUGIN_DIR}")'
 
 
 def make_conventions(config: dict, hf_dir: str, dict_sha256: str) -> dict:
@@ -169,13 +173,44 @@ def convert(hf_dir: str, out_dir: str, num_classes: Optional[int] = None,
     with open(os.path.join(out_dir, "model_args.txt"), "w", encoding="utf-8") as f:
         f.write(" ".join(flags) + "\n")
     conventions.write(os.path.join(out_dir, conventions.FILE_NAME), record)
-    files = ["model.pt", "dict.txt", "model_args.txt", conventions.FILE_NAME]
+    write_readme(out_dir, flags)
+    files = ["model.pt", "dict.txt", "model_args.txt", conventions.FILE_NAME, README]
     for name in TOKENIZER_FILES[model_type] + OPTIONAL_TOKENIZER_FILES:
         if os.path.isfile(os.path.join(hf_dir, name)):
             shutil.copyfile(os.path.join(hf_dir, name), os.path.join(out_dir, name))
             files.append(name)
     logger.info("wrote %s to %s; architecture flags: %s", ", ".join(files), out_dir, " ".join(flags))
+    logger.info("its arch is this plugin's multi_exit_roberta: load it with %s (a process that has not imported "
+                "acl_fairseq fails with KeyError 'no_progress_bar')", HUB_USAGE.replace("OUT_DIR", repr(out_dir)))
     return {"model_args": flags, "files": files}
+
+
+def write_readme(out_dir: str, flags: List[str]) -> None:
+    """OUT_DIR/README.txt: how to load the folder, above all that fairseq needs the plugin for its arch."""
+    text = f"""Converted by acl-convert-hf (acl_fairseq) from a Hugging Face checkpoint.
+
+The model's arch is multi_exit_roberta, which only the acl_fairseq plugin registers. fairseq without the
+plugin fails to load it with KeyError: "'no_progress_bar'" (it does not know the arch). Load it with
+    from fairseq.models.roberta import RobertaModel
+    {HUB_USAGE.replace("OUT_DIR", "THIS_FOLDER")}
+or `import acl_fairseq` before loading, or with the plugin's own hub:
+    from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
+    MultiExitRobertaModel.from_pretrained(THIS_FOLDER, "model.pt", THIS_FOLDER)
+
+Fine-tune it: fairseq-train DATA --user-dir {PLUGIN_DIR} --arch multi_exit_roberta {" ".join(flags)}
+    --conventions THIS_FOLDER --restore-file THIS_FOLDER/model.pt --reset-optimizer --reset-dataloader
+    --reset-meters plus the task flags of its input layout:
+    python -m acl_fairseq.cli.recipe flags --conventions THIS_FOLDER
+or recipes/glue/finetune.sh with ROBERTA_PATH=THIS_FOLDER/model.pt. Binarize data with --srcdict
+THIS_FOLDER/dict.txt.
+
+Files: model.pt (the fairseq checkpoint), dict.txt, model_args.txt (the architecture flags, one line),
+{conventions.FILE_NAME} (pair format, segment embedding, tokenizer), the tokenizer files.
+"""
+    tmp = os.path.join(out_dir, README + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, os.path.join(out_dir, README))
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -185,8 +220,10 @@ def get_parser() -> argparse.ArgumentParser:
         "(OUT_DIR/model.pt, dict.txt, model_args.txt, tokenizer files) for fairseq-train --restore-file.",
         epilog="Then: fairseq-train ... --arch multi_exit_roberta $(cat OUT_DIR/model_args.txt) --conventions "
         "OUT_DIR --restore-file OUT_DIR/model.pt --reset-optimizer --reset-dataloader --reset-meters, with data "
-        "binarized with --srcdict OUT_DIR/dict.txt (no --separator-token for a BERT: the conventions set it). "
-        "recipes/glue/finetune.sh does all of this from ROBERTA_PATH=OUT_DIR/model.pt.",
+        "binarized with --srcdict OUT_DIR/dict.txt and the task flags that 'python -m acl_fairseq.cli.recipe flags "
+        "--conventions OUT_DIR' prints (a BERT has one separator). recipes/glue/finetune.sh does all of this from "
+        "ROBERTA_PATH=OUT_DIR/model.pt. fairseq's hub loads OUT_DIR only with the plugin: "
+        f"{HUB_USAGE} (OUT_DIR/README.txt says so too).",
     )
     parser.add_argument("hf_dir", metavar="HF_DIR", help="folder with config.json, model.safetensors or "
                         "pytorch_model.bin, and vocab.txt (BERT) or vocab.json + merges.txt (RoBERTa)")

@@ -8,10 +8,15 @@
 The tokenizer comes from the data folder's record (``stats.json`` "tokenizer", written by
 preprocess/glue.py; or the ``conventions.json`` of a converted encoder's folder), through the same
 implementation preprocessing used (:mod:`acl_fairseq.tokenization`). Inputs are built as the task built
-them in training: ``--init-token``, the first sentence, ``</s>``, the checkpoint's separator (the
-conventions record's pair format), the second sentence, ``</s>``. Prediction runs the layer-by-layer
+them in training, by the checkpoint's :class:`acl_fairseq.conventions.InputLayout`: the init token, the first
+sentence, ``</s>``, the separator of the pair format, the second sentence, ``</s>``. Prediction runs the layer-by-layer
 engine of ``acl-evaluate`` (:mod:`acl_fairseq.inference.early_exit`) on length-sorted batches, exited rows leaving
 the batch; results come back in input order.
+
+fairseq's own ``RobertaModel.from_pretrained(DIR, "model.pt", DIR, user_dir="path/to/acl_fairseq")`` loads
+these checkpoints (and ``acl-convert-hf`` folders) too, but only with the plugin: ``user_dir=`` or an
+``import acl_fairseq`` before the call. Without it fairseq does not know the arch ``multi_exit_roberta`` and
+fails with ``KeyError: "'no_progress_bar'"``.
 """
 import json
 import logging
@@ -91,10 +96,7 @@ class MultiExitHubInterface(RobertaHubInterface):
         self.max_positions = int(min(model.max_positions(), getattr(task.cfg, "max_positions", None) or 10 ** 9))
         # a sentence_prediction checkpoint says how it built inputs; a bare encoder (masked_lm) follows fairseq's
         # hub: <s> first, and the separator of its conventions record
-        d = task.source_dictionary
-        self.init_token = getattr(task.cfg, "init_token", d.bos()) if hasattr(task.cfg, "separator_token") else d.bos()
-        self.separator = task.cfg.separator_token if hasattr(task.cfg, "separator_token") \
-            else conventions.separator_token(self.conventions)
+        self.layout = conventions.task_layout(task.cfg, self.conventions)
 
     @property
     def head_name(self) -> str:
@@ -113,15 +115,8 @@ class MultiExitHubInterface(RobertaHubInterface):
     def encode_with_info(self, a: str, b: Optional[str] = None) -> Tuple[torch.LongTensor, bool]:
         """``(tokens, truncated)``: cut at the model's positions, ending with ``</s>``, when too long."""
         d = self.task.source_dictionary
-        ids = [d.index(t) for t in self.tokenize(a.strip())] + [d.eos()]
-        if self.init_token is not None:
-            ids = [self.init_token] + ids
-        if b is not None:
-            sep = [self.separator] if self.separator is not None else []
-            ids += sep + [d.index(t) for t in self.tokenize(b.strip())] + [d.eos()]
-        truncated = len(ids) > self.max_positions
-        if truncated:
-            ids = ids[: self.max_positions - 1] + [d.eos()]
+        words = [[d.index(t) for t in self.tokenize(x.strip())] for x in ((a,) if b is None else (a, b))]
+        ids, truncated = self.layout.fit(self.layout.build(*words), self.max_positions)
         return torch.tensor(ids, dtype=torch.long), truncated
 
     # ---- prediction ------------------------------------------------------------------------------

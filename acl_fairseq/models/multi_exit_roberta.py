@@ -98,7 +98,7 @@ class MultiExitRobertaModel(RobertaModel):
             type=str,
             metavar="PATH",
             help="conventions.json of a converted encoder (acl-convert-hf writes it beside model.pt), "
-            "or its folder: pair format (sets --separator-token), BERT's segment embedding, head "
+            "or its folder: pair format (sets the task's separator token), BERT's segment embedding, head "
             "dropout (the default of --pooler-dropout), tokenizer. The record itself is kept in the "
             "checkpoint. Default: none (RoBERTa, fairseq's behaviour)",
         )
@@ -126,7 +126,9 @@ class MultiExitRobertaModel(RobertaModel):
     def from_pretrained(cls, model_name_or_path, checkpoint_file="checkpoint_best.pt", data_name_or_path=".",
                         **kwargs):
         """A :class:`acl_fairseq.inference.hub.MultiExitHubInterface` (raw text in, labels and exit layers out); the
-        tokenizer comes from the data folder's record, so no tokenizer arguments are needed."""
+        tokenizer comes from the data folder's record, so no tokenizer arguments are needed. (fairseq's
+        ``RobertaModel.from_pretrained`` needs ``user_dir=`` the acl_fairseq folder for this arch, else it fails
+        with ``KeyError: "'no_progress_bar'"``.)"""
         from acl_fairseq.inference import hub
 
         return hub.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, **kwargs)

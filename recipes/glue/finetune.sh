@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Fine-tune RoBERTa on one GLUE task with one method, fairseq's GLUE recipe plus this plugin's criteria.
 #
-#   recipes/glue/finetune.sh TASK METHOD [--dry-run] [extra fairseq-train flags...]
-#   recipes/glue/<TASK>.sh METHOD [--dry-run] [extra fairseq-train flags...]
+#   recipes/glue/finetune.sh TASK METHOD [--dry-run] [--fresh] [extra fairseq-train flags...]
+#   recipes/glue/<TASK>.sh METHOD [--dry-run] [--fresh] [extra fairseq-train flags...]
 #
 # Steps: look the task up in hparams.tsv and the method in methods.tsv; fetch roberta.$MODEL if it is
 # missing; check that data and checkpoint exist; run fairseq-train (log tee'd to train.log, TensorBoard
 # under $OUT_ROOT/tb/TASK/METHOD/seedS); for multi-exit methods run acl-evaluate on the best checkpoint;
 # write $OUT_ROOT/runs/TASK/METHOD/seedS/result.json. Extra flags go last, so they override the table.
+# A run of the same command that was killed before its end is resumed from its checkpoint_last.pt
+# (--fresh or FRESH=1 starts over). The architecture, model and layout flags come from acl_fairseq/cli/recipe.py.
 set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=common.sh
@@ -42,14 +44,15 @@ PREDICT_TEST="${PREDICT_TEST:-0}"                  # 1: acl-evaluate also writes
 FORCE="${FORCE:-0}"                                # 1: rerun even if result.json exists (default: skip done runs)
 DOWNLOAD="${DOWNLOAD:-1}"                          # 0: never download roberta.$MODEL, fail instead
 DRY_RUN="${DRY_RUN:-0}"                            # 1 (or --dry-run): print the commands, run nothing
+FRESH="${FRESH:-0}"                                # 1 (or --fresh): start over, even where the same command left checkpoint_last.pt to resume from
 FAIRSEQ_TRAIN="${FAIRSEQ_TRAIN:-fairseq-train}"    # the fairseq-train executable
 ACL_EVALUATE="${ACL_EVALUATE:-acl-evaluate}"       # the early-exit evaluation executable
 PYTHON="${PYTHON:-python3}"                        # runs write_result.py (standard library only)
 
 usage() {
   cat >&2 <<EOF
-usage: recipes/glue/finetune.sh TASK METHOD [--dry-run] [extra fairseq-train flags...]
-   or: recipes/glue/<TASK>.sh METHOD [--dry-run] [extra fairseq-train flags...]
+usage: recipes/glue/finetune.sh TASK METHOD [--dry-run] [--fresh] [extra fairseq-train flags...]
+   or: recipes/glue/<TASK>.sh METHOD [--dry-run] [--fresh] [extra fairseq-train flags...]
   TASK:    $(known_tasks)
   METHOD:  $(known_methods)
   Contrastive methods need class labels: STS-B (regression) runs ce / multi_exit_ce only.
@@ -62,7 +65,11 @@ EOF
 # ---- arguments ---------------------------------------------------------------------------------------
 args=()
 for a in "$@"; do
-  if [[ "$a" == "--dry-run" ]]; then DRY_RUN=1; else args+=("$a"); fi
+  case "$a" in
+    --dry-run) DRY_RUN=1 ;;
+    --fresh) FRESH=1 ;;
+    *) args+=("$a") ;;
+  esac
 done
 set -- "${args[@]+"${args[@]}"}"
 case "${1:-} ${2:-}" in  # -h in the TASK or METHOD place (CoLA.sh -h); later ones go to fairseq-train
@@ -111,60 +118,21 @@ else
   ROBERTA_PATH="${ROBERTA_PATH:-$DEFAULT_ROBERTA}"
 fi
 
-# Model flags: MODEL_ARGS, else the converter's model_args.txt beside the checkpoint (acl-convert-hf).
+# The architecture, model flags and input layout are decided in Python (acl_fairseq/cli/recipe.py, which
+# owns the rules: model_args.txt and conventions.json beside the checkpoint, exits, sizes); -S: it needs
+# only the standard library, so the plugin's import does not load fairseq.
+decided="$(PYTHONPATH="$REPO" "$PYTHON" -S -m acl_fairseq.cli.recipe model \
+  --model "$MODEL" --exits "$EXITS" --method "$METHOD" --arch "$ARCH" --model-args "$MODEL_ARGS" \
+  --checkpoint "$ROBERTA_PATH" --exit-layers "$EXIT_LAYERS" --exit-pooling "$EXIT_POOLING")" || exit $?
+layout_args=()
 model_args=()
-MODEL_ARGS_FILE=""
-if [[ -n "$MODEL_ARGS" ]]; then
-  read -r -a model_args <<<"$MODEL_ARGS"
-elif [[ -n "$ROBERTA_PATH" && -f "$(dirname "$ROBERTA_PATH")/model_args.txt" ]]; then
-  MODEL_ARGS_FILE="$(dirname "$ROBERTA_PATH")/model_args.txt"
-  read -r -a model_args <"$MODEL_ARGS_FILE" || true  # (read fails on a last line without newline)
-fi
-for a in "${model_args[@]+"${model_args[@]}"}"; do  # the method chooses the architecture
-  [[ "$a" != --arch && "$a" != --arch=* ]] || die "model flags ${MODEL_ARGS_FILE:-MODEL_ARGS} hold --arch, which the method chooses: remove it (or set ARCH)"
-done
-
-# A converted encoder's conventions.json (acl-convert-hf) sets the pair format and BERT's segment
-# embedding, which only multi_exit_roberta holds: single-exit methods run it with one exit on the top layer.
-CONVENTIONS=""
-PAIR_FORMAT=double
-if [[ -n "$ROBERTA_PATH" && -f "$(dirname "$ROBERTA_PATH")/conventions.json" ]]; then
-  CONVENTIONS="$(dirname "$ROBERTA_PATH")/conventions.json"
-  PAIR_FORMAT="$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["pair_format"])' "$CONVENTIONS")" ||
-    die "cannot read the pair format from $CONVENTIONS"
-fi
-
-if [[ -z "$ARCH" ]]; then
-  size="$MODEL"
-  [[ -z "$MODEL_ARGS_FILE" ]] || size=""  # sizes come from model_args.txt: the generic arch, no preset
-  [[ -z "$CONVENTIONS" ]] || EXITS_ARCH=multi
-  case "${EXITS_ARCH:-$EXITS}:$size" in
-    multi:) ARCH=multi_exit_roberta ;;
-    multi:*) ARCH="multi_exit_roberta_$size" ;;
-    single:large) ARCH=roberta_large ;;
-    *) ARCH=roberta ;;  # fairseq's "roberta" is the base size
+while IFS=$'\t' read -r group word; do
+  case "$group" in
+    arch) ARCH="$word" ;;
+    task) layout_args+=("$word") ;;
+    model) model_args+=("$word") ;;
   esac
-fi
-if [[ "$EXITS" == multi && "$ARCH" != multi_exit_roberta* ]]; then
-  die "method '$METHOD' needs a multi-exit architecture (multi_exit_roberta*), not ARCH=$ARCH" 2
-fi
-has_flag() {  # has_flag FLAG: FLAG is among the model flags
-  local a
-  for a in "${model_args[@]+"${model_args[@]}"}"; do [[ "$a" == "$1" ]] && return 0; done
-  return 1
-}
-if [[ "$ARCH" == multi_exit_roberta* ]]; then
-  if [[ "$EXITS" == single ]] && ! has_flag --exit-layers; then  # one exit, on the top layer
-    layers=""
-    for i in "${!model_args[@]}"; do [[ "${model_args[$i]}" == --encoder-layers ]] && layers="${model_args[$((i + 1))]}"; done
-    EXIT_LAYERS="${EXIT_LAYERS:-$layers}"
-  fi
-  [[ -n "$EXIT_LAYERS" ]] && model_args+=(--exit-layers "$EXIT_LAYERS")
-  [[ -n "$EXIT_POOLING" ]] && model_args+=(--exit-pooling "$EXIT_POOLING")
-  [[ -z "$CONVENTIONS" ]] || has_flag --conventions || model_args+=(--conventions "$CONVENTIONS")
-fi
-separator_args=(--separator-token 2)  # fairseq's RoBERTa pairs: <s> A </s></s> B </s>
-[[ "$PAIR_FORMAT" == single ]] && separator_args=()  # BERT's: <s> A </s> B </s>
+done <<<"$decided"
 
 if [[ "$DEVICE" == auto ]]; then
   if has_gpu; then DEVICE=cuda; else DEVICE=cpu; fi
@@ -191,15 +159,13 @@ if [[ "$REGRESSION" == 1 ]]; then
 fi
 
 # ---- the commands ------------------------------------------------------------------------------------
-train_cmd=(
-  "$FAIRSEQ_TRAIN" "$DATA_BIN"
-  --user-dir "$REPO/acl_fairseq"
-  "${restore_args[@]+"${restore_args[@]}"}"
-  --task sentence_prediction_acl --init-token 0 "${separator_args[@]+"${separator_args[@]}"}" --num-classes "$NUM_CLASSES"
+train_head=("$FAIRSEQ_TRAIN" "$DATA_BIN" --user-dir "$REPO/acl_fairseq")
+train_rest=(
+  --task sentence_prediction_acl "${layout_args[@]+"${layout_args[@]}"}" --num-classes "$NUM_CLASSES"
   "${task_args[@]+"${task_args[@]}"}"
   --max-positions "$MAX_POSITIONS" --batch-size "$BATCH_SIZE" --max-tokens "$MAX_TOKENS"
   --required-batch-size-multiple 1
-  --arch "$ARCH" "${model_args[@]+"${model_args[@]}"}"
+  "${model_args[@]}"
   --criterion "$CRITERION" "${METHOD_FLAGS[@]+"${METHOD_FLAGS[@]}"}"
   --dropout 0.1 --attention-dropout 0.1 --weight-decay 0.1
   --optimizer "$OPTIMIZER" --adam-betas "(0.9,0.98)" --adam-eps 1e-06 --clip-norm 0.0
@@ -213,6 +179,9 @@ train_cmd=(
   "${device_args[@]}"
   "$@"
 )
+train_cmd=("${train_head[@]}" "${restore_args[@]+"${restore_args[@]}"}" "${train_rest[@]}")
+# the run's command as command.sh records it: a later call with the same line may resume the run
+train_line="$(quote_cmd "${train_cmd[@]}") 2>&1 | tee $(quote_cmd "$RUN_DIR/train.log")"
 
 eval_cmds=()  # one quoted acl-evaluate line per validation subset (multi-exit methods only)
 early_exit_args=()
@@ -270,14 +239,26 @@ or set RESTORE=none to train from scratch on purpose."
 fi
 download_cmd=("$REPO/recipes/download_roberta.sh" "$MODEL" "$MODEL_DIR")
 
+# Resume: the same command, killed before its end (no result.json), left checkpoint_last.pt; fairseq
+# continues from it exactly (weights, optimizer, schedule, data order) when it is the restore file and
+# nothing is reset. The log is appended to, so that result.json sees every validation.
+RESUME=0
+if [[ "$FRESH" != 1 && -f "$RUN_DIR/checkpoint_last.pt" && ! -f "$RUN_DIR/result.json" ]] &&
+  grep -qxF -- "$train_line" "$RUN_DIR/command.sh" 2>/dev/null; then
+  RESUME=1
+  train_cmd=("${train_head[@]}" --restore-file "$RUN_DIR/checkpoint_last.pt" "${train_rest[@]}")
+fi
+
 if [[ "$DRY_RUN" == 1 ]]; then
   note "dry run: $TASK / $METHOD / seed $SEED, nothing is executed"
   [[ -z "$missing_data" ]] || note "data missing (a real run would stop): $(echo "$missing_data" | tr '\n' ' ')"
   [[ -z "$missing_checkpoint" ]] || note "a real run would stop: $missing_checkpoint"
   [[ -n "$ROBERTA_PATH" ]] || note "RESTORE=none: random initialization"
   [[ ! -f "$RUN_DIR/result.json" || "$FORCE" == 1 ]] || note "$RUN_DIR/result.json exists: a real run would skip"
+  ((RESUME == 0)) || note "a real run would resume from $RUN_DIR/checkpoint_last.pt (FRESH=1 starts over)"
   ((need_download)) && quote_cmd "${download_cmd[@]}"
-  printf '%s 2>&1 | tee %s\n' "$(quote_cmd "${train_cmd[@]}")" "$(quote_cmd "$RUN_DIR/train.log")"
+  printf '%s 2>&1 | tee %s%s\n' "$(quote_cmd "${train_cmd[@]}")" "$( ((RESUME)) && echo '-a ')" \
+    "$(quote_cmd "$RUN_DIR/train.log")"
   for c in "${eval_cmds[@]+"${eval_cmds[@]}"}"; do printf '%s\n' "$c"; done
   quote_cmd "${result_cmd[@]}"
   exit 0
@@ -308,16 +289,22 @@ fi
 
 # ---- run ---------------------------------------------------------------------------------------------
 mkdir -p "$RUN_DIR" "$TB_DIR"
-if [[ -f "$RUN_DIR/checkpoint_last.pt" ]]; then
-  note "an earlier run left $RUN_DIR/checkpoint_last.pt: this run starts again from the start"
+log_start=0  # train.log lines of the run(s) before this one
+if ((RESUME)); then
+  note "resuming from $RUN_DIR/checkpoint_last.pt, left by the same command (FRESH=1 starts over)"
+  log_start="$(wc -l <"$RUN_DIR/train.log" 2>/dev/null || echo 0)"
+elif [[ -f "$RUN_DIR/checkpoint_last.pt" ]]; then
+  note "an earlier run left $RUN_DIR/checkpoint_last.pt: this run starts again from the start \
+($([[ "$FRESH" == 1 ]] && echo FRESH=1 || echo "another command, or a finished run"))"
   # without --restore-file fairseq would resume from it; with one it is overwritten after epoch 1 anyway
   [[ -n "$ROBERTA_PATH" ]] || rm -f "$RUN_DIR/checkpoint_last.pt"
 fi
 {
   echo "#!/usr/bin/env bash"
   echo "# $TASK / $METHOD / seed $SEED, written by recipes/glue/finetune.sh on $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  ((RESUME == 0)) || echo "# resumed: fairseq-train ran with --restore-file $(quote_cmd "$RUN_DIR/checkpoint_last.pt") and no resets"
   echo "cd $(quote_cmd "$REPO")"
-  printf '%s 2>&1 | tee %s\n' "$(quote_cmd "${train_cmd[@]}")" "$(quote_cmd "$RUN_DIR/train.log")"
+  printf '%s\n' "$train_line"
   for c in "${eval_cmds[@]+"${eval_cmds[@]}"}"; do printf '%s\n' "$c"; done
   quote_cmd "${result_cmd[@]}"
 } >"$RUN_DIR/command.sh"
@@ -330,11 +317,15 @@ rm -f "$RUN_DIR/result.json"
 note "$TASK / $METHOD / seed $SEED -> $RUN_DIR"
 [[ -n "$ROBERTA_PATH" ]] || note "RESTORE=none: training from random initialization"
 note "$(quote_cmd "${train_cmd[@]}")"
-"${train_cmd[@]}" 2>&1 | tee "$RUN_DIR/train.log"
+tee_args=()
+((RESUME == 0)) || tee_args=(-a)
+"${train_cmd[@]}" 2>&1 | tee "${tee_args[@]+"${tee_args[@]}"}" "$RUN_DIR/train.log"
 
 [[ -f "$RUN_DIR/checkpoint_best.pt" ]] || die "training ended without $RUN_DIR/checkpoint_best.pt (see train.log)"
-if [[ -n "$ROBERTA_PATH" ]] && ! grep -q "Loaded checkpoint" "$RUN_DIR/train.log"; then
-  die "train.log does not say 'Loaded checkpoint $ROBERTA_PATH': the run may have started from random weights"
+restored="$( ((RESUME)) && echo "$RUN_DIR/checkpoint_last.pt" || echo "$ROBERTA_PATH")"
+if [[ -n "$restored" ]] &&
+  ! awk -v s="$log_start" 'NR > s && /Loaded checkpoint/ {found = 1} END {exit !found}' "$RUN_DIR/train.log"; then
+  die "train.log does not say 'Loaded checkpoint $restored': the run may have started from random weights"
 fi
 for c in "${eval_cmds[@]+"${eval_cmds[@]}"}"; do
   note "$c"
