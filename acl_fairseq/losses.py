@@ -275,6 +275,29 @@ def cross_layer_acl_losses(
                         temperature)
 
 
+def self_distillation_loss(student_logits: Tensor, teacher_logits: Tensor, temperature: float) -> Tensor:
+    """Self-distillation of one student exit from the (stop-gradient) last exit (BERxiT/FastBERT).
+
+    ``T^2 * KL(softmax(z^M / T) || softmax(z^m / T))``, averaged over the batch; ``T^2`` keeps the
+    gradient's scale independent of T (Hinton et al.).
+
+    Args:
+        student_logits: (N, K) z^m.
+        teacher_logits: (N, K) z^M; detached here.
+        temperature: T > 0.
+
+    Returns:
+        Scalar float32 (float64 for float64 inputs), >= 0; gradients reach student_logits only.
+    """
+    check_temperature(temperature)
+    dtype = _compute_dtype(student_logits, teacher_logits)
+    log_q = F.log_softmax(student_logits.to(dtype) / temperature, dim=-1)
+    log_p = F.log_softmax(teacher_logits.detach().to(dtype) / temperature, dim=-1)
+    # kl_div's log_target form: p * (log p - log q) without exp-then-log of tiny probabilities
+    kl = F.kl_div(log_q, log_p, reduction="none", log_target=True).sum(dim=-1)  # (N,)
+    return kl.mean() * temperature ** 2
+
+
 def exit_weights(layers: Sequence[int], scheme: str = "layer") -> Tensor:
     """Weights of the per-exit losses, summing to 1.
 

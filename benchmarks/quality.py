@@ -43,7 +43,9 @@ import _records as R
 from acl_fairseq.cli.tables import read_tsv
 
 SINGLE = ["ce", "scl", "acl_embed", "acl_grad"]
-MULTI = ["multi_exit_ce", "acl_cross_layer"]
+# multi-exit: the CE baseline, the paper's method, self-distillation (a teacher exit without the contrastive form)
+# and the cross-layer term alone (acl_cross_layer with --acl-weight 0)
+MULTI = ["multi_exit_ce", "acl_cross_layer", "multi_exit_kd", "acl_cross_layer_cl_only"]
 TASKS = ["RTE", "CoLA", "SST-2", "STS-B"]
 CONVERTED_TABLE = os.path.join(G.REPO, "recipes", "glue", "converted.tsv")
 TRAIN_SIZES = {"RTE": 2490, "CoLA": 8551, "SST-2": 67349, "STS-B": 5749}
@@ -149,13 +151,74 @@ def cost_markdown(minutes: dict, tasks=TASKS) -> str:
 
 def exit_metrics(run_dir: str) -> dict:
     """{exit layer: primary metric} of one multi-exit run, from the early_exit.json its result.json names."""
+    ee = early_exit_result(run_dir)
+    return {row["layer"]: row["metrics"][ee["primary_metric"]] for row in ee["per_exit"]} if ee else {}
+
+
+def early_exit_result(run_dir: str) -> dict:
+    """The early_exit.json that a multi-exit run's result.json names ({} when there is none)."""
     with open(os.path.join(run_dir, "result.json")) as f:
         rel = json.load(f).get("early_exit_json")
     if not rel:
         return {}
     with open(rel if os.path.isabs(rel) else os.path.join(run_dir, rel)) as f:
-        ee = json.load(f)
-    return {row["layer"]: row["metrics"][ee["primary_metric"]] for row in ee["per_exit"]}
+        return json.load(f)
+
+
+def _cell(values) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    return f"{statistics.mean(values):.2f}" + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")
+
+
+def speedup_profiles(runs_dir: str, task: str, methods=MULTI) -> Dict[str, Dict[int, dict]]:
+    """method -> seed -> {"1.5", "2", "3", "area", "metric"} of every multi-exit run of TASK with early-exit results."""
+    from acl_fairseq.cli.report import speedup_profile
+
+    profiles: Dict[str, Dict[int, dict]] = {}
+    for m in methods:
+        for d in sorted(glob.glob(os.path.join(runs_dir, task, m, "seed*", "result.json"))):
+            ee = early_exit_result(os.path.dirname(d))
+            if ee:
+                prof = speedup_profile(ee)
+                seed = int(os.path.basename(os.path.dirname(d))[4:])
+                profiles.setdefault(m, {})[seed] = {**prof["at"], "area": prof["area"], "metric": prof["metric"]}
+    return profiles
+
+
+def speedup_markdown(runs_dir: str, task: str, methods=MULTI, base: str = "multi_exit_ce") -> str:
+    """Each multi-exit method's metric at 1.5x, 2x and 3x fewer layers and its mean over 1x-3x (the entropy
+    curve, report.speedup_profile), mean ± std over seeds, then each method minus BASE paired by seed."""
+    from acl_fairseq.cli.report import SPEEDUPS
+
+    keys = [f"{x:g}" for x in SPEEDUPS] + ["area"]
+    profiles = speedup_profiles(runs_dir, task, methods)
+    if not profiles:
+        return ""
+    metric = next(iter(next(iter(profiles.values())).values()))["metric"]
+    head = "| method | seeds | " + " | ".join(f"at {k}x" if k != "area" else "mean 1x-3x" for k in keys) + " |\n"
+    rows = [f"| {m} | {len(ps)} | " + " | ".join(_cell([p[k] for p in ps.values()]) for k in keys) + " |"
+            for m, ps in profiles.items()]
+    out = (f"\n{task}: {metric} against layer speed-up on the entropy curve (interpolated; '-' where a curve does not "
+           "reach the speed-up), mean ± std over seeds:\n\n" + head + "|---|---|" + "---|" * len(keys) + "\n"
+           + "\n".join(rows) + "\n")
+    diffs = []
+    for m, ps in profiles.items():
+        seeds = sorted(set(ps) & set(profiles.get(base, {}))) if m != base else []
+        if not seeds:
+            continue
+        cells = []
+        for k in keys:
+            d = [ps[s][k] - profiles[base][s][k] for s in seeds if None not in (ps[s][k], profiles[base][s][k])]
+            sd = f" ± {statistics.stdev(d):.2f}" if len(d) > 1 else ""
+            cells.append(f"{statistics.mean(d):+.2f}{sd} ({sum(x > 0 for x in d)}/{len(d)} ahead)" if d else "-")
+        diffs.append(f"| {m} − {base} | {', '.join(map(str, seeds))} | " + " | ".join(cells) + " |")
+    if diffs:
+        out += ("\nPaired by seed (difference of the means above over the seeds both have; seeds where the method is "
+                "ahead):\n\n| pair | seeds | " + " | ".join(f"at {k}x" if k != "area" else "mean 1x-3x" for k in keys)
+                + " |\n|---|---|" + "---|" * len(keys) + "\n" + "\n".join(diffs) + "\n")
+    return out
 
 
 def paired_exit_markdown(runs_dir: str, task: str, method: str = "acl_cross_layer", base: str = "multi_exit_ce") -> str:
@@ -225,7 +288,8 @@ def binarize(task: str, work: str, enc: G.Encoder) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", nargs="+", default=TASKS, choices=TASKS)
-    p.add_argument("--methods", nargs="+", default=SINGLE + MULTI, choices=SINGLE + MULTI)
+    p.add_argument("--methods", nargs="+", default=SINGLE + MULTI[:2], choices=SINGLE + MULTI,
+                   help="methods to run (default: the single-exit ones, multi_exit_ce and acl_cross_layer)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--multi-exit-tasks", nargs="+", default=["SST-2"], choices=[t for t in TASKS if t != "STS-B"],
                    help="tasks that also run the multi-exit methods (per-exit metrics, early-exit curve)")
@@ -272,8 +336,11 @@ def main(argv=None) -> int:
                             for t, s in PROTOCOL.items() if t in args.tasks)
                 + f". Multi-exit methods on {', '.join(args.multi_exit_tasks)}; STS-B: ce only.\n"
                 + legacy_markdown(runs_dir) + restored_markdown(runs_dir)
-                + "".join(paired_exit_markdown(runs_dir, t) for t in args.multi_exit_tasks)
+                + "".join(paired_exit_markdown(runs_dir, t) + speedup_markdown(runs_dir, t)
+                          for t in args.multi_exit_tasks)
                 + cost_markdown(training_minutes(runs_dir)))
+    R.write_atomic(os.path.join(args.results, "quality_speedup.json"), json.dumps(
+        {t: speedup_profiles(runs_dir, t) for t in args.multi_exit_tasks}, indent=1, sort_keys=True) + "\n")
     print(open(md).read())
     return 0
 

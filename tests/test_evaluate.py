@@ -258,6 +258,9 @@ def test_evaluate_writes_json_with_every_field(evaluated):
     never, always = result["settings"][0], result["settings"][2]
     assert never["avg_exit_layer"] == 3 and never["metrics"] == result["per_exit"][-1]["metrics"]
     assert always["avg_exit_layer"] == 1 and always["metrics"] == result["per_exit"][0]["metrics"]
+    profile = result["speedup_profile"]  # the entropy curve reaches 3x, where every example leaves at layer 1
+    assert profile["metric"] == "accuracy" and profile["at"]["3"] == pytest.approx(always["metrics"]["accuracy"])
+    assert profile["area"] is not None
     assert "layer_speedup" in stdout and "confidence" in stdout  # the printed table
 
 

@@ -22,11 +22,13 @@ REPO = helpers.REPO
 RECIPES = os.path.join(REPO, "recipes")
 GLUE = os.path.join(RECIPES, "glue")
 TASKS = ["CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI", "QNLI", "RTE", "WNLI"]
-METHODS = ["ce", "scl", "acl_embed", "acl_grad", "acl_cross_layer", "multi_exit_ce", "multi_exit_scl"]
-MULTI_EXIT = {"acl_cross_layer", "multi_exit_ce", "multi_exit_scl"}
+METHODS = ["ce", "scl", "acl_embed", "acl_grad", "acl_cross_layer", "multi_exit_ce", "multi_exit_scl", "multi_exit_kd",
+           "acl_cross_layer_cl_only"]
+MULTI_EXIT = {"acl_cross_layer", "multi_exit_ce", "multi_exit_scl", "multi_exit_kd", "acl_cross_layer_cl_only"}
 CRITERION = {
     "ce": "sentence_ce", "scl": "sentence_scl", "acl_embed": "acl_embed", "acl_grad": "acl_grad",
     "acl_cross_layer": "acl_cross_layer", "multi_exit_ce": "sentence_ce", "multi_exit_scl": "sentence_scl",
+    "multi_exit_kd": "multi_exit_kd", "acl_cross_layer_cl_only": "acl_cross_layer",
 }
 # fairseq's RoBERTa GLUE table (README.glue.md@v0.10.2): num classes, lr, batch size, total and warm-up
 # updates; WNLI derived the same way (10 x 635 / 16). Best metric: the task's GLUE metric.

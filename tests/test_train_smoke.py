@@ -18,6 +18,7 @@ RUNS = [
     ("acl_grad", "roberta", ["--acl-grad-scope", "features"], {"grad_cos", "conflict_rate"}),
     ("sentence_ce", "multi_exit_roberta", [], {"accuracy_exit1", "accuracy_exit2", "accuracy_exit3"}),
     ("acl_cross_layer", "multi_exit_roberta", [], {"acl_loss", "acl_cl_loss", "grad_cos", "accuracy_exit1"}),
+    ("multi_exit_kd", "multi_exit_roberta", [], {"kd_loss", "accuracy_exit1"}),
 ]
 
 
@@ -124,7 +125,7 @@ def test_layout_imports_without_torch_or_fairseq(tmp_path):
 
 def test_fairseq_train_help_lists_the_plugin_criteria():
     proc = helpers.run_fairseq("fairseq_cli.train", ["--user-dir", helpers.USER_DIR, "--help"])
-    for name in ["acl_embed", "acl_grad", "acl_cross_layer", "sentence_scl", "sentence_ce"]:
+    for name in ["acl_embed", "acl_grad", "acl_cross_layer", "sentence_scl", "sentence_ce", "multi_exit_kd"]:
         assert name in proc.stdout, name
 
 
@@ -143,6 +144,7 @@ def test_plugin_help_lists_architectures(tool):
                       "--acl-grad-scope"]),
         ("acl_cross_layer", ["--acl-cl-weight", "--acl-cl-temperature", "--no-acl-grad", "--contrast-across-workers",
                              "--exit-layers", "--exit-pooling"]),
+        ("multi_exit_kd", ["--kd-weight", "--kd-temperature", "--exit-weighting"]),
     ],
 )
 def test_help_documents_every_criterion_and_model_option(criterion, flags):

@@ -312,6 +312,10 @@ def evaluate(args) -> Dict:
             "unit": "seconds per example",
         },
     }
+    if any(s["policy"] == "entropy" for s in result["settings"]):
+        result["speedup_profile"] = report.speedup_profile(result, "entropy")
+        logger.info("entropy curve: %s at layer speed-ups %s, mean over 1x-3x %s",
+                    result["primary_metric"], result["speedup_profile"]["at"], result["speedup_profile"]["area"])
     if args.test_split:
         result["predictions"] = write_test_predictions(model, task, args, head_name, ctx)
     return result

@@ -128,6 +128,49 @@ def plot_result(result: Dict, path: str) -> None:
     plt.close(fig)
 
 
+SPEEDUPS = (1.5, 2.0, 3.0)  # METHOD.md "Quality against speed": the fixed layer speed-ups reported
+AREA_UPTO = 3.0  # the area runs from 1x to this speed-up
+
+
+def quality_curve(result: Dict, policy: str = "entropy", metric: Optional[str] = None) -> List[tuple]:
+    """``(layer speed-up, metric)`` points of one policy, starting from all layers at 1x, by speed-up.
+
+    Settings that give the same speed-up are averaged, so the curve is a function of the speed-up.
+    """
+    metric = metric or metric_names(result)[0]
+    points: Dict[float, List[float]] = {1.0: [result["per_exit"][-1]["metrics"][metric]]}
+    for s in result["settings"]:
+        if s["policy"] == policy:
+            points.setdefault(round(s["layer_speedup"], 12), []).append(s["metrics"][metric])
+    return sorted((x, statistics.mean(ys)) for x, ys in points.items())
+
+
+def interpolate(curve: List[tuple], x: float) -> Optional[float]:
+    """The curve's value at ``x``, linear between its neighbouring points; None outside it (no extrapolation)."""
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return curve[0][1] if len(curve) == 1 and curve[0][0] == x else None
+
+
+def speedup_profile(result: Dict, policy: str = "entropy", metric: Optional[str] = None) -> Dict:
+    """The metric at the fixed layer speed-ups (:data:`SPEEDUPS`) and its mean over 1x..:data:`AREA_UPTO`.
+
+    ``{"policy", "metric", "at": {"1.5": value or None, ...}, "area": value or None}``; ``area`` is the
+    trapezoid area under the curve from 1x to 3x divided by the width (a mean metric), None when the
+    curve does not reach 3x. A curve that stops short of a speed-up reports None there.
+    """
+    metric = metric or metric_names(result)[0]
+    curve = quality_curve(result, policy, metric)
+    at = {f"{x:g}": interpolate(curve, x) for x in SPEEDUPS}
+    area = None
+    if curve[-1][0] >= AREA_UPTO:
+        xs = [x for x, _ in curve if x < AREA_UPTO] + [AREA_UPTO]
+        ys = [interpolate(curve, x) for x in xs]
+        area = sum((x1 - x0) * (y0 + y1) / 2 for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:])) / (AREA_UPTO - 1.0)
+    return {"policy": policy, "metric": metric, "at": at, "area": area}
+
+
 def mean_std(values: List[float]):
     """Mean and sample standard deviation over seeds: (None, None) for no values, std None for one."""
     if not values:
