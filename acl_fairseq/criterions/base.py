@@ -79,6 +79,7 @@ class ExitCriterionBase(FairseqCriterion):
         for key in self.temperatures:
             if getattr(cfg, key) is not None:
                 losses.check_temperature(getattr(cfg, key), "--" + key.replace("_", "-"))
+        losses.check_weights(cfg)  # the loss weights and ACL-Grad's threshold, each in its range
         self.head_name = cfg.classification_head_name
         self.regression = cfg.regression_target
         name = type(self).__name__
