@@ -6,7 +6,6 @@ result is float32; float64 inputs stay float64 (so that ``torch.autograd.gradche
 Features are passed un-normalized unless a docstring says otherwise. No state is kept between calls.
 ACL-Grad's gradient cosine is in :mod:`acl_fairseq.gradients`, the early-exit entropy in :mod:`acl_fairseq.exits`.
 """
-import math
 from typing import Sequence
 
 import torch
@@ -47,29 +46,6 @@ def check_temperature(temperature: float, name: str = "temperature") -> None:
     """Raise ValueError unless ``temperature > 0`` (``name``: the option, e.g. "--acl-temperature")."""
     if not temperature > 0:
         raise ValueError(f"{name} must be > 0, got {temperature}")
-
-
-# The meaningful range of each loss weight (and of ACL-Grad's cosine threshold), by criterion config
-# field: outside it a weight flips or drops a term (an SCL lambda of 2 gives CE the weight -1, a negative
-# ACL weight rewards spreading same-label samples, a cosine threshold above 1 discards every ACL step).
-WEIGHT_RANGES = {
-    "scl_weight": (0.0, 1.0),
-    "acl_weight": (0.0, math.inf),
-    "acl_cl_weight": (0.0, math.inf),
-    "acl_grad_threshold": (-1.0, 1.0),
-}
-
-
-def check_weights(cfg) -> None:
-    """Raise ValueError naming the flag when a :data:`WEIGHT_RANGES` field of ``cfg`` lies outside its range
-    (NaN and infinities included); fields that ``cfg`` lacks or leaves unset are skipped."""
-    for key, (low, high) in WEIGHT_RANGES.items():
-        value = getattr(cfg, key, None)
-        if value is None:
-            continue
-        if not (math.isfinite(value) and low <= value <= high):
-            allowed = f">= {low:g}" if high == math.inf else f"in [{low:g}, {high:g}]"
-            raise ValueError(f"--{key.replace('_', '-')} must be a finite number {allowed}, got {value}")
 
 
 def _check_choice(value: str, choices: Sequence[str], name: str) -> None:
