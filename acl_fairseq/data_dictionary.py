@@ -86,6 +86,9 @@ def check(trained: Optional[str], data, checkpoint: str) -> None:
 def check_loaded(model, cfg, checkpoint: str) -> None:
     """:func:`check` for a model loaded from ``checkpoint`` with the data folder of ``cfg.task.data``."""
     trained = getattr(model, BUILT_FROM) if hasattr(model, BUILT_FROM) else recorded(cfg.model)
+    if trained is None:  # a converted encoder's conventions record names its dictionary too
+        record = conventions.from_args(cfg.model)
+        trained = record["dictionary_sha256"] if record else None
     check(trained, cfg.task.data, checkpoint)
 
 
