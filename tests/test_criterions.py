@@ -133,6 +133,32 @@ def test_a_temperature_of_zero_or_below_is_refused_at_construction(data, name, f
         build(data, name, arch="multi_exit_roberta", extra=[flag, value])
 
 
+@pytest.mark.parametrize("name,flag,value,allowed", [
+    ("sentence_scl", "--scl-weight", "2", r"in \[0, 1\]"),  # used to give CE the weight -1
+    ("sentence_scl", "--scl-weight", "-0.1", r"in \[0, 1\]"),
+    ("acl_embed", "--acl-weight", "-1", ">= 0"),  # used to train to a negative loss
+    ("acl_grad", "--acl-weight", "nan", ">= 0"),
+    ("acl_cross_layer", "--acl-cl-weight", "-0.5", ">= 0"),
+    ("acl_cross_layer", "--acl-weight", "inf", ">= 0"),
+    ("acl_grad", "--acl-grad-threshold", "5", r"in \[-1, 1\]"),  # used to drop the ACL term on every step
+    ("acl_cross_layer", "--acl-grad-threshold", "-1.5", r"in \[-1, 1\]"),
+    ("acl_grad", "--acl-grad-threshold", "nan", r"in \[-1, 1\]"),
+])
+def test_a_loss_weight_outside_its_range_is_refused_at_construction(data, name, flag, value, allowed):
+    with pytest.raises(ValueError, match=f"{flag} must be a finite number {allowed}, got {float(value)}"):
+        build(data, name, arch="multi_exit_roberta", extra=[flag, value])
+
+
+@pytest.mark.parametrize("name,flag,value", [
+    ("sentence_scl", "--scl-weight", "0"), ("sentence_scl", "--scl-weight", "1"),
+    ("acl_embed", "--acl-weight", "0"), ("acl_cross_layer", "--acl-cl-weight", "0"),
+    ("acl_grad", "--acl-grad-threshold", "-1"), ("acl_grad", "--acl-grad-threshold", "1"),
+])
+def test_the_ends_of_each_weight_range_are_accepted(data, name, flag, value):
+    _, _, crit, _ = build(data, name, arch="multi_exit_roberta", extra=[flag, value])
+    assert getattr(crit.cfg, flag[2:].replace("-", "_")) == float(value)
+
+
 def test_cross_layer_temperature_unset_means_the_acl_temperature(data):
     """METHOD.md: --acl-cl-temperature defaults to tau; only an unset value falls back."""
     _, model, default, sample = build(data, "acl_cross_layer", arch="multi_exit_roberta",

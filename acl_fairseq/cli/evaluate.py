@@ -21,7 +21,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from acl_fairseq import exits, glue_metrics
+from acl_fairseq import data_dictionary, exits, glue_metrics
 from acl_fairseq.cli import console, report
 from acl_fairseq.inference import early_exit, latency
 
@@ -123,6 +123,7 @@ def load_model(checkpoint: str, data_bin: str, user_dir: Optional[str], device: 
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
         [checkpoint], arg_overrides={"data": data_bin, "load_checkpoint_heads": True}
     )
+    data_dictionary.check_loaded(models[0], cfg, checkpoint)
     model = models[0].eval()
     if console.resolve_device(device) == "cuda":
         model = model.cuda()
@@ -341,7 +342,7 @@ def cli_main() -> None:
     console.setup_logging()
     try:
         main()
-    except FileNotFoundError as e:  # a wrong path: say so without a traceback
+    except (FileNotFoundError, data_dictionary.DictionaryMismatch) as e:  # a wrong path: say so without a traceback
         sys.exit(f"acl-evaluate: error: {e}")
 
 

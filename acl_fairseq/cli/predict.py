@@ -245,7 +245,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
         hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(args.checkpoint)),
                                       os.path.basename(args.checkpoint), os.path.abspath(args.data),
                                       tokenizer_file=args.tokenizer)
-    except hub_mod.TokenizerNotFound as e:
+    except (hub_mod.TokenizerNotFound, hub_mod.data_dictionary.DictionaryMismatch) as e:
         raise SystemExit(f"acl-predict: error: {e}") from None
     hub.eval()
     if console.resolve_device(args.device) == "cuda":

@@ -30,6 +30,7 @@ from .. import alignment, distributed, glue_metrics, losses
 from ..heads import ExitOutputs, collect_exit_outputs
 from . import gating
 from .meters import log_regression_predictions
+from .weights import check_weights
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class ExitCriterionBase(FairseqCriterion):
         for key in self.temperatures:
             if getattr(cfg, key) is not None:
                 losses.check_temperature(getattr(cfg, key), "--" + key.replace("_", "-"))
+        check_weights(cfg)  # the loss weights and ACL-Grad's threshold, each in its range
         self.head_name = cfg.classification_head_name
         self.regression = cfg.regression_target
         name = type(self).__name__

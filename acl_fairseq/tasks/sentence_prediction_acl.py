@@ -1,16 +1,20 @@
 """``--task sentence_prediction_acl``: fairseq's ``sentence_prediction`` plus TensorBoard projector
 snapshots of the label-embedding geometry that ACL shapes.
 
-A drop-in replacement: data loading, model building, training and validation steps are the stock
-task's, with three additions. Validation (every split but ``--train-subset``) keeps every example,
-whatever ``--required-batch-size-multiple``. ``train_step`` tells the criterion when fairseq replays
-a dummy batch (``--contrast-across-workers`` needs that). And :meth:`begin_valid_epoch`, which fairseq
-calls at the start of every validation, writes the projector snapshots. With ``--projector-every N``
-(N > 0), every N-th validation first runs the model in eval mode on a fixed, seeded sample of
-``--projector-samples`` sentences of the validation subset and writes, per exit, their head
-representations u^m and the exit's label embeddings (rows of ``out_proj.weight``) as one
-embedding-projector snapshot ``exit{L}`` at step = num_updates (see :mod:`acl_fairseq.projector` for
-the layout and metadata). Criteria do no file I/O, so this lives in the task.
+A drop-in replacement: data loading, model building, training and validation steps are the stock task's,
+with these additions. Before training (not when a checkpoint is loaded for use), the checkpoint training
+starts from is checked: a ``--restore-file`` that does not exist is refused (fairseq would train from
+random weights and exit 0), and so is one, or a resumed ``checkpoint_last.pt``, trained with another
+data dictionary; the model's arguments record the data dictionary's hash, so every checkpoint of the run
+carries it (:mod:`acl_fairseq.data_dictionary`). Validation (every split but ``--train-subset``) keeps
+every example, whatever ``--required-batch-size-multiple``. ``train_step`` tells the criterion when
+fairseq replays a dummy batch (``--contrast-across-workers`` needs that). And :meth:`begin_valid_epoch`,
+which fairseq calls at the start of every validation, writes the projector snapshots. With
+``--projector-every N`` (N > 0), every N-th validation first runs the model in eval mode on a fixed,
+seeded sample of ``--projector-samples`` sentences of the validation subset and writes, per exit, their
+head representations u^m and the exit's label embeddings (rows of ``out_proj.weight``) as one
+embedding-projector snapshot ``exit{L}`` at step = num_updates (see :mod:`acl_fairseq.projector` for the
+layout and metadata). Criteria do no file I/O, so this lives in the task.
 
     fairseq-train DATA --user-dir acl_fairseq --task sentence_prediction_acl ... \\
         --tensorboard-logdir tb --projector-every 5 --projector-samples 256
@@ -24,6 +28,7 @@ a 6-exit base model). Nothing at all when ``--projector-every 0`` (the default).
 Only the master process writes under distributed training. The validation count restarts at 0 when a
 run resumes.
 """
+import glob
 import logging
 import os
 from dataclasses import dataclass, field
@@ -33,9 +38,10 @@ from fairseq.tasks import register_task
 from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask
 from omegaconf import II
 
-from .. import conventions, glue_metrics, projector
+from .. import conventions, data_dictionary, glue_metrics, projector
 
 logger = logging.getLogger(__name__)
+DEFAULT_RESTORE_FILE = "checkpoint_last.pt"  # fairseq's default, looked up in --save-dir
 
 
 @dataclass
@@ -74,6 +80,8 @@ class SentencePredictionAclConfig(SentencePredictionConfig):
     tensorboard_logdir: Optional[str] = II("common.tensorboard_logdir")
     train_subset: str = II("dataset.train_subset")
     restore_file: str = II("checkpoint.restore_file")
+    checkpoint_suffix: str = II("checkpoint.checkpoint_suffix")
+    save_dir: str = II("checkpoint.save_dir")
 
 
 @register_task("sentence_prediction_acl", dataclass=SentencePredictionAclConfig)
@@ -90,13 +98,23 @@ class SentencePredictionAclTask(SentencePredictionTask):
         self._indices: Optional[List[int]] = None
         self._writer = None
         self.projector_logdir = None
-        check_restore_dictionary(cfg)
         if cfg.projector_every < 0:
             raise ValueError(f"--projector-every must be >= 0 (0 = off), got {cfg.projector_every}")
         if cfg.projector_every > 0:
             if cfg.projector_samples <= 0:
                 raise ValueError(f"--projector-samples must be positive, got {cfg.projector_samples}")
             self.projector_logdir = projector.resolve_logdir(cfg.projector_logdir, cfg.tensorboard_logdir)
+
+    @classmethod
+    def setup_task(cls, cfg, from_checkpoint=False, **kwargs):
+        if not from_checkpoint:  # a loaded checkpoint's --restore-file is its history, not a file to read now
+            check_restore(cfg)
+        return super().setup_task(cfg, from_checkpoint=from_checkpoint, **kwargs)
+
+    def build_model(self, cfg, from_checkpoint=False):
+        if not from_checkpoint:  # training: the checkpoints of this run name their data dictionary
+            data_dictionary.record(cfg, self.cfg.data)
+        return super().build_model(cfg, from_checkpoint)
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         """The stock step; while fairseq replays a dummy batch (``ignore_grad``) the criterion knows it."""
@@ -153,6 +171,39 @@ class SentencePredictionAclTask(SentencePredictionTask):
             "projector snapshot at update %d: %d samples + label embeddings, tags %s, in %s",
             step, len(indices), ", ".join(s.tag for s in snaps), self.projector_logdir,
         )
+
+
+def check_restore(cfg) -> None:
+    """Before training: the checkpoint training starts from exists and was trained with the data's dictionary.
+
+    fairseq looks a non-default ``--restore-file`` up as given (relative to the working directory) and, when
+    it is missing, trains from random weights and exits 0. Only its default, ``checkpoint_last.pt``, may be
+    missing: it is looked up in ``--save-dir`` and absent on a first run (a resume when present)."""
+    restore = getattr(cfg, "restore_file", None)
+    suffix = getattr(cfg, "checkpoint_suffix", None) or ""
+    if not restore:
+        return
+    if restore == DEFAULT_RESTORE_FILE:
+        last = os.path.join(getattr(cfg, "save_dir", None) or ".", f"checkpoint_last{suffix}.pt")
+        if os.path.isfile(last):
+            data_dictionary.check(data_dictionary.recorded_in_file(last), getattr(cfg, "data", None), last)
+        return
+    stem = restore[: -len(".pt")] if restore.endswith(".pt") else restore
+    # fairseq inserts --checkpoint-suffix, and under sharded training a shard or model-part suffix, before .pt
+    candidates = [restore, f"{stem}{suffix}.pt"] + [
+        p for part in ("-shard", "-model_part-") for p in glob.glob(glob.escape(stem + suffix + part) + "*.pt")]
+    if not any(os.path.exists(p) for p in candidates):
+        raise FileNotFoundError(
+            f"--restore-file {restore}: no such file (fairseq would train from random weights). Give the checkpoint "
+            f"to start from; a relative path is read from the working directory {os.getcwd()} (only the default, "
+            f"{DEFAULT_RESTORE_FILE}, is looked up in --save-dir)"
+        )
+    check_restore_dictionary(cfg)
+    if os.path.isfile(restore):
+        trained = data_dictionary.recorded_in_file(restore)
+        beside = os.path.join(os.path.dirname(os.path.abspath(restore)), "dict.txt")
+        if trained is not None or not os.path.isfile(beside):  # a pretrained encoder's dict.txt was checked above
+            data_dictionary.check(trained, getattr(cfg, "data", None), f"--restore-file {restore}")
 
 
 def check_restore_dictionary(cfg) -> None:
