@@ -10,7 +10,9 @@ Output (the layout of fairseq's preprocess_GLUE_tasks.sh):
     OUT/label/{train,valid}.label                             STS-B: plain float scores / 5
     OUT/stats.json  (OUT/protocol.json with --few-shot/--label-noise)
     OUT/vocab.txt, OUT/spm.model or OUT/encoder.json + vocab.bpe: the tokenizer, named by stats.json "tokenizer"
-Everything is written to a hidden temporary folder next to OUT and renamed into place only when complete.
+Everything is written to a hidden temporary folder next to OUT and renamed into place only when complete; the
+folder is removed on an error, Ctrl-C or SIGTERM. Bad input or settings stop the run with one line naming the
+file (and line) and the fix, exit status 2.
 stats.json: the tokenizer record (``acl_fairseq.tokenization``; file names relative to OUT, no absolute path
 anywhere, so OUT can move), examples, label counts and token-length percentiles per split (lengths as the
 model sees them, with <s>/</s>), the unknown-token count, and ``over_max_positions``: examples longer than
@@ -286,13 +288,12 @@ def run(args) -> str:
             f"{out}: the output path contains a comma, which fairseq-preprocess cannot take. Fix: rename it"
         )
     t0 = time.time()
-    splits, record, train_full = plan_splits(args, spec)
-    check_label_coverage(splits, spec)
-    os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(out)}.tmp-{os.getpid()}")
     work = os.path.join(tmp, ".text")
-    try:
-        os.makedirs(work)
+    try:  # removes tmp on any error, on Ctrl-C and on SIGTERM (cli_main turns it into SystemExit)
+        _make_work_folder(out, work)  # first: an --output that cannot be written fails before the splits are read
+        splits, record, train_full = plan_splits(args, spec)
+        check_label_coverage(splits, spec)
         enc, srcdict, info = glue_tokenizers.setup_tokenizer(args, tmp, work, train_full)
         n_inputs = len(spec.inputs)
         write_token_files(splits, n_inputs, enc, work, args.workers)
@@ -312,6 +313,15 @@ def run(args) -> str:
     summary = ", ".join(f"{k} {v['examples']}" for k, v in stats["splits"].items())
     logger.info(f"wrote {out} ({summary}) in {stats['seconds']}s")
     return out
+
+
+def _make_work_folder(out: str, work: str) -> None:
+    try:
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        os.makedirs(work)
+    except OSError as e:
+        raise GlueDataError(f"{out}: cannot write there ({e.strerror}: {e.filename}). Fix: choose an --output in a "
+                            "folder you can write to") from None
 
 
 def _write_json(path: str, obj) -> None:
@@ -338,10 +348,11 @@ def main(argv=None) -> int:
         run(args)
     except GlueDataError as e:
         sys.stderr.write(f"error: {e}\n")
-        return 1
+        return 2  # bad input or settings, as argparse's usage errors
     return 0
 
 
 def cli_main() -> None:
     """``acl-preprocess`` (and ``python preprocess/glue.py``)."""
+    console.exit_on_sigterm()  # the hidden temporary folder is removed on SIGTERM as on Ctrl-C
     sys.exit(main())
