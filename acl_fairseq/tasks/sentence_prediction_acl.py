@@ -33,7 +33,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask
 from omegaconf import II
 
-from .. import conventions, glue_metrics, projector
+from .. import checkpoint_safety, conventions, glue_metrics, projector
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,8 @@ class SentencePredictionAclConfig(SentencePredictionConfig):
     tensorboard_logdir: Optional[str] = II("common.tensorboard_logdir")
     train_subset: str = II("dataset.train_subset")
     restore_file: str = II("checkpoint.restore_file")
+    save_dir: str = II("checkpoint.save_dir")
+    checkpoint_suffix: str = II("checkpoint.checkpoint_suffix")
 
 
 @register_task("sentence_prediction_acl", dataclass=SentencePredictionAclConfig)
@@ -97,6 +99,12 @@ class SentencePredictionAclTask(SentencePredictionTask):
             if cfg.projector_samples <= 0:
                 raise ValueError(f"--projector-samples must be positive, got {cfg.projector_samples}")
             self.projector_logdir = projector.resolve_logdir(cfg.projector_logdir, cfg.tensorboard_logdir)
+
+    def build_criterion(self, cfg, from_checkpoint=False):
+        # fairseq-train builds the criterion just before it loads --restore-file (or resumes); loading a model
+        # for evaluation never does, so a damaged checkpoint_last.pt of a past run does not block that
+        check_restore_readable(self.cfg)
+        return super().build_criterion(cfg, from_checkpoint)
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         """The stock step; while fairseq replays a dummy batch (``ignore_grad``) the criterion knows it."""
@@ -172,6 +180,38 @@ def check_restore_dictionary(cfg) -> None:
             f"the data dictionary {ours} differs from {theirs}, the dictionary of --restore-file {restore}: the "
             f"data was binarized with another tokenizer or vocabulary; binarize it again with --srcdict {theirs}"
         )
+
+
+def restore_path(cfg) -> Optional[str]:
+    """The checkpoint fairseq-train will load, as ``checkpoint_utils.load_checkpoint`` picks it: the run's own
+    ``checkpoint_last.pt`` (resume) for the default --restore-file, else --restore-file."""
+    restore = getattr(cfg, "restore_file", None)
+    if not restore:
+        return None
+    if restore == "checkpoint_last.pt":
+        save_dir = getattr(cfg, "save_dir", None)
+        return os.path.join(save_dir, f"checkpoint_last{getattr(cfg, 'checkpoint_suffix', '') or ''}.pt") \
+            if save_dir else None
+    return restore
+
+
+def check_restore_readable(cfg) -> None:
+    """Stop with one line and exit status 2 when the checkpoint fairseq-train is about to load is empty or cut
+    short (a killed save, a partial copy); torch would fail with a traceback after the model is built. A
+    missing file is left to fairseq (a first launch has no checkpoint_last.pt)."""
+    path = restore_path(cfg)
+    if path is None or not os.path.exists(path):
+        return
+    try:
+        if cfg.restore_file == "checkpoint_last.pt":  # resuming the run in --save-dir
+            checkpoint_safety.check_readable(path, "the run's checkpoint_last.pt", fix=(
+                "Fix: remove it to start the run over, or copy a whole checkpoint of this run (e.g. "
+                "checkpoint_best.pt) over it"))
+        else:
+            checkpoint_safety.check_readable(path, "--restore-file")
+    except checkpoint_safety.CheckpointError as e:
+        logger.error("%s", e)
+        raise SystemExit(2) from None
 
 
 def _is_master() -> bool:
