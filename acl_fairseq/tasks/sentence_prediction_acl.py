@@ -2,7 +2,7 @@
 snapshots of the label-embedding geometry that ACL shapes.
 
 A drop-in replacement: data loading, model building, training and validation steps are the stock
-task's, with three additions. Validation (every split but ``--train-subset``) keeps every example,
+task's, with four additions. Validation (every split but ``--train-subset``) keeps every example,
 whatever ``--required-batch-size-multiple``. ``train_step`` tells the criterion when fairseq replays
 a dummy batch (``--contrast-across-workers`` needs that). And :meth:`begin_valid_epoch`, which fairseq
 calls at the start of every validation, writes the projector snapshots. With ``--projector-every N``
@@ -10,7 +10,9 @@ calls at the start of every validation, writes the projector snapshots. With ``-
 ``--projector-samples`` sentences of the validation subset and writes, per exit, their head
 representations u^m and the exit's label embeddings (rows of ``out_proj.weight``) as one
 embedding-projector snapshot ``exit{L}`` at step = num_updates (see :mod:`acl_fairseq.projector` for
-the layout and metadata). Criteria do no file I/O, so this lives in the task.
+the layout and metadata). Criteria do no file I/O, so this lives in the task. Last, before fairseq-train
+loads --restore-file (or resumes from the run's ``checkpoint_last.pt``), an empty or cut-short file stops
+the run with one line and exit status 2 (:func:`check_restore_readable`).
 
     fairseq-train DATA --user-dir acl_fairseq --task sentence_prediction_acl ... \\
         --tensorboard-logdir tb --projector-every 5 --projector-samples 256
