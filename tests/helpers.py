@@ -148,3 +148,21 @@ def _records(path: str):
             data = f.read(length)
             f.read(4)
             yield data
+
+
+def unwritable_folder(tmp_path) -> str:
+    """A folder in which this process cannot create files: a read-only folder under ``tmp_path``, or /sys when
+    running as root (root ignores permission bits); skips the test where there is none."""
+    import pytest
+
+    read_only = os.path.join(str(tmp_path), "read_only")
+    os.makedirs(read_only, exist_ok=True)
+    os.chmod(read_only, 0o500)
+    for folder in (read_only, "/sys"):
+        probe = os.path.join(folder, ".acl_fairseq_probe")
+        try:
+            open(probe, "w").close()
+        except OSError:
+            return folder
+        os.remove(probe)
+    pytest.skip("no folder here refuses writes")

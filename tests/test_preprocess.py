@@ -323,7 +323,7 @@ def test_gpt2_offline_says_what_to_do(tmp_path, capsys):
     rc = run_main("CoLA", folder, tmp_path / "bin", "--tokenizer", "gpt2", "--bpe-dir", str(tmp_path / "b"),
                   "--bpe-url", "http://127.0.0.1:9/")
     err = capsys.readouterr().err
-    assert rc == 1 and "download" in err and "--bpe-dir" in err and "encoder.json" in err
+    assert rc == 2 and "download" in err and "--bpe-dir" in err and "encoder.json" in err
     assert os.listdir(tmp_path / "b") == [] and sorted(os.listdir(tmp_path)) == ["CoLA", "b"]  # no output, no temp
 
 
@@ -482,7 +482,7 @@ def test_bad_input_is_a_clear_error_and_leaves_nothing(tmp_path, assets, capsys,
     os.makedirs(tmp_path / "out")
     rc = run_main("RTE", folder, tmp_path / "out" / "bin", *tok_args("wordpiece", assets))
     err = capsys.readouterr().err
-    assert rc == 1 and expected in err and "Fix:" in err and "Traceback" not in err
+    assert rc == 2 and expected in err and "Fix:" in err and "Traceback" not in err
     assert not os.path.exists(tmp_path / "out" / "bin") and os.listdir(tmp_path / "out") == []
 
 
@@ -503,7 +503,7 @@ def test_missing_folder_and_cli_exit_code(tmp_path, command):
          "--output", str(tmp_path / "bin"), "--tokenizer", "wordpiece", "--vocab", "v.txt"],
         capture_output=True, text=True, cwd=str(tmp_path),
     )
-    assert proc.returncode == 1 and "nope: no such folder" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "nope: no such folder" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "bin").exists()
 
 
@@ -512,10 +512,10 @@ def test_failed_rerun_keeps_complete_output(tmp_path, assets, capsys):
     out = tmp_path / "bin"
     assert run_main("RTE", folder, out, *tok_args("wordpiece", assets)) == 0
     before = {p: (out / p).read_bytes() for p in ("stats.json", "input0/train.bin", "label/dict.txt")}
-    assert run_main("RTE", folder, out, *tok_args("wordpiece", assets)) == 1
+    assert run_main("RTE", folder, out, *tok_args("wordpiece", assets)) == 2
     assert "output exists" in capsys.readouterr().err
     _break(folder, "train", 3, "broken")
-    assert run_main("RTE", folder, out, *tok_args("wordpiece", assets), "--force") == 1
+    assert run_main("RTE", folder, out, *tok_args("wordpiece", assets), "--force") == 2
     assert {p: (out / p).read_bytes() for p in before} == before
     assert sorted(os.listdir(tmp_path)) == ["RTE", "bin"]
     make_task(tmp_path, "RTE", seed=5)  # repaired input: --force replaces the old output
@@ -589,7 +589,7 @@ def test_label_noise_end_to_end(tmp_path, assets):
 
 def test_few_shot_too_small_for_labels(tmp_path, assets, capsys):
     folder, _ = make_task(tmp_path, "MNLI", n=(30, 9, 3))
-    assert run_main("MNLI", folder, tmp_path / "bin", *tok_args("wordpiece", assets), "--few-shot", "2") == 1
+    assert run_main("MNLI", folder, tmp_path / "bin", *tok_args("wordpiece", assets), "--few-shot", "2") == 2
     assert "never occurs in the training split" in capsys.readouterr().err
 
 
@@ -629,3 +629,39 @@ def test_real_rte_and_cola(tmp_path):
     st = stats_of(few)
     assert {k: v["examples"] for k, v in st["splits"].items()} == {"train": 100, "valid": 139, "test": 138}
     assert st["protocol"]["label_noise"]["changed"] == 10
+
+
+# ------------------------------------------------------------------ an unwritable output, SIGTERM
+
+
+def test_output_in_an_unwritable_folder_is_one_line_and_exit_status_2(tmp_path, assets, capsys):
+    import helpers
+
+    folder, _ = make_task(tmp_path, "RTE")
+    out = os.path.join(helpers.unwritable_folder(tmp_path), "new", "bin")
+    rc = run_main("RTE", folder, out, *tok_args("wordpiece", assets))
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert f"{out}: cannot write there" in line and "Fix: choose an --output" in line
+
+
+def test_sigterm_mid_run_removes_the_temporary_folder(tmp_path, assets):
+    """What schedulers and `timeout` send: the hidden .bin.tmp-PID folder goes, as on Ctrl-C (exit 143)."""
+    import signal
+    import time
+
+    folder, _ = make_task(tmp_path, "SST-2", n=(100000, 12, 6))
+    out = tmp_path / "bin"
+    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "preprocess", "glue.py"), "--task", "SST-2", "--input",
+                             folder, "--output", str(out), "--workers", "2", *tok_args("wordpiece", assets)],
+                            env=dict(os.environ, PYTHONPATH=REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    tmp = tmp_path / f".bin.tmp-{proc.pid}"
+    deadline = time.time() + 120
+    while not (tmp / ".text" / "train.input0").exists():  # tokenizing: mid-run
+        assert proc.poll() is None and time.time() < deadline, "the run ended before it could be stopped"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=60)[1].decode()
+    assert proc.returncode == 143, err[-2000:]
+    assert sorted(os.listdir(tmp_path)) == ["SST-2"], "no temporary folder, no output"

@@ -82,11 +82,13 @@ def test_data_dictionary_other_than_the_restore_files_is_refused_at_start_up(dat
     import os
     import shutil
 
+    import torch
+
     from acl_fairseq.conventions import ConventionsError
 
     restore = tmp_path / "roberta" / "model.pt"
     restore.parent.mkdir()
-    restore.write_bytes(b"not read before the check")
+    torch.save({}, str(restore))  # a readable file; the dictionaries are compared before it is loaded
     shutil.copy(os.path.join(data, "input0", "dict.txt"), restore.parent / "dict.txt")
     extra = ["--task", "sentence_prediction_acl", "--restore-file", str(restore)]
     build(data, "sentence_ce", extra=extra)  # the same dictionary: accepted

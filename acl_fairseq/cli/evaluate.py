@@ -21,7 +21,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from acl_fairseq import data_dictionary, exits, glue_metrics
+from acl_fairseq import checkpoint_safety, data_dictionary, exits, glue_metrics
 from acl_fairseq.cli import console, report
 from acl_fairseq.inference import early_exit, latency
 
@@ -116,13 +116,15 @@ def load_model(checkpoint: str, data_bin: str, user_dir: Optional[str], device: 
 
     if not os.path.isfile(checkpoint):
         raise FileNotFoundError(f"checkpoint file not found: {checkpoint}")
+    checkpoint_safety.check_readable(checkpoint)  # an empty or cut-short file: one line, before fairseq starts
     if not os.path.isdir(os.path.join(data_bin, "input0")):
         raise FileNotFoundError(f"{data_bin} is not a binarized sentence_prediction dir (no input0/)")
     if user_dir:
         utils.import_user_module(argparse.Namespace(user_dir=user_dir))
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [checkpoint], arg_overrides={"data": data_bin, "load_checkpoint_heads": True}
-    )
+    with checkpoint_safety.reading(checkpoint):
+        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+            [checkpoint], arg_overrides={"data": data_bin, "load_checkpoint_heads": True}
+        )
     data_dictionary.check_loaded(models[0], cfg, checkpoint)
     model = models[0].eval()
     if console.resolve_device(device) == "cuda":
@@ -340,10 +342,13 @@ def main(argv: Optional[List[str]] = None) -> Dict:
 
 def cli_main() -> None:
     console.setup_logging()
+    console.exit_on_sigterm()
     try:
         main()
-    except (FileNotFoundError, data_dictionary.DictionaryMismatch) as e:  # a wrong path: say so without a traceback
-        sys.exit(f"acl-evaluate: error: {e}")
+    # a wrong path, a damaged file, data of another dictionary: one line, no traceback
+    except (FileNotFoundError, checkpoint_safety.CheckpointError, data_dictionary.DictionaryMismatch) as e:
+        print(f"acl-evaluate: error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -5,13 +5,14 @@
 
 Input: a GLUE TSV (``--task``: the task's text columns, header and layout from
 ``acl_fairseq.preprocessing.glue_tasks``), a TSV with ``--columns`` (1-based), JSONL (``{"text": ...,
-"text_pair": ...}``; ``"id"`` is kept), or plain text, one sentence per line. Output, streamed in input
-order: one record per input with its id, label (or score), probabilities and exit layer. Without policy
-flags the last exit decides, like an ordinary classifier. A bad row (empty, wrong column count, bad JSON) is
-reported with ``file:line`` and skipped, or stops the run with ``--strict``. Inputs longer than the model's
-positions are cut and counted. The decisions are those of the layer-by-layer engine acl-evaluate checks, on
-the same length-sorted batches (``--chunk-size`` inputs are sorted together; the default holds a GLUE dev
-set whole).
+"text_pair": ..., "id": ...}``), or plain text, one sentence per line. Output, streamed in input order: one
+record per input with its id, label (or score), probabilities and exit layer. Without policy flags the last
+exit decides, like an ordinary classifier. A bad row (not UTF-8, empty, wrong column count, bad JSON, a null
+text) is reported with ``file:line`` and skipped, or stops the run with ``--strict``. The input is read as a
+stream (``acl_fairseq.cli.inputs``): a large file or a pipe needs no more memory than a chunk. Inputs longer
+than the model's positions are cut and counted. The decisions are those of the layer-by-layer engine
+acl-evaluate checks, on the same length-sorted batches (``--chunk-size`` inputs are sorted together; the
+default holds a GLUE dev set whole).
 """
 import argparse
 import itertools
@@ -19,30 +20,39 @@ import json
 import logging
 import os
 import sys
+import textwrap
 import time
-from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 from acl_fairseq import exits
-from acl_fairseq.cli import console
+from acl_fairseq.cli import console, inputs
+from acl_fairseq.cli.console import UsageError
+from acl_fairseq.cli.inputs import BadRow, Row
 
 logger = logging.getLogger("acl_fairseq.cli.predict")
 FORMATS = ("jsonl", "tsv")
+EXIT_STATUSES = ("Exit status: 0 when every row was read (bad rows skipped are counted and listed on stderr); "
+                 "1 with --strict at the first bad row; 2 for a usage or input error (a missing, binary or "
+                 "unreadable file, a damaged checkpoint, an --output that cannot be written), found before "
+                 "the model loads where it can be. An --output FILE is complete or absent: it is written to "
+                 "FILE.tmpPID and renamed at the end, and removed on any error, Ctrl-C (130) or SIGTERM (143).")
 
 
-class Row(NamedTuple):
-    id: str
-    line: int
-    texts: Tuple[str, ...]
-
-
-class BadRow(ValueError):
-    """An input row that cannot be predicted; the message starts with ``file:line``."""
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive whole number")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
+    epilog = "\n\n".join([__doc__.split("\n\n", 2)[2].rstrip(), textwrap.fill(inputs.ID_RULE, 108),
+                          textwrap.fill(EXIT_STATUSES, 108)])
     p = argparse.ArgumentParser(prog="acl-predict", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 2)[2])
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog)
     p.add_argument("checkpoint", help="fine-tuned checkpoint (checkpoint_best.pt of a run)")
     p.add_argument("--data", required=True, help="the binarized folder the model was trained on (dictionaries "
                    "and the tokenizer record: preprocess/glue.py's stats.json, or a converted encoder's folder)")
@@ -50,21 +60,24 @@ def build_parser() -> argparse.ArgumentParser:
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--task", help="the input is a GLUE TSV of this task (RTE, SST-2, ...): columns and header "
                      "as the GLUE files have them")
-    fmt.add_argument("--columns", help="the input is a TSV: the 1-based text column(s), e.g. 2 or 2,3 (a pair)")
-    p.add_argument("--input-format", choices=("auto", "tsv", "jsonl", "text"), default="auto",
+    fmt.add_argument("--columns", type=inputs.parse_columns,
+                     help="the input is a TSV: the 1-based text column(s), e.g. 2 or 2,3 (a pair)")
+    p.add_argument("--input-format", choices=inputs.KINDS, default="auto",
                    help="auto: tsv with --task/--columns, jsonl for *.jsonl, else text (one sentence per line)")
     p.add_argument("--header", action="store_true", help="with --columns: the first line is a header")
     p.add_argument("--policy", choices=exits.POLICIES, help="early-exit policy (multi-exit models only)")
     p.add_argument("--threshold", type=float, help="the policy's value: entropy H/log K below it, confidence at "
                    "least it, patience a count; default 0.3 (entropy), 0.9 (confidence), 2 (patience)")
     p.add_argument("--exit-layer", type=int, help="every input leaves at this exit (one of the model's layers)")
-    p.add_argument("--batch-size", type=int, default=32, help="inputs per batch (default: %(default)s)")
-    p.add_argument("--chunk-size", type=int, default=8192, help="inputs read and length-sorted together before "
-                   "batching; output is written per chunk, in input order (default: %(default)s)")
-    p.add_argument("--output", default="-", help="output file, or - for standard output (default)")
+    p.add_argument("--batch-size", type=_positive_int, default=32, help="inputs per batch (default: %(default)s)")
+    p.add_argument("--chunk-size", type=_positive_int, default=8192, help="inputs read and length-sorted together "
+                   "before batching; output is written per chunk, in input order (default: %(default)s)")
+    p.add_argument("--output", default="-", help="output file (written whole or not at all), or - for standard "
+                   "output (default)")
     p.add_argument("--format", choices=FORMATS, default="jsonl", help="output records (default: %(default)s)")
     p.add_argument("--force", action="store_true", help="overwrite an existing --output")
-    p.add_argument("--strict", action="store_true", help="stop at the first bad input row instead of skipping it")
+    p.add_argument("--strict", action="store_true", help="stop at the first bad input row (exit status 1, no "
+                   "--output file left) instead of skipping it")
     p.add_argument("--tokenizer", help="stats.json or conventions.json naming the tokenizer, when --data has none")
     console.add_device_argument(p)
     return p
@@ -73,92 +86,33 @@ def build_parser() -> argparse.ArgumentParser:
 DEFAULT_THRESHOLDS = {"entropy": 0.3, "confidence": 0.9, "patience": 2}
 
 
-# ---- input -------------------------------------------------------------------------------------
-
-
-def _lines(path: str) -> Iterator[Tuple[int, str]]:
-    f = sys.stdin if path == "-" else open(path, encoding="utf-8-sig")
-    try:
-        for lineno, line in enumerate(f, start=1):
-            yield lineno, line.rstrip("\r\n")
-    finally:
-        if f is not sys.stdin:
-            f.close()
-
-
-def read_rows(args) -> Iterator[object]:
-    """Rows of the input, or :class:`BadRow` errors in their place (the caller skips or stops)."""
-    name = "<stdin>" if args.input == "-" else args.input
-    kind = args.input_format
-    if kind == "auto":
-        kind = "tsv" if (args.task or args.columns) else "jsonl" if name.endswith(".jsonl") else "text"
-    columns, header, ncols = None, args.header, None
-    if args.task:
-        columns, header, ncols = glue_layout(args.task, args.input)
-    elif args.columns:
-        columns = [int(c) - 1 for c in args.columns.split(",")]
-    elif kind == "tsv":
-        raise SystemExit("acl-predict: error: a TSV input needs --task or --columns")
-    for lineno, line in _lines(args.input):
-        if header and lineno == 1:
-            continue
-        where = f"{name}:{lineno}"
-        if not line.strip():
-            yield BadRow(f"{where}: empty line, skipped")
-            continue
-        if kind == "jsonl":
-            try:
-                obj = json.loads(line)
-                texts = (obj["text"],) + ((obj["text_pair"],) if obj.get("text_pair") is not None else ())
-            except (ValueError, KeyError, TypeError) as e:
-                yield BadRow(f"{where}: not a JSON object with a 'text' field ({e}), skipped")
-                continue
-            yield Row(str(obj.get("id", lineno)), lineno, tuple(map(str, texts)))
-        elif kind == "tsv":
-            fields = line.split("\t")
-            if (ncols and len(fields) != ncols) or len(fields) <= max(columns):
-                yield BadRow(f"{where}: {len(fields)} tab-separated fields, expected "
-                             f"{ncols or max(columns) + 1}{' or more' if not ncols else ''}, skipped")
-                continue
-            texts = tuple(fields[c].strip() for c in columns)
-            if not all(texts):
-                yield BadRow(f"{where}: an empty text field, skipped")
-                continue
-            yield Row(fields[0] if args.task and header else str(lineno), lineno, texts)
-        else:
-            yield Row(str(lineno), lineno, (line.strip(),))
-
-
-def glue_layout(task: str, path: str) -> Tuple[List[int], bool, Optional[int]]:
-    """(text columns, header?, field count) of a GLUE file of ``task``: train/dev or test layout,
-    told apart by the header (test files have no label column)."""
-    from acl_fairseq.preprocessing.glue_tasks import get_task
-
-    spec = get_task(task)
-    first = next(_lines(path), (1, ""))[1].split("\t") if path != "-" else None
-    if first is None:
-        return list(spec.inputs), spec.header, None
-    if spec.label_header is None or not spec.header:  # CoLA: header-less train/dev, a header on test
-        if spec.ncols and len(first) == spec.ncols:
-            return list(spec.inputs), False, spec.ncols
-        return list(spec.test_inputs), True, None
-    is_dev = spec.label_header in [f.strip() for f in first]
-    return list(spec.inputs if is_dev else spec.test_inputs), True, len(first)
-
-
 # ---- output ------------------------------------------------------------------------------------
 
 
 class Writer:
-    """Records streamed to stdout, or to a temporary file renamed over ``path`` at the end (atomic)."""
+    """Records streamed to stdout (or a device such as /dev/null), or to a temporary file beside ``path`` that
+    is renamed over it at the end (atomic). Opened before the model loads, so a bad ``--output`` fails at once."""
 
-    def __init__(self, path: str, fmt: str, label_names: Sequence[str], force: bool):
-        if path != "-" and os.path.exists(path) and not force:
-            raise SystemExit(f"acl-predict: error: {path} exists; pass --force to overwrite it")
-        self.path, self.fmt, self.names = path, fmt, list(label_names)
-        self.tmp = None if path == "-" else f"{path}.tmp{os.getpid()}"
-        self.f = sys.stdout if path == "-" else open(self.tmp, "w", encoding="utf-8")
-        if fmt == "tsv":
+    def __init__(self, path: str, fmt: str, force: bool):
+        self.path, self.fmt, self.names, self.tmp = path, fmt, [], None
+        if path == "-":
+            self.f = sys.stdout
+            return
+        check_output(path, force)
+        if os.path.exists(path) and not os.path.isfile(path):  # a device or FIFO: nothing to replace atomically
+            self.f = open(path, "w", encoding="utf-8")
+            return
+        self.tmp = f"{path}.tmp{os.getpid()}"
+        try:
+            self.f = open(self.tmp, "w", encoding="utf-8")
+        except OSError as e:
+            folder = os.path.dirname(os.path.abspath(path))
+            raise UsageError(f"--output {path}: cannot write in {folder} ({e.strerror}). Fix: choose a folder you "
+                             "can write to") from None
+
+    def begin(self, label_names: Sequence[str]) -> None:
+        self.names = list(label_names)
+        if self.fmt == "tsv":
             self.f.write("\t".join(["id", "label", "exit_layer"] + [f"p_{n}" for n in self.names]) + "\n")
 
     def write(self, row: Row, pred) -> None:
@@ -176,29 +130,42 @@ class Writer:
         if self.f is sys.stdout:
             return
         self.f.close()
+        if self.tmp is None:
+            return
         if ok:
             os.replace(self.tmp, self.path)
-        else:
+        elif os.path.exists(self.tmp):
             os.remove(self.tmp)
+
+
+def check_output(path: str, force: bool) -> None:
+    """Refuse an ``--output`` that cannot be written, before any work."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"--output {path} is a folder. Fix: name a file, e.g. {os.path.join(path, 'pred.jsonl')}")
+    if os.path.isfile(path) and not force:
+        raise UsageError(f"{path} exists; pass --force to overwrite it, or choose another --output")
+    if not os.path.isdir(folder):
+        raise UsageError(f"--output {path}: the folder {folder} does not exist. Fix: create it, or choose another "
+                         "--output")
 
 
 # ---- main --------------------------------------------------------------------------------------
 
 
-def predict(args, hub) -> dict:
-    """Predict every row; returns the closing summary."""
+def predict(args, hub, source: inputs.Input, writer: Writer) -> dict:
+    """Predict every row of ``source`` into ``writer``; returns the closing summary."""
     from tqdm import tqdm
 
     policy, exit_layer = args.policy, args.exit_layer
     hub.check_policy(policy, exit_layer)
     threshold = args.threshold if args.threshold is not None else DEFAULT_THRESHOLDS.get(policy, 0.0)
-    writer = Writer(args.output, args.format, [] if hub.regression else hub.label_names(), args.force)
+    writer.begin([] if hub.regression else hub.label_names())
     done, skipped, truncated, layer_sum, seconds = 0, 0, 0, 0, 0.0
-    ok = False
     bar = tqdm(desc="acl-predict", unit=" inputs", disable=None if args.input != "-" else True, file=sys.stderr)
     try:
         chunk: List[Row] = []
-        for item in itertools.chain(read_rows(args), [None]):  # None: flush the last chunk
+        for item in itertools.chain(source.rows(), [None]):  # None: flush the last chunk
             if isinstance(item, BadRow):
                 if args.strict:
                     raise SystemExit(f"acl-predict: error: {item} (--strict)".replace(", skipped", ""))
@@ -219,10 +186,8 @@ def predict(args, hub) -> dict:
                 done += len(chunk)
                 bar.update(len(chunk))
                 chunk = []
-        ok = True
     finally:
         bar.close()
-        writer.close(ok)
     num_layers = len(hub.model.encoder.sentence_encoder.layers)
     mean_layer = layer_sum / done if done else None
     return {"examples": done, "skipped": skipped, "truncated": truncated, "seconds": seconds,
@@ -231,29 +196,55 @@ def predict(args, hub) -> dict:
             "threshold": threshold if policy else None, "exit_layer": exit_layer}
 
 
-def main(argv: Optional[List[str]] = None) -> dict:
-    args = build_parser().parse_args(argv)
-    if args.input != "-" and not os.path.isfile(args.input):
-        raise SystemExit(f"acl-predict: error: input file not found: {args.input}")
-    if not os.path.isfile(args.checkpoint):
-        raise SystemExit(f"acl-predict: error: checkpoint file not found: {args.checkpoint}")
-    if args.output != "-" and os.path.exists(args.output) and not args.force:
-        raise SystemExit(f"acl-predict: error: {args.output} exists; pass --force to overwrite it")
+def load_hub(args):
+    """The model behind ``args.checkpoint``, on ``--device``; a damaged file or a missing tokenizer is a
+    :class:`UsageError`."""
+    from acl_fairseq import checkpoint_safety
     from acl_fairseq.inference import hub as hub_mod
 
     try:
-        hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(args.checkpoint)),
-                                      os.path.basename(args.checkpoint), os.path.abspath(args.data),
-                                      tokenizer_file=args.tokenizer)
-    except (hub_mod.TokenizerNotFound, hub_mod.data_dictionary.DictionaryMismatch) as e:
-        raise SystemExit(f"acl-predict: error: {e}") from None
+        with checkpoint_safety.reading(args.checkpoint):
+            hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(args.checkpoint)),
+                                          os.path.basename(args.checkpoint), os.path.abspath(args.data),
+                                          tokenizer_file=args.tokenizer)
+    except (hub_mod.TokenizerNotFound, checkpoint_safety.CheckpointError,
+            hub_mod.data_dictionary.DictionaryMismatch) as e:
+        raise UsageError(str(e)) from None
     hub.eval()
     if console.resolve_device(args.device) == "cuda":
         hub.cuda()
+    return hub
+
+
+def check_files(args) -> None:
+    """What can be refused before anything is opened or loaded."""
+    from acl_fairseq import checkpoint_safety
+
+    if args.input != "-" and not os.path.isfile(args.input):
+        raise UsageError(f"input file not found: {args.input}")
     try:
-        summary = predict(args, hub)
-    except ValueError as e:  # a policy the model cannot run, a bad exit layer
-        raise SystemExit(f"acl-predict: error: {e}") from None
+        checkpoint_safety.check_readable(args.checkpoint)
+    except checkpoint_safety.CheckpointError as e:
+        raise UsageError(str(e)) from None
+
+
+def main(argv: Optional[List[str]] = None) -> dict:
+    args = build_parser().parse_args(argv)
+    check_files(args)
+    source = inputs.Input(args.input, args.input_format, args.task, args.columns, args.header)
+    writer, ok = None, False
+    try:
+        writer = Writer(args.output, args.format, args.force)
+        hub = load_hub(args)
+        try:
+            summary = predict(args, hub, source, writer)
+        except ValueError as e:  # a policy the model cannot run, a bad exit layer
+            raise UsageError(str(e)) from None
+        ok = True
+    finally:  # also on Ctrl-C and SIGTERM (console.run): no partial --output, no temporary left
+        if writer is not None:
+            writer.close(ok)
+        source.close()
     speed = f"{summary['examples_per_s']:.1f} examples/s" if summary["examples_per_s"] else "no examples"
     layers = (f", mean exit layer {summary['mean_exit_layer']:.2f} (layer speed-up {summary['layer_speedup']:.2f}x)"
               if summary["mean_exit_layer"] else "")
@@ -264,7 +255,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
 
 def cli_main() -> None:
     console.setup_logging("WARNING")
-    main()
+    console.run("acl-predict", main)
 
 
 if __name__ == "__main__":

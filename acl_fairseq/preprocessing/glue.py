@@ -10,7 +10,9 @@ Output (the layout of fairseq's preprocess_GLUE_tasks.sh):
     OUT/label/{train,valid}.label                             STS-B: plain float scores / 5
     OUT/stats.json  (OUT/protocol.json with --few-shot/--label-noise)
     OUT/vocab.txt, OUT/spm.model or OUT/encoder.json + vocab.bpe: the tokenizer, named by stats.json "tokenizer"
-Everything is written to a hidden temporary folder next to OUT and renamed into place only when complete.
+Everything is written to a hidden temporary folder next to OUT and renamed into place only when complete; the
+folder is removed on an error, Ctrl-C or SIGTERM. Bad input or settings stop the run with one line naming the
+file (and line) and the fix, exit status 2.
 stats.json: the tokenizer record (``acl_fairseq.tokenization``; file names relative to OUT, no absolute path
 anywhere, so OUT can move), examples, label counts and token-length percentiles per split (lengths as the
 model sees them, with <s>/</s>), the unknown-token count, and ``over_max_positions``: examples longer than
@@ -30,6 +32,7 @@ from typing import Dict, List, Optional, Tuple
 
 from acl_fairseq.cli import console
 from acl_fairseq.preprocessing import glue_binarize as gb
+from acl_fairseq.preprocessing import glue_tokenizers
 from acl_fairseq.preprocessing import scl_protocols as scl
 from acl_fairseq.preprocessing.glue_tasks import TASKS, Example, GlueDataError, TaskSpec, get_task, read_split
 
@@ -188,87 +191,6 @@ def check_label_coverage(splits: List[OutSplit], spec: TaskSpec) -> None:
                 )
 
 
-# --------------------------------------------------------------------------- tokenizers
-
-
-def setup_tokenizer(args, tmp: str, work: str, train_examples: List[Example]):
-    """Returns ``(EncoderSpec, srcdict or None, info)``; None means fairseq builds the dict from the training tokens.
-
-    The tokenizer's files are copied into the output, and ``info["tokenizer"]`` is their record
-    (:mod:`acl_fairseq.tokenization`), names relative to the output, so the folder alone can tokenize."""
-    from acl_fairseq.preprocessing import text_encoders as te
-
-    make = {"gpt2": _gpt2, "sentencepiece": _sentencepiece, "wordpiece": _wordpiece}[args.tokenizer]
-    info: Dict = {}
-    record, srcdict = make(args, tmp, work, train_examples, info)
-    info = {"tokenizer": record, **info}
-    if srcdict:
-        te.check_srcdict(srcdict)
-    # only names, never absolute paths: the folder must still describe itself after it is moved
-    info["dictionary"] = f"--srcdict {os.path.basename(args.srcdict)}" if args.srcdict else (
-        "built from the training tokens" if srcdict is None else f"from the {args.tokenizer} vocabulary")
-    return te.EncoderSpec(record, tmp), srcdict, info
-
-
-def _gpt2(args, tmp, work, train_examples, info):
-    from acl_fairseq.preprocessing.gpt2_files import ensure_gpt2_bpe
-    from acl_fairseq.tokenization import make_record
-
-    paths = ensure_gpt2_bpe(args.bpe_dir, args.bpe_url)
-    for name in ("encoder.json", "vocab.bpe"):
-        shutil.copyfile(paths[name], os.path.join(tmp, name))
-    info["bpe_dir"] = os.path.basename(os.path.normpath(args.bpe_dir))
-    # never a dict built from the data: RoBERTa's embeddings are indexed by the official dict.txt
-    record = make_record("gpt2", {"encoder_json": "encoder.json", "vocab_bpe": "vocab.bpe"})
-    return record, args.srcdict or paths["dict.txt"]
-
-
-def _sentencepiece(args, tmp, work, train_examples, info):
-    from acl_fairseq.preprocessing import text_encoders as te
-    from acl_fairseq.tokenization import make_record
-
-    model = os.path.join(tmp, "spm.model")  # kept in the output, to decode with
-    if args.spm_model:
-        _require_file(args.spm_model, "--spm-model")
-        shutil.copyfile(args.spm_model, model)
-        info["spm_model"] = f"spm.model, a copy of --spm-model {os.path.basename(args.spm_model)}"
-    else:  # trained on all of train.tsv's text, also under --few-shot (text only, no labels)
-        text_file = os.path.join(work, "spm_train.txt")
-        with open(text_file, "w", encoding="utf-8") as f:
-            f.writelines(t + "\n" for e in train_examples for t in e.texts if t)
-        te.train_sentencepiece(text_file, os.path.join(tmp, "spm"), args.spm_vocab_size, args.workers, args.seed)
-        info["spm_model"] = f"spm.model, trained on train.tsv text (--spm-vocab-size {args.spm_vocab_size})"
-    return (make_record("sentencepiece", {"model": "spm.model"}),
-            args.srcdict or _vocab_dict(args, work, te.write_sentencepiece_dict, model))
-
-
-def _wordpiece(args, tmp, work, train_examples, info):
-    from acl_fairseq.preprocessing import text_encoders as te
-    from acl_fairseq.tokenization import detect_lowercase, load_vocab, make_record
-
-    _require_file(args.vocab, "--vocab")
-    lowercase = args.lowercase if args.lowercase is not None else detect_lowercase(args.vocab, load_vocab(args.vocab))
-    logger.info(f"wordpiece: lowercase={lowercase}"
-                + ("" if args.lowercase is not None else " (detected from the vocab)"))
-    shutil.copyfile(args.vocab, os.path.join(tmp, "vocab.txt"))
-    info["vocab"] = f"vocab.txt, a copy of --vocab {os.path.basename(args.vocab)}"
-    record = make_record("wordpiece", {"vocab": "vocab.txt"}, lowercase)
-    return record, args.srcdict or _vocab_dict(args, work, te.write_wordpiece_dict, args.vocab)
-
-
-def _vocab_dict(args, work: str, writer, source: str) -> Optional[str]:
-    if args.dict_from == "train":
-        return None
-    path = os.path.join(work, "dict.txt")
-    writer(source, path)
-    return path
-
-
-def _require_file(path: str, flag: str) -> None:
-    if not os.path.isfile(path):
-        raise GlueDataError(f"{path}: no such file (given as {flag}). Fix: pass an existing file")
-
-
 # --------------------------------------------------------------------------- writing and binarizing
 
 
@@ -366,14 +288,13 @@ def run(args) -> str:
             f"{out}: the output path contains a comma, which fairseq-preprocess cannot take. Fix: rename it"
         )
     t0 = time.time()
-    splits, record, train_full = plan_splits(args, spec)
-    check_label_coverage(splits, spec)
-    os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(out)}.tmp-{os.getpid()}")
     work = os.path.join(tmp, ".text")
-    try:
-        os.makedirs(work)
-        enc, srcdict, info = setup_tokenizer(args, tmp, work, train_full)
+    try:  # removes tmp on any error, on Ctrl-C and on SIGTERM (cli_main turns it into SystemExit)
+        _make_work_folder(out, work)  # first: an --output that cannot be written fails before the splits are read
+        splits, record, train_full = plan_splits(args, spec)
+        check_label_coverage(splits, spec)
+        enc, srcdict, info = glue_tokenizers.setup_tokenizer(args, tmp, work, train_full)
         n_inputs = len(spec.inputs)
         write_token_files(splits, n_inputs, enc, work, args.workers)
         t1 = time.time()
@@ -392,6 +313,15 @@ def run(args) -> str:
     summary = ", ".join(f"{k} {v['examples']}" for k, v in stats["splits"].items())
     logger.info(f"wrote {out} ({summary}) in {stats['seconds']}s")
     return out
+
+
+def _make_work_folder(out: str, work: str) -> None:
+    try:
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        os.makedirs(work)
+    except OSError as e:
+        raise GlueDataError(f"{out}: cannot write there ({e.strerror}: {e.filename}). Fix: choose an --output in a "
+                            "folder you can write to") from None
 
 
 def _write_json(path: str, obj) -> None:
@@ -418,10 +348,11 @@ def main(argv=None) -> int:
         run(args)
     except GlueDataError as e:
         sys.stderr.write(f"error: {e}\n")
-        return 1
+        return 2  # bad input or settings, as argparse's usage errors
     return 0
 
 
 def cli_main() -> None:
     """``acl-preprocess`` (and ``python preprocess/glue.py``)."""
+    console.exit_on_sigterm()  # the hidden temporary folder is removed on SIGTERM as on Ctrl-C
     sys.exit(main())

@@ -15,6 +15,8 @@ seeded sample of ``--projector-samples`` sentences of the validation subset and 
 head representations u^m and the exit's label embeddings (rows of ``out_proj.weight``) as one
 embedding-projector snapshot ``exit{L}`` at step = num_updates (see :mod:`acl_fairseq.projector` for the
 layout and metadata). Criteria do no file I/O, so this lives in the task.
+An empty or cut-short restore file (or resumed ``checkpoint_last.pt``) stops the run with one line
+and exit status 2 (:func:`check_restore_readable`).
 
     fairseq-train DATA --user-dir acl_fairseq --task sentence_prediction_acl ... \\
         --tensorboard-logdir tb --projector-every 5 --projector-samples 256
@@ -38,7 +40,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask
 from omegaconf import II
 
-from .. import conventions, data_dictionary, glue_metrics, projector
+from .. import checkpoint_safety, conventions, data_dictionary, glue_metrics, projector
 
 logger = logging.getLogger(__name__)
 DEFAULT_RESTORE_FILE = "checkpoint_last.pt"  # fairseq's default, looked up in --save-dir
@@ -116,6 +118,12 @@ class SentencePredictionAclTask(SentencePredictionTask):
             data_dictionary.record(cfg, self.cfg.data)
         return super().build_model(cfg, from_checkpoint)
 
+    def build_criterion(self, cfg, from_checkpoint=False):
+        # fairseq-train builds the criterion just before it loads --restore-file (or resumes); loading a model
+        # for evaluation never does, so a damaged checkpoint_last.pt of a past run does not block that
+        check_restore_readable(self.cfg)
+        return super().build_criterion(cfg, from_checkpoint)
+
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         """The stock step; while fairseq replays a dummy batch (``ignore_grad``) the criterion knows it."""
         self.num_updates = update_num + 1  # fairseq passes the count before this update
@@ -184,8 +192,8 @@ def check_restore(cfg) -> None:
     if not restore:
         return
     if restore == DEFAULT_RESTORE_FILE:
-        last = os.path.join(getattr(cfg, "save_dir", None) or ".", f"checkpoint_last{suffix}.pt")
-        if os.path.isfile(last):
+        last = restore_path(cfg)
+        if last and os.path.isfile(last):
             data_dictionary.check(data_dictionary.recorded_in_file(last), getattr(cfg, "data", None), last)
         return
     stem = restore[: -len(".pt")] if restore.endswith(".pt") else restore
@@ -223,6 +231,37 @@ def check_restore_dictionary(cfg) -> None:
             f"the data dictionary {ours} differs from {theirs}, the dictionary of --restore-file {restore}: the "
             f"data was binarized with another tokenizer or vocabulary; binarize it again with --srcdict {theirs}"
         )
+
+
+def restore_path(cfg) -> Optional[str]:
+    """The checkpoint fairseq-train will load, as ``checkpoint_utils.load_checkpoint`` picks it: the run's own
+    ``checkpoint_last.pt`` (resume) for the default --restore-file, else --restore-file."""
+    restore = getattr(cfg, "restore_file", None)
+    if not restore:
+        return None
+    if restore == DEFAULT_RESTORE_FILE:
+        save_dir = getattr(cfg, "save_dir", None) or "."
+        return os.path.join(save_dir, f"checkpoint_last{getattr(cfg, 'checkpoint_suffix', '') or ''}.pt")
+    return restore
+
+
+def check_restore_readable(cfg) -> None:
+    """Stop with one line and exit status 2 when the checkpoint fairseq-train is about to load is empty or cut
+    short (a killed save, a partial copy); torch would fail with a traceback after the model is built. A
+    missing file is left to fairseq (a first launch has no checkpoint_last.pt)."""
+    path = restore_path(cfg)
+    if path is None or not os.path.exists(path):
+        return
+    try:
+        if cfg.restore_file == DEFAULT_RESTORE_FILE:  # resuming the run in --save-dir
+            checkpoint_safety.check_readable(path, "the run's checkpoint_last.pt", fix=(
+                "Fix: remove it to start the run over, or copy a whole checkpoint of this run (e.g. "
+                "checkpoint_best.pt) over it"))
+        else:
+            checkpoint_safety.check_readable(path, "--restore-file")
+    except checkpoint_safety.CheckpointError as e:
+        logger.error("%s", e)
+        raise SystemExit(2) from None
 
 
 def _is_master() -> bool:
