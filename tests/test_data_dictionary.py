@@ -72,9 +72,10 @@ def test_another_dictionary_is_refused_by_evaluate_predict_and_the_hub(runs, nam
         evaluate.main([path, other, "--out-dir", str(tmp_path / "ev"), "--timing-examples", "0"])
     with pytest.raises(data_dictionary.DictionaryMismatch, match=message):
         hub.from_pretrained(str(root / name), "checkpoint_best.pt", other)
-    with pytest.raises(SystemExit, match="acl-predict: error: the " + message):
+    with pytest.raises(SystemExit, match="the " + message) as refused:  # console.run adds "acl-predict: error:"
         predict.main([path, "--data", other, "--input", os.path.join(other, "raw", "valid.input0"),
                       "--output", str(tmp_path / "p.jsonl")])
+    assert refused.value.code == 2  # an input error, as acl-predict's other refusals
     assert not os.path.exists(tmp_path / "ev") and not os.path.exists(tmp_path / "p.jsonl")
     model = hub.from_pretrained(str(root / name), "checkpoint_best.pt", data)  # its own data: accepted
     assert len(model.predict_early_exit(["the movie was good"])) == 1
@@ -84,7 +85,7 @@ def test_acl_evaluate_says_so_in_one_line(runs, tmp_path):
     root, _, other = runs
     proc = helpers._run([sys.executable, "-m", "acl_fairseq.cli.evaluate", ckpt(root, "stock"), other, "--out-dir",
                          str(tmp_path / "ev")], "acl-evaluate", None, check=False)
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("acl-evaluate: error: the data dictionary")
 
 
