@@ -54,9 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-format", choices=("auto", "tsv", "jsonl", "text"), default="auto",
                    help="auto: tsv with --task/--columns, jsonl for *.jsonl, else text (one sentence per line)")
     p.add_argument("--header", action="store_true", help="with --columns: the first line is a header")
-    p.add_argument("--policy", choices=exits.POLICIES, help="early-exit policy (multi-exit models only)")
-    p.add_argument("--threshold", type=float, help="the policy's value: entropy H/log K below it, confidence at "
-                   "least it, patience a count; default 0.3 (entropy), 0.9 (confidence), 2 (patience)")
+    p.add_argument("--policy", choices=list(exits.POLICIES), help="early-exit policy (multi-exit models only)")
+    p.add_argument("--threshold", type=float, help="the policy's threshold: entropy/confidence level or patience "
+                   "count. " + "; ".join(f"{r.name}: {r.rule}, {r.range_text}, default {r.default:g}"
+                                         for r in exits.POLICIES.values()))
     p.add_argument("--exit-layer", type=int, help="every input leaves at this exit (one of the model's layers)")
     p.add_argument("--batch-size", type=int, default=32, help="inputs per batch (default: %(default)s)")
     p.add_argument("--chunk-size", type=int, default=8192, help="inputs read and length-sorted together before "
@@ -68,9 +69,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", help="stats.json or conventions.json naming the tokenizer, when --data has none")
     console.add_device_argument(p)
     return p
-
-
-DEFAULT_THRESHOLDS = {"entropy": 0.3, "confidence": 0.9, "patience": 2}
 
 
 # ---- input -------------------------------------------------------------------------------------
@@ -190,8 +188,7 @@ def predict(args, hub) -> dict:
     from tqdm import tqdm
 
     policy, exit_layer = args.policy, args.exit_layer
-    hub.check_policy(policy, exit_layer)
-    threshold = args.threshold if args.threshold is not None else DEFAULT_THRESHOLDS.get(policy, 0.0)
+    threshold = hub.check_policy(policy, exit_layer, args.threshold)  # the table's default when none is given
     writer = Writer(args.output, args.format, [] if hub.regression else hub.label_names(), args.force)
     done, skipped, truncated, layer_sum, seconds = 0, 0, 0, 0, 0.0
     ok = False
@@ -232,7 +229,10 @@ def predict(args, hub) -> dict:
 
 
 def main(argv: Optional[List[str]] = None) -> dict:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.policy is not None and args.threshold is not None:  # its range depends on --policy: checked here
+        args.threshold = console.check_threshold(parser, args.policy, args.threshold)
     if args.input != "-" and not os.path.isfile(args.input):
         raise SystemExit(f"acl-predict: error: input file not found: {args.input}")
     if not os.path.isfile(args.checkpoint):
