@@ -210,6 +210,10 @@ def evaluated(data, tmp_path_factory):
         str(root / "out"),
         "--task-name",
         "SST-2",
+        "--policy",  # named, so that a policy added to exits.POLICIES leaves the expected settings as they are
+        "entropy",
+        "patience",
+        "confidence",
         "--thresholds",
         "0.0",
         "0.5",
