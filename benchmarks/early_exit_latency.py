@@ -29,6 +29,8 @@ from typing import Dict, List
 import torch
 
 import common
+from acl_fairseq import exits
+from acl_fairseq.cli import console
 
 HEAD = "sentence_classification_head"
 # the printed table: its columns, and the format of each numeric one
@@ -51,12 +53,10 @@ def parse_args(argv=None):
     p.add_argument("--examples", type=int, default=64, help="examples timed per setting and mode")
     p.add_argument("--batch-size", "--batch", dest="batch", type=int, default=32,
                    help="batch size of the batched mode (--batch: deprecated spelling)")
-    p.add_argument("--policy", nargs="+", default=["entropy"], choices=["entropy", "confidence", "patience"])
-    p.add_argument("--thresholds", nargs="+", type=float, help="entropy thresholds (default: chosen "
-                   "so that the average exit layer spans 1..L)")
-    p.add_argument("--points", type=int, default=6, help="automatic thresholds: how many settings")
-    p.add_argument("--confidence-thresholds", nargs="+", type=float, default=[0.99, 0.9, 0.8, 0.7, 0.6])
-    p.add_argument("--patience-values", nargs="+", type=int, default=[1, 2, 3])
+    p.add_argument("--policy", nargs="+", default=["entropy"], choices=list(exits.POLICIES),
+                   help="early-exit policies to time (default: %(default)s)")
+    console.add_sweep_arguments(p, {"entropy": "chosen so that the average exit layer spans 1..L"})
+    p.add_argument("--points", type=int, default=6, help="automatic entropy thresholds: how many settings")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds per setting (median reported)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1,
@@ -154,10 +154,8 @@ def calibrate_exits(model, batches: List[torch.Tensor], final_margin: float = 4.
     return alphas
 
 
-def avg_exit_layer(logits: torch.Tensor, layers: List[int], policy: str, value: float) -> float:
-    from acl_fairseq import exits
-
-    idx = exits.exit_layer_indices(list(logits.unbind(1)), policy, value)
+def avg_exit_layer(logits: torch.Tensor, layers: List[int], policy: str, threshold: float) -> float:
+    idx = exits.exit_layer_indices(list(logits.unbind(1)), policy, threshold)
     return float(torch.tensor(layers, dtype=torch.float)[idx].mean())
 
 
@@ -190,14 +188,14 @@ def auto_thresholds(logits: torch.Tensor, layers: List[int], points: int) -> Lis
 # ---- timing ------------------------------------------------------------------------------------
 
 
-def time_setting(model, batches: List[torch.Tensor], policy: str, value: float, repeats: int) -> Dict:
+def time_setting(model, batches: List[torch.Tensor], policy: str, threshold: float, repeats: int) -> Dict:
     """The package's side-by-side rounds (``acl_fairseq.inference.latency``, as acl-evaluate times), the order of
     the two systems swapped every round; speed-ups are medians of the per-round ratios."""
     from acl_fairseq.inference import early_exit, latency
 
-    rounds = latency.side_by_side(model, batches, HEAD, policy, value, repeats, alternate=True)
+    rounds = latency.side_by_side(model, batches, HEAD, policy, threshold, repeats, alternate=True)
     (t_full, c_full), (t_exit, c_exit) = (zip(*rounds[k]) for k in ("full", "exit"))
-    outs = [early_exit.early_exit_forward(model, t, HEAD, policy, value) for t in batches]
+    outs = [early_exit.early_exit_forward(model, t, HEAD, policy, threshold) for t in batches]
     n = sum(t.size(0) for t in batches)
     return {
         "avg_exit_layer": float(torch.cat([o.exit_layer for o in outs]).float().mean()),
@@ -210,14 +208,14 @@ def time_setting(model, batches: List[torch.Tensor], policy: str, value: float, 
 
 
 def settings(args, logits: torch.Tensor, layers: List[int]) -> List[tuple]:
+    """(policy, threshold) pairs: the flags', else the table's grids (automatic thresholds for entropy)."""
     out = []
     for policy in args.policy:
-        if policy == "entropy":
-            values = args.thresholds or auto_thresholds(logits, layers, args.points)
-        elif policy == "confidence":
-            values = args.confidence_thresholds
-        else:
-            values = [v for v in args.patience_values if v < len(layers)]
+        if policy == "entropy" and args.sweep_entropy is None:
+            values = auto_thresholds(logits, layers, args.points)
+        else:  # a count of M exits or more never fires: nothing to time
+            values = [v for v in console.sweep_values(args, policy, len(layers))
+                      if not exits.POLICIES[policy].integer or v < len(layers)]
         out += [(policy, v) for v in values]
     return out
 
@@ -241,13 +239,13 @@ def run(args) -> List[Dict]:
     num_layers = layers[-1]
     logits = exit_logits(model, batched)
     rows = []
-    for policy, value in settings(args, logits, layers):
+    for policy, threshold in settings(args, logits, layers):
         for bs, batches in ((1, single), (args.batch, batched)):
-            found = time_setting(model, batches, policy, value, args.repeats)
+            found = time_setting(model, batches, policy, threshold, args.repeats)
             layer_speedup = num_layers / found["avg_exit_layer"]
             rows.append({
                 "policy": policy,
-                "threshold": value,
+                "threshold": threshold,
                 "batch": bs,
                 "avg_exit_layer": found["avg_exit_layer"],
                 "layer_speedup": layer_speedup,

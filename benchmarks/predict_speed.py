@@ -25,6 +25,8 @@ import torch
 import _glue_runs as G
 import common
 import quality
+from acl_fairseq import exits
+from acl_fairseq.cli import console
 
 TASK = "SST-2"
 
@@ -95,8 +97,9 @@ def main(argv=None) -> List[Dict]:
     p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="cache of the trained model")
     p.add_argument("--hf-dir", help="HF BERT folder (default: the packaged MiniLM)")
     p.add_argument("--updates", type=int, default=300, help="updates of the cached training run")
-    p.add_argument("--policy", default="entropy", help="early-exit policy")
-    p.add_argument("--threshold", type=float, default=0.3, help="its value (entropy: H / log K below it)")
+    p.add_argument("--policy", default="entropy", choices=list(exits.POLICIES), help="early-exit policy")
+    p.add_argument("--threshold", type=float, help="its threshold (entropy/confidence level or patience count; "
+                   "default: the policy's, 0.3 for entropy)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
     p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all 872)")
     p.add_argument("--input", help="sentences, one per line, instead of SST-2 dev")
@@ -104,6 +107,7 @@ def main(argv=None) -> List[Dict]:
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: torch's default)")
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args(argv)
+    args.threshold = console.check_threshold(p, args.policy, args.threshold)
     if args.checkpoint and not args.data:
         p.error("--checkpoint needs --data (the folder the model was trained on)")
     if args.threads:

@@ -329,7 +329,7 @@ def test_gating_is_off_in_validation(data):
 def test_reduce_metrics_names_glue_metrics(data):
     from fairseq.logging import metrics
 
-    from acl_fairseq.criterions.base import ExitCriterionBase
+    from acl_fairseq.criterions.acl_grad import AclGradCriterion
 
     logs = [
         {"loss": 2.0, "ce_loss": 2.0, "sample_size": 4, "nsentences": 4, "ntokens": 20, "ncorrect": 3,
@@ -340,7 +340,7 @@ def test_reduce_metrics_names_glue_metrics(data):
          "conflict": 1.0, "gated_steps": 1},
     ]
     with metrics.aggregate(new_root=True) as agg:
-        ExitCriterionBase.reduce_metrics(logs)
+        AclGradCriterion.reduce_metrics(logs)  # the gated criterion: it declares grad_cos and conflict_rate
         vals = agg.get_smoothed_values()
     assert vals["accuracy"] == 87.5 and vals["accuracy_exit1"] == 37.5 and vals["accuracy_exit2"] == 87.5
     assert vals["f1"] == round(100 * 8 / 9, 2)  # tp 4, fp 1, fn 0
@@ -374,3 +374,44 @@ def test_gated_update_is_linear_in_loss_scale_and_finite_in_bf16(data, scope):
     assert torch.isfinite(log["loss"]) and log["loss"].dtype == torch.float32
     assert -1.0 <= float(log["grad_cos"]) <= 1.0
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_the_base_class_knows_nothing_of_acl_grad():
+    """criterions/base.py neither imports the gate nor reads ACL-Grad's flags: a criterion that wants the gate
+    overrides ``combine`` (as acl_grad.py does) without inheriting AclGradConfig."""
+    import ast
+    import pathlib
+
+    source = pathlib.Path(helpers.USER_DIR, "criterions", "base.py").read_text()
+    imported = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            imported |= {node.module or ""} | {a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            imported |= {a.name for a in node.names}
+    assert not {m for m in imported if "gating" in m}, imported
+    assert "acl_grad_" not in source
+
+
+def test_a_criterion_without_acl_grads_config_can_gate_its_auxiliary_part(data):
+    """What a later --scl-grad needs: the gate takes the CE and auxiliary parts and its settings as arguments."""
+    from acl_fairseq.criterions import gating
+    from acl_fairseq.criterions.sentence_scl import SentenceSclCriterion
+
+    class GatedScl(SentenceSclCriterion):
+        logged_ratios, logged_sums = gating.LOGGED_RATIOS, gating.LOGGED_SUMS
+
+        def combine(self, model, exits, ce, aux):
+            return gating.combine(model, exits, ce, aux, gating.GateConfig("features", 1.01))  # always drops
+
+    task, model, plain, sample = build(data, "sentence_scl")
+    crit = GatedScl(plain.cfg, task)
+    assert not hasattr(crit.cfg, "acl_grad_threshold")
+    model.train()
+    g_ce, _ = _two_pass_reference(model, crit, sample)
+    model.zero_grad()
+    loss, _, log = crit(model, sample)
+    loss.backward()
+    assert float(log["gated_steps"]) == 1.0 and float(log["conflict"]) == 1.0 and -1 <= float(log["grad_cos"]) <= 1
+    for k, g in _grads(model).items():  # the dropped term leaves the CE part's gradient
+        assert torch.allclose(g, crit.ce_weight * g_ce[k], atol=1e-6), k

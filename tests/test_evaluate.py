@@ -210,10 +210,14 @@ def evaluated(data, tmp_path_factory):
         str(root / "out"),
         "--task-name",
         "SST-2",
+        "--policy",  # named, so that a policy added to exits.POLICIES leaves the expected settings as they are
+        "entropy",
+        "patience",
+        "confidence",
         "--thresholds",
         "0.0",
         "0.5",
-        "1.01",
+        "1.0",  # the top of entropy's range: H/log K < 1 fires for every row that is not exactly uniform
         "--confidence-thresholds",
         "0.9",
         "--batch-size",
@@ -245,7 +249,7 @@ def test_evaluate_writes_json_with_every_field(evaluated):
     assert policies == [
         ("entropy", 0.0),
         ("entropy", 0.5),
-        ("entropy", 1.01),
+        ("entropy", 1.0),
         ("patience", 1),
         ("patience", 2),
         ("confidence", 0.9),
@@ -324,3 +328,36 @@ def test_evaluate_runs_on_a_plain_roberta_checkpoint(evaluated, data, tmp_path):
     assert set(result["per_exit"][0]["metrics"]) == {"accuracy", "f1", "mcc"}  # unknown task: all metrics
     multi = json.load(open(root / "out" / "early_exit.json"))
     assert result["per_exit"][0]["metrics"]["accuracy"] == multi["per_exit"][-1]["metrics"]["accuracy"]
+
+
+# ---- the sweep comes from exits.POLICIES; thresholds outside a policy's range are usage errors ----------------
+
+BAD_SWEEPS = [("--thresholds", "1.5"), ("--thresholds", "nan"), ("--confidence-thresholds", "2"),
+              ("--confidence-thresholds", "-1"), ("--patience-values", "0"), ("--patience-values", "-1"),
+              ("--patience-values", "2.5")]
+
+
+@pytest.mark.parametrize("flag,value", BAD_SWEEPS)
+def test_cli_refuses_a_threshold_out_of_its_policys_range(flag, value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        evaluate.build_parser().parse_args(["c.pt", "data", "--out-dir", "o", flag, value])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"argument {flag}: " in err and "it takes" in err, err
+
+
+def test_cli_range_refusal_exits_2_before_loading_anything():
+    proc = helpers.run_tool("acl-evaluate", ["missing.pt", "missing", "--out-dir", "o", "--thresholds", "nan"],
+                            check=False)
+    assert proc.returncode == 2 and "entropy threshold nan is out of range: it takes [0, 1]" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_sweep_reads_the_policy_table():
+    args = evaluate.build_parser().parse_args(["c.pt", "data", "--out-dir", "o"])
+    settings = evaluate.sweep(args, 4, regression=False)
+    want = [(name, v) for name, row in exits.POLICIES.items() for v in row.sweep(4)]
+    assert settings == want and ("patience", 3) in settings and ("confidence", 0.99) in settings
+    assert {p for p, _ in evaluate.sweep(args, 4, regression=True)} == {"patience"}
+    args = evaluate.build_parser().parse_args(["c.pt", "data", "--out-dir", "o", "--policy", "patience",
+                                               "--patience-values", "2", "5"])
+    assert evaluate.sweep(args, 4, regression=False) == [("patience", 2), ("patience", 5)]

@@ -1,7 +1,11 @@
 """Early-exit policies (acl_fairseq/exits.py): pure tensor functions, decisions per example."""
 
 import math
+import subprocess
+import sys
+import textwrap
 
+import numpy as np
 import pytest
 import torch
 
@@ -176,3 +180,90 @@ def test_gather_exit_logits_picks_each_examples_exit():
 def test_unknown_policy_is_rejected():
     with pytest.raises(ValueError, match="unknown early-exit policy"):
         exits.exit_layer_indices([torch.zeros(1, 2)], "entropie", 0.1)
+
+
+# ---- the table: ranges, defaults, grids, and the numpy form every runtime shares -----------------------------
+
+OUT_OF_RANGE = [("entropy", 1.5), ("entropy", -0.1), ("entropy", float("nan")), ("entropy", float("inf")),
+                ("confidence", 2.0), ("confidence", -1.0), ("confidence", float("nan")),
+                ("patience", 0), ("patience", -1), ("patience", 2.5), ("patience", float("nan")),
+                ("patience", float("inf"))]
+RANGE_TEXT = {"entropy": r"\[0, 1\]", "confidence": r"\[0, 1\]", "patience": r"a positive integer \(1, 2, \.\.\.\)"}
+
+
+@pytest.mark.parametrize("policy,threshold", OUT_OF_RANGE)
+def test_validate_refuses_nan_and_out_of_range_naming_the_range(policy, threshold):
+    with pytest.raises(ValueError, match=f"{policy} threshold .*it takes {RANGE_TEXT[policy]}"):
+        exits.validate(policy, threshold)
+
+
+def test_validate_keeps_the_ends_returns_counts_as_int_and_defaults():
+    assert exits.validate("entropy", 0.0) == 0.0 and exits.validate("entropy", 1.0) == 1.0
+    assert exits.validate("confidence", 1) == 1.0 and exits.validate("confidence", 0.0) == 0.0
+    count = exits.validate("patience", 2.0)
+    assert count == 2 and isinstance(count, int)
+    assert {p: exits.validate(p) for p in exits.POLICIES} == {"entropy": 0.3, "patience": 2, "confidence": 0.9}
+    with pytest.raises(ValueError, match="unknown early-exit policy 'entropie'; expected one of entropy, patience"):
+        exits.validate("entropie", 0.3)
+
+
+def test_regression_runs_patience_only_with_delta():
+    assert exits.validate("patience", 3, regression=True) == 3
+    for policy in ("entropy", "confidence"):
+        with pytest.raises(ValueError, match="needs class probabilities: a regression head runs patience only.*delta"):
+            exits.validate(policy, 0.5, regression=True)
+
+
+def test_a_nan_threshold_never_decides_silently():
+    with pytest.raises(ValueError, match="threshold is NaN"):
+        exits.exit_layer_indices([torch.zeros(2, 2)], "confidence", float("nan"))
+
+
+@pytest.mark.parametrize("name", list(exits.POLICIES))
+def test_every_row_of_the_table_is_consistent_and_numpy_equals_torch(name):
+    """What any policy added to the table must satisfy: its default and grid are in its own range, and the
+    numpy form (the serving runtime's) decides as the torch callers' form does, offline and incrementally."""
+    row = exits.POLICIES[name]
+    assert row.name == name and row.rule and row.flag.startswith("--")
+    for value in [row.default] + row.sweep(5):
+        assert exits.validate(name, value) == value
+    g = torch.Generator().manual_seed(2)
+    per_exit = [torch.randn(40, 3, generator=g) * 2 for _ in range(5)]
+    mixed = 0
+    for threshold in row.sweep(5):
+        offline = exits.exit_layer_indices(per_exit, name, threshold)
+        assert offline.dtype == torch.long
+        mixed += bool(0 < (offline < 4).sum() < 40)
+        as_numpy = exits.exit_layer_indices([x.numpy() for x in per_exit], name, threshold)
+        assert isinstance(as_numpy, np.ndarray) and as_numpy.tolist() == offline.tolist()
+        fire, state = exits.policy_step(name, per_exit[0].half(), exits.init_state(40, "cpu"), threshold)
+        assert fire.dtype == torch.bool and state.dtype == torch.float32 and state.shape == (40, 2)
+    assert mixed, "some threshold of the grid should split the examples between exits"
+
+
+def test_torch_callers_get_tensors_of_todays_dtype_back():
+    logits = [torch.randn(4, 3, dtype=torch.float16) for _ in range(2)]
+    picked = exits.gather_exit_logits(logits, torch.tensor([1, 0, 1, 0]))
+    assert picked.dtype == torch.float16 and torch.equal(picked[1], logits[0][1])
+    assert exits.prediction_entropy(logits[0]).dtype == torch.float32
+    h = exits.prediction_entropy(logits[0].numpy())
+    assert isinstance(h, np.ndarray) and h.dtype == np.float32
+    np.testing.assert_allclose(h, exits.prediction_entropy(logits[0]).numpy(), atol=1e-6)
+    assert isinstance(exits.init_state(3), np.ndarray) and np.isnan(exits.init_state(3)[:, 0]).all()
+
+
+def test_exits_runs_without_torch():
+    """A serving runtime (ONNX Runtime, no torch) applies the same table: exits.py needs numpy only."""
+    code = textwrap.dedent("""
+        import sys
+        sys.modules.update(torch=None, fairseq=None)  # any import of them now fails, as if not installed
+        import numpy as np
+        from acl_fairseq import exits
+        per_exit = [np.array([[3.0, 0.0], [0.1, 0.0]]), np.array([[0.0, 3.0], [0.0, 3.0]])]
+        print(exits.exit_layer_indices(per_exit, "confidence", exits.validate("confidence")).tolist())
+        print(exits.exit_layer_indices(per_exit, "patience", 1).tolist())
+        print(exits.prediction_entropy(np.array([[1e4, -1e4, float("-inf")]])).tolist() == [0.0])
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == ["[0, 1]", "[1, 1]", "True"], proc.stdout

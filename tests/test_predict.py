@@ -1,6 +1,7 @@
 """Raw text to predictions: the hub interface (acl_fairseq.inference.hub) and ``acl-predict`` on tiny trained models."""
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -89,6 +90,38 @@ def test_predict_early_exit_makes_the_engines_decisions_in_input_order(run, mode
     # no policy: the last exit, like an ordinary classifier; a fixed exit: that layer for all
     assert {p.exit_layer for p in model.predict_early_exit(texts[:5])} == {3}
     assert {p.exit_layer for p in model.predict_early_exit(texts[:5], exit_layer=2)} == {2}
+
+
+BAD_THRESHOLDS = [("entropy", "1.5"), ("entropy", "nan"), ("confidence", "2"), ("confidence", "-1"),
+                  ("patience", "0"), ("patience", "-1"), ("patience", "2.5")]
+RANGES = {"entropy": "[0, 1]", "confidence": "[0, 1]", "patience": "a positive integer (1, 2, ...)"}
+
+
+@pytest.mark.parametrize("policy,threshold", BAD_THRESHOLDS)
+def test_cli_refuses_a_threshold_out_of_its_policys_range(policy, threshold, capsys):
+    with pytest.raises(SystemExit) as exc:
+        predict.main(["missing.pt", "--data", "missing", "--input", "-", "--policy", policy, "--threshold", threshold])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"{policy} threshold" in err and f"it takes {RANGES[policy]}" in err, err
+
+
+def test_cli_range_refusal_exits_2_naming_the_range():
+    proc = helpers.run_tool("acl-predict", ["missing.pt", "--data", "missing", "--input", "-", "--policy", "entropy",
+                                            "--threshold", "1.5"], check=False)
+    assert proc.returncode == 2 and "entropy threshold 1.5 is out of range: it takes [0, 1]" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_hub_refuses_a_threshold_out_of_range_and_defaults_from_the_table(run, model):
+    texts, _ = _raw(run[1])
+    for policy, threshold in BAD_THRESHOLDS:
+        with pytest.raises(ValueError, match=f"{policy} threshold .*it takes {re.escape(RANGES[policy])}"):
+            model.predict_early_exit(texts[:2], policy=policy, threshold=float(threshold))
+    assert {p: model.check_policy(p, None) for p in exits.POLICIES} == {p: r.default for p, r in
+                                                                       exits.POLICIES.items()}
+    assert model.check_policy("patience", None, 3.0) == 3 and model.check_policy(None, 2) is None
+    by_default = model.predict_early_exit(texts[:8], policy="confidence")
+    assert by_default == model.predict_early_exit(texts[:8], policy="confidence", threshold=0.9)
 
 
 def test_cli_equals_acl_evaluate_on_the_same_split(run, model, tmp_path):
@@ -188,10 +221,10 @@ def test_predict_speed_benchmark_at_toy_size(run, tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     rows = bench.main(["--checkpoint", ckpt, "--data", data, "--input", os.path.join(data, "raw", "valid.input0"),
-                       "--examples", "12", "--repeats", "1", "--threshold", "1.01", "--json", str(tmp_path / "p.json")])
+                       "--examples", "12", "--repeats", "1", "--threshold", "1.0", "--json", str(tmp_path / "p.json")])
     assert [(r["batch_size"], r["mode"]) for r in rows] == [(1, "all layers"), (1, "early exit"), (32, "all layers"),
                                                            (32, "early exit")]
-    assert rows[1]["mean_exit_layer"] == 1 and rows[0]["mean_exit_layer"] == 3  # threshold 1.01: all leave at 1
+    assert rows[1]["mean_exit_layer"] == 1 and rows[0]["mean_exit_layer"] == 3  # threshold 1: all leave at 1
     assert all(0 < r["prep_share"] < 1 and r["sentences_per_s"] > 0 for r in rows)
     assert json.load(open(tmp_path / "p.json"))[0]["examples"] == 12
 

@@ -1,10 +1,14 @@
 """What the command-line tools (acl-evaluate, acl-predict, acl-convert-hf, acl-preprocess) share: one logging
-set-up, one device flag, one way to fail on bad input (exit status 2) and to clean up on SIGTERM."""
+set-up, one device flag, the early-exit thresholds' range check, one way to fail on bad input (exit
+status 2) and to clean up on SIGTERM."""
 import argparse
 import logging
 import os
 import signal
 import sys
+from typing import Dict, List, Optional
+
+from acl_fairseq import exits
 
 LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"  # fairseq's own
 DEVICES = ("auto", "cpu", "cuda")
@@ -72,3 +76,44 @@ def exit_on_sigterm() -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def threshold_type(policy: str):
+    """argparse ``type=`` for one policy's threshold: the range of ``exits.POLICIES`` (a usage error, exit 2)."""
+
+    def parse(text: str):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{policy} threshold {text!r} is not a number") from None
+        try:
+            return exits.validate(policy, value)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = f"{policy} threshold"  # argparse names the type in some of its messages
+    return parse
+
+
+def check_threshold(parser: argparse.ArgumentParser, policy: str, threshold):
+    """``exits.validate`` for a threshold whose policy is another flag: parser.error (exit 2) when out of range."""
+    try:
+        return exits.validate(policy, threshold)
+    except ValueError as e:
+        parser.error(str(e))
+
+
+def add_sweep_arguments(parser: argparse.ArgumentParser, default_text: Optional[Dict[str, str]] = None) -> None:
+    """One flag per row of ``exits.POLICIES`` (``row.flag``): the thresholds to sweep, range-checked.
+    ``default_text``: policy -> what the caller does instead of the table's grid when the flag is absent."""
+    for row in exits.POLICIES.values():
+        default = (default_text or {}).get(row.name, row.grid_text)
+        parser.add_argument(row.flag, dest=f"sweep_{row.name}", nargs="+", type=threshold_type(row.name), metavar="T",
+                            help=f"{row.name} policy thresholds to sweep: {row.rule}; each {row.range_text} "
+                            f"(default: {default})")
+
+
+def sweep_values(args: argparse.Namespace, policy: str, num_exits: int) -> List:
+    """The thresholds of ``policy`` to sweep: its flag's, else the table's grid for ``num_exits`` exits."""
+    given = getattr(args, f"sweep_{policy}")
+    return given if given is not None else exits.POLICIES[policy].sweep(num_exits)

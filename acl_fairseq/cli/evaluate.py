@@ -27,8 +27,6 @@ from acl_fairseq.inference import early_exit, latency
 
 logger = logging.getLogger("acl_fairseq.cli.evaluate")
 
-DEFAULT_THRESHOLDS = [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]
-DEFAULT_CONFIDENCE = [0.99, 0.95, 0.9, 0.85, 0.8, 0.7, 0.6]
 # GLUE leaderboard file stem per task; MNLI's second test split (mismatched) is MNLI-mm
 GLUE_TEST_FILES = {t: t for t in glue_metrics.TASK_METRICS}
 GLUE_TEST_FILES.update({"MNLI": "MNLI-m", "AX": "AX"})
@@ -51,29 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy",
         nargs="+",
         default=list(exits.POLICIES),
-        choices=exits.POLICIES,
-        help="early-exit policies to sweep (regression runs patience only)",
+        choices=list(exits.POLICIES),
+        help="early-exit policies to sweep (regression runs "
+        + ", ".join(n for n, row in exits.POLICIES.items() if row.regression_ok)
+        + " only)",
     )
-    p.add_argument(
-        "--thresholds",
-        nargs="+",
-        type=float,
-        default=DEFAULT_THRESHOLDS,
-        help="entropy policy: normalized-entropy thresholds H/log K (exit when below)",
-    )
-    p.add_argument(
-        "--confidence-thresholds",
-        nargs="+",
-        type=float,
-        default=DEFAULT_CONFIDENCE,
-        help="confidence policy: max-softmax thresholds (exit when at least)",
-    )
-    p.add_argument(
-        "--patience-values",
-        nargs="+",
-        type=int,
-        help="patience policy: consecutive agreeing exits; default 1 .. (number of exits - 1)",
-    )
+    console.add_sweep_arguments(p)
     p.add_argument(
         "--regression-delta",
         type=float,
@@ -180,29 +161,25 @@ def score(logits: torch.Tensor, targets: torch.Tensor, ctx: Dict) -> Dict[str, f
 
 
 def sweep(args, num_exits: int, regression: bool) -> List[tuple]:
-    """(policy, value) settings in sweep order."""
-    values = {
-        "entropy": args.thresholds,
-        "confidence": args.confidence_thresholds,
-        "patience": args.patience_values or list(range(1, num_exits)),
-    }
-    policies = [p for p in args.policy if p == "patience" or not regression]
+    """(policy, threshold) settings in sweep order: each policy's flag, else its grid in ``exits.POLICIES``."""
+    policies = [p for p in args.policy if exits.POLICIES[p].regression_ok or not regression]
     if regression and len(policies) < len(args.policy):
-        logger.warning("regression target: entropy/confidence need class probabilities, running patience only")
-    return [(p, v) for p in policies for v in values[p]]
+        logger.warning("regression target: %s need class probabilities, running %s only",
+                       "/".join(p for p in args.policy if p not in policies), "/".join(policies) or "nothing")
+    return [(p, v) for p in policies for v in console.sweep_values(args, p, num_exits)]
 
 
-def setting_quality(exit_logits, targets, layers, num_layers, policy, value, ctx):
+def setting_quality(exit_logits, targets, layers, num_layers, policy, threshold, ctx):
     """Quality and layer accounting of one setting, from every exit's logits (offline policy).
 
     Returns ``(setting dict, exit index (N,))``."""
     per_exit = list(exit_logits.unbind(1))
-    idx = exits.exit_layer_indices(per_exit, policy, value, regression=ctx["regression"], delta=ctx["delta"])
+    idx = exits.exit_layer_indices(per_exit, policy, threshold, regression=ctx["regression"], delta=ctx["delta"])
     avg = float(torch.tensor(layers, dtype=torch.float)[idx].mean())
     counts = torch.bincount(idx, minlength=len(layers)).tolist()
     return {
         "policy": policy,
-        "threshold": value,
+        "threshold": threshold,
         "metrics": score(exits.gather_exit_logits(per_exit, idx), targets, ctx),
         "avg_exit_layer": avg,
         "layer_speedup": num_layers / avg,
@@ -253,7 +230,7 @@ def write_test_predictions(model, task, args, head_name: str, ctx: Dict) -> List
 
 
 def run_sweep(model, dataset, scored, args, head_name: str, layers: List[int], ctx: Dict) -> List[Dict]:
-    """Every (policy, value) setting: quality offline, then latency with the layer-by-layer engine."""
+    """Every (policy, threshold) setting: quality offline, then latency with the layer-by-layer engine."""
     ids, exit_logits, targets = scored
     pos_of_id = {int(i): p for p, i in enumerate(ids)}
     n_time = min(args.timing_examples, len(ids))
@@ -263,11 +240,11 @@ def run_sweep(model, dataset, scored, args, head_name: str, layers: List[int], c
     }
     num_layers = len(model.encoder.sentence_encoder.layers)
     settings = []
-    for policy, value in sweep(args, len(layers), ctx["regression"]):
-        setting, idx = setting_quality(exit_logits, targets, layers, num_layers, policy, value, ctx)
+    for policy, threshold in sweep(args, len(layers), ctx["regression"]):
+        setting, idx = setting_quality(exit_logits, targets, layers, num_layers, policy, threshold, ctx)
         latency.add_timing(model, setting, idx, timing_batches, head_name, pos_of_id, ctx)
         logger.info(
-            "%s %s: %s, %.2fx fewer layers", policy, value, json.dumps(setting["metrics"]), setting["layer_speedup"]
+            "%s %s: %s, %.2fx fewer layers", policy, threshold, json.dumps(setting["metrics"]), setting["layer_speedup"]
         )
         settings.append(setting)
     return settings

@@ -65,9 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-format", choices=inputs.KINDS, default="auto",
                    help="auto: tsv with --task/--columns, jsonl for *.jsonl, else text (one sentence per line)")
     p.add_argument("--header", action="store_true", help="with --columns: the first line is a header")
-    p.add_argument("--policy", choices=exits.POLICIES, help="early-exit policy (multi-exit models only)")
-    p.add_argument("--threshold", type=float, help="the policy's value: entropy H/log K below it, confidence at "
-                   "least it, patience a count; default 0.3 (entropy), 0.9 (confidence), 2 (patience)")
+    p.add_argument("--policy", choices=list(exits.POLICIES), help="early-exit policy (multi-exit models only)")
+    p.add_argument("--threshold", type=float, help="the policy's threshold: entropy/confidence level or patience "
+                   "count. " + "; ".join(f"{r.name}: {r.rule}, {r.range_text}, default {r.default:g}"
+                                         for r in exits.POLICIES.values()))
     p.add_argument("--exit-layer", type=int, help="every input leaves at this exit (one of the model's layers)")
     p.add_argument("--batch-size", type=_positive_int, default=32, help="inputs per batch (default: %(default)s)")
     p.add_argument("--chunk-size", type=_positive_int, default=8192, help="inputs read and length-sorted together "
@@ -83,7 +84,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-DEFAULT_THRESHOLDS = {"entropy": 0.3, "confidence": 0.9, "patience": 2}
 
 
 # ---- output ------------------------------------------------------------------------------------
@@ -158,8 +158,7 @@ def predict(args, hub, source: inputs.Input, writer: Writer) -> dict:
     from tqdm import tqdm
 
     policy, exit_layer = args.policy, args.exit_layer
-    hub.check_policy(policy, exit_layer)
-    threshold = args.threshold if args.threshold is not None else DEFAULT_THRESHOLDS.get(policy, 0.0)
+    threshold = hub.check_policy(policy, exit_layer, args.threshold)  # the table's default when none is given
     writer.begin([] if hub.regression else hub.label_names())
     done, skipped, truncated, layer_sum, seconds = 0, 0, 0, 0, 0.0
     bar = tqdm(desc="acl-predict", unit=" inputs", disable=None if args.input != "-" else True, file=sys.stderr)
@@ -229,7 +228,10 @@ def check_files(args) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> dict:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.policy is not None and args.threshold is not None:  # its range depends on --policy: checked here
+        args.threshold = console.check_threshold(parser, args.policy, args.threshold)
     check_files(args)
     source = inputs.Input(args.input, args.input_format, args.task, args.columns, args.header)
     writer, ok = None, False

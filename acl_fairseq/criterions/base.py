@@ -2,13 +2,15 @@
 
 A criterion here is ``loss = ce_weight * CE + aux`` where ``CE`` is the (exit-weighted) cross-entropy
 (MSE for ``--regression-target``) and ``aux`` is what a subclass adds in :meth:`aux_terms` (SCL, ACL,
-cross-layer ACL), optionally gated by the ACL-Grad rule (:mod:`acl_fairseq.criterions.gating`).
+cross-layer ACL). A subclass may put the two parts together otherwise by overriding :meth:`combine`
+(ACL-Grad's gradient-conflict gate, ``acl_grad.py``), and declare the logging keys it adds
+(``logged_ratios``, ``logged_sums``) so that :meth:`reduce_metrics` reports them.
 Losses follow fairseq's sum convention: sums over the batch, divided by ``sample_size`` (sentences)
 by the optimizer; contrastive means are multiplied by the batch size to match.
 
 Logged (and shown in TensorBoard under the same names): ``loss``, ``ce_loss``, each contrastive part,
-``grad_cos`` and ``conflict_rate`` when gated, the GLUE metrics ``accuracy``/``f1``/``mcc``
-(classification; F1/MCC with the positive class mapped through the label dictionary) or
+the subclass's declared keys (``grad_cos`` and ``conflict_rate`` when gated), the GLUE metrics
+``accuracy``/``f1``/``mcc`` (classification; F1/MCC with the positive class mapped through the label dictionary) or
 ``pearson``/``spearman`` (regression, validation), and ``accuracy_exit{L}`` per exit of a multi-exit
 model.
 """
@@ -16,7 +18,7 @@ import logging
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +30,6 @@ from omegaconf import II
 
 from .. import alignment, distributed, glue_metrics, losses
 from ..heads import ExitOutputs, collect_exit_outputs
-from . import gating
 from .meters import log_regression_predictions
 from .weights import check_weights
 
@@ -73,6 +74,9 @@ class ExitCriterionBase(FairseqCriterion):
     needs_class_labels = False  # contrastive criteria set True: they refuse --regression-target
     needs_multi_exit = False  # acl_cross_layer sets True
     temperatures: Tuple[str, ...] = ()  # config fields that must be > 0 (None: unset), checked at construction
+    # logging keys a subclass adds, and how reduce_metrics reports them:
+    logged_ratios: Dict[str, Tuple[str, str, int]] = {}  # metric -> (summed key, count key, digits): their ratio
+    logged_sums: Tuple[str, ...] = ()  # keys logged as their sum over the batches
 
     def __init__(self, cfg: ExitCriterionConfig, task):
         super().__init__(task)
@@ -140,9 +144,11 @@ class ExitCriterionBase(FairseqCriterion):
         """
         return {}
 
-    def gated(self) -> bool:
-        """Whether the ACL-Grad rule decides per batch whether the auxiliary terms are kept."""
-        return False
+    def combine(self, model, exits: ExitOutputs, ce: torch.Tensor, aux: torch.Tensor) -> Tuple[torch.Tensor, Dict]:
+        """``(loss to back-propagate, extra logging entries)`` from the CE part (already times ``ce_weight``)
+        and the auxiliary part, both in the sum convention: here their sum. ACL-Grad overrides it with its
+        gate (``acl_grad.py``)."""
+        return ce + aux, {}
 
     # --- the shared forward -------------------------------------------------------------------
     def forward(self, model, sample, reduce=True):
@@ -163,16 +169,16 @@ class ExitCriterionBase(FairseqCriterion):
         aux_parts = self.aux_terms(aux_exits, aux_targets, weights) if n_contrast > 0 else {}
         # sum convention: a batch-mean term counts once per sample of the set it was computed on
         aux = sum(w * v for w, v in aux_parts.values()) * n_contrast if aux_parts else ce.new_zeros(())
-        loss, gate_log = self._combine(model, exits, self.ce_weight * ce, aux)
+        loss, combine_log = self.combine(model, exits, self.ce_weight * ce, aux)
         logging_output = {
-            # the true objective (under ACL-Grad's params scope `loss` is a gradient surrogate)
+            # the true objective (under a gate's params scope the returned loss is a gradient surrogate)
             "loss": (self.ce_weight * ce + aux * n / max(n_contrast, 1)).detach(),
             "ce_loss": ce.data,
             "ntokens": sample["ntokens"],
             "nsentences": n,
             "sample_size": n,
             **{k: v.data * n for k, (_, v) in aux_parts.items()},
-            **gate_log,
+            **combine_log,
         }
         self._log_predictions(logging_output, exits, targets, model.training)
         if self.alignment_metrics and not (model.training or self.regression):
@@ -184,21 +190,6 @@ class ExitCriterionBase(FairseqCriterion):
             return F.mse_loss(logits.view(-1).float(), targets.float(), reduction="sum")
         return F.nll_loss(F.log_softmax(logits, dim=-1, dtype=torch.float32), targets, reduction="sum")
 
-    def _combine(self, model, exits: ExitOutputs, ce: torch.Tensor, aux: torch.Tensor) -> Tuple[torch.Tensor, Dict]:
-        """``ce + aux``, or the ACL-Grad choice between ``ce`` and ``ce + aux`` while training.
-
-        Every rank of a global decision enters the gate, even one whose ``aux`` reaches nothing, since
-        the decision's collectives run in every rank's backward.
-        """
-        if not (self.gated() and model.training and torch.is_grad_enabled() and ce.requires_grad):
-            return ce + aux, {}
-        if not (aux.requires_grad or self.cfg.acl_grad_global_decision):
-            return ce + aux, {}
-        return gating.gate(
-            model, exits, ce, aux, self.cfg.acl_grad_scope, self.cfg.acl_grad_threshold,
-            global_decision=self.cfg.acl_grad_global_decision, loss_scaler=_has_loss_scaler(model),
-        )
-
     def _log_predictions(self, out: Dict, exits: ExitOutputs, targets: torch.Tensor, training: bool) -> None:
         if self.regression:
             pred = exits.logits[-1].detach().view(-1).float()
@@ -207,23 +198,23 @@ class ExitCriterionBase(FairseqCriterion):
                 out["_pred"], out["_targ"] = pred.cpu(), targets.float().cpu()
             return
         for layer, logits in zip(exits.layers, exits.logits):
-            out[f"ncorrect_exit{layer}"] = (logits.argmax(-1) == targets).sum()
+            out[exit_key("ncorrect", layer)] = (logits.argmax(-1) == targets).sum()
         pred = exits.logits[-1].argmax(-1)
-        out["ncorrect"] = out[f"ncorrect_exit{exits.layers[-1]}"]
+        out["ncorrect"] = out[exit_key("ncorrect", exits.layers[-1])]
         if self.positive is not None:
             pos_p, pos_t = pred == self.positive, targets == self.positive
             out["tp"], out["fp"] = (pos_p & pos_t).sum(), (pos_p & ~pos_t).sum()
             out["fn"], out["tn"] = (~pos_p & pos_t).sum(), (~pos_p & ~pos_t).sum()
         if len(exits.layers) == 1:
-            del out[f"ncorrect_exit{exits.layers[-1]}"]
+            del out[exit_key("ncorrect", exits.layers[-1])]
 
     def logging_outputs_can_be_summed(self) -> bool:
         # regression validation carries per-example predictions (for Spearman): gather, don't sum
         return not self.regression
 
     # --- metrics ----------------------------------------------------------------------------
-    @staticmethod
-    def reduce_metrics(logging_outputs) -> None:
+    @classmethod
+    def reduce_metrics(cls, logging_outputs) -> None:
         def total(key):
             return float(sum(log.get(key, 0) for log in logging_outputs))
 
@@ -234,17 +225,16 @@ class ExitCriterionBase(FairseqCriterion):
         keys = set().union(*(log.keys() for log in logging_outputs))
         for key in sorted(k for k in keys if k.endswith("_loss")):
             metrics.log_scalar(key, total(key) / n / math.log(2), n, round=3)
-        overflows = total("acl_grad_overflow")
-        if overflows:
-            metrics.log_scalar_sum("acl_grad_overflow", overflows, round=0)
-        steps = total("gated_steps")
-        if steps:
-            metrics.log_scalar("grad_cos", total("grad_cos") / steps, steps, round=4)
-            metrics.log_scalar("conflict_rate", total("conflict") / steps, steps, round=3)
+        for key in cls.logged_sums:
+            if total(key):
+                metrics.log_scalar_sum(key, total(key), round=0)
+        for name, (summed, count, digits) in cls.logged_ratios.items():
+            if total(count):
+                metrics.log_scalar(name, total(summed) / total(count), total(count), round=digits)
         if "ncorrect" in keys:
             metrics.log_scalar("accuracy", 100.0 * total("ncorrect") / n, n, round=2)
-            for key in sorted(k for k in keys if k.startswith("ncorrect_exit")):
-                metrics.log_scalar("accuracy_exit" + key[len("ncorrect_exit"):], 100.0 * total(key) / n, n, round=2)
+            for layer, key in exit_keys(keys, "ncorrect"):
+                metrics.log_scalar(exit_key("accuracy", layer), 100.0 * total(key) / n, n, round=2)
         if "tp" in keys:
             tp, fp, fn, tn = (total(k) for k in ("tp", "fp", "fn", "tn"))
             for k, v in dict(tp=tp, fp=fp, fn=fn, tn=tn).items():
@@ -255,26 +245,25 @@ class ExitCriterionBase(FairseqCriterion):
             for k in ("n_reg", "sx", "sy", "sxx", "syy", "sxy"):
                 metrics.log_scalar_sum("_" + k, total(k))
             metrics.log_derived("pearson", lambda m: round(glue_metrics.pearson_from_sums(*_sums(m)), 2))
-        for key in sorted(k for k in keys if k.startswith("align_own_exit")):
-            layer = key[len("align_own_exit"):]
-            own, other = total(key) / n, total("align_other_exit" + layer) / n
-            metrics.log_scalar("align_own_exit" + layer, own, n, round=4)
-            metrics.log_scalar("align_other_exit" + layer, other, n, round=4)
-            metrics.log_scalar("align_gap_exit" + layer, own - other, n, round=4)
-        for key in sorted(k for k in keys if k.startswith("align_to_last_exit")):
+        for layer, key in exit_keys(keys, "align_own"):
+            own, other = total(key) / n, total(exit_key("align_other", layer)) / n
+            metrics.log_scalar(key, own, n, round=4)
+            metrics.log_scalar(exit_key("align_other", layer), other, n, round=4)
+            metrics.log_scalar(exit_key("align_gap", layer), own - other, n, round=4)
+        for _, key in exit_keys(keys, "align_to_last"):
             metrics.log_scalar(key, total(key) / n, n, round=4)
         log_regression_predictions(logging_outputs)
 
 
-def _has_loss_scaler(model) -> bool:
-    """Whether training runs with a dynamic loss scaler: fp16 weights (``--fp16``,
-    ``--memory-efficient-fp16``) or fp16 autocast (``--amp``); not fp32, bf16 or bf16 autocast."""
-    first = next((p for p in model.parameters() if p.requires_grad), None)
-    if first is None:
-        return False
-    device = first.device.type
-    autocast_fp16 = torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16
-    return first.dtype == torch.float16 or autocast_fp16
+def exit_key(stem: str, layer) -> str:
+    """The logging key of one exit's value: ``ncorrect_exit3``, ``align_own_exit1``, ``accuracy_exit3``."""
+    return f"{stem}_exit{layer}"
+
+
+def exit_keys(keys, stem: str) -> List[Tuple[str, str]]:
+    """``(layer, key)`` of the per-exit keys of ``stem`` among ``keys``, by key (:func:`exit_key`'s inverse)."""
+    prefix = exit_key(stem, "")
+    return [(k[len(prefix):], k) for k in sorted(keys) if k.startswith(prefix) and k[len(prefix):].isdigit()]
 
 
 def _config_value(cfg, key: str):
@@ -290,9 +279,9 @@ def _alignment_sums(exits: ExitOutputs, targets: torch.Tensor) -> Dict[str, torc
     out = {}
     for layer, u, w in zip(exits.layers, exits.features, exits.label_embeddings):
         sums = alignment.label_alignment_sums(u, targets, w)
-        out[f"align_own_exit{layer}"], out[f"align_other_exit{layer}"] = sums["own"], sums["other"]
+        out[exit_key("align_own", layer)], out[exit_key("align_other", layer)] = sums["own"], sums["other"]
     for layer, u in zip(exits.layers[:-1], exits.features[:-1]):
-        out[f"align_to_last_exit{layer}"] = alignment.exit_agreement_sum(u, exits.features[-1])
+        out[exit_key("align_to_last", layer)] = alignment.exit_agreement_sum(u, exits.features[-1])
     return out
 
 

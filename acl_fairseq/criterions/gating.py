@@ -38,6 +38,7 @@ backward raises ``FloatingPointError`` naming the update.
 The logged ``grad_cos``, ``conflict``, ``gated_steps`` and ``acl_grad_overflow`` are tensors of the
 logging output that the backward fills in (fairseq reads them after the backward).
 """
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -47,6 +48,46 @@ from ..heads import ExitOutputs
 from .meters import current_update
 
 SCOPES = ("params", "features")  # --acl-grad-scope: the two scopes above
+# the logging keys the gate fills in, as a criterion declares them (ExitCriterionBase.logged_ratios/_sums)
+LOGGED_RATIOS = {"grad_cos": ("grad_cos", "gated_steps", 4), "conflict_rate": ("conflict", "gated_steps", 3)}
+LOGGED_SUMS = ("acl_grad_overflow",)
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """The gate's settings, passed in by the criterion from its own flags (``--acl-grad-*`` for ACL-Grad)."""
+
+    scope: str  # one of SCOPES
+    threshold: float  # the auxiliary part is dropped when cos(g_ce, g_aux) is below it
+    global_decision: bool = False  # decide on the gradients summed over all workers
+
+
+def combine(
+    model, exits: ExitOutputs, ce: torch.Tensor, aux: torch.Tensor, config: GateConfig
+) -> Tuple[torch.Tensor, Dict]:
+    """A criterion's ``combine`` under the rule: ``ce + aux`` outside training (or where nothing needs a
+    decision), else :func:`gate`'s choice between ``ce`` and ``ce + aux`` in the backward.
+
+    Every rank of a global decision enters the gate, even one whose ``aux`` reaches nothing, since
+    the decision's collectives run in every rank's backward.
+    """
+    if not (model.training and torch.is_grad_enabled() and ce.requires_grad):
+        return ce + aux, {}
+    if not (aux.requires_grad or config.global_decision):
+        return ce + aux, {}
+    return gate(model, exits, ce, aux, config.scope, config.threshold, global_decision=config.global_decision,
+                loss_scaler=has_loss_scaler(model))
+
+
+def has_loss_scaler(model) -> bool:
+    """Whether training runs with a dynamic loss scaler: fp16 weights (``--fp16``,
+    ``--memory-efficient-fp16``) or fp16 autocast (``--amp``); not fp32, bf16 or bf16 autocast."""
+    first = next((p for p in model.parameters() if p.requires_grad), None)
+    if first is None:
+        return False
+    device = first.device.type
+    autocast_fp16 = torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16
+    return first.dtype == torch.float16 or autocast_fp16
 
 
 def gate(

@@ -61,13 +61,14 @@ def early_exit_forward(
     src_tokens: Tensor,
     head_name: str = "sentence_classification_head",
     policy: Optional[str] = None,
-    value: float = 0.0,
+    threshold: float = 0.0,
     regression: bool = False,
     delta: float = exits.DEFAULT_REGRESSION_DELTA,
     exit_layer: Optional[int] = None,
 ) -> EarlyExitOutput:
     """Run ``model`` on ``src_tokens`` (B x T, right-padded) exiting per example under ``policy``
-    (``exits.POLICIES``) with threshold / patience ``value``; ``policy=None`` runs every exit.
+    (``exits.POLICIES``) with its ``threshold`` (entropy/confidence level or patience count, not range-checked
+    here: the tools and the hub check what users give); ``policy=None`` runs every exit.
     ``exit_layer``: stop at that exit (one of the model's exit layers) for every example; the exits
     after it are not computed (NaN in ``exit_logits``)."""
     layers, heads, pooling = exit_plan(model, head_name)
@@ -98,7 +99,7 @@ def early_exit_forward(
         exit_logits[rows, m] = logits.float()
         if policy is None or m == len(layers) - 1:
             continue
-        fire, state = exits.policy_step(policy, logits, state, value, regression=regression, delta=delta)
+        fire, state = exits.policy_step(policy, logits, state, threshold, regression=regression, delta=delta)
         exit_index[rows[fire]] = m
         keep = (~fire).nonzero().squeeze(1)
         if keep.numel() == 0:

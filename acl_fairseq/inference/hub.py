@@ -133,8 +133,11 @@ class MultiExitHubInterface(RobertaHubInterface):
             logits = self.model.classification_heads[head](self.extract_features(tokens))
         return logits if return_logits else F.log_softmax(logits, dim=-1)
 
-    def check_policy(self, policy: Optional[str], exit_layer: Optional[int]) -> None:
-        """Early exit needs more than one exit; a fixed exit must be one of them."""
+    def check_policy(self, policy: Optional[str], exit_layer: Optional[int],
+                     threshold: Optional[float] = None) -> Optional[Union[float, int]]:
+        """Early exit needs more than one exit; a fixed exit must be one of them; the threshold must be in the
+        policy's range (``exits.validate``). Returns the threshold to run with: the policy's default when
+        ``threshold`` is None, None without a policy."""
         if (policy is not None or exit_layer is not None) and len(self.exit_layers) == 1:
             raise ValueError(
                 f"the model has a single exit (layer {self.exit_layers[0]}): early exit needs a multi-exit model "
@@ -143,8 +146,7 @@ class MultiExitHubInterface(RobertaHubInterface):
             raise ValueError("give either an early-exit policy or a fixed exit layer, not both")
         if exit_layer is not None and exit_layer not in self.exit_layers:
             raise ValueError(f"exit layer {exit_layer} is not one of the model's exits {self.exit_layers}")
-        if policy is not None and policy not in exits.POLICIES:
-            raise ValueError(f"policy {policy!r} is not one of {exits.POLICIES}")
+        return None if policy is None else exits.validate(policy, threshold, regression=self.regression)
 
     def make_batches(self, token_lists: Sequence[torch.LongTensor], batch_size: int = 32):
         """``[(positions, src)]``: inputs sorted by (length, position), as acl-evaluate sorts a split,
@@ -160,10 +162,10 @@ class MultiExitHubInterface(RobertaHubInterface):
             out.append((rows, src))
         return out
 
-    def run_batches(self, batches, n: int, policy: Optional[str] = None, threshold: float = 0.0,
+    def run_batches(self, batches, n: int, policy: Optional[str] = None, threshold: Optional[float] = None,
                     exit_layer: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(logits (n, K) of the deciding exit, exit layer (n,))`` in input order."""
-        self.check_policy(policy, exit_layer)
+        threshold = self.check_policy(policy, exit_layer, threshold)
         logits, layers = [None] * n, [None] * n
         for rows, src in batches:
             out = early_exit.early_exit_forward(self.model, src.to(self.device), self.head_name, policy, threshold,
@@ -175,18 +177,21 @@ class MultiExitHubInterface(RobertaHubInterface):
         return torch.stack(logits), torch.tensor(layers)
 
     def predict_tokens_early_exit(self, token_lists: Sequence[torch.LongTensor], policy: Optional[str] = None,
-                                  threshold: float = 0.0, exit_layer: Optional[int] = None,
+                                  threshold: Optional[float] = None, exit_layer: Optional[int] = None,
                                   batch_size: int = 32) -> Tuple[torch.Tensor, torch.Tensor]:
         """The lower-level face of :meth:`predict_early_exit`: token tensors in, ``(logits, exit layers)``
         out, in input order (exited rows leave their batch, as in acl-evaluate's engine)."""
-        self.check_policy(policy, exit_layer)
+        self.check_policy(policy, exit_layer, threshold)  # before any batch is built
         return self.run_batches(self.make_batches(token_lists, batch_size), len(token_lists), policy, threshold,
                                 exit_layer)
 
-    def predict_early_exit(self, inputs: Sequence[Text], policy: Optional[str] = None, threshold: float = 0.0,
-                           exit_layer: Optional[int] = None, batch_size: int = 32) -> List[Prediction]:
+    def predict_early_exit(self, inputs: Sequence[Text], policy: Optional[str] = None,
+                           threshold: Optional[float] = None, exit_layer: Optional[int] = None,
+                           batch_size: int = 32) -> List[Prediction]:
         """One :class:`Prediction` per input (a string or an (a, b) pair). Without a policy or exit layer,
-        the last exit decides (an ordinary classifier); ``policy`` is one of ``exits.POLICIES``."""
+        the last exit decides (an ordinary classifier); ``policy`` is one of ``exits.POLICIES`` and
+        ``threshold`` its threshold (entropy/confidence level or patience count; default: the table's),
+        refused with a ValueError naming the range when outside it."""
         encoded = [self.encode_with_info(*((x,) if isinstance(x, str) else tuple(x))) for x in inputs]
         logits, layers = self.predict_tokens_early_exit([t for t, _ in encoded], policy, threshold, exit_layer,
                                                         batch_size)

@@ -36,7 +36,7 @@ def side_by_side(
     batches: List[torch.Tensor],
     head_name: str,
     policy: str,
-    value: float,
+    threshold: float,
     repeats: int,
     regression: bool = False,
     delta: float = exits.DEFAULT_REGRESSION_DELTA,
@@ -54,10 +54,10 @@ def side_by_side(
 
     def run_exit():
         for tokens in batches:
-            early_exit.early_exit_forward(model, tokens, head_name, policy, value, regression, delta)
+            early_exit.early_exit_forward(model, tokens, head_name, policy, threshold, regression, delta)
 
     early_exit.full_forward(model, batches[0], head_name)  # warm-up (allocator, kernels)
-    early_exit.early_exit_forward(model, batches[0], head_name, policy, value, regression, delta)
+    early_exit.early_exit_forward(model, batches[0], head_name, policy, threshold, regression, delta)
     out: Dict[str, List[Clock]] = {"full": [], "exit": []}
     for r in range(repeats):
         if alternate and r % 2 == 0:
@@ -73,11 +73,11 @@ def _tokens(batches: List[Dict], device) -> List[torch.Tensor]:
     return [batch["net_input"]["src_tokens"].to(device) for batch in batches]
 
 
-def time_side_by_side(model, batches: List[Dict], head_name: str, policy: str, value: float, ctx: Dict):
+def time_side_by_side(model, batches: List[Dict], head_name: str, policy: str, threshold: float, ctx: Dict):
     """Median wall-clock seconds per example of (all layers, early exit) over collated ``batches``."""
     n = sum(len(b["id"]) for b in batches)
     tokens = _tokens(batches, next(model.parameters()).device)
-    rounds = side_by_side(model, tokens, head_name, policy, value, ctx["repeats"], ctx["regression"], ctx["delta"])
+    rounds = side_by_side(model, tokens, head_name, policy, threshold, ctx["repeats"], ctx["regression"], ctx["delta"])
     return tuple(statistics.median(wall for wall, _ in rounds[k]) / n for k in ("full", "exit"))
 
 
