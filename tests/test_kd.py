@@ -87,8 +87,8 @@ def test_multi_exit_kd_gradient_never_reaches_the_teacher_through_the_kd_term(da
 
 
 @pytest.mark.parametrize("extra,match", [
-    (["--kd-weight", "-1"], "--kd-weight must be >= 0"),
-    (["--kd-weight", "nan"], "--kd-weight must be >= 0"),
+    (["--kd-weight", "-1"], "--kd-weight must be a finite number >= 0"),
+    (["--kd-weight", "nan"], "--kd-weight must be a finite number >= 0"),
     (["--kd-temperature", "0"], "--kd-temperature must be > 0"),
 ])
 def test_multi_exit_kd_refuses_values_outside_their_meaning(data, extra, match):

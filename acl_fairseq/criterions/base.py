@@ -90,8 +90,8 @@ class ExitCriterionBase(FairseqCriterion):
         name = type(self).__name__
         if self.regression and self.needs_class_labels:
             raise ValueError(
-                f"{name} is contrastive and needs class labels, but --regression-target is set "
-                "(e.g. STS-B); use --criterion sentence_ce for regression tasks"
+                f"{name} needs class labels (it contrasts or distils class distributions), but --regression-target "
+                "is set (e.g. STS-B); use --criterion sentence_ce for regression tasks"
             )
         self.positive = None
         if not self.regression:

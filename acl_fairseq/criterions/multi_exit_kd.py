@@ -31,11 +31,6 @@ class MultiExitKdCriterion(ExitCriterionBase):
     needs_multi_exit = True
     temperatures = ("kd_temperature",)
 
-    def __init__(self, cfg: MultiExitKdConfig, task):
-        super().__init__(cfg, task)
-        if not cfg.kd_weight >= 0:  # also refuses NaN
-            raise ValueError(f"--kd-weight must be >= 0 (0 means no distillation), got {cfg.kd_weight}")
-
     def aux_terms(self, exits, targets, weights):
         teacher = exits.logits[-1]
         per_student = torch.stack([losses.self_distillation_loss(z, teacher, self.cfg.kd_temperature)

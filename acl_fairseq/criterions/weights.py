@@ -12,6 +12,7 @@ WEIGHT_RANGES = {
     "scl_weight": (0.0, 1.0),
     "acl_weight": (0.0, math.inf),
     "acl_cl_weight": (0.0, math.inf),
+    "kd_weight": (0.0, math.inf),
     "acl_grad_threshold": (-1.0, 1.0),
 }
 
