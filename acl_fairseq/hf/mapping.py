@@ -44,6 +44,11 @@ TOKENIZER_FILES = {
     "bert": ["vocab.txt"],
     "roberta": ["vocab.json", "merges.txt"],
 }
+# HF encoder layer module -> fairseq encoder layer module (each with .weight and .bias); acl-export reads it backwards
+LAYER_MODULES = (("attention.self.query", "self_attn.q_proj"), ("attention.self.key", "self_attn.k_proj"),
+                 ("attention.self.value", "self_attn.v_proj"), ("attention.output.dense", "self_attn.out_proj"),
+                 ("attention.output.LayerNorm", "self_attn_layer_norm"), ("intermediate.dense", "fc1"),
+                 ("output.dense", "fc2"), ("output.LayerNorm", "final_layer_norm"))
 # HF parameters with no fairseq counterpart: buffers and task heads (the pooler is handled apart)
 IGNORED_PREFIXES = ("embeddings.position_ids", "embeddings.token_type_ids", "cls.seq_relationship.",
                     "classifier.", "qa_outputs.", "cls.predictions.decoder.", "lm_head.decoder.")
@@ -246,10 +251,7 @@ def map_state_dict(hf: Dict, config: dict, hf_ids: List[int]) -> Tuple[Dict, Opt
 
     for i in range(config["num_hidden_layers"]):
         src, dst = f"encoder.layer.{i}.", f"{se}layers.{i}."
-        for a, b in [("attention.self.query", "self_attn.q_proj"), ("attention.self.key", "self_attn.k_proj"),
-                     ("attention.self.value", "self_attn.v_proj"), ("attention.output.dense", "self_attn.out_proj"),
-                     ("attention.output.LayerNorm", "self_attn_layer_norm"), ("intermediate.dense", "fc1"),
-                     ("output.dense", "fc2"), ("output.LayerNorm", "final_layer_norm")]:
+        for a, b in LAYER_MODULES:
             _move(hf, out, src + a, dst + b)
 
     # masked-LM head, when the checkpoint has one (its decoder weight is tied to the embeddings)
