@@ -271,6 +271,19 @@ def map_state_dict(hf: Dict, config: dict, hf_ids: List[int]) -> Tuple[Dict, Opt
     return out, pooler
 
 
+def classifier_head(hf: Dict, model_type: str) -> Optional[Dict]:
+    """A sequence classifier's head as fairseq's classification head (``dense.*``, ``out_proj.*``), or None.
+
+    BERT: the pooler (dense + tanh) then ``classifier``; RoBERTa: ``classifier.dense`` (+ tanh) then
+    ``classifier.out_proj``: both are fairseq's dropout, dense, tanh, dropout, out_proj on the first token."""
+    names = {"bert": {"dense": "pooler.dense", "out_proj": "classifier"},
+             "roberta": {"dense": "classifier.dense", "out_proj": "classifier.out_proj"}}[model_type]
+    keys = {f"{a}.{p}": f"{b}.{p}" for a, b in names.items() for p in ("weight", "bias")}
+    if not all(k in hf for k in keys.values()):
+        return None
+    return {ours: hf[theirs] for ours, theirs in keys.items()}
+
+
 def has_segment(config: dict) -> bool:
     """BERT with two token types; RoBERTa never uses a second type (its tokenizer gives none)."""
     return config["model_type"] == "bert" and config.get("type_vocab_size", 2) == 2
