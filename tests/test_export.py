@@ -243,6 +243,16 @@ def test_a_vocabulary_the_dictionary_does_not_cover_is_refused_and_nothing_is_le
     assert sorted(os.listdir(tmp_path)) == ["bin"]  # neither OUT nor its temporary folder
 
 
+def test_a_tokenizer_without_an_hf_equivalent_is_refused_before_loading(run, tmp_path, capsys):
+    _, _, _, ckpt, _, _, _ = run
+    data = helpers.make_data(str(tmp_path / "toy"), n_train=8, n_valid=4)["data"]  # whitespace tokens
+    with pytest.raises(SystemExit) as exc:
+        export.main([ckpt, "--data", data, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "tokenizer is 'whitespace'" in err and len(err.splitlines()) == 1, err
+    assert not os.path.exists(tmp_path / "out")
+
+
 def test_sigterm_removes_the_temporary_folder(tmp_path):
     def build(tmp):
         open(os.path.join(tmp, "partial"), "w").close()

@@ -24,8 +24,9 @@ import sys
 import tempfile
 from typing import Callable, Dict, List, Optional
 
-from acl_fairseq import exits
+from acl_fairseq import exits, tokenization
 from acl_fairseq.cli import console
+from acl_fairseq.hf import export_tokenizer
 from acl_fairseq.hf.export_tokenizer import ExportError
 
 logger = logging.getLogger("acl_fairseq.hf.export")
@@ -92,6 +93,12 @@ def precheck(args) -> Dict:
                  "model was trained on")
     if args.threshold is not None and args.policy is None:
         fail("--threshold needs --policy")
+    try:
+        record = tokenization.read(args.data)
+        if record is not None and "hf" in args.format:
+            export_tokenizer.family_of(record)
+    except ValueError as e:  # a malformed stats.json, or a tokenizer kind HF has no standard tokenizer for
+        fail(str(e))
     cfg = read_cfg(args.checkpoint)
     from acl_fairseq.hf import export_weights
 
