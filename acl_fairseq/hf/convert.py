@@ -150,6 +150,20 @@ def build_checkpoint(config, flags, dict_words, encoder_sd, pooler, num_classes,
     }
 
 
+def _keep_classifier(head: Optional[Dict], pooler: Optional[Dict], num_classes: Optional[int], head_name: str):
+    """``(pooler, num_classes, head)``: a sequence classifier's head is kept whole at its own size (the default
+    of ``num_classes``); its dense layer is the pooler when the checkpoint has no other (RoBERTa)."""
+    if head is None:
+        return pooler, num_classes, None
+    pooler = pooler or {k: v for k, v in head.items() if k.startswith("dense.")}
+    classes = head["out_proj.weight"].size(0)
+    num_classes = classes if num_classes is None else num_classes
+    if num_classes != classes:
+        return pooler, num_classes, None
+    logger.info("kept the sequence classifier's head (%d classes) as %s", classes, head_name)
+    return pooler, num_classes, head
+
+
 def convert(hf_dir: str, out_dir: str, num_classes: Optional[int] = None,
             head_name: str = "sentence_classification_head", seed: int = 1) -> Dict[str, object]:
     """Convert ``hf_dir`` into ``out_dir``; returns ``{"model_args": [...], "files": [...]}``."""
@@ -166,13 +180,7 @@ def convert(hf_dir: str, out_dir: str, num_classes: Optional[int] = None,
     hf_sd = load_hf_state_dict(hf_dir, model_type)
     head = classifier_head(hf_sd, model_type)
     encoder_sd, pooler = map_state_dict(hf_sd, config, hf_ids)
-    if head is not None:
-        pooler = pooler or {k: v for k, v in head.items() if k.startswith("dense.")}
-        classes = head["out_proj.weight"].size(0)
-        num_classes = classes if num_classes is None else num_classes
-        if num_classes == classes:
-            logger.info("kept the sequence classifier's head (%d classes) as %s", classes, head_name)
-        head = head if num_classes == classes else None
+    pooler, num_classes, head = _keep_classifier(head, pooler, num_classes, head_name)
     flags = model_args(config)
     os.makedirs(out_dir, exist_ok=True)
     dict_path = os.path.join(out_dir, "dict.txt")
