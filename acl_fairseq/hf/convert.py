@@ -18,6 +18,11 @@ the model, under the checkpoint key ``"hf_pooler"`` (fairseq ignores that key). 
 (with a fresh out_proj) inside the model: a run with the same name and N keeps it; fairseq deletes
 (with a warning) a stored head whose size or name does not match, so the file restores either way.
 ``multi_exit_roberta`` gives its last exit the plain head name, so that exit gets the pooler.
+
+A sequence classifier (``BertForSequenceClassification``: pooler + ``classifier``; ``RobertaForSequenceClassification``:
+``classifier.dense`` + ``classifier.out_proj``; what ``acl-export`` writes) keeps its whole head: without
+``--num-classes`` the head gets the classifier's size, and with a matching ``--num-classes`` its out_proj too, so
+the converted model computes the classifier's logits. (A RoBERTa's ``classifier.dense`` is its pooler.)
 """
 import argparse
 import json
@@ -33,6 +38,7 @@ from acl_fairseq.cli import console
 from acl_fairseq.hf.mapping import (
     TOKENIZER_FILES,
     UnsupportedCheckpointError,
+    classifier_head,
     fairseq_order,
     has_segment,
     head_dropout,
@@ -85,10 +91,11 @@ def hub_bpe(tokenizer: dict) -> dict:
 
 
 def build_checkpoint(config, flags, dict_words, encoder_sd, pooler, num_classes, head_name, seed,
-                     record: dict) -> Dict:
+                     record: dict, head: Optional[Dict] = None) -> Dict:
     """A fairseq checkpoint dict. The fairseq model is built here and loaded strictly, so the file is
     known to restore; parameters the HF checkpoint lacks (the LM head, a new out_proj) keep
-    fairseq's own initialisation under ``seed``. A BERT with a segment embedding is built as a
+    fairseq's own initialisation under ``seed``; ``head`` (a whole classification head, dense and out_proj)
+    replaces the pooler there when given. A BERT with a segment embedding is built as a
     single-exit ``multi_exit_roberta`` (the only model that holds it), anything else as ``roberta``."""
     import torch
     from fairseq import options
@@ -120,7 +127,7 @@ def build_checkpoint(config, flags, dict_words, encoder_sd, pooler, num_classes,
             model.register_classification_head(head_name, num_classes=num_classes)
     state = dict(encoder_sd)
     if num_classes is not None:
-        state.update({f"classification_heads.{head_name}.{k}": v for k, v in pooler.items()})
+        state.update({f"classification_heads.{head_name}.{k}": v for k, v in (head or pooler).items()})
     missing, unexpected = torch.nn.Module.load_state_dict(model, state, strict=False)
     fresh = [k for k in missing if k.startswith(("encoder.lm_head.", "classification_heads.", FRESH_BUFFER))]
     if unexpected or len(fresh) != len(missing):
@@ -147,6 +154,20 @@ def build_checkpoint(config, flags, dict_words, encoder_sd, pooler, num_classes,
     }
 
 
+def _keep_classifier(head: Optional[Dict], pooler: Optional[Dict], num_classes: Optional[int], head_name: str):
+    """``(pooler, num_classes, head)``: a sequence classifier's head is kept whole at its own size (the default
+    of ``num_classes``); its dense layer is the pooler when the checkpoint has no other (RoBERTa)."""
+    if head is None:
+        return pooler, num_classes, None
+    pooler = pooler or {k: v for k, v in head.items() if k.startswith("dense.")}
+    classes = head["out_proj.weight"].size(0)
+    num_classes = classes if num_classes is None else num_classes
+    if num_classes != classes:
+        return pooler, num_classes, None
+    logger.info("kept the sequence classifier's head (%d classes) as %s", classes, head_name)
+    return pooler, num_classes, head
+
+
 def convert(hf_dir: str, out_dir: str, num_classes: Optional[int] = None,
             head_name: str = "sentence_classification_head", seed: int = 1) -> Dict[str, object]:
     """Convert ``hf_dir`` into ``out_dir``; returns ``{"model_args": [...], "files": [...]}``."""
@@ -160,14 +181,18 @@ def convert(hf_dir: str, out_dir: str, num_classes: Optional[int] = None,
             f"config pad_token_id {config.get('pad_token_id')} differs from the tokenizer's {specials['pad_token']}"
         )
     dict_words, hf_ids = fairseq_order(words, specials)
-    encoder_sd, pooler = map_state_dict(load_hf_state_dict(hf_dir, model_type), config, hf_ids)
+    hf_sd = load_hf_state_dict(hf_dir, model_type)
+    head = classifier_head(hf_sd, model_type)
+    encoder_sd, pooler = map_state_dict(hf_sd, config, hf_ids)
+    pooler, num_classes, head = _keep_classifier(head, pooler, num_classes, head_name)
     flags = model_args(config)
     os.makedirs(out_dir, exist_ok=True)
     dict_path = os.path.join(out_dir, "dict.txt")
     with open(dict_path, "w", encoding="utf-8") as f:
         f.writelines(f"{w} 1\n" for w in dict_words)
     record = make_conventions(config, hf_dir, conventions.dictionary_sha256(dict_path))
-    checkpoint = build_checkpoint(config, flags, dict_words, encoder_sd, pooler, num_classes, head_name, seed, record)
+    checkpoint = build_checkpoint(config, flags, dict_words, encoder_sd, pooler, num_classes, head_name, seed, record,
+                                  head)
 
     torch.save(checkpoint, os.path.join(out_dir, "model.pt"))
     with open(os.path.join(out_dir, "model_args.txt"), "w", encoding="utf-8") as f:
@@ -231,7 +256,8 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-classes", type=int, default=None,
                         help="also store a classification head with this many classes whose dense layer is "
                         "BERT's pooler (kept by fairseq-train only with the same --num-classes and head name); "
-                        "default: no head, the pooler is stored under the checkpoint key 'hf_pooler' only")
+                        "default: a sequence classifier's own head with its size (its logits unchanged), else no "
+                        "head, the pooler stored under the checkpoint key 'hf_pooler' only")
     parser.add_argument("--classification-head-name", default="sentence_classification_head",
                         help="name of that head (fairseq's --classification-head-name)")
     parser.add_argument("--seed", type=int, default=1,

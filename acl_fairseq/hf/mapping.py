@@ -45,6 +45,11 @@ TOKENIZER_FILES = {
     "bert": ["vocab.txt"],
     "roberta": ["vocab.json", "merges.txt"],
 }
+# HF encoder layer module -> fairseq encoder layer module (each with .weight and .bias); acl-export reads it backwards
+LAYER_MODULES = (("attention.self.query", "self_attn.q_proj"), ("attention.self.key", "self_attn.k_proj"),
+                 ("attention.self.value", "self_attn.v_proj"), ("attention.output.dense", "self_attn.out_proj"),
+                 ("attention.output.LayerNorm", "self_attn_layer_norm"), ("intermediate.dense", "fc1"),
+                 ("output.dense", "fc2"), ("output.LayerNorm", "final_layer_norm"))
 # HF parameters with no fairseq counterpart: buffers and task heads (the pooler is handled apart)
 IGNORED_PREFIXES = ("embeddings.position_ids", "embeddings.token_type_ids", "cls.seq_relationship.",
                     "classifier.", "qa_outputs.", "cls.predictions.decoder.", "lm_head.decoder.")
@@ -247,10 +252,7 @@ def map_state_dict(hf: Dict, config: dict, hf_ids: List[int]) -> Tuple[Dict, Opt
 
     for i in range(config["num_hidden_layers"]):
         src, dst = f"encoder.layer.{i}.", f"{se}layers.{i}."
-        for a, b in [("attention.self.query", "self_attn.q_proj"), ("attention.self.key", "self_attn.k_proj"),
-                     ("attention.self.value", "self_attn.v_proj"), ("attention.output.dense", "self_attn.out_proj"),
-                     ("attention.output.LayerNorm", "self_attn_layer_norm"), ("intermediate.dense", "fc1"),
-                     ("output.dense", "fc2"), ("output.LayerNorm", "final_layer_norm")]:
+        for a, b in LAYER_MODULES:
             _move(hf, out, src + a, dst + b)
 
     # masked-LM head, when the checkpoint has one (its decoder weight is tied to the embeddings)
@@ -268,6 +270,19 @@ def map_state_dict(hf: Dict, config: dict, hf_ids: List[int]) -> Tuple[Dict, Opt
     if leftover:
         raise UnsupportedCheckpointError(f"HF parameters with no place in fairseq roberta: {leftover[:8]}")
     return out, pooler
+
+
+def classifier_head(hf: Dict, model_type: str) -> Optional[Dict]:
+    """A sequence classifier's head as fairseq's classification head (``dense.*``, ``out_proj.*``), or None.
+
+    BERT: the pooler (dense + tanh) then ``classifier``; RoBERTa: ``classifier.dense`` (+ tanh) then
+    ``classifier.out_proj``: both are fairseq's dropout, dense, tanh, dropout, out_proj on the first token."""
+    names = {"bert": {"dense": "pooler.dense", "out_proj": "classifier"},
+             "roberta": {"dense": "classifier.dense", "out_proj": "classifier.out_proj"}}[model_type]
+    keys = {f"{a}.{p}": f"{b}.{p}" for a, b in names.items() for p in ("weight", "bias")}
+    if not all(k in hf for k in keys.values()):
+        return None
+    return {ours: hf[theirs] for ours, theirs in keys.items()}
 
 
 def has_segment(config: dict) -> bool:

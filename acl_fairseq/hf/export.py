@@ -1,0 +1,218 @@
+"""``acl-export``: a trained (multi-exit) checkpoint out of fairseq, for serving.
+
+    acl-export CHECKPOINT --data DATA_BIN --out OUT [--format hf] [--policy entropy --threshold 0.3] [--force]
+
+``--format hf`` writes ``OUT/hf/``: a standard ``BertForSequenceClassification`` (a model fine-tuned from a
+converted BERT) or ``RobertaForSequenceClassification`` (a fairseq or converted RoBERTa) folder that
+``transformers.pipeline("text-classification", model="OUT/hf")`` loads: ``config.json`` (labels from the data
+folder's label dictionary, LayerNorm eps 1e-5 as fairseq trained), ``model.safetensors`` (the last exit as the
+classifier), the tokenizer files, ``exit_heads.safetensors`` and ``early_exit.json`` (the other exits, the
+policy, the input layout) and a model card ``README.md`` (training command, labels, per-exit validation
+metrics). How weights, positions and the segment embedding map: :mod:`acl_fairseq.hf.export_weights`; the
+tokenizer: :mod:`acl_fairseq.hf.export_tokenizer`. What HF cannot compute exactly (mean-pooled exits, a
+tokenizer kind without an HF equivalent, ...) is refused with the reason, never exported approximately.
+
+OUT is built in a temporary folder beside it and renamed into place at the end; it is removed on an error,
+Ctrl-C or SIGTERM. An existing OUT is refused without ``--force``.
+"""
+import argparse
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from typing import Callable, Dict, List, Optional
+
+from acl_fairseq import exits, tokenization
+from acl_fairseq.cli import console
+from acl_fairseq.hf import export_tokenizer
+from acl_fairseq.hf.export_tokenizer import ExportError
+
+logger = logging.getLogger("acl_fairseq.hf.export")
+PROG = "acl-export"
+
+
+def write_hf(ctx: "Context", out_dir: str) -> List[str]:
+    from acl_fairseq.hf import hf_folder
+
+    return hf_folder.write(ctx, out_dir)
+
+
+# format -> writer(ctx, folder) or None (planned); one folder OUT/<format> each
+FORMATS: Dict[str, Optional[Callable]] = {"hf": write_hf, "onnx": None}
+
+
+class Context:
+    """What every format writer reads: the arguments, the loaded hub model and the checkpoint's cfg."""
+
+    def __init__(self, args, hub, cfg):
+        self.args, self.hub, self.cfg = args, hub, cfg
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0].strip("`: ").split(": ", 1)[-1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 2)[2])
+    p.add_argument("checkpoint", help="fine-tuned checkpoint (checkpoint_best.pt of a run)")
+    p.add_argument("--data", required=True, help="the binarized folder the model was trained on (its dictionaries, "
+                   "label names and tokenizer record: preprocess/glue.py's stats.json with the tokenizer files)")
+    p.add_argument("--out", required=True, help="output folder; each format goes to OUT/<format>/")
+    p.add_argument("--format", nargs="+", choices=tuple(FORMATS), default=["hf"],
+                   help="what to write (default: %(default)s); onnx is not available yet")
+    p.add_argument("--policy", choices=exits.POLICIES, help="early-exit policy recorded in early_exit.json for "
+                   "serving (default: none, the last exit decides)")
+    p.add_argument("--threshold", type=float, help="the policy's value (default: acl-predict's default for it)")
+    p.add_argument("--metrics-split", default="valid", help="split whose per-exit metrics go in the model card "
+                   "(default: %(default)s; 'none' skips them)")
+    p.add_argument("--batch-size", type=int, default=32, help="batch size of the metrics pass (default: %(default)s)")
+    p.add_argument("--force", action="store_true", help="replace an existing OUT")
+    p.add_argument("--tokenizer", help="stats.json or conventions.json naming the tokenizer, when --data has none")
+    return p
+
+
+def fail(message: str) -> None:
+    """A usage or input error: one line, exit status 2."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def precheck(args) -> Dict:
+    """Everything that can be checked before the model is built; returns the checkpoint's cfg."""
+    missing = [f for f in args.format if FORMATS[f] is None]
+    if missing:
+        fail(f"--format {' '.join(missing)} is not available yet (only {', '.join(f for f in FORMATS if FORMATS[f])} "
+             "is); drop it")
+    if os.path.exists(args.out) and not args.force:
+        fail(f"{args.out} exists; pass --force to replace it")
+    if not os.path.isfile(args.checkpoint):
+        fail(f"checkpoint file not found: {args.checkpoint}")
+    for sub in ("input0", "label"):
+        if not os.path.isfile(os.path.join(args.data, sub, "dict.txt")):
+            fail(f"{os.path.join(args.data, sub, 'dict.txt')} not found: --data must be the binarized folder the "
+                 "model was trained on")
+    if args.threshold is not None and args.policy is None:
+        fail("--threshold needs --policy")
+    try:
+        record = tokenization.read(args.data)
+        if record is not None and "hf" in args.format:
+            export_tokenizer.family_of(record)
+    except ValueError as e:  # a malformed stats.json, or a tokenizer kind HF has no standard tokenizer for
+        fail(str(e))
+    cfg = read_cfg(args.checkpoint)
+    from acl_fairseq.hf import export_weights
+
+    model_args = cfg.get("model")
+    get = model_args.get if isinstance(model_args, dict) else lambda k, d=None: getattr(model_args, k, d)
+    try:
+        export_weights.check_model_args(model_args, get("exit_pooling", "cls") or "cls")
+    except ExportError as e:
+        fail(str(e))
+    return cfg
+
+
+def read_cfg(checkpoint: str) -> Dict:
+    """The checkpoint's cfg, read without loading its tensors into memory (memory-mapped, safe loader)."""
+    import torch
+
+    import acl_fairseq  # noqa: F401  (allowlists fairseq's checkpoint types for the safe loader)
+
+    try:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # a truncated or foreign file: name it
+        fail(f"{checkpoint} is not a readable fairseq checkpoint ({type(e).__name__}: {str(e).splitlines()[0]})")
+    cfg = state.get("cfg") or {}
+    if not cfg and state.get("args") is not None:  # an argparse-era checkpoint
+        args = vars(state["args"])
+        cfg = {"model": state["args"], "task": args, "criterion": args, "optimization": args, "optimizer": args,
+               "lr_scheduler": args, "dataset": args, "common": args}
+    return dict(cfg)
+
+
+def load_hub(args):
+    from acl_fairseq.inference import hub as hub_mod
+
+    try:
+        hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(args.checkpoint)),
+                                      os.path.basename(args.checkpoint), os.path.abspath(args.data),
+                                      tokenizer_file=args.tokenizer)
+    except hub_mod.TokenizerNotFound as e:
+        fail(str(e))
+    return hub.eval()
+
+
+class _Terminated(Exception):
+    """SIGTERM, turned into an exception so that the temporary folder is removed on the way out."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
+
+
+def write_atomically(out: str, force: bool, build: Callable[[str], None]) -> None:
+    """Run ``build(tmp)`` on a fresh folder beside ``out``, then put it in place of ``out``."""
+    parent = os.path.dirname(os.path.abspath(out))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.tmp-", dir=parent)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        build(tmp)
+        if os.path.exists(out):
+            if not force:  # appeared while we worked
+                fail(f"{out} exists; pass --force to replace it")
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.old-", dir=parent)
+            os.replace(out, os.path.join(old, "out"))
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except _Terminated:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise SystemExit(128 + signal.SIGTERM) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def export(args) -> Dict:
+    """Check, load, write every format; returns ``{format: [files]}``."""
+    cfg = precheck(args)
+    hub = load_hub(args)
+    try:
+        hub.check_policy(args.policy, None)
+    except ValueError as e:  # a policy on a single-exit model
+        fail(str(e))
+    ctx = Context(args, hub, cfg)
+    written: Dict[str, List[str]] = {}
+
+    def build(tmp: str) -> None:
+        for fmt in args.format:
+            folder = os.path.join(tmp, fmt)
+            os.makedirs(folder)
+            written[fmt] = FORMATS[fmt](ctx, folder)
+
+    try:
+        write_atomically(args.out, args.force, build)
+    except ExportError as e:
+        fail(str(e))
+    return written
+
+
+def main(argv: Optional[List[str]] = None) -> Dict:
+    args = build_parser().parse_args(argv)
+    written = export(args)
+    for fmt, files in written.items():
+        print(f"{PROG}: wrote {os.path.join(args.out, fmt)}: {', '.join(files)}", file=sys.stderr)
+    return written
+
+
+def cli_main() -> None:
+    console.setup_logging("WARNING")
+    main()
+
+
+if __name__ == "__main__":
+    cli_main()
+
