@@ -269,3 +269,14 @@ def test_help_names_every_flag():
     assert proc.returncode == 0, proc.stderr
     for flag in ("--data", "--out", "--format", "--force", "--policy", "--threshold", "--metrics-split"):
         assert flag in proc.stdout
+
+
+@pytest.mark.parametrize("policy,threshold", [("entropy", "1.5"), ("confidence", "nan"), ("patience", "0")])
+def test_a_threshold_outside_its_policys_range_is_refused_before_loading(run, tmp_path, capsys, policy, threshold):
+    _, _, _, ckpt, data, _, _ = run
+    with pytest.raises(SystemExit) as exc:
+        export.main([ckpt, "--data", data, "--out", str(tmp_path / "out"), "--policy", policy,
+                     "--threshold", threshold])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and policy in err and len(err.splitlines()) == 1
+    assert not os.path.exists(tmp_path / "out")

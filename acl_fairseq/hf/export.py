@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what to write (default: %(default)s); onnx is not available yet")
     p.add_argument("--policy", choices=exits.POLICIES, help="early-exit policy recorded in early_exit.json for "
                    "serving (default: none, the last exit decides)")
-    p.add_argument("--threshold", type=float, help="the policy's value (default: acl-predict's default for it)")
+    p.add_argument("--threshold", type=float,
+                   help="the policy's threshold, in its range (default: the policy's default in exits.POLICIES)")
     p.add_argument("--metrics-split", default="valid", help="split whose per-exit metrics go in the model card "
                    "(default: %(default)s; 'none' skips them)")
     p.add_argument("--batch-size", type=int, default=32, help="batch size of the metrics pass (default: %(default)s)")
@@ -93,6 +94,11 @@ def precheck(args) -> Dict:
                  "model was trained on")
     if args.threshold is not None and args.policy is None:
         fail("--threshold needs --policy")
+    if args.policy is not None:
+        try:  # the range of exits.POLICIES, before the model loads
+            args.threshold = exits.validate(args.policy, args.threshold)
+        except ValueError as e:
+            fail(str(e))
     try:
         record = tokenization.read(args.data)
         if record is not None and "hf" in args.format:

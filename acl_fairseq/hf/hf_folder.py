@@ -23,35 +23,26 @@ LAYOUTS = {  # family -> (pair format its HF tokenizer builds, how it reads)
     "bert": ("single", "[CLS] A [SEP], pairs [CLS] A [SEP] B [SEP] with token type 1 on B [SEP]"),
     "roberta": ("double", "<s> A </s>, pairs <s> A </s></s> B </s>"),
 }
-POLICY_RULES = {  # what each policy of exits.POLICIES computes at an exit (exits.py)
-    "entropy": "exit when the entropy of softmax(logits) / log K is below the threshold",
-    "confidence": "exit when the largest softmax probability is at least the threshold",
-    "patience": "exit when the argmax has stayed the same for `threshold` consecutive exits",
-}
-assert set(POLICY_RULES) == set(exits.POLICIES)
 
 
 def input_layout(hub, family: str, has_pairs: bool) -> Dict:
     """The layout record; refuses a model whose training inputs HF's tokenizer of ``family`` would not build."""
     pair_format, text = LAYOUTS[family]
-    trained = "single" if hub.separator is None else "double" if hub.separator == conventions.EOS else None
-    if hub.init_token != 0:
-        raise ExportError(f"the model was trained with --init-token {hub.init_token}: HF's tokenizers start every "
+    layout = hub.layout  # conventions.InputLayout, the one home of how training built its inputs
+    if layout.init != conventions.BOS:
+        raise ExportError(f"the model was trained with init token {layout.init}: HF's tokenizers start every "
                           "input with row 0 (<s> / [CLS])")
-    if has_pairs and trained != pair_format:
-        raise ExportError(
-            f"the model was trained on pairs as {conventions.PAIR_LAYOUT.get(trained, f'separator {hub.separator}')}"
-            f", but HF's {family} tokenizer builds {conventions.PAIR_LAYOUT[pair_format]}")
-    return {"family": family, "pair_format": pair_format, "layout": text, "init_token": 0,
-            "separator": conventions.EOS, "segment_embedding": hasattr(hub.model, "segment_delta"),
-            "strip": True, "max_positions": hub.max_positions}
+    if has_pairs and layout.pair_format != pair_format:
+        raise ExportError(f"the model was trained on pairs as {conventions.PAIR_LAYOUT[layout.pair_format]}, but "
+                          f"HF's {family} tokenizer builds {conventions.PAIR_LAYOUT[pair_format]}")
+    # InputLayout(**{k: record[k] for k in InputLayout._fields}) rebuilds it on the serving side
+    return {"family": family, "pair_format": pair_format, "layout": text, **layout._asdict(),
+            "separator": list(layout.separator), "strip": True, "max_positions": hub.max_positions}
 
 
 def early_exit_record(ctx, exit_layers: List[int], labels, layout: Dict) -> Dict:
-    from acl_fairseq.cli.predict import DEFAULT_THRESHOLDS
-
     args = ctx.args
-    threshold = args.threshold if args.threshold is not None else DEFAULT_THRESHOLDS.get(args.policy)
+    threshold = exits.validate(args.policy, args.threshold) if args.policy else None  # the table's default if unset
     return {
         "schema": SCHEMA,
         "exit_layers": exit_layers,
@@ -62,9 +53,9 @@ def early_exit_record(ctx, exit_layers: List[int], labels, layout: Dict) -> Dict
         "head": "dropout, dense, tanh, dropout, out_proj on hidden_states[layer][:, 0]; the final exit is the "
                 "model's own classifier",
         "policy": args.policy,
-        "threshold": threshold if args.policy else None,
-        "policy_rules": POLICY_RULES,
-        "default_thresholds": DEFAULT_THRESHOLDS,
+        "threshold": threshold,
+        "policy_rules": {name: p.rule for name, p in exits.POLICIES.items()},  # exits.POLICIES, the one table
+        "default_thresholds": {name: p.default for name, p in exits.POLICIES.items()},
         "labels": labels,
         "regression": labels is None,
         "input_layout": layout,
