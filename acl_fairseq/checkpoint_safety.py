@@ -10,6 +10,17 @@ before it is called.
 :func:`check_readable` refuses an empty or cut-short checkpoint before anything loads it (the tools, and
 the plugin task for ``--restore-file`` and a resumed ``checkpoint_last.pt``), and :func:`reading` turns
 what torch raises on the rest into the same one-line :class:`CheckpointError`.
+
+The data dictionary a checkpoint was trained with. fairseq reads a binarized folder with any dictionary of
+the right size, so data binarized with another ``dict.txt`` (the same words in another order) is scored
+silently, every token reading another word's embedding. Training records
+:func:`acl_fairseq.conventions.dictionary_sha256` of ``DATA/input0/dict.txt`` in the model's arguments as
+``data_dictionary_sha256``, so every checkpoint of the run carries it: the plugin task records it for any
+architecture, ``multi_exit_roberta``'s build for any task (a plain ``roberta`` under the stock
+``sentence_prediction`` task records nothing). :func:`check_dictionary` compares it with the data folder a
+checkpoint is used with: in acl-evaluate, acl-predict and the hub (:func:`check_loaded_dictionary`), and for
+``fairseq-train --restore-file`` under the plugin task (:func:`dictionary_in_file`). A checkpoint that
+records none is used with a warning.
 """
 import argparse
 import collections
@@ -21,6 +32,8 @@ import typing
 import zipfile
 
 import torch
+
+from acl_fairseq import conventions
 
 logger = logging.getLogger(__name__)
 
@@ -123,3 +136,94 @@ def reading(path: str):
             raise
         why = str(e).split(". ")[0]
         raise CheckpointError(f"{path}: truncated or damaged checkpoint ({why}). {_REFETCH}") from None
+
+
+# ---- the data dictionary a checkpoint was trained with ------------------------------------------------
+
+DICTIONARY_KEY = "data_dictionary_sha256"
+# set on a model by the builds that record: what its arguments carried before the build (None: nothing, or a
+# fresh run). A build records into the arguments of a loaded checkpoint too, so a tool reads this, not DICTIONARY_KEY.
+DICTIONARY_BUILT_FROM = "checkpoint_data_dictionary_sha256"
+
+
+class DictionaryMismatch(conventions.ConventionsError):
+    """The data folder's dictionary is not the one the checkpoint was trained with."""
+
+
+def dictionary_path(data) -> typing.Optional[str]:
+    """``DATA/input0/dict.txt`` of a ``--data`` value (the first folder of a ``:``-separated list)."""
+    return os.path.join(str(data).split(os.pathsep)[0], "input0", "dict.txt") if data else None
+
+
+def recorded_dictionary(args) -> typing.Optional[str]:
+    """The hash in a model's arguments (Namespace, DictConfig or dict), or None."""
+    if args is None:
+        return None
+    return args.get(DICTIONARY_KEY) if isinstance(args, dict) else getattr(args, DICTIONARY_KEY, None)
+
+
+def record_dictionary(args, data) -> typing.Optional[str]:
+    """Put the hash of ``data``'s dictionary into ``args`` unless they carry one already (a loaded
+    checkpoint keeps what it was trained with); returns what they carried before."""
+    before = recorded_dictionary(args)
+    path = dictionary_path(data)
+    if before is None and path and os.path.isfile(path):
+        from omegaconf import OmegaConf, open_dict
+
+        sha = conventions.dictionary_sha256(path)
+        if OmegaConf.is_config(args):
+            with open_dict(args):
+                args[DICTIONARY_KEY] = sha
+        else:
+            setattr(args, DICTIONARY_KEY, sha)
+    return before
+
+
+def check_dictionary(trained: typing.Optional[str], data, checkpoint: str) -> None:
+    """Refuse ``data`` when its dictionary is not the one ``checkpoint`` was trained with (``trained``: the
+    hash the checkpoint records); warn when the checkpoint records none."""
+    path = dictionary_path(data)
+    if not path or not os.path.isfile(path):
+        return  # not a binarized folder: the loader says so
+    if trained is None:
+        logger.warning(
+            "%s records no data dictionary hash (trained before checkpoints carried one, or a plain roberta "
+            "under --task sentence_prediction): nothing checks that %s is the dictionary it was trained with",
+            checkpoint, path,
+        )
+        return
+    if conventions.dictionary_sha256(path) != trained:
+        raise DictionaryMismatch(
+            f"the data dictionary {path} is not the one {checkpoint} was trained with (sha256 {trained[:12]}...): "
+            "this data was binarized with another vocabulary or word order, so every token would read another "
+            "word's embedding; use the data folder the model was trained on, or binarize the data again with "
+            "--srcdict set to that folder's input0/dict.txt"
+        )
+
+
+def check_loaded_dictionary(model, cfg, checkpoint: str) -> None:
+    """:func:`check_dictionary` for a model loaded from ``checkpoint`` with the data folder of ``cfg.task.data``."""
+    if hasattr(model, DICTIONARY_BUILT_FROM):
+        trained = getattr(model, DICTIONARY_BUILT_FROM)
+    else:
+        trained = recorded_dictionary(cfg.model)
+    if trained is None:  # a converted encoder's conventions record names its dictionary too
+        record = conventions.from_args(cfg.model)
+        trained = record["dictionary_sha256"] if record else None
+    check_dictionary(trained, cfg.task.data, checkpoint)
+
+
+def dictionary_in_file(path: str) -> typing.Optional[str]:
+    """The hash a checkpoint file records, without reading its weights (memory-mapped); None when it records
+    none or cannot be read that way (an older file format, a damaged file: fairseq's loader reports those)."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError):
+        return None  # fairseq's own loader reads it next and reports what is wrong
+    if not isinstance(state, dict):
+        return None
+    cfg = state.get("cfg") or {}
+    model_cfg = cfg.get("model") if hasattr(cfg, "get") else None
+    return recorded_dictionary(model_cfg) or recorded_dictionary(state.get("args"))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import helpers
-from acl_fairseq import conventions, data_dictionary
+from acl_fairseq import checkpoint_safety, conventions
 from acl_fairseq.cli import evaluate, predict
 from acl_fairseq.inference import hub
 from acl_fairseq.tasks import sentence_prediction_acl
@@ -42,7 +42,7 @@ def ckpt(root, name):
 def without_record(src, dst):
     """A copy of checkpoint ``src`` as trained before checkpoints carried the hash."""
     state = torch.load(src, weights_only=True)
-    delattr(state["cfg"]["model"], data_dictionary.KEY)
+    delattr(state["cfg"]["model"], checkpoint_safety.DICTIONARY_KEY)
     torch.save(state, dst)
     return str(dst)
 
@@ -59,8 +59,8 @@ def test_training_records_the_data_dictionary_in_every_checkpoint(runs, name):
     expected = conventions.dictionary_sha256(os.path.join(data, "input0", "dict.txt"))
     for file in ("checkpoint_best.pt", "checkpoint_last.pt"):
         state = torch.load(str(root / name / file), weights_only=True)
-        assert getattr(state["cfg"]["model"], data_dictionary.KEY) == expected
-        assert data_dictionary.recorded_in_file(str(root / name / file)) == expected
+        assert getattr(state["cfg"]["model"], checkpoint_safety.DICTIONARY_KEY) == expected
+        assert checkpoint_safety.dictionary_in_file(str(root / name / file)) == expected
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -68,9 +68,9 @@ def test_another_dictionary_is_refused_by_evaluate_predict_and_the_hub(runs, nam
     root, data, other = runs
     path = ckpt(root, name)
     message = f"data dictionary {other}/input0/dict.txt is not the one {path} was trained with"
-    with pytest.raises(data_dictionary.DictionaryMismatch, match=message):
+    with pytest.raises(checkpoint_safety.DictionaryMismatch, match=message):
         evaluate.main([path, other, "--out-dir", str(tmp_path / "ev"), "--timing-examples", "0"])
-    with pytest.raises(data_dictionary.DictionaryMismatch, match=message):
+    with pytest.raises(checkpoint_safety.DictionaryMismatch, match=message):
         hub.from_pretrained(str(root / name), "checkpoint_best.pt", other)
     with pytest.raises(SystemExit, match="the " + message) as refused:  # console.run adds "acl-predict: error:"
         predict.main([path, "--data", other, "--input", os.path.join(other, "raw", "valid.input0"),
@@ -93,7 +93,7 @@ def test_acl_evaluate_says_so_in_one_line(runs, tmp_path):
 def test_a_checkpoint_without_the_record_is_used_with_a_warning(runs, name, tmp_path, caplog):
     root, _, other = runs
     old = without_record(ckpt(root, name), tmp_path / "old.pt")
-    with caplog.at_level(logging.WARNING, logger="acl_fairseq.data_dictionary"):
+    with caplog.at_level(logging.WARNING, logger="acl_fairseq.checkpoint_safety"):
         evaluate.load_model(old, other, None, "cpu")
         hub.from_pretrained(str(tmp_path), "old.pt", other)
     warned = [r.getMessage() for r in caplog.records if "records no data dictionary hash" in r.getMessage()]

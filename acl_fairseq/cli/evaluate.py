@@ -21,7 +21,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from acl_fairseq import checkpoint_safety, data_dictionary, exits, glue_metrics
+from acl_fairseq import checkpoint_safety, exits, glue_metrics
 from acl_fairseq.cli import console, report
 from acl_fairseq.inference import early_exit, latency
 
@@ -106,7 +106,7 @@ def load_model(checkpoint: str, data_bin: str, user_dir: Optional[str], device: 
         models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
             [checkpoint], arg_overrides={"data": data_bin, "load_checkpoint_heads": True}
         )
-    data_dictionary.check_loaded(models[0], cfg, checkpoint)
+    checkpoint_safety.check_loaded_dictionary(models[0], cfg, checkpoint)
     model = models[0].eval()
     if console.resolve_device(device) == "cuda":
         model = model.cuda()
@@ -323,7 +323,7 @@ def cli_main() -> None:
     try:
         main()
     # a wrong path, a damaged file, data of another dictionary: one line, no traceback
-    except (FileNotFoundError, checkpoint_safety.CheckpointError, data_dictionary.DictionaryMismatch) as e:
+    except (FileNotFoundError, checkpoint_safety.CheckpointError, checkpoint_safety.DictionaryMismatch) as e:
         print(f"acl-evaluate: error: {e}", file=sys.stderr)
         sys.exit(2)
 

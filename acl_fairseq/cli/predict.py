@@ -207,7 +207,7 @@ def load_hub(args):
                                           os.path.basename(args.checkpoint), os.path.abspath(args.data),
                                           tokenizer_file=args.tokenizer)
     except (hub_mod.TokenizerNotFound, checkpoint_safety.CheckpointError,
-            hub_mod.data_dictionary.DictionaryMismatch) as e:
+            checkpoint_safety.DictionaryMismatch) as e:
         raise UsageError(str(e)) from None
     hub.eval()
     if console.resolve_device(args.device) == "cuda":

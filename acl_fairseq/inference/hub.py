@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from fairseq.models.roberta.hub_interface import RobertaHubInterface
 
-from acl_fairseq import conventions, data_dictionary, exits, tokenization
+from acl_fairseq import checkpoint_safety, conventions, exits, tokenization
 from acl_fairseq.inference import early_exit
 
 logger = logging.getLogger(__name__)
@@ -236,5 +236,6 @@ def from_pretrained(model_name_or_path: str, checkpoint_file: str = "checkpoint_
 
     x = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
                                   load_checkpoint_heads=True, **kwargs)
-    data_dictionary.check_loaded(x["models"][0], x["args"], os.path.join(model_name_or_path, checkpoint_file))
+    checkpoint_safety.check_loaded_dictionary(x["models"][0], x["args"],
+                                              os.path.join(model_name_or_path, checkpoint_file))
     return MultiExitHubInterface(x["args"], x["task"], x["models"][0], tokenizer_file)

@@ -32,7 +32,7 @@ from fairseq.models.roberta.model import (
 from fairseq.utils import safe_getattr
 from omegaconf import OmegaConf
 
-from acl_fairseq import conventions, data_dictionary
+from acl_fairseq import checkpoint_safety, conventions
 from acl_fairseq.heads import POOLING_MODES, ExitOutputs, head_forward, pool_states
 
 logger = logging.getLogger(__name__)
@@ -109,10 +109,10 @@ class MultiExitRobertaModel(RobertaModel):
             OmegaConf.set_struct(args, False)  # RobertaModel.build_model sets it back
         multi_exit_roberta_architecture(args)  # the exit options exist whatever the cfg came from
         conventions.apply_to_task(conventions.from_args(args), task)
-        # every checkpoint names its training dictionary, whatever the task (see data_dictionary.py)
-        before = data_dictionary.record(args, getattr(getattr(task, "cfg", None), "data", None))
+        # every checkpoint names its training dictionary, whatever the task (see checkpoint_safety.py)
+        before = checkpoint_safety.record_dictionary(args, getattr(getattr(task, "cfg", None), "data", None))
         model = super().build_model(args, task)
-        setattr(model, data_dictionary.BUILT_FROM, before)
+        setattr(model, checkpoint_safety.DICTIONARY_BUILT_FROM, before)
         return model
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):

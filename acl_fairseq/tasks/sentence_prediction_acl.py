@@ -6,7 +6,7 @@ with these additions. Before training (not when a checkpoint is loaded for use),
 starts from is checked: a ``--restore-file`` that does not exist is refused (fairseq would train from
 random weights and exit 0), and so is one, or a resumed ``checkpoint_last.pt``, trained with another
 data dictionary; the model's arguments record the data dictionary's hash, so every checkpoint of the run
-carries it (:mod:`acl_fairseq.data_dictionary`). Validation (every split but ``--train-subset``) keeps
+carries it (:mod:`acl_fairseq.checkpoint_safety`). Validation (every split but ``--train-subset``) keeps
 every example, whatever ``--required-batch-size-multiple``. ``train_step`` tells the criterion when
 fairseq replays a dummy batch (``--contrast-across-workers`` needs that). And :meth:`begin_valid_epoch`,
 which fairseq calls at the start of every validation, writes the projector snapshots. With
@@ -40,7 +40,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask
 from omegaconf import II
 
-from .. import checkpoint_safety, conventions, data_dictionary, glue_metrics, projector
+from .. import checkpoint_safety, conventions, glue_metrics, projector
 
 logger = logging.getLogger(__name__)
 DEFAULT_RESTORE_FILE = "checkpoint_last.pt"  # fairseq's default, looked up in --save-dir
@@ -115,7 +115,7 @@ class SentencePredictionAclTask(SentencePredictionTask):
 
     def build_model(self, cfg, from_checkpoint=False):
         if not from_checkpoint:  # training: the checkpoints of this run name their data dictionary
-            data_dictionary.record(cfg, self.cfg.data)
+            checkpoint_safety.record_dictionary(cfg, self.cfg.data)
         return super().build_model(cfg, from_checkpoint)
 
     def build_criterion(self, cfg, from_checkpoint=False):
@@ -194,7 +194,8 @@ def check_restore(cfg) -> None:
     if restore == DEFAULT_RESTORE_FILE:
         last = restore_path(cfg)
         if last and os.path.isfile(last):
-            data_dictionary.check(data_dictionary.recorded_in_file(last), getattr(cfg, "data", None), last)
+            trained = checkpoint_safety.dictionary_in_file(last)
+            checkpoint_safety.check_dictionary(trained, getattr(cfg, "data", None), last)
         return
     stem = restore[: -len(".pt")] if restore.endswith(".pt") else restore
     # fairseq inserts --checkpoint-suffix, and under sharded training a shard or model-part suffix, before .pt
@@ -208,10 +209,10 @@ def check_restore(cfg) -> None:
         )
     check_restore_dictionary(cfg)
     if os.path.isfile(restore):
-        trained = data_dictionary.recorded_in_file(restore)
+        trained = checkpoint_safety.dictionary_in_file(restore)
         beside = os.path.join(os.path.dirname(os.path.abspath(restore)), "dict.txt")
         if trained is not None or not os.path.isfile(beside):  # a pretrained encoder's dict.txt was checked above
-            data_dictionary.check(trained, getattr(cfg, "data", None), f"--restore-file {restore}")
+            checkpoint_safety.check_dictionary(trained, getattr(cfg, "data", None), f"--restore-file {restore}")
 
 
 def check_restore_dictionary(cfg) -> None:
