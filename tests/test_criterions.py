@@ -391,27 +391,3 @@ def test_the_base_class_knows_nothing_of_acl_grad():
             imported |= {a.name for a in node.names}
     assert not {m for m in imported if "gating" in m}, imported
     assert "acl_grad_" not in source
-
-
-def test_a_criterion_without_acl_grads_config_can_gate_its_auxiliary_part(data):
-    """What a later --scl-grad needs: the gate takes the CE and auxiliary parts and its settings as arguments."""
-    from acl_fairseq.criterions import gating
-    from acl_fairseq.criterions.sentence_scl import SentenceSclCriterion
-
-    class GatedScl(SentenceSclCriterion):
-        logged_ratios, logged_sums = gating.LOGGED_RATIOS, gating.LOGGED_SUMS
-
-        def combine(self, model, exits, ce, aux):
-            return gating.combine(model, exits, ce, aux, gating.GateConfig("features", 1.01))  # always drops
-
-    task, model, plain, sample = build(data, "sentence_scl")
-    crit = GatedScl(plain.cfg, task)
-    assert not hasattr(crit.cfg, "acl_grad_threshold")
-    model.train()
-    g_ce, _ = _two_pass_reference(model, crit, sample)
-    model.zero_grad()
-    loss, _, log = crit(model, sample)
-    loss.backward()
-    assert float(log["gated_steps"]) == 1.0 and float(log["conflict"]) == 1.0 and -1 <= float(log["grad_cos"]) <= 1
-    for k, g in _grads(model).items():  # the dropped term leaves the CE part's gradient
-        assert torch.allclose(g, crit.ce_weight * g_ce[k], atol=1e-6), k

@@ -13,6 +13,7 @@ import helpers
 RUNS = [
     ("sentence_ce", "roberta", [], {"loss", "ce_loss", "accuracy"}),
     ("sentence_scl", "roberta", [], {"scl_loss"}),
+    ("sentence_scl", "roberta", ["--scl-grad"], {"scl_loss", "grad_cos", "conflict_rate"}),
     ("acl_embed", "roberta", [], {"acl_loss"}),
     ("acl_grad", "roberta", ["--update-freq", "2"], {"acl_loss", "grad_cos", "conflict_rate"}),
     ("acl_grad", "roberta", ["--acl-grad-scope", "features"], {"grad_cos", "conflict_rate"}),
@@ -139,7 +140,10 @@ def test_plugin_help_lists_architectures(tool):
 @pytest.mark.parametrize(
     "criterion,flags",
     [
-        ("sentence_scl", ["--scl-weight", "--scl-temperature", "--scl-feature", "--exit-weighting"]),
+        ("sentence_scl", ["--scl-weight", "--scl-temperature", "--scl-feature", "--exit-weighting", "--scl-grad",
+                          "--scl-grad-threshold", "--scl-grad-scope", "--scl-grad-global-decision",
+                          "--log-grad-conflict"]),
+        ("acl_embed", ["--log-grad-conflict"]),
         ("acl_grad", ["--acl-weight", "--acl-temperature", "--acl-anchors", "--acl-grad-threshold",
                       "--acl-grad-scope"]),
         ("acl_cross_layer", ["--acl-cl-weight", "--acl-cl-temperature", "--no-acl-grad", "--contrast-across-workers",

@@ -10,6 +10,7 @@ from fairseq.criterions import register_criterion
 from fairseq.dataclass import ChoiceEnum
 
 from .. import losses
+from . import gating
 from .base import ExitCriterionBase, ExitCriterionConfig
 
 
@@ -28,12 +29,34 @@ class AclEmbedConfig(ExitCriterionConfig):
             "embeddings, 'samples' = only the batch's samples (label embeddings stay candidates)"
         },
     )
+    log_grad_conflict: bool = field(
+        default=False,
+        metadata={
+            "help": "log grad_cos and conflict_rate of the ACL term's gradient against CE's (over all parameters; "
+            "acl_cross_layer: its --acl-grad-scope) without dropping anything; costs a second backward"
+        },
+    )
 
 
 @register_criterion("acl_embed", dataclass=AclEmbedConfig)
 class AclEmbedCriterion(ExitCriterionBase):
     needs_class_labels = True
     temperatures = ("acl_temperature",)
+    logged_ratios = gating.LOGGED_RATIOS
+    logged_sums = gating.LOGGED_SUMS
+
+    def gated(self) -> bool:
+        """Whether the ACL-Grad rule drops the auxiliary part on conflict (acl_grad, acl_cross_layer)."""
+        return False
+
+    def gate_config(self, apply: bool) -> gating.GateConfig:
+        """The gate's settings; ACL-Embed only measures, over all parameters at METHOD.md's threshold 0."""
+        return gating.GateConfig("params", 0.0, apply=apply)
+
+    def combine(self, model, exits, ce, aux):
+        if self.gated() or self.cfg.log_grad_conflict:
+            return gating.combine(model, exits, ce, aux, self.gate_config(apply=self.gated()))
+        return super().combine(model, exits, ce, aux)
 
     def acl_term(self, exits, targets, weights):
         per_exit = losses.acl_embed_losses(  # (M,): every exit in one batched product

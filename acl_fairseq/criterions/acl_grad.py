@@ -42,17 +42,11 @@ class AclGradConfig(AclEmbedConfig):
 
 @register_criterion("acl_grad", dataclass=AclGradConfig)
 class AclGradCriterion(AclEmbedCriterion):
-    logged_ratios = gating.LOGGED_RATIOS
-    logged_sums = gating.LOGGED_SUMS
-
     def gated(self) -> bool:
         """Whether the rule decides per batch whether the auxiliary terms are kept (acl_cross_layer:
         unless --no-acl-grad)."""
         return True
 
-    def combine(self, model, exits, ce, aux):
-        if not self.gated():
-            return super().combine(model, exits, ce, aux)
+    def gate_config(self, apply: bool) -> gating.GateConfig:
         cfg = self.cfg  # read at each step: the flags' values, passed to the gate (which reads no cfg)
-        config = gating.GateConfig(cfg.acl_grad_scope, cfg.acl_grad_threshold, cfg.acl_grad_global_decision)
-        return gating.combine(model, exits, ce, aux, config)
+        return gating.GateConfig(cfg.acl_grad_scope, cfg.acl_grad_threshold, cfg.acl_grad_global_decision, apply)

@@ -1,5 +1,9 @@
 """The ACL-Grad rule: drop the auxiliary (ACL) term of a batch when its gradient conflicts with CE's.
 
+The same gate serves ``acl_grad``, ``acl_cross_layer`` and ``sentence_scl --scl-grad`` (the rule on the SCL
+term), and, with ``apply=False``, ``--log-grad-conflict``: both gradients are taken and the cosine logged,
+but the update is always ``g_ce + g_aux``.
+
 Both scopes of METHOD.md:
 - ``params`` (exact): the gradients of ``ce`` and ``aux`` over every trainable parameter, with two
   ``autograd.grad`` calls; the update is ``g_ce`` or ``g_ce + g_aux``, handed to the parameters
@@ -60,13 +64,16 @@ class GateConfig:
     scope: str  # one of SCOPES
     threshold: float  # the auxiliary part is dropped when cos(g_ce, g_aux) is below it
     global_decision: bool = False  # decide on the gradients summed over all workers
+    apply: bool = True  # False: only measure (log grad_cos and conflict), always keep the auxiliary part
 
 
 def combine(
-    model, exits: ExitOutputs, ce: torch.Tensor, aux: torch.Tensor, config: GateConfig
+    model, exits: ExitOutputs, ce: torch.Tensor, aux: torch.Tensor, config: GateConfig,
+    features: Optional[Sequence[torch.Tensor]] = None,
 ) -> Tuple[torch.Tensor, Dict]:
     """A criterion's ``combine`` under the rule: ``ce + aux`` outside training (or where nothing needs a
-    decision), else :func:`gate`'s choice between ``ce`` and ``ce + aux`` in the backward.
+    decision), else :func:`gate`'s choice between ``ce`` and ``ce + aux`` in the backward. ``features``: the
+    representations the ``features`` scope compares gradients on (default: the exits' ``u``).
 
     Every rank of a global decision enters the gate, even one whose ``aux`` reaches nothing, since
     the decision's collectives run in every rank's backward.
@@ -76,7 +83,7 @@ def combine(
     if not (aux.requires_grad or config.global_decision):
         return ce + aux, {}
     return gate(model, exits, ce, aux, config.scope, config.threshold, global_decision=config.global_decision,
-                loss_scaler=has_loss_scaler(model))
+                loss_scaler=has_loss_scaler(model), apply=config.apply, features=features)
 
 
 def has_loss_scaler(model) -> bool:
@@ -99,8 +106,13 @@ def gate(
     threshold: float,
     global_decision: bool = False,
     loss_scaler: bool = False,
+    apply: bool = True,
+    features: Optional[Sequence[torch.Tensor]] = None,
 ) -> Tuple[torch.Tensor, Dict]:
     """Return ``(loss to back-propagate, logging entries)`` under the ACL-Grad rule.
+
+    ``apply=False`` measures only: the logged ``conflict`` is still the rule's decision, but the auxiliary
+    part is always kept.
 
     ``global_decision``: decide on the gradients summed over all workers (no effect outside
     distributed training). ``loss_scaler``: training runs with a dynamic loss scaler (``--fp16``,
@@ -111,11 +123,11 @@ def gate(
     log = {"grad_cos": zero.clone(), "conflict": zero.clone(), "gated_steps": zero.clone(),
            "acl_grad_overflow": zero.clone()}
     gate_state = _GateState(
-        ce=ce, aux=aux, scope=scope, threshold=threshold, log=log, loss_scaler=loss_scaler,
+        ce=ce, aux=aux, scope=scope, threshold=threshold, log=log, loss_scaler=loss_scaler, apply=apply,
         global_decision=global_decision and distributed.world_size() > 1,
     )
     if scope == "features":
-        gate_state.inputs = [u for u in exits.features if u.requires_grad]
+        gate_state.inputs = [u for u in (exits.features if features is None else features) if u.requires_grad]
         return _Gate.apply(gate_state, ce, aux), log
     gate_state.inputs = [p for p in model.parameters() if p.requires_grad]
     return _Gate.apply(gate_state, *gate_state.inputs), log
@@ -159,6 +171,8 @@ class _Gate(torch.autograd.Function):
         keep = gradients.acl_grad_keep(cos, st.threshold)  # NaN keeps: the overflow reaches the optimizer
         st.log["grad_cos"].copy_(torch.where(finite, cos, torch.zeros_like(cos)))
         st.log["conflict"].copy_((~keep).float())
+        if not st.apply:  # measuring only: the update is ce + aux whatever the rule says
+            keep = torch.ones_like(keep)
         st.log["gated_steps"].copy_(finite.float())
         st.log["acl_grad_overflow"].copy_((~finite).float())
         if features:

@@ -14,6 +14,7 @@ WEIGHT_RANGES = {
     "acl_cl_weight": (0.0, math.inf),
     "kd_weight": (0.0, math.inf),
     "acl_grad_threshold": (-1.0, 1.0),
+    "scl_grad_threshold": (-1.0, 1.0),
 }
 
 

@@ -1,0 +1,76 @@
+"""The ACL-Grad rule on SCL (``sentence_scl --scl-grad``) and ``--log-grad-conflict``: against two separate
+backward passes, the obvious reference."""
+import pytest
+import torch
+
+import helpers
+from test_criterions import _cosine, _grads, _two_pass_reference, build
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return helpers.make_data(str(tmp_path_factory.mktemp("conflict") / "data"))["data"]
+
+
+def _step(model, crit, sample):
+    model.zero_grad()
+    loss, _, log = crit(model, sample)
+    loss.backward()
+    return _grads(model), log
+
+
+@pytest.mark.parametrize("scope", ["params", "features"])
+@pytest.mark.parametrize("feature", ["encoder", "head"])
+def test_scl_grad_update_is_ce_alone_on_conflict_and_ce_plus_scl_otherwise(data, scope, feature):
+    """The gate sees no ACL-Grad config: its settings are --scl-grad-*; SCL's CE part is (1 - lambda) CE."""
+    _, model, crit, sample = build(data, "sentence_scl", extra=["--scl-grad", "--scl-grad-scope", scope,
+                                                                 "--scl-feature", feature])
+    assert not hasattr(crit.cfg, "acl_grad_threshold")
+    model.train()
+    g_ce, g_scl = _two_pass_reference(model, crit, sample)
+    w = crit.ce_weight
+    cos = _cosine(g_ce, g_scl)
+    thresholds = [(cos - 1e-3, True), (cos + 1e-3, False)] if scope == "params" else [(-1.0, True), (1.0, False)]
+    for threshold, keep in thresholds:
+        crit.cfg.scl_grad_threshold = threshold
+        got, log = _step(model, crit, sample)
+        assert float(log["conflict"]) == (0.0 if keep else 1.0) and float(log["gated_steps"]) == 1.0
+        if scope == "params":
+            assert abs(float(log["grad_cos"]) - cos) < 1e-4
+        for k in g_ce:
+            want = w * g_ce[k] + (g_scl.get(k, torch.zeros_like(g_ce[k])) if keep else 0)
+            assert torch.allclose(got[k], want, atol=1e-6, rtol=1e-4), k
+
+
+@pytest.mark.parametrize("name,arch,extra", [
+    ("sentence_scl", "roberta", ["--log-grad-conflict"]),
+    ("acl_embed", "roberta", ["--log-grad-conflict"]),
+    ("acl_cross_layer", "multi_exit_roberta", ["--log-grad-conflict", "--no-acl-grad"]),
+])
+def test_log_grad_conflict_measures_without_changing_the_update(data, name, arch, extra):
+    _, model, crit, sample = build(data, name, arch=arch, extra=extra)
+    model.train()
+    g_ce, g_aux = _two_pass_reference(model, crit, sample)
+    cos = _cosine(g_ce, g_aux)
+    threshold = {"sentence_scl": "scl_grad_threshold", "acl_cross_layer": "acl_grad_threshold"}.get(name)
+    if threshold:  # a threshold every cosine is below: the rule would drop the term, the measurement keeps it
+        setattr(crit.cfg, threshold, 1.0)
+    got, log = _step(model, crit, sample)
+    assert abs(float(log["grad_cos"]) - cos) < 1e-4 and float(log["gated_steps"]) == 1.0
+    assert float(log["conflict"]) == (1.0 if threshold else float(cos < 0))  # the rule's decision, logged only
+    for k in g_ce:  # the update is CE + the auxiliary term, whatever the cosine
+        want = crit.ce_weight * g_ce[k] + g_aux.get(k, torch.zeros_like(g_ce[k]))
+        assert torch.allclose(got[k], want, atol=1e-6, rtol=1e-4), k
+
+
+def test_without_the_flag_nothing_is_measured(data):
+    _, model, crit, sample = build(data, "acl_embed")
+    model.train()
+    _, log = _step(model, crit, sample)
+    assert "grad_cos" not in log
+
+
+@pytest.mark.parametrize("value", ["1.5", "-2", "nan"])
+def test_scl_grad_threshold_outside_minus_one_one_is_refused(data, value):
+    with pytest.raises(ValueError, match=r"--scl-grad-threshold must be a finite number in \[-1, 1\]"):
+        build(data, "sentence_scl", extra=["--scl-grad", "--scl-grad-threshold", value])
