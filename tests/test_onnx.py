@@ -307,3 +307,26 @@ def test_cli_refuses_an_existing_out_without_force(toy, capsys):
     with pytest.raises(SystemExit) as exc:
         onnx_export.main([toy["ckpt"], "--data", toy["data"], "--out", toy["out"]])
     assert exc.value.code == 2 and "exists; pass --force" in capsys.readouterr().err
+
+
+def _predict_takes_onnx_folders() -> bool:
+    from acl_fairseq.cli import predict
+
+    return any("--precision" in a.option_strings for a in predict.build_parser()._actions)
+
+
+@pytest.mark.skipif(not _predict_takes_onnx_folders(), reason="acl-predict does not take an OUT/onnx folder yet")
+def test_acl_predict_on_the_folder_writes_the_hubs_records(toy, tmp_path):
+    """acl-predict OUT/onnx against the hub acl-predict runs on the checkpoint (the same model in memory)."""
+    from acl_fairseq.cli import predict
+
+    pairs = [t for t in toy["texts"] if not isinstance(t, str)][:12]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": a, "text_pair": b}) + "\n" for a, b in pairs))
+    predict.main([toy["out"], "--input", str(src), "--policy", "patience", "--threshold", "1", "--output",
+                  str(tmp_path / "out.jsonl")])
+    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    expected = toy["hub"].predict_early_exit(pairs, policy="patience", threshold=1)
+    assert [(r["label"], r["exit_layer"]) for r in records] == [(p.label, p.exit_layer) for p in expected]
+    for r, p in zip(records, expected):
+        assert r["probabilities"] == pytest.approx(p.probabilities, abs=ATOL)
