@@ -154,7 +154,7 @@ class Engine:
             layers = layers[: layers.index(exit_layer) + 1]
         batch_size = src.shape[0]
         x, padding_mask = self.embed.run(None, {"src_tokens": np.ascontiguousarray(src, dtype=np.int64)})
-        exit_logits: List[Optional[np.ndarray]] = [None] * batch_size
+        exit_logits = np.full((batch_size, self.manifest["num_classes"]), np.nan, dtype=np.float32)
         exit_index = np.full(batch_size, len(layers) - 1, dtype=np.int64)
         computed = np.zeros(batch_size, dtype=np.int64)
         rows = np.arange(batch_size)  # original row of each row still running
@@ -168,8 +168,7 @@ class Engine:
             if m is None:
                 continue
             logits = outputs[1]
-            for r, i in enumerate(rows):
-                exit_logits[i] = logits[r]  # the latest exit each row reached; the last one it left at
+            exit_logits[rows] = logits  # the latest exit each row reached: in the end, the one it left at
             if policy is None or m == len(layers) - 1:
                 continue
             fire, state = exits.policy_step(policy, logits, state, threshold, regression=self.regression,
@@ -180,7 +179,7 @@ class Engine:
                 break
             x, padding_mask, rows, state = _keep_rows(x, padding_mask, rows, state, keep)
         exit_layer_of = np.asarray(layers)[exit_index]
-        return BatchOutput(np.stack(exit_logits).astype(np.float32), exit_index, exit_layer_of, computed)
+        return BatchOutput(exit_logits, exit_index, exit_layer_of, computed)
 
     def run_batches(self, batches, n: int, policy: Optional[str] = None, threshold: Optional[float] = None,
                     exit_layer: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
