@@ -1,11 +1,11 @@
 """The ONNX export (acl_fairseq.hf.onnx_export) and the torch-free ONNX Runtime engine (acl_fairseq.runtime).
 
 Two tiny trained models: the toy task's multi_exit_roberta ([CLS] pooling, whitespace tokens, RoBERTa's pair
-format) and a converted random BERT fine-tuned with mean pooling (WordPiece, one separator, the segment
-embedding). Their exit heads are sharpened (out_proj times SHARPEN) and their biases centred on the test
-texts so that the examples spread over the exits and over both labels, and a 1e-5 tolerance means something.
-Every comparison runs single sentences and pairs; the torch side is the layer-by-layer engine
-(acl_fairseq.inference.early_exit) through the hub.
+format) and a converted random BERT fine-tuned with mean pooling and exits on layers 2 and 3 only (WordPiece,
+one separator, the segment embedding). Their exit heads are sharpened (out_proj times SHARPEN) and their biases
+centred on the test texts so that the examples spread over the exits and over both labels, and a 1e-5
+tolerance means something. Every comparison runs single sentences and pairs; the torch side is the
+layer-by-layer engine (acl_fairseq.inference.early_exit) through the hub.
 """
 import json
 import os
@@ -85,7 +85,7 @@ def bert(tmp_path_factory):
                 "--srcdict", os.path.join(fs, "dict.txt"), "--lowercase")
     flags = open(os.path.join(fs, "model_args.txt")).read().split()
     helpers.train(str(root / "bin"), str(root / "ckpt"), criterion="sentence_prediction", arch="multi_exit_roberta",
-                  model_args=flags + ["--exit-layers", "1,2,3", "--exit-pooling", "mean", "--conventions", fs],
+                  model_args=flags + ["--exit-layers", "2,3", "--exit-pooling", "mean", "--conventions", fs],
                   extra=["--max-update", "2", "--restore-file", os.path.join(fs, "model.pt"), "--reset-optimizer"])
     texts = _texts([(a, b) for a, b, _ in written["train"] + written["dev"]])
     model, eng = _export(str(root / "ckpt" / "checkpoint_last.pt"), str(root / "bin"), str(root / "onnx"), texts)
@@ -172,7 +172,8 @@ def test_manifest_records_exits_pooling_labels_and_layout(toy, bert):
     t, b = toy["engine"].manifest, bert["engine"].manifest
     assert (t["exit_layers"], t["pooling"], t["labels"], t["tokenizer_kind"]) == ([1, 2, 3], "cls", ["0", "1"],
                                                                                  "whitespace")
-    assert (b["exit_layers"], b["pooling"], b["tokenizer_kind"]) == ([1, 2, 3], "mean", "wordpiece")
+    assert (b["exit_layers"], b["pooling"], b["tokenizer_kind"]) == ([2, 3], "mean", "wordpiece")
+    assert [(r["layer"], r["exit"]) for r in b["layers"]] == [(1, None), (2, 0), (3, 1)]  # layer 1 runs, no exit
     assert sorted(b["labels"]) == ["entailment", "not_entailment"]
     assert t["input_layout"]["separator"] == 2 and t["input_layout"]["segment_embedding"] is False
     assert b["input_layout"]["separator"] is None and b["input_layout"]["segment_embedding"] is True
@@ -192,14 +193,14 @@ def test_ort_engine_equals_the_torch_engine(exported, policy):
     flips = assert_same_decisions(policy, threshold, per_exit, (t_logits.numpy(), t_layers.numpy()),
                                   (o_logits, o_layers))
     assert len(flips) <= 1, flips
-    if policy is not None:
+    if policy is not None and (policy != "patience" or len(eng.exit_layers) > 2):  # patience 1 fires at exit 2 first
         assert len(set(o_layers.tolist())) > 1, "the threshold should split the examples between exits"
     assert len(set(o_logits.argmax(-1).tolist())) == 2, "both labels should occur"
 
 
 def test_fixed_exit_layer_and_predictions_match_the_hub(exported):
     model, eng, texts = exported["hub"], exported["engine"], exported["texts"]
-    for exit_layer in (1, 2):
+    for exit_layer in eng.exit_layers[:-1]:
         theirs = model.predict_early_exit(texts, exit_layer=exit_layer)
         ours = eng.predict_early_exit(texts, exit_layer=exit_layer)
         assert [(p.label, p.exit_layer, p.truncated) for p in ours] == [(p.label, p.exit_layer, p.truncated)
@@ -218,6 +219,13 @@ def test_batch_one_equals_batched(exported):
     for p, q in zip(one, many):
         assert p.probabilities == pytest.approx(q.probabilities, abs=ATOL)
     assert len({p.exit_layer for p in one}) > 1
+
+
+def test_the_serving_policy_is_range_checked_and_defaults_from_the_table(toy):
+    assert onnx_export.serving_policy(toy["hub"], "entropy", None) == {"policy": "entropy", "threshold": 0.3}
+    assert onnx_export.serving_policy(toy["hub"], None, None) == {"policy": None, "threshold": None}
+    with pytest.raises(ValueError, match=r"entropy threshold 1.5 is out of range: it takes \[0, 1\]"):
+        onnx_export.serving_policy(toy["hub"], "entropy", 1.5)
 
 
 def test_policy_checks_are_the_hubs(toy):

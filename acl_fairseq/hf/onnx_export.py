@@ -26,6 +26,7 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from typing import Dict, List, Optional
 
 import torch
@@ -72,8 +73,11 @@ class _Layer(nn.Module):
 
 
 def _export(module: nn.Module, args: tuple, names: List[str], outputs: List[str], dynamic: Dict, path: str) -> None:
-    program = torch.onnx.export(module, args, dynamo=True, input_names=names, output_names=outputs,
-                                dynamic_shapes=dynamic, opset_version=OPSET, verbose=False)
+    with warnings.catch_warnings():  # the exporter's notes on axis names and its own deprecations, once per graph
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        program = torch.onnx.export(module, args, dynamo=True, input_names=names, output_names=outputs,
+                                    dynamic_shapes=dynamic, opset_version=OPSET, verbose=False)
     program.save(path)
 
 
@@ -242,5 +246,14 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
     return files
 
 
-if __name__ == "__main__":
+def cli_main() -> None:
+    from acl_fairseq.cli import console
+
+    console.setup_logging("WARNING")
+    for name in ("onnxscript", "torch.onnx"):  # notes on every graph (skipped foldings, torchvision absent)
+        logging.getLogger(name).setLevel(logging.ERROR)
     main()
+
+
+if __name__ == "__main__":
+    cli_main()
