@@ -338,3 +338,27 @@ def test_acl_predict_on_the_folder_writes_the_hubs_records(toy, tmp_path):
     assert [(r["label"], r["exit_layer"]) for r in records] == [(p.label, p.exit_layer) for p in expected]
     for r, p in zip(records, expected):
         assert r["probabilities"] == pytest.approx(p.probabilities, abs=ATOL)
+
+
+def test_a_pre_norm_encoder_gets_its_final_layer_norm(toy, tmp_path):
+    """The toy checkpoint turned pre-norm (--encoder-normalize-before, a random final LayerNorm): the top exit
+    reads the normalized states, in both engines."""
+    state = torch.load(toy["ckpt"], weights_only=True, map_location="cpu")
+    state["cfg"]["model"].encoder_normalize_before = True
+    gen = torch.Generator().manual_seed(0)
+    dim = state["model"]["encoder.sentence_encoder.embed_tokens.weight"].shape[1]
+    for name in ("weight", "bias"):
+        state["model"][f"encoder.sentence_encoder.layer_norm.{name}"] = 1.0 * (name == "weight") + torch.randn(
+            dim, generator=gen)
+    torch.save(state, tmp_path / "prenorm.pt")
+    model, eng = _export(str(tmp_path / "prenorm.pt"), toy["data"], str(tmp_path / "onnx"), toy["texts"])
+    assert model.model.encoder.sentence_encoder.layer_norm is not None
+    texts = toy["texts"]
+    per_exit = torch_all_exits(model, texts)
+    threshold = splitting_threshold("entropy", per_exit)
+    tokens = [model.encode(*_split(t)) for t in texts]
+    t_logits, t_layers = model.predict_tokens_early_exit(tokens, "entropy", threshold, batch_size=8)
+    o_logits, o_layers = eng.run_batches(eng.make_batches([t.tolist() for t in tokens], 8), len(tokens), "entropy",
+                                         threshold)
+    assert_same_decisions("entropy", threshold, per_exit, (t_logits.numpy(), t_layers.numpy()), (o_logits, o_layers))
+    assert 3 in o_layers.tolist()
