@@ -1,0 +1,259 @@
+"""``OUT/onnx``: a trained (multi-exit) model as ONNX graphs that :mod:`acl_fairseq.runtime` runs without torch.
+
+    python -m acl_fairseq.hf.onnx_export CHECKPOINT --data DATA_BIN --out OUT [--quantize int8] [--force]
+
+The segmentation follows the layer-by-layer engine (:mod:`acl_fairseq.inference.early_exit`), so that exited
+rows never enter a later graph:
+
+- ``embed.onnx``: token ids (B, T) -> ``x`` (T, B, C) and the padding mask (B, T), exactly as the engine's
+  ``_embed`` makes them (scaled token embedding, learned positions, BERT's ``segment_delta`` through the model's
+  own hook, embedding LayerNorm, padding zeroed);
+- ``layerN.onnx`` for every layer up to the last exit: ``(x, padding_mask) -> x``, and for a layer with an exit
+  also that exit's ``logits`` (B, K): the head on the pooled states (``cls`` or ``mean``, as trained), after a
+  pre-norm encoder's final LayerNorm on the top layer. Batch and length are dynamic in every graph.
+
+Beside them: ``tokenizer.json`` (a ``tokenizers`` file whose ids are the fairseq dictionary's, see
+:mod:`acl_fairseq.hf.onnx_tokenizer`) and ``manifest.json`` (:data:`SCHEMA`: files, exits, pooling, labels, the
+input layout, the serving policy). ``--quantize int8`` adds ``int8/layerN.onnx``, dynamically quantized by
+``onnxruntime.quantization`` (weights int8, activations quantized per call); the embeddings stay fp32.
+
+:func:`write_onnx` is the writer acl-export's format table calls (``write(ctx, folder)``).
+"""
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import warnings
+from typing import Dict, List, Optional
+
+import torch
+from torch import nn
+
+from acl_fairseq import exits
+from acl_fairseq.heads import head_forward, pool_states
+from acl_fairseq.hf import onnx_tokenizer
+from acl_fairseq.hf.onnx_tokenizer import ExportError
+from acl_fairseq.inference import early_exit
+
+logger = logging.getLogger(__name__)
+SCHEMA = "acl_fairseq.onnx/1"
+MANIFEST = "manifest.json"
+QUANTIZE = ("int8",)  # --quantize choices
+OPSET = 18
+MAX_DIM = 1 << 16  # upper bound of the dynamic batch and length dimensions
+
+
+class _Embed(nn.Module):
+    def __init__(self, encoder: nn.Module):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, src_tokens):
+        return early_exit._embed(self.encoder, src_tokens)  # the engine's own embedding step
+
+
+class _Layer(nn.Module):
+    """One encoder layer, and its exit head when it has one (``head`` None: the layer alone)."""
+
+    def __init__(self, layer: nn.Module, head: Optional[nn.Module], pooling: str, final_norm: Optional[nn.Module]):
+        super().__init__()
+        self.layer, self.head, self.pooling, self.final_norm = layer, head, pooling, final_norm
+
+    def forward(self, x, padding_mask):
+        out = self.layer(x, encoder_padding_mask=padding_mask)
+        x = out[0] if isinstance(out, tuple) else out
+        if self.head is None:
+            return x
+        states = x if self.final_norm is None else self.final_norm(x)
+        logits, _ = head_forward(self.head, pool_states(states.transpose(0, 1), padding_mask, self.pooling))
+        return x, logits.float()
+
+
+def _export(module: nn.Module, args: tuple, names: List[str], outputs: List[str], dynamic: Dict, path: str) -> None:
+    with warnings.catch_warnings():  # the exporter's notes on axis names and its own deprecations, once per graph
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        program = torch.onnx.export(module, args, dynamo=True, input_names=names, output_names=outputs,
+                                    dynamic_shapes=dynamic, opset_version=OPSET, verbose=False)
+    program.save(path)
+
+
+def export_graphs(model: nn.Module, head_name: str, out_dir: str) -> Dict:
+    """Write ``embed.onnx`` and one graph per layer up to the last exit; returns the manifest's graph part."""
+    layers, heads, pooling = early_exit.exit_plan(model, head_name)
+    encoder = model.encoder.sentence_encoder
+    batch, length = torch.export.Dim("batch", min=1, max=MAX_DIM), torch.export.Dim("length", min=1, max=MAX_DIM)
+    # a sample of 3 rows x 7 tokens with padding (1 or 0 would be specialised into the graph)
+    pad, special = encoder.padding_idx, min(max(encoder.padding_idx, 3) + 1, encoder.embed_tokens.num_embeddings - 1)
+    src = torch.full((3, 7), special, dtype=torch.long)
+    src[1, 5:], src[2, 3:] = pad, pad
+    src[:, 0] = 0
+    with torch.no_grad():
+        _export(_Embed(encoder).eval(), (src,), ["src_tokens"], ["x", "padding_mask"],
+                {"src_tokens": {0: batch, 1: length}}, os.path.join(out_dir, "embed.onnx"))
+        x, mask = early_exit._embed(encoder, src)
+        exit_at = {layer: m for m, layer in enumerate(layers)}
+        records = []
+        for layer_no, layer in enumerate(encoder.layers[: layers[-1]], start=1):
+            m = exit_at.get(layer_no)
+            top = layer_no == len(encoder.layers) and encoder.layer_norm is not None
+            wrapped = _Layer(layer, heads[m] if m is not None else None, pooling,
+                             encoder.layer_norm if top and m is not None else None).eval()
+            name = f"layer{layer_no}.onnx"
+            _export(wrapped, (x, mask), ["x", "padding_mask"], ["x_out"] + (["logits"] if m is not None else []),
+                    {"x": {0: length, 1: batch}, "padding_mask": {0: batch, 1: length}}, os.path.join(out_dir, name))
+            records.append({"layer": layer_no, "file": name, "exit": m})
+            x = early_exit._run_layer(layer, x, mask)
+    return {"embeddings": "embed.onnx", "layers": records, "exit_layers": layers, "pooling": pooling,
+            "num_layers": len(encoder.layers), "num_classes": heads[0].out_proj.out_features}
+
+
+def quantize_int8(out_dir: str, graphs: Dict) -> Dict:
+    """``int8/layerN.onnx``: each layer graph dynamically quantized (MatMul/Gemm weights int8, activations
+    quantized per call); the embeddings stay fp32 (a table lookup gains nothing from int8)."""
+    try:
+        import onnx
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError as e:
+        raise ExportError(f"--quantize int8 needs onnx and onnxruntime ({e}); pip install -r requirements.txt") \
+            from None
+    os.makedirs(os.path.join(out_dir, "int8"), exist_ok=True)
+    files = {}
+    for rec in graphs["layers"]:
+        target, bare = f"int8/{rec['file']}", os.path.join(out_dir, "int8", "bare.onnx")
+        model = onnx.load(os.path.join(out_dir, rec["file"]))
+        # the exporter's intermediate shapes fail the quantizer's strict shape inference (a symbolic size
+        # against a traced one); without them it infers its own
+        del model.graph.value_info[:]
+        onnx.save(model, bare)
+        root, level = logging.getLogger(), logging.getLogger().level
+        root.setLevel(logging.ERROR)  # the quantizer logs every tensor it leaves alone to the root logger
+        try:
+            quantize_dynamic(bare, os.path.join(out_dir, target), weight_type=QuantType.QInt8,
+                             op_types_to_quantize=["MatMul", "Gemm"])
+        finally:
+            root.setLevel(level)
+        os.remove(bare)
+        files[rec["file"]] = target
+    return {"int8": {"embeddings": graphs["embeddings"], "layers": files}}
+
+
+def input_layout(hub) -> Dict:
+    """How the runtime builds ids from text, as the hub builds them (``MultiExitHubInterface.encode_with_info``)."""
+    d = hub.task.source_dictionary
+    return {"init_token": hub.init_token, "separator": hub.separator, "eos": d.eos(), "pad": d.pad(),
+            "unk": d.unk(), "segment_embedding": hasattr(hub.model, "segment_delta"),
+            "pair_format": (hub.conventions or {}).get("pair_format"), "strip": True,
+            "max_positions": hub.max_positions}
+
+
+def serving_policy(hub, policy: Optional[str], threshold: Optional[float]) -> Dict:
+    """The policy the runtime applies when none is given (none: the last exit decides), range-checked."""
+    if policy is None:
+        return {"policy": None, "threshold": None}
+    return {"policy": policy, "threshold": hub.check_policy(policy, None, threshold)}
+
+
+def write_onnx(hub, out_dir: str, quantize: Optional[str] = None, policy: Optional[str] = None,
+               threshold: Optional[float] = None, tokenizer_file: Optional[str] = None) -> List[str]:
+    """Write the ONNX folder of a loaded hub model (``acl_fairseq.inference.hub``) into the existing, empty
+    ``out_dir``; returns the file names written. ExportError for what cannot be exported exactly."""
+    if not hub.model.classification_heads:
+        raise ExportError("the checkpoint has no classification head: export a fine-tuned checkpoint")
+    if quantize is not None and quantize not in QUANTIZE:
+        raise ExportError(f"--quantize {quantize!r}: expected one of {', '.join(QUANTIZE)}")
+    tok = onnx_tokenizer.write(hub, os.path.join(out_dir, onnx_tokenizer.FILE_NAME), tokenizer_file)
+    graphs = export_graphs(hub.model, hub.head_name, out_dir)
+    manifest = {"schema": SCHEMA, **graphs, "tokenizer": onnx_tokenizer.FILE_NAME, "tokenizer_kind": tok,
+                "labels": None if hub.regression else hub.label_names(), "regression": hub.regression,
+                "regression_scale": 5.0 if hub.regression and hub.task_name() == "STS-B" else 1.0,
+                "input_layout": input_layout(hub), **serving_policy(hub, policy, threshold),
+                "policy_defaults": {name: row.default for name, row in exits.POLICIES.items()},
+                "quantized": quantize_int8(out_dir, graphs) if quantize == "int8" else {}}
+    with open(os.path.join(out_dir, MANIFEST), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1)
+        f.write("\n")
+    return sorted(os.path.relpath(os.path.join(root, n), out_dir) for root, _, names in os.walk(out_dir)
+                  for n in names)
+
+
+def write(ctx, out_dir: str) -> List[str]:
+    """acl-export's format writer: ``ctx.hub`` and ``ctx.args`` (``quantize``, ``policy``, ``threshold``,
+    ``tokenizer``)."""
+    args = ctx.args
+    return write_onnx(ctx.hub, out_dir, getattr(args, "quantize", None), args.policy, args.threshold,
+                      getattr(args, "tokenizer", None))
+
+
+# ---- the thin command line of this module (until acl-export's --format onnx calls write) --------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m acl_fairseq.hf.onnx_export", description=__doc__.split("\n")[0])
+    p.add_argument("checkpoint", help="fine-tuned checkpoint (checkpoint_best.pt of a run)")
+    p.add_argument("--data", required=True, help="the binarized folder the model was trained on")
+    p.add_argument("--out", required=True, help="output folder (the ONNX files go straight into it)")
+    p.add_argument("--quantize", choices=QUANTIZE, help="also write a dynamically quantized copy of each layer")
+    p.add_argument("--policy", choices=list(exits.POLICIES), help="serving policy recorded in the manifest "
+                   "(default: none, the last exit decides)")
+    p.add_argument("--threshold", type=float, help="the policy's threshold (default: the policy table's)")
+    p.add_argument("--tokenizer", help="stats.json or conventions.json naming the tokenizer, when --data has none")
+    p.add_argument("--force", action="store_true", help="replace an existing --out")
+    return p
+
+
+def _fail(message: str) -> None:
+    """A usage or input error: one line, exit status 2."""
+    print(f"onnx_export: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def main(argv: Optional[List[str]] = None) -> List[str]:
+    args = build_parser().parse_args(argv)
+    if os.path.exists(args.out) and not args.force:
+        _fail(f"{args.out} exists; pass --force to replace it")
+    if not os.path.isfile(args.checkpoint):
+        _fail(f"checkpoint file not found: {args.checkpoint}")
+    from acl_fairseq.inference import hub as hub_mod
+
+    try:
+        hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(args.checkpoint)),
+                                      os.path.basename(args.checkpoint), os.path.abspath(args.data),
+                                      tokenizer_file=args.tokenizer).eval()
+    except hub_mod.TokenizerNotFound as e:
+        _fail(str(e))
+    parent = os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(args.out))}.tmp-", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; OUT is an ordinary folder
+    try:
+        files = write_onnx(hub, tmp, args.quantize, args.policy, args.threshold, args.tokenizer)
+        if os.path.exists(args.out):
+            shutil.rmtree(args.out)
+        os.replace(tmp, args.out)
+    except ValueError as e:  # ExportError, a policy the model cannot run
+        shutil.rmtree(tmp, ignore_errors=True)
+        _fail(str(e))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    print(f"onnx_export: wrote {len(files)} files to {args.out}", file=sys.stderr)
+    return files
+
+
+def cli_main() -> None:
+    from acl_fairseq.cli import console
+
+    console.setup_logging("WARNING")
+    for name in ("onnxscript", "torch.onnx"):  # notes on every graph (skipped foldings, torchvision absent)
+        logging.getLogger(name).setLevel(logging.ERROR)
+    main()
+
+
+if __name__ == "__main__":
+    cli_main()

@@ -1,0 +1,73 @@
+"""``OUT/onnx/tokenizer.json``: the data folder's tokenizer as a ``tokenizers`` file whose ids are fairseq's.
+
+The hub turns text into ids in two steps: :mod:`acl_fairseq.tokenization` gives token strings, then the
+fairseq dictionary maps each string to its row (``<unk>`` for a string it lacks). The file written here does
+both in one ``Tokenizer.encode(text, add_special_tokens=False).ids``, so the runtime needs neither the
+dictionary nor this package's tokenizer code:
+
+- ``wordpiece`` (a converted BERT): the same normalizer, pre-tokenizer and WordPiece model as
+  ``tokenization._wordpiece``, over the whole ``vocab.txt`` (so the greedy longest match splits words exactly
+  as in training), each piece mapped to its dictionary row; pieces the dictionary lacks map to ``<unk>``'s row.
+  Several pieces then share one id, which ``tokenizers`` cannot save itself (it writes one piece per id), so the
+  vocabulary is written into the JSON here;
+- ``whitespace`` (pre-tokenized text, the toy data): split on whitespace (lowercased when the record says so),
+  each word looked up in the dictionary.
+
+The special tokens (``<s>``, separators, ``</s>``) are not added by the file: the runtime adds them from the
+manifest's input layout, as the hub does. Other kinds are refused with the reason.
+"""
+import json
+from typing import Dict, Optional
+
+from acl_fairseq import tokenization
+
+FILE_NAME = "tokenizer.json"
+KINDS = ("wordpiece", "whitespace")
+
+
+class ExportError(ValueError):
+    """The model or its data cannot be exported exactly; the message says why."""
+
+
+def wordpiece_vocab(record: dict, base_dir: str, dictionary) -> Dict[str, int]:
+    """Every WordPiece of the record's ``vocab.txt`` -> its fairseq row (``<unk>``'s when the dictionary lacks it)."""
+    vocab_path = tokenization.files_of(record, base_dir)[0]
+    pieces = list(tokenization.load_vocab(vocab_path)) + [tokenization.WORDPIECE_UNK]
+    return {p: dictionary.index(p) for p in pieces}
+
+
+def build_json(record: dict, base_dir: str, dictionary) -> str:
+    """The tokenizer file's text for ``record`` (a :mod:`acl_fairseq.tokenization` record) and ``dictionary``."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    kind = record["kind"]
+    if kind == "wordpiece":
+        vocab = wordpiece_vocab(record, base_dir, dictionary)
+        tok = Tokenizer(models.WordPiece(vocab, unk_token=tokenization.WORDPIECE_UNK,
+                                         max_input_chars_per_word=tokenization.WORDPIECE_MAX_CHARS,
+                                         continuing_subword_prefix=tokenization.WORDPIECE_PREFIX))
+        tok.normalizer, tok.pre_tokenizer = tokenization._bert_basic(record["lowercase"])
+        spec = json.loads(tok.to_str())
+        spec["model"]["vocab"] = vocab  # to_str keeps one piece per id; the pieces that share <unk>'s row too
+        return json.dumps(spec, ensure_ascii=False)
+    if kind == "whitespace":
+        vocab = {w: dictionary.index(w) for w in dictionary.symbols}  # a repeated word keeps its first row
+        tok = Tokenizer(models.WordLevel(vocab, unk_token=dictionary.unk_word))
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        if record["lowercase"]:
+            tok.normalizer = normalizers.Lowercase()
+        return tok.to_str()
+    raise ExportError(
+        f"the data folder's tokenizer is {kind!r}: the ONNX export writes {' and '.join(KINDS)} tokenizers only "
+        f"({kind} has no exact tokenizers-file form here yet); export --format hf, or serve with acl-predict")
+
+
+def write(hub, path: str, tokenizer_file: Optional[str] = None) -> str:
+    """Write the tokenizer of a loaded hub model to ``path``; returns its kind."""
+    from acl_fairseq.inference import hub as hub_mod
+
+    _, record, base = hub_mod.load_tokenizer(hub.cfg.task.data, hub.conventions, tokenizer_file)
+    text = build_json(record, base, hub.task.source_dictionary)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return record["kind"]

@@ -1,0 +1,364 @@
+"""The ONNX export (acl_fairseq.hf.onnx_export) and the torch-free ONNX Runtime engine (acl_fairseq.runtime).
+
+Two tiny trained models: the toy task's multi_exit_roberta ([CLS] pooling, whitespace tokens, RoBERTa's pair
+format) and a converted random BERT fine-tuned with mean pooling and exits on layers 2 and 3 only (WordPiece,
+one separator, the segment embedding). Their exit heads are sharpened (out_proj times SHARPEN) and their biases
+centred on the test texts so that the examples spread over the exits and over both labels, and a 1e-5
+tolerance means something. Every comparison runs single sentences and pairs; the torch side is the
+layer-by-layer engine (acl_fairseq.inference.early_exit) through the hub.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import helpers
+from acl_fairseq import exits
+from acl_fairseq.hf import onnx_export, onnx_tokenizer
+from acl_fairseq.inference import early_exit, hub
+from acl_fairseq.runtime import engine as runtime
+from test_models import TINY_MULTI, one_thread  # noqa: F401  (autouse fixture, per module)
+
+SHARPEN = 8.0
+ATOL = 1e-5
+ODD = ["", "   the   movie  ", "The Movie WAS Great !", "café naïve déjà-vu", " ".join(["good"] * 80)]
+
+
+def _balanced(model, texts) -> None:
+    """Sharpen every exit head (out_proj times SHARPEN) and shift its bias so that half of ``texts`` get
+    each label at every exit (a tiny model barely trained says one label for all)."""
+    heads = [model.model.classification_heads[n] for n in model.model.exit_head_names(model.head_name)]
+    with torch.no_grad():
+        for head in heads:
+            head.out_proj.weight.mul_(SHARPEN)
+            head.out_proj.bias.mul_(SHARPEN)
+        per_exit = torch_all_exits(model, texts)
+        for m, head in enumerate(heads):  # an even count: the median lies between two examples
+            head.out_proj.bias[0] -= float(np.median(per_exit[:, m, 0] - per_exit[:, m, 1]))
+
+
+def _export(ckpt: str, data: str, out: str, texts, quantize=None):
+    model = hub.from_pretrained(os.path.dirname(ckpt), os.path.basename(ckpt), data).eval()
+    _balanced(model, texts)
+    os.makedirs(out)
+    onnx_export.write_onnx(model, out, quantize=quantize)
+    return model, runtime.Engine(out, threads=1)
+
+
+def _texts(pairs):
+    """Pairs, the first sentence of each alone, and odd inputs (empty, spacing, case, accents, too long): an even
+    count."""
+    pairs = list(pairs)
+    texts = pairs + [a for a, _ in pairs] + ODD + [(ODD[3], ODD[2]), (ODD[4], ODD[4])]
+    return texts if len(texts) % 2 == 0 else texts[:-1]
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    root = tmp_path_factory.mktemp("onnx_toy")
+    data = helpers.make_data(str(root / "data"), pair=True)["data"]
+    helpers.train(data, str(root / "ckpt"), criterion="sentence_prediction", arch="multi_exit_roberta",
+                  model_args=TINY_MULTI, max_epoch=2)
+    ckpt = str(root / "ckpt" / "checkpoint_best.pt")
+    raw = os.path.join(data, "raw")
+    texts = _texts(zip(*(open(os.path.join(raw, f"valid.input{i}")).read().splitlines() for i in (0, 1))))
+    model, eng = _export(ckpt, data, str(root / "onnx"), texts, quantize="int8")
+    return {"hub": model, "engine": eng, "out": str(root / "onnx"), "texts": texts, "data": data, "ckpt": ckpt}
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    import test_convert_hf as tc
+    import test_preprocess as tp
+    from acl_fairseq.hf import convert as convert_hf
+
+    root = tmp_path_factory.mktemp("onnx_bert")
+    tc.write_bert(str(root / "hf"))
+    fs = str(root / "fs")
+    convert_hf.convert(str(root / "hf"), fs, num_classes=2)
+    folder, written = tp.make_task(root / "glue", "RTE")
+    tp.run_main("RTE", folder, root / "bin", "--tokenizer", "wordpiece", "--vocab", os.path.join(fs, "vocab.txt"),
+                "--srcdict", os.path.join(fs, "dict.txt"), "--lowercase")
+    flags = open(os.path.join(fs, "model_args.txt")).read().split()
+    helpers.train(str(root / "bin"), str(root / "ckpt"), criterion="sentence_prediction", arch="multi_exit_roberta",
+                  model_args=flags + ["--exit-layers", "2,3", "--exit-pooling", "mean", "--conventions", fs],
+                  extra=["--max-update", "2", "--restore-file", os.path.join(fs, "model.pt"), "--reset-optimizer"])
+    texts = _texts([(a, b) for a, b, _ in written["train"] + written["dev"]])
+    model, eng = _export(str(root / "ckpt" / "checkpoint_last.pt"), str(root / "bin"), str(root / "onnx"), texts)
+    return {"hub": model, "engine": eng, "out": str(root / "onnx"), "texts": texts}
+
+
+@pytest.fixture(params=["toy", "bert"])
+def exported(request):
+    return request.getfixturevalue(request.param)
+
+
+# ---- the torch side ---------------------------------------------------------------------------------
+
+
+def _split(x) -> tuple:
+    return (x,) if isinstance(x, str) else tuple(x)
+
+
+def torch_all_exits(model, texts):
+    """(B, M, K) float32 logits of every exit in input order, from the torch engine without a policy."""
+    tokens = [model.encode(*_split(t)) for t in texts]
+    out = [None] * len(texts)
+    for rows, src in model.make_batches(tokens, 8):
+        per_exit = early_exit.early_exit_forward(model.model, src, model.head_name, None).exit_logits
+        for r, i in enumerate(rows):
+            out[i] = per_exit[r].numpy()
+    return np.stack(out)
+
+
+def decision_values(policy: str, per_exit: np.ndarray) -> np.ndarray:
+    """(B, M): what the policy compares with its threshold at each exit; patience: the top-2 logit margin
+    (a flip there needs a prediction that could go either way)."""
+    flat = per_exit.reshape(-1, per_exit.shape[-1])
+    if policy == "entropy":
+        value = exits.prediction_entropy(flat)
+    elif policy == "confidence":
+        value = runtime.softmax(flat).max(-1)
+    else:
+        top = np.sort(flat, axis=-1)
+        value = top[:, -1] - top[:, -2]
+    return np.asarray(value).reshape(per_exit.shape[:2])
+
+
+def splitting_threshold(policy: str, per_exit: np.ndarray) -> float:
+    """A threshold that sends about half the examples out at the first exit: the midpoint of two neighbouring
+    first-exit values (so that no example sits on it)."""
+    if policy == "patience":
+        return 1
+    values = np.sort(decision_values(policy, per_exit)[:, 0])
+    mid = len(values) // 2
+    return float((values[mid - 1] + values[mid]) / 2)
+
+
+def assert_same_decisions(policy, threshold, per_exit, torch_out, ort_out, ort_logits_of=None):
+    """Equal exit layers, labels and logits (ATOL); an exit or label that differs only where the decision value
+    lies within ATOL of the threshold (entropy, confidence) or the top two logits within ATOL (patience)."""
+    (t_logits, t_layers), (o_logits, o_layers) = torch_out, ort_out
+    values = decision_values(policy, per_exit) if policy else None
+    flips = []
+    for i in range(len(t_layers)):
+        if t_layers[i] == o_layers[i] and t_logits[i].argmax() == o_logits[i].argmax():
+            np.testing.assert_allclose(o_logits[i], t_logits[i], atol=ATOL, rtol=0, err_msg=f"example {i}")
+            continue
+        assert policy is not None, (i, t_layers[i], o_layers[i])
+        target = 0.0 if policy == "patience" else threshold
+        gap = np.abs(values[i] - target).min()
+        assert gap < ATOL, f"example {i}: exit {t_layers[i]} vs {o_layers[i]}, decision value {gap} from the threshold"
+        flips.append(i)
+    return flips
+
+
+# ---- tests ------------------------------------------------------------------------------------------
+
+
+def test_ids_are_the_hubs_for_every_text(exported):
+    model, eng = exported["hub"], exported["engine"]
+    for text in exported["texts"]:
+        ids, truncated = model.encode_with_info(*_split(text))
+        assert eng.encode_with_info(*_split(text)) == (ids.tolist(), truncated), text
+    assert any(eng.encode_with_info(*_split(t))[1] for t in exported["texts"])  # the long ones are cut
+
+
+def test_manifest_records_exits_pooling_labels_and_layout(toy, bert):
+    t, b = toy["engine"].manifest, bert["engine"].manifest
+    assert (t["exit_layers"], t["pooling"], t["labels"], t["tokenizer_kind"]) == ([1, 2, 3], "cls", ["0", "1"],
+                                                                                 "whitespace")
+    assert (b["exit_layers"], b["pooling"], b["tokenizer_kind"]) == ([2, 3], "mean", "wordpiece")
+    assert [(r["layer"], r["exit"]) for r in b["layers"]] == [(1, None), (2, 0), (3, 1)]  # layer 1 runs, no exit
+    assert sorted(b["labels"]) == ["entailment", "not_entailment"]
+    assert t["input_layout"]["separator"] == 2 and t["input_layout"]["segment_embedding"] is False
+    assert b["input_layout"]["separator"] is None and b["input_layout"]["segment_embedding"] is True
+    assert t["policy_defaults"] == {name: row.default for name, row in exits.POLICIES.items()}
+    assert set(t["quantized"]["int8"]["layers"].values()) == {f"int8/layer{n}.onnx" for n in (1, 2, 3)}
+
+
+@pytest.mark.parametrize("policy", [None, "entropy", "confidence", "patience"])
+def test_ort_engine_equals_the_torch_engine(exported, policy):
+    model, eng, texts = exported["hub"], exported["engine"], exported["texts"]
+    per_exit = torch_all_exits(model, texts)
+    threshold = splitting_threshold(policy, per_exit) if policy else None
+    tokens = [model.encode(*_split(t)) for t in texts]
+    t_logits, t_layers = model.predict_tokens_early_exit(tokens, policy, threshold, batch_size=8)
+    o_logits, o_layers = eng.run_batches(eng.make_batches([t.tolist() for t in tokens], 8), len(tokens), policy,
+                                         threshold)
+    flips = assert_same_decisions(policy, threshold, per_exit, (t_logits.numpy(), t_layers.numpy()),
+                                  (o_logits, o_layers))
+    assert len(flips) <= 1, flips
+    if policy is not None and (policy != "patience" or len(eng.exit_layers) > 2):  # patience 1 fires at exit 2 first
+        assert len(set(o_layers.tolist())) > 1, "the threshold should split the examples between exits"
+    assert len(set(o_logits.argmax(-1).tolist())) == 2, "both labels should occur"
+
+
+def test_fixed_exit_layer_and_predictions_match_the_hub(exported):
+    model, eng, texts = exported["hub"], exported["engine"], exported["texts"]
+    for exit_layer in eng.exit_layers[:-1]:
+        theirs = model.predict_early_exit(texts, exit_layer=exit_layer)
+        ours = eng.predict_early_exit(texts, exit_layer=exit_layer)
+        assert [(p.label, p.exit_layer, p.truncated) for p in ours] == [(p.label, p.exit_layer, p.truncated)
+                                                                        for p in theirs]
+        for p, q in zip(ours, theirs):
+            assert p.probabilities == pytest.approx(q.probabilities, abs=ATOL)
+
+
+def test_batch_one_equals_batched(exported):
+    eng, texts = exported["engine"], exported["texts"]
+    per_exit = torch_all_exits(exported["hub"], texts)
+    threshold = splitting_threshold("entropy", per_exit)
+    one = eng.predict_early_exit(texts, policy="entropy", threshold=threshold, batch_size=1)
+    many = eng.predict_early_exit(texts, policy="entropy", threshold=threshold, batch_size=16)
+    assert [(p.label, p.exit_layer) for p in one] == [(p.label, p.exit_layer) for p in many]
+    for p, q in zip(one, many):
+        assert p.probabilities == pytest.approx(q.probabilities, abs=ATOL)
+    assert len({p.exit_layer for p in one}) > 1
+
+
+def test_the_serving_policy_is_range_checked_and_defaults_from_the_table(toy):
+    assert onnx_export.serving_policy(toy["hub"], "entropy", None) == {"policy": "entropy", "threshold": 0.3}
+    assert onnx_export.serving_policy(toy["hub"], None, None) == {"policy": None, "threshold": None}
+    with pytest.raises(ValueError, match=r"entropy threshold 1.5 is out of range: it takes \[0, 1\]"):
+        onnx_export.serving_policy(toy["hub"], "entropy", 1.5)
+
+
+def test_policy_checks_are_the_hubs(toy):
+    eng, model = toy["engine"], toy["hub"]
+    for policy, threshold, exit_layer in [("entropy", 1.5, None), ("patience", 0, None), ("entropy", None, 2),
+                                          (None, None, 7)]:
+        with pytest.raises(ValueError) as ours:
+            eng.check_policy(policy, exit_layer, threshold)
+        with pytest.raises(ValueError) as theirs:
+            model.check_policy(policy, exit_layer, threshold)
+        assert str(ours.value) == str(theirs.value)
+    assert eng.check_policy("confidence", None) == exits.POLICIES["confidence"].default
+
+
+def test_int8_copy_is_selectable_and_close(toy):
+    fp32, texts = toy["engine"], toy["texts"]
+    int8 = runtime.Engine(toy["out"], "int8", threads=1)
+    assert int8.layers[0]._model_path.endswith(os.path.join("int8", "layer1.onnx"))
+    tokens = [fp32.encode_with_info(*_split(t))[0] for t in texts]
+    a, _ = fp32.run_batches(fp32.make_batches(tokens, 8), len(tokens))
+    b, _ = int8.run_batches(int8.make_batches(tokens, 8), len(tokens))
+    diff = np.abs(a - b).max()
+    # quantized (not the fp32 files), and still the same model: int8 errs by ~0.1% of the sharpened logits'
+    # scale (about 20 before centring). How often its labels agree is measured on a trained model, not here:
+    # the centred tiny heads put every example near the boundary
+    assert 0 < diff < 0.1, diff
+    with pytest.raises(ValueError, match="no int8 copy: export it with --quantize int8"):
+        runtime.Engine(_without_int8(toy["out"]), "int8")
+
+
+def _without_int8(folder: str) -> str:
+    """A copy of ``folder`` whose manifest lists no quantized copy."""
+    import shutil
+
+    copy = folder + "_fp32_only"
+    if not os.path.isdir(copy):
+        shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("int8"))
+        manifest = runtime.read_manifest(copy)
+        manifest["quantized"] = {}
+        with open(os.path.join(copy, runtime.MANIFEST), "w") as f:
+            json.dump(manifest, f)
+    return copy
+
+
+BLOCK = ("import sys\n"
+         "class Block:\n"
+         "    def find_spec(self, name, path=None, target=None):\n"
+         "        if name.split('.')[0] in {blocked!r}:\n"
+         "            raise ModuleNotFoundError(f'No module named {{name!r}}', name=name)\n"
+         "sys.meta_path.insert(0, Block())\n")
+
+
+def test_runtime_runs_where_torch_and_fairseq_cannot_be_imported(toy):
+    eng, texts = toy["engine"], toy["texts"][:6]
+    code = BLOCK.format(blocked=("torch", "fairseq")) + (
+        "import json\n"
+        "from acl_fairseq.runtime import Engine\n"
+        f"preds = Engine({toy['out']!r}).predict_early_exit({texts!r}, policy='patience', threshold=1)\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'fairseq')]\n"
+        "print(json.dumps([[p.label, p.exit_layer] for p in preds]))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=helpers.REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    expected = [[p.label, p.exit_layer] for p in eng.predict_early_exit(texts, policy="patience", threshold=1)]
+    assert json.loads(proc.stdout) == expected
+
+
+def test_missing_onnxruntime_is_refused_with_the_install_line(toy, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # what an environment without it raises on import
+    with pytest.raises(runtime.RuntimeMissing, match=r"needs the onnxruntime package .*pip install"):
+        runtime.Engine(toy["out"])
+
+
+def test_not_an_exported_folder_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="manifest.json not found: not an exported ONNX folder"):
+        runtime.Engine(str(tmp_path))
+
+
+@pytest.mark.parametrize("kind,files", [("gpt2", {"encoder_json": "e.json", "vocab_bpe": "v.bpe"}),
+                                        ("sentencepiece", {"model": "m.model"})])
+def test_a_tokenizer_kind_without_an_exact_file_is_refused(kind, files):
+    with pytest.raises(onnx_tokenizer.ExportError, match=f"tokenizer is '{kind}': the ONNX export writes wordpiece "
+                       "and whitespace tokenizers only"):
+        onnx_tokenizer.build_json({"kind": kind, "files": files, "lowercase": False}, ".", None)
+
+
+def test_cli_refuses_an_existing_out_without_force(toy, capsys):
+    with pytest.raises(SystemExit) as exc:
+        onnx_export.main([toy["ckpt"], "--data", toy["data"], "--out", toy["out"]])
+    assert exc.value.code == 2 and "exists; pass --force" in capsys.readouterr().err
+
+
+def _predict_takes_onnx_folders() -> bool:
+    from acl_fairseq.cli import predict
+
+    return any("--precision" in a.option_strings for a in predict.build_parser()._actions)
+
+
+@pytest.mark.skipif(not _predict_takes_onnx_folders(), reason="acl-predict does not take an OUT/onnx folder yet")
+def test_acl_predict_on_the_folder_writes_the_hubs_records(toy, tmp_path):
+    """acl-predict OUT/onnx against the hub acl-predict runs on the checkpoint (the same model in memory)."""
+    from acl_fairseq.cli import predict
+
+    pairs = [t for t in toy["texts"] if not isinstance(t, str)][:12]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": a, "text_pair": b}) + "\n" for a, b in pairs))
+    predict.main([toy["out"], "--input", str(src), "--policy", "patience", "--threshold", "1", "--output",
+                  str(tmp_path / "out.jsonl")])
+    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    expected = toy["hub"].predict_early_exit(pairs, policy="patience", threshold=1)
+    assert [(r["label"], r["exit_layer"]) for r in records] == [(p.label, p.exit_layer) for p in expected]
+    for r, p in zip(records, expected):
+        assert r["probabilities"] == pytest.approx(p.probabilities, abs=ATOL)
+
+
+def test_a_pre_norm_encoder_gets_its_final_layer_norm(toy, tmp_path):
+    """The toy checkpoint turned pre-norm (--encoder-normalize-before, a random final LayerNorm): the top exit
+    reads the normalized states, in both engines."""
+    state = torch.load(toy["ckpt"], weights_only=True, map_location="cpu")
+    state["cfg"]["model"].encoder_normalize_before = True
+    gen = torch.Generator().manual_seed(0)
+    dim = state["model"]["encoder.sentence_encoder.embed_tokens.weight"].shape[1]
+    for name in ("weight", "bias"):
+        state["model"][f"encoder.sentence_encoder.layer_norm.{name}"] = 1.0 * (name == "weight") + torch.randn(
+            dim, generator=gen)
+    torch.save(state, tmp_path / "prenorm.pt")
+    model, eng = _export(str(tmp_path / "prenorm.pt"), toy["data"], str(tmp_path / "onnx"), toy["texts"])
+    assert model.model.encoder.sentence_encoder.layer_norm is not None
+    texts = toy["texts"]
+    per_exit = torch_all_exits(model, texts)
+    threshold = splitting_threshold("entropy", per_exit)
+    tokens = [model.encode(*_split(t)) for t in texts]
+    t_logits, t_layers = model.predict_tokens_early_exit(tokens, "entropy", threshold, batch_size=8)
+    o_logits, o_layers = eng.run_batches(eng.make_batches([t.tolist() for t in tokens], 8), len(tokens), "entropy",
+                                         threshold)
+    assert_same_decisions("entropy", threshold, per_exit, (t_logits.numpy(), t_layers.numpy()), (o_logits, o_layers))
+    assert 3 in o_layers.tolist()
