@@ -50,6 +50,22 @@ echo "[demo] early-exit report -> $OUT/early_exit"
 acl-evaluate "$OUT/checkpoints/checkpoint_best.pt" "$OUT/data" --out-dir "$OUT/early_exit" \
   --tensorboard-logdir "$OUT/tensorboard/early_exit"
 echo "[demo] acl-predict: two typed sentences, entropy early exit at threshold 0.3"
-printf '%s\n' "the music was really brilliant" "the plot was not clever , honestly" |
-  acl-predict "$OUT/checkpoints/checkpoint_best.pt" --data "$OUT/data" --input - --policy entropy --threshold 0.3
+printf '%s\n' "the music was really brilliant" "the plot was not clever , honestly" > "$OUT/two.txt"
+acl-predict "$OUT/checkpoints/checkpoint_best.pt" --data "$OUT/data" --input "$OUT/two.txt" --policy entropy \
+  --threshold 0.3 --format tsv --output "$OUT/two.torch.tsv"
+cat "$OUT/two.torch.tsv"
+echo "[demo] acl-export: the model as ONNX graphs with an int8 copy -> $OUT/export/onnx"
+acl-export "$OUT/checkpoints/checkpoint_best.pt" --data "$OUT/data" --out "$OUT/export" --format onnx \
+  --quantize int8 --metrics-split none
+echo "[demo] the same two sentences through ONNX Runtime (no torch in the engine)"
+acl-predict "$OUT/export/onnx" --input "$OUT/two.txt" --policy entropy --threshold 0.3 --format tsv \
+  --output "$OUT/two.onnx.tsv"
+cat "$OUT/two.onnx.tsv"
+python - "$OUT/two.torch.tsv" "$OUT/two.onnx.tsv" <<'PY'
+import csv, sys
+torch_rows, onnx_rows = ([(r["label"], r["exit_layer"]) for r in csv.DictReader(open(p), delimiter="\t")] for p in sys.argv[1:])
+same = torch_rows == onnx_rows
+print(f"[demo] ONNX Runtime against the checkpoint: {'same' if same else 'DIFFERENT'} labels and exit layers")
+sys.exit(0 if same else 1)
+PY
 echo "[demo] done. TensorBoard: tensorboard --logdir $OUT/tensorboard   report: $OUT/early_exit/early_exit.png"

@@ -216,12 +216,32 @@ def test_existing_out_is_refused_without_force_and_replaced_with_it(run, tmp_pat
     assert os.listdir(out) == ["hf"] and os.listdir(tmp_path) == ["out"]  # no temporary folder left
 
 
-def test_onnx_is_not_available_yet(run, tmp_path, capsys):
+def test_quantize_needs_the_onnx_format(run, tmp_path, capsys):
     _, _, _, ckpt, data, _, _ = run
     with pytest.raises(SystemExit) as exc:
-        export.main([ckpt, "--data", data, "--out", str(tmp_path / "out"), "--format", "hf", "onnx"])
-    assert exc.value.code == 2 and "--format onnx is not available yet" in capsys.readouterr().err
+        export.main([ckpt, "--data", data, "--out", str(tmp_path / "out"), "--quantize", "int8"])
+    assert exc.value.code == 2 and "--quantize applies to --format onnx" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_mean_pooling_exports_to_onnx_but_not_to_hf(run, tmp_path, capsys):
+    """The ONNX graphs run any exit as trained; only HF's standard classifier reads [CLS] alone. The ONNX
+    tokenizer file is exact for WordPiece, and GPT-2 BPE is refused with the reason."""
+    family, _, _, ckpt, data, _, _ = run
+    state = torch.load(ckpt, weights_only=True, map_location="cpu")
+    state["cfg"]["model"].exit_pooling = "mean"
+    torch.save(state, tmp_path / "mean.pt")
+    argv = [str(tmp_path / "mean.pt"), "--data", data, "--out", str(tmp_path / "out"), "--format", "onnx",
+            "--metrics-split", "none"]
+    if family == "bert":
+        export.main(argv)
+        manifest = json.load(open(tmp_path / "out" / "onnx" / "manifest.json"))
+        assert manifest["pooling"] == "mean" and os.listdir(tmp_path / "out") == ["onnx"]
+    else:
+        with pytest.raises(SystemExit) as exc:
+            export.main(argv)
+        assert exc.value.code == 2 and "tokenizer is 'gpt2'" in capsys.readouterr().err
+        assert not os.path.exists(tmp_path / "out")
 
 
 def test_a_vocabulary_the_dictionary_does_not_cover_is_refused_and_nothing_is_left(run, tmp_path, capsys):

@@ -175,8 +175,9 @@ def test_manifest_records_exits_pooling_labels_and_layout(toy, bert):
     assert (b["exit_layers"], b["pooling"], b["tokenizer_kind"]) == ([2, 3], "mean", "wordpiece")
     assert [(r["layer"], r["exit"]) for r in b["layers"]] == [(1, None), (2, 0), (3, 1)]  # layer 1 runs, no exit
     assert sorted(b["labels"]) == ["entailment", "not_entailment"]
-    assert t["input_layout"]["separator"] == 2 and t["input_layout"]["segment_embedding"] is False
-    assert b["input_layout"]["separator"] is None and b["input_layout"]["segment_embedding"] is True
+    assert t["input_layout"]["separator_token"] == 2 and t["input_layout"]["segment_embedding"] is False
+    assert b["input_layout"]["separator_token"] is None and b["input_layout"]["segment_embedding"] is True
+    assert (t["input_layout"]["pair_format"], b["input_layout"]["pair_format"]) == ("double", "single")
     assert t["policy_defaults"] == {name: row.default for name, row in exits.POLICIES.items()}
     assert set(t["quantized"]["int8"]["layers"].values()) == {f"int8/layer{n}.onnx" for n in (1, 2, 3)}
 
@@ -311,19 +312,25 @@ def test_a_tokenizer_kind_without_an_exact_file_is_refused(kind, files):
         onnx_tokenizer.build_json({"kind": kind, "files": files, "lowercase": False}, ".", None)
 
 
-def test_cli_refuses_an_existing_out_without_force(toy, capsys):
-    with pytest.raises(SystemExit) as exc:
-        onnx_export.main([toy["ckpt"], "--data", toy["data"], "--out", toy["out"]])
-    assert exc.value.code == 2 and "exists; pass --force" in capsys.readouterr().err
-
-
-def _predict_takes_onnx_folders() -> bool:
+def test_acl_export_writes_the_folder_that_acl_predict_runs(toy, tmp_path):
+    """acl-export --format onnx --quantize int8 end to end: OUT/onnx with its int8 copy, run by acl-predict."""
     from acl_fairseq.cli import predict
+    from acl_fairseq.hf import export
 
-    return any("--precision" in a.option_strings for a in predict.build_parser()._actions)
+    out = tmp_path / "out"
+    export.main([toy["ckpt"], "--data", toy["data"], "--out", str(out), "--format", "onnx", "--quantize", "int8",
+                 "--metrics-split", "none"])
+    assert sorted(os.listdir(out)) == ["onnx"] and os.path.isdir(out / "onnx" / "int8")
+    src = tmp_path / "in.txt"
+    src.write_text("".join(t + "\n" for t in toy["texts"] if isinstance(t, str) and t.strip())[:2000])
+    for precision in ("fp32", "int8"):
+        predict.main([str(out / "onnx"), "--input", str(src), "--output", str(tmp_path / f"{precision}.jsonl"),
+                      "--precision", precision])
+    fp32, int8 = ([json.loads(line) for line in (tmp_path / f"{p}.jsonl").read_text().splitlines()]
+                  for p in ("fp32", "int8"))
+    assert len(fp32) == len(int8) > 0 and [r["id"] for r in fp32] == [r["id"] for r in int8]
 
 
-@pytest.mark.skipif(not _predict_takes_onnx_folders(), reason="acl-predict does not take an OUT/onnx folder yet")
 def test_acl_predict_on_the_folder_writes_the_hubs_records(toy, tmp_path):
     """acl-predict OUT/onnx against the hub acl-predict runs on the checkpoint (the same model in memory)."""
     from acl_fairseq.cli import predict

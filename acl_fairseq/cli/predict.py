@@ -53,9 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
                           textwrap.fill(EXIT_STATUSES, 108)])
     p = argparse.ArgumentParser(prog="acl-predict", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog)
-    p.add_argument("checkpoint", help="fine-tuned checkpoint (checkpoint_best.pt of a run)")
-    p.add_argument("--data", required=True, help="the binarized folder the model was trained on (dictionaries "
-                   "and the tokenizer record: preprocess/glue.py's stats.json, or a converted encoder's folder)")
+    p.add_argument("checkpoint", help="fine-tuned checkpoint (checkpoint_best.pt of a run), or a folder that "
+                   "acl-export --format onnx wrote (OUT/onnx: run by ONNX Runtime, without torch)")
+    p.add_argument("--data", help="the binarized folder the model was trained on (dictionaries and the tokenizer "
+                   "record: preprocess/glue.py's stats.json, or a converted encoder's folder); required with a "
+                   "checkpoint, not with an OUT/onnx folder (it carries its own)")
+    p.add_argument("--precision", choices=("fp32", "int8"), default="fp32", help="with an OUT/onnx folder: its fp32 "
+                   "graphs or the int8 copy that acl-export --quantize int8 wrote (default: %(default)s)")
     p.add_argument("--input", required=True, help="input file, or - for standard input")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--task", help="the input is a GLUE TSV of this task (RTE, SST-2, ...): columns and header "
@@ -187,7 +191,7 @@ def predict(args, hub, source: inputs.Input, writer: Writer) -> dict:
                 chunk = []
     finally:
         bar.close()
-    num_layers = len(hub.model.encoder.sentence_encoder.layers)
+    num_layers = hub.num_layers
     mean_layer = layer_sum / done if done else None
     return {"examples": done, "skipped": skipped, "truncated": truncated, "seconds": seconds,
             "examples_per_s": done / seconds if seconds else None, "mean_exit_layer": mean_layer,
@@ -215,12 +219,26 @@ def load_hub(args):
     return hub
 
 
+def load_engine(args):
+    """An exported OUT/onnx folder in the ONNX Runtime engine (numpy, onnxruntime, tokenizers: no torch)."""
+    from acl_fairseq.runtime import engine
+
+    try:
+        return engine.Engine(args.checkpoint, args.precision)
+    except (OSError, ValueError, engine.RuntimeMissing) as e:
+        raise UsageError(str(e)) from None
+
+
 def check_files(args) -> None:
     """What can be refused before anything is opened or loaded."""
     from acl_fairseq import checkpoint_safety
 
     if args.input != "-" and not os.path.isfile(args.input):
         raise UsageError(f"input file not found: {args.input}")
+    if os.path.isdir(args.checkpoint):  # an exported OUT/onnx folder: the engine checks its manifest
+        return
+    if args.data is None:
+        raise UsageError("--data is required with a checkpoint: the binarized folder the model was trained on")
     try:
         checkpoint_safety.check_readable(args.checkpoint)
     except checkpoint_safety.CheckpointError as e:
@@ -237,7 +255,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     writer, ok = None, False
     try:
         writer = Writer(args.output, args.format, args.force)
-        hub = load_hub(args)
+        hub = load_engine(args) if os.path.isdir(args.checkpoint) else load_hub(args)
         try:
             summary = predict(args, hub, source, writer)
         except ValueError as e:  # a policy the model cannot run, a bad exit layer

@@ -39,8 +39,15 @@ def write_hf(ctx: "Context", out_dir: str) -> List[str]:
     return hf_folder.write(ctx, out_dir)
 
 
-# format -> writer(ctx, folder) or None (planned); one folder OUT/<format> each
-FORMATS: Dict[str, Optional[Callable]] = {"hf": write_hf, "onnx": None}
+def write_onnx(ctx: "Context", out_dir: str) -> List[str]:
+    from acl_fairseq.hf import onnx_export
+
+    return onnx_export.write(ctx, out_dir)
+
+
+# format -> writer(ctx, folder); one folder OUT/<format> each
+FORMATS: Dict[str, Callable] = {"hf": write_hf, "onnx": write_onnx}
+QUANTIZE = ("int8",)  # --quantize: onnxruntime's dynamic quantization of the ONNX layers
 
 
 class Context:
@@ -59,7 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "label names and tokenizer record: preprocess/glue.py's stats.json with the tokenizer files)")
     p.add_argument("--out", required=True, help="output folder; each format goes to OUT/<format>/")
     p.add_argument("--format", nargs="+", choices=tuple(FORMATS), default=["hf"],
-                   help="what to write (default: %(default)s); onnx is not available yet")
+                   help="what to write (default: %(default)s): hf = a transformers folder, onnx = graphs that "
+                   "acl-predict OUT/onnx and acl_fairseq.runtime run with ONNX Runtime, without torch")
+    p.add_argument("--quantize", choices=QUANTIZE, help="onnx: also write a dynamically quantized copy of each layer "
+                   "(acl-predict --precision int8)")
     p.add_argument("--policy", choices=exits.POLICIES, help="early-exit policy recorded in early_exit.json for "
                    "serving (default: none, the last exit decides)")
     p.add_argument("--threshold", type=float,
@@ -80,10 +90,8 @@ def fail(message: str) -> None:
 
 def precheck(args) -> Dict:
     """Everything that can be checked before the model is built; returns the checkpoint's cfg."""
-    missing = [f for f in args.format if FORMATS[f] is None]
-    if missing:
-        fail(f"--format {' '.join(missing)} is not available yet (only {', '.join(f for f in FORMATS if FORMATS[f])} "
-             "is); drop it")
+    if args.quantize and "onnx" not in args.format:
+        fail("--quantize applies to --format onnx: add it")
     if os.path.exists(args.out) and not args.force:
         fail(f"{args.out} exists; pass --force to replace it")
     if not os.path.isfile(args.checkpoint):
@@ -110,10 +118,11 @@ def precheck(args) -> Dict:
 
     model_args = cfg.get("model")
     get = model_args.get if isinstance(model_args, dict) else lambda k, d=None: getattr(model_args, k, d)
-    try:
-        export_weights.check_model_args(model_args, get("exit_pooling", "cls") or "cls")
-    except ExportError as e:
-        fail(str(e))
+    if "hf" in args.format:  # what HF's standard classifier cannot express (the ONNX graphs run any exit)
+        try:
+            export_weights.check_model_args(model_args, get("exit_pooling", "cls") or "cls")
+        except ExportError as e:
+            fail(str(e))
     return cfg
 
 
@@ -216,6 +225,8 @@ def main(argv: Optional[List[str]] = None) -> Dict:
 
 def cli_main() -> None:
     console.setup_logging("WARNING")
+    for name in ("onnxscript", "torch.onnx"):  # the exporter's notes on every graph (skipped foldings)
+        logging.getLogger(name).setLevel(logging.ERROR)
     main()
 
 

@@ -1,6 +1,6 @@
 """``OUT/onnx``: a trained (multi-exit) model as ONNX graphs that :mod:`acl_fairseq.runtime` runs without torch.
 
-    python -m acl_fairseq.hf.onnx_export CHECKPOINT --data DATA_BIN --out OUT [--quantize int8] [--force]
+    acl-export CHECKPOINT --data DATA_BIN --out OUT --format onnx [--quantize int8] [--force]   # writes OUT/onnx
 
 The segmentation follows the layer-by-layer engine (:mod:`acl_fairseq.inference.early_exit`), so that exited
 rows never enter a later graph:
@@ -19,13 +19,9 @@ input layout, the serving policy). ``--quantize int8`` adds ``int8/layerN.onnx``
 
 :func:`write_onnx` is the writer acl-export's format table calls (``write(ctx, folder)``).
 """
-import argparse
 import json
 import logging
 import os
-import shutil
-import sys
-import tempfile
 import warnings
 from typing import Dict, List, Optional
 
@@ -144,10 +140,9 @@ def quantize_int8(out_dir: str, graphs: Dict) -> Dict:
 def input_layout(hub) -> Dict:
     """How the runtime builds ids from text, as the hub builds them (``MultiExitHubInterface.encode_with_info``)."""
     d = hub.task.source_dictionary
-    return {"init_token": hub.init_token, "separator": hub.separator, "eos": d.eos(), "pad": d.pad(),
-            "unk": d.unk(), "segment_embedding": hasattr(hub.model, "segment_delta"),
-            "pair_format": (hub.conventions or {}).get("pair_format"), "strip": True,
-            "max_positions": hub.max_positions}
+    # conventions.InputLayout's fields (the one home of the layout; the runtime rebuilds it from them)
+    return {**hub.layout._asdict(), "pair_format": hub.layout.pair_format, "pad": d.pad(), "unk": d.unk(),
+            "strip": True, "max_positions": hub.max_positions}
 
 
 def serving_policy(hub, policy: Optional[str], threshold: Optional[float]) -> Dict:
@@ -186,74 +181,3 @@ def write(ctx, out_dir: str) -> List[str]:
     args = ctx.args
     return write_onnx(ctx.hub, out_dir, getattr(args, "quantize", None), args.policy, args.threshold,
                       getattr(args, "tokenizer", None))
-
-
-# ---- the thin command line of this module (until acl-export's --format onnx calls write) --------------
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m acl_fairseq.hf.onnx_export", description=__doc__.split("\n")[0])
-    p.add_argument("checkpoint", help="fine-tuned checkpoint (checkpoint_best.pt of a run)")
-    p.add_argument("--data", required=True, help="the binarized folder the model was trained on")
-    p.add_argument("--out", required=True, help="output folder (the ONNX files go straight into it)")
-    p.add_argument("--quantize", choices=QUANTIZE, help="also write a dynamically quantized copy of each layer")
-    p.add_argument("--policy", choices=list(exits.POLICIES), help="serving policy recorded in the manifest "
-                   "(default: none, the last exit decides)")
-    p.add_argument("--threshold", type=float, help="the policy's threshold (default: the policy table's)")
-    p.add_argument("--tokenizer", help="stats.json or conventions.json naming the tokenizer, when --data has none")
-    p.add_argument("--force", action="store_true", help="replace an existing --out")
-    return p
-
-
-def _fail(message: str) -> None:
-    """A usage or input error: one line, exit status 2."""
-    print(f"onnx_export: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def main(argv: Optional[List[str]] = None) -> List[str]:
-    args = build_parser().parse_args(argv)
-    if os.path.exists(args.out) and not args.force:
-        _fail(f"{args.out} exists; pass --force to replace it")
-    if not os.path.isfile(args.checkpoint):
-        _fail(f"checkpoint file not found: {args.checkpoint}")
-    from acl_fairseq.inference import hub as hub_mod
-
-    try:
-        hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(args.checkpoint)),
-                                      os.path.basename(args.checkpoint), os.path.abspath(args.data),
-                                      tokenizer_file=args.tokenizer).eval()
-    except hub_mod.TokenizerNotFound as e:
-        _fail(str(e))
-    parent = os.path.dirname(os.path.abspath(args.out))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(args.out))}.tmp-", dir=parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; OUT is an ordinary folder
-    try:
-        files = write_onnx(hub, tmp, args.quantize, args.policy, args.threshold, args.tokenizer)
-        if os.path.exists(args.out):
-            shutil.rmtree(args.out)
-        os.replace(tmp, args.out)
-    except ValueError as e:  # ExportError, a policy the model cannot run
-        shutil.rmtree(tmp, ignore_errors=True)
-        _fail(str(e))
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    print(f"onnx_export: wrote {len(files)} files to {args.out}", file=sys.stderr)
-    return files
-
-
-def cli_main() -> None:
-    from acl_fairseq.cli import console
-
-    console.setup_logging("WARNING")
-    for name in ("onnxscript", "torch.onnx"):  # notes on every graph (skipped foldings, torchvision absent)
-        logging.getLogger(name).setLevel(logging.ERROR)
-    main()
-
-
-if __name__ == "__main__":
-    cli_main()

@@ -20,13 +20,10 @@ import json
 from typing import Dict, Optional
 
 from acl_fairseq import tokenization
+from acl_fairseq.hf.export_tokenizer import ExportError  # noqa: F401  (one error class for acl-export)
 
 FILE_NAME = "tokenizer.json"
 KINDS = ("wordpiece", "whitespace")
-
-
-class ExportError(ValueError):
-    """The model or its data cannot be exported exactly; the message says why."""
 
 
 def wordpiece_vocab(record: dict, base_dir: str, dictionary) -> Dict[str, int]:

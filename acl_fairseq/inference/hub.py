@@ -99,6 +99,11 @@ class MultiExitHubInterface(RobertaHubInterface):
         self.layout = conventions.task_layout(task.cfg, self.conventions)
 
     @property
+    def num_layers(self) -> int:
+        """Encoder layers (what a layer speed-up divides); the ONNX runtime's engine has the same attribute."""
+        return len(self.model.encoder.sentence_encoder.layers)
+
+    @property
     def head_name(self) -> str:
         name = getattr(self.cfg.criterion, "classification_head_name", None) if self.cfg.get("criterion") else None
         name = name or DEFAULT_HEAD

@@ -17,7 +17,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from acl_fairseq import exits
+from acl_fairseq import conventions, exits
 
 MANIFEST = "manifest.json"
 SCHEMA = "acl_fairseq.onnx/1"
@@ -95,6 +95,7 @@ class Engine:
         self.layers = [session(files["layers"][r["file"]]) for r in m["layers"]]
         self.tokenizer = tokenizers.Tokenizer.from_file(os.path.join(folder, m["tokenizer"]))
         self.layout = m["input_layout"]
+        self.input_layout = conventions.InputLayout(**{k: self.layout[k] for k in conventions.InputLayout._fields})
         self.exit_layers: List[int] = list(m["exit_layers"])
         self.num_layers: int = m["num_layers"]
         self.regression: bool = m["regression"]
@@ -108,16 +109,8 @@ class Engine:
     def encode_with_info(self, a: str, b: Optional[str] = None) -> Tuple[List[int], bool]:
         """``(ids, truncated)`` built as the hub builds them: init token, A, ``</s>``, [separator, B, ``</s>``],
         cut at the model's positions (ending with ``</s>``) when too long."""
-        lay = self.layout
-        ids = self._ids(a) + [lay["eos"]]
-        if lay["init_token"] is not None:
-            ids = [lay["init_token"]] + ids
-        if b is not None:
-            ids += ([lay["separator"]] if lay["separator"] is not None else []) + self._ids(b) + [lay["eos"]]
-        truncated = len(ids) > lay["max_positions"]
-        if truncated:
-            ids = ids[: lay["max_positions"] - 1] + [lay["eos"]]
-        return ids, truncated
+        ids = self.input_layout.build(self._ids(a), None if b is None else self._ids(b))
+        return self.input_layout.fit(ids, self.layout["max_positions"])
 
     def make_batches(self, token_lists: Sequence[Sequence[int]], batch_size: int = 32):
         """``[(positions, src (B, T) int64)]``: sorted by (length, position), right-padded (the hub's batches)."""
