@@ -74,3 +74,33 @@ def test_without_the_flag_nothing_is_measured(data):
 def test_scl_grad_threshold_outside_minus_one_one_is_refused(data, value):
     with pytest.raises(ValueError, match=r"--scl-grad-threshold must be a finite number in \[-1, 1\]"):
         build(data, "sentence_scl", extra=["--scl-grad", "--scl-grad-threshold", value])
+
+
+def read_histograms(logdir):
+    """{(run, tag): [(step, count, sum, min, max)]} from the event files under ``logdir``."""
+    import os
+
+    from tensorboardX.proto import event_pb2
+
+    out = {}
+    for root, _, files in os.walk(logdir):
+        for name in (f for f in files if "tfevents" in f):
+            for record in helpers._records(os.path.join(root, name)):
+                ev = event_pb2.Event.FromString(record)
+                for v in ev.summary.value:
+                    if v.HasField("histo"):
+                        h = v.histo
+                        out.setdefault((os.path.relpath(root, logdir), v.tag), []).append(
+                            (ev.step, h.num, h.sum, h.min, h.max))
+    return out
+
+
+def test_the_task_writes_each_epochs_per_update_cosines_as_a_tensorboard_histogram(data, tmp_path):
+    tb = tmp_path / "tb"
+    helpers.train(data, str(tmp_path / "ck"), criterion="sentence_scl", task="sentence_prediction_acl", max_epoch=2,
+                  extra=["--log-grad-conflict", "--tensorboard-logdir", str(tb)])
+    hist = read_histograms(str(tb))[("train", "grad_cos_per_update")]
+    scalars = helpers.read_scalars(str(tb))["train"]["grad_cos"]  # fairseq's epoch means of the same cosines
+    assert [h[0] for h in hist] == [1, 2] and all(h[1] == 6 for h in hist)  # 48 examples / batch 8, per epoch
+    for (_, num, total, low, high), mean in zip(hist, scalars):
+        assert -1 <= low <= high <= 1 and abs(total / num - mean) < 1e-3

@@ -97,6 +97,9 @@ class SentencePredictionAclTask(SentencePredictionTask):
         super().__init__(cfg, data_dictionary, label_dictionary)
         self.num_validations = 0
         self.num_updates: Optional[int] = None  # the trainer's count after the latest train_step
+        self._grad_cos: List[float] = []  # per update, while a criterion measures or gates (grad_cos)
+        self._grad_cos_epoch: Optional[int] = None
+        self._grad_cos_writer = None
         self._indices: Optional[List[int]] = None
         self._writer = None
         self.projector_logdir = None
@@ -143,8 +146,38 @@ class SentencePredictionAclTask(SentencePredictionTask):
             kwargs["required_batch_size_multiple"] = 1
         return super().get_batch_iterator(dataset, *args, **kwargs)
 
+    def reduce_metrics(self, logging_outputs, criterion):
+        """The stock reduction; a gated or measuring criterion's per-update cosine is also kept for the epoch's
+        TensorBoard histogram (``grad_cos_per_update`` under ``<--tensorboard-logdir>/train``)."""
+        super().reduce_metrics(logging_outputs, criterion)
+        steps = sum(float(log.get("gated_steps", 0)) for log in logging_outputs)
+        if steps > 0:  # one update's micro-batches (summed over workers): their mean cosine
+            self._grad_cos.append(sum(float(log.get("grad_cos", 0)) for log in logging_outputs) / steps)
+
+    def begin_epoch(self, epoch, model):
+        super().begin_epoch(epoch, model)
+        self.write_grad_cos_histogram()  # the previous epoch's, when no validation wrote it
+        self._grad_cos_epoch = epoch
+
+    def write_grad_cos_histogram(self) -> None:
+        """The per-update cosines since the last call as one histogram, at step = their epoch."""
+        values, self._grad_cos = self._grad_cos, []
+        logdir = self.cfg.tensorboard_logdir
+        if not values or not _is_master() or not (isinstance(logdir, str) and logdir and not logdir.startswith("${")):
+            return
+        if self._grad_cos_writer is None:
+            from tensorboardX import SummaryWriter
+
+            # beside fairseq's own writer of that folder: a suffix, or both may open one file name in one second
+            self._grad_cos_writer = SummaryWriter(os.path.join(logdir, "train"), filename_suffix=".grad_cos")
+        import numpy as np
+
+        self._grad_cos_writer.add_histogram("grad_cos_per_update", np.asarray(values), self._grad_cos_epoch or 0)
+        self._grad_cos_writer.flush()
+
     def begin_valid_epoch(self, epoch, model):
         super().begin_valid_epoch(epoch, model)
+        self.write_grad_cos_histogram()
         self.num_validations += 1
         every = self.cfg.projector_every
         if every > 0 and self.num_validations % every == 0 and _is_master():
