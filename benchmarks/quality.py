@@ -46,6 +46,7 @@ SINGLE = ["ce", "scl", "acl_embed", "acl_grad"]
 # multi-exit: the CE baseline, the paper's method, self-distillation (a teacher exit without the contrastive form)
 # and the cross-layer term alone (acl_cross_layer with --acl-weight 0)
 MULTI = ["multi_exit_ce", "acl_cross_layer", "multi_exit_kd", "acl_cross_layer_cl_only"]
+DEFAULT_METHODS = SINGLE + MULTI[:2]  # what a plain run trains; the two multi-exit baselines are asked for by name
 TASKS = ["RTE", "CoLA", "SST-2", "STS-B"]
 CONVERTED_TABLE = os.path.join(G.REPO, "recipes", "glue", "converted.tsv")
 TRAIN_SIZES = {"RTE": 2490, "CoLA": 8551, "SST-2": 67349, "STS-B": 5749}
@@ -288,8 +289,8 @@ def binarize(task: str, work: str, enc: G.Encoder) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", nargs="+", default=TASKS, choices=TASKS)
-    p.add_argument("--methods", nargs="+", default=SINGLE + MULTI[:2], choices=SINGLE + MULTI,
-                   help="methods to run (default: the single-exit ones, multi_exit_ce and acl_cross_layer)")
+    p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=SINGLE + MULTI,
+                   help="methods to run (default: %(default)s)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--multi-exit-tasks", nargs="+", default=["SST-2"], choices=[t for t in TASKS if t != "STS-B"],
                    help="tasks that also run the multi-exit methods (per-exit metrics, early-exit curve)")

@@ -99,8 +99,9 @@ def test_quality_plan_runs_each_method_where_it_applies():
     assert quality.methods_for("SST-2", every) == every  # the early-exit task
     assert quality.methods_for("RTE", every, multi_exit_tasks=("RTE",)) == every
     assert quality.methods_for("CoLA", ["acl_cross_layer"]) == []
-    # per seed: RTE 4, CoLA 4, SST-2 6, STS-B 1 (the cost the docstring states)
-    assert sum(len(quality.methods_for(t, every)) for t in quality.TASKS) == 15
+    # per seed by default: RTE 4, CoLA 4, SST-2 6, STS-B 1 (the cost the docstring states); every method: SST-2 8
+    assert sum(len(quality.methods_for(t, quality.DEFAULT_METHODS)) for t in quality.TASKS) == 15
+    assert sum(len(quality.methods_for(t, every)) for t in quality.TASKS) == 17
 
 
 def test_quality_schedule_is_the_converted_table_and_a_stale_run_stops_it(tmp_path):
