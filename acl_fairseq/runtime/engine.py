@@ -128,16 +128,8 @@ class Engine:
 
     def check_policy(self, policy: Optional[str], exit_layer: Optional[int],
                      threshold: Optional[float] = None) -> Optional[Union[float, int]]:
-        """The hub's checks (``MultiExitHubInterface.check_policy``), the same messages."""
-        if (policy is not None or exit_layer is not None) and len(self.exit_layers) == 1:
-            raise ValueError(
-                f"the model has a single exit (layer {self.exit_layers[0]}): early exit needs a multi-exit model "
-                "(multi_exit_roberta trained with several --exit-layers); drop the policy / exit-layer flags")
-        if policy is not None and exit_layer is not None:
-            raise ValueError("give either an early-exit policy or a fixed exit layer, not both")
-        if exit_layer is not None and exit_layer not in self.exit_layers:
-            raise ValueError(f"exit layer {exit_layer} is not one of the model's exits {self.exit_layers}")
-        return None if policy is None else exits.validate(policy, threshold, regression=self.regression)
+        """``exits.check_request`` for this model: the threshold to run with (the policy's default when None)."""
+        return exits.check_request(self.exit_layers, policy, exit_layer, threshold, regression=self.regression)
 
     def run_batch(self, src: np.ndarray, policy: Optional[str] = None, threshold: float = 0.0,
                   exit_layer: Optional[int] = None, delta: float = exits.DEFAULT_REGRESSION_DELTA) -> BatchOutput:
