@@ -109,8 +109,9 @@ def torch_grad(loss, inputs):
     return torch.autograd.grad(loss, inputs, retain_graph=True, allow_unused=True)
 
 
-def train_and_measure(argv: List[str], log_every: int = 20) -> List[dict]:
-    """One fairseq training run (Trainer, the criterion's own update), measuring before every update."""
+def train_and_measure(argv: List[str], measure_every: int = 1, log_every: int = 20) -> List[dict]:
+    """One fairseq training run (Trainer, the criterion's own update), measuring before every ``measure_every``-th
+    update (1: every update, the pilot's protocol)."""
     from fairseq import checkpoint_utils, options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
@@ -128,8 +129,12 @@ def train_and_measure(argv: List[str], log_every: int = 20) -> List[dict]:
         itr = epoch_itr.next_epoch_itr(shuffle=True)
         trainer.begin_epoch(epoch_itr.epoch)
         for sample in itr:
-            cos = cosines(model, criterion, sample if cfg.common.cpu else utils.move_to_cuda(sample))
+            measure = trainer.get_num_updates() % measure_every == 0
+            if measure:
+                cos = cosines(model, criterion, sample if cfg.common.cpu else utils.move_to_cuda(sample))
             trainer.train_step([sample])
+            if not measure:
+                continue
             steps.append({"update": trainer.get_num_updates(), "epoch": epoch_itr.epoch, **cos})
             if len(steps) % log_every == 0:
                 G.log(f"update {len(steps)}: " + ", ".join(f"{p} {cos[p]['params']:+.3f}" for p in PAIRS)
@@ -237,12 +242,16 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[1], help="training seeds (default: %(default)s)")
     p.add_argument("--epochs", type=int, default=2, help="epochs over RTE's 2490 examples (default: %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
+    p.add_argument("--measure-every", type=int, default=1, help="measure before every N-th update (default: "
+                   "%(default)s, every update; each measurement costs four extra backward passes)")
     p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="converted encoder and data")
     p.add_argument("--results", default=os.path.join(G.REPO, "benchmarks", "results"), help="records and tables")
     p.add_argument("--hf-dir", default=None, help="HF BERT folder (default: the packaged MiniLM)")
     p.add_argument("--collect-only", action="store_true", help="only rebuild the summary from the records")
     p.add_argument("--toy", action="store_true", help="a tiny random model on generated data, a few updates")
     args = p.parse_args(argv)
+    if args.measure_every < 1:
+        p.error(f"--measure-every must be a positive whole number, got {args.measure_every}")
     if args.toy and os.path.abspath(args.results) == os.path.abspath(os.path.join(G.REPO, "benchmarks", "results")):
         p.error("--toy writes its own tables: pass --results DIR (it would replace the committed ones)")
     import torch
@@ -260,8 +269,9 @@ def main(argv=None) -> int:
                 G.log(f"train: RTE with {run}, seed {seed}, {updates} updates, measuring every update")
                 with tempfile.TemporaryDirectory(prefix="acl_grad_conflict_") as tmp:
                     argv_run = train_argv(data, tmp, run, seed, args.epochs, updates, enc)
-                    steps = train_and_measure(argv_run)
+                    steps = train_and_measure(argv_run, args.measure_every)
                 R.write_atomic(path, json.dumps({"run": run, "seed": seed, "toy": args.toy, "epochs": args.epochs,
+                                                 "measure_every": args.measure_every,
                                                  "fairseq_train_args": argv_run[1:], "steps": steps}) + "\n")
     steps = {}
     for run in args.runs:

@@ -37,3 +37,13 @@ def test_toy_pilot_measures_every_pair_and_scope_and_rebuilds_from_its_records(t
 def test_toy_mode_needs_its_own_results_folder():
     with pytest.raises(SystemExit):
         grad_conflict.main(["--toy"])
+
+
+def test_measure_every_n_updates_trains_the_same_schedule_and_measures_every_nth(tmp_path):
+    results = str(tmp_path / "results")
+    assert grad_conflict.main(["--toy", "--runs", "acl_embed", "--measure-every", "3", "--work", str(tmp_path / "w"),
+                               "--results", results]) == 0
+    record = json.load(open(os.path.join(results, "runs", "grad_conflict", "acl_embed_seed1", "steps.json")))
+    assert record["measure_every"] == 3 and [s["update"] for s in record["steps"]] == [1, 4, 7]
+    with pytest.raises(SystemExit):
+        grad_conflict.main(["--toy", "--measure-every", "0", "--results", results])
