@@ -8,7 +8,9 @@ against running all layers, at batch size 1 and batched (median of repeats, meas
 numbers come from one full pass (every exit's logits, then the policies offline:
 ``exits.exit_layer_indices``); latency from the layer-by-layer engine (``early_exit.py``, timed by
 ``latency.py``), whose decisions are checked against the offline ones (``engine_agreement``).
-``--test-split`` also writes GLUE leaderboard files (final exit).
+``--test-split`` also writes GLUE leaderboard files (final exit). ``--calibrate max-drop=0.5`` (or
+``min-speedup=1.5``) also chooses a threshold on the split and writes ``exit_policy.json`` beside the checkpoint
+(:mod:`acl_fairseq.cli.calibrate`).
 Works for plain ``roberta`` checkpoints too (one exit).
 """
 
@@ -22,7 +24,7 @@ from typing import Dict, List, Optional
 import torch
 
 from acl_fairseq import checkpoint_safety, exits, glue_metrics
-from acl_fairseq.cli import console, report
+from acl_fairseq.cli import calibrate, console, report
 from acl_fairseq.inference import early_exit, latency
 
 logger = logging.getLogger("acl_fairseq.cli.evaluate")
@@ -84,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--predictions-dir", help="where the GLUE prediction files (index<TAB>prediction) go")
     p.add_argument("--user-dir", help="extra fairseq plugin dir to import (acl_fairseq itself always is)")
+    calibrate.add_arguments(p)
     console.add_device_argument(p)
     return p
 
@@ -302,9 +305,11 @@ def evaluate(args) -> Dict:
 
 
 def main(argv: Optional[List[str]] = None) -> Dict:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.test_split and not args.predictions_dir:
-        build_parser().error("--test-split needs --predictions-dir")
+        parser.error("--test-split needs --predictions-dir")
+    calibrate.precheck(parser, args)
     result = evaluate(args)
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, "early_exit.json"), "w") as f:
@@ -314,6 +319,9 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     if args.tensorboard_logdir:
         report.log_tensorboard(result, args.tensorboard_logdir)
     print(report.format_table(result))
+    if args.calibrate is not None:  # after the outputs: an unmet budget still leaves the sweep to look at
+        result["calibration"] = calibrate.apply(args, result)
+        print(f"acl-evaluate: {calibrate.summary(result['calibration'])}", file=sys.stderr)
     return result
 
 
@@ -322,8 +330,9 @@ def cli_main() -> None:
     console.exit_on_sigterm()
     try:
         main()
-    # a wrong path, a damaged file, data of another dictionary: one line, no traceback
-    except (FileNotFoundError, checkpoint_safety.CheckpointError, checkpoint_safety.DictionaryMismatch) as e:
+    # a wrong path, a damaged file, data of another dictionary, an unmet --calibrate budget: one line
+    except (FileNotFoundError, checkpoint_safety.CheckpointError, checkpoint_safety.DictionaryMismatch,
+            console.UsageError) as e:
         print(f"acl-evaluate: error: {e}", file=sys.stderr)
         sys.exit(2)
 

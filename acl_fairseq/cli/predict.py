@@ -6,8 +6,10 @@
 Input: a GLUE TSV (``--task``: the task's text columns, header and layout from
 ``acl_fairseq.preprocessing.glue_tasks``), a TSV with ``--columns`` (1-based), JSONL (``{"text": ...,
 "text_pair": ..., "id": ...}``), or plain text, one sentence per line. Output, streamed in input order: one
-record per input with its id, label (or score), probabilities and exit layer. Without policy flags the last
-exit decides, like an ordinary classifier. A bad row (not UTF-8, empty, wrong column count, bad JSON, a null
+record per input with its id, label (or score), probabilities and exit layer. Without policy flags the
+calibrated policy decides when ``acl-evaluate --calibrate`` wrote an exit_policy.json for this checkpoint beside
+it (an OUT/onnx folder: its manifest's serving policy), and stderr says so; else, or with ``--policy none``, the
+last exit decides, like an ordinary classifier. A bad row (not UTF-8, empty, wrong column count, bad JSON, a null
 text) is reported with ``file:line`` and skipped, or stops the run with ``--strict``. The input is read as a
 stream (``acl_fairseq.cli.inputs``): a large file or a pipe needs no more memory than a chunk. Inputs longer
 than the model's positions are cut and counted. The decisions are those of the layer-by-layer engine
@@ -24,7 +26,7 @@ import textwrap
 import time
 from typing import List, Optional, Sequence
 
-from acl_fairseq import exits
+from acl_fairseq import calibration, exits
 from acl_fairseq.cli import console, inputs
 from acl_fairseq.cli.console import UsageError
 from acl_fairseq.cli.inputs import BadRow, Row
@@ -69,9 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-format", choices=inputs.KINDS, default="auto",
                    help="auto: tsv with --task/--columns, jsonl for *.jsonl, else text (one sentence per line)")
     p.add_argument("--header", action="store_true", help="with --columns: the first line is a header")
-    p.add_argument("--policy", choices=list(exits.POLICIES), help="early-exit policy (multi-exit models only)")
-    p.add_argument("--threshold", type=float, help="the policy's threshold: entropy/confidence level or patience "
-                   "count. " + "; ".join(f"{r.name}: {r.rule}, {r.range_text}, default {r.default:g}"
+    p.add_argument("--policy", choices=calibration.policy_choices(), help="early-exit policy (multi-exit models "
+                   f"only). Default: the calibrated one in {calibration.FILE_NAME} beside the checkpoint (acl-evaluate "
+                   "--calibrate; for an OUT/onnx folder its manifest's serving policy), else none; none: the last "
+                   "exit decides, whatever was calibrated")
+    p.add_argument("--threshold", type=float, help="the --policy's threshold (it needs --policy): entropy/confidence "
+                   "level or patience count. " + "; ".join(f"{r.name}: {r.rule}, {r.range_text}, default {r.default:g}"
                                          for r in exits.POLICIES.values()))
     p.add_argument("--exit-layer", type=int, help="every input leaves at this exit (one of the model's layers)")
     p.add_argument("--batch-size", type=_positive_int, default=32, help="inputs per batch (default: %(default)s)")
@@ -161,8 +166,8 @@ def predict(args, hub, source: inputs.Input, writer: Writer) -> dict:
     """Predict every row of ``source`` into ``writer``; returns the closing summary."""
     from tqdm import tqdm
 
-    policy, exit_layer = args.policy, args.exit_layer
-    threshold = hub.check_policy(policy, exit_layer, args.threshold)  # the table's default when none is given
+    policy, threshold = resolve_policy(args, hub)
+    exit_layer = args.exit_layer
     writer.begin([] if hub.regression else hub.label_names())
     done, skipped, truncated, layer_sum, seconds = 0, 0, 0, 0, 0.0
     bar = tqdm(desc="acl-predict", unit=" inputs", disable=None if args.input != "-" else True, file=sys.stderr)
@@ -179,8 +184,8 @@ def predict(args, hub, source: inputs.Input, writer: Writer) -> dict:
                 chunk.append(item)
             if chunk and (item is None or len(chunk) >= args.chunk_size):
                 t0 = time.perf_counter()
-                preds = hub.predict_early_exit([r.texts for r in chunk], policy, threshold, exit_layer,
-                                               args.batch_size)
+                preds = hub.predict_early_exit([r.texts for r in chunk], policy or calibration.NO_POLICY, threshold,
+                                               exit_layer, args.batch_size)
                 seconds += time.perf_counter() - t0
                 for row, pred in zip(chunk, preds):
                     writer.write(row, pred)
@@ -199,6 +204,18 @@ def predict(args, hub, source: inputs.Input, writer: Writer) -> dict:
             "threshold": threshold if policy else None, "exit_layer": exit_layer}
 
 
+def resolve_policy(args, hub):
+    """``(policy, threshold)`` to run, None for the last exit: the flags, else the model's calibrated (serving)
+    policy, named on stderr; the threshold is the table's default when a policy is given without one."""
+    default = hub.serving_policy
+    policy, threshold = calibration.resolve(args.policy, args.threshold, args.exit_layer, default)
+    if args.policy is None and policy is not None:
+        kind = "calibrated" if default.get("budget") else "serving"
+        print(f"acl-predict: using the {kind} policy {policy} {threshold:g} from {default['source']} (--policy "
+              f"{calibration.NO_POLICY}: the last exit)", file=sys.stderr)
+    return policy, hub.check_policy(policy, args.exit_layer, threshold)
+
+
 def load_hub(args):
     """The model behind ``args.checkpoint``, on ``--device``; a damaged file or a missing tokenizer is a
     :class:`UsageError`."""
@@ -211,7 +228,7 @@ def load_hub(args):
                                           os.path.basename(args.checkpoint), os.path.abspath(args.data),
                                           tokenizer_file=args.tokenizer)
     except (hub_mod.TokenizerNotFound, checkpoint_safety.CheckpointError,
-            checkpoint_safety.DictionaryMismatch) as e:
+            checkpoint_safety.DictionaryMismatch, calibration.RecordError) as e:
         raise UsageError(str(e)) from None
     hub.eval()
     if console.resolve_device(args.device) == "cuda":
@@ -248,6 +265,9 @@ def check_files(args) -> None:
 def main(argv: Optional[List[str]] = None) -> dict:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.threshold is not None and args.policy in (None, calibration.NO_POLICY):
+        parser.error(f"--threshold needs a --policy to apply to ({', '.join(exits.POLICIES)}); --policy "
+                     f"{calibration.NO_POLICY} takes none")
     if args.policy is not None and args.threshold is not None:  # its range depends on --policy: checked here
         args.threshold = console.check_threshold(parser, args.policy, args.threshold)
     check_files(args)

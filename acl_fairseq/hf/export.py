@@ -2,6 +2,11 @@
 
     acl-export CHECKPOINT --data DATA_BIN --out OUT [--format hf] [--policy entropy --threshold 0.3] [--force]
 
+The early-exit policy recorded for serving (OUT/hf's ``early_exit.json``, OUT/onnx's manifest, which
+``acl-predict OUT/onnx`` applies when given no policy) is ``--policy``/``--threshold``; without them, the one
+``acl-evaluate --calibrate`` wrote for this checkpoint (``exit_policy.json`` beside it, copied as ``calibration``);
+without that, or with ``--policy none``, none: the last exit decides.
+
 ``--format hf`` writes ``OUT/hf/``: a standard ``BertForSequenceClassification`` (a model fine-tuned from a
 converted BERT) or ``RobertaForSequenceClassification`` (a fairseq or converted RoBERTa) folder that
 ``transformers.pipeline("text-classification", model="OUT/hf")`` loads: ``config.json`` (labels from the data
@@ -24,7 +29,7 @@ import sys
 import tempfile
 from typing import Callable, Dict, List, Optional
 
-from acl_fairseq import exits, tokenization
+from acl_fairseq import calibration, exits, tokenization
 from acl_fairseq.cli import console
 from acl_fairseq.hf import export_tokenizer
 from acl_fairseq.hf.export_tokenizer import ExportError
@@ -70,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "acl-predict OUT/onnx and acl_fairseq.runtime run with ONNX Runtime, without torch")
     p.add_argument("--quantize", choices=QUANTIZE, help="onnx: also write a dynamically quantized copy of each layer "
                    "(acl-predict --precision int8)")
-    p.add_argument("--policy", choices=exits.POLICIES, help="early-exit policy recorded in early_exit.json for "
-                   "serving (default: none, the last exit decides)")
+    p.add_argument("--policy", choices=calibration.policy_choices(), help="early-exit policy recorded for serving "
+                   f"(default: the calibrated one in {calibration.FILE_NAME} beside the checkpoint, else none; none: "
+                   "the last exit decides, whatever was calibrated)")
     p.add_argument("--threshold", type=float,
                    help="the policy's threshold, in its range (default: the policy's default in exits.POLICIES)")
     p.add_argument("--metrics-split", default="valid", help="split whose per-exit metrics go in the model card "
@@ -100,9 +106,9 @@ def precheck(args) -> Dict:
         if not os.path.isfile(os.path.join(args.data, sub, "dict.txt")):
             fail(f"{os.path.join(args.data, sub, 'dict.txt')} not found: --data must be the binarized folder the "
                  "model was trained on")
-    if args.threshold is not None and args.policy is None:
-        fail("--threshold needs --policy")
-    if args.policy is not None:
+    if args.threshold is not None and args.policy in (None, calibration.NO_POLICY):
+        fail(f"--threshold needs a --policy to apply to ({', '.join(exits.POLICIES)})")
+    if args.policy not in (None, calibration.NO_POLICY):
         try:  # the range of exits.POLICIES, before the model loads
             args.threshold = exits.validate(args.policy, args.threshold)
         except ValueError as e:
@@ -151,9 +157,20 @@ def load_hub(args):
         hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(args.checkpoint)),
                                       os.path.basename(args.checkpoint), os.path.abspath(args.data),
                                       tokenizer_file=args.tokenizer)
-    except hub_mod.TokenizerNotFound as e:
+    except (hub_mod.TokenizerNotFound, calibration.RecordError) as e:
         fail(str(e))
     return hub.eval()
+
+
+def serving_policy(args, hub) -> None:
+    """Settle ``args.policy``/``args.threshold`` (None: the last exit) and ``args.calibration`` (the
+    exit_policy.json record they came from, or None), which every format writer records."""
+    args.calibration = None
+    if args.policy is None and hub.calibrated is not None:
+        args.calibration = {k: v for k, v in hub.calibrated.items() if k != "source"}
+        print(f"{PROG}: recording the calibrated policy {hub.calibrated['policy']} {hub.calibrated['threshold']:g} "
+              f"from {hub.calibrated['source']} (--policy {calibration.NO_POLICY}: the last exit)", file=sys.stderr)
+    args.policy, args.threshold = calibration.resolve(args.policy, args.threshold, None, hub.calibrated)
 
 
 class _Terminated(Exception):
@@ -195,6 +212,7 @@ def export(args) -> Dict:
     """Check, load, write every format; returns ``{format: [files]}``."""
     cfg = precheck(args)
     hub = load_hub(args)
+    serving_policy(args, hub)
     try:
         hub.check_policy(args.policy, None)
     except ValueError as e:  # a policy on a single-exit model

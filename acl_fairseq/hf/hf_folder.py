@@ -54,6 +54,7 @@ def early_exit_record(ctx, exit_layers: List[int], labels, layout: Dict) -> Dict
                 "model's own classifier",
         "policy": args.policy,
         "threshold": threshold,
+        "calibration": getattr(args, "calibration", None),  # the exit_policy.json record the policy came from
         "policy_rules": {name: p.rule for name, p in exits.POLICIES.items()},  # exits.POLICIES, the one table
         "default_thresholds": {name: p.default for name, p in exits.POLICIES.items()},
         "labels": labels,

@@ -153,7 +153,8 @@ def serving_policy(hub, policy: Optional[str], threshold: Optional[float]) -> Di
 
 
 def write_onnx(hub, out_dir: str, quantize: Optional[str] = None, policy: Optional[str] = None,
-               threshold: Optional[float] = None, tokenizer_file: Optional[str] = None) -> List[str]:
+               threshold: Optional[float] = None, tokenizer_file: Optional[str] = None,
+               calibration: Optional[Dict] = None) -> List[str]:
     """Write the ONNX folder of a loaded hub model (``acl_fairseq.inference.hub``) into the existing, empty
     ``out_dir``; returns the file names written. ExportError for what cannot be exported exactly."""
     if not hub.model.classification_heads:
@@ -166,6 +167,7 @@ def write_onnx(hub, out_dir: str, quantize: Optional[str] = None, policy: Option
                 "labels": None if hub.regression else hub.label_names(), "regression": hub.regression,
                 "regression_scale": 5.0 if hub.regression and hub.task_name() == "STS-B" else 1.0,
                 "input_layout": input_layout(hub), **serving_policy(hub, policy, threshold),
+                "calibration": calibration,  # the exit_policy.json record the serving policy came from, if any
                 "policy_defaults": {name: row.default for name, row in exits.POLICIES.items()},
                 "quantized": quantize_int8(out_dir, graphs) if quantize == "int8" else {}}
     with open(os.path.join(out_dir, MANIFEST), "w", encoding="utf-8") as f:
@@ -177,7 +179,7 @@ def write_onnx(hub, out_dir: str, quantize: Optional[str] = None, policy: Option
 
 def write(ctx, out_dir: str) -> List[str]:
     """acl-export's format writer: ``ctx.hub`` and ``ctx.args`` (``quantize``, ``policy``, ``threshold``,
-    ``tokenizer``)."""
+    ``tokenizer``, ``calibration``: settled by acl-export's ``serving_policy``)."""
     args = ctx.args
     return write_onnx(ctx.hub, out_dir, getattr(args, "quantize", None), args.policy, args.threshold,
-                      getattr(args, "tokenizer", None))
+                      getattr(args, "tokenizer", None), getattr(args, "calibration", None))

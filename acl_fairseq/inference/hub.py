@@ -5,6 +5,10 @@
                                               "data-bin/RTE-bin")
     m.predict_early_exit([("A man plays.", "Someone plays.")], policy="entropy", threshold=0.3)
 
+Without ``policy`` (and without ``exit_layer``) the last exit decides, unless ``acl-evaluate --calibrate`` wrote an
+``exit_policy.json`` for this checkpoint beside it: then its policy and threshold (``m.calibrated``) decide, and
+``policy="none"`` asks for the last exit (:mod:`acl_fairseq.calibration`).
+
 The tokenizer comes from the data folder's record (``stats.json`` "tokenizer", written by
 preprocess/glue.py; or the ``conventions.json`` of a converted encoder's folder), through the same
 implementation preprocessing used (:mod:`acl_fairseq.tokenization`). Inputs are built as the task built
@@ -27,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from fairseq.models.roberta.hub_interface import RobertaHubInterface
 
-from acl_fairseq import checkpoint_safety, conventions, exits, tokenization
+from acl_fairseq import calibration, checkpoint_safety, conventions, exits, tokenization
 from acl_fairseq.inference import early_exit
 
 logger = logging.getLogger(__name__)
@@ -97,11 +101,19 @@ class MultiExitHubInterface(RobertaHubInterface):
         # a sentence_prediction checkpoint says how it built inputs; a bare encoder (masked_lm) follows fairseq's
         # hub: <s> first, and the separator of its conventions record
         self.layout = conventions.task_layout(task.cfg, self.conventions)
+        # the exit_policy.json record calibrated on this checkpoint (from_pretrained finds it), or None
+        self.calibrated: Optional[Dict] = None
 
     @property
     def num_layers(self) -> int:
         """Encoder layers (what a layer speed-up divides); the ONNX runtime's engine has the same attribute."""
         return len(self.model.encoder.sentence_encoder.layers)
+
+    @property
+    def serving_policy(self) -> Optional[Dict]:
+        """What runs when no policy is given: the calibrated record (``policy``, ``threshold``, ``source``), or
+        None for the last exit; the ONNX runtime's engine has the same attribute (from its manifest)."""
+        return self.calibrated
 
     @property
     def head_name(self) -> str:
@@ -175,7 +187,9 @@ class MultiExitHubInterface(RobertaHubInterface):
                                   threshold: Optional[float] = None, exit_layer: Optional[int] = None,
                                   batch_size: int = 32) -> Tuple[torch.Tensor, torch.Tensor]:
         """The lower-level face of :meth:`predict_early_exit`: token tensors in, ``(logits, exit layers)``
-        out, in input order (exited rows leave their batch, as in acl-evaluate's engine)."""
+        out, in input order (exited rows leave their batch, as in acl-evaluate's engine). No policy: the
+        calibrated one when there is one (:func:`acl_fairseq.calibration.resolve`)."""
+        policy, threshold = calibration.resolve(policy, threshold, exit_layer, self.calibrated)
         self.check_policy(policy, exit_layer, threshold)  # before any batch is built
         return self.run_batches(self.make_batches(token_lists, batch_size), len(token_lists), policy, threshold,
                                 exit_layer)
@@ -184,9 +198,11 @@ class MultiExitHubInterface(RobertaHubInterface):
                            threshold: Optional[float] = None, exit_layer: Optional[int] = None,
                            batch_size: int = 32) -> List[Prediction]:
         """One :class:`Prediction` per input (a string or an (a, b) pair). Without a policy or exit layer,
-        the last exit decides (an ordinary classifier); ``policy`` is one of ``exits.POLICIES`` and
-        ``threshold`` its threshold (entropy/confidence level or patience count; default: the table's),
-        refused with a ValueError naming the range when outside it."""
+        the calibrated policy decides when ``exit_policy.json`` was written for this checkpoint
+        (:attr:`calibrated`), else the last exit (an ordinary classifier); ``policy="none"`` is always the
+        last exit. ``policy`` is one of ``exits.POLICIES`` and ``threshold`` its threshold (entropy/confidence
+        level or patience count; default: the table's), refused with a ValueError naming the range when
+        outside it."""
         encoded = [self.encode_with_info(*((x,) if isinstance(x, str) else tuple(x))) for x in inputs]
         logits, layers = self.predict_tokens_early_exit([t for t, _ in encoded], policy, threshold, exit_layer,
                                                         batch_size)
@@ -226,11 +242,15 @@ class MultiExitHubInterface(RobertaHubInterface):
 def from_pretrained(model_name_or_path: str, checkpoint_file: str = "checkpoint_best.pt",
                     data_name_or_path: str = ".", tokenizer_file: Optional[str] = None,
                     **kwargs) -> MultiExitHubInterface:
-    """Load a checkpoint with fairseq's hub loader (no tokenizer arguments) and wrap it."""
+    """Load a checkpoint with fairseq's hub loader (no tokenizer arguments) and wrap it, with the calibrated
+    policy of an ``exit_policy.json`` beside it that was written for this file (a :class:`calibration.RecordError`
+    when that file cannot be read)."""
     from fairseq import hub_utils
 
     x = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
                                   load_checkpoint_heads=True, **kwargs)
     checkpoint_safety.check_loaded_dictionary(x["models"][0], x["args"],
                                               os.path.join(model_name_or_path, checkpoint_file))
-    return MultiExitHubInterface(x["args"], x["task"], x["models"][0], tokenizer_file)
+    hub = MultiExitHubInterface(x["args"], x["task"], x["models"][0], tokenizer_file)
+    hub.calibrated = calibration.for_checkpoint(os.path.join(model_name_or_path, checkpoint_file))
+    return hub

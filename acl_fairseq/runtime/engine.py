@@ -9,7 +9,9 @@ runs on a checkpoint (:mod:`acl_fairseq.inference.early_exit` through the hub): 
 input layout), inputs sorted by (length, position) and cut into right-padded batches, then the embeddings and
 one graph per layer; at each exit the policy step of :mod:`acl_fairseq.exits` (the one policy table), and the
 rows that fire leave the batch (padding columns nobody needs any more are cut) before the next layer. Results
-come back in input order, with the same fields as the hub's ``Prediction``.
+come back in input order, with the same fields as the hub's ``Prediction``. Without a policy (and without an
+exit layer) the manifest's serving policy decides (acl-export's ``--policy``, else the ``exit_policy.json``
+calibrated for the checkpoint), else the last exit; ``policy="none"`` is always the last exit.
 """
 import json
 import os
@@ -17,7 +19,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from acl_fairseq import conventions, exits
+from acl_fairseq import calibration, conventions, exits
 
 MANIFEST = "manifest.json"
 SCHEMA = "acl_fairseq.onnx/1"
@@ -100,6 +102,12 @@ class Engine:
         self.num_layers: int = m["num_layers"]
         self.regression: bool = m["regression"]
         self.policy, self.threshold = m.get("policy"), m.get("threshold")
+        # what predict_early_exit runs when no policy is given (the hub's `calibrated`, from the manifest)
+        self.serving_policy: Optional[Dict] = None
+        if self.policy is not None:
+            self.serving_policy = {**(m.get("calibration") or {}), "policy": self.policy,
+                                   "threshold": exits.validate(self.policy, self.threshold),
+                                   "source": os.path.join(folder, MANIFEST)}
 
     # ---- inputs ----------------------------------------------------------------------------------
 
@@ -180,7 +188,9 @@ class Engine:
     def predict_early_exit(self, inputs: Sequence[Text], policy: Optional[str] = None,
                            threshold: Optional[float] = None, exit_layer: Optional[int] = None,
                            batch_size: int = 32) -> List[Prediction]:
-        """One :class:`Prediction` per input (a string or an (a, b) pair), as the hub's method of this name."""
+        """One :class:`Prediction` per input (a string or an (a, b) pair), as the hub's method of this name; no
+        policy: the serving policy when the manifest has one (:func:`acl_fairseq.calibration.resolve`)."""
+        policy, threshold = calibration.resolve(policy, threshold, exit_layer, self.serving_policy)
         self.check_policy(policy, exit_layer, threshold)  # before any batch is built
         encoded = [self.encode_with_info(*((x,) if isinstance(x, str) else tuple(x))) for x in inputs]
         logits, layers = self.run_batches(self.make_batches([t for t, _ in encoded], batch_size), len(encoded),

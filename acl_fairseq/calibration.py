@@ -1,0 +1,224 @@
+"""Early-exit thresholds calibrated to a budget, and the ``exit_policy.json`` record beside a checkpoint.
+
+``acl-evaluate CHECKPOINT DATA_BIN --out-dir D --calibrate max-drop=0.5`` (or ``min-speedup=1.5``) sweeps the
+policy's thresholds on the evaluated split as usual, then :func:`choose` picks one of the swept settings:
+
+- ``max-drop=X``: the largest layer speed-up whose primary metric stays within X points of the last exit's
+  (ties: the better metric);
+- ``min-speedup=S``: the best primary metric whose layer speed-up is at least S (ties: the larger speed-up).
+
+A budget no swept setting meets raises :class:`Unmet`, naming the closest one. The choice is written to
+``exit_policy.json`` beside the checkpoint (:func:`write`); acl-predict, the hub and acl-export apply it when no
+policy is given (:func:`resolve`), and only to the checkpoint it was calibrated on (file name and sha256,
+:func:`for_checkpoint`). ``policy="none"`` (:data:`NO_POLICY`) asks for the last exit whatever was calibrated.
+
+Standard library and :mod:`acl_fairseq.exits` only: the ONNX runtime resolves its serving policy here too.
+"""
+import datetime
+import hashlib
+import json
+import logging
+import math
+import os
+from typing import Dict, List, NamedTuple, Optional, Tuple
+
+from acl_fairseq import exits
+
+logger = logging.getLogger(__name__)
+
+FILE_NAME = "exit_policy.json"
+SCHEMA = "acl_fairseq.exit_policy/1"
+NO_POLICY = "none"  # a --policy value: the last exit decides, even where a policy was calibrated
+DEFAULT_POLICY = "entropy"  # METHOD.md "Quality against speed" compares methods along the entropy curve
+# budget key -> what it bounds, for --help and errors (the one list of budget kinds)
+BUDGETS = {
+    "max-drop": "the primary metric may fall at most this many points below the last exit's (a number >= 0)",
+    "min-speedup": "the layer speed-up (layers / mean exit layer) must be at least this (a number >= 1)",
+}
+_LOW = {"max-drop": 0.0, "min-speedup": 1.0}
+# metrics are in points (100 x) and speed-ups ratios of small integers: a budget met up to rounding is met
+_EPS = 1e-9
+
+
+class Budget(NamedTuple):
+    kind: str  # a key of BUDGETS
+    value: float
+
+    def __str__(self) -> str:
+        return f"{self.kind}={self.value:g}"
+
+
+class Unmet(ValueError):
+    """No swept setting meets the budget; the message names the closest one."""
+
+
+class RecordError(ValueError):
+    """An ``exit_policy.json`` that cannot be used (unreadable, another schema, a policy out of range)."""
+
+
+def parse_budget(text: str) -> Budget:
+    """``max-drop=0.5`` or ``min-speedup=1.5``; a ValueError naming the problem for anything else."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise ValueError(f"budget {text!r} has no '=': write " + " or ".join(f"{k}=N" for k in BUDGETS))
+    key = key.strip()
+    if key not in BUDGETS:
+        raise ValueError(f"unknown budget {key!r}: expected " + " or ".join(f"{k}=N" for k in BUDGETS))
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"budget {key}={value!r}: not a number") from None
+    if not math.isfinite(number) or number < _LOW[key]:
+        raise ValueError(f"budget {key}={value.strip()}: must be a finite number >= {_LOW[key]:g}")
+    return Budget(key, number)
+
+
+# ---- the choice --------------------------------------------------------------------------------
+
+
+def _finite(setting: Dict, metric: str) -> bool:
+    values = (setting["metrics"].get(metric), setting.get("layer_speedup"))
+    return all(isinstance(v, (int, float)) and math.isfinite(v) for v in values)
+
+
+def _describe(setting: Dict, metric: str) -> str:
+    return f"{setting['threshold']:g} at {setting['metrics'][metric]:.4g} ({setting['layer_speedup']:.2f}x)"
+
+
+def choose(result: Dict, budget: Budget, policy: str = DEFAULT_POLICY) -> Dict:
+    """The setting of ``policy`` in ``result["settings"]`` (acl-evaluate's result) that ``budget`` picks, on
+    ``result["primary_metric"]`` against the last exit's (``result["per_exit"][-1]``). Settings whose metric or
+    speed-up is not finite never count. :class:`Unmet` when none meets the budget."""
+    if len(result["per_exit"]) < 2:
+        raise Unmet("the model has a single exit: there is no early exit to calibrate")
+    metric = result["primary_metric"]
+    reference = result["per_exit"][-1]["metrics"][metric]
+    if not math.isfinite(reference):
+        raise Unmet(f"the last exit's {metric} is {reference}: nothing to calibrate against")
+    settings = [s for s in result["settings"] if s["policy"] == policy]
+    if not settings:
+        swept = sorted({s["policy"] for s in result["settings"]})
+        raise Unmet(f"no {policy} settings in the sweep (swept: {', '.join(swept) or 'none'}): sweep it, or "
+                    "calibrate another policy (--calibrate-policy)")
+    usable = [s for s in settings if _finite(s, metric)]
+    if not usable:
+        raise Unmet(f"every {policy} setting has a non-finite {metric} or speed-up")
+    by_speed = lambda s: (s["layer_speedup"], s["metrics"][metric])  # noqa: E731
+    by_metric = lambda s: (s["metrics"][metric], s["layer_speedup"])  # noqa: E731
+    if budget.kind == "max-drop":
+        met = [s for s in usable if s["metrics"][metric] >= reference - budget.value - _EPS]
+        if not met:
+            closest = max(usable, key=by_metric)
+            raise Unmet(f"no {policy} threshold keeps {metric} within {budget.value:g} of {reference:.4g}; the "
+                        f"closest: {_describe(closest, metric)}")
+        return max(met, key=by_speed)
+    met = [s for s in usable if s["layer_speedup"] >= budget.value - _EPS]
+    if not met:
+        closest = max(usable, key=by_speed)
+        raise Unmet(f"no {policy} threshold reaches a layer speed-up of {budget.value:g}x; the closest: "
+                    f"{_describe(closest, metric)}")
+    return max(met, key=by_metric)
+
+
+# ---- the record beside the checkpoint ----------------------------------------------------------
+
+
+def path_beside(checkpoint: str) -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(checkpoint)), FILE_NAME)
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def make_record(result: Dict, setting: Dict, budget: Budget, checkpoint: str) -> Dict:
+    metric = result["primary_metric"]
+    return {
+        "schema": SCHEMA,
+        "policy": setting["policy"],
+        "threshold": setting["threshold"],
+        "budget": str(budget),
+        "metric": metric,
+        "value": setting["metrics"][metric],
+        "last_exit_value": result["per_exit"][-1]["metrics"][metric],
+        "layer_speedup": setting["layer_speedup"],
+        "avg_exit_layer": setting["avg_exit_layer"],
+        "task": result.get("task"),
+        "split": result["split"],
+        "num_examples": result["num_examples"],
+        "checkpoint": os.path.basename(checkpoint),
+        "checkpoint_sha256": file_sha256(checkpoint),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write(record: Dict, path: str, force: bool) -> None:
+    """Write ``record`` to ``path`` atomically (a temporary file renamed over it); an existing file only with
+    ``force`` (a FileExistsError otherwise)."""
+    if os.path.exists(path) and not force:
+        raise FileExistsError(f"{path} exists; pass --force to replace it")
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def read(path: str) -> Dict:
+    """The record at ``path``, checked: its schema, a policy of ``exits.POLICIES`` and a threshold in its range."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+        if record.get("schema") != SCHEMA:
+            raise ValueError(f"schema {record.get('schema')!r}, expected {SCHEMA!r}")
+        record["threshold"] = exits.validate(record["policy"], record["threshold"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise RecordError(f"{path}: not a readable calibration record ({type(e).__name__}: {e}); run "
+                         "acl-evaluate --calibrate again, or remove it") from None
+    return record
+
+
+def for_checkpoint(checkpoint: str) -> Optional[Dict]:
+    """The record beside ``checkpoint`` when it was calibrated on this very file, else None (a record made for
+    another file, or for an earlier version of this one, is named in a warning and not used)."""
+    path = path_beside(checkpoint)
+    if not os.path.isfile(path):
+        return None
+    record = read(path)
+    if record.get("checkpoint") != os.path.basename(checkpoint) or \
+            record.get("checkpoint_sha256") != file_sha256(checkpoint):
+        logger.warning("%s was calibrated on another checkpoint (%s, sha256 %s...), not %s: not used; run "
+                       "acl-evaluate --calibrate on this one", path, record.get("checkpoint"),
+                       str(record.get("checkpoint_sha256"))[:12], checkpoint)
+        return None
+    return dict(record, source=path)
+
+
+def resolve(policy: Optional[str], threshold: Optional[float], exit_layer: Optional[int],
+            default: Optional[Dict]) -> Tuple[Optional[str], Optional[float]]:
+    """The ``(policy, threshold)`` to run: the caller's policy; :data:`NO_POLICY` -> ``(None, None)``, the last
+    exit (or ``exit_layer``); no policy and no exit layer -> ``default``'s (a calibrated record or an export's
+    serving policy, ``{"policy", "threshold"}``), else the last exit. A threshold without a policy is refused:
+    which policy it is for would be a guess."""
+    if policy == NO_POLICY:
+        if threshold is not None:
+            raise ValueError(f"policy {NO_POLICY!r} (the last exit) takes no threshold")
+        return None, None
+    if policy is None and threshold is not None:
+        raise ValueError("a threshold needs its policy: name it (" + ", ".join(exits.POLICIES) + ")")
+    if policy is None and exit_layer is None and default is not None and default.get("policy"):
+        return default["policy"], default["threshold"]
+    return policy, threshold
+
+
+def policy_choices() -> List[str]:
+    """``--policy`` choices of the tools that apply a calibrated policy: the table's, and :data:`NO_POLICY`."""
+    return list(exits.POLICIES) + [NO_POLICY]
