@@ -1,4 +1,4 @@
-"""Thresholds calibrated to a budget: the choice (acl_fairseq.calibration), ``acl-evaluate --calibrate`` and
+"""Thresholds calibrated to a budget: the choice (acl_fairseq.inference.calibration), ``acl-evaluate --calibrate`` and
 ``exit_policy.json`` applied by default in acl-predict, the hub, acl-export and the ONNX runtime."""
 import argparse
 import json
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import helpers
-from acl_fairseq import calibration, exits
-from acl_fairseq.calibration import Budget
+from acl_fairseq import exits
 from acl_fairseq.cli import evaluate, predict
-from acl_fairseq.inference import hub
+from acl_fairseq.inference import calibration, hub
+from acl_fairseq.inference.calibration import Budget
 from test_models import HEAD, TINY_MULTI, one_thread  # noqa: F401  (autouse fixture, per module)
 
 # ---- the choice on synthetic per-exit logits, through the offline policy code acl-evaluate runs ----------

@@ -26,10 +26,11 @@ import textwrap
 import time
 from typing import List, Optional, Sequence
 
-from acl_fairseq import calibration, exits
+from acl_fairseq import exits
 from acl_fairseq.cli import console, inputs
 from acl_fairseq.cli.console import UsageError
 from acl_fairseq.cli.inputs import BadRow, Row
+from acl_fairseq.inference import calibration
 
 logger = logging.getLogger("acl_fairseq.cli.predict")
 FORMATS = ("jsonl", "tsv")

@@ -29,10 +29,11 @@ import sys
 import tempfile
 from typing import Callable, Dict, List, Optional
 
-from acl_fairseq import calibration, exits, tokenization
+from acl_fairseq import exits, tokenization
 from acl_fairseq.cli import console
 from acl_fairseq.hf import export_tokenizer
 from acl_fairseq.hf.export_tokenizer import ExportError
+from acl_fairseq.inference import calibration
 
 logger = logging.getLogger("acl_fairseq.hf.export")
 PROG = "acl-export"

@@ -7,7 +7,7 @@
 
 Without ``policy`` (and without ``exit_layer``) the last exit decides, unless ``acl-evaluate --calibrate`` wrote an
 ``exit_policy.json`` for this checkpoint beside it: then its policy and threshold (``m.calibrated``) decide, and
-``policy="none"`` asks for the last exit (:mod:`acl_fairseq.calibration`).
+``policy="none"`` asks for the last exit (:mod:`acl_fairseq.inference.calibration`).
 
 The tokenizer comes from the data folder's record (``stats.json`` "tokenizer", written by
 preprocess/glue.py; or the ``conventions.json`` of a converted encoder's folder), through the same
@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from fairseq.models.roberta.hub_interface import RobertaHubInterface
 
-from acl_fairseq import calibration, checkpoint_safety, conventions, exits, tokenization
-from acl_fairseq.inference import early_exit
+from acl_fairseq import checkpoint_safety, conventions, exits, tokenization
+from acl_fairseq.inference import calibration, early_exit
 
 logger = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ class MultiExitHubInterface(RobertaHubInterface):
                                   batch_size: int = 32) -> Tuple[torch.Tensor, torch.Tensor]:
         """The lower-level face of :meth:`predict_early_exit`: token tensors in, ``(logits, exit layers)``
         out, in input order (exited rows leave their batch, as in acl-evaluate's engine). No policy: the
-        calibrated one when there is one (:func:`acl_fairseq.calibration.resolve`)."""
+        calibrated one when there is one (:func:`acl_fairseq.inference.calibration.resolve`)."""
         policy, threshold = calibration.resolve(policy, threshold, exit_layer, self.calibrated)
         self.check_policy(policy, exit_layer, threshold)  # before any batch is built
         return self.run_batches(self.make_batches(token_lists, batch_size), len(token_lists), policy, threshold,

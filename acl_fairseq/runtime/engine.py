@@ -19,7 +19,8 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from acl_fairseq import calibration, conventions, exits
+from acl_fairseq import conventions, exits
+from acl_fairseq.inference import calibration
 
 MANIFEST = "manifest.json"
 SCHEMA = "acl_fairseq.onnx/1"
@@ -189,7 +190,7 @@ class Engine:
                            threshold: Optional[float] = None, exit_layer: Optional[int] = None,
                            batch_size: int = 32) -> List[Prediction]:
         """One :class:`Prediction` per input (a string or an (a, b) pair), as the hub's method of this name; no
-        policy: the serving policy when the manifest has one (:func:`acl_fairseq.calibration.resolve`)."""
+        policy: the serving policy when the manifest has one (:func:`acl_fairseq.inference.calibration.resolve`)."""
         policy, threshold = calibration.resolve(policy, threshold, exit_layer, self.serving_policy)
         self.check_policy(policy, exit_layer, threshold)  # before any batch is built
         encoded = [self.encode_with_info(*((x,) if isinstance(x, str) else tuple(x))) for x in inputs]
