@@ -105,6 +105,7 @@ def train_from(root, data, save_dir, restore=None, **kw):
     return helpers.train(data, str(save_dir), task="sentence_prediction_acl", extra=extra, check=False, **kw)
 
 
+@pytest.mark.slow  # fairseq-train runs (make test-slow, CI)
 def test_restore_file_trained_with_another_dictionary_is_refused(runs, tmp_path):
     root, data, other = runs
     path = ckpt(root, "stock")
@@ -117,6 +118,7 @@ def test_restore_file_trained_with_another_dictionary_is_refused(runs, tmp_path)
     assert proc.returncode == 0 and f"Loaded checkpoint {path}" in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow  # fairseq-train runs (make test-slow, CI)
 def test_resuming_a_run_on_another_dictionary_is_refused(runs, tmp_path):
     root, _, other = runs
     shutil.copytree(root / "plugin", tmp_path / "run")
@@ -125,6 +127,7 @@ def test_resuming_a_run_on_another_dictionary_is_refused(runs, tmp_path):
     assert f"is not the one {tmp_path / 'run' / 'checkpoint_last.pt'} was trained with" in proc.stderr
 
 
+@pytest.mark.slow  # fairseq-train runs (make test-slow, CI)
 @pytest.mark.parametrize("restore", ["missing/model.pt", "ABSOLUTE"])
 def test_a_restore_file_that_does_not_exist_is_refused(runs, tmp_path, restore):
     """fairseq trains from random weights and exits 0 when a non-default --restore-file is missing."""

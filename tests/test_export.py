@@ -224,6 +224,7 @@ def test_quantize_needs_the_onnx_format(run, tmp_path, capsys):
     assert not os.path.exists(tmp_path / "out")
 
 
+@pytest.mark.slow  # a whole ONNX export (make test-slow, CI)
 def test_mean_pooling_exports_to_onnx_but_not_to_hf(run, tmp_path, capsys):
     """The ONNX graphs run any exit as trained; only HF's standard classifier reads [CLS] alone. The ONNX
     tokenizer file is exact for WordPiece, and GPT-2 BPE is refused with the reason."""

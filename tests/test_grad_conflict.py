@@ -95,6 +95,7 @@ def read_histograms(logdir):
     return out
 
 
+@pytest.mark.slow  # a two-epoch fairseq-train run (make test-slow, CI)
 def test_the_task_writes_each_epochs_per_update_cosines_as_a_tensorboard_histogram(data, tmp_path):
     tb = tmp_path / "tb"
     helpers.train(data, str(tmp_path / "ck"), criterion="sentence_scl", task="sentence_prediction_acl", max_epoch=2,

@@ -347,6 +347,7 @@ def test_acl_predict_on_the_folder_writes_the_hubs_records(toy, tmp_path):
         assert r["probabilities"] == pytest.approx(p.probabilities, abs=ATOL)
 
 
+@pytest.mark.slow  # its own model and export (make test-slow, CI)
 def test_a_pre_norm_encoder_gets_its_final_layer_norm(toy, tmp_path):
     """The toy checkpoint turned pre-norm (--encoder-normalize-before, a random final LayerNorm): the top exit
     reads the normalized states, in both engines."""
