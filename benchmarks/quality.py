@@ -167,10 +167,12 @@ def early_exit_result(run_dir: str) -> dict:
 
 
 def _cell(values) -> str:
-    values = [v for v in values if v is not None]
-    if not values:
+    """Mean ± std of the values a curve reached; ``(n=k)`` when fewer seeds than the row's reached it."""
+    reached = [v for v in values if v is not None]
+    if not reached:
         return "-"
-    return f"{statistics.mean(values):.2f}" + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")
+    cell = f"{statistics.mean(reached):.2f}" + (f" ± {statistics.stdev(reached):.2f}" if len(reached) > 1 else "")
+    return cell + (f" (n={len(reached)})" if len(reached) < len(values) else "")
 
 
 def speedup_profiles(runs_dir: str, task: str, methods=MULTI) -> Dict[str, Dict[int, dict]]:

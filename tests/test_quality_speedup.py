@@ -29,5 +29,8 @@ def test_speedup_table_and_paired_differences(tmp_path):
     # kd minus ce at 2x is +2 in both seeds, at 3x -1 in both; acl_cross_layer has no 2x value to pair
     kd_row = next(line for line in md.splitlines() if line.startswith("| multi_exit_kd − multi_exit_ce"))
     assert "+2.00 ± 0.00 (2/2 ahead)" in kd_row and "-1.00 ± 0.00 (0/2 ahead)" in kd_row
+    fake_run(tmp_path, "SST-2", "acl_cross_layer", 2, [(1, 91), (2.5, 80)])  # reaches 2x: one of two seeds there
+    md = quality.speedup_markdown(str(tmp_path), "SST-2")
+    assert "| acl_cross_layer | 2 | 87.10 ± 0.32 | 83.67 (n=1) | - |" in md  # 86.875 and 87.33; 83.67
     acl_row = next(line for line in md.splitlines() if line.startswith("| acl_cross_layer − multi_exit_ce"))
-    assert acl_row.count("| - ") == 3  # 2x, 3x and the area: the curve does not reach them
+    assert acl_row.count("| - ") == 2  # 3x and the area: no curve reaches them
