@@ -10,7 +10,8 @@ import serve_speed
 SYSTEMS = [f"{e} {m}" for e in serve_speed.ENGINES for m in serve_speed.MODES]
 FIELDS = {"system", "engine", "mode", "batch", "p50_ms", "p95_ms", "tok_ms", "sent_per_s", "e2e_sent_per_s",
           "accuracy", "agreement_with_torch", "mean_exit_layer", "layer_speedup", "wall_speedup", "efficiency",
-          "vs_torch", "peak_rss_mb", "rss_vs_torch", "examples", "repeats"}
+          "vs_torch", "peak_rss_mb", "rss_vs_torch", "examples", "repeats", "cpu_sent_per_s", "cpu_speedup",
+          "cpu_efficiency", "cpu_vs_torch"}
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +37,7 @@ def test_toy_run_reports_every_system_at_both_batch_sizes(toy_run):
         if r["batch"] == 1:
             assert 0 < r["p50_ms"] <= r["p95_ms"]
         assert r["efficiency"] == pytest.approx(r["wall_speedup"] / r["layer_speedup"])
+        assert r["cpu_efficiency"] == pytest.approx(r["cpu_speedup"] / r["layer_speedup"])
         if r["mode"] == "all":
             assert r["mean_exit_layer"] == 3 and r["layer_speedup"] == 1 and r["policy"] is None
         else:
@@ -43,7 +45,7 @@ def test_toy_run_reports_every_system_at_both_batch_sizes(toy_run):
     exit_rows = [r for r in rows if r["mode"] == "exit"]
     assert all(r["mean_exit_layer"] < 3 for r in exit_rows)  # the policy ran: some sentences left early
     torch_rows = [r for r in rows if r["engine"] == "torch"]
-    assert all(r["vs_torch"] == 1 and r["agreement_with_torch"] == 1 for r in torch_rows)
+    assert all(r["vs_torch"] == 1 == r["cpu_vs_torch"] and r["agreement_with_torch"] == 1 for r in torch_rows)
 
 
 def test_ort_fp32_gives_torchs_labels_and_exit_layers(toy_run):
@@ -71,6 +73,7 @@ def test_peak_memory_processes_and_targets(toy_run):
     assert len(targets) == 8
     for t in targets:
         assert t["pass"] == (t["value"] >= t["bound"] if t["at_least"] else t["value"] <= t["bound"])
+        assert (t["cpu_value"] is None) == ("accuracy" in t["target"])
 
 
 def test_toy_mode_needs_its_own_json(tmp_path):
