@@ -70,7 +70,7 @@ def test_peak_memory_processes_and_targets(toy_run):
     for r in result["rows"]:
         assert r["peak_rss_mb"] == rss[r["engine"]]["peak_rss_mb"]
     targets = result["targets"]
-    assert len(targets) == 8
+    assert len(targets) == 10
     for t in targets:
         assert t["pass"] == (t["value"] >= t["bound"] if t["at_least"] else t["value"] <= t["bound"])
         assert (t["cpu_value"] is None) == ("accuracy" in t["target"])
