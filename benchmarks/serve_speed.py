@@ -1,0 +1,403 @@
+#!/usr/bin/env python3
+"""Serving speed of one trained multi-exit model on three engines: the torch engine (the hub), ONNX Runtime fp32 and
+ONNX Runtime int8 (the exported ``OUT/onnx`` folder, :mod:`acl_fairseq.runtime`), each with all layers and with
+early exit, on SST-2 dev.
+
+    python benchmarks/serve_speed.py [--checkpoint CKPT --data DATA_BIN] [--threshold T] [--repeats 5]
+        [--threads 1] [--json benchmarks/results/serve_speed.json]
+    python benchmarks/serve_speed.py --toy --json /tmp/serve_toy.json     # a tiny model, seconds (tests)
+
+Model: predict_speed.py's (``trained_checkpoint``: the 300-update acl_cross_layer MiniLM, cached in
+WORK/predict_speed), exported once with ``--quantize int8`` into WORK/serve_speed/onnx (made again when the
+checkpoint changes). All six systems (3 engines x all layers / early exit) run in this one process: each repeat
+runs every system once over the whole dev set, the order rotated by one each repeat; the table shows medians
+over repeats.
+
+- batch 1: every sentence alone; ``p50_ms`` / ``p95_ms``: per-sentence engine latency (the batch built from the
+  ids, then ``run_batches``), percentiles over the sentences of a repeat. ``tok_ms``: tokenization per
+  sentence (the hub's tokenizer for torch, the exported ``tokenizers`` file for ORT), timed apart; ``e2e_*`` in
+  the JSON adds it.
+- batch ``--batch-size`` (32): the hub's batching (sorted by length); ``sent_per_s`` = sentences / engine time.
+- ``vs_torch``: the torch system of the same mode's engine time over this one's (per repeat, median).
+  ``layer_speedup`` = layers / mean exit layer; ``wall_speedup`` = the same engine's all-layers time over its
+  early-exit time; ``efficiency`` = their quotient (the share of the saved layers that becomes saved time).
+  ``cpu_*``: the same from the process CPU time of the engine calls, which stays steady when other jobs share the
+  cores (one thread per engine by default, so that it is the engine's compute); the targets use the wall clock.
+- ``peak_rss_mb``: the peak resident memory (VmHWM) of a separate process that loads one engine and classifies
+  the dev set with early exit at the batch size (benchmarks/_serve_child.py): for ORT it imports only the runtime
+  (torch and fairseq unimportable), for torch the hub. ``rss_vs_torch``: that over the torch process's.
+
+The targets of issue 32 are printed beside the results with pass/miss. The threshold is ``--threshold``
+(default: the policy table's default for ``--policy``); the JSON records which. ``--toy`` trains a tiny model
+on the generated toy task (scripts/toy_data.py) in seconds, for the end-to-end test; it must write its own
+``--json``, never into benchmarks/results.
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+import _glue_runs as G
+import _records as R
+import _serve_child
+import common
+from acl_fairseq import exits
+from acl_fairseq.cli import console
+
+ENGINES = ("torch", "ort-fp32", "ort-int8")
+MODES = ("all", "exit")  # all layers, early exit
+COLUMNS = ["system", "batch", "p50_ms", "p95_ms", "tok_ms", "sent_per_s", "accuracy", "mean_exit_layer",
+           "layer_speedup", "wall_speedup", "efficiency", "cpu_efficiency", "vs_torch", "cpu_vs_torch", "peak_rss_mb",
+           "rss_vs_torch"]
+FORMATS = {"p50_ms": "{:.2f}", "p95_ms": "{:.2f}", "tok_ms": "{:.3f}", "sent_per_s": "{:.1f}", "accuracy": "{:.2%}",
+           "mean_exit_layer": "{:.2f}", "layer_speedup": "{:.2f}x", "wall_speedup": "{:.2f}x",
+           "efficiency": "{:.2f}", "cpu_efficiency": "{:.2f}", "vs_torch": "{:.2f}x",
+           "cpu_vs_torch": "{:.2f}x", "peak_rss_mb": "{:.0f}", "rss_vs_torch": "{:.2f}"}
+TOY_MODEL = [*common.size_args("tiny", 64), "--dropout", "0.0", "--attention-dropout", "0.0"]
+
+
+# ---- model and data ------------------------------------------------------------------------------
+
+
+def toy_model(work: str):
+    """(checkpoint, data, sentences, gold labels): a tiny multi-exit model trained in seconds on the toy task."""
+    sys.path.insert(0, os.path.join(G.REPO, "scripts"))
+    from acl_fairseq import conventions
+    from toy_data import make_toy_dataset
+
+    root = os.path.join(work, "serve_speed_toy")
+    data, save = os.path.join(root, "data"), os.path.join(root, "ckpt")
+    if not os.path.isfile(os.path.join(data, "label", "dict.txt")):
+        make_toy_dataset(data, n_train=256, n_valid=64)
+    ckpt = os.path.join(save, "checkpoint_best.pt")
+    if not os.path.isfile(ckpt):
+        G.log(f"train: the toy model -> {save}")
+        G.run([sys.executable, "-m", "fairseq_cli.train", data, "--user-dir", os.path.join(G.REPO, "acl_fairseq"),
+               "--task", "sentence_prediction_acl", *conventions.input_layout().fairseq_flags(), "--num-classes", "2",
+               "--arch", "multi_exit_roberta", *TOY_MODEL, "--criterion", "acl_cross_layer",
+               "--optimizer", "adamw_torch", "--lr", "3e-3", "--batch-size", "16",
+               "--required-batch-size-multiple", "1", "--max-epoch", "6", "--seed", "1", "--save-dir", save,
+               "--no-epoch-checkpoints", "--no-last-checkpoints", "--cpu", "--num-workers", "0",
+               "--best-checkpoint-metric", "accuracy", "--maximize-best-checkpoint-metric"],
+              env={"OMP_NUM_THREADS": "1"})
+    raw = os.path.join(data, "raw")
+    with open(os.path.join(raw, "valid.input0"), encoding="utf-8") as f:
+        sentences = f.read().splitlines()
+    with open(os.path.join(raw, "valid.label"), encoding="utf-8") as f:
+        gold = f.read().splitlines()
+    return ckpt, data, sentences, gold
+
+
+def sst2_dev(n: int):
+    """(sentences, gold labels) of SST-2 dev (GLUE_DIR or ../shared/glue), the first ``n`` (0: all)."""
+    path = os.path.join(G.GLUE_DIR, "SST-2", "dev.tsv")
+    if not os.path.isfile(path):
+        sys.exit(f"serve_speed: {path} not found; set GLUE_DIR to the folder that holds SST-2/dev.tsv")
+    with open(path, encoding="utf-8") as f:
+        rows = [line.rstrip("\n").split("\t") for line in f][1:]
+    rows = rows[:n] if n else rows
+    return [r[0] for r in rows], [r[1] for r in rows]
+
+
+def exported(hub, ckpt: str, folder: str) -> str:
+    """``folder`` holding the ONNX export (fp32 and int8) of ``ckpt``; exported again when the checkpoint changed."""
+    from acl_fairseq.hf import onnx_export
+
+    st = os.stat(ckpt)
+    source = {"checkpoint": os.path.abspath(ckpt), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    stamp = os.path.join(folder, "source.json")
+    if os.path.isfile(stamp) and R.load(folder, "source.json") == source:
+        return folder
+    G.log(f"export: {ckpt} -> {folder} (ONNX fp32 + int8)")
+    parent = os.path.dirname(os.path.abspath(folder))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="onnx_", dir=parent)
+    onnx_export.write_onnx(hub, tmp, quantize="int8")
+    R.write_atomic(os.path.join(tmp, "source.json"), json.dumps(source))
+    if os.path.isdir(folder):
+        import shutil
+
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
+    return folder
+
+
+# ---- the systems ---------------------------------------------------------------------------------
+
+
+class System:
+    """One engine in one mode, behind the interface the hub and the runtime share (encode, batch, run)."""
+
+    def __init__(self, engine: str, mode: str, runner, policy, threshold):
+        self.engine, self.mode, self.runner = engine, mode, runner
+        self.name = f"{engine} {mode}"
+        self.policy, self.threshold = (policy, threshold) if mode == "exit" else (None, None)
+        self.rounds: Dict[int, List[Dict]] = {}  # batch size -> per repeat: times and outputs
+
+    def encode(self, sentence: str):
+        return self.runner.encode_with_info(sentence)[0]
+
+    def run(self, ids: list, batch_size: int):
+        """(logits, exit layers) in input order, as numpy arrays (the torch engine's converted after the clock)."""
+        return self.runner.run_batches(self.runner.make_batches(ids, batch_size), len(ids), self.policy,
+                                       self.threshold)
+
+
+def numpy_out(out):
+    logits, layers = out
+    return getattr(logits, "numpy", lambda: logits)(), getattr(layers, "numpy", lambda: layers)()
+
+
+def make_systems(hub, folder: str, policy: str, threshold: float, threads: int) -> List[System]:
+    from acl_fairseq.runtime import Engine
+
+    runners = {"torch": hub, "ort-fp32": Engine(folder, "fp32", threads), "ort-int8": Engine(folder, "int8", threads)}
+    return [System(e, m, runners[e], policy, threshold) for e in ENGINES for m in MODES]
+
+
+def clock():
+    """(wall, process CPU) seconds: the CPU time hardly moves when other jobs share the cores, the wall clock does."""
+    return time.perf_counter(), time.process_time()
+
+
+def pass_batch1(system: System, sentences: List[str]) -> Dict:
+    """Every sentence alone: per-sentence tokenization and engine times (wall, and the engine's CPU), outputs."""
+    tok, model, cpu, logits, layers = [], [], [], [], []
+    for s in sentences:
+        t0, _ = clock()
+        ids = system.encode(s)
+        t1, c1 = clock()
+        out = system.run([ids], 1)
+        t2, c2 = clock()
+        tok.append(t1 - t0)
+        model.append(t2 - t1)
+        cpu.append(c2 - c1)
+        lg, ly = numpy_out(out)
+        logits.append(lg[0])
+        layers.append(ly[0])
+    return {"tok": tok, "model": model, "cpu": cpu, "logits": logits, "layers": layers}
+
+
+def pass_batched(system: System, sentences: List[str], batch_size: int) -> Dict:
+    t0, _ = clock()
+    ids = [system.encode(s) for s in sentences]
+    t1, c1 = clock()
+    out = system.run(ids, batch_size)
+    t2, c2 = clock()
+    logits, layers = numpy_out(out)
+    return {"tok": [t1 - t0], "model": [t2 - t1], "cpu": [c2 - c1], "logits": list(logits), "layers": list(layers)}
+
+
+def measure(systems: List[System], sentences: List[str], batch_size: int, repeats: int) -> None:
+    """``repeats`` rounds, each running every system once (order rotated by one per round), after one untimed
+    warm-up round on a few sentences."""
+    import gc
+
+    def one(s: System, sents):
+        gc.collect()
+        gc.disable()
+        try:
+            if batch_size == 1:
+                return pass_batch1(s, sents)
+            return pass_batched(s, sents, batch_size)
+        finally:
+            gc.enable()
+
+    for s in systems:
+        one(s, sentences[:8])
+        s.rounds[batch_size] = []
+    for r in range(repeats):
+        k = r % len(systems)
+        for s in systems[k:] + systems[:k]:
+            s.rounds[batch_size].append(one(s, sentences))
+
+
+# ---- summary -------------------------------------------------------------------------------------
+
+
+def labels_of(system: System, logits) -> List[str]:
+    names = system.runner.label_names()
+    return [names[int(row.argmax())] for row in logits]
+
+
+def ratio(num: System, den: System, b: int, key: str) -> float:
+    """Median over repeats of num's total time over den's in the same repeat (``key``: model = wall, cpu)."""
+    return common.median([sum(x[key]) / sum(y[key]) for x, y in zip(num.rounds[b], den.rounds[b])])
+
+
+def row_of(s: System, by_name: Dict[str, System], b: int, gold: List[str], num_layers: int) -> Dict:
+    import numpy as np
+
+    rounds, n = s.rounds[b], len(gold)
+    total, tok = [sum(r["model"]) for r in rounds], [sum(r["tok"]) for r in rounds]
+    full, ref = by_name[f"{s.engine} all"], by_name[f"torch {s.mode}"]
+    labels, torch_labels = labels_of(s, rounds[0]["logits"]), labels_of(ref, ref.rounds[b][0]["logits"])
+    mean_exit = float(np.mean(rounds[0]["layers"]))
+    row = {"system": s.name, "engine": s.engine, "mode": s.mode, "batch": b,
+           "policy": s.policy, "threshold": s.threshold,
+           "p50_ms": 1000 * common.median([np.percentile(r["model"], 50) for r in rounds]) if b == 1 else None,
+           "p95_ms": 1000 * common.median([np.percentile(r["model"], 95) for r in rounds]) if b == 1 else None,
+           "tok_ms": 1000 * common.median(tok) / n, "model_ms_per_sentence": 1000 * common.median(total) / n,
+           "sent_per_s": n / common.median(total),
+           "e2e_sent_per_s": n / common.median([a + t for a, t in zip(total, tok)]),
+           "cpu_sent_per_s": n / common.median([sum(r["cpu"]) for r in rounds]),
+           "accuracy": sum(p == g for p, g in zip(labels, gold)) / n,
+           "agreement_with_torch": sum(p == t for p, t in zip(labels, torch_labels)) / n,
+           "mean_exit_layer": mean_exit, "layer_speedup": num_layers / mean_exit,
+           "wall_speedup": ratio(full, s, b, "model"), "cpu_speedup": ratio(full, s, b, "cpu"),
+           "vs_torch": ratio(ref, s, b, "model"), "cpu_vs_torch": ratio(ref, s, b, "cpu"),
+           "examples": n, "repeats": len(rounds)}
+    row["efficiency"] = row["wall_speedup"] / row["layer_speedup"]
+    row["cpu_efficiency"] = row["cpu_speedup"] / row["layer_speedup"]
+    return row
+
+
+# ---- targets -------------------------------------------------------------------------------------
+
+
+def targets(rows: List[Dict], batch: int) -> List[Dict]:
+    """Issue 32's targets, each with its measured value and pass/miss."""
+    at = {(r["system"], r["batch"]): r for r in rows}
+    out = []
+
+    def add(text, row, field, bound, at_least=True, value=None):
+        value = row[field] if value is None else value
+        ok = value >= bound if at_least else value <= bound
+        cpu = row.get(f"cpu_{field}")  # the same measured in process CPU time, where there is one
+        out.append({"target": text, "value": value, "cpu_value": cpu, "bound": bound, "at_least": at_least,
+                    "pass": bool(ok)})
+
+    for mode in MODES:
+        add(f"ORT fp32 >= 1.3x torch, batch 1, {mode}", at[(f"ort-fp32 {mode}", 1)], "vs_torch", 1.3)
+    for engine in ("ort-fp32", "ort-int8"):
+        add(f"early-exit efficiency >= 0.9, batch 1, {engine}", at[(f"{engine} exit", 1)], "efficiency", 0.9)
+    for mode in MODES:
+        add(f"ORT int8 >= 1.8x torch, batch {batch}, {mode}", at[(f"ort-int8 {mode}", batch)], "vs_torch", 1.8)
+    # at both batch sizes: dynamic quantization scales activations per call, so a sentence's label can depend on
+    # the batch it shares
+    for b in (1, batch):
+        for mode in MODES:
+            fp32, int8 = at[(f"ort-fp32 {mode}", b)], at[(f"ort-int8 {mode}", b)]
+            add(f"ORT int8 accuracy within 1.0 point of fp32, batch {b}, {mode}", int8, "accuracy", 1.0,
+                at_least=False, value=100 * abs(fp32["accuracy"] - int8["accuracy"]))
+    return out
+
+
+def print_targets(found: List[Dict]) -> None:
+    print("# targets (issue 32), on the wall clock; cpu: the same in process CPU time (steady under load)")
+    width = max(len(t["target"]) for t in found)
+    for t in found:
+        sign = ">=" if t["at_least"] else "<="
+        cpu = "" if t["cpu_value"] is None else f"   (cpu {t['cpu_value']:.3f})"
+        print(f"  {t['target'].ljust(width)}  {t['value']:7.3f} {sign} {t['bound']:<4}  "
+              f"{'pass' if t['pass'] else 'MISS'}{cpu}")
+
+
+# ---- main ----------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", help="a trained multi-exit checkpoint (default: predict_speed.py's, cached in WORK)")
+    p.add_argument("--data", help="its binarized data folder (with the tokenizer record); needed with --checkpoint")
+    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"),
+                   help="cache of the trained model and of its ONNX export (default: %(default)s)")
+    p.add_argument("--hf-dir", help="HF BERT folder to train from (default: the packaged MiniLM)")
+    p.add_argument("--updates", type=int, default=300, help="updates of the cached training run")
+    p.add_argument("--policy", default="entropy", choices=list(exits.POLICIES), help="early-exit policy")
+    p.add_argument("--threshold", type=float, help="its threshold (default: the policy table's, 0.3 for entropy)")
+    p.add_argument("--batch-size", type=int, default=32, help="the batched setting (batch 1 always runs)")
+    p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all 872)")
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds, each running every system once")
+    p.add_argument("--threads", type=int, default=1, help="threads of every engine, torch and ORT alike")
+    p.add_argument("--no-rss", action="store_true", help="skip the peak-memory processes")
+    p.add_argument("--toy", action="store_true", help="a tiny model on generated data (tests); needs its own --json")
+    p.add_argument("--json", help="write the setup, rows and targets here")
+    p.add_argument("--force", action="store_true", help="replace an existing --json")
+    args = p.parse_args(argv)
+    args.threshold_source = "--threshold" if args.threshold is not None else "policy default"
+    args.threshold = console.check_threshold(p, args.policy, args.threshold)
+    if args.checkpoint and not args.data:
+        p.error("--checkpoint needs --data (the folder the model was trained on)")
+    if args.threads < 1 or args.repeats < 1 or args.batch_size < 2:
+        p.error("--threads and --repeats must be >= 1, --batch-size >= 2 (batch 1 always runs)")
+    results = os.path.abspath(os.path.join(G.REPO, "benchmarks", "results"))
+    if args.toy and (not args.json or os.path.abspath(args.json).startswith(results + os.sep)):
+        p.error("--toy needs its own --json outside benchmarks/results: its numbers must not sit beside the real ones")
+    if args.json and os.path.exists(args.json) and not args.force:
+        p.error(f"{args.json} exists: pass --force to replace it")
+    return args
+
+
+def load(args):
+    """(checkpoint, data, sentences, gold labels, ONNX folder) of the toy or the real setup."""
+    if args.toy:
+        ckpt, data, sentences, gold = toy_model(args.work)
+        if args.examples:
+            sentences, gold = sentences[: args.examples], gold[: args.examples]
+        return ckpt, data, sentences, gold, os.path.join(args.work, "serve_speed_toy", "onnx")
+    import predict_speed
+
+    ckpt, data = predict_speed.trained_checkpoint(args)
+    sentences, gold = sst2_dev(args.examples)
+    return ckpt, data, sentences, gold, os.path.join(args.work, "serve_speed", "onnx")
+
+
+def setup_record(args, ckpt: str, folder: str, n: int) -> Dict:
+    import onnxruntime
+    import torch
+
+    return {"checkpoint": ckpt, "onnx": folder, "examples": n, "toy": args.toy, "policy": args.policy,
+            "threshold": args.threshold, "threshold_source": args.threshold_source,
+            "batch_sizes": [1, args.batch_size], "repeats": args.repeats, "threads": args.threads,
+            "cpus": os.cpu_count(), "load_average": os.getloadavg()[0], "torch": torch.__version__,
+            "onnxruntime": onnxruntime.__version__}
+
+
+def main(argv=None) -> Dict:
+    args = parse_args(argv)
+    import torch
+
+    from acl_fairseq.inference import hub as hub_mod
+
+    torch.set_num_threads(args.threads)
+    ckpt, data, sentences, gold, folder = load(args)
+    hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(ckpt)), os.path.basename(ckpt),
+                                  os.path.abspath(data)).eval()
+    if hub.regression:
+        sys.exit("serve_speed: the checkpoint has a regression head; it measures accuracy, so give a classifier")
+    folder = exported(hub, ckpt, folder)
+    systems = make_systems(hub, folder, args.policy, args.threshold, args.threads)
+    by_name = {s.name: s for s in systems}
+    for b in (1, args.batch_size):
+        G.log(f"timing: batch {b}, {len(sentences)} sentences, {args.repeats} repeats of {len(systems)} systems")
+        measure(systems, sentences, b, args.repeats)
+    rows = [row_of(s, by_name, b, gold, hub.num_layers) for b in (1, args.batch_size) for s in systems]
+    rss = {} if args.no_rss else _serve_child.peak_rss(ckpt, data, folder, sentences, args.policy, args.threshold,
+                                                        args.batch_size, args.threads)
+    for row in rows:
+        rec = rss.get(row["engine"])
+        row["peak_rss_mb"] = rec["peak_rss_mb"] if rec else None
+        row["rss_vs_torch"] = rec["peak_rss_mb"] / rss["torch"]["peak_rss_mb"] if rec else None
+    found = targets(rows, args.batch_size)
+    result = {"benchmark": "serve_speed", "setup": setup_record(args, ckpt, folder, len(sentences)),
+              "rows": rows, "rss": {k: {f: v for f, v in r.items() if f != "labels"} for k, r in rss.items()},
+              "targets": found}
+    print(f"# serve_speed: {len(sentences)} sentences of {'the toy task' if args.toy else 'SST-2 dev'}, policy "
+          f"{args.policy} {args.threshold}, threads={args.threads}, repeats={args.repeats}, checkpoint {ckpt}")
+    note = common.load_note()
+    if note:
+        print(note)
+    common.print_table(rows, COLUMNS, FORMATS)
+    print_targets(found)
+    if args.json:
+        R.write_atomic(args.json, json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    common.quiet()
+    main()
