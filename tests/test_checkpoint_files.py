@@ -59,6 +59,7 @@ def _one_line_exit_2(proc, path):
     assert path in err and "Fix:" in err
 
 
+@pytest.mark.slow  # each tool in a subprocess (make test-slow, CI)
 @pytest.mark.parametrize("tool", ["evaluate", "predict"])
 def test_tools_refuse_an_empty_or_cut_short_checkpoint_in_one_line(tmp_path, data, tool):
     env = dict(os.environ, PYTHONPATH=helpers.REPO, PYTHONWARNINGS="ignore")

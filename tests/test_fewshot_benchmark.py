@@ -41,6 +41,7 @@ def write_sst2(folder):
                 f.write(f"{text}\t{label}\n")
 
 
+@pytest.mark.slow  # a benchmark end to end (make test-slow, CI)
 def test_fewshot_benchmark_toy_end_to_end(tmp_path):
     write_tiny_bert(str(tmp_path / "hf"))
     convert_hf.convert(str(tmp_path / "hf"), str(tmp_path / "enc"))

@@ -8,6 +8,7 @@ import pytest
 import grad_conflict
 
 
+@pytest.mark.slow  # a benchmark end to end (make test-slow, CI)
 def test_toy_pilot_measures_every_pair_and_scope_and_rebuilds_from_its_records(tmp_path, capsys):
     work, results = str(tmp_path / "work"), str(tmp_path / "results")
     assert grad_conflict.main(["--toy", "--runs", "scl", "--work", work, "--results", results]) == 0
@@ -39,6 +40,7 @@ def test_toy_mode_needs_its_own_results_folder():
         grad_conflict.main(["--toy"])
 
 
+@pytest.mark.slow  # a benchmark end to end (make test-slow, CI)
 def test_measure_every_n_updates_trains_the_same_schedule_and_measures_every_nth(tmp_path):
     results = str(tmp_path / "results")
     assert grad_conflict.main(["--toy", "--runs", "acl_embed", "--measure-every", "3", "--work", str(tmp_path / "w"),

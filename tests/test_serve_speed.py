@@ -7,6 +7,8 @@ import pytest
 
 import serve_speed
 
+pytestmark = pytest.mark.slow  # the whole toy benchmark once per module (make test-slow, CI)
+
 SYSTEMS = [f"{e} {m}" for e in serve_speed.ENGINES for m in serve_speed.MODES]
 FIELDS = {"system", "engine", "mode", "batch", "p50_ms", "p95_ms", "tok_ms", "sent_per_s", "e2e_sent_per_s",
           "accuracy", "agreement_with_torch", "mean_exit_layer", "layer_speedup", "wall_speedup", "efficiency",
