@@ -173,18 +173,21 @@ def plot(results: Dict[str, dict], steps: Dict[str, List[dict]], path: str) -> N
     """One panel per run: histograms of the params-scope angle of each pair, with 90 degrees marked."""
     import logging
 
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's import left the root logger at DEBUG
     import matplotlib
 
     matplotlib.use("Agg")
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's import left the root logger at DEBUG
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(steps), figsize=(5.5 * len(steps), 3.8), squeeze=False)
     for ax, (run, run_steps) in zip(axes[0], steps.items()):
-        for pair in PAIRS:
-            angles = [math.degrees(math.acos(max(-1.0, min(1.0, s[pair]["params"])))) for s in run_steps]
+        by_pair = {pair: [math.degrees(math.acos(max(-1.0, min(1.0, s[pair]["params"])))) for s in run_steps]
+                   for pair in PAIRS}
+        every = [a for angles in by_pair.values() for a in angles]
+        low, high = 2 * math.floor(min(every + [90.0]) / 2) - 2, 2 * math.ceil(max(every + [90.0]) / 2) + 2
+        for pair, angles in by_pair.items():  # 2-degree bins over the range the angles span (90 included)
             stats = results[run][pair]["params"]["all"]
-            ax.hist(angles, bins=36, range=(0, 180), alpha=0.55,
+            ax.hist(angles, bins=int(high - low) // 2, range=(low, high), alpha=0.55,
                     label=f"{pair}: median {stats['angle_median']:.1f}°, {100 * stats['frac_conflict']:.0f}% > 90°")
         ax.axvline(90, color="k", lw=0.8, ls="--")
         ax.set_title(f"trained with {run}: angle(g_CE, g_aux), all parameters")
