@@ -105,3 +105,9 @@ def test_the_task_writes_each_epochs_per_update_cosines_as_a_tensorboard_histogr
     assert [h[0] for h in hist] == [1, 2] and all(h[1] == 6 for h in hist)  # 48 examples / batch 8, per epoch
     for (_, num, total, low, high), mean in zip(hist, scalars):
         assert -1 <= low <= high <= 1 and abs(total / num - mean) < 1e-3
+
+
+def test_acl_grads_help_says_why_its_rule_rarely_fires_and_where_it_can():
+    proc = helpers.run_tool("acl-help", ["--criterion", "acl_grad"])
+    text = " ".join(proc.stdout.split())
+    assert "the rule rarely fires" in text and "benchmarks/grad_conflict.py" in text and "--scl-grad" in text
