@@ -14,9 +14,10 @@ RESULTS/quality.md (mean ± std over seeds) and the early-exit overlay from the 
 runs of every machine and session whose records are committed.
 
 Methods: single exit ``ce scl acl_embed acl_grad`` (multi_exit_roberta with only the last layer as an exit) on
-RTE, CoLA and SST-2, and multi-exit ``multi_exit_ce acl_cross_layer`` (an exit after every layer; the driver then
-runs acl-evaluate: per-exit metrics and the early-exit curve) on the tasks of ``--multi-exit-tasks`` (default
-SST-2 only). STS-B (regression) runs ``ce`` only. Method hyperparameters: recipes/glue/methods.tsv.
+RTE, CoLA and SST-2, and by name ``scl_grad`` (CE+SCL with --scl-grad, paired with ``scl`` by seed), and
+multi-exit ``multi_exit_ce acl_cross_layer`` (an exit after every layer; the driver then runs acl-evaluate:
+per-exit metrics and the early-exit curve) on the tasks of ``--multi-exit-tasks`` (default SST-2 only).
+STS-B (regression) runs ``ce`` only. Method hyperparameters: recipes/glue/methods.tsv.
 
 Schedule and pooling per task: recipes/glue/converted.tsv, the converted-encoder recipe table, with its reasons
 (batch, epochs, lr, pooling, a seeded training subset; warm-up the driver's 6 %, one validation per epoch on the
@@ -31,7 +32,6 @@ import json
 import math
 import os
 import random
-import re
 import statistics
 import sys
 import tempfile
@@ -40,6 +40,16 @@ from typing import Dict, Optional, Tuple
 
 import _glue_runs as G
 import _records as R
+from _quality_tables import (
+    TASKS,
+    _cell,
+    cost_markdown,
+    gate_markdown,
+    gate_pairs,
+    legacy_markdown,
+    restored_markdown,
+    training_minutes,
+)
 from acl_fairseq.cli.tables import read_tsv
 
 SINGLE = ["ce", "scl", "acl_embed", "acl_grad"]
@@ -47,7 +57,8 @@ SINGLE = ["ce", "scl", "acl_embed", "acl_grad"]
 # and the cross-layer term alone (acl_cross_layer with --acl-weight 0)
 MULTI = ["multi_exit_ce", "acl_cross_layer", "multi_exit_kd", "acl_cross_layer_cl_only"]
 DEFAULT_METHODS = SINGLE + MULTI[:2]  # what a plain run trains; the two multi-exit baselines are asked for by name
-TASKS = ["RTE", "CoLA", "SST-2", "STS-B"]
+# CE+SCL with ACL-Grad's rule (--scl-grad), set against scl paired by seed: the gate on a loss it can bite
+GATED = {"scl_grad": "scl"}
 CONVERTED_TABLE = os.path.join(G.REPO, "recipes", "glue", "converted.tsv")
 TRAIN_SIZES = {"RTE": 2490, "CoLA": 8551, "SST-2": 67349, "STS-B": 5749}
 SUBSET_SEED = 1  # the SST-2 training subset is the same for every run
@@ -113,41 +124,7 @@ def methods_for(task, methods, multi_exit_tasks=("SST-2",)):
     on the multi-exit tasks."""
     if task == "STS-B":
         return [m for m in methods if m == "ce"]
-    return [m for m in methods if m in SINGLE or task in multi_exit_tasks]
-
-
-DONE_RE = re.compile(r"done training in ([0-9.]+) seconds")
-
-
-def training_minutes(runs_dir: str) -> dict:
-    """task -> method -> [minutes of each finished run], read from fairseq's "done training in N seconds" line in
-    RUNS_DIR/TASK/METHOD/seedS/train.log (runs without that line are left out)."""
-    out = {}
-    for log_path in sorted(glob.glob(os.path.join(runs_dir, "*", "*", "seed*", "train.log"))):
-        task, method = log_path.split(os.sep)[-4:-2]
-        with open(log_path, encoding="utf-8", errors="replace") as f:
-            found = DONE_RE.findall(f.read())
-        if found:
-            out.setdefault(task, {}).setdefault(method, []).append(float(found[-1]) / 60)
-    return out
-
-
-def cost_markdown(minutes: dict, tasks=TASKS) -> str:
-    """The measured cost: median training minutes per run (task x method) and their sum, one seed's cost."""
-    rows, total = [], 0.0
-    for task in [t for t in tasks if t in minutes]:
-        for method, values in minutes[task].items():
-            med = statistics.median(values)
-            total += med
-            rows.append(f"| {task} | {method} | {med:.0f} | {min(values):.0f}-{max(values):.0f} | {len(values)} |")
-    if not rows:
-        return ""
-    return ("\nMeasured training time per run (wall minutes, fairseq's \"done training in\"; they depend on what ran "
-            "beside them: these ran two at a time on 2 cores, one thread each, so the cores take about half the "
-            "sum):\n\n"
-            "| task | method | median | range | runs |\n|---|---|---|---|---|\n" + "\n".join(rows)
-            + f"\n\nOne seed of the runs above: {total:.0f} run-minutes, "
-            f"about {total / 2 / 60:.1f} hours on 2 cores.\n")
+    return [m for m in methods if m in SINGLE or m in GATED or task in multi_exit_tasks]
 
 
 def exit_metrics(run_dir: str) -> dict:
@@ -164,15 +141,6 @@ def early_exit_result(run_dir: str) -> dict:
         return {}
     with open(rel if os.path.isabs(rel) else os.path.join(run_dir, rel)) as f:
         return json.load(f)
-
-
-def _cell(values) -> str:
-    """Mean ± std of the values a curve reached; ``(n=k)`` when fewer seeds than the row's reached it."""
-    reached = [v for v in values if v is not None]
-    if not reached:
-        return "-"
-    cell = f"{statistics.mean(reached):.2f}" + (f" ± {statistics.stdev(reached):.2f}" if len(reached) > 1 else "")
-    return cell + (f" (n={len(reached)})" if len(reached) < len(values) else "")
 
 
 def speedup_profiles(runs_dir: str, task: str, methods=MULTI) -> Dict[str, Dict[int, dict]]:
@@ -244,31 +212,6 @@ def paired_exit_markdown(runs_dir: str, task: str, method: str = "acl_cross_laye
             "| ahead | " + " | ".join(f"{sum(x > 0 for x in d)} of {len(d)}" for d in diffs.values()) + " |\n")
 
 
-def legacy_markdown(runs_dir: str) -> str:
-    """Which rows come from runs trained before converted checkpoints carried their conventions record (pairs
-    with fairseq's double separator, no segment embedding, head dropout 0), if any."""
-    old = sorted({"/".join(p.split(os.sep)[-4:-2])
-                  for p in glob.glob(os.path.join(runs_dir, "*", "*", "seed*", "command.sh"))
-                  if not G.trained_setting(os.path.dirname(p))["conventions"]})
-    if not old:
-        return ""
-    return ("\nRows trained before the conventions record (no segment embedding, head dropout 0; pairs with fairseq's "
-            "double separator): " + ", ".join(old) + ".\n")
-
-
-def restored_markdown(runs_dir: str) -> str:
-    """Which runs are records restored from a committed table (their folders lost): values only, no training
-    time."""
-    restored = {}
-    for path in sorted(glob.glob(os.path.join(runs_dir, "*", "*", "seed*", "result.json"))):
-        res = R.load(os.path.dirname(path))
-        if res.get("restored_from"):
-            restored.setdefault(res["restored_from"], []).append("/".join(path.split(os.sep)[-4:-1]))
-    return "".join(f"\nRestored from {src} (their run folders were lost): {', '.join(runs)}. Values only: without "
-                   f"their training logs they are not in the training time below (`git show {src.split()[-1]}:"
-                   f"{src.split()[0].replace('.json', '.md')}` has it).\n" for src, runs in restored.items())
-
-
 def binarize(task: str, work: str, enc: G.Encoder) -> str:
     out = os.path.join(work, "data", "quality", f"{task}-bin")
     if os.path.isfile(os.path.join(out, "stats.json")):
@@ -291,7 +234,7 @@ def binarize(task: str, work: str, enc: G.Encoder) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", nargs="+", default=TASKS, choices=TASKS)
-    p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=SINGLE + MULTI,
+    p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=SINGLE + list(GATED) + MULTI,
                    help="methods to run (default: %(default)s)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--multi-exit-tasks", nargs="+", default=["SST-2"], choices=[t for t in TASKS if t != "STS-B"],
@@ -341,9 +284,11 @@ def main(argv=None) -> int:
                 + legacy_markdown(runs_dir) + restored_markdown(runs_dir)
                 + "".join(paired_exit_markdown(runs_dir, t) + speedup_markdown(runs_dir, t)
                           for t in args.multi_exit_tasks)
-                + cost_markdown(training_minutes(runs_dir)))
+                + gate_markdown(gate_pairs(runs_dir, args.tasks, GATED)) + cost_markdown(training_minutes(runs_dir)))
     R.write_atomic(os.path.join(args.results, "quality_speedup.json"), json.dumps(
         {t: speedup_profiles(runs_dir, t) for t in args.multi_exit_tasks}, indent=1, sort_keys=True) + "\n")
+    R.write_atomic(os.path.join(args.results, "quality_gate.json"),
+                   json.dumps(gate_pairs(runs_dir, args.tasks, GATED), indent=1, sort_keys=True) + "\n")
     print(open(md).read())
     return 0
 

@@ -93,15 +93,16 @@ def test_early_exit_latency_other_policies(tmp_path):
 
 def test_quality_plan_runs_each_method_where_it_applies():
     import quality
-    every = quality.SINGLE + quality.MULTI
+    every = quality.SINGLE + list(quality.GATED) + quality.MULTI
     assert quality.methods_for("STS-B", every) == ["ce"]  # regression: no contrastive or multi-exit runs
-    assert quality.methods_for("RTE", every) == quality.SINGLE
+    assert quality.methods_for("RTE", every) == quality.SINGLE + ["scl_grad"]  # the gated SCL runs where SCL does
     assert quality.methods_for("SST-2", every) == every  # the early-exit task
     assert quality.methods_for("RTE", every, multi_exit_tasks=("RTE",)) == every
     assert quality.methods_for("CoLA", ["acl_cross_layer"]) == []
-    # per seed by default: RTE 4, CoLA 4, SST-2 6, STS-B 1 (the cost the docstring states); every method: SST-2 8
+    # per seed by default: RTE 4, CoLA 4, SST-2 6, STS-B 1 (the cost the docstring states); every method: RTE 5,
+    # CoLA 5, SST-2 9, STS-B 1
     assert sum(len(quality.methods_for(t, quality.DEFAULT_METHODS)) for t in quality.TASKS) == 15
-    assert sum(len(quality.methods_for(t, every)) for t in quality.TASKS) == 17
+    assert sum(len(quality.methods_for(t, every)) for t in quality.TASKS) == 20
 
 
 def test_quality_schedule_is_the_converted_table_and_a_stale_run_stops_it(tmp_path):

@@ -1,4 +1,5 @@
-"""benchmarks/quality.py: multi-exit methods compared at fixed layer speed-ups, paired by seed."""
+"""benchmarks/quality.py: multi-exit methods compared at fixed layer speed-ups, and the gated SCL against SCL,
+paired by seed."""
 import json
 
 import quality
@@ -34,3 +35,31 @@ def test_speedup_table_and_paired_differences(tmp_path):
     assert "| acl_cross_layer | 2 | 87.10 ± 0.32 | 83.67 (n=1) | - |" in md  # 86.875 and 87.33; 83.67
     acl_row = next(line for line in md.splitlines() if line.startswith("| acl_cross_layer − multi_exit_ce"))
     assert acl_row.count("| - ") == 2  # 3x and the area: no curve reaches them
+
+
+def fake_gated(root, task, method, seed, value, epochs=()):
+    """A single-exit run with its best value and, for a gated one, fairseq's per-epoch train stats."""
+    run = root / task / method / f"seed{seed}"
+    run.mkdir(parents=True)
+    (run / "result.json").write_text(json.dumps({"best_metric": "mcc", "best_value": value}))
+    lines = [f'2026-01-01 | INFO | train | {{"epoch": {i + 1}, "train_loss": "1.2", "train_grad_cos": "{c}", '
+             f'"train_conflict_rate": "{r}", "train_num_updates": "{10 * (i + 1)}"}}' for i, (c, r) in enumerate(epochs)]
+    (run / "train.log").write_text("\n".join(["2026-01-01 | INFO | valid | {\"epoch\": 1}"] + lines) + "\n")
+
+
+def test_gated_scl_is_paired_with_scl_by_seed_with_its_drop_rate(tmp_path):
+    for seed, base, gated in ((1, 40.0, 41.5), (2, 42.0, 41.0), (3, 44.0, 45.0)):
+        fake_gated(tmp_path, "CoLA", "scl", seed, base)
+        fake_gated(tmp_path, "CoLA", "scl_grad", seed, gated, epochs=[(0.02, 0.5), (0.1, 0.3), (0.2, 0.1)])
+    fake_gated(tmp_path, "RTE", "scl_grad", 1, 55.0, epochs=[(0.0, 0.4)])  # no ungated run: nothing to pair
+    pairs = quality.gate_pairs(str(tmp_path), ["RTE", "CoLA"], quality.GATED)
+    assert list(pairs) == ["CoLA"]
+    p = pairs["CoLA"]["scl_grad"]
+    assert p["seeds"] == [1, 2, 3] and p["base"] == [40.0, 42.0, 44.0] and p["gated"] == [41.5, 41.0, 45.0]
+    assert p["conflict_rate"] == [0.3, 0.3, 0.3] and p["grad_cos"][0] == [0.02, 0.2]
+    md = quality.gate_markdown(pairs)
+    row = next(line for line in md.splitlines() if line.startswith("| CoLA |"))
+    # differences +1.5, -1.0, +1.0: mean +0.50, two of three seeds ahead; 30% of updates dropped in each seed
+    assert "| scl_grad − scl | mcc | 1, 2, 3 | 42.00 ± 2.00 | 42.50 ± 2.18 | +0.50 ± 1.32 (2/3 ahead) |" in row
+    assert row.endswith("| 30%, 30%, 30% | 0.02→0.20, 0.02→0.20, 0.02→0.20 |")
+    assert quality.gate_markdown({}) == ""
