@@ -179,7 +179,8 @@ def plot(results: Dict[str, dict], steps: Dict[str, List[dict]], path: str) -> N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(steps), figsize=(5.5 * len(steps), 3.8), squeeze=False)
+    # one angle axis for every run, so that the panels compare at a glance
+    fig, axes = plt.subplots(1, len(steps), figsize=(5.5 * len(steps), 3.8), squeeze=False, sharex=True)
     for ax, (run, run_steps) in zip(axes[0], steps.items()):
         by_pair = {pair: [math.degrees(math.acos(max(-1.0, min(1.0, s[pair]["params"])))) for s in run_steps]
                    for pair in PAIRS}
@@ -190,7 +191,7 @@ def plot(results: Dict[str, dict], steps: Dict[str, List[dict]], path: str) -> N
             ax.hist(angles, bins=int(high - low) // 2, range=(low, high), alpha=0.55,
                     label=f"{pair}: median {stats['angle_median']:.1f}°, {100 * stats['frac_conflict']:.0f}% > 90°")
         ax.axvline(90, color="k", lw=0.8, ls="--")
-        ax.set_title(f"trained with {run}: angle(g_CE, g_aux), all parameters")
+        ax.set_title(f"trained with {run}: angle to g_CE, all parameters", fontsize=10)
         ax.set_xlabel("angle (degrees)")
         ax.set_ylabel("batches")
         ax.legend(fontsize=7)
