@@ -102,7 +102,7 @@ def gate_markdown(pairs: Dict[str, Dict[str, dict]]) -> str:
         for gated, p in by_method.items():
             d = [g - b for g, b in zip(p["gated"], p["base"])]
             sd = f" ± {statistics.stdev(d):.2f}" if len(d) > 1 else ""
-            rates = [f"{100 * r:.0f}%" if r is not None else "?" for r in p["conflict_rate"]]
+            rates = [f"{100 * r:.1f}%" if r is not None else "?" for r in p["conflict_rate"]]
             cos = [f"{c[0]:.2f}→{c[1]:.2f}" if c else "?" for c in p["grad_cos"]]
             seeds = ", ".join(map(str, p["seeds"]))
             rows.append(f"| {task} | {gated} − {p['base_method']} | {p['metric']} | {seeds} | {_cell(p['base'])} | "

@@ -61,5 +61,5 @@ def test_gated_scl_is_paired_with_scl_by_seed_with_its_drop_rate(tmp_path):
     row = next(line for line in md.splitlines() if line.startswith("| CoLA |"))
     # differences +1.5, -1.0, +1.0: mean +0.50, two of three seeds ahead; 30% of updates dropped in each seed
     assert "| scl_grad − scl | mcc | 1, 2, 3 | 42.00 ± 2.00 | 42.50 ± 2.18 | +0.50 ± 1.32 (2/3 ahead) |" in row
-    assert row.endswith("| 30%, 30%, 30% | 0.02→0.20, 0.02→0.20, 0.02→0.20 |")
+    assert row.endswith("| 30.0%, 30.0%, 30.0% | 0.02→0.20, 0.02→0.20, 0.02→0.20 |")
     assert quality.gate_markdown({}) == ""
