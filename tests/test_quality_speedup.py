@@ -43,7 +43,8 @@ def fake_gated(root, task, method, seed, value, epochs=()):
     run.mkdir(parents=True)
     (run / "result.json").write_text(json.dumps({"best_metric": "mcc", "best_value": value}))
     lines = [f'2026-01-01 | INFO | train | {{"epoch": {i + 1}, "train_loss": "1.2", "train_grad_cos": "{c}", '
-             f'"train_conflict_rate": "{r}", "train_num_updates": "{10 * (i + 1)}"}}' for i, (c, r) in enumerate(epochs)]
+             f'"train_conflict_rate": "{r}", "train_num_updates": "{10 * (i + 1)}"}}'
+             for i, (c, r) in enumerate(epochs)]
     (run / "train.log").write_text("\n".join(["2026-01-01 | INFO | valid | {\"epoch\": 1}"] + lines) + "\n")
 
 
