@@ -1,7 +1,6 @@
 """The tables of benchmarks/quality.py that read run records only: training time, restored and legacy rows, and
 the gated methods against their base paired by seed (the ACL-Grad rule on SCL)."""
 import glob
-import json
 import os
 import re
 import statistics
@@ -56,20 +55,12 @@ def _cell(values) -> str:
     return cell + (f" (n={len(reached)})" if len(reached) < len(values) else "")
 
 
-TRAIN_STATS_RE = re.compile(r"\| train \| (\{.*\})")
-
-
 def gate_log(run_dir: str) -> dict:
     """Per epoch of a gated run (fairseq's train.log): ``conflict_rate``, the share of updates whose auxiliary term
     the gate dropped, and ``grad_cos``, the mean cosine of the two gradients."""
-    out = {"conflict_rate": [], "grad_cos": []}
-    with open(os.path.join(run_dir, "train.log"), encoding="utf-8", errors="replace") as f:
-        for m in TRAIN_STATS_RE.finditer(f.read()):
-            stats = json.loads(m.group(1))
-            if "train_conflict_rate" in stats:
-                out["conflict_rate"].append(float(stats["train_conflict_rate"]))
-                out["grad_cos"].append(float(stats["train_grad_cos"]))
-    return out
+    stats = [st for st in R.epoch_stats(os.path.join(run_dir, "train.log")) if "train_conflict_rate" in st]
+    return {"conflict_rate": [float(st["train_conflict_rate"]) for st in stats],
+            "grad_cos": [float(st["train_grad_cos"]) for st in stats]}
 
 
 def gate_pairs(runs_dir: str, tasks, gated_methods: Dict[str, str]) -> Dict[str, Dict[str, dict]]:

@@ -23,13 +23,20 @@ import os
 import re
 import shutil
 import sys
-from typing import Callable, Iterator, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 KEPT_FILES = ("command.sh", "git_head.txt", "result.json")
 # The file that makes a run finished: the driver's result.json, unless a benchmark adds a step after training
 # (fewshot.py scores the test half and writes fewshot_result.json); every function below takes its name.
 RESULT = "result.json"
 LOG_LINES = re.compile(r"\| (train|valid) \||Loaded checkpoint|done training in")
+
+
+def epoch_stats(log_path: str, kind: str = "train") -> List[dict]:
+    """fairseq's per-epoch ``| train |`` (or ``| valid |``) statistics in a train.log, in order."""
+    marker = f"| {kind} |"
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        return [json.loads(line[line.index("{"):]) for line in f if marker in line and "{" in line]
 
 
 def records_root(results: str) -> str:

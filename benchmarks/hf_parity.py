@@ -149,13 +149,9 @@ def _switched_plugin_run(args, enc, task, seed, lr, pooling, root):
 def _fairseq_samples_per_s(log_path: str, n_train: int) -> Optional[float]:
     """Examples per second of training: fairseq's per-epoch train_wall (logged as train_train_wall; the
     train_wall beside it is the run's cumulative wall-clock)."""
-    walls = []
     if not os.path.isfile(log_path):  # a record restored from a table
         return None
-    with open(log_path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if '"train_train_wall"' in line and "| train |" in line:
-                walls.append(float(json.loads(line[line.index("{"):])["train_train_wall"]))
+    walls = [float(st["train_train_wall"]) for st in R.epoch_stats(log_path) if "train_train_wall" in st]
     return n_train * len(walls) / sum(walls) if walls and sum(walls) > 0 else None
 
 
