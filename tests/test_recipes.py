@@ -1,26 +1,21 @@
-"""The GLUE recipes (recipes/glue/*.sh), their tables and the results collector.
+"""The GLUE recipes (recipes/glue/*.sh) and their tables: the ``fairseq-train`` command a ``--dry-run`` prints
+for every task and method, and the checks that refuse bad settings before training.
 
-Most checks run the driver with ``--dry-run`` and read the ``fairseq-train`` command it prints, or run it
-for real with stub ``fairseq-train`` / ``acl-evaluate`` executables (seconds, no training). One test runs
-a recipe for real end to end on the toy task with a tiny multi-exit model.
+Runs of the driver with stub executables are in test_recipe_runs.py, the results collector in
+test_collect_results.py.
 """
-import importlib.util
 import json
 import os
 import shlex
 import shutil
-import stat
 import subprocess
 import sys
 
 import pytest
 
-import helpers
 from acl_fairseq.conventions import SEPARATOR_FLAG
+from recipe_helpers import GLUE, RECIPES, REPO, fake_data, flag, recipe_env, run, train_argv, write_exe
 
-REPO = helpers.REPO
-RECIPES = os.path.join(REPO, "recipes")
-GLUE = os.path.join(RECIPES, "glue")
 TASKS = ["CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI", "QNLI", "RTE", "WNLI"]
 METHODS = ["ce", "scl", "acl_embed", "acl_grad", "acl_cross_layer", "multi_exit_ce", "multi_exit_scl", "multi_exit_kd",
            "acl_cross_layer_cl_only"]
@@ -43,14 +38,6 @@ FAIRSEQ = {
     "STS-B": (1, "2e-05", 16, 3598, 214, "pearson"),
     "WNLI": (2, "1e-05", 16, 397, 24, "accuracy"),
 }
-# settings of the driver that must not leak in from the developer's shell
-RECIPE_ENV = [
-    "SEED", "MODEL", "MODEL_DIR", "ROBERTA_PATH", "RESTORE", "ARCH", "MODEL_ARGS", "EXIT_LAYERS", "EXIT_POOLING",
-    "DATA_ROOT", "DATA_BIN", "OUT_ROOT", "MAX_EPOCH", "TOTAL_UPDATES", "WARMUP_UPDATES", "MAX_POSITIONS",
-    "MAX_TOKENS", "LOG_INTERVAL", "DEVICE", "FP16", "NUM_GPUS", "EVAL_ARGS", "PREDICT_TEST", "FORCE", "DOWNLOAD",
-    "DRY_RUN", "FRESH", "FAIRSEQ_TRAIN", "ACL_EVALUATE", "PYTHON", "TASKS", "METHODS", "SEEDS", "KEEP_GOING", "COLLECT",
-    "HPARAMS_TABLE", "METHODS_TABLE",
-]
 
 
 def all_scripts():
@@ -62,61 +49,7 @@ def all_scripts():
 
 @pytest.fixture
 def env(tmp_path):
-    """Environment for a recipe run: outputs in tmp, a (fake) pretrained checkpoint, CPU, this venv first."""
-    ckpt = tmp_path / "roberta.base" / "model.pt"
-    ckpt.parent.mkdir()
-    ckpt.write_bytes(b"not really a checkpoint")
-    e = {k: v for k, v in os.environ.items() if k not in RECIPE_ENV}
-    e.update(
-        PATH=os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", ""),
-        OUT_ROOT=str(tmp_path / "out"),
-        DATA_ROOT=str(tmp_path / "data-bin"),
-        MODEL_DIR=str(tmp_path / "models"),
-        ROBERTA_PATH=str(ckpt),
-        DEVICE="cpu",
-        PYTHON=sys.executable,
-        PYTHONWARNINGS="ignore",
-        OMP_NUM_THREADS="1",
-    )
-    return e
-
-
-def run(script, *args, env, cwd=None):
-    return subprocess.run(
-        [os.path.join(GLUE, script), *args], capture_output=True, text=True, env=env, cwd=cwd or REPO
-    )
-
-
-def train_argv(stdout):
-    """The fairseq-train argument list a dry run printed (without the `2>&1 | tee` part)."""
-    lines = [ln for ln in stdout.splitlines() if ln.startswith("fairseq-train ")]
-    assert len(lines) == 1, stdout
-    argv = shlex.split(lines[0])
-    return argv[: argv.index("2>&1")]
-
-
-def flag(argv, name):
-    """The value of the last occurrence of ``name`` (argparse keeps the last one)."""
-    idx = [i for i, a in enumerate(argv) if a == name]
-    assert idx, f"{name} not in {argv}"
-    return argv[idx[-1] + 1]
-
-
-def fake_data(path, task="SST-2", subsets=("valid",), regression=False):
-    """The files the driver checks for (contents do not matter to the checks)."""
-    for sub in ("input0", "label"):
-        os.makedirs(os.path.join(path, sub), exist_ok=True)
-    for name in ["dict.txt", "train.idx"] + [f"{s}.idx" for s in subsets]:
-        open(os.path.join(path, "input0", name), "w").close()
-    open(os.path.join(path, "label", "train.label" if regression else "dict.txt"), "w").close()
-    return str(path)
-
-
-def write_exe(path, text):
-    with open(path, "w") as f:
-        f.write(text)
-    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
-    return str(path)
+    return recipe_env(tmp_path)
 
 
 # ---- syntax and lint -------------------------------------------------------------------------------
@@ -432,298 +365,3 @@ def test_missing_checkpoint_is_refused_before_training(how, env, stub_trainer, t
     assert proc.returncode == 1
     assert "checkpoint not found" in proc.stderr and "random weights" in proc.stderr
     assert not marker.exists()
-
-
-# ---- a real run of the driver with stub executables -----------------------------------------------
-
-# the two `echo` lines are fairseq's one-line JSON log records, kept verbatim (hence the noqa: E501 below)
-FAKE_TRAIN = r"""#!/usr/bin/env bash
-# fake fairseq-train: writes the checkpoint and fairseq's json log lines for 3 epochs
-save=""; prev=""
-for a in "$@"; do [[ "$prev" == --save-dir ]] && save="$a"; prev="$a"; done
-echo "$*" > "$save/argv.txt"
-echo "2026-01-01 00:00:00 | INFO | fairseq.trainer | Loaded checkpoint x.pt (epoch 1 @ 0 updates)"
-echo '2026-01-01 00:00:01 | INFO | train_inner | {"epoch": 1, "update": 0.5, "loss": "0.9", "accuracy": "20"}'
-i=0
-for acc in 70.5 80.25 80.25; do
-  i=$((i + 1))
-  echo "2026-01-01 00:00:02 | INFO | valid | {\"epoch\": $i, \"valid_loss\": \"0.$i\", \"valid_accuracy\": \"$acc\", \"valid_wps\": \"99\", \"valid_num_updates\": \"$((i * 10))\", \"valid_best_accuracy\": \"$acc\"}"
-  echo "2026-01-01 00:00:02 | INFO | valid1 | {\"epoch\": $i, \"valid1_loss\": \"0.$i\", \"valid1_accuracy\": \"6$i\", \"valid1_num_updates\": \"$((i * 10))\"}"
-done
-touch "$save/checkpoint_best.pt" "$save/checkpoint_last.pt"
-"""  # noqa: E501
-
-FAKE_EVALUATE = r"""#!/usr/bin/env bash
-# fake acl-evaluate: writes OUT_DIR/early_exit.json
-out=""; prev=""
-for a in "$@"; do [[ "$prev" == --out-dir ]] && out="$a"; prev="$a"; done
-mkdir -p "$out"
-echo '{"task": "MNLI", "num_layers": 12, "per_exit": [], "settings": []}' > "$out/early_exit.json"
-"""
-
-
-def test_driver_run_writes_command_log_and_result(env, tmp_path):
-    env.update(
-        FAIRSEQ_TRAIN=write_exe(tmp_path / "fake-train", FAKE_TRAIN),
-        ACL_EVALUATE=write_exe(tmp_path / "fake-evaluate", FAKE_EVALUATE),
-        DATA_BIN=fake_data(tmp_path / "mnli", subsets=("valid", "valid1")),
-        SEED="3",
-    )
-    proc = run("MNLI.sh", "multi_exit_ce", "--update-freq", "2", env=env)
-    assert proc.returncode == 0, proc.stderr
-    run_dir = os.path.join(env["OUT_ROOT"], "runs", "MNLI", "multi_exit_ce", "seed3")
-    with open(os.path.join(run_dir, "result.json")) as f:
-        result = json.load(f)
-    assert (result["task"], result["method"], result["seed"]) == ("MNLI", "multi_exit_ce", 3)
-    assert result["criterion"] == "sentence_ce" and result["arch"] == "multi_exit_roberta_base"
-    # the best of equal scores is the last one, as fairseq keeps it (`>=`): epoch 3, and valid1 of that update
-    assert result["best_metric"] == "accuracy" and result["best_value"] == 80.25
-    assert (result["best_epoch"], result["best_num_updates"], result["num_validations"]) == (3, 30, 3)
-    assert result["best_valid"] == {"valid": {"loss": 0.3, "accuracy": 80.25},
-                                    "valid1": {"loss": 0.3, "accuracy": 63.0}}
-    assert result["early_exit_json"] == "early_exit/early_exit.json"
-    assert result["early_exit_jsons"]["valid1"] == "early_exit_valid1/early_exit.json"
-    assert os.path.isfile(os.path.join(run_dir, "early_exit_valid1", "early_exit.json"))
-    # the exact command and the code version are kept with the run; the log is tee'd
-    with open(os.path.join(run_dir, "command.sh")) as f:
-        command = f.read()
-    assert "--update-freq 2" in command and "acl-evaluate" not in command and "fake-evaluate" in command
-    with open(os.path.join(run_dir, "argv.txt")) as f:
-        assert f.read().split()[-2:] == ["--update-freq", "2"]
-    with open(os.path.join(run_dir, "git_head.txt")) as f:
-        head = f.readline().strip()
-    git = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True)
-    assert head == (git.stdout.strip() if git.returncode == 0 else "unknown (not a git checkout)")
-    assert result["git_head"] == head
-    with open(os.path.join(run_dir, "train.log")) as f:
-        assert '"valid1_accuracy": "63"' in f.read()
-    assert "80.25" in proc.stderr  # the closing summary line
-
-    # a finished run is skipped on the next call, FORCE=1 runs it again
-    os.remove(os.path.join(run_dir, "argv.txt"))
-    again = run("MNLI.sh", "multi_exit_ce", env=env)
-    assert again.returncode == 0 and "skipping" in again.stderr
-    assert not os.path.exists(os.path.join(run_dir, "argv.txt"))
-    assert run("MNLI.sh", "multi_exit_ce", env=dict(env, FORCE="1")).returncode == 0
-    assert os.path.exists(os.path.join(run_dir, "argv.txt"))
-
-
-def test_a_killed_run_resumes_on_the_same_call(env, tmp_path):
-    """kill -9 mid-run, then the same recipe call: fairseq-train restores the run's checkpoint_last.pt with
-    nothing reset, the log keeps both parts, and the run finishes."""
-    marker = tmp_path / "killed_once"
-    killed = FAKE_TRAIN.replace("echo \"$*\" > \"$save/argv.txt\"\n", f"""echo "$*" > "$save/argv.txt"
-if [[ ! -f {marker} ]]; then
-  touch {marker} "$save/checkpoint_last.pt"
-  echo "2026-01-01 00:00:00 | INFO | fairseq.trainer | Loaded checkpoint x.pt (epoch 1 @ 0 updates)"
-  echo "first part"
-  exit 137
-fi
-""", 1)
-    assert killed != FAKE_TRAIN
-    env.update(FAIRSEQ_TRAIN=write_exe(tmp_path / "fake-train", killed), DATA_BIN=fake_data(tmp_path / "rte"))
-    assert run("RTE.sh", "ce", env=env).returncode != 0
-    run_dir = os.path.join(env["OUT_ROOT"], "runs", "RTE", "ce", "seed1")
-    proc = run("RTE.sh", "ce", env=env)
-    assert proc.returncode == 0, proc.stderr
-    assert "resuming from " + os.path.join(run_dir, "checkpoint_last.pt") in proc.stderr
-    with open(os.path.join(run_dir, "argv.txt")) as f:
-        argv = f.read().split()
-    assert flag(argv, "--restore-file") == os.path.join(run_dir, "checkpoint_last.pt")
-    assert "--reset-optimizer" not in argv and "--reset-dataloader" not in argv and "--reset-meters" not in argv
-    with open(os.path.join(run_dir, "train.log")) as f:
-        log = f.read()
-    assert "first part" in log and '"valid_accuracy": "80.25"' in log
-    with open(os.path.join(run_dir, "command.sh")) as f:
-        command = f.read()
-    assert "# resumed" in command and f"--restore-file {env['ROBERTA_PATH']} --reset-optimizer" in command
-    assert os.path.isfile(os.path.join(run_dir, "result.json"))
-
-
-def test_driver_refuses_a_run_that_did_not_load_the_checkpoint(env, tmp_path):
-    no_load = FAKE_TRAIN.replace("Loaded checkpoint", "No existing checkpoint found")
-    env.update(FAIRSEQ_TRAIN=write_exe(tmp_path / "fake-train", no_load), DATA_BIN=fake_data(tmp_path / "rte"))
-    proc = run("RTE.sh", "ce", env=env)
-    assert proc.returncode == 1 and "Loaded checkpoint" in proc.stderr
-    assert not os.path.exists(os.path.join(env["OUT_ROOT"], "runs", "RTE", "ce", "seed1", "result.json"))
-
-
-# ---- sweep --------------------------------------------------------------------------------------------
-
-
-def test_sweep_dry_run_loops_and_skips_contrastive_sts_b(env):
-    env.update(TASKS="STS-B RTE", METHODS="ce scl", SEEDS="1 2")
-    proc = subprocess.run([os.path.join(GLUE, "sweep.sh"), "--dry-run", "--update-freq", "4"],
-                          capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr
-    runs = [train_argv(ln) for ln in proc.stdout.splitlines() if ln.startswith("fairseq-train ")]
-    got = sorted((a[1].rsplit("/", 1)[1], flag(a, "--criterion"), flag(a, "--seed")) for a in runs)
-    assert got == sorted([("STS-B-bin", "sentence_ce", s) for s in "12"] +
-                         [("RTE-bin", c, s) for c in ("sentence_ce", "sentence_scl") for s in "12"])
-    assert all(flag(a, "--update-freq") == "4" for a in runs)
-    assert "skipping STS-B / scl" in proc.stderr
-    bad = subprocess.run([os.path.join(GLUE, "sweep.sh")], capture_output=True, text=True,
-                         env=dict(env, METHODS="ce nope"))
-    assert bad.returncode == 2 and "unknown method 'nope'" in bad.stderr and "usage:" in bad.stderr
-
-
-def test_sweep_runs_then_writes_the_table(env, tmp_path):
-    env.update(TASKS="RTE", METHODS="ce acl_embed", SEEDS="1 2", DATA_BIN=fake_data(tmp_path / "rte"),
-               FAIRSEQ_TRAIN=write_exe(tmp_path / "fake-train", FAKE_TRAIN))
-    proc = subprocess.run([os.path.join(GLUE, "sweep.sh")], capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr
-    with open(os.path.join(env["OUT_ROOT"], "results.md")) as f:
-        lines = f.read().splitlines()
-    assert lines[:4] == ["| method | RTE (Acc) |", "|---|---|", "| ce | 80.25 ± 0.00 (n=2) |",
-                         "| acl_embed | 80.25 ± 0.00 (n=2) |"]
-
-
-# ---- collector ----------------------------------------------------------------------------------------
-
-
-def load_collector():
-    spec = importlib.util.spec_from_file_location("collect_results", os.path.join(RECIPES, "collect_results.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def fake_result(runs, task, method, seed, valid, valid1=None, early_exit=None):
-    d = os.path.join(runs, task, method, f"seed{seed}")
-    os.makedirs(d, exist_ok=True)
-    best = {"valid": valid, **({"valid1": valid1} if valid1 else {})}
-    res = {"task": task, "method": method, "seed": seed, "best_metric": next(iter(valid)), "best_valid": best,
-           "early_exit_json": None}
-    if early_exit:
-        os.makedirs(os.path.join(d, "early_exit"))
-        with open(os.path.join(d, "early_exit", "early_exit.json"), "w") as f:
-            json.dump(early_exit, f)
-        res["early_exit_json"] = "early_exit/early_exit.json"
-    with open(os.path.join(d, "result.json"), "w") as f:
-        json.dump(res, f)
-
-
-def test_collector_table(tmp_path):
-    runs = str(tmp_path / "runs")
-    fake_result(runs, "CoLA", "ce", 1, {"mcc": 60.0, "accuracy": 80.0})
-    fake_result(runs, "CoLA", "ce", 2, {"mcc": 62.0, "accuracy": 81.0})
-    fake_result(runs, "MNLI", "acl_embed", 1, {"accuracy": 87.5}, {"accuracy": 87.0})
-    out = tmp_path / "results.md"
-    proc = subprocess.run([sys.executable, os.path.join(RECIPES, "collect_results.py"), runs, "--out", str(out)],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    lines = out.read_text().splitlines()
-    assert lines[0] == "| method | CoLA (MCC) | MNLI-m (Acc) | MNLI-mm (Acc) |"
-    assert lines[1] == "|---|---|---|---|"
-    assert lines[2] == "| ce | 61.00 ± 1.41 (n=2) | – | – |"
-    assert lines[3] == "| acl_embed | – | 87.50 (n=1) | 87.00 (n=1) |"
-    assert "sample standard deviation" in out.read_text()
-    js = subprocess.run([sys.executable, os.path.join(RECIPES, "collect_results.py"), runs, "--format", "json"],
-                        capture_output=True, text=True)
-    data = json.loads(js.stdout)
-    old_spelling = subprocess.run([sys.executable, os.path.join(RECIPES, "collect_results.py"), runs, "--json"],
-                                  capture_output=True, text=True)
-    assert json.loads(old_spelling.stdout) == data  # the deprecated switch still works
-    by_suffix = tmp_path / "table.json"
-    subprocess.run([sys.executable, os.path.join(RECIPES, "collect_results.py"), runs, "--out", str(by_suffix)],
-                   check=True, capture_output=True)
-    assert json.loads(by_suffix.read_text()) == data
-    cell = next(c for c in data["cells"] if c["method"] == "ce" and c["task"] == "CoLA")
-    assert cell["values"] == [60.0, 62.0] and cell["seeds"] == [1, 2] and cell["n"] == 2
-    assert cell["mean"] == 61.0 and abs(cell["std"] - 2 ** 0.5) < 1e-12
-    empty = subprocess.run([sys.executable, os.path.join(RECIPES, "collect_results.py"), str(tmp_path / "none")],
-                           capture_output=True, text=True)
-    assert empty.returncode == 2 and "not a folder" in empty.stderr
-
-
-def test_collector_plots_multi_exit_runs(tmp_path, monkeypatch):
-    collector = load_collector()
-    runs = str(tmp_path / "runs")
-    ee = {"task": "RTE", "num_layers": 2, "per_exit": [], "settings": []}
-    fake_result(runs, "RTE", "acl_cross_layer", 1, {"accuracy": 70.0}, early_exit=ee)
-    fake_result(runs, "RTE", "acl_cross_layer", 2, {"accuracy": 72.0}, early_exit=ee)
-    fake_result(runs, "RTE", "ce", 1, {"accuracy": 71.0})
-    calls = []
-    fake_report = type(sys)("acl_fairseq.cli.report")
-    fake_report.plot_overlay = lambda groups, path: calls.append((groups, path)) or open(path, "w").close()
-    monkeypatch.setitem(sys.modules, "acl_fairseq.cli.report", fake_report)
-    assert collector.main([runs, "--out", str(tmp_path / "results.md")]) == 0
-    assert len(calls) == 1
-    groups, path = calls[0]
-    assert list(groups) == ["acl_cross_layer"] and groups["acl_cross_layer"] == [ee, ee]
-    assert path == str(tmp_path / "early_exit_RTE.png")
-    assert "![early exit RTE](early_exit_RTE.png)" in (tmp_path / "results.md").read_text()
-
-
-def test_collector_says_so_when_the_plot_function_is_missing(tmp_path, monkeypatch, capsys):
-    collector = load_collector()
-    runs = str(tmp_path / "runs")
-    fake_result(runs, "RTE", "multi_exit_ce", 1, {"accuracy": 70.0}, early_exit={"settings": []})
-    monkeypatch.setitem(sys.modules, "acl_fairseq.cli.report", None)  # makes the import fail
-    assert collector.main([runs]) == 0
-    captured = capsys.readouterr()
-    assert "plot_overlay is unavailable" in captured.err and "| multi_exit_ce | 70.00 (n=1) |" in captured.out
-
-
-# ---- end to end ---------------------------------------------------------------------------------------
-
-
-def test_tiny_end_to_end_run(env, tmp_path):
-    """SST-2's recipe for real on the toy task: a tiny multi-exit RoBERTa from scratch with acl_cross_layer,
-    through to the checkpoint, TensorBoard events, the early-exit JSON, result.json and the table."""
-    data = helpers.make_data(str(tmp_path / "toy"))["data"]
-    env.pop("ROBERTA_PATH")
-    env.update(DATA_BIN=data, ARCH="multi_exit_roberta", MODEL_ARGS=" ".join(helpers.TINY_SHAPE), RESTORE="none",
-               MAX_EPOCH="2", TOTAL_UPDATES="4",
-               LOG_INTERVAL="1", EVAL_ARGS="--timing-examples 8 --timing-repeats 1")
-    proc = run("SST-2.sh", "acl_cross_layer", "--num-workers", "0", env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = env["OUT_ROOT"]
-    run_dir = os.path.join(out, "runs", "SST-2", "acl_cross_layer", "seed1")
-    assert os.path.isfile(os.path.join(run_dir, "checkpoint_best.pt"))
-    with open(os.path.join(run_dir, "result.json")) as f:
-        result = json.load(f)
-    assert result["best_metric"] == "accuracy" and 0 <= result["best_value"] <= 100
-    assert result["best_valid"]["valid"]["accuracy"] == result["best_value"]
-    with open(os.path.join(run_dir, result["early_exit_json"])) as f:
-        early = json.load(f)
-    assert early["num_layers"] == 3 and [e["layer"] for e in early["per_exit"]] == [1, 2, 3]
-    assert early["settings"]
-    scalars = helpers.read_scalars(os.path.join(out, "tb", "SST-2", "acl_cross_layer", "seed1"))
-    assert "accuracy" in scalars["valid"] and len(scalars["valid"]["accuracy"]) == 2
-    assert "early_exit_valid" in scalars
-    with open(os.path.join(run_dir, "command.sh")) as f:
-        assert "--criterion acl_cross_layer" in f.read()
-    table = subprocess.run([sys.executable, os.path.join(RECIPES, "collect_results.py"), os.path.join(out, "runs"),
-                            "--out", os.path.join(out, "results.md")], capture_output=True, text=True)
-    assert table.returncode == 0, table.stderr
-    assert os.path.isfile(os.path.join(out, "early_exit_SST-2.png"))
-    with open(os.path.join(out, "results.md")) as f:
-        assert f.read().startswith("| method | SST-2 (Acc) |\n|---|---|\n| acl_cross_layer | ")
-
-
-def test_collector_tabulates_every_exit_over_seeds(tmp_path, monkeypatch):
-    collector = load_collector()
-    runs = str(tmp_path / "runs")
-
-    def ee(*accs):
-        return {"task": "SST-2", "primary_metric": "accuracy", "settings": [],
-                "per_exit": [{"layer": i + 1, "metrics": {"accuracy": a, "f1": 0.0}} for i, a in enumerate(accs)]}
-
-    fake_result(runs, "SST-2", "multi_exit_ce", 1, {"accuracy": 80.0}, early_exit=ee(70.0, 80.0))
-    fake_result(runs, "SST-2", "multi_exit_ce", 2, {"accuracy": 82.0}, early_exit=ee(72.0, 82.0))
-    fake_result(runs, "SST-2", "acl_cross_layer", 1, {"accuracy": 81.0}, early_exit=ee(75.0, 81.0))
-    fake_result(runs, "SST-2", "ce", 1, {"accuracy": 83.0})  # single exit: no early_exit.json, no row
-    monkeypatch.setitem(sys.modules, "acl_fairseq.cli.report", None)  # no plot needed here
-    out = tmp_path / "results.md"
-    assert collector.main([runs, "--out", str(out)]) == 0
-    text = out.read_text()
-    assert "SST-2, Acc of every exit" in text
-    assert "| method | exit 1 | exit 2 |" in text
-    assert "| multi_exit_ce | 71.00 ± 1.41 (n=2) | 81.00 ± 1.41 (n=2) |" in text
-    assert "| acl_cross_layer | 75.00 (n=1) | 81.00 (n=1) |" in text
-    assert "| ce | 83.00 (n=1) |" in text and "| ce | 83.00 (n=1) | –" not in text
-    assert collector.main([runs, "--json", "--out", str(tmp_path / "r.json")]) == 0
-    data = json.loads((tmp_path / "r.json").read_text())
-    assert data["per_exit"]["SST-2"]["metric"] == "accuracy"
-    assert data["per_exit"]["SST-2"]["methods"]["multi_exit_ce"] == {"1": [70.0, 72.0], "2": [80.0, 82.0]}
