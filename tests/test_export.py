@@ -33,7 +33,7 @@ def _train(data, save, model_args, extra=()):
 
 def _bert(root):
     import test_convert_hf as tc
-    import test_preprocess as tp
+    import toy_glue as tp
 
     tc.write_bert(str(root / "hf_in"))
     enc = str(root / "enc")
@@ -47,12 +47,11 @@ def _bert(root):
 
 
 def _roberta(root):
-    import test_preprocess as tp
-    from acl_fairseq.preprocessing.gpt2_files import write_local_gpt2_bpe
+    import toy_glue as tp
 
-    write_local_gpt2_bpe(str(root / "bpe"), [" ".join(tp.ALL_TEXT)] * 3 + tp.ALL_TEXT, num_merges=60)
+    bpe_dir = tp.make_assets(root)["bpe_dir"]
     folder, _ = tp.make_task(root / "glue", "RTE")
-    tp.run_main("RTE", folder, root / "bin", "--tokenizer", "gpt2", "--bpe-dir", str(root / "bpe"))
+    tp.run_main("RTE", folder, root / "bin", "--tokenizer", "gpt2", "--bpe-dir", bpe_dir)
     return folder, _train(str(root / "bin"), str(root / "ckpt"), helpers.TINY_ROBERTA + ["--exit-layers", "1,3"])
 
 

@@ -73,7 +73,7 @@ def toy(tmp_path_factory):
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory):
     import test_convert_hf as tc
-    import test_preprocess as tp
+    import toy_glue as tp
     from acl_fairseq.hf import convert as convert_hf
 
     root = tmp_path_factory.mktemp("onnx_bert")

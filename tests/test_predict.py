@@ -234,11 +234,9 @@ def test_predict_speed_benchmark_at_toy_size(run, tmp_path):
 
 @pytest.fixture(scope="module")
 def glue_assets(tmp_path_factory):
-    import test_preprocess as tp
+    import toy_glue
 
-    d = tmp_path_factory.mktemp("glue_assets")
-    tp.write_local_gpt2_bpe(str(d / "gpt2_bpe"), [" ".join(tp.ALL_TEXT)] * 3 + tp.ALL_TEXT, num_merges=60)
-    return {"vocab": tp.make_wordpiece_vocab(str(d / "vocab.txt"), tp.ALL_TEXT), "bpe_dir": str(d / "gpt2_bpe")}
+    return toy_glue.make_assets(tmp_path_factory.mktemp("glue_assets"))
 
 
 def _train_two_updates(data, save, model_args, extra=()):
@@ -252,7 +250,7 @@ def _train_two_updates(data, save, model_args, extra=()):
 def test_each_tokenizer_from_a_moved_data_folder(glue_assets, tmp_path, tokenizer):
     """preprocess/glue.py's folder carries its tokenizer: after a move, raw dev text encodes to exactly the
     binarized dev split, and acl-predict reads the GLUE file."""
-    import test_preprocess as tp
+    import toy_glue as tp
 
     folder, written = tp.make_task(tmp_path / "glue", "RTE")
     tp.run_main("RTE", folder, tmp_path / "bin", *tp.tok_args(tokenizer, glue_assets))
@@ -274,7 +272,7 @@ def test_each_tokenizer_from_a_moved_data_folder(glue_assets, tmp_path, tokenize
 def test_converted_tiny_bert_pairs_through_the_hub(tmp_path):
     """A converted BERT: BERT's pair format and segment embedding reach raw-text prediction."""
     import test_convert_hf as tc
-    import test_preprocess as tp
+    import toy_glue as tp
     from acl_fairseq.hf import convert as convert_hf
 
     tc.write_bert(str(tmp_path / "hf"))
