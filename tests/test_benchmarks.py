@@ -180,7 +180,7 @@ def test_hf_speed_at_toy_size(tmp_path):
     """The HF-vs-plugin step benchmark on a tiny random BERT: every system timed, ratios against HF."""
     import importlib.util
 
-    from test_convert_hf import write_bert
+    from tiny_hf import write_bert
 
     write_bert(str(tmp_path / "hf"), model_cls="BertModel")
     spec = importlib.util.spec_from_file_location("hf_speed", os.path.join(REPO, "benchmarks", "hf_speed.py"))

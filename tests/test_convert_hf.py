@@ -1,13 +1,9 @@
-"""acl_fairseq.hf.convert: tiny random HF BERT / RoBERTa encoders, converted, must compute what HF computes.
-
-Sizes are odd and distinct (hidden 20, 4 heads, ffn 37, 3 layers, 40 positions) and every parameter,
-LayerNorms included, is drawn at random, so a swapped or unmapped tensor shows. The special tokens sit
-at unusual ids so that the re-ordering into fairseq's dictionary is exercised.
+"""acl_fairseq.hf.convert: tiny random HF BERT / RoBERTa encoders (tests/tiny_hf.py), converted, must compute
+what HF computes; the conventions record; the packaged MiniLM against HF (slow). Training from a converted
+BERT: test_converted_training.py.
 """
-import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -18,135 +14,19 @@ import transformers  # noqa: E402  (test-only dependency, pinned in requirements
 import helpers
 from acl_fairseq import conventions
 from acl_fairseq.hf import convert as convert_hf
-from toy_data import FILLERS, INTENSIFIERS, NEGATIONS, NEGATIVE, POSITIVE, SUBJECTS, make_examples, write_raw
-
-TOY_WORDS = sorted({w for phrase in POSITIVE + NEGATIVE + SUBJECTS + INTENSIFIERS + FILLERS + NEGATIONS + ["was"]
-                    for w in phrase.split()})
-# BERT ids: [PAD] 0 as usual, the others scattered and [MASK] in the middle of the words
-BERT_VOCAB = ["[PAD]", "[unused0]"] + TOY_WORDS[:5] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"] + TOY_WORDS[5:] + ["##s"]
-ROBERTA_VOCAB = (["Ġ" + w for w in TOY_WORDS[:3]] + ["</s>", "<mask>", "<unk>", "<pad>", "<s>"]
-                 + ["Ġ" + w for w in TOY_WORDS[3:]])
-FAIRSEQ_NAME = {"[CLS]": "<s>", "[PAD]": "<pad>", "[SEP]": "</s>", "[UNK]": "<unk>", "[MASK]": "<mask>",
-                "<s>": "<s>", "<pad>": "<pad>", "</s>": "</s>", "<unk>": "<unk>", "<mask>": "<mask>"}
-SIZES = dict(hidden_size=20, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
-             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-
-
-def _randomize(model: torch.nn.Module, seed: int = 0) -> None:
-    """Every parameter N(0, 0.2), LayerNorms and biases included, so identity-like defaults hide nothing."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-
-
-def write_bert(hf_dir: str, model_cls: str = "BertForPreTraining", **config_kw) -> torch.nn.Module:
-    """A tiny random BERT saved with save_pretrained, plus its vocab.txt; returns the HF model."""
-    config = transformers.BertConfig(vocab_size=len(BERT_VOCAB) + 3,  # padded rows no token uses
-                                     max_position_embeddings=40, type_vocab_size=2, pad_token_id=0,
-                                     **{**SIZES, **config_kw})
-    model = getattr(transformers, model_cls)(config)
-    _randomize(model)
-    model.save_pretrained(hf_dir)
-    with open(os.path.join(hf_dir, "vocab.txt"), "w") as f:
-        f.write("\n".join(BERT_VOCAB) + "\n")
-    return model.eval()
-
-
-def write_roberta(hf_dir: str) -> torch.nn.Module:
-    """A tiny random RoBERTa (pad id 6, so HF positions start at row 7) with vocab.json + merges.txt."""
-    pad = ROBERTA_VOCAB.index("<pad>")
-    config = transformers.RobertaConfig(vocab_size=len(ROBERTA_VOCAB), max_position_embeddings=40 + pad + 1,
-                                        type_vocab_size=1, pad_token_id=pad, bos_token_id=ROBERTA_VOCAB.index("<s>"),
-                                        eos_token_id=ROBERTA_VOCAB.index("</s>"), layer_norm_eps=1e-5, **SIZES)
-    model = transformers.RobertaForMaskedLM(config)
-    _randomize(model, seed=1)
-    model.save_pretrained(hf_dir)
-    with open(os.path.join(hf_dir, "vocab.json"), "w") as f:
-        json.dump({t: i for i, t in enumerate(ROBERTA_VOCAB)}, f)
-    with open(os.path.join(hf_dir, "merges.txt"), "w") as f:
-        f.write("#version: 0.2\n")
-    return model.eval()
-
-
-def load_fairseq(out_dir: str, num_classes=None, head="sentence_classification_head"):
-    """The model model.pt names (fairseq's ``roberta``, or ``multi_exit_roberta`` for a BERT with its
-    segment embedding), built from model_args.txt plus conventions.json and loaded strictly through
-    fairseq's own checkpoint reader and ``load_state_dict`` (which runs upgrade_state_dict_named)."""
-    from fairseq import checkpoint_utils
-    from fairseq.data import Dictionary
-    from fairseq.models.roberta import RobertaModel
-
-    from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
-
-    state = checkpoint_utils.load_checkpoint_to_cpu(os.path.join(out_dir, "model.pt"))
-    flags = open(os.path.join(out_dir, "model_args.txt")).read().split()
-    args = argparse.Namespace(dropout=0.0, attention_dropout=0.0, **{
-        k.lstrip("-").replace("-", "_"): int(v) if v.isdigit() else v for k, v in zip(flags[::2], flags[1::2])
-    })
-    model_cls = RobertaModel
-    if state["cfg"]["model"]["arch"] == "multi_exit_roberta":
-        model_cls = MultiExitRobertaModel
-        args.conventions, args.exit_layers = out_dir, str(args.encoder_layers)
-    dictionary = Dictionary.load(os.path.join(out_dir, "dict.txt"))
-    dictionary.add_symbol("<mask>")  # as the sentence_prediction / masked_lm tasks do
-    model = model_cls.build_model(args, argparse.Namespace(source_dictionary=dictionary))
-    if num_classes is not None:
-        model.register_classification_head(head, num_classes=num_classes)
-    model.load_state_dict(state["model"], strict=True)
-    return model.eval(), dictionary, state
-
-
-def fairseq_ids(dictionary, vocab, hf_tokens):
-    """HF token strings -> fairseq ids, through the written dict (BERT: WordPiece words, RoBERTa: HF ids)."""
-    roberta = vocab is ROBERTA_VOCAB
-    return [dictionary.index(FAIRSEQ_NAME.get(t, str(vocab.index(t)) if roberta else t)) for t in hf_tokens]
-
-
-def batch(vocab, sentences):
-    """Right-padded (HF ids, token strings, attention mask, token types) for token lists of different
-    lengths; token type 1 on ``B [SEP]`` of ``[CLS] A [SEP] B [SEP]``, as BERT's tokenizer gives."""
-    pad = "[PAD]" if "[PAD]" in vocab else "<pad>"
-    width = max(map(len, sentences))
-    toks = [s + [pad] * (width - len(s)) for s in sentences]
-    ids = torch.tensor([[vocab.index(t) for t in row] for row in toks])
-    types = torch.tensor([[int(t != pad and "[SEP]" in row[:i]) for i, t in enumerate(row)] for row in toks])
-    return ids, toks, (ids != vocab.index(pad)).long(), types
-
-
-def bert_sentences():
-    body = [TOY_WORDS[i % len(TOY_WORDS)] for i in range(38)]
-    return [["[CLS]"] + body + ["[SEP]"],  # full length: the last position row is used
-            ["[CLS]", "the", "plot", "was", "[MASK]", "##s", "[SEP]"],
-            ["[CLS]", "[UNK]", "[SEP]", "good", "[SEP]"]]  # a pair: token type 1 on "good [SEP]"
-
-
-def bert_pairs():
-    """Sentence pairs as BERT builds them: [CLS] A [SEP] B [SEP], one at full length."""
-    a, b = [TOY_WORDS[i % len(TOY_WORDS)] for i in range(20)], [TOY_WORDS[(3 * i) % len(TOY_WORDS)] for i in range(17)]
-    return [["[CLS]"] + a + ["[SEP]"] + b + ["[SEP]"],
-            ["[CLS]", "the", "plot", "[SEP]", "was", "[MASK]", "##s", "[SEP]"],
-            ["[CLS]", "[UNK]", "[SEP]", "good", "[SEP]"]]
-
-
-def compare(hf, out_dir, vocab, sentences, lm=True):
-    """Max abs differences (hidden states, LM logits) over the non-padding positions."""
-    model, dictionary, _ = load_fairseq(out_dir)
-    hf_ids, toks, mask, types = batch(vocab, sentences)
-    src = torch.tensor([fairseq_ids(dictionary, vocab, row) for row in toks])
-    hf_to_fs = [fairseq_ids(dictionary, vocab, [t])[0] for t in vocab]
-    with torch.no_grad():
-        hf_out = hf(input_ids=hf_ids, attention_mask=mask, token_type_ids=types, output_hidden_states=True)
-        logits, extra = model(src, return_all_hiddens=True)
-        features = extra["inner_states"][-1].transpose(0, 1)  # T x B x C -> B x T x C
-    keep = mask.bool()
-    diffs = {"hidden": (features - hf_out.hidden_states[-1])[keep].abs().max().item()}
-    if lm:
-        fs_logits = logits[..., hf_to_fs]  # fairseq columns in HF vocab order
-        hf_logits = getattr(hf_out, "prediction_logits", None)  # BertForPreTraining's name
-        hf_logits = hf_out.logits if hf_logits is None else hf_logits
-        diffs["logits"] = (fs_logits - hf_logits[..., : len(vocab)])[keep].abs().max().item()
-    return diffs, model, dictionary
+from tiny_hf import (
+    BERT_VOCAB,
+    FAIRSEQ_NAME,
+    ROBERTA_VOCAB,
+    batch,
+    bert_pairs,
+    bert_sentences,
+    compare,
+    fairseq_ids,
+    load_fairseq,
+    write_bert,
+    write_roberta,
+)
 
 
 @pytest.fixture(scope="module")
@@ -314,96 +194,7 @@ def test_fairseq_hub_needs_the_plugin_and_the_folder_says_how(bert, tmp_path, ca
     assert f'user_dir="{helpers.USER_DIR}"' in convert_hf.get_parser().format_help().replace("\n", " ")
 
 
-def _binarize(raw: str, out: str, srcdict: str) -> None:
-    """The toy task with input0 mapped through the converted dict.txt (labels get their own dict)."""
-    from fairseq_cli import preprocess
-
-    fields = [("input0", ["--srcdict", srcdict]), ("label", [])]
-    if os.path.isfile(os.path.join(raw, "train.input1")):
-        fields.append(("input1", ["--srcdict", srcdict]))
-    for field, extra in fields:
-        args = ["--only-source", "--destdir", os.path.join(out, field), "--workers", "1",
-                "--trainpref", os.path.join(raw, f"train.{field}"), "--validpref", os.path.join(raw, f"valid.{field}")]
-        preprocess.main(preprocess.options.get_preprocessing_parser().parse_args(args + extra))
-
-
-@pytest.fixture(scope="module")
-def bert_run(bert, tmp_path_factory):
-    """The converted tiny BERT (with a pooler head for 2 classes) and the toy task binarized with its dict."""
-    _, hf_dir, _ = bert
-    root = tmp_path_factory.mktemp("bert_run")
-    out = str(root / "fs")
-    convert_hf.convert(hf_dir, out, num_classes=2)
-    raw = str(root / "raw")
-    os.makedirs(raw)
-    write_raw(os.path.join(raw, "train"), make_examples(24, seed=0, pair=True))
-    write_raw(os.path.join(raw, "valid"), make_examples(8, seed=1, pair=True))
-    _binarize(raw, str(root / "data"), os.path.join(out, "dict.txt"))
-    return out, str(root / "data")
-
-
-def _restore_flags(out):
-    return ["--restore-file", os.path.join(out, "model.pt"), "--reset-optimizer", "--reset-dataloader",
-            "--reset-meters"]
-
-
-def _model_flags(out, *more):
-    return open(os.path.join(out, "model_args.txt")).read().split() + ["--dropout", "0.0", "--attention-dropout",
-                                                                        "0.0", *more]
-
-
-def test_converted_bert_restores_in_fairseq_train_with_its_conventions(bert_run, tmp_path):
-    out, data = bert_run
-    proc = helpers.train(data, str(tmp_path / "ckpt"), arch="multi_exit_roberta", extra=_restore_flags(out),
-                         model_args=_model_flags(out, "--exit-layers", "3", "--conventions", out))
-    log = proc.stdout + proc.stderr
-    assert f"Loaded checkpoint {os.path.join(out, 'model.pt')}" in log, log[-3000:]
-    assert "No existing checkpoint found" not in log
-    assert "newly initialised" not in log  # the pooler-initialised head was kept
-    # helpers pass RoBERTa's separator token 2; the BERT record says single, and wins (reported)
-    assert f"{conventions.SEPARATOR_FLAG} 2 becomes None" in log
-    state = torch.load(tmp_path / "ckpt" / "checkpoint_last.pt", weights_only=True, map_location="cpu")
-    record = json.loads(state["cfg"]["model"].conventions)  # the record itself travels in the checkpoint
-    assert record["pair_format"] == "single" and record["segment_embedding"] is True
-    from fairseq import checkpoint_utils  # what acl-evaluate and the hub do: the record applies again
-
-    _, _, task = checkpoint_utils.load_model_ensemble_and_task([str(tmp_path / "ckpt" / "checkpoint_last.pt")])
-    task.load_dataset("valid")
-    tokens = task.datasets["valid"][0]["net_input.src_tokens"]
-    assert tokens[0] == 0 and int(tokens.eq(2).sum()) == 2  # <s> A </s> B </s>: one separator
-    assert state["cfg"]["model"].pooler_dropout == 0.0  # SIZES: hidden_dropout_prob 0.0 -> head dropout 0
-    start = torch.load(os.path.join(out, "model.pt"), weights_only=True)["model"]["segment_delta"]
-    assert not torch.equal(state["model"]["segment_delta"], start)  # trained like any parameter
-
-
-@pytest.mark.parametrize("arch, extra, message", [
-    ("roberta", [], 'Unexpected key(s) in state_dict: "segment_delta"'),
-    ("multi_exit_roberta", ["--exit-layers", "3"], "built without it: pass --conventions"),
-])
-def test_converted_bert_without_its_segment_embedding_is_refused(bert_run, tmp_path, arch, extra, message):
-    out, data = bert_run
-    proc = helpers.train(data, str(tmp_path / "ckpt"), arch=arch, extra=_restore_flags(out),
-                         model_args=_model_flags(out, *extra), check=False)
-    assert proc.returncode != 0 and message in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
-
-
-def test_data_binarized_with_another_dictionary_is_refused_before_training(bert_run, tmp_path):
-    out, data = bert_run
-    other = tmp_path / "data"
-    shutil.copytree(data, other)
-    with open(other / "input0" / "dict.txt", "a") as f:
-        f.write("someotherword 1\n")
-    proc = helpers.train(str(other), str(tmp_path / "ckpt"), arch="multi_exit_roberta", extra=_restore_flags(out),
-                         model_args=_model_flags(out, "--exit-layers", "3", "--conventions", out), check=False)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode != 0, log[-2000:]
-    assert f"the data dictionary {other / 'input0' / 'dict.txt'} differs from the encoder's " \
-           f"{os.path.join(out, 'dict.txt')}" in log, log[-3000:]
-    assert "begin training" not in log and not os.path.exists(tmp_path / "ckpt" / "checkpoint_last.pt")
-
-
 def test_conventions_record_of_bert_and_roberta(bert, tmp_path):
-    from acl_fairseq import conventions
 
     hf, _, out = bert
     record = conventions.read(out)
@@ -426,7 +217,6 @@ def test_conventions_record_of_bert_and_roberta(bert, tmp_path):
 
 
 def test_head_dropout_comes_from_the_hf_config(tmp_path):
-    from acl_fairseq import conventions
 
     write_bert(str(tmp_path / "a"), hidden_dropout_prob=0.1)
     write_bert(str(tmp_path / "b"), hidden_dropout_prob=0.1, classifier_dropout=0.25)

@@ -32,7 +32,7 @@ def _train(data, save, model_args, extra=()):
 
 
 def _bert(root):
-    import test_convert_hf as tc
+    import tiny_hf as tc
     import toy_glue as tp
 
     tc.write_bert(str(root / "hf_in"))
@@ -131,7 +131,7 @@ def test_pipeline_gives_acl_predicts_labels_and_probabilities(run, tmp_path):
 
 
 def test_convert_hf_round_trips_to_the_same_logits(run, tmp_path):
-    import test_convert_hf as tc
+    import tiny_hf as tc
 
     family, _, folder, _, _, out, model = run
     convert_hf.cli_main([os.path.join(out, "hf"), str(tmp_path / "back")])  # no flags: the classifier is kept

@@ -72,7 +72,7 @@ def toy(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory):
-    import test_convert_hf as tc
+    import tiny_hf as tc
     import toy_glue as tp
     from acl_fairseq.hf import convert as convert_hf
 

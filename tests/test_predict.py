@@ -271,7 +271,7 @@ def test_each_tokenizer_from_a_moved_data_folder(glue_assets, tmp_path, tokenize
 
 def test_converted_tiny_bert_pairs_through_the_hub(tmp_path):
     """A converted BERT: BERT's pair format and segment embedding reach raw-text prediction."""
-    import test_convert_hf as tc
+    import tiny_hf as tc
     import toy_glue as tp
     from acl_fairseq.hf import convert as convert_hf
 

@@ -208,7 +208,7 @@ def _dict_ids(out: str, words):
 
 def test_hub_tokenizes_a_converted_bert_offline_and_after_a_move(tmp_path):
     from acl_fairseq.hf import convert as convert_hf
-    from test_convert_hf import write_bert
+    from tiny_hf import write_bert
 
     write_bert(str(tmp_path / "hf"))
     out = str(tmp_path / "fs")
@@ -235,7 +235,7 @@ def test_checkpoint_bpe_resolves_the_task_data_folder(tmp_path, monkeypatch):
 
     import acl_fairseq  # noqa: F401
     from acl_fairseq.hf import convert as convert_hf
-    from test_convert_hf import write_bert
+    from tiny_hf import write_bert
 
     write_bert(str(tmp_path / "hf"))
     convert_hf.convert(str(tmp_path / "hf"), str(tmp_path / "fs"))
@@ -256,7 +256,7 @@ def write_roberta_with_bpe(hf_dir: str):
     import transformers
     from tokenizers import ByteLevelBPETokenizer
 
-    from test_convert_hf import SIZES, _randomize
+    from tiny_hf import SIZES, randomize
     from toy_data import make_examples
 
     texts = [a for a, _, _ in make_examples(200, seed=0)]
@@ -268,7 +268,7 @@ def write_roberta_with_bpe(hf_dir: str):
     config = transformers.RobertaConfig(vocab_size=bpe.get_vocab_size(), max_position_embeddings=42, type_vocab_size=1,
                                         pad_token_id=1, bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5, **SIZES)
     model = transformers.RobertaForMaskedLM(config)
-    _randomize(model, seed=2)
+    randomize(model, seed=2)
     model.save_pretrained(hf_dir)
 
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import hf_loop as H  # benchmarks/hf_loop.py (benchmarks/ is on the path: conftest.py)
 from acl_fairseq.hf import convert as convert_hf
-from test_convert_hf import BERT_VOCAB, batch, bert_pairs, fairseq_ids, load_fairseq, write_bert
+from tiny_hf import BERT_VOCAB, batch, bert_pairs, fairseq_ids, load_fairseq, write_bert
 
 HEAD = "sentence_classification_head"
 # eps small: fairseq's adam adds it before the bias correction, torch's after (hf_loop's docstring)
