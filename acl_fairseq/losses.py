@@ -63,7 +63,7 @@ def _supcon_mean(
     exclude_diagonal: bool,
 ) -> Tensor:
     """METHOD.md's SupCon core and the mean over valid anchors, in few operations (the hot path; its
-    slow, obvious per-anchor reference is ``supcon_core`` in tests/test_losses.py).
+    slow, obvious per-anchor reference is ``supcon_core`` in tests/loss_references.py).
 
     Per anchor ``loss_p = lse_p - sum_q w_pq s_pq`` with ``lse_p`` the log-sum-exp over
     the candidates other than itself and ``w_pq = 1/|P(p)|`` on its positives (0 elsewhere), so
