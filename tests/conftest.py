@@ -1,6 +1,8 @@
 import os
 import sys
 
+import pytest
+
 # tests import their helpers as `helpers`, the demo's synthetic data as `toy_data` (scripts/toy_data.py) and
 # the benchmark scripts by name (`import step_time`, as the scripts import each other): none of them is part of
 # the package. acl_fairseq itself is installed (editable) or on the path.
@@ -15,3 +17,25 @@ sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: tests kept out of make test (real data, or long fairseq-train runs); "
                             "run with -m slow")
+
+
+@pytest.fixture(scope="session")
+def predict_run(tmp_path_factory):
+    """(root, data, checkpoint): a tiny multi-exit model (mean pooling, every layer an exit) trained 2 epochs
+    on toy pairs. Trained once for test_predict.py and test_predict_input.py, which only read it."""
+    import helpers
+
+    root = tmp_path_factory.mktemp("predict")
+    data = helpers.make_data(str(root / "data"), pair=True)["data"]
+    helpers.train(data, str(root / "ckpt"), criterion="sentence_prediction", arch="multi_exit_roberta",
+                  model_args=helpers.TINY_ROBERTA + ["--exit-pooling", "mean"], max_epoch=2)
+    return root, data, str(root / "ckpt" / "checkpoint_best.pt")
+
+
+@pytest.fixture(scope="session")
+def predict_model(predict_run):
+    """predict_run's checkpoint through the hub interface, in eval mode."""
+    from acl_fairseq.inference import hub
+
+    root, data, _ = predict_run
+    return hub.from_pretrained(str(root / "ckpt"), "checkpoint_best.pt", data).eval()

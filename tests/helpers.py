@@ -37,6 +37,15 @@ def make_data(out_dir: str, **kw) -> Dict[str, object]:
     return make_toy_dataset(out_dir, **kw)
 
 
+def raw_split(data: str, split: str = "valid"):
+    """(texts, labels) of the toy data's raw split, as preprocessing read them."""
+    raw = os.path.join(data, "raw")
+    a = open(os.path.join(raw, f"{split}.input0")).read().splitlines()
+    b_path = os.path.join(raw, f"{split}.input1")
+    texts = list(zip(a, open(b_path).read().splitlines())) if os.path.isfile(b_path) else a
+    return texts, open(os.path.join(raw, f"{split}.label")).read().splitlines()
+
+
 def train_args(
     data: str,
     save_dir: str,

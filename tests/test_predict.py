@@ -1,4 +1,6 @@
-"""Raw text to predictions: the hub interface (acl_fairseq.inference.hub) and ``acl-predict`` on tiny trained models."""
+"""Raw text to predictions: the hub interface (acl_fairseq.inference.hub) and ``acl-predict`` on tiny trained models.
+
+acl-predict on real-world input (bad bytes, pipes, ids, fatal errors, SIGTERM): test_predict_input.py."""
 import json
 import os
 import re
@@ -14,23 +16,9 @@ from acl_fairseq.inference import early_exit, hub
 from test_models import HEAD, TINY_MULTI, one_thread  # noqa: F401  (autouse fixture, per module)
 
 
-def _raw(data, split="valid"):
-    """(texts, labels) of the toy data's raw split, as preprocessing read them."""
-    raw = os.path.join(data, "raw")
-    a = open(os.path.join(raw, f"{split}.input0")).read().splitlines()
-    b_path = os.path.join(raw, f"{split}.input1")
-    texts = list(zip(a, open(b_path).read().splitlines())) if os.path.isfile(b_path) else a
-    return texts, open(os.path.join(raw, f"{split}.label")).read().splitlines()
-
-
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A tiny multi-exit model (mean pooling, every layer an exit) trained 2 epochs on toy pairs."""
-    root = tmp_path_factory.mktemp("predict")
-    data = helpers.make_data(str(root / "data"), pair=True)["data"]
-    helpers.train(data, str(root / "ckpt"), criterion="sentence_prediction", arch="multi_exit_roberta",
-                  model_args=TINY_MULTI + ["--exit-pooling", "mean"], max_epoch=2)
-    return root, data, str(root / "ckpt" / "checkpoint_best.pt")
+def run(predict_run):
+    return predict_run
 
 
 def split_threshold(model, data):
@@ -46,23 +34,22 @@ def split_threshold(model, data):
 
 
 @pytest.fixture(scope="module")
-def model(run):
-    root, data, ckpt = run
-    return hub.from_pretrained(str(root / "ckpt"), "checkpoint_best.pt", data).eval()
+def model(predict_model):
+    return predict_model
 
 
 def test_encode_builds_what_training_read(run, model):
     _, data, _ = run
     model.task.load_dataset("valid")
     ds = model.task.dataset("valid")
-    texts, _ = _raw(data)
+    texts, _ = helpers.raw_split(data)
     for i in range(len(texts)):
         assert model.encode(*texts[i]).tolist() == ds[i]["net_input.src_tokens"].tolist()
 
 
 def test_predict_pools_as_trained_unlike_the_stock_hub_head(run, model):
     _, data, _ = run
-    tokens = model.encode(*_raw(data)[0][0])
+    tokens = model.encode(*helpers.raw_split(data)[0][0])
     logits, _ = model.model(tokens.unsqueeze(0), classification_head_name=HEAD)
     assert torch.allclose(model.predict(HEAD, tokens, return_logits=True), logits)
     stock = model.model.classification_heads[HEAD](model.extract_features(tokens))  # fairseq's: the <s> state
@@ -71,7 +58,7 @@ def test_predict_pools_as_trained_unlike_the_stock_hub_head(run, model):
 
 def test_predict_early_exit_makes_the_engines_decisions_in_input_order(run, model):
     _, data, _ = run
-    texts, labels = _raw(data)
+    texts, labels = helpers.raw_split(data)
     threshold = split_threshold(model, data)
     ds = model.task.dataset("valid")
     batches = evaluate.make_batches(ds, list(range(len(ds))), 8)
@@ -113,7 +100,7 @@ def test_cli_range_refusal_exits_2_naming_the_range():
 
 
 def test_hub_refuses_a_threshold_out_of_range_and_defaults_from_the_table(run, model):
-    texts, _ = _raw(run[1])
+    texts, _ = helpers.raw_split(run[1])
     for policy, threshold in BAD_THRESHOLDS:
         with pytest.raises(ValueError, match=f"{policy} threshold .*it takes {re.escape(RANGES[policy])}"):
             model.predict_early_exit(texts[:2], policy=policy, threshold=float(threshold))
@@ -128,7 +115,7 @@ def test_cli_equals_acl_evaluate_on_the_same_split(run, model, tmp_path):
     """Metric and exit layers of acl-predict on the raw dev text equal acl-evaluate's (offline policy on the
     full pass); where they differ, the example sits at the threshold (padding arithmetic), nothing else."""
     _, data, ckpt = run
-    texts, labels = _raw(data)
+    texts, labels = helpers.raw_split(data)
     threshold = split_threshold(model, data)
     src = tmp_path / "valid.jsonl"
     src.write_text("".join(json.dumps({"text": a, "text_pair": b}) + "\n" for a, b in texts))
@@ -161,7 +148,7 @@ def test_cli_equals_acl_evaluate_on_the_same_split(run, model, tmp_path):
 
 def test_tsv_bad_rows_are_reported_and_skipped_or_stop_with_strict(run, tmp_path, caplog):
     _, data, ckpt = run
-    texts, _ = _raw(data)
+    texts, _ = helpers.raw_split(data)
     lines = (["index\tsentence1\tsentence2\tlabel"]
              + [f"{i}\t{a}\t{b}\tentailment" for i, (a, b) in enumerate(texts[:4])])
     lines[2] = "1\tonly one field"
@@ -190,7 +177,7 @@ def test_moved_data_folder_and_a_plain_roberta_checkpoint(run, tmp_path):
     root, data, ckpt = run
     moved = tmp_path / "moved"
     shutil.copytree(data, moved)
-    texts, _ = _raw(data)
+    texts, _ = helpers.raw_split(data)
     plain = tmp_path / "plain.pt"
     state = torch.load(ckpt, weights_only=True)
     state["cfg"]["model"].arch = state["cfg"]["model"]._name = "roberta"
@@ -294,186 +281,3 @@ def test_converted_tiny_bert_pairs_through_the_hub(tmp_path):
     # the converted folder itself, as fairseq's own loader sees it: features, no head
     enc = hub.from_pretrained(out, "model.pt", out)
     assert enc.extract_features(enc.encode(a, b)).shape[-1] == 20
-
-
-# ---- real-world input: bad bytes, pipes, ids, fatal errors, SIGTERM -------------------------------------
-
-
-class _Recording:
-    """The module's model, handed to acl-predict instead of a fresh load: it records the texts classified."""
-
-    def __init__(self, model):
-        self.model_, self.texts = model, []
-
-    def __getattr__(self, name):
-        return getattr(self.model_, name)
-
-    def eval(self):
-        return self
-
-    def predict_early_exit(self, texts, *args, **kwargs):
-        self.texts.extend(texts)
-        return self.model_.predict_early_exit(texts, *args, **kwargs)
-
-
-@pytest.fixture
-def spy(model, monkeypatch):
-    rec = _Recording(model)
-    monkeypatch.setattr(hub, "from_pretrained", lambda *a, **k: rec)
-    return rec
-
-
-@pytest.fixture
-def no_model(monkeypatch):
-    """For errors that must come before the model loads."""
-    def refuse(*a, **k):
-        raise AssertionError("the model was loaded before the error")
-    monkeypatch.setattr(hub, "from_pretrained", refuse)
-
-
-def _exit(argv):
-    with pytest.raises(SystemExit) as e:
-        predict.main(argv)
-    return e.value
-
-
-def _records(path):
-    return [json.loads(line) for line in open(path, encoding="utf-8")]
-
-
-def test_a_bad_byte_and_an_empty_line_are_skipped_with_file_line_and_strict_stops(run, spy, tmp_path, caplog):
-    _, data, ckpt = run
-    src, out = tmp_path / "bad.txt", tmp_path / "pred.jsonl"
-    src.write_bytes(b"the movie was good\nthe plot was \xe9\xff bad\n\nthe acting was dull\n")
-    summary = predict.main([ckpt, "--data", data, "--input", str(src), "--output", str(out)])
-    assert [r["id"] for r in _records(out)] == ["1", "4"] and summary["skipped"] == 2
-    assert spy.texts == [("the movie was good",), ("the acting was dull",)]
-    assert f"{src}:2: not valid UTF-8" in caplog.text and f"{src}:3: empty line" in caplog.text
-    e = _exit([ckpt, "--data", data, "--input", str(src), "--output", str(tmp_path / "s.jsonl"), "--strict"])
-    assert e.code != 2 and f"{src}:2: not valid UTF-8" in str(e)  # status 1: a message, not a usage error
-    assert sorted(os.listdir(tmp_path)) == ["bad.txt", "pred.jsonl"]  # no output, no temporary
-
-
-@pytest.mark.slow
-def test_one_bad_byte_in_100k_lines_loses_nothing_else(run, spy, tmp_path, caplog):
-    """The issue's case: 100,000 lines, a bad byte on line 50,000 and an empty line: 99,998 records in input
-    order, both lines reported, and with --strict no output at all."""
-    _, data, ckpt = run
-    texts, _ = _raw(data)
-    lines = [texts[i % len(texts)][0].encode() for i in range(100000)]
-    lines[49999] = b"the plot was \xe9 bad"
-    lines[79999] = b""
-    src, out = tmp_path / "big.txt", tmp_path / "pred.jsonl"
-    src.write_bytes(b"\n".join(lines) + b"\n")
-    summary = predict.main([ckpt, "--data", data, "--input", str(src), "--output", str(out), "--batch-size", "256"])
-    ids = [r["id"] for r in _records(out)]
-    assert len(ids) == 99998 and ids == [str(n) for n in range(1, 100001) if n not in (50000, 80000)]
-    assert f"{src}:50000: not valid UTF-8" in caplog.text and f"{src}:80000: empty line" in caplog.text
-    assert summary["examples"] == 99998 and summary["skipped"] == 2
-    os.remove(out)
-    e = _exit([ckpt, "--data", data, "--input", str(src), "--output", str(out), "--strict", "--batch-size", "256"])
-    assert e.code != 2 and "big.txt:50000" in str(e) and sorted(os.listdir(tmp_path)) == ["big.txt"]
-
-
-def test_a_binary_file_is_refused_before_the_model_loads(run, no_model, tmp_path):
-    _, data, ckpt = run
-    src = tmp_path / "image.png"
-    src.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 40)
-    e = _exit([ckpt, "--data", data, "--input", str(src), "--output", str(tmp_path / "p.jsonl")])
-    assert e.code == 2 and f"{src}:3: a NUL byte" in str(e) and "UTF-8" in str(e)
-    assert os.listdir(tmp_path) == ["image.png"]
-
-
-def _stdin(monkeypatch, data: bytes):
-    import io
-
-    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
-
-
-def test_stdin_with_task_reads_the_glue_test_layout_and_a_bom_goes(run, spy, tmp_path, monkeypatch):
-    _, data, ckpt = run
-    _stdin(monkeypatch, b"index\tsentence\n7\tthe movie was good\n8\tthe plot was not dull\n")
-    predict.main([ckpt, "--data", data, "--input", "-", "--task", "SST-2", "--output", str(tmp_path / "a.jsonl")])
-    assert spy.texts == [("the movie was good",), ("the plot was not dull",)]
-    assert [r["id"] for r in _records(tmp_path / "a.jsonl")] == ["7", "8"]
-    spy.texts.clear()
-    _stdin(monkeypatch, b"\xef\xbb\xbfthe movie was good\n")
-    predict.main([ckpt, "--data", data, "--input", "-", "--output", str(tmp_path / "b.jsonl")])
-    assert spy.texts == [("the movie was good",)]
-
-
-@pytest.mark.parametrize("task,text,ids", [
-    ("SST-2", "sentence\tlabel\nthe movie was good\t1\nthe plot was bad\t0\n", ["2", "3"]),  # no index: line
-    ("MRPC", "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t10\t20\tthe movie\twas good\n"
-             "1\t11\t21\tthe plot\twas good\n", ["2", "3"]),  # the first column is the label, not an id
-    ("QQP", "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n17\t1\t2\tthe movie\twas good\t0\n"
-            "18\t3\t4\tthe plot\twas bad\t1\n", ["17", "18"]),
-    ("RTE", "index\tsentence1\tsentence2\n40\tthe movie\twas good\n41\tthe plot\twas bad\n", ["40", "41"]),
-])
-def test_the_id_is_the_glue_index_column_or_the_line_number(run, spy, tmp_path, task, text, ids):
-    _, data, ckpt = run
-    src = tmp_path / "in.tsv"
-    src.write_text(text)
-    predict.main([ckpt, "--data", data, "--input", str(src), "--task", task, "--output", str(tmp_path / "p.jsonl")])
-    assert [r["id"] for r in _records(tmp_path / "p.jsonl")] == ids
-
-
-def test_jsonl_ids_and_a_null_text(run, spy, tmp_path, caplog):
-    _, data, ckpt = run
-    src = tmp_path / "in.jsonl"
-    src.write_text('{"text": "the movie was good", "id": "x7"}\n{"text": "the plot was bad"}\n'
-                   '{"text": "the acting was fine", "id": null}\n{"text": null}\n{"text": "a", "text_pair": 3}\n')
-    summary = predict.main([ckpt, "--data", data, "--input", str(src), "--output", str(tmp_path / "p.jsonl")])
-    assert [r["id"] for r in _records(tmp_path / "p.jsonl")] == ["x7", "2", "3"] and summary["skipped"] == 2
-    assert f"{src}:4: not a JSON object with a non-empty string 'text'" in caplog.text
-    assert f"{src}:5: 'text_pair' is not a non-empty string" in caplog.text
-    assert ("None",) not in spy.texts
-
-
-@pytest.mark.parametrize("flags,message", [
-    (["--columns", "0"], "1-based"), (["--columns", "a,b"], "1-based"), (["--columns", "1,2,3"], "one or two"),
-    (["--batch-size", "0"], "positive"), (["--chunk-size", "-1"], "positive"),
-])
-def test_bad_flag_values_are_usage_errors_before_the_model_loads(run, no_model, tmp_path, capsys, flags, message):
-    _, data, ckpt = run
-    e = _exit([ckpt, "--data", data, "--input", os.path.join(data, "raw", "valid.input0"), *flags])
-    assert e.code == 2 and message in capsys.readouterr().err
-
-
-def test_output_that_cannot_be_written_is_refused_before_the_model_loads(run, no_model, tmp_path):
-    _, data, ckpt = run
-    src = os.path.join(data, "raw", "valid.input0")
-    (tmp_path / "adir").mkdir()
-    cases = [(str(tmp_path / "missing" / "p.jsonl"), [], "does not exist"),
-             (str(tmp_path / "adir"), [], "is a folder"), (str(tmp_path / "adir"), ["--force"], "is a folder"),
-             (os.path.join(helpers.unwritable_folder(tmp_path), "p.jsonl"), [], "cannot write in")]
-    for out, extra, message in cases:
-        e = _exit([ckpt, "--data", data, "--input", src, "--output", out, *extra])
-        assert e.code == 2 and message in str(e) and "Fix:" in str(e), (out, str(e))
-    assert sorted(os.listdir(tmp_path)) == ["adir", "read_only"] and os.listdir(tmp_path / "adir") == []
-
-
-def test_sigterm_mid_run_leaves_the_old_output_and_no_temporary(run, tmp_path):
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    _, data, ckpt = run
-    texts, _ = _raw(data)
-    src, out = tmp_path / "big.txt", tmp_path / "pred.jsonl"
-    src.write_text("".join(texts[i % len(texts)][0] + "\n" for i in range(400000)))
-    out.write_text("the previous output\n")
-    proc = subprocess.Popen([sys.executable, "-m", "acl_fairseq.cli.predict", ckpt, "--data", data, "--input",
-                             str(src), "--output", str(out), "--force", "--chunk-size", "64", "--device", "cpu"],
-                            env=dict(os.environ, PYTHONPATH=helpers.REPO, OMP_NUM_THREADS="1"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=helpers.REPO)
-    tmp = tmp_path / f"pred.jsonl.tmp{proc.pid}"
-    deadline = time.time() + 120
-    while not (tmp.exists() and tmp.stat().st_size > 0):  # records are being written: mid-run
-        assert proc.poll() is None and time.time() < deadline, "the run ended before it could be stopped"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    err = proc.communicate(timeout=60)[1].decode()
-    assert proc.returncode == 143, err[-2000:]
-    assert sorted(os.listdir(tmp_path)) == ["big.txt", "pred.jsonl"] and out.read_text() == "the previous output\n"

@@ -1,0 +1,195 @@
+"""acl-predict on real-world input: a bad byte or an empty line (skipped with file:line, or --strict stops),
+a binary file, stdin with a GLUE layout and a byte-order mark, ids, JSONL, bad flags and outputs refused
+before the model loads, SIGTERM mid-run. The tiny model is the session's ``predict_run`` (conftest.py)."""
+import json
+import os
+
+import pytest
+
+import helpers
+from acl_fairseq.cli import predict
+from acl_fairseq.inference import hub
+from test_models import HEAD, TINY_MULTI, one_thread  # noqa: F401  (autouse fixture, per module)
+
+# ---- real-world input: bad bytes, pipes, ids, fatal errors, SIGTERM -------------------------------------
+
+
+class _Recording:
+    """The module's model, handed to acl-predict instead of a fresh load: it records the texts classified."""
+
+    def __init__(self, model):
+        self.model_, self.texts = model, []
+
+    def __getattr__(self, name):
+        return getattr(self.model_, name)
+
+    def eval(self):
+        return self
+
+    def predict_early_exit(self, texts, *args, **kwargs):
+        self.texts.extend(texts)
+        return self.model_.predict_early_exit(texts, *args, **kwargs)
+
+
+@pytest.fixture
+def spy(predict_model, monkeypatch):
+    rec = _Recording(predict_model)
+    monkeypatch.setattr(hub, "from_pretrained", lambda *a, **k: rec)
+    return rec
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """For errors that must come before the model loads."""
+    def refuse(*a, **k):
+        raise AssertionError("the model was loaded before the error")
+    monkeypatch.setattr(hub, "from_pretrained", refuse)
+
+
+def _exit(argv):
+    with pytest.raises(SystemExit) as e:
+        predict.main(argv)
+    return e.value
+
+
+def _records(path):
+    return [json.loads(line) for line in open(path, encoding="utf-8")]
+
+
+def test_a_bad_byte_and_an_empty_line_are_skipped_with_file_line_and_strict_stops(predict_run, spy, tmp_path, caplog):
+    _, data, ckpt = predict_run
+    src, out = tmp_path / "bad.txt", tmp_path / "pred.jsonl"
+    src.write_bytes(b"the movie was good\nthe plot was \xe9\xff bad\n\nthe acting was dull\n")
+    summary = predict.main([ckpt, "--data", data, "--input", str(src), "--output", str(out)])
+    assert [r["id"] for r in _records(out)] == ["1", "4"] and summary["skipped"] == 2
+    assert spy.texts == [("the movie was good",), ("the acting was dull",)]
+    assert f"{src}:2: not valid UTF-8" in caplog.text and f"{src}:3: empty line" in caplog.text
+    e = _exit([ckpt, "--data", data, "--input", str(src), "--output", str(tmp_path / "s.jsonl"), "--strict"])
+    assert e.code != 2 and f"{src}:2: not valid UTF-8" in str(e)  # status 1: a message, not a usage error
+    assert sorted(os.listdir(tmp_path)) == ["bad.txt", "pred.jsonl"]  # no output, no temporary
+
+
+@pytest.mark.slow
+def test_one_bad_byte_in_100k_lines_loses_nothing_else(predict_run, spy, tmp_path, caplog):
+    """The issue's case: 100,000 lines, a bad byte on line 50,000 and an empty line: 99,998 records in input
+    order, both lines reported, and with --strict no output at all."""
+    _, data, ckpt = predict_run
+    texts, _ = helpers.raw_split(data)
+    lines = [texts[i % len(texts)][0].encode() for i in range(100000)]
+    lines[49999] = b"the plot was \xe9 bad"
+    lines[79999] = b""
+    src, out = tmp_path / "big.txt", tmp_path / "pred.jsonl"
+    src.write_bytes(b"\n".join(lines) + b"\n")
+    summary = predict.main([ckpt, "--data", data, "--input", str(src), "--output", str(out), "--batch-size", "256"])
+    ids = [r["id"] for r in _records(out)]
+    assert len(ids) == 99998 and ids == [str(n) for n in range(1, 100001) if n not in (50000, 80000)]
+    assert f"{src}:50000: not valid UTF-8" in caplog.text and f"{src}:80000: empty line" in caplog.text
+    assert summary["examples"] == 99998 and summary["skipped"] == 2
+    os.remove(out)
+    e = _exit([ckpt, "--data", data, "--input", str(src), "--output", str(out), "--strict", "--batch-size", "256"])
+    assert e.code != 2 and "big.txt:50000" in str(e) and sorted(os.listdir(tmp_path)) == ["big.txt"]
+
+
+def test_a_binary_file_is_refused_before_the_model_loads(predict_run, no_model, tmp_path):
+    _, data, ckpt = predict_run
+    src = tmp_path / "image.png"
+    src.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 40)
+    e = _exit([ckpt, "--data", data, "--input", str(src), "--output", str(tmp_path / "p.jsonl")])
+    assert e.code == 2 and f"{src}:3: a NUL byte" in str(e) and "UTF-8" in str(e)
+    assert os.listdir(tmp_path) == ["image.png"]
+
+
+def _stdin(monkeypatch, data: bytes):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+
+
+def test_stdin_with_task_reads_the_glue_test_layout_and_a_bom_goes(predict_run, spy, tmp_path, monkeypatch):
+    _, data, ckpt = predict_run
+    _stdin(monkeypatch, b"index\tsentence\n7\tthe movie was good\n8\tthe plot was not dull\n")
+    predict.main([ckpt, "--data", data, "--input", "-", "--task", "SST-2", "--output", str(tmp_path / "a.jsonl")])
+    assert spy.texts == [("the movie was good",), ("the plot was not dull",)]
+    assert [r["id"] for r in _records(tmp_path / "a.jsonl")] == ["7", "8"]
+    spy.texts.clear()
+    _stdin(monkeypatch, b"\xef\xbb\xbfthe movie was good\n")
+    predict.main([ckpt, "--data", data, "--input", "-", "--output", str(tmp_path / "b.jsonl")])
+    assert spy.texts == [("the movie was good",)]
+
+
+@pytest.mark.parametrize("task,text,ids", [
+    ("SST-2", "sentence\tlabel\nthe movie was good\t1\nthe plot was bad\t0\n", ["2", "3"]),  # no index: line
+    ("MRPC", "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t10\t20\tthe movie\twas good\n"
+             "1\t11\t21\tthe plot\twas good\n", ["2", "3"]),  # the first column is the label, not an id
+    ("QQP", "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n17\t1\t2\tthe movie\twas good\t0\n"
+            "18\t3\t4\tthe plot\twas bad\t1\n", ["17", "18"]),
+    ("RTE", "index\tsentence1\tsentence2\n40\tthe movie\twas good\n41\tthe plot\twas bad\n", ["40", "41"]),
+])
+def test_the_id_is_the_glue_index_column_or_the_line_number(predict_run, spy, tmp_path, task, text, ids):
+    _, data, ckpt = predict_run
+    src = tmp_path / "in.tsv"
+    src.write_text(text)
+    predict.main([ckpt, "--data", data, "--input", str(src), "--task", task, "--output", str(tmp_path / "p.jsonl")])
+    assert [r["id"] for r in _records(tmp_path / "p.jsonl")] == ids
+
+
+def test_jsonl_ids_and_a_null_text(predict_run, spy, tmp_path, caplog):
+    _, data, ckpt = predict_run
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "the movie was good", "id": "x7"}\n{"text": "the plot was bad"}\n'
+                   '{"text": "the acting was fine", "id": null}\n{"text": null}\n{"text": "a", "text_pair": 3}\n')
+    summary = predict.main([ckpt, "--data", data, "--input", str(src), "--output", str(tmp_path / "p.jsonl")])
+    assert [r["id"] for r in _records(tmp_path / "p.jsonl")] == ["x7", "2", "3"] and summary["skipped"] == 2
+    assert f"{src}:4: not a JSON object with a non-empty string 'text'" in caplog.text
+    assert f"{src}:5: 'text_pair' is not a non-empty string" in caplog.text
+    assert ("None",) not in spy.texts
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--columns", "0"], "1-based"), (["--columns", "a,b"], "1-based"), (["--columns", "1,2,3"], "one or two"),
+    (["--batch-size", "0"], "positive"), (["--chunk-size", "-1"], "positive"),
+])
+def test_bad_flag_values_are_usage_errors_before_the_model_loads(predict_run, no_model, tmp_path, capsys, flags,
+                                                                 message):
+    _, data, ckpt = predict_run
+    e = _exit([ckpt, "--data", data, "--input", os.path.join(data, "raw", "valid.input0"), *flags])
+    assert e.code == 2 and message in capsys.readouterr().err
+
+
+def test_output_that_cannot_be_written_is_refused_before_the_model_loads(predict_run, no_model, tmp_path):
+    _, data, ckpt = predict_run
+    src = os.path.join(data, "raw", "valid.input0")
+    (tmp_path / "adir").mkdir()
+    cases = [(str(tmp_path / "missing" / "p.jsonl"), [], "does not exist"),
+             (str(tmp_path / "adir"), [], "is a folder"), (str(tmp_path / "adir"), ["--force"], "is a folder"),
+             (os.path.join(helpers.unwritable_folder(tmp_path), "p.jsonl"), [], "cannot write in")]
+    for out, extra, message in cases:
+        e = _exit([ckpt, "--data", data, "--input", src, "--output", out, *extra])
+        assert e.code == 2 and message in str(e) and "Fix:" in str(e), (out, str(e))
+    assert sorted(os.listdir(tmp_path)) == ["adir", "read_only"] and os.listdir(tmp_path / "adir") == []
+
+
+def test_sigterm_mid_run_leaves_the_old_output_and_no_temporary(predict_run, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    _, data, ckpt = predict_run
+    texts, _ = helpers.raw_split(data)
+    src, out = tmp_path / "big.txt", tmp_path / "pred.jsonl"
+    src.write_text("".join(texts[i % len(texts)][0] + "\n" for i in range(400000)))
+    out.write_text("the previous output\n")
+    proc = subprocess.Popen([sys.executable, "-m", "acl_fairseq.cli.predict", ckpt, "--data", data, "--input",
+                             str(src), "--output", str(out), "--force", "--chunk-size", "64", "--device", "cpu"],
+                            env=dict(os.environ, PYTHONPATH=helpers.REPO, OMP_NUM_THREADS="1"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=helpers.REPO)
+    tmp = tmp_path / f"pred.jsonl.tmp{proc.pid}"
+    deadline = time.time() + 120
+    while not (tmp.exists() and tmp.stat().st_size > 0):  # records are being written: mid-run
+        assert proc.poll() is None and time.time() < deadline, "the run ended before it could be stopped"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=60)[1].decode()
+    assert proc.returncode == 143, err[-2000:]
+    assert sorted(os.listdir(tmp_path)) == ["big.txt", "pred.jsonl"] and out.read_text() == "the previous output\n"
