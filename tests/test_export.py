@@ -32,18 +32,10 @@ def _train(data, save, model_args, extra=()):
 
 
 def _bert(root):
-    import tiny_hf as tc
-    import toy_glue as tp
+    import tiny_hf
 
-    tc.write_bert(str(root / "hf_in"))
-    enc = str(root / "enc")
-    convert_hf.convert(str(root / "hf_in"), enc)
-    folder, _ = tp.make_task(root / "glue", "RTE")
-    tp.run_main("RTE", folder, root / "bin", "--tokenizer", "wordpiece", "--vocab", os.path.join(enc, "vocab.txt"),
-                "--srcdict", os.path.join(enc, "dict.txt"), "--lowercase")
-    flags = open(os.path.join(enc, "model_args.txt")).read().split()
-    return folder, _train(str(root / "bin"), str(root / "ckpt"), flags + ["--exit-layers", "2,3", "--conventions", enc],
-                          ["--restore-file", os.path.join(enc, "model.pt"), "--reset-optimizer"])
+    bert = tiny_hf.bert_on_toy_rte(root)
+    return bert["folder"], bert["ckpt"]
 
 
 def _roberta(root):

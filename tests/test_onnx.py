@@ -72,23 +72,13 @@ def toy(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory):
-    import tiny_hf as tc
-    import toy_glue as tp
-    from acl_fairseq.hf import convert as convert_hf
+    import tiny_hf
 
     root = tmp_path_factory.mktemp("onnx_bert")
-    tc.write_bert(str(root / "hf"))
-    fs = str(root / "fs")
-    convert_hf.convert(str(root / "hf"), fs, num_classes=2)
-    folder, written = tp.make_task(root / "glue", "RTE")
-    tp.run_main("RTE", folder, root / "bin", "--tokenizer", "wordpiece", "--vocab", os.path.join(fs, "vocab.txt"),
-                "--srcdict", os.path.join(fs, "dict.txt"), "--lowercase")
-    flags = open(os.path.join(fs, "model_args.txt")).read().split()
-    helpers.train(str(root / "bin"), str(root / "ckpt"), criterion="sentence_prediction", arch="multi_exit_roberta",
-                  model_args=flags + ["--exit-layers", "2,3", "--exit-pooling", "mean", "--conventions", fs],
-                  extra=["--max-update", "2", "--restore-file", os.path.join(fs, "model.pt"), "--reset-optimizer"])
+    bert = tiny_hf.bert_on_toy_rte(root, num_classes=2, model_flags=["--exit-pooling", "mean"])
+    written = bert["written"]
     texts = _texts([(a, b) for a, b, _ in written["train"] + written["dev"]])
-    model, eng = _export(str(root / "ckpt" / "checkpoint_last.pt"), str(root / "bin"), str(root / "onnx"), texts)
+    model, eng = _export(bert["ckpt"], bert["data"], str(root / "onnx"), texts)
     return {"hub": model, "engine": eng, "out": str(root / "onnx"), "texts": texts}
 
 

@@ -258,21 +258,11 @@ def test_each_tokenizer_from_a_moved_data_folder(glue_assets, tmp_path, tokenize
 
 def test_converted_tiny_bert_pairs_through_the_hub(tmp_path):
     """A converted BERT: BERT's pair format and segment embedding reach raw-text prediction."""
-    import tiny_hf as tc
-    import toy_glue as tp
-    from acl_fairseq.hf import convert as convert_hf
+    import tiny_hf
 
-    tc.write_bert(str(tmp_path / "hf"))
-    out = str(tmp_path / "fs")
-    convert_hf.convert(str(tmp_path / "hf"), out)
-    folder, written = tp.make_task(tmp_path / "glue", "RTE")
-    tp.run_main("RTE", folder, tmp_path / "bin", "--tokenizer", "wordpiece", "--vocab", os.path.join(out, "vocab.txt"),
-                "--srcdict", os.path.join(out, "dict.txt"), "--lowercase")
-    flags = open(os.path.join(out, "model_args.txt")).read().split()
-    _train_two_updates(str(tmp_path / "bin"), str(tmp_path / "ckpt"),
-                       flags + ["--exit-layers", "2,3", "--conventions", out],
-                       ["--restore-file", os.path.join(out, "model.pt"), "--reset-optimizer"])
-    m = hub.from_pretrained(str(tmp_path / "ckpt"), "checkpoint_last.pt", str(tmp_path / "bin")).eval()
+    bert = tiny_hf.bert_on_toy_rte(tmp_path)
+    out, written = bert["encoder"], bert["written"]
+    m = hub.from_pretrained(os.path.dirname(bert["ckpt"]), "checkpoint_last.pt", bert["data"]).eval()
     a, b, _ = written["dev"][0]
     tokens = m.encode(a, b)
     assert int(tokens.eq(2).sum()) == 2  # <s> A </s> B </s>: BERT's single separator, from the checkpoint

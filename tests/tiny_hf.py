@@ -139,3 +139,27 @@ def compare(hf, out_dir, vocab, sentences, lm=True):
         hf_logits = hf_out.logits if hf_logits is None else hf_logits
         diffs["logits"] = (fs_logits - hf_logits[..., : len(vocab)])[keep].abs().max().item()
     return diffs, model, dictionary
+
+
+def bert_on_toy_rte(root, num_classes=None, model_flags=()):
+    """A tiny BERT converted (into ``root/fs``), the toy RTE folder in GLUE's format binarized with its
+    WordPiece and dictionary (``root/bin``), and two updates of multi-exit fine-tuning (exits 2 and 3) with
+    the BERT conventions (``root/ckpt``). Returns the paths and the toy folder's examples."""
+    import helpers
+    import toy_glue
+    from acl_fairseq.hf import convert as convert_hf
+
+    root = str(root)
+    write_bert(os.path.join(root, "hf"))
+    enc = os.path.join(root, "fs")
+    convert_hf.convert(os.path.join(root, "hf"), enc, num_classes=num_classes)
+    folder, written = toy_glue.make_task(os.path.join(root, "glue"), "RTE")
+    data = os.path.join(root, "bin")
+    toy_glue.run_main("RTE", folder, data, "--tokenizer", "wordpiece", "--vocab", os.path.join(enc, "vocab.txt"),
+                      "--srcdict", os.path.join(enc, "dict.txt"), "--lowercase")
+    flags = open(os.path.join(enc, "model_args.txt")).read().split()
+    helpers.train(data, os.path.join(root, "ckpt"), criterion="sentence_prediction", arch="multi_exit_roberta",
+                  model_args=flags + ["--exit-layers", "2,3", "--conventions", enc, *model_flags],
+                  extra=["--max-update", "2", "--restore-file", os.path.join(enc, "model.pt"), "--reset-optimizer"])
+    return {"encoder": enc, "folder": folder, "written": written, "data": data,
+            "ckpt": os.path.join(root, "ckpt", "checkpoint_last.pt")}
