@@ -194,17 +194,29 @@ def test_mean_pooling_is_refused_before_loading(run, tmp_path, capsys):
     assert not os.path.exists(tmp_path / "out")
 
 
-def test_existing_out_is_refused_without_force_and_replaced_with_it(run, tmp_path, capsys):
+def test_force_replaces_only_the_format_folders_and_keeps_the_rest_of_out(run, tmp_path, capsys):
+    """OUT may be the run's own folder: an existing OUT/hf is refused without --force and replaced with it;
+    the checkpoint beside it and another format's folder are never touched (as HF's save_pretrained)."""
     _, _, _, ckpt, data, _, _ = run
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "keep.txt").write_text("mine")
+    (out / "onnx").mkdir(parents=True)  # an earlier export of the other format
+    (out / "onnx" / "manifest.json").write_text("{}")
+    (out / "checkpoint_best.pt").write_text("mine")
+    argv = [ckpt, "--data", data, "--out", str(out), "--metrics-split", "none"]
+    export.main(argv)
+    assert sorted(os.listdir(out)) == ["checkpoint_best.pt", "hf", "onnx"]
+    (out / "hf" / "stale.txt").write_text("from the last export")
     with pytest.raises(SystemExit) as exc:
-        export.main([ckpt, "--data", data, "--out", str(out), "--metrics-split", "none"])
-    assert exc.value.code == 2 and "exists; pass --force" in capsys.readouterr().err
-    assert os.listdir(out) == ["keep.txt"]
-    export.main([ckpt, "--data", data, "--out", str(out), "--metrics-split", "none", "--force"])
-    assert os.listdir(out) == ["hf"] and os.listdir(tmp_path) == ["out"]  # no temporary folder left
+        export.main(argv)
+    assert exc.value.code == 2 and f"{out / 'hf'} exists; pass --force" in capsys.readouterr().err
+    assert (out / "hf" / "stale.txt").exists()
+    export.main(argv + ["--force"])
+    assert sorted(os.listdir(out)) == ["checkpoint_best.pt", "hf", "onnx"]  # no temporary folder left
+    assert not (out / "hf" / "stale.txt").exists() and (out / "hf" / "config.json").is_file()
+    assert (out / "checkpoint_best.pt").read_text() == "mine" and (out / "onnx" / "manifest.json").read_text() == "{}"
+    with pytest.raises(SystemExit) as exc:
+        export.main([ckpt, "--data", data, "--out", str(out / "checkpoint_best.pt")])
+    assert exc.value.code == 2 and "is a file: give a folder" in capsys.readouterr().err
 
 
 def test_quantize_needs_the_onnx_format(run, tmp_path, capsys):

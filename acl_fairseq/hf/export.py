@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-split", default="valid", help="split whose per-exit metrics go in the model card "
                    "(default: %(default)s; 'none' skips them)")
     p.add_argument("--batch-size", type=int, default=32, help="batch size of the metrics pass (default: %(default)s)")
-    p.add_argument("--force", action="store_true", help="replace an existing OUT")
+    p.add_argument("--force", action="store_true", help="replace existing OUT/<format>/ folders (the rest of "
+                   "OUT is left alone)")
     p.add_argument("--tokenizer", help="stats.json or conventions.json naming the tokenizer, when --data has none")
     return p
 
@@ -99,8 +100,11 @@ def precheck(args) -> Dict:
     """Everything that can be checked before the model is built; returns the checkpoint's cfg."""
     if args.quantize and "onnx" not in args.format:
         fail("--quantize applies to --format onnx: add it")
-    if os.path.exists(args.out) and not args.force:
-        fail(f"{args.out} exists; pass --force to replace it")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        fail(f"--out {args.out} is a file: give a folder (each format goes to OUT/<format>/)")
+    for fmt in args.format:
+        if os.path.exists(os.path.join(args.out, fmt)) and not args.force:
+            fail(f"{os.path.join(args.out, fmt)} exists; pass --force to replace it")
     if not os.path.isfile(args.checkpoint):
         fail(f"checkpoint file not found: {args.checkpoint}")
     for sub in ("input0", "label"):
@@ -183,30 +187,42 @@ def _on_sigterm(signum, frame):
 
 
 def write_atomically(out: str, force: bool, build: Callable[[str], None]) -> None:
-    """Run ``build(tmp)`` on a fresh folder beside ``out``, then put it in place of ``out``."""
-    parent = os.path.dirname(os.path.abspath(out))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.tmp-", dir=parent)
+    """Run ``build(tmp)`` on a fresh folder inside ``out``, then rename each folder it wrote to ``out/<name>``,
+    replacing only those: whatever else ``out`` holds (the run's checkpoint, another format) is left alone, as
+    HF's ``save_pretrained`` leaves it. On an error or SIGTERM nothing is placed, and an ``out`` made here goes."""
+    created = not os.path.exists(out)
+    os.makedirs(out, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".export.tmp-", dir=out)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         build(tmp)
-        if os.path.exists(out):
-            if not force:  # appeared while we worked
-                fail(f"{out} exists; pass --force to replace it")
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.old-", dir=parent)
-            os.replace(out, os.path.join(old, "out"))
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except _Terminated:
+        names = sorted(os.listdir(tmp))
+        for name in names:  # checked before anything is replaced
+            if os.path.exists(os.path.join(out, name)) and not force:  # appeared while we worked
+                fail(f"{os.path.join(out, name)} exists; pass --force to replace it")
+        for name in names:
+            dest = os.path.join(out, name)
+            if os.path.exists(dest):
+                os.replace(dest, os.path.join(tmp, f".{name}.old"))
+            os.replace(os.path.join(tmp, name), dest)
         shutil.rmtree(tmp, ignore_errors=True)
+    except _Terminated:
+        _discard(tmp, out, created)
         raise SystemExit(128 + signal.SIGTERM) from None
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _discard(tmp, out, created)
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _discard(tmp: str, out: str, created: bool) -> None:
+    shutil.rmtree(tmp, ignore_errors=True)
+    if created:
+        try:
+            os.rmdir(out)  # only if empty: nothing was placed in it
+        except OSError:
+            pass
 
 
 def export(args) -> Dict:
