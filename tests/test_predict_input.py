@@ -193,3 +193,25 @@ def test_sigterm_mid_run_leaves_the_old_output_and_no_temporary(predict_run, tmp
     err = proc.communicate(timeout=60)[1].decode()
     assert proc.returncode == 143, err[-2000:]
     assert sorted(os.listdir(tmp_path)) == ["big.txt", "pred.jsonl"] and out.read_text() == "the previous output\n"
+
+
+def test_a_reader_that_goes_away_ends_the_run_quietly_with_sigpipes_status(predict_run, tmp_path):
+    """acl-predict ... | head -1: the second write finds the pipe closed; no traceback, status 141 (128 +
+    SIGPIPE) as a Unix filter's under ``set -o pipefail``."""
+    import subprocess
+    import sys
+
+    _, data, ckpt = predict_run
+    texts, _ = helpers.raw_split(data)
+    src = tmp_path / "many.txt"
+    src.write_text("".join(texts[i % len(texts)][0] + "\n" for i in range(2000)))
+    proc = subprocess.Popen([sys.executable, "-m", "acl_fairseq.cli.predict", ckpt, "--data", data, "--input",
+                             str(src), "--chunk-size", "64", "--device", "cpu"],
+                            env=dict(os.environ, PYTHONPATH=helpers.REPO, OMP_NUM_THREADS="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=helpers.REPO)
+    first = proc.stdout.readline()
+    proc.stdout.close()  # what head does after its line
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=120)
+    assert json.loads(first)["label"] and proc.returncode == 141, err[-2000:]
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err[-2000:]

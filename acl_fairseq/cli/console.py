@@ -50,13 +50,18 @@ class UsageError(SystemExit):
 
 def run(prog: str, main) -> None:
     """Call ``main()`` as the command ``prog``: a :class:`UsageError` becomes ``prog: error: ...`` and exit status
-    2, and SIGTERM cleans up like Ctrl-C does (see :func:`exit_on_sigterm`)."""
+    2, SIGTERM cleans up like Ctrl-C does (see :func:`exit_on_sigterm`), and a reader that goes away
+    (``acl-predict ... | head``) ends the command quietly with a shell's SIGPIPE status, 141, as Unix filters end."""
     exit_on_sigterm()
     try:
         main()
     except UsageError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except BrokenPipeError:
+        # Python's recipe: point stdout at devnull so that the interpreter's final flush cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(128 + signal.SIGPIPE)
 
 
 def exit_on_sigterm() -> None:
