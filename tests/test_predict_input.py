@@ -133,6 +133,27 @@ def test_the_id_is_the_glue_index_column_or_the_line_number(predict_run, spy, tm
     assert [r["id"] for r in _records(tmp_path / "p.jsonl")] == ids
 
 
+@pytest.mark.parametrize("task,text,why", [
+    ("SST-2", "index\tsentence1\tsentence2\tlabel\n0\tthe movie\twas good\tentailment\n",  # RTE's dev file
+     "its 'label' column is column 4, SST-2's is column 2"),
+    ("RTE", "sentence\tlabel\nthe movie was good\t1\n",  # SST-2's dev file
+     "its 'label' column is column 2, RTE's is column 4"),
+    ("SST-2", "the movie was good\t1\nthe plot was bad\t0\n",  # no header: its first row is not one
+     "it starts with 'the movie was good', not a train/dev header"),
+    ("RTE", "index\tsentence\n0\tthe movie was good\n",  # SST-2's test file
+     "the header has 2 fields, RTE's test layout reads column 3"),
+])
+def test_a_file_of_another_task_or_without_its_header_is_refused_before_the_model_loads(
+        predict_run, no_model, tmp_path, task, text, why):
+    """Read with another task's columns, such a file was classified from its index or label column, exit 0."""
+    _, data, ckpt = predict_run
+    src = tmp_path / "in.tsv"
+    src.write_text(text)
+    e = _exit([ckpt, "--data", data, "--input", str(src), "--task", task, "--output", str(tmp_path / "p.jsonl")])
+    assert e.code == 2 and f"{src}:1: not a GLUE {task} file: {why}" in str(e) and "Fix: pass the --task" in str(e)
+    assert not (tmp_path / "p.jsonl").exists()
+
+
 def test_jsonl_ids_and_a_null_text(predict_run, spy, tmp_path, caplog):
     _, data, ckpt = predict_run
     src = tmp_path / "in.jsonl"

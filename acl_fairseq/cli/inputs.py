@@ -70,7 +70,7 @@ class Input:
                 if first is not None:
                     self._lines = _prepend(first, self._lines)  # the header is still a row to read (or skip)
                 fields = first[1].decode("utf-8", "replace").split("\t") if first else []
-                self.columns, self.header, self.ncols, self.id_column = glue_layout(task, fields)
+                self.columns, self.header, self.ncols, self.id_column = glue_layout(task, fields, self.name)
         except BaseException:
             self.close()
             raise
@@ -133,21 +133,49 @@ class Input:
         return Row(str(lineno) if self.id_column is None else fields[self.id_column].strip(), lineno, texts)
 
 
-def glue_layout(task: str, first: List[str]) -> Tuple[List[int], bool, Optional[int], Optional[int]]:
-    """(text columns, header?, field count, id column) of a GLUE file of ``task`` whose first line has the
-    fields ``first``: train/dev or test layout, told apart by the header (test files have no label column)."""
+def glue_layout(task: str, first: List[str], name: str = "<input>"
+                ) -> Tuple[List[int], bool, Optional[int], Optional[int]]:
+    """(text columns, header?, field count, id column) of a GLUE file ``name`` of ``task`` whose first line has
+    the fields ``first``: train/dev or test layout, told apart by the header (test files have no label column).
+    A first line that is neither layout's is refused: read with another task's columns (or a header-less file's
+    first row taken for a header) a file would be classified from its index or label column, without an error."""
     from acl_fairseq.preprocessing.glue_tasks import GlueDataError, get_task
 
     try:
         spec = get_task(task)
     except GlueDataError as e:
         raise UsageError(f"--task: {e}") from None
+    names = [f.strip() for f in first]
+    if not names:  # an empty input: nothing to lay out, nothing to predict
+        return list(spec.test_inputs), True, None, None
     if spec.label_header is None or not spec.header:  # CoLA: header-less train/dev, a header on test
         if spec.ncols and len(first) == spec.ncols:
             return list(spec.inputs), False, spec.ncols, None
+        _check_test_header(spec, names, name)
         return list(spec.test_inputs), True, None, _id_column(first)
-    is_dev = spec.label_header in [f.strip() for f in first]
-    return list(spec.inputs if is_dev else spec.test_inputs), True, len(first) or None, _id_column(first)
+    label_cols = {spec.label, spec.label if spec.dev_label is None else spec.dev_label}
+    if spec.label_header in names:
+        if not any(c < len(names) and names[c] == spec.label_header for c in label_cols):
+            raise _not_this_task(spec, name, f"its {spec.label_header!r} column is column "
+                                 f"{names.index(spec.label_header) + 1}, {spec.name}'s is column "
+                                 f"{min(label_cols) + 1}")
+        return list(spec.inputs), True, len(first), _id_column(first)
+    _check_test_header(spec, names, name)
+    return list(spec.test_inputs), True, len(first), _id_column(first)
+
+
+def _check_test_header(spec, names: List[str], name: str) -> None:
+    if names[0].lower() not in INDEX_HEADERS:
+        raise _not_this_task(spec, name, f"it starts with {names[0][:40]!r}, not a train/dev header (with a "
+                             f"{spec.label_header or 'label'!r} column) nor a test header (starting with 'index')")
+    if len(names) <= max(spec.test_inputs):
+        raise _not_this_task(spec, name, f"the header has {len(names)} fields, {spec.name}'s test layout reads "
+                             f"column {max(spec.test_inputs) + 1}")
+
+
+def _not_this_task(spec, name: str, why: str) -> UsageError:
+    return UsageError(f"{name}:1: not a GLUE {spec.name} file: {why}. Fix: pass the --task this file belongs to, "
+                      "or --columns (and --header) for another TSV")
 
 
 def _id_column(header: List[str]) -> Optional[int]:
