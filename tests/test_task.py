@@ -57,6 +57,14 @@ def test_contrast_across_workers_needs_the_plugin_task_and_says_so(data):
     build(data, "acl_embed", extra=["--contrast-across-workers", "--task", "sentence_prediction_acl"])
 
 
+@pytest.mark.parametrize("criterion, arch", [("sentence_ce", "roberta"), ("multi_exit_kd", "multi_exit_roberta")])
+def test_contrast_across_workers_is_refused_where_there_is_nothing_to_contrast(data, criterion, arch):
+    """multi_exit_kd distils each worker's own logits: with the flag its term was scaled by the global batch
+    size (the world size too large in the update, while the logged loss looked right)."""
+    with pytest.raises(ValueError, match="--contrast-across-workers shares the contrastive set .* drop the flag"):
+        build(data, criterion, arch=arch, extra=["--contrast-across-workers", "--task", "sentence_prediction_acl"])
+
+
 def test_train_step_marks_a_replayed_batch_for_the_criterion(data):
     task, model, crit, sample = build(data, "acl_embed", extra=["--task", "sentence_prediction_acl"])
     seen = []

@@ -41,6 +41,7 @@ class AclEmbedConfig(ExitCriterionConfig):
 @register_criterion("acl_embed", dataclass=AclEmbedConfig)
 class AclEmbedCriterion(ExitCriterionBase):
     needs_class_labels = True
+    contrasts = True
     temperatures = ("acl_temperature",)
     logged_ratios = gating.LOGGED_RATIOS
     logged_sums = gating.LOGGED_SUMS

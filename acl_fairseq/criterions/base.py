@@ -73,6 +73,7 @@ class ExitCriterionBase(FairseqCriterion):
 
     needs_class_labels = False  # contrastive criteria set True: they refuse --regression-target
     needs_multi_exit = False  # acl_cross_layer sets True
+    contrasts = False  # a contrastive set that --contrast-across-workers can make global (sentence_scl, acl_*)
     temperatures: Tuple[str, ...] = ()  # config fields that must be > 0 (None: unset), checked at construction
     # logging keys a subclass adds, and how reduce_metrics reports them:
     logged_ratios: Dict[str, Tuple[str, str, int]] = {}  # metric -> (summed key, count key, digits): their ratio
@@ -97,6 +98,12 @@ class ExitCriterionBase(FairseqCriterion):
         if not self.regression:
             self.positive = _check_label_dictionary(task)
         self.replayed = False  # set by the plugin's task while fairseq replays a dummy batch
+        if cfg.contrast_across_workers and not self.contrasts:
+            # the auxiliary term would be scaled by the global batch size over local logits (multi_exit_kd)
+            raise ValueError(
+                f"--contrast-across-workers shares the contrastive set of sentence_scl and the acl_* criteria; "
+                f"{name} has none: drop the flag"
+            )
         knows_replays = getattr(task, "marks_replayed_batches", False)
         if cfg.contrast_across_workers and not knows_replays:
             raise ValueError(

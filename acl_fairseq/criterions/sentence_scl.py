@@ -59,6 +59,7 @@ class SentenceSclConfig(ExitCriterionConfig):
 @register_criterion("sentence_scl", dataclass=SentenceSclConfig)
 class SentenceSclCriterion(ExitCriterionBase):
     needs_class_labels = True
+    contrasts = True
     temperatures = ("scl_temperature",)
     logged_ratios = gating.LOGGED_RATIOS
     logged_sums = gating.LOGGED_SUMS
