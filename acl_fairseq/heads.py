@@ -13,6 +13,7 @@ head reads.
 from contextlib import contextmanager
 from typing import Dict, List, NamedTuple, Tuple
 
+import torch
 from torch import Tensor, nn
 
 POOLING_MODES = ("cls", "mean")  # --exit-pooling: what pool_states can do (the model validates it once)
@@ -56,18 +57,24 @@ def head_forward(head: nn.Module, pooled: Tensor) -> Tuple[Tensor, Tensor]:
 
 @contextmanager
 def _capture_head_inputs(head: nn.Module):
-    """Record a stock head's input (B, T, C) and its out_proj's input (B, d) during one forward."""
+    """Record a stock head's <s> state (B, C) and its out_proj's input (B, d) during one forward.
+
+    The head slices row 0 of its input itself, so a slice taken here would not be on CE's path, and
+    gradients with respect to it (ACL-Grad's ``features`` scope) would see no CE at all. The head is handed
+    its input rebuilt from the recorded row instead: the same values, with that row on CE's path."""
     seen: Dict[str, Tensor] = {}
 
-    def grab(key):
-        def hook(_module, args):
-            seen[key] = args[0]
+    def route_pooled(_module, args):
+        states = args[0]  # B x T x C
+        seen["pooled"] = states[:, 0, :]
+        return (torch.cat([seen["pooled"].unsqueeze(1), states[:, 1:, :]], dim=1),) + tuple(args[1:])
 
-        return hook
+    def grab_u(_module, args):
+        seen["u"] = args[0]
 
     handles = [
-        head.register_forward_pre_hook(grab("states")),
-        head.out_proj.register_forward_pre_hook(grab("u")),
+        head.register_forward_pre_hook(route_pooled),
+        head.out_proj.register_forward_pre_hook(grab_u),
     ]
     try:
         yield seen
@@ -96,7 +103,7 @@ def collect_exit_outputs(model: nn.Module, net_input: Dict, head_name: str) -> E
     return ExitOutputs(
         logits=[logits],
         features=[seen["u"]],
-        pooled=[seen["states"][:, 0, :]],
+        pooled=[seen["pooled"]],
         label_embeddings=[head.out_proj.weight],
         layers=[num_layers],
     )

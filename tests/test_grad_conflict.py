@@ -111,3 +111,23 @@ def test_acl_grads_help_says_why_its_rule_rarely_fires_and_where_it_can():
     proc = helpers.run_tool("acl-help", ["--criterion", "acl_grad"])
     text = " ".join(proc.stdout.split())
     assert "the rule rarely fires" in text and "benchmarks/grad_conflict.py" in text and "--scl-grad" in text
+
+
+def test_features_scope_on_a_stock_roberta_sees_ce_through_the_heads_own_slice(data):
+    """The stock head slices the <s> row itself: the gate's cosine w.r.t. that row must include CE's gradient
+    (it was always 0 before, so the rule never decided anything at --scl-grad-scope features)."""
+    import torch.nn.functional as F
+
+    from acl_fairseq import losses
+
+    _, model, crit, sample = build(data, "sentence_scl", extra=["--log-grad-conflict", "--scl-grad-scope", "features",
+                                                                 "--pooler-dropout", "0"])
+    model.train()
+    head = model.classification_heads[crit.head_name]
+    states = model(**sample["net_input"], features_only=True)[0].detach().requires_grad_()  # the head's input
+    targets = sample["target"].view(-1)
+    g_ce = torch.autograd.grad(F.cross_entropy(head(states), targets, reduction="sum"), states)[0][:, 0]
+    g_scl = torch.autograd.grad(losses.supcon_loss(states[:, 0], targets, crit.cfg.scl_temperature), states)[0][:, 0]
+    want = float(F.cosine_similarity(g_ce.flatten(), g_scl.flatten(), dim=0))
+    _, log = _step(model, crit, sample)
+    assert abs(want) > 1e-3 and abs(float(log["grad_cos"]) - want) < 1e-4, (float(log["grad_cos"]), want)
