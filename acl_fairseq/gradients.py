@@ -5,7 +5,7 @@ Every function takes tensors and plain numbers and returns tensors; nothing here
 or about distributed training: the global decision passes its all-reduces in (see
 :func:`gradient_cosine`). Sums run in float32 whatever the gradients' dtype. No state is kept.
 """
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -83,13 +83,14 @@ def cosine_from_sums(sums: Tensor) -> Tensor:
     return torch.where(torch.isfinite(sums).all(), cosine, torch.full_like(cosine, float("nan")))
 
 
-def gradient_cosine(
+def gradient_cosine_defined(
     grads_a: Sequence[Optional[Tensor]],
     grads_b: Sequence[Optional[Tensor]],
     sum_over: Optional[Callable[[Tensor], Tensor]] = None,
     max_over: Optional[Callable[[Tensor], Tensor]] = None,
-) -> Tensor:
-    """Cosine between two flattened gradient lists, over the entries that both losses reach.
+) -> Tuple[Tensor, Tensor]:
+    """Cosine between two flattened gradient lists, over the entries that both losses reach, and whether it
+    is defined.
 
     Args:
         grads_a, grads_b: per-parameter gradients in the same parameter order; None where a loss
@@ -99,10 +100,13 @@ def gradient_cosine(
             call them alike. None (one part): the identity.
 
     Returns:
-        Scalar float32: sum of per-tensor dots over sqrt(sum |a|^2) sqrt(sum |b|^2), clamped to
-        [-1, 1]; 0 when either norm is 0 or no pair is shared; NaN when an entry is inf or NaN.
+        ``(cosine, defined)``. The cosine: scalar float32, sum of per-tensor dots over sqrt(sum |a|^2)
+        sqrt(sum |b|^2), clamped to [-1, 1]; 0 when either norm is 0 or no pair is shared; NaN when an
+        entry is inf or NaN.
         Exact for any finite gradients: where the plain float32 sums overflow or underflow, they are
-        redone with each list divided by its largest entry.
+        redone with each list divided by its largest entry. ``defined``: scalar bool, False where either
+        list is exactly 0 (a term that reaches nothing, or an exact 0 such as SupCon without a positive
+        pair: there is no direction to compare), True otherwise (NaN included).
     """
     sum_over = sum_over or _identity
     max_over = max_over or _identity
@@ -110,7 +114,18 @@ def gradient_cosine(
     if sums_need_rescaling(sums):  # rare: an overflow, a tiny or zero gradient, or inf/NaN entries
         scales = max_over(gradient_scales(grads_a, grads_b))  # the same scales for every part
         sums = sum_over(gradient_sums(grads_a, grads_b, scales))
-    return cosine_from_sums(sums)
+    defined = ((sums[1] > 0) & (sums[2] > 0)) | ~torch.isfinite(sums).all()
+    return cosine_from_sums(sums), defined
+
+
+def gradient_cosine(
+    grads_a: Sequence[Optional[Tensor]],
+    grads_b: Sequence[Optional[Tensor]],
+    sum_over: Optional[Callable[[Tensor], Tensor]] = None,
+    max_over: Optional[Callable[[Tensor], Tensor]] = None,
+) -> Tensor:
+    """The cosine of :func:`gradient_cosine_defined` (0 where it is not defined)."""
+    return gradient_cosine_defined(grads_a, grads_b, sum_over, max_over)[0]
 
 
 def _identity(x: Tensor) -> Tensor:

@@ -131,3 +131,21 @@ def test_features_scope_on_a_stock_roberta_sees_ce_through_the_heads_own_slice(d
     want = float(F.cosine_similarity(g_ce.flatten(), g_scl.flatten(), dim=0))
     _, log = _step(model, crit, sample)
     assert abs(want) > 1e-3 and abs(float(log["grad_cos"]) - want) < 1e-4, (float(log["grad_cos"]), want)
+
+
+@pytest.mark.parametrize("scope", ["params", "features"])
+def test_a_batch_without_a_positive_pair_is_not_a_decision(data, scope):
+    """SupCon is an exact 0 without a positive pair (here one example): its gradient has no direction, so
+    the step is neither counted nor a conflict, whatever the threshold, and the update is CE's."""
+    task, model, crit, sample = build(data, "sentence_scl", extra=["--scl-grad", "--scl-grad-scope", scope,
+                                                                    "--scl-grad-threshold", "0.5"])
+    ds = task.dataset("valid")
+    one = ds.collater([ds[0]])
+    model.train()
+    g_ce, _ = _two_pass_reference(model, crit, one)
+    got, log = _step(model, crit, one)
+    assert float(log["gated_steps"]) == 0.0 and float(log["conflict"]) == 0.0 and float(log["grad_cos"]) == 0.0
+    for k in g_ce:
+        assert torch.allclose(got[k], crit.ce_weight * g_ce[k], atol=1e-6, rtol=1e-4), k
+    _, log = _step(model, crit, sample)  # a batch with pairs is still decided
+    assert float(log["gated_steps"]) == 1.0

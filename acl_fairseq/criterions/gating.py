@@ -21,7 +21,9 @@ ordinary overflow. The cosine is scale-invariant, so the decision is the fp32 on
 **Non-finite gradients never decide.** An inf or NaN in either gradient makes the cosine NaN (see
 ``gradients.cosine_from_sums``). With a loss scaler (``--fp16``, ``--amp``) the term is then kept, so
 the inf/NaN reaches fairseq's optimizer, which skips the step and lowers the scale; the step counts
-in ``acl_grad_overflow``, not in ``grad_cos``/``conflict_rate``. Without one (fp32, bf16) the
+in ``acl_grad_overflow``, not in ``grad_cos``/``conflict_rate`` (fairseq-train drops an overflowed update's
+logging altogether). A gradient that is exactly 0 (SupCon without a positive pair) has no direction: the
+term is kept and the step not counted. Without one (fp32, bf16) the
 backward raises ``FloatingPointError`` naming the update.
 
 **Where the decision is taken.**
@@ -160,7 +162,7 @@ class _Gate(torch.autograd.Function):
         features = st.scope == "features"
         g_ce = _grad(st.ce, st.inputs, scale, retain=True)
         g_aux = _grad(st.aux, st.inputs, scale, retain=features)
-        cos = _cosine(st.inputs, g_ce, g_aux, features, st.global_decision)
+        cos, defined = _cosine(st.inputs, g_ce, g_aux, features, st.global_decision)
         finite = torch.isfinite(cos)
         if not st.loss_scaler and not bool(finite):
             raise FloatingPointError(
@@ -168,12 +170,15 @@ class _Gate(torch.autograd.Function):
                 "(no loss scaler to skip the step). Lower --lr, set --clip-norm, or check the data; "
                 "with --fp16 or --amp such a step is skipped and the loss scale lowered"
             )
-        keep = gradients.acl_grad_keep(cos, st.threshold)  # NaN keeps: the overflow reaches the optimizer
-        st.log["grad_cos"].copy_(torch.where(finite, cos, torch.zeros_like(cos)))
+        # NaN keeps: the overflow reaches the optimizer. An exact-0 gradient (SupCon without a positive pair in
+        # the batch) has no direction: nothing to decide, and the step is not counted
+        keep = gradients.acl_grad_keep(cos, st.threshold) | ~defined
+        decided = finite & defined
+        st.log["grad_cos"].copy_(torch.where(decided, cos, torch.zeros_like(cos)))
         st.log["conflict"].copy_((~keep).float())
         if not st.apply:  # measuring only: the update is ce + aux whatever the rule says
             keep = torch.ones_like(keep)
-        st.log["gated_steps"].copy_(finite.float())
+        st.log["gated_steps"].copy_(decided.float())
         st.log["acl_grad_overflow"].copy_((~finite).float())
         if features:
             return None, scale, scale * keep.to(scale.dtype)
@@ -188,22 +193,23 @@ def _grad(loss: torch.Tensor, inputs: Sequence[torch.Tensor], scale: torch.Tenso
 
 
 def _cosine(inputs, g_ce, g_aux, features: bool, global_decision: bool) -> torch.Tensor:
-    """``gradients.gradient_cosine``, or that of the gradients over all workers (the same on every rank).
+    """``gradients.gradient_cosine_defined``, or that of the gradients over all workers (the same on every rank).
 
     ``params``: the per-parameter gradients are summed over ranks, then compared. ``features``: each
     rank holds the gradients of its own rows, so the sums of the concatenation are the all-reduced
     per-rank sums, once every rank uses the same (all-reduced) scales.
     """
     if not global_decision:
-        return gradients.gradient_cosine(g_ce, g_aux)
+        return gradients.gradient_cosine_defined(g_ce, g_aux)
     if features:
-        return gradients.gradient_cosine(g_ce, g_aux, sum_over=_all_reduce_sum, max_over=distributed.all_reduce_max)
+        return gradients.gradient_cosine_defined(g_ce, g_aux, sum_over=_all_reduce_sum,
+                                                 max_over=distributed.all_reduce_max)
 
     def summed(grads):  # every rank reduces the same shapes (None as 0); None stays "not reached"
         total = distributed.all_reduce_sum([torch.zeros_like(x) if g is None else g for x, g in zip(inputs, grads)])
         return [None if g is None else t for g, t in zip(grads, total)]
 
-    return gradients.gradient_cosine(summed(g_ce), summed(g_aux))
+    return gradients.gradient_cosine_defined(summed(g_ce), summed(g_aux))
 
 
 def _all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
