@@ -294,6 +294,38 @@ def test_not_an_exported_folder_is_named(tmp_path):
         runtime.Engine(str(tmp_path))
 
 
+def test_a_folder_copied_in_part_or_the_wrong_level_is_a_one_line_error(toy, tmp_path):
+    """A missing graph or tokenizer file, an unreadable graph, acl-export's OUT instead of OUT/onnx: acl-predict
+    says which file and what to do, exit status 2 (a missing int8 graph was an onnxruntime traceback)."""
+    import shutil
+
+    from acl_fairseq.cli import predict
+
+    src = tmp_path / "in.txt"
+    src.write_text("the movie was good\n")
+    out = tmp_path / "OUT"
+    shutil.copytree(toy["out"], out / "onnx")
+    int8 = next(iter(json.load(open(out / "onnx" / "manifest.json"))["quantized"]["int8"]["layers"].values()))
+
+    def refused(folder, *flags):
+        with pytest.raises(SystemExit) as e:
+            predict.main([str(folder), "--input", str(src), "--output", str(tmp_path / "p.jsonl"), *flags])
+        assert e.value.code == 2 and len(str(e.value).splitlines()) == 1, str(e.value)
+        return str(e.value)
+
+    assert f"pass {out / 'onnx'}" in refused(out)
+    os.remove(out / "onnx" / int8)
+    assert f"{out / 'onnx' / int8} not found, though manifest.json lists it" in refused(out / "onnx", "--precision",
+                                                                                        "int8")
+    tokenizer = json.load(open(out / "onnx" / "manifest.json"))["tokenizer"]
+    os.remove(out / "onnx" / tokenizer)
+    assert f"{out / 'onnx' / tokenizer} not found" in refused(out / "onnx")
+    shutil.copy(os.path.join(toy["out"], tokenizer), out / "onnx" / tokenizer)
+    first = json.load(open(out / "onnx" / "manifest.json"))["embeddings"]
+    (out / "onnx" / first).write_bytes(b"not a graph")
+    assert "ONNX Runtime cannot load it" in refused(out / "onnx")
+
+
 @pytest.mark.parametrize("kind,files", [("gpt2", {"encoder_json": "e.json", "vocab_bpe": "v.bpe"}),
                                         ("sentencepiece", {"model": "m.model"})])
 def test_a_tokenizer_kind_without_an_exact_file_is_refused(kind, files):

@@ -236,3 +236,37 @@ def test_a_reader_that_goes_away_ends_the_run_quietly_with_sigpipes_status(predi
     proc.wait(timeout=120)
     assert json.loads(first)["label"] and proc.returncode == 141, err[-2000:]
     assert "Traceback" not in err and "BrokenPipeError" not in err, err[-2000:]
+
+
+def test_stdin_jsonl_is_detected_and_a_tsv_id_stays_on_its_line(predict_run, spy, tmp_path, monkeypatch):
+    """JSONL piped in (auto: the first line is a JSON object with a text) was classified as raw text; a JSONL
+    id with a tab and a line break split a --format tsv record over two lines."""
+    _, data, ckpt = predict_run
+    _stdin(monkeypatch, b'{"text": "the movie was good", "id": "a\\tb\\nc"}\n{"text": "the plot was bad"}\n')
+    predict.main([ckpt, "--data", data, "--input", "-", "--format", "tsv", "--output", str(tmp_path / "p.tsv")])
+    assert spy.texts == [("the movie was good",), ("the plot was bad",)]
+    lines = (tmp_path / "p.tsv").read_text().splitlines()
+    assert len(lines) == 3 and len({len(line.split("\t")) for line in lines}) == 1
+    assert [line.split("\t")[0] for line in lines[1:]] == ["a\\tb\\nc", "2"]
+
+
+def test_a_named_pipe_is_read_like_a_file(predict_run, spy, tmp_path):
+    """What <(zcat dev.tsv.gz) and /dev/stdin hand over: not a regular file, but readable."""
+    import threading
+
+    _, data, ckpt = predict_run
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+
+    def feed():
+        with open(fifo, "w") as f:
+            f.write("the movie was good\nthe plot was bad\n")
+
+    writer = threading.Thread(target=feed, daemon=True)  # never blocks the run if the fifo is not opened
+    writer.start()
+    predict.main([ckpt, "--data", data, "--input", str(fifo), "--output", str(tmp_path / "p.jsonl")])
+    writer.join(timeout=30)
+    assert spy.texts == [("the movie was good",), ("the plot was bad",)]
+    with pytest.raises(SystemExit) as e:
+        predict.main([ckpt, "--data", data, "--input", str(tmp_path), "--output", str(tmp_path / "q.jsonl")])
+    assert e.value.code == 2 and "a folder, not a file" in str(e.value)

@@ -17,6 +17,7 @@ from typing import IO, Iterator, List, NamedTuple, Optional, Tuple
 from acl_fairseq.cli.console import UsageError
 
 KINDS = ("auto", "tsv", "jsonl", "text")
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
 INDEX_HEADERS = ("index", "id")  # GLUE's index column: "index" (test files, STS-B, MNLI, QNLI, RTE, WNLI), "id" (QQP)
 ID_RULE = ("Each record's id: with --task, the file's index column where the GLUE file has one (a first header "
            "field 'index' or 'id': every test.tsv, and dev/train of STS-B, MNLI, QNLI, QQP, RTE, WNLI), else the "
@@ -56,8 +57,10 @@ class Input:
     def __init__(self, path: str, kind: str = "auto", task: Optional[str] = None,
                  columns: Optional[List[int]] = None, header: bool = False):
         self.name = "<stdin>" if path == "-" else path
-        if kind == "auto":
-            kind = "tsv" if (task or columns) else "jsonl" if self.name.endswith(".jsonl") else "text"
+        if kind == "auto" and (task or columns):
+            kind = "tsv"
+        elif kind == "auto" and self.name.endswith(JSONL_SUFFIXES):
+            kind = "jsonl"
         if kind == "tsv" and not (task or columns):
             raise UsageError("a TSV input needs --task or --columns")
         self.kind, self.columns, self.header, self.ncols, self.id_column = kind, columns, header, None, None
@@ -65,6 +68,11 @@ class Input:
         try:
             self._check_text()
             self._lines = _numbered(self._f)
+            if kind == "auto":  # stdin or another name: JSONL when the first line is a JSON object with a text
+                first = next(self._lines, None)
+                if first is not None:
+                    self._lines = _prepend(first, self._lines)
+                self.kind = "jsonl" if first is not None and _is_jsonl_record(first[1]) else "text"
             if task:
                 first = next(self._lines, None)
                 if first is not None:
@@ -180,6 +188,14 @@ def _not_this_task(spec, name: str, why: str) -> UsageError:
 
 def _id_column(header: List[str]) -> Optional[int]:
     return 0 if header and header[0].strip().lower() in INDEX_HEADERS else None
+
+
+def _is_jsonl_record(line: bytes) -> bool:
+    try:
+        obj = json.loads(line.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError included
+        return False
+    return isinstance(obj, dict) and "text" in obj
 
 
 def _numbered(f: IO[bytes]) -> Iterator[Tuple[int, bytes]]:

@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     fmt.add_argument("--columns", type=inputs.parse_columns,
                      help="the input is a TSV: the 1-based text column(s), e.g. 2 or 2,3 (a pair)")
     p.add_argument("--input-format", choices=inputs.KINDS, default="auto",
-                   help="auto: tsv with --task/--columns, jsonl for *.jsonl, else text (one sentence per line)")
+                   help="auto: tsv with --task/--columns; jsonl for *.jsonl and *.ndjson, or where the first line "
+                   "is a JSON object with a 'text' (stdin too); else text (one sentence per line)")
     p.add_argument("--header", action="store_true", help="with --columns: the first line is a header")
     p.add_argument("--policy", choices=calibration.policy_choices(), help="early-exit policy (multi-exit models "
                    f"only). Default: the calibrated one in {calibration.FILE_NAME} beside the checkpoint (acl-evaluate "
@@ -85,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "before batching; output is written per chunk, in input order (default: %(default)s)")
     p.add_argument("--output", default="-", help="output file (written whole or not at all), or - for standard "
                    "output (default)")
-    p.add_argument("--format", choices=FORMATS, default="jsonl", help="output records (default: %(default)s)")
+    p.add_argument("--format", choices=FORMATS, default="jsonl", help="output records (default: %(default)s; "
+                   "tsv: a tab, line break or backslash in an id is written \\t, \\n, \\r, \\\\)")
     p.add_argument("--force", action="store_true", help="overwrite an existing --output")
     p.add_argument("--strict", action="store_true", help="stop at the first bad input row (exit status 1, no "
                    "--output file left) instead of skipping it")
@@ -97,6 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ---- output ------------------------------------------------------------------------------------
+
+
+TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def tsv_field(text: str) -> str:
+    """A JSONL id may hold a tab or a line break: escaped as \\t, \\n, \\r (and \\ as \\\\, PostgreSQL's text
+    format), so that every record stays one line of the same columns."""
+    return text.translate(TSV_ESCAPES)
 
 
 class Writer:
@@ -133,7 +144,7 @@ class Writer:
         else:
             probs = [f"{pred.probabilities[n]:.6f}" for n in self.names] if pred.probabilities else []
             label = pred.label if isinstance(pred.label, str) else f"{pred.label:.4f}"
-            self.f.write("\t".join([row.id, label, str(pred.exit_layer)] + probs) + "\n")
+            self.f.write("\t".join([tsv_field(row.id), label, str(pred.exit_layer)] + probs) + "\n")
         self.f.flush()
 
     def close(self, ok: bool) -> None:
@@ -251,8 +262,12 @@ def check_files(args) -> None:
     """What can be refused before anything is opened or loaded."""
     from acl_fairseq import checkpoint_safety
 
-    if args.input != "-" and not os.path.isfile(args.input):
-        raise UsageError(f"input file not found: {args.input}")
+    if args.input != "-":  # a file, or what a shell hands over: /dev/stdin, <(zcat dev.tsv.gz), a named pipe
+        if not os.path.exists(args.input):
+            raise UsageError(f"input file not found: {args.input}")
+        if os.path.isdir(args.input) or not os.access(args.input, os.R_OK):
+            raise UsageError(f"--input {args.input}: {'a folder' if os.path.isdir(args.input) else 'not readable'}, "
+                             "not a file. Fix: give a file, or - for standard input")
     if os.path.isdir(args.checkpoint):  # an exported OUT/onnx folder: the engine checks its manifest
         return
     if args.data is None:

@@ -58,12 +58,19 @@ def _import(name: str):
 def read_manifest(folder: str) -> dict:
     path = os.path.join(folder, MANIFEST)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} not found: not an exported ONNX folder (python -m "
-                                "acl_fairseq.hf.onnx_export CHECKPOINT --data DATA --out OUT writes one)")
-    with open(path, encoding="utf-8") as f:
-        manifest = json.load(f)
-    if manifest.get("schema") != SCHEMA:
-        raise ValueError(f"{path}: schema {manifest.get('schema')!r}, expected {SCHEMA!r}")
+        if os.path.isfile(os.path.join(folder, "onnx", MANIFEST)):
+            raise FileNotFoundError(f"{path} not found: {folder} is acl-export's OUT; pass "
+                                    f"{os.path.join(folder, 'onnx')}")
+        raise FileNotFoundError(f"{path} not found: not an exported ONNX folder (acl-export CHECKPOINT --data DATA "
+                                "--out OUT --format onnx writes one, in OUT/onnx)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except ValueError as e:
+        raise ValueError(f"{path}: not JSON ({e}): export the folder again") from None
+    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
+        schema = manifest.get("schema") if isinstance(manifest, dict) else None
+        raise ValueError(f"{path}: schema {schema!r}, expected {SCHEMA!r}")
     return manifest
 
 
@@ -82,21 +89,36 @@ class Engine:
         ort, tokenizers = _import("onnxruntime"), _import("tokenizers")
         self.folder, self.precision = folder, precision
         self.manifest = m = read_manifest(folder)
-        files = {"embeddings": m["embeddings"], "layers": {r["file"]: r["file"] for r in m["layers"]}}
-        if precision != "fp32":
-            if precision not in m["quantized"]:
-                raise ValueError(f"{folder} has no {precision} copy: export it with --quantize {precision}")
-            files = m["quantized"][precision]
+        try:
+            files = {"embeddings": m["embeddings"], "layers": {r["file"]: r["file"] for r in m["layers"]}}
+            if precision != "fp32":
+                if precision not in m["quantized"]:
+                    raise ValueError(f"{folder} has no {precision} copy: export it with --quantize {precision}")
+                files = m["quantized"][precision]
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{os.path.join(folder, MANIFEST)}: no valid {e} entry: export the folder again") from None
         options = ort.SessionOptions()
         if threads is not None:
             options.intra_op_num_threads = options.inter_op_num_threads = threads
 
         def session(name):
-            return ort.InferenceSession(os.path.join(folder, name), options, providers=["CPUExecutionProvider"])
+            path = os.path.join(folder, name)
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"{path} not found, though {MANIFEST} lists it: the folder was copied in "
+                                        "part; copy all of it, or export it again")
+            try:
+                return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+            except Exception as e:  # onnxruntime's own errors (pybind classes: InvalidProtobuf, Fail, ...)
+                raise ValueError(f"{path}: ONNX Runtime cannot load it ({type(e).__name__}: "
+                                 f"{str(e).splitlines()[0] if str(e) else ''}); export the folder again") from None
 
         self.embed = session(files["embeddings"])
         self.layers = [session(files["layers"][r["file"]]) for r in m["layers"]]
-        self.tokenizer = tokenizers.Tokenizer.from_file(os.path.join(folder, m["tokenizer"]))
+        tokenizer_file = os.path.join(folder, m["tokenizer"])
+        if not os.path.isfile(tokenizer_file):
+            raise FileNotFoundError(f"{tokenizer_file} not found, though {MANIFEST} lists it: the folder was copied "
+                                    "in part; copy all of it, or export it again")
+        self.tokenizer = tokenizers.Tokenizer.from_file(tokenizer_file)
         self.layout = m["input_layout"]
         self.input_layout = conventions.InputLayout(**{k: self.layout[k] for k in conventions.InputLayout._fields})
         self.exit_layers: List[int] = list(m["exit_layers"])
