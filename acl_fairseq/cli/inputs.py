@@ -69,19 +69,23 @@ class Input:
             self._check_text()
             self._lines = _numbered(self._f)
             if kind == "auto":  # stdin or another name: JSONL when the first line is a JSON object with a text
-                first = next(self._lines, None)
-                if first is not None:
-                    self._lines = _prepend(first, self._lines)
+                first = self._peek()
                 self.kind = "jsonl" if first is not None and _is_jsonl_record(first[1]) else "text"
             if task:
-                first = next(self._lines, None)
-                if first is not None:
-                    self._lines = _prepend(first, self._lines)  # the header is still a row to read (or skip)
+                first = self._peek()
                 fields = first[1].decode("utf-8", "replace").split("\t") if first else []
                 self.columns, self.header, self.ncols, self.id_column = glue_layout(task, fields, self.name)
         except BaseException:
             self.close()
             raise
+
+    def _peek(self) -> Optional[Tuple[int, bytes]]:
+        """The first numbered line (None for an empty input), left in place: it is still a row to read (or, as
+        a header, to skip)."""
+        first = next(self._lines, None)
+        if first is not None:
+            self._lines = _prepend(first, self._lines)
+        return first
 
     def _check_text(self) -> None:
         if isinstance(self._f, io.BufferedReader):
