@@ -74,6 +74,15 @@ def read_manifest(folder: str) -> dict:
     return manifest
 
 
+def _listed_file(folder: str, name: str) -> str:
+    """The path of a file the manifest lists; a missing one means a folder copied in part."""
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found, though {MANIFEST} lists it: the folder was copied in part; "
+                                "copy all of it, or export it again")
+    return path
+
+
 def softmax(logits: np.ndarray) -> np.ndarray:
     shifted = logits - logits.max(axis=-1, keepdims=True)
     e = np.exp(shifted)
@@ -102,10 +111,7 @@ class Engine:
             options.intra_op_num_threads = options.inter_op_num_threads = threads
 
         def session(name):
-            path = os.path.join(folder, name)
-            if not os.path.isfile(path):
-                raise FileNotFoundError(f"{path} not found, though {MANIFEST} lists it: the folder was copied in "
-                                        "part; copy all of it, or export it again")
+            path = _listed_file(folder, name)
             try:
                 return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
             except Exception as e:  # onnxruntime's own errors (pybind classes: InvalidProtobuf, Fail, ...)
@@ -114,11 +120,7 @@ class Engine:
 
         self.embed = session(files["embeddings"])
         self.layers = [session(files["layers"][r["file"]]) for r in m["layers"]]
-        tokenizer_file = os.path.join(folder, m["tokenizer"])
-        if not os.path.isfile(tokenizer_file):
-            raise FileNotFoundError(f"{tokenizer_file} not found, though {MANIFEST} lists it: the folder was copied "
-                                    "in part; copy all of it, or export it again")
-        self.tokenizer = tokenizers.Tokenizer.from_file(tokenizer_file)
+        self.tokenizer = tokenizers.Tokenizer.from_file(_listed_file(folder, m["tokenizer"]))
         self.layout = m["input_layout"]
         self.input_layout = conventions.InputLayout(**{k: self.layout[k] for k in conventions.InputLayout._fields})
         self.exit_layers: List[int] = list(m["exit_layers"])
