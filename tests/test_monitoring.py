@@ -11,6 +11,7 @@ import torch
 
 import helpers
 from acl_fairseq import alignment, projector
+from acl_fairseq.cli import report
 
 SAMPLES = 10
 TINY = ["--task", "sentence_prediction_acl", "--projector-samples", str(SAMPLES)]
@@ -181,7 +182,6 @@ def _result(seed: int, shift: float) -> dict:
 
 
 def test_overlay_figure_is_a_valid_png(tmp_path):
-    report = pytest.importorskip("acl_fairseq.cli.report")
     groups = {}
     for method, shift in (("ce", 0.0), ("acl_cross_layer", 2.0)):
         for seed in (1, 2):
