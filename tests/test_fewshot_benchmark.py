@@ -12,7 +12,6 @@ import pytest
 from acl_fairseq.hf import convert as convert_hf
 from toy_data import FILLERS, INTENSIFIERS, NEGATIONS, NEGATIVE, POSITIVE, SUBJECTS, make_examples
 
-transformers = pytest.importorskip("transformers")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # CE and the paper's CE+SCL keep the test within a minute or two on a busy 2-core machine; the ACL criteria run
 # through the same driver path (their criteria have their own tests)
@@ -24,6 +23,8 @@ VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + sorted({".", ",
 
 
 def write_tiny_bert(hf_dir):
+    import transformers  # here, not at the top: the other tests of this file do not need it
+
     config = transformers.BertConfig(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                                      intermediate_size=24, max_position_embeddings=64, type_vocab_size=2,
                                      pad_token_id=0)
