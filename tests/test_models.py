@@ -17,8 +17,8 @@ HEAD = "sentence_classification_head"
 TINY_MULTI = helpers.TINY_ROBERTA  # the tiny shape for --arch multi_exit_roberta (no tiny preset is registered)
 
 
-def build(data, arch="multi_exit_roberta", extra=()):
-    """(task, model in eval mode, args) built in-process exactly as fairseq-train builds them."""
+def build(data, arch="multi_exit_roberta", extra=(), seed=0):
+    """(task, model in eval mode, args) built in-process exactly as fairseq-train builds them, from ``seed``."""
     from fairseq import options, tasks
 
     argv = [
@@ -39,7 +39,7 @@ def build(data, arch="multi_exit_roberta", extra=()):
     ]
     args = options.parse_args_and_arch(options.get_training_parser(), argv)
     task = tasks.setup_task(args)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = task.build_model(args)  # registers the classification head(s), as the task does
     return task, model.eval(), args
 
@@ -182,9 +182,14 @@ def test_bad_exit_layers_are_rejected(spec):
 
 
 def test_plain_roberta_state_dict_loads_with_fresh_exit_heads(data, caplog):
-    _, plain, _ = build(data, arch="roberta", extra=helpers.TINY_ROBERTA)
-    _, model, _ = build(data)
+    _, plain, _ = build(data, arch="roberta", extra=helpers.TINY_ROBERTA, seed=0)
+    _, model, _ = build(data, seed=1)
     state = plain.state_dict()
+    # another seed, so that a loader which dropped a tensor would leave it visibly different (constant
+    # initialisations, such as LayerNorm's ones and zero biases, are the same whatever the seed)
+    before = model.state_dict()
+    random_init = [k for k, v in state.items() if v.is_floating_point() and v.unique().numel() > 1]
+    assert len(random_init) > 10 and not any(torch.equal(before[k], state[k]) for k in random_init)
     with caplog.at_level(logging.INFO, logger="acl_fairseq.models.multi_exit_roberta"):
         model.load_state_dict(state, strict=True)
     assert f"newly initialised: {HEAD}_exit1, {HEAD}_exit2" in caplog.text
@@ -193,12 +198,15 @@ def test_plain_roberta_state_dict_loads_with_fresh_exit_heads(data, caplog):
 
 
 def test_checkpoint_heads_are_registered_when_loading_without_the_task(data):
-    _, trained, _ = build(data, extra=["--exit-layers", "2,3"])
-    _, fresh, args = build(data, extra=["--exit-layers", "2,3"])
+    _, trained, _ = build(data, extra=["--exit-layers", "2,3"], seed=0)
+    _, fresh, args = build(data, extra=["--exit-layers", "2,3"], seed=1)  # other weights than trained's
     fresh.classification_heads.clear()
     fresh.args.load_checkpoint_heads = True  # what hub loading sets
-    fresh.load_state_dict(trained.state_dict(), strict=True)
+    state = trained.state_dict()
+    fresh.load_state_dict(state, strict=True)
     assert sorted(fresh.classification_heads) == sorted([f"{HEAD}_exit2", HEAD])
+    loaded = fresh.state_dict()
+    assert loaded.keys() == state.keys() and all(torch.equal(loaded[k], v) for k, v in state.items())
 
 
 # ---- through fairseq-train --user-dir (subprocess) --------------------------------------------
