@@ -175,3 +175,14 @@ def unwritable_folder(tmp_path) -> str:
             return folder
         os.remove(probe)
     pytest.skip("no folder here refuses writes")
+
+
+# the reason test_preprocess.py and test_tokenization.py skip with when ../shared/glue (GLUE_DIR) is absent
+NO_REAL_GLUE = "no real GLUE data here"
+
+
+def skip_is_failure_here(reason: str, environ=os.environ) -> bool:
+    """Whether a test skipped for ``reason`` fails instead (conftest.py applies it to every test). Under
+    ``CI=true`` the real GLUE files are part of the set-up that .ci/run's slow tests read, so their absence
+    is a broken machine, and a skip would let the run pass green without ever reading them."""
+    return reason == NO_REAL_GLUE and environ.get("CI", "").strip().lower() in ("true", "1")

@@ -1,0 +1,50 @@
+"""Under CI=true a missing real GLUE folder fails the slow tests that read it instead of skipping them
+(helpers.skip_is_failure_here, applied by conftest.py to every test's report)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import helpers
+import test_preprocess
+import test_tokenization
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.mark.parametrize("ci,fails", [("true", True), ("TRUE", True), ("1", True), ("", False), ("false", False),
+                                      (None, False)])
+def test_only_ci_turns_the_missing_glue_skip_into_a_failure(ci, fails):
+    environ = {} if ci is None else {"CI": ci}
+    assert helpers.skip_is_failure_here(helpers.NO_REAL_GLUE, environ) is fails
+    assert not helpers.skip_is_failure_here("could not import 'onnx'", environ)
+
+
+def test_the_real_glue_tests_skip_with_the_reason_the_rule_knows():
+    """The rule matches the reason text, so a reworded reason would quietly skip in CI again."""
+    reasons = [m.kwargs.get("reason") for mod in (test_preprocess, test_tokenization) for fn in vars(mod).values()
+               for m in getattr(fn, "pytestmark", []) if m.name == "skipif" and "GLUE" in str(m.kwargs)]
+    assert len(reasons) == 2 and set(reasons) == {helpers.NO_REAL_GLUE}
+
+
+def test_a_pytest_run_under_ci_reports_the_skip_as_a_failure(tmp_path):
+    (tmp_path / "test_needs_glue.py").write_text(
+        "import pytest\n\n\n"
+        f"@pytest.mark.skipif(True, reason={helpers.NO_REAL_GLUE!r})\ndef test_glue():\n    pass\n\n\n"
+        "def test_glue_inside():\n"
+        f"    pytest.skip({helpers.NO_REAL_GLUE!r})\n\n\n"
+        "@pytest.mark.skipif(True, reason='another reason')\ndef test_other():\n    pass\n"
+    )
+    summaries = {}
+    for ci in ("true", ""):
+        # tests/conftest.py as a plugin: tmp_path is outside tests/, where pytest would not find it
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest", "-rfs",
+                               str(tmp_path)], capture_output=True, text=True, cwd=tmp_path,
+                              env=dict(os.environ, CI=ci, PYTHONPATH=HERE))
+        summaries[ci] = proc
+    assert summaries["true"].returncode == 1, summaries["true"].stdout
+    # the skipif fires in set-up, which pytest counts as an error; pytest.skip in the body, as a failure
+    assert "1 failed, 1 skipped, 1 error" in summaries["true"].stdout
+    assert "must be there in CI" in summaries["true"].stdout
+    assert summaries[""].returncode == 0 and "3 skipped" in summaries[""].stdout, summaries[""].stdout
