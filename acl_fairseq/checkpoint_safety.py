@@ -9,7 +9,11 @@ before it is called.
 
 :func:`check_readable` refuses an empty or cut-short checkpoint before anything loads it (the tools, and
 the plugin task for ``--restore-file`` and a resumed ``checkpoint_last.pt``), and :func:`reading` turns
-what torch raises on the rest into the same one-line :class:`CheckpointError`.
+what torch raises on the rest into the same one-line :class:`CheckpointError`; a pickle that asks for a
+global outside the allowlist is reported as refused, naming that global. :func:`load` is the one safe
+loader of this package's own reads (acl-export's cfg, acl-convert-hf's ``pytorch_model.bin``, the data
+dictionary hash): both checks around ``torch.load(weights_only=True)``, memory-mapped where the file's
+format allows it.
 
 The data dictionary a checkpoint was trained with. fairseq reads a binarized folder with any dictionary of
 the right size, so data binarized with another ``dict.txt`` (the same words in another order) is scored
@@ -28,6 +32,7 @@ import contextlib
 import logging
 import os
 import pickle
+import re
 import typing
 import zipfile
 
@@ -122,12 +127,41 @@ def check_readable(path: str, flag: typing.Optional[str] = None, fix: str = _REF
                               "Fix: pass a .pt file written by fairseq-train or acl-convert-hf")
 
 
+_UNSAFE_FIX = ("Fix: use a checkpoint from a source you trust, saved as plain data (tensors, containers, "
+               "fairseq's own types); never load it with weights_only turned off")
+
+
+def _refused(path: str, error: Exception) -> typing.Optional[CheckpointError]:
+    """The error for what torch's safe loader refused to unpickle, or None when ``error`` is not that.
+
+    torch names the refused global in its message (``GLOBAL posix.system``); anything else it refuses (an
+    opcode torch never writes, a plain ``pickle.dump`` file) is named by its own words."""
+    text = str(error)
+    if "Weights only load failed" not in text:
+        return None
+    found = re.search(r"GLOBAL ([\w.]+)", text)
+    if found:
+        return CheckpointError(f"{path}: refused as unsafe: it asks to load the global {found.group(1)}, which is "
+                               f"not plain data and could run code; torch's safe loader stopped before calling it. "
+                               f"{_UNSAFE_FIX}")
+    found = re.search(r"WeightsUnpickler error: *\n*([^\n]+)", text)
+    why = found.group(1).strip() if found else "a pickle it cannot read as plain data"
+    return CheckpointError(f"{path}: refused by torch's safe loader ({why}): not a file torch.save wrote from plain "
+                           f"data. {_UNSAFE_FIX}")
+
+
 @contextlib.contextmanager
 def reading(path: str):
-    """Around a load of ``path``: torch's errors for a damaged file become a :class:`CheckpointError`."""
+    """Around a load of ``path``: torch's errors for a damaged file become a :class:`CheckpointError`, and a
+    pickle refused as unsafe says so, naming the global it asked for (never "damaged": it is whole)."""
     try:
         yield
-    except (EOFError, pickle.UnpicklingError, OSError) as e:
+    except pickle.UnpicklingError as e:
+        refused = _refused(path, e)
+        if refused is not None:
+            raise refused from None
+        raise CheckpointError(f"{path}: truncated or damaged checkpoint (UnpicklingError: {e}). {_REFETCH}") from None
+    except (EOFError, OSError) as e:
         why = f"{type(e).__name__}: {e}".rstrip(": ")
         raise CheckpointError(f"{path}: truncated or damaged checkpoint ({why}). {_REFETCH}") from None
     except RuntimeError as e:
@@ -136,6 +170,22 @@ def reading(path: str):
             raise
         why = str(e).split(". ")[0]
         raise CheckpointError(f"{path}: truncated or damaged checkpoint ({why}). {_REFETCH}") from None
+
+
+def is_zip_format(path: str) -> bool:
+    """Whether ``path`` is in torch's zip format (torch >= 1.6), the only one ``torch.load`` can memory-map."""
+    with open(path, "rb") as f:
+        return f.read(4) == b"PK\x03\x04"
+
+
+def load(path: str, mmap: bool = False, flag: typing.Optional[str] = None):
+    """``torch.load(path, weights_only=True)`` on the CPU, after :func:`check_readable` and inside :func:`reading`:
+    every failure is one :class:`CheckpointError` naming the file (and the refused global of an unsafe pickle).
+    ``mmap``: map the tensors instead of reading them (to read a cfg without the weights), where the format allows
+    it; a legacy (pre-zip) file, which fairseq and the hub read alike, is read whole."""
+    check_readable(path, flag)
+    with reading(path):
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and is_zip_format(path))
 
 
 # ---- the data dictionary a checkpoint was trained with ------------------------------------------------
@@ -214,13 +264,11 @@ def check_loaded_dictionary(model, cfg, checkpoint: str) -> None:
 
 
 def dictionary_in_file(path: str) -> typing.Optional[str]:
-    """The hash a checkpoint file records, without reading its weights (memory-mapped); None when it records
-    none or cannot be read that way (an older file format, a damaged file: fairseq's loader reports those)."""
-    import torch
-
+    """The hash a checkpoint file records, through :func:`load` (memory-mapped where the format allows it); None
+    when it records none or cannot be read (a damaged or refused file: fairseq's loader reports those next)."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError):
+        state = load(path, mmap=True)
+    except (CheckpointError, RuntimeError):
         return None  # fairseq's own loader reads it next and reports what is wrong
     if not isinstance(state, dict):
         return None

@@ -100,3 +100,52 @@ def test_fairseq_train_resuming_from_a_cut_short_checkpoint_exits_2_in_one_line(
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-3000:]
     assert "Traceback" not in out and f"{save}/checkpoint_last.pt (the run's checkpoint_last.pt): truncated" in out
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_pickle_asking_for_a_forbidden_global_is_refused_as_unsafe_naming_it(tmp_path, legacy):
+    """Not "truncated or damaged ... download it again": the file is whole, and a fresh copy would be refused too."""
+    path = str(tmp_path / "evil.pt")
+    payload = {"model": {}, "args": _Payload(str(tmp_path / "pwned"))}
+    torch.save(payload, path, _use_new_zipfile_serialization=not legacy)
+    for load in (lambda: torch.load(path, weights_only=True), lambda: checkpoint_safety.load(path, mmap=True)):
+        with pytest.raises(checkpoint_safety.CheckpointError) as e:
+            with checkpoint_safety.reading(path):
+                load()
+        message = str(e.value)
+        assert message.startswith(f"{path}: refused as unsafe") and "posix.system" in message, message
+        assert "truncated" not in message and "download" not in message and "\n" not in message
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_the_safe_loader_reads_a_legacy_file_and_maps_a_zip_one(tmp_path):
+    """mmap=True is a request, not a requirement: torch maps only its zip format, and a legacy (pre-zip) file,
+    which fairseq and the hub read, is read whole instead of refused."""
+    _saved(tmp_path / "legacy.pt", legacy=True)
+    _saved(tmp_path / "zip.pt")
+    for name in ("legacy.pt", "zip.pt"):
+        state = checkpoint_safety.load(str(tmp_path / name), mmap=True)
+        assert state["model"]["w"].shape == (2000,) and state["args"] is None
+    _, cut = _damaged(tmp_path)
+    with pytest.raises(checkpoint_safety.CheckpointError, match="cut_damaged.pt: truncated or damaged"):
+        checkpoint_safety.load(cut, mmap=True)
+
+
+@pytest.mark.slow  # the tool in a subprocess (make test-slow, CI)
+def test_evaluate_names_the_refused_global_in_one_line(tmp_path, data):
+    path = str(tmp_path / "evil.pt")
+    torch.save({"model": {}, "args": _Payload(str(tmp_path / "pwned"))}, path)
+    env = dict(os.environ, PYTHONPATH=helpers.REPO, PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-m", "acl_fairseq.cli.evaluate", path, data, "--out-dir",
+                           str(tmp_path / "out")], capture_output=True, text=True, env=env, cwd=helpers.REPO)
+    _one_line_exit_2(proc, path)
+    assert "refused as unsafe" in proc.stderr and "posix.system" in proc.stderr
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "out").exists()

@@ -150,7 +150,55 @@ def test_missing_files_are_named(bert, tmp_path, capsys, missing, message):
         os.symlink(os.path.join(hf_dir, name), tmp_path / "hf" / name)
     with pytest.raises(SystemExit) as exc:
         convert_hf.cli_main([str(tmp_path / "hf"), str(tmp_path / "fs")])
-    assert message in str(exc.value.code)
+    _one_line_exit_2(exc, capsys, message)
+
+
+def _one_line_exit_2(exc, capsys, *words):
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("acl-convert-hf: error: "), err
+    assert all(w in err for w in words), err
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_pickle_weights_file_calling_a_global_is_one_line_naming_it(bert, tmp_path, capsys):
+    """A pytorch_model.bin whose pickle asks for os.system: refused as unsafe, the global named, exit 2 (it was an
+    UnpicklingError traceback, then "truncated or damaged"), and the payload never runs."""
+    _, hf_dir, _ = bert
+    os.makedirs(tmp_path / "hf")
+    for name in ("config.json", "vocab.txt"):
+        os.symlink(os.path.join(hf_dir, name), tmp_path / "hf" / name)
+    torch.save({"embeddings.word_embeddings.weight": _Payload(str(tmp_path / "pwned"))},
+               str(tmp_path / "hf" / "pytorch_model.bin"))
+    with pytest.raises(SystemExit) as exc:
+        convert_hf.cli_main([str(tmp_path / "hf"), str(tmp_path / "fs")])
+    _one_line_exit_2(exc, capsys, "pytorch_model.bin", "refused as unsafe", "posix.system", "Fix:")
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "fs").exists()
+
+
+@pytest.mark.parametrize("where", ["parent", "absolute"])
+def test_a_shard_index_pointing_outside_its_folder_is_refused_naming_the_entry(bert, tmp_path, capsys, where):
+    _, hf_dir, _ = bert
+    os.makedirs(tmp_path / "hf")
+    for name in ("config.json", "vocab.txt"):
+        os.symlink(os.path.join(hf_dir, name), tmp_path / "hf" / name)
+    outside = tmp_path / "elsewhere.safetensors"  # real weights: without the check they load
+    os.symlink(os.path.join(hf_dir, "model.safetensors"), outside)
+    entry = {"parent": "../elsewhere.safetensors", "absolute": str(outside)}[where]
+    from safetensors.torch import load_file
+
+    index = {"metadata": {}, "weight_map": {k: entry for k in load_file(os.path.join(hf_dir, "model.safetensors"))}}
+    (tmp_path / "hf" / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(SystemExit) as exc:
+        convert_hf.cli_main([str(tmp_path / "hf"), str(tmp_path / "fs")])
+    _one_line_exit_2(exc, capsys, "model.safetensors.index.json", repr(entry), "not a file inside")
+    assert not (tmp_path / "fs").exists()
 
 
 def test_cli_help_runs_as_the_console_script():

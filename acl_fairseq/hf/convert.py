@@ -29,11 +29,10 @@ import json
 import logging
 import os
 import shutil
-import sys
 import warnings
 from typing import Dict, List, Optional
 
-from acl_fairseq import conventions, tokenization
+from acl_fairseq import checkpoint_safety, conventions, tokenization
 from acl_fairseq.cli import console
 from acl_fairseq.hf.mapping import (
     TOKENIZER_FILES,
@@ -50,6 +49,7 @@ from acl_fairseq.hf.mapping import (
 )
 
 logger = logging.getLogger(__name__)
+PROG = "acl-convert-hf"
 
 OPTIONAL_TOKENIZER_FILES = ["tokenizer_config.json", "special_tokens_map.json", "tokenizer.json"]
 POOLER_KEY = "hf_pooler"
@@ -240,7 +240,7 @@ Files: model.pt (the fairseq checkpoint), dict.txt, model_args.txt (the architec
 
 def get_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="acl-convert-hf",
+        prog=PROG,
         description="Convert a Hugging Face BERT/RoBERTa checkpoint folder into fairseq RoBERTa format "
         "(OUT_DIR/model.pt, dict.txt, model_args.txt, tokenizer files) for fairseq-train --restore-file.",
         epilog="Then: fairseq-train ... --arch multi_exit_roberta $(cat OUT_DIR/model_args.txt) --conventions "
@@ -268,10 +268,15 @@ def get_parser() -> argparse.ArgumentParser:
 def cli_main(argv: Optional[List[str]] = None) -> None:
     args = get_parser().parse_args(argv)
     console.setup_logging()
-    try:
-        convert(args.hf_dir, args.out_dir, args.num_classes, args.classification_head_name, args.seed)
-    except UnsupportedCheckpointError as e:
-        sys.exit(f"acl-convert-hf: error: {e}")
+
+    def main() -> None:
+        try:
+            convert(args.hf_dir, args.out_dir, args.num_classes, args.classification_head_name, args.seed)
+        # a folder this converter cannot map, or weights that are damaged or refused as unsafe
+        except (UnsupportedCheckpointError, checkpoint_safety.CheckpointError) as e:
+            raise console.UsageError(str(e)) from None
+
+    console.run(PROG, main)
 
 
 if __name__ == "__main__":

@@ -97,8 +97,10 @@ def read_config(hf_dir: str) -> dict:
 
 def load_hf_state_dict(hf_dir: str, model_type: str) -> Dict[str, "torch.Tensor"]:
     """The checkpoint's tensors (safetensors or pytorch_model.bin, sharded or not), with the
-    ``bert.`` / ``roberta.`` prefix of task models removed and old gamma/beta names renamed."""
-    import torch
+    ``bert.`` / ``roberta.`` prefix of task models removed and old gamma/beta names renamed. A pickle
+    ``pytorch_model.bin`` goes through the package's one safe loader (:func:`checkpoint_safety.load`): a
+    damaged file or a refused global is a one-line :class:`~acl_fairseq.checkpoint_safety.CheckpointError`."""
+    from acl_fairseq import checkpoint_safety
 
     files = _weight_files(hf_dir)
     sd = {}
@@ -108,7 +110,7 @@ def load_hf_state_dict(hf_dir: str, model_type: str) -> Dict[str, "torch.Tensor"
 
             sd.update(load_file(path))
         else:
-            sd.update(torch.load(path, map_location="cpu", weights_only=True))
+            sd.update(checkpoint_safety.load(path))
     out = {}
     for k, v in sd.items():
         k = k[len(model_type) + 1:] if k.startswith(model_type + ".") else k
@@ -125,10 +127,22 @@ def _weight_files(hf_dir: str) -> List[str]:
         if os.path.isfile(index):
             with open(index, encoding="utf-8") as f:
                 shards = sorted(set(json.load(f)["weight_map"].values()))
-            return [os.path.join(hf_dir, s) for s in shards]
+            return [_shard_path(hf_dir, index, s) for s in shards]
     raise UnsupportedCheckpointError(
         f"no weights in {hf_dir}: expected model.safetensors or pytorch_model.bin (or a sharded *.index.json)"
     )
+
+
+def _shard_path(hf_dir: str, index: str, entry) -> str:
+    """The file of one ``weight_map`` entry of a shard index, which must name a file of ``hf_dir``: an absolute
+    path or ``..`` would load weights the folder does not hold. (Links are followed: the HF hub cache links each
+    file of a snapshot folder to its blob outside it.)"""
+    name = os.path.normpath(entry) if isinstance(entry, str) and entry else ""
+    if not name or os.path.isabs(name) or name == os.curdir or name.split(os.sep)[0] == os.pardir:
+        raise UnsupportedCheckpointError(
+            f"{index}: the shard entry {entry!r} is not a file inside {hf_dir} (an absolute path or '..'): a shard "
+            "index names files of its own folder; fix the index or download the model again")
+    return os.path.join(hf_dir, name)
 
 
 def read_vocab(hf_dir: str, model_type: str) -> Tuple[List[str], Dict[str, int]]:
