@@ -113,7 +113,8 @@ def test_hub_refuses_a_threshold_out_of_range_and_defaults_from_the_table(run, m
 
 def test_cli_equals_acl_evaluate_on_the_same_split(run, model, tmp_path):
     """Metric and exit layers of acl-predict on the raw dev text equal acl-evaluate's (offline policy on the
-    full pass); where they differ, the example sits at the threshold (padding arithmetic), nothing else."""
+    full pass). A row whose decision flips sits at the threshold (padding arithmetic) and is still compared:
+    its label is its own exit's, and the totals differ from acl-evaluate's by exactly the flipped rows."""
     _, data, ckpt = run
     texts, labels = helpers.raw_split(data)
     threshold = split_threshold(model, data)
@@ -130,20 +131,35 @@ def test_cli_equals_acl_evaluate_on_the_same_split(run, model, tmp_path):
                             "--device", "cpu"])
     setting = result["settings"][0]
     m, task, _ = evaluate.load_model(ckpt, data, None, device="cpu")
-    m.task = task
     ds = (task.load_dataset("valid"), task.dataset("valid"))[1]
     ids, logits, _ = evaluate.collect_exit_logits(m, evaluate.make_batches(ds, list(range(len(ds))), 32), HEAD)
     offline = exits.exit_layer_indices(list(logits.unbind(1)), "entropy", threshold)
-    layers = torch.tensor([1, 2, 3])[offline][ids.argsort()]
-    entropy = torch.stack([exits.prediction_entropy(logits[:, j]) for j in range(3)], 1)[ids.argsort()]
-    differ = [i for i, r in enumerate(records) if r["exit_layer"] != int(layers[i])]
+    layers = torch.tensor([1, 2, 3])[offline][ids.argsort()].tolist()
+    logits = logits[ids.argsort()]  # input order
+    entropy = torch.stack([exits.prediction_entropy(logits[:, j]) for j in range(3)], 1)
+    d = task.label_dictionary
+
+    def label_at(i, layer):
+        return d[int(logits[i, layer - 1].argmax()) + d.nspecial]
+
+    n = len(labels)
+    offline_right = [label_at(i, layers[i]) == y for i, y in enumerate(labels)]
+    assert len(set(layers)) > 1
+    assert 100 * sum(offline_right) / n == pytest.approx(setting["metrics"]["accuracy"])
+    assert sum(layers) / n == pytest.approx(setting["avg_exit_layer"])
+    # every row, flipped or not: acl-predict's label is the one of the exit it stopped at
+    assert [r["label"] for r in records] == [label_at(i, r["exit_layer"]) for i, r in enumerate(records)]
+    differ = [i for i, r in enumerate(records) if r["exit_layer"] != layers[i]]
     for i in differ:  # a flip at the threshold: that exit's entropy is the threshold to float rounding
         assert (entropy[i] - threshold).abs().min() < 1e-5, (i, entropy[i])
-    assert len(set(layers.tolist())) > 1
-    if not differ:
-        accuracy = 100 * sum(r["label"] == y for r, y in zip(records, labels)) / len(labels)
-        assert accuracy == pytest.approx(setting["metrics"]["accuracy"])
-        assert summary["mean_exit_layer"] == pytest.approx(setting["avg_exit_layer"])
+    right = [r["label"] == y for r, y in zip(records, labels)]
+    kept = [i for i in range(n) if i not in differ]
+    assert [right[i] for i in kept] == [offline_right[i] for i in kept]
+    # the totals: acl-evaluate's, moved by the flipped rows' own contributions only
+    accuracy_shift = 100 * sum(right[i] - offline_right[i] for i in differ) / n
+    assert 100 * sum(right) / n == pytest.approx(setting["metrics"]["accuracy"] + accuracy_shift)
+    layer_shift = sum(records[i]["exit_layer"] - layers[i] for i in differ) / n
+    assert summary["mean_exit_layer"] == pytest.approx(setting["avg_exit_layer"] + layer_shift)
 
 
 def test_tsv_bad_rows_are_reported_and_skipped_or_stop_with_strict(run, tmp_path, caplog):
