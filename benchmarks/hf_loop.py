@@ -34,6 +34,7 @@ from torch import nn
 import _glue_runs as G
 import _records as R
 from acl_fairseq import glue_metrics
+from acl_fairseq.cli import plan
 from acl_fairseq.heads import POOLING_MODES, head_forward, pool_states
 from acl_fairseq.preprocessing.glue_tasks import TASKS, TaskSpec, get_task, read_split
 
@@ -61,13 +62,15 @@ class HFConfig:
     pooling: str = _opt("mean", "sentence vector the head reads: the [CLS] state or the mean of the non-padding "
                                 "states (the plugin's MiniLM runs use mean)", choices=POOLING_MODES)
     head_dropout: float = _opt(0.1, "dropout before the head's dense and before its out_proj")
-    hidden_dropout: float = _opt(0.1, "BERT's hidden_dropout_prob")
-    attention_dropout: float = _opt(0.1, "BERT's attention_probs_dropout_prob")
-    weight_decay: float = _opt(0.1, "decoupled weight decay, applied to all parameters as fairseq's adam does")
-    adam_betas: Tuple[float, float] = _opt((0.9, 0.98), "Adam betas", nargs=2, type=float)
-    adam_eps: float = _opt(1e-6, "Adam epsilon")
-    clip_norm: float = _opt(0.0, "gradient norm clipping (0 = none)")
-    warmup: float = _opt(0.06, "warm-up, fraction of the total updates (rounded up, as finetune.sh does)")
+    hidden_dropout: float = _opt(plan.RECIPE["dropout"], "BERT's hidden_dropout_prob")
+    attention_dropout: float = _opt(plan.RECIPE["attention_dropout"], "BERT's attention_probs_dropout_prob")
+    weight_decay: float = _opt(plan.RECIPE["weight_decay"], "decoupled weight decay, applied to all parameters as "
+                                                            "fairseq's adam does")
+    adam_betas: Tuple[float, float] = _opt(plan.RECIPE["adam_betas"], "Adam betas", nargs=2, type=float)
+    adam_eps: float = _opt(plan.RECIPE["adam_eps"], "Adam epsilon")
+    clip_norm: float = _opt(plan.RECIPE["clip_norm"], "gradient norm clipping (0 = none)")
+    warmup: float = _opt(plan.WARMUP_FRACTION, "warm-up, fraction of the total updates (rounded up, as the recipes' "
+                                               "run plan does)")
     token_types: bool = _opt(True, "BERT token type 1 on segment B (--no-token-types: all 0, like fairseq)")
     fold_token_types: bool = _opt(False, "train acl-convert-hf's parameters: token type 0 folded into the positions, "
                                          "type 1 as its difference from type 0 (the same forward; Adam sees other "
@@ -91,8 +94,9 @@ class HFConfig:
 
 
 def target_of(spec: TaskSpec, label: str) -> Union[int, float]:
-    """Class index in the task's label order, or the STS-B score / 5 (fairseq's regression target)."""
-    return float(label) / 5.0 if spec.regression else spec.labels.index(label)
+    """Class index in the task's label order, or the STS-B score / 5 (fairseq's regression target; the scale is
+    the task table's, recipes/glue/hparams.tsv)."""
+    return float(label) / plan.tasks()[spec.name].regression_scale if spec.regression else spec.labels.index(label)
 
 
 def load_examples(task: str, glue_dir: str = G.GLUE_DIR, split: str = "train") -> Examples:
@@ -219,8 +223,7 @@ class HFClassifier(nn.Module):
 
 
 def warmup_updates(total: int, fraction: float) -> int:
-    # rounded before ceil: 100 * 0.06 is 6.000000000000001 in floats, and finetune.sh's integer ceil gives 6
-    return math.ceil(round(total * fraction, 9))
+    return plan.warmup_updates(total, fraction)  # the recipes' rounding (the run plan's)
 
 
 def lr_factor(n: int, total: int, warmup: int) -> float:

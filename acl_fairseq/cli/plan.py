@@ -1,0 +1,403 @@
+"""The run plan of one GLUE recipe run: what recipes/glue/finetune.sh runs, decided in one place.
+
+    plan = build_plan("RTE", "acl_grad", seed=2, overrides={"lr": "3e-05"})
+    plan.train        # the fairseq-train argv (resuming from checkpoint_last.pt when the same command was killed)
+    plan.evaluations  # one acl-evaluate argv per validation subset (multi-exit methods)
+    plan.resume, plan.finished, plan.stops  # what a real run would do, or why it would stop
+    run_plan(plan)    # nothing runs, reads only, until this: the recipe driver runs the same plan
+
+``build_plan`` refuses settings that cannot work (:class:`RecipeError`; ``status`` 2 for a usage error)
+before looking at any file. It reads the tables (recipes/glue/hparams.tsv per task, methods.tsv per
+method), the checkpoint's folder (acl_fairseq/cli/recipe.py decides the architecture and layout), the data
+folder and the run folder; it writes nothing. The settings are the driver's environment variables
+(:data:`SETTINGS`), lower-cased as ``overrides`` keys. Standard library only: the driver runs it with
+``python -S`` (acl_fairseq/cli/plan_shell.py).
+"""
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from acl_fairseq.cli.recipe import RecipeError, decide
+from acl_fairseq.cli.tables import read_tsv
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WARMUP_FRACTION = 0.06  # fairseq's RoBERTa GLUE recipe: 6 % of the updates, rounded up
+# (variable, default, meaning): the driver's settings, read from the environment; empty = the default
+SETTINGS = [
+    ("SEED", "1", "random seed; runs land in .../seed$SEED"),
+    ("MODEL", "base", "pretrained RoBERTa size: base | large"),
+    ("MODEL_DIR", "", "holds roberta.$MODEL/ (downloaded if missing); default ${XDG_CACHE_HOME:-$HOME/.cache}/"
+                      "acl_fairseq"),
+    ("ROBERTA_PATH", "", "checkpoint to start from; default $MODEL_DIR/roberta.$MODEL/model.pt"),
+    ("RESTORE", "", "\"none\": start from random weights (tiny smoke runs only)"),
+    ("ARCH", "", "fairseq --arch; default from MODEL and the method's exits"),
+    ("MODEL_ARGS", "", "extra model flags; default: model_args.txt next to ROBERTA_PATH"),
+    ("EXIT_LAYERS", "", "multi_exit_roberta: --exit-layers; empty = every layer (single-exit methods: the top one)"),
+    ("EXIT_POOLING", "", "multi_exit_roberta: --exit-pooling cls | mean; empty = the model's default"),
+    ("DATA_ROOT", "", "holds one binarized folder per task, <TASK>-bin; default $REPO/data-bin"),
+    ("DATA_BIN", "", "this task's binarized data; default $DATA_ROOT/<TASK>-bin"),
+    ("OUT_ROOT", "", "output root: runs/TASK/METHOD/seedS and tb/TASK/METHOD/seedS; default $REPO/runs/glue"),
+    ("LR", "", "peak learning rate; default the table's"),
+    ("BATCH_SIZE", "", "sentences per batch; default the table's (updates not rescaled)"),
+    ("MAX_EPOCH", "10", "fairseq's recipe: 10 epochs"),
+    ("TOTAL_UPDATES", "", "override the table's total updates (LR schedule length)"),
+    ("WARMUP_UPDATES", "", "override warm-up; default the table's, or 6 % of TOTAL_UPDATES"),
+    ("MAX_POSITIONS", "512", "longest input in tokens (RoBERTa: 512)"),
+    ("MAX_TOKENS", "4400", "fairseq's recipe: at most 4400 tokens per batch"),
+    ("LOG_INTERVAL", "200", "updates between train_inner log lines"),
+    ("DEVICE", "auto", "auto | cuda | cpu (auto: cuda when nvidia-smi lists a GPU; gpu = cuda)"),
+    ("OPTIMIZER", "adamw_torch", "adamw_torch (fused torch AdamW, the same update as fairseq's adam) | adam"),
+    ("FP16", "auto", "auto (on when running on a GPU) | 1 | 0"),
+    ("NUM_GPUS", "1", "GPUs per run; the recipe's batch sizes are for one GPU"),
+    ("EVAL_ARGS", "", "extra acl-evaluate flags (multi-exit methods)"),
+    ("PREDICT_TEST", "0", "1: acl-evaluate also writes GLUE test-set predictions"),
+    ("FORCE", "0", "1: rerun even if result.json exists (default: skip done runs)"),
+    ("DOWNLOAD", "1", "0: never download roberta.$MODEL, fail instead"),
+    ("DRY_RUN", "0", "1 (or --dry-run): print the commands, run nothing"),
+    ("FRESH", "0", "1 (or --fresh): start over, even where the same command left checkpoint_last.pt"),
+    ("FAIRSEQ_TRAIN", "fairseq-train", "the fairseq-train executable"),
+    ("ACL_EVALUATE", "acl-evaluate", "the early-exit evaluation executable"),
+    ("PYTHON", "python3", "runs write_result.py (standard library only)"),
+    ("HPARAMS_TABLE", "", "the per-task table; default recipes/glue/hparams.tsv"),
+    ("METHODS_TABLE", "", "the per-method table; default recipes/glue/methods.tsv"),
+]
+WHOLE_NUMBERS = ("SEED", "MAX_EPOCH", "TOTAL_UPDATES", "WARMUP_UPDATES", "BATCH_SIZE", "NUM_GPUS")
+# fairseq's GLUE recipe, the same for every task and method (benchmarks/hf_loop.py reads these too)
+RECIPE = {"dropout": 0.1, "attention_dropout": 0.1, "weight_decay": 0.1, "adam_betas": (0.9, 0.98),
+          "adam_eps": 1e-06, "clip_norm": 0.0}
+FP16_FLAGS = ["--fp16", "--fp16-init-scale", "4", "--threshold-loss-scale", "1", "--fp16-scale-window", "128"]
+
+
+def settings(environ: Mapping[str, str] = os.environ, overrides: Optional[Mapping[str, object]] = None
+             ) -> Dict[str, str]:
+    """Every setting by variable name: ``overrides`` (lower-case keys welcome), else the environment, else
+    the default; an empty value is the default, as the driver's ``${VAR:-default}``."""
+    given = {k.upper(): "" if v is None else str(v) for k, v in (overrides or {}).items()}
+    unknown = sorted(set(given) - {name for name, _, _ in SETTINGS})
+    if unknown:
+        raise RecipeError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(n for n, _, _ in SETTINGS)}", 2)
+    return {name: given.get(name, environ.get(name, "")) or default for name, default, _ in SETTINGS}
+
+
+def warmup_updates(total: int, fraction: float = WARMUP_FRACTION) -> int:
+    """The recipe's warm-up: ``fraction`` of ``total`` updates, rounded up, in exact arithmetic (100 x 0.06 is
+    6.000000000000001 in floats, and the recipe's warm-up for 100 updates is 6)."""
+    return int(-(-total * Fraction(str(fraction)) // 1))
+
+
+@dataclass(frozen=True)
+class Task:
+    """One row of hparams.tsv: the recipe's schedule and the task's facts."""
+
+    name: str
+    num_classes: str
+    lr: str
+    batch_size: str
+    total_updates: str
+    warmup_updates: str
+    best_metric: str
+    regression: bool
+    valid_subsets: List[str]
+    report: str
+    metrics: List[str]  # GLUE's metrics of the task, the primary one first
+    regression_scale: Optional[float]  # GLUE's score = the model's target x this (STS-B: 5); None: classes
+    leaderboard: List[str]  # GLUE leaderboard files of the test splits, in order (MNLI: matched, mismatched)
+    test_files: List[str]  # the GLUE folder's unlabelled test files, in the same order
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    criterion: str
+    exits: str  # single | multi
+    flags: List[str]
+
+    @property
+    def contrastive(self) -> bool:
+        """Every criterion but plain cross-entropy needs class labels."""
+        return self.criterion != "sentence_ce"
+
+
+def _table(path: str, default: str) -> str:
+    return path or os.path.join(REPO, "recipes", "glue", default)
+
+
+def tasks(table: str = "") -> Dict[str, Task]:
+    """Every row of the task table (hparams.tsv), in order."""
+    out = {}
+    for r in read_tsv(_table(table, "hparams.tsv")):
+        scale = r.get("regression_scale", "-")
+        out[r["task"]] = Task(
+            r["task"], r["num_classes"], r["lr"], r["batch_size"], r["total_updates"], r["warmup_updates"],
+            r["best_metric"], r["regression"] == "1", r["valid_subsets"].split(","), r["report"],
+            r.get("metrics", r["best_metric"]).split(","), None if scale in ("-", "") else float(scale),
+            _list(r.get("leaderboard", "-")), _list(r.get("test_files", "-")))
+    return out
+
+
+def _list(value: str) -> List[str]:
+    return [] if value == "-" else value.split(",")
+
+
+def method_names(table: str = "") -> List[str]:
+    return list(dict.fromkeys(r["method"] for r in read_tsv(_table(table, "methods.tsv"))))
+
+
+def method(name: str, task: str, table: str = "") -> Optional[Method]:
+    """The method's row for ``task``, else its ``*`` row (the last one of each), else None."""
+    rows = [r for r in read_tsv(_table(table, "methods.tsv")) if r["method"] == name]
+    row = ([r for r in rows if r["task"] == task] or [r for r in rows if r["task"] == "*"] or [None])[-1]
+    if row is None:
+        return None
+    return Method(name, row["criterion"], row["exits"], [] if row["flags"] == "-" else row["flags"].split())
+
+
+def refusal(task: Task, m: Method) -> Optional[str]:
+    """Why ``m`` cannot run on ``task`` (a contrastive criterion on a regression task), or None."""
+    if task.regression and m.contrastive:
+        return (f"{task.name} is a regression task (--regression-target) and method '{m.name}' uses the contrastive "
+                f"criterion '{m.criterion}', which needs class labels; run 'ce' (sentence_ce) or 'multi_exit_ce' on "
+                f"{task.name}.")
+    return None
+
+
+def quote(args: Sequence[str]) -> str:
+    """The words as one line that a shell reads back as the same words (plain words unquoted)."""
+    return " ".join(a if re.fullmatch(r"[A-Za-z0-9_./:=,+@%-]+", a) else "'" + a.replace("'", "'\\''") + "'"
+                    for a in args)
+
+
+def run_dir(out_root: str, task: str, method_name: str, seed: object) -> str:
+    return os.path.join(out_root, "runs", task, method_name, f"seed{seed}")
+
+
+def has_gpu(environ: Mapping[str, str] = os.environ) -> bool:
+    """An NVIDIA GPU is visible: nvidia-smi lists one and CUDA_VISIBLE_DEVICES does not hide them all."""
+    if environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return False
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return False
+    listed = subprocess.run([exe, "-L"], capture_output=True, text=True).stdout
+    return any(line.startswith("GPU") for line in listed.splitlines())
+
+
+def dictionaries_differ(checkpoint: str, data_bin: str) -> bool:
+    """The checkpoint's dict.txt (when it has one) is not byte for byte the data's (fairseq#1048)."""
+    ours = os.path.join(os.path.dirname(checkpoint), "dict.txt")
+    if not checkpoint or not os.path.isfile(ours):
+        return False
+    try:
+        with open(ours, "rb") as a, open(os.path.join(data_bin, "input0", "dict.txt"), "rb") as b:
+            return a.read() != b.read()
+    except OSError:
+        return True
+
+
+@dataclass
+class Plan:
+    task: Task
+    method: Method
+    settings: Dict[str, str]
+    extra: List[str]
+    repo: str
+    arch: str
+    device: str
+    data_bin: str
+    run_dir: str
+    tb_dir: str
+    checkpoint: str  # the pretrained weights to restore ("": random initialisation)
+    default_checkpoint: str
+    train: List[str]  # what runs: the resumed command when resuming
+    train_line: str  # the fresh command as command.sh records it; a later run of the same line resumes
+    evaluations: List[List[str]]
+    result: List[str]
+    download: List[str]  # empty unless the default checkpoint must be downloaded first
+    resume: bool
+    finished: bool  # result.json exists and FORCE is not 1: a real run skips
+    missing_data: List[str] = field(default_factory=list)
+    missing_checkpoint: str = ""
+
+    @property
+    def seed(self) -> str:
+        return self.settings["SEED"]
+
+    @property
+    def last(self) -> str:
+        return os.path.join(self.run_dir, "checkpoint_last.pt")
+
+    @property
+    def stops(self) -> List[str]:
+        """Why a real run would stop before training (a dry run only notes them)."""
+        out = []
+        if self.missing_data:
+            out.append(f"binarized data for {self.task.name} not found:\n" + "\n".join(self.missing_data) + "\n"
+                       f"Binarize it first (python preprocess/glue.py --task {self.task.name} --input GLUE_DIR/"
+                       f"{self.task.name} --output {self.data_bin}),\nor point DATA_ROOT (the folder of <TASK>-bin "
+                       "folders) or DATA_BIN at existing data.")
+        return out + ([self.missing_checkpoint] if self.missing_checkpoint else [])
+
+    def dry_run_notes(self) -> List[str]:
+        s, notes = self.settings, [f"dry run: {self.task.name} / {self.method.name} / seed {self.seed}, nothing is "
+                                   "executed"]
+        if self.missing_data:
+            notes.append("data missing (a real run would stop): " + "".join(p + " " for p in self.missing_data))
+        if self.missing_checkpoint:
+            notes.append(f"a real run would stop: {self.missing_checkpoint}")
+        if not self.checkpoint:
+            notes.append("RESTORE=none: random initialization")
+        if os.path.isfile(os.path.join(self.run_dir, "result.json")) and s["FORCE"] != "1":
+            notes.append(f"{self.run_dir}/result.json exists: a real run would skip")
+        if self.resume:
+            notes.append(f"a real run would resume from {self.last} (FRESH=1 starts over)")
+        return notes
+
+    def commands(self) -> List[str]:
+        """The lines a dry run prints, in the order a real run runs them."""
+        log = quote([os.path.join(self.run_dir, "train.log")])
+        return ([quote(self.download)] if self.download else []) + [
+            f"{quote(self.train)} 2>&1 | tee {'-a ' if self.resume else ''}{log}",
+            *(quote(e) for e in self.evaluations), quote(self.result)]
+
+    def driver(self) -> List[str]:
+        """The recipe driver's command line for this plan (its settings go in the environment)."""
+        return [os.path.join(self.repo, "recipes", "glue", "finetune.sh"), self.task.name, self.method.name,
+                *self.extra]
+
+    def environment(self) -> Dict[str, str]:
+        """The settings as the driver's environment variables (a plan built as a dry run runs as one)."""
+        return dict(self.settings)
+
+
+def run_plan(plan: Plan, environ: Mapping[str, str] = os.environ, **kwargs) -> subprocess.CompletedProcess:
+    """Run the plan through the recipe driver, which builds the same plan from the same settings and runs it
+    (command.sh, logs, resume, the early-exit evaluation, result.json). ``kwargs`` go to subprocess.run."""
+    env = {**environ, **plan.environment()}
+    return subprocess.run(plan.driver(), env=env, cwd=plan.repo, **kwargs)
+
+
+def build_plan(task_name: str, method_name: str, seed: Optional[object] = None,
+               overrides: Optional[Mapping[str, object]] = None, extra: Sequence[str] = (),
+               environ: Mapping[str, str] = os.environ, repo: str = REPO) -> Plan:
+    """The plan of one run. ``overrides`` (driver variables, any case) win over ``environ``; ``extra`` are
+    fairseq-train flags that go last; ``seed`` is SEED."""
+    s = settings(environ, {**(overrides or {}), **({"SEED": seed} if seed is not None else {})})
+    task = tasks(s["HPARAMS_TABLE"]).get(task_name)
+    if task is None:
+        raise RecipeError(f"unknown task '{task_name}'", 2)
+    m = method(method_name, task_name, s["METHODS_TABLE"])
+    if m is None:
+        raise RecipeError(f"unknown method '{method_name}'", 2)
+    why = refusal(task, m)
+    if why:
+        raise RecipeError(why, 2)
+    if s["MODEL"] not in ("base", "large"):
+        raise RecipeError(f"MODEL must be base or large, not '{s['MODEL']}'", 2)
+    s["DEVICE"] = "cuda" if s["DEVICE"] == "gpu" else s["DEVICE"]  # the old spelling
+    for name, allowed in (("DEVICE", ("auto", "cuda", "cpu")), ("FP16", ("auto", "0", "1"))):
+        if s[name] not in allowed:
+            raise RecipeError(f"{name} must be {', '.join(allowed[:-1])} or {allowed[-1]}, not '{s[name]}'", 2)
+    for name in WHOLE_NUMBERS:
+        if not re.fullmatch(r"[0-9]*", s[name]):
+            raise RecipeError(f"{name} must be a whole number, not '{s[name]}'", 2)
+    if s["RESTORE"] not in ("", "none"):
+        raise RecipeError(f"RESTORE must be empty or 'none', not '{s['RESTORE']}' (set ROBERTA_PATH to choose a "
+                          "checkpoint)", 2)
+    model_dir = s["MODEL_DIR"] or os.path.join(
+        environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME", ""), ".cache"), "acl_fairseq")
+    default_checkpoint = os.path.join(model_dir, f"roberta.{s['MODEL']}", "model.pt")
+    checkpoint = "" if s["RESTORE"] == "none" else s["ROBERTA_PATH"] or default_checkpoint
+    d = decide(s["MODEL"], m.exits, m.name, s["ARCH"], s["MODEL_ARGS"], checkpoint or None, s["EXIT_LAYERS"],
+               s["EXIT_POOLING"])
+    device = s["DEVICE"] if s["DEVICE"] != "auto" else "cuda" if has_gpu(environ) else "cpu"
+    fp16 = s["FP16"] if s["FP16"] != "auto" else "1" if device == "cuda" else "0"
+    if device == "cpu" and fp16 == "1":
+        raise RecipeError("FP16=1 needs a GPU (DEVICE=cpu)", 2)
+
+    if s["TOTAL_UPDATES"]:
+        total, warmup = s["TOTAL_UPDATES"], s["WARMUP_UPDATES"] or str(warmup_updates(int(s["TOTAL_UPDATES"])))
+    else:
+        total, warmup = task.total_updates, s["WARMUP_UPDATES"] or task.warmup_updates
+    data_bin = s["DATA_BIN"] or os.path.join(s["DATA_ROOT"] or os.path.join(repo, "data-bin"), f"{task.name}-bin")
+    out_root = s["OUT_ROOT"] or os.path.join(repo, "runs", "glue")
+    rd = run_dir(out_root, task.name, m.name, s["SEED"])
+    tb = os.path.join(out_root, "tb", task.name, m.name, f"seed{s['SEED']}")
+    device_flags = ["--distributed-world-size", s["NUM_GPUS"]] if device != "cpu" else [
+        "--cpu", "--distributed-world-size", "1"]
+    head = [s["FAIRSEQ_TRAIN"], data_bin, "--user-dir", os.path.join(repo, "acl_fairseq")]
+    restore = ["--restore-file", checkpoint, "--reset-optimizer", "--reset-dataloader", "--reset-meters"]
+    rest = [
+        "--task", "sentence_prediction_acl", *d.task_flags, "--num-classes", task.num_classes,
+        *(["--regression-target"] if task.regression else []),
+        "--max-positions", s["MAX_POSITIONS"], "--batch-size", s["BATCH_SIZE"] or task.batch_size,
+        "--max-tokens", s["MAX_TOKENS"], "--required-batch-size-multiple", "1", *d.model_flags,
+        "--criterion", m.criterion, *m.flags,
+        "--dropout", str(RECIPE["dropout"]), "--attention-dropout", str(RECIPE["attention_dropout"]),
+        "--weight-decay", str(RECIPE["weight_decay"]), "--optimizer", s["OPTIMIZER"],
+        "--adam-betas", "(%s,%s)" % RECIPE["adam_betas"], "--adam-eps", str(RECIPE["adam_eps"]),
+        "--clip-norm", str(RECIPE["clip_norm"]),
+        "--lr-scheduler", "polynomial_decay", "--lr", s["LR"] or task.lr,
+        "--total-num-update", total, "--max-update", total, "--warmup-updates", warmup,
+        "--max-epoch", s["MAX_EPOCH"], "--seed", s["SEED"], "--find-unused-parameters",
+        "--valid-subset", ",".join(task.valid_subsets),
+        "--best-checkpoint-metric", task.best_metric, "--maximize-best-checkpoint-metric",
+        "--save-dir", rd, "--no-epoch-checkpoints",
+        "--tensorboard-logdir", tb, "--log-format", "json", "--log-interval", s["LOG_INTERVAL"],
+        *device_flags, *(FP16_FLAGS if fp16 == "1" else []), *extra]
+    train = head + (restore if checkpoint else []) + rest
+    train_line = f"{quote(train)} 2>&1 | tee {quote([os.path.join(rd, 'train.log')])}"
+
+    evaluations, early_exit = [], []
+    if m.exits == "multi":
+        eval_extra = (s["EVAL_ARGS"].splitlines() or [""])[0].split()
+        for i, subset in enumerate(task.valid_subsets):
+            name = "early_exit" if i == 0 else f"early_exit_{subset}"
+            cmd = [s["ACL_EVALUATE"], os.path.join(rd, "checkpoint_best.pt"), data_bin, "--out-dir",
+                   os.path.join(rd, name), "--split", subset, "--task-name", task.name, "--tensorboard-logdir",
+                   os.path.join(tb, f"early_exit_{subset}")]
+            if s["PREDICT_TEST"] == "1" and i == 0:  # test splits pair with the valid ones: test, test1, ...
+                cmd += ["--test-split", *(re.sub("^valid", "test", v) for v in task.valid_subsets),
+                        "--predictions-dir", os.path.join(rd, "predictions")]
+            evaluations.append(cmd + ["--device", device, *eval_extra])
+            early_exit += ["--early-exit", f"{subset}={name}/early_exit.json"]
+    result = [s["PYTHON"], os.path.join(repo, "recipes", "glue", "write_result.py"), rd, "--task", task.name,
+              "--method", m.name, "--seed", s["SEED"], "--criterion", m.criterion, "--arch", d.arch,
+              "--best-metric", task.best_metric, "--valid-subsets", ",".join(task.valid_subsets), *early_exit]
+
+    missing_checkpoint, download = "", []
+    if checkpoint and not os.path.isfile(checkpoint):
+        if checkpoint == default_checkpoint and s["DOWNLOAD"] == "1":
+            download = [os.path.join(repo, "recipes", "download_roberta.sh"), s["MODEL"], model_dir]
+        else:
+            missing_checkpoint = (
+                f"checkpoint not found: {checkpoint} (fairseq would silently train from random weights). Set "
+                f"ROBERTA_PATH to an existing model.pt, unset it to download roberta.{s['MODEL']} into MODEL_DIR, or "
+                "set RESTORE=none to train from scratch on purpose.")
+    finished = os.path.isfile(os.path.join(rd, "result.json"))
+    resume = s["FRESH"] != "1" and os.path.isfile(os.path.join(rd, "checkpoint_last.pt")) and not finished and (
+        _records(os.path.join(rd, "command.sh"), train_line))
+    if resume:  # fairseq continues exactly (weights, optimizer, schedule, data order): nothing is reset
+        train = head + ["--restore-file", os.path.join(rd, "checkpoint_last.pt")] + rest
+    return Plan(task, m, s, list(extra), repo, d.arch, device, data_bin, rd, tb, checkpoint, default_checkpoint,
+                train, train_line, evaluations, result, download, resume, finished and s["FORCE"] != "1",
+                _missing_data(data_bin, task), missing_checkpoint)
+
+
+def _records(path: str, line: str) -> bool:
+    """``path`` holds ``line`` as one of its lines."""
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as f:
+            return line in f.read().splitlines()
+    except OSError:
+        return False
+
+
+def _missing_data(data_bin: str, task: Task) -> List[str]:
+    """The files of the binarized folder that fairseq's sentence_prediction task reads and that are missing."""
+    need = ["input0/dict.txt", "input0/train.idx", *(f"input0/{s}.idx" for s in task.valid_subsets),
+            "label/train.label" if task.regression else "label/dict.txt"]
+    return [os.path.join(data_bin, f) for f in need if not os.path.isfile(os.path.join(data_bin, f))]
