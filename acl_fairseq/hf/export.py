@@ -18,9 +18,13 @@ tokenizer: :mod:`acl_fairseq.hf.export_tokenizer`. What HF cannot compute exactl
 tokenizer kind without an HF equivalent, ...) is refused with the reason, never exported approximately.
 
 OUT is built in a temporary folder beside it and renamed into place at the end; it is removed on an error,
-Ctrl-C or SIGTERM. An existing OUT is refused without ``--force``.
+Ctrl-C or SIGTERM. An existing OUT is refused without ``--force``. Every refusal is one line and exit status
+2, made before the model loads where it can be (flags, an OUT that cannot be written, the data folder, the
+checkpoint); a disk that fills or a folder that turns read-only during the export is one line too, and Ctrl-C
+exits 130. A regression model (STS-B) needs no ``label/dict.txt``.
 """
 import argparse
+import errno
 import logging
 import os
 import shutil
@@ -91,26 +95,70 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def fail(message: str) -> None:
-    """A usage or input error: one line, exit status 2."""
+    """A usage or input error: one line, exit status 2 (as :func:`console.run` reports a UsageError; printed here
+    so that a caller of :func:`main` gets the line too, and exited as a plain SystemExit so it is printed once)."""
     print(f"{PROG}: error: {message}", file=sys.stderr)
     raise SystemExit(2)
 
 
-def precheck(args) -> Dict:
-    """Everything that can be checked before the model is built; returns the checkpoint's cfg."""
+def check_flags(args) -> None:
+    """The flags alone, before any file is read."""
+    for fmt in set(args.format):
+        if args.format.count(fmt) > 1:
+            fail(f"--format {fmt} is given {args.format.count(fmt)} times: name each format once")
+    if args.batch_size < 1:
+        fail(f"--batch-size {args.batch_size}: the metrics pass needs a whole number >= 1")
     if args.quantize and "onnx" not in args.format:
         fail("--quantize applies to --format onnx: add it")
+
+
+def check_out(args) -> None:
+    """OUT: a folder (or a path that can become one) this process can write in, without the formats' folders
+    unless ``--force``. Writing is tried (a probe file, removed at once): permission bits say nothing for root,
+    nor for a read-only or immutable mount."""
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         fail(f"--out {args.out} is a file: give a folder (each format goes to OUT/<format>/)")
     for fmt in args.format:
         if os.path.exists(os.path.join(args.out, fmt)) and not args.force:
             fail(f"{os.path.join(args.out, fmt)} exists; pass --force to replace it")
-    if not os.path.isfile(args.checkpoint):
-        fail(f"checkpoint file not found: {args.checkpoint}")
-    for sub in ("input0", "label"):
+    folder = os.path.abspath(args.out)
+    while not os.path.lexists(folder):  # the nearest existing folder is where the first write happens
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        fail(f"--out {args.out}: {folder} is a file, not a folder; pass another --out")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".export.probe-", dir=folder)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        fail(f"--out {args.out}: cannot write in {folder} ({e.strerror or e}); pass an --out you can write to")
+
+
+def check_data(args, cfg: Dict) -> None:
+    """The binarized folder: its dictionaries (no label dictionary for a regression model: STS-B's data has
+    none) and the split of ``--metrics-split``."""
+    task = cfg.get("task")
+    regression = bool(task.get("regression_target") if hasattr(task, "get") else
+                      getattr(task, "regression_target", False))
+    for sub in ("input0",) if regression else ("input0", "label"):
         if not os.path.isfile(os.path.join(args.data, sub, "dict.txt")):
             fail(f"{os.path.join(args.data, sub, 'dict.txt')} not found: --data must be the binarized folder the "
                  "model was trained on")
+    split, input0 = args.metrics_split, os.path.join(args.data, "input0")
+    if "hf" in args.format and split != "none" and not os.path.isfile(os.path.join(input0, f"{split}.bin")):
+        found = sorted(n[: -len(".bin")] for n in os.listdir(input0) if n.endswith(".bin"))
+        fail(f"--metrics-split {split}: {os.path.join(input0, split + '.bin')} not found; pass one of the folder's "
+             f"splits ({', '.join(found) or 'none binarized'}) or none")
+
+
+def precheck(args) -> Dict:
+    """Everything that can be checked before the model is built; returns the checkpoint's cfg."""
+    check_flags(args)
+    check_out(args)
+    if not os.path.isfile(args.checkpoint):
+        fail(f"checkpoint file not found: {args.checkpoint}")
+    cfg = read_cfg(args.checkpoint)
+    check_data(args, cfg)
     if args.threshold is not None and args.policy in (None, calibration.NO_POLICY):
         fail(f"--threshold needs a --policy to apply to ({', '.join(exits.POLICIES)})")
     if args.policy not in (None, calibration.NO_POLICY):
@@ -124,7 +172,6 @@ def precheck(args) -> Dict:
             export_tokenizer.family_of(record)
     except ValueError as e:  # a malformed stats.json, or a tokenizer kind HF has no standard tokenizer for
         fail(str(e))
-    cfg = read_cfg(args.checkpoint)
     from acl_fairseq.hf import export_weights
 
     model_args = cfg.get("model")
@@ -138,15 +185,18 @@ def precheck(args) -> Dict:
 
 
 def read_cfg(checkpoint: str) -> Dict:
-    """The checkpoint's cfg, read without loading its tensors into memory (memory-mapped, safe loader)."""
-    import torch
-
+    """The checkpoint's cfg through the package's one safe loader, memory-mapped where the file's format allows
+    it (torch's zip format; a legacy file, which acl-predict and acl-evaluate read, is read whole)."""
     import acl_fairseq  # noqa: F401  (allowlists fairseq's checkpoint types for the safe loader)
+    from acl_fairseq import checkpoint_safety
 
     try:
-        state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # a truncated or foreign file: name it
-        fail(f"{checkpoint} is not a readable fairseq checkpoint ({type(e).__name__}: {str(e).splitlines()[0]})")
+        state = checkpoint_safety.load(checkpoint, mmap=True)
+    except checkpoint_safety.CheckpointError as e:  # a truncated, foreign or unsafe file: named, with the fix
+        fail(str(e))
+    if not isinstance(state, dict):
+        fail(f"{checkpoint} is not a fairseq checkpoint (it holds a {type(state).__name__}, not a dict with a "
+             "cfg); pass a checkpoint written by fairseq-train")
     cfg = state.get("cfg") or {}
     if not cfg and state.get("args") is not None:  # an argparse-era checkpoint
         args = vars(state["args"])
@@ -247,12 +297,44 @@ def export(args) -> Dict:
         write_atomically(args.out, args.force, build)
     except ExportError as e:
         fail(str(e))
+    except OSError as e:  # the disk filled, or OUT turned read-only, after the checks: nothing was placed
+        fail(_os_error(e, args.out))
     return written
+
+
+def _os_error(e: OSError, out: str) -> str:
+    where = e.filename or out
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free some space or pass an --out on another disk"
+    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "pass an --out you can write to"
+    else:
+        fix = "fix that and export again"
+    return f"{where}: {e.strerror or e} while writing the export; nothing was placed in {out}: {fix}"
+
+
+def _interrupted(error: BaseException) -> bool:
+    """Ctrl-C, even where a library wrapped it into its own error (torch's exporter raises TorchExportError
+    from the KeyboardInterrupt)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def main(argv: Optional[List[str]] = None) -> Dict:
     args = build_parser().parse_args(argv)
-    written = export(args)
+    try:
+        written = export(args)
+    except (KeyboardInterrupt, Exception) as e:
+        if not _interrupted(e):
+            raise
+        print(f"{PROG}: interrupted: nothing was placed in {args.out} (the temporary folder is removed)",
+              file=sys.stderr)
+        raise SystemExit(128 + signal.SIGINT) from None
     for fmt, files in written.items():
         print(f"{PROG}: wrote {os.path.join(args.out, fmt)}: {', '.join(files)}", file=sys.stderr)
     return written
@@ -262,7 +344,7 @@ def cli_main() -> None:
     console.setup_logging("WARNING")
     for name in ("onnxscript", "torch.onnx"):  # the exporter's notes on every graph (skipped foldings)
         logging.getLogger(name).setLevel(logging.ERROR)
-    main()
+    console.run(PROG, main)
 
 
 if __name__ == "__main__":
