@@ -171,6 +171,50 @@ def test_record_is_written_whole_and_not_over_an_existing_one(tmp_path):
         calibration.read(path)
 
 
+@pytest.mark.parametrize("threshold", [True, "0.3", None])
+def test_a_threshold_that_is_not_a_json_number_is_refused(tmp_path, threshold):
+    """JSON's true was read as 1 (Python's bool is an int), a string or null as a threshold too."""
+    path = str(tmp_path / calibration.FILE_NAME)
+    json.dump({"schema": calibration.SCHEMA, "policy": "patience", "threshold": threshold}, open(path, "w"))
+    with pytest.raises(calibration.RecordError, match=f"threshold is {json.dumps(threshold)}, not a number"):
+        calibration.read(path)
+
+
+def _read_only_folder(monkeypatch, folder):
+    """Creating a file in ``folder`` fails as on a read-only folder (root, who runs the tests here, ignores
+    permission bits: the kernel's answer is simulated, as a full disk is elsewhere)."""
+    real_open = os.open
+
+    def refusing(path, *args, **kwargs):
+        if os.path.dirname(os.path.abspath(path)) == os.path.abspath(folder):
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refusing)
+
+
+@pytest.mark.parametrize("obstacle", ["read-only folder", "a folder named like the record"])
+def test_a_record_that_cannot_be_written_is_refused_before_the_sweep(tmp_path, monkeypatch, obstacle):
+    """It was refused only at the end of the whole sweep."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "checkpoint_best.pt").write_bytes(b"never read: the refusal comes first")
+    monkeypatch.setattr(evaluate, "evaluate", lambda args: pytest.fail("the sweep ran"))
+    flags = ["--calibrate", "max-drop=1"]
+    if obstacle == "read-only folder":
+        _read_only_folder(monkeypatch, folder)
+        reason = "Permission denied"
+    else:
+        (folder / calibration.FILE_NAME).mkdir()
+        flags.append("--force")
+        reason = "a folder is in the way"
+    with pytest.raises(SystemExit) as e:
+        evaluate.main([str(folder / "checkpoint_best.pt"), str(tmp_path), "--out-dir", str(tmp_path / "ee"), *flags])
+    message = str(e.value)
+    assert e.value.code == 2 and message.startswith(f"--calibrate writes {folder / calibration.FILE_NAME}, which "
+                                                    f"cannot be written here ({reason})") and "\n" not in message
+
+
 # ---- acl-evaluate --calibrate on a tiny trained model, and who applies the record --------------------------
 
 

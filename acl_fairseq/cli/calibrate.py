@@ -45,6 +45,12 @@ def precheck(parser: argparse.ArgumentParser, args) -> None:
     path = calibration.path_beside(args.checkpoint)
     if os.path.exists(path) and not args.force:
         raise UsageError(f"{path} exists; pass --force to calibrate again and replace it")
+    try:  # before the sweep, which may take long, rather than at its end
+        calibration.check_writable(path)
+    except OSError as e:
+        raise UsageError(f"--calibrate writes {path}, which cannot be written here ({e.strerror or e}): make "
+                         f"{os.path.dirname(path)} writable, or calibrate a copy of the checkpoint in a folder you "
+                         "can write to") from None
 
 
 def apply(args, result: Dict) -> Dict:

@@ -15,11 +15,13 @@ policy is given (:func:`resolve`), and only to the checkpoint it was calibrated 
 Standard library and :mod:`acl_fairseq.exits` only: the ONNX runtime resolves its serving policy here too.
 """
 import datetime
+import errno
 import hashlib
 import json
 import logging
 import math
 import os
+import tempfile
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from acl_fairseq import exits
@@ -172,14 +174,34 @@ def write(record: Dict, path: str, force: bool) -> None:
             os.remove(tmp)
 
 
+def check_writable(path: str) -> None:
+    """An OSError naming the reason when the record cannot be written at ``path``: a folder there, or a folder
+    this process cannot create a file in. Tried with a probe file (removed at once), because permission bits say
+    nothing for root, nor for a read-only or immutable mount: acl-evaluate asks before its sweep, not after."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, "a folder is in the way", path)
+    fd, probe = tempfile.mkstemp(prefix=f".{FILE_NAME}.probe-", dir=os.path.dirname(os.path.abspath(path)))
+    os.close(fd)
+    os.remove(probe)
+
+
+def json_number(value, what: str):
+    """``value`` read from a JSON file where a number is expected, else a ValueError: ``true`` is not 1 (Python
+    counts a bool as an int), nor is ``"0.3"`` or ``null`` a threshold."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} is {json.dumps(value)}, not a number")
+    return value
+
+
 def read(path: str) -> Dict:
-    """The record at ``path``, checked: its schema, a policy of ``exits.POLICIES`` and a threshold in its range."""
+    """The record at ``path``, checked: its schema, a policy of ``exits.POLICIES`` and a threshold in its range
+    (a JSON number: :func:`json_number`)."""
     try:
         with open(path, encoding="utf-8") as f:
             record = json.load(f)
         if record.get("schema") != SCHEMA:
             raise ValueError(f"schema {record.get('schema')!r}, expected {SCHEMA!r}")
-        record["threshold"] = exits.validate(record["policy"], record["threshold"])
+        record["threshold"] = exits.validate(record["policy"], json_number(record["threshold"], "threshold"))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise RecordError(f"{path}: not a readable calibration record ({type(e).__name__}: {e}); run "
                          "acl-evaluate --calibrate again, or remove it") from None
