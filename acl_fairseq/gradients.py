@@ -1,4 +1,4 @@
-"""Pure tensor maths of the ACL-Grad decision (see docs/METHOD.md "acl_grad"): the cosine between two
+"""Pure tensor maths of the ACL-Grad decision (see docs/method.md "acl_grad"): the cosine between two
 gradient lists and the keep/discard rule.
 
 Every function takes tensors and plain numbers and returns tensors; nothing here knows about fairseq

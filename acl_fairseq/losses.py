@@ -1,4 +1,4 @@
-"""Pure tensor maths for the contrastive criteria and the multi-exit model (see docs/METHOD.md).
+"""Pure tensor maths for the contrastive criteria and the multi-exit model (see docs/method.md).
 
 Every function takes tensors and plain numbers and returns tensors; nothing here knows about
 fairseq. Contrastive maths runs in float32 at least: float16/bfloat16 inputs are upcast and the

@@ -46,6 +46,9 @@ RUNS = {
                   "--acl-anchors", "all"],
 }
 SCL_TEMPERATURE, ACL_TEMPERATURE = 0.3, 0.5
+# the params scope's cosine skips a parameter that only one loss reaches (gradients.gradient_cosine: the classification
+# head for SCL on the encoder state), so "all parameters" would overstate what it covers
+PARAMS_SCOPE = "the parameters both losses reach"
 TOY_MODEL = ["--encoder-layers", "2", "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "24",
              "--encoder-attention-heads", "2", "--max-positions", "64"]
 
@@ -191,7 +194,7 @@ def plot(results: Dict[str, dict], steps: Dict[str, List[dict]], path: str) -> N
             ax.hist(angles, bins=int(high - low) // 2, range=(low, high), alpha=0.55,
                     label=f"{pair}: median {stats['angle_median']:.1f}°, {100 * stats['frac_conflict']:.0f}% > 90°")
         ax.axvline(90, color="k", lw=0.8, ls="--")
-        ax.set_title(f"trained with {run}: angle to g_CE, all parameters", fontsize=10)
+        ax.set_title(f"trained with {run}: angle to g_CE, {PARAMS_SCOPE}", fontsize=10)
         ax.set_xlabel("angle (degrees)")
         ax.set_ylabel("batches")
         ax.legend(fontsize=7)
@@ -220,15 +223,19 @@ def run_dir_name(run: str, seed: int) -> str:
     return f"{run}_seed{seed}"
 
 
+def measuring(measure_every: int) -> str:
+    """How often the log says a run measures (``--measure-every``)."""
+    n = measure_every
+    return "before every update" if n == 1 else f"before one update in {n} (updates 1, {n + 1}, {2 * n + 1}, ...)"
+
+
 def prepare(args):
     """(data folder, encoder or None, updates of the schedule) of the real pilot or of --toy."""
     if args.toy:
-        sys.path.insert(0, os.path.join(G.REPO, "scripts"))
-        from toy_data import make_toy_dataset
-
         data = os.path.join(args.work, "grad_conflict_toy", "data")
-        if not os.path.isfile(os.path.join(data, "label", "dict.txt")):
-            make_toy_dataset(data, n_train=64, n_valid=16)
+        if not os.path.isfile(os.path.join(data, "label", "dict.txt")):  # the demo's generator, run as a script
+            G.run([sys.executable, os.path.join(G.REPO, "scripts", "toy_data.py"), data, "--n-train", "64",
+                   "--n-valid", "16"])
         return data, None, args.epochs * 4
     import quality
 
@@ -270,7 +277,8 @@ def main(argv=None) -> int:
                 if os.path.isfile(path):
                     G.log(f"recorded: {run} seed {seed} ({path})")
                     continue
-                G.log(f"train: RTE with {run}, seed {seed}, {updates} updates, measuring every update")
+                G.log(f"train: RTE with {run}, seed {seed}, {updates} updates, measuring "
+                      f"{measuring(args.measure_every)}")
                 with tempfile.TemporaryDirectory(prefix="acl_grad_conflict_") as tmp:
                     argv_run = train_argv(data, tmp, run, seed, args.epochs, updates, enc)
                     steps = train_and_measure(argv_run, args.measure_every)

@@ -64,14 +64,13 @@ TOY_MODEL = [*common.size_args("tiny", 64), "--dropout", "0.0", "--attention-dro
 
 def toy_model(work: str):
     """(checkpoint, data, sentences, gold labels): a tiny multi-exit model trained in seconds on the toy task."""
-    sys.path.insert(0, os.path.join(G.REPO, "scripts"))
     from acl_fairseq import conventions
-    from toy_data import make_toy_dataset
 
     root = os.path.join(work, "serve_speed_toy")
     data, save = os.path.join(root, "data"), os.path.join(root, "ckpt")
-    if not os.path.isfile(os.path.join(data, "label", "dict.txt")):
-        make_toy_dataset(data, n_train=256, n_valid=64)
+    if not os.path.isfile(os.path.join(data, "label", "dict.txt")):  # the demo's generator, run as a script
+        G.run([sys.executable, os.path.join(G.REPO, "scripts", "toy_data.py"), data, "--n-train", "256",
+               "--n-valid", "64"])
     ckpt = os.path.join(save, "checkpoint_best.pt")
     if not os.path.isfile(ckpt):
         G.log(f"train: the toy model -> {save}")
@@ -347,10 +346,13 @@ def load(args):
 
 
 def setup_record(args, ckpt: str, folder: str, n: int) -> Dict:
+    """The run's settings; paths relative to ``--work``, the run folder, so that the record names no folder of the
+    machine it ran on."""
     import onnxruntime
     import torch
 
-    return {"checkpoint": ckpt, "onnx": folder, "examples": n, "toy": args.toy, "policy": args.policy,
+    return {"checkpoint": os.path.relpath(ckpt, args.work), "onnx": os.path.relpath(folder, args.work),
+            "examples": n, "toy": args.toy, "policy": args.policy,
             "threshold": args.threshold, "threshold_source": args.threshold_source,
             "batch_sizes": [1, args.batch_size], "repeats": args.repeats, "threads": args.threads,
             "cpus": os.cpu_count(), "load_average": os.getloadavg()[0], "torch": torch.__version__,

@@ -15,6 +15,7 @@ from typing import List
 
 from acl_fairseq import criterions, models
 
+PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # acl_fairseq/, not acl_fairseq/cli/
 
 def plugin_criteria() -> List[str]:
     """The criteria registered by ``acl_fairseq.criterions``, in registration (import) order."""
@@ -53,7 +54,7 @@ def main(argv=None) -> None:
     p.add_argument("--arch", default="multi_exit_roberta_base", help="architecture whose options to show")
     p.add_argument("--list", action="store_true", help="only list the plugin's criteria and architectures")
     a = p.parse_args(argv)
-    sys.argv = [sys.argv[0], "--user-dir", os.path.dirname(os.path.abspath(__file__))]  # fairseq reads it
+    sys.argv = [sys.argv[0], "--user-dir", PLUGIN_DIR]  # fairseq reads it
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     if a.list:

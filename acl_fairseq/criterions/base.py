@@ -3,8 +3,8 @@
 A criterion here is ``loss = ce_weight * CE + aux`` where ``CE`` is the (exit-weighted) cross-entropy
 (MSE for ``--regression-target``) and ``aux`` is what a subclass adds in :meth:`aux_terms` (SCL, ACL,
 cross-layer ACL). A subclass may put the two parts together otherwise by overriding :meth:`combine`
-(ACL-Grad's gradient-conflict gate, ``acl_grad.py``), and declare the logging keys it adds
-(``logged_ratios``, ``logged_sums``) so that :meth:`reduce_metrics` reports them.
+(ACL-Grad's gradient-conflict gate: ``acl_embed.py`` and ``sentence_scl.py`` hand it to ``gating.py``), and
+declare the logging keys it adds (``logged_ratios``, ``logged_sums``) so that :meth:`reduce_metrics` reports them.
 Losses follow fairseq's sum convention: sums over the batch, divided by ``sample_size`` (sentences)
 by the optimizer; contrastive means are multiplied by the batch size to match.
 
@@ -153,8 +153,9 @@ class ExitCriterionBase(FairseqCriterion):
 
     def combine(self, model, exits: ExitOutputs, ce: torch.Tensor, aux: torch.Tensor) -> Tuple[torch.Tensor, Dict]:
         """``(loss to back-propagate, extra logging entries)`` from the CE part (already times ``ce_weight``)
-        and the auxiliary part, both in the sum convention: here their sum. ACL-Grad overrides it with its
-        gate (``acl_grad.py``)."""
+        and the auxiliary part, both in the sum convention: here their sum. The gated criteria override it with
+        ACL-Grad's gate (``acl_embed.py``, which acl_grad and acl_cross_layer inherit, and ``sentence_scl.py``, both
+        calling ``gating.py``'s)."""
         return ce + aux, {}
 
     # --- the shared forward -------------------------------------------------------------------
