@@ -176,13 +176,10 @@ def check_output(path: str, force: bool) -> None:
 
 def predict(args, hub, source: inputs.Input, writer: Writer) -> dict:
     """Predict every row of ``source`` into ``writer``; returns the closing summary."""
-    from tqdm import tqdm
-
-    policy, threshold = resolve_policy(args, hub)
-    exit_layer = args.exit_layer
+    request = resolve_policy(args, hub)
     writer.begin([] if hub.regression else hub.label_names())
     done, skipped, truncated, layer_sum, seconds = 0, 0, 0, 0, 0.0
-    bar = tqdm(desc="acl-predict", unit=" inputs", disable=None if args.input != "-" else True, file=sys.stderr)
+    bar = _progress(args.input == "-")
     try:
         chunk: List[Row] = []
         for item in itertools.chain(source.rows(), [None]):  # None: flush the last chunk
@@ -196,8 +193,7 @@ def predict(args, hub, source: inputs.Input, writer: Writer) -> dict:
                 chunk.append(item)
             if chunk and (item is None or len(chunk) >= args.chunk_size):
                 t0 = time.perf_counter()
-                preds = hub.predict_early_exit([r.texts for r in chunk], policy or calibration.NO_POLICY, threshold,
-                                               exit_layer, args.batch_size)
+                preds = hub.predict_texts([r.texts for r in chunk], request, args.batch_size)
                 seconds += time.perf_counter() - t0
                 for row, pred in zip(chunk, preds):
                     writer.write(row, pred)
@@ -212,20 +208,40 @@ def predict(args, hub, source: inputs.Input, writer: Writer) -> dict:
     mean_layer = layer_sum / done if done else None
     return {"examples": done, "skipped": skipped, "truncated": truncated, "seconds": seconds,
             "examples_per_s": done / seconds if seconds else None, "mean_exit_layer": mean_layer,
-            "layer_speedup": num_layers / mean_layer if mean_layer else None, "policy": policy,
-            "threshold": threshold if policy else None, "exit_layer": exit_layer}
+            "layer_speedup": num_layers / mean_layer if mean_layer else None, "policy": request.policy,
+            "threshold": request.threshold, "exit_layer": request.exit_layer}
+
+
+def _progress(disable: bool):
+    """tqdm's bar on a terminal's stderr; none elsewhere, as tqdm's ``disable=None`` decides, without importing
+    tqdm (a third of acl-predict OUT/onnx's start-up), and none where tqdm is not installed (pip install .[serve])."""
+    if disable or not sys.stderr.isatty():
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(desc="acl-predict", unit=" inputs", file=sys.stderr)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def resolve_policy(args, hub):
-    """``(policy, threshold)`` to run, None for the last exit: the flags, else the model's calibrated (serving)
-    policy, named on stderr; the threshold is the table's default when a policy is given without one."""
-    default = hub.serving_policy
-    policy, threshold = calibration.resolve(args.policy, args.threshold, args.exit_layer, default)
-    if args.policy is None and policy is not None:
-        kind = "calibrated" if default.get("budget") else "serving"
-        print(f"acl-predict: using the {kind} policy {policy} {threshold:g} from {default['source']} (--policy "
-              f"{calibration.NO_POLICY}: the last exit)", file=sys.stderr)
-    return policy, hub.check_policy(policy, args.exit_layer, threshold)
+    """The :class:`acl_fairseq.runtime.loop.ExitRequest` to run, resolved once for the whole input: the flags,
+    else the model's calibrated (serving) policy, named on stderr, else the last exit; the threshold is the
+    table's default when a policy is given without one."""
+    request = hub.resolve_request(args.policy, args.threshold, args.exit_layer, source="flag")
+    if args.policy is None and request.policy is not None:
+        kind = "calibrated" if hub.serving_policy.get("budget") else "serving"
+        print(f"acl-predict: using the {kind} policy {request.policy} {request.threshold:g} from {request.source} "
+              f"(--policy {calibration.NO_POLICY}: the last exit)", file=sys.stderr)
+    return request
 
 
 def load_hub(args):
@@ -260,8 +276,6 @@ def load_engine(args):
 
 def check_files(args) -> None:
     """What can be refused before anything is opened or loaded."""
-    from acl_fairseq import checkpoint_safety
-
     if args.input != "-":  # a file, or what a shell hands over: /dev/stdin, <(zcat dev.tsv.gz), a named pipe
         if not os.path.exists(args.input):
             raise UsageError(f"input file not found: {args.input}")
@@ -272,6 +286,8 @@ def check_files(args) -> None:
         return
     if args.data is None:
         raise UsageError("--data is required with a checkpoint: the binarized folder the model was trained on")
+    from acl_fairseq import checkpoint_safety  # torch: only for a checkpoint, never for an OUT/onnx folder
+
     try:
         checkpoint_safety.check_readable(args.checkpoint)
     except checkpoint_safety.CheckpointError as e:

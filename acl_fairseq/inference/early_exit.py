@@ -2,20 +2,23 @@
 """Early-exit inference that stops computing for the rows that have exited.
 
 The encoder runs layer by layer with fairseq's own pieces (``forward_embedding``, each
-``TransformerEncoderLayer`` with its padding mask, the final LayerNorm of a pre-norm encoder). After
-each exit the rows that exit leave the batch: the remaining rows of ``x`` and of the padding mask are
-``index_select``-ed (and padding columns nobody needs any more are cut) before the next layer. Works
-at batch size 1 and batched, for ``multi_exit_roberta`` and for a stock ``roberta`` (one exit).
+``TransformerEncoderLayer`` with its padding mask, the final LayerNorm of a pre-norm encoder): that is
+:class:`TorchBackend`, and the loop over it is :func:`acl_fairseq.runtime.loop.run_batch`, the one the ONNX
+Runtime engine runs too. After each exit the rows that exit leave the batch: the remaining rows of ``x`` and of
+the padding mask are ``index_select``-ed (and padding columns nobody needs any more are cut) before the next
+layer. Works at batch size 1 and batched, for ``multi_exit_roberta`` and for a stock ``roberta`` (one exit).
 Inference only: call in eval mode, under ``torch.no_grad`` (done here).
 """
 
 from typing import List, NamedTuple, Optional, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from acl_fairseq import exits
 from acl_fairseq.heads import head_forward, pool_states
+from acl_fairseq.runtime import loop
 
 
 class EarlyExitOutput(NamedTuple):
@@ -55,6 +58,40 @@ def _embed(encoder: nn.Module, src_tokens: Tensor) -> Tuple[Tensor, Tensor]:
     return x.transpose(0, 1), padding_mask
 
 
+class TorchBackend:
+    """The model cut at its layers for :func:`acl_fairseq.runtime.loop.run_batch` (the loop both engines share):
+    fairseq's own embedding, each ``TransformerEncoderLayer`` with its padding mask, the exit heads on the pooled
+    states (after a pre-norm encoder's final LayerNorm on the top layer). States stay on the model's device."""
+
+    def __init__(self, model: nn.Module, head_name: str = "sentence_classification_head"):
+        self.exit_layers, self.heads, self.pooling = exit_plan(model, head_name)
+        self.encoder = model.encoder.sentence_encoder
+        self.num_classes = self.heads[0].out_proj.out_features
+        self.device = next(model.parameters()).device
+        self._exit_at = {layer: m for m, layer in enumerate(self.exit_layers)}
+
+    @torch.no_grad()
+    def embed(self, ids, mask: np.ndarray) -> Tensor:
+        ids = ids if torch.is_tensor(ids) else torch.from_numpy(np.asarray(ids))
+        return _embed(self.encoder, ids.to(self.device))[0]
+
+    @torch.no_grad()
+    def layer(self, i: int, x: Tensor, mask: np.ndarray) -> Tuple[Tensor, Optional[np.ndarray]]:
+        padding_mask = torch.from_numpy(np.ascontiguousarray(mask)).to(self.device)
+        x = _run_layer(self.encoder.layers[i - 1], x, padding_mask)
+        m = self._exit_at.get(i)
+        if m is None:
+            return x, None
+        top = i == len(self.encoder.layers) and self.encoder.layer_norm is not None
+        states = self.encoder.layer_norm(x) if top else x
+        # T x B x C -> B x T x C
+        logits, _ = head_forward(self.heads[m], pool_states(states.transpose(0, 1), padding_mask, self.pooling))
+        return x, logits.float().cpu().numpy()
+
+    def take(self, x: Tensor, rows: np.ndarray, length: int) -> Tensor:
+        return x.index_select(1, torch.from_numpy(rows).to(x.device))[:length]
+
+
 @torch.no_grad()
 def early_exit_forward(
     model: nn.Module,
@@ -71,51 +108,11 @@ def early_exit_forward(
     here: the tools and the hub check what users give); ``policy=None`` runs every exit.
     ``exit_layer``: stop at that exit (one of the model's exit layers) for every example; the exits
     after it are not computed (NaN in ``exit_logits``)."""
-    layers, heads, pooling = exit_plan(model, head_name)
-    num_exits = len(layers)
-    if exit_layer is not None:
-        if exit_layer not in layers:
-            raise ValueError(f"exit layer {exit_layer} is not one of the model's exits {layers}")
-        layers, heads = layers[: layers.index(exit_layer) + 1], heads[: layers.index(exit_layer) + 1]
-    encoder = model.encoder.sentence_encoder
-    x, padding_mask = _embed(encoder, src_tokens)
-    batch_size, device = src_tokens.size(0), src_tokens.device
-    num_classes = heads[0].out_proj.out_features
-    exit_logits = torch.full((batch_size, num_exits, num_classes), float("nan"), device=device)
-    exit_index = torch.full((batch_size,), len(layers) - 1, dtype=torch.long, device=device)
-    computed = torch.zeros(batch_size, dtype=torch.long, device=device)
-    rows = torch.arange(batch_size, device=device)  # original row of each row still running
-    state = exits.init_state(batch_size, device)
-    exit_at = {layer: m for m, layer in enumerate(layers)}
-    for layer_no, layer in enumerate(encoder.layers[: layers[-1]], start=1):
-        x = _run_layer(layer, x, padding_mask)
-        computed[rows] += 1
-        m = exit_at.get(layer_no)
-        if m is None:
-            continue
-        states = x if layer_no < len(encoder.layers) or encoder.layer_norm is None else encoder.layer_norm(x)
-        # T x B x C -> B x T x C
-        logits, _ = head_forward(heads[m], pool_states(states.transpose(0, 1), padding_mask, pooling))
-        exit_logits[rows, m] = logits.float()
-        if policy is None or m == len(layers) - 1:
-            continue
-        fire, state = exits.policy_step(policy, logits, state, threshold, regression=regression, delta=delta)
-        exit_index[rows[fire]] = m
-        keep = (~fire).nonzero().squeeze(1)
-        if keep.numel() == 0:
-            break
-        x, padding_mask, rows, state = _keep_rows(x, padding_mask, rows, state, keep)
-    final = exit_logits[torch.arange(batch_size, device=device), exit_index]
-    exit_layer = torch.tensor(layers, device=device)[exit_index]
-    return EarlyExitOutput(final, exit_index, exit_layer, computed, exit_logits)
-
-
-def _keep_rows(x: Tensor, padding_mask: Tensor, rows: Tensor, state: Tensor, keep: Tensor):
-    """Select the rows still running (x: T x B x C) and cut padding columns none of them uses."""
-    x = x.index_select(1, keep)
-    padding_mask = padding_mask.index_select(0, keep)
-    length = int((~padding_mask).sum(1).max())  # right padding: columns >= length are all padding
-    return x[:length], padding_mask[:, :length], rows.index_select(0, keep), state.index_select(0, keep)
+    backend = TorchBackend(model, head_name)
+    mask = src_tokens.eq(backend.encoder.padding_idx).cpu().numpy()
+    out = loop.run_batch(backend, src_tokens, mask, loop.ExitRequest(policy, threshold, exit_layer), regression,
+                         delta)
+    return EarlyExitOutput(*(torch.from_numpy(a).to(src_tokens.device) for a in out))
 
 
 @torch.no_grad()

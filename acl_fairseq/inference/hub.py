@@ -13,9 +13,10 @@ The tokenizer comes from the data folder's record (``stats.json`` "tokenizer", w
 preprocess/glue.py; or the ``conventions.json`` of a converted encoder's folder), through the same
 implementation preprocessing used (:mod:`acl_fairseq.tokenization`). Inputs are built as the task built
 them in training, by the checkpoint's :class:`acl_fairseq.conventions.InputLayout`: the init token, the first
-sentence, ``</s>``, the separator of the pair format, the second sentence, ``</s>``. Prediction runs the layer-by-layer
-engine of ``acl-evaluate`` (:mod:`acl_fairseq.inference.early_exit`) on length-sorted batches, exited rows leaving
-the batch; results come back in input order.
+sentence, ``</s>``, the separator of the pair format, the second sentence, ``</s>``. Prediction runs the early-exit
+loop of :mod:`acl_fairseq.runtime.loop` (the ONNX Runtime engine's too) over the torch model
+(:class:`acl_fairseq.inference.early_exit.TorchBackend`, ``acl-evaluate``'s engine) on length-sorted batches,
+exited rows leaving the batch; results come back in input order.
 
 fairseq's own ``RobertaModel.from_pretrained(DIR, "model.pt", DIR, user_dir="path/to/acl_fairseq")`` loads
 these checkpoints (and ``acl-convert-hf`` folders) too, but only with the plugin: ``user_dir=`` or an
@@ -25,26 +26,20 @@ fails with ``KeyError: "'no_progress_bar'"``.
 import json
 import logging
 import os
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from fairseq.models.roberta.hub_interface import RobertaHubInterface
 
-from acl_fairseq import checkpoint_safety, conventions, exits, tokenization
+from acl_fairseq import checkpoint_safety, conventions, tokenization
 from acl_fairseq.inference import calibration, early_exit
+from acl_fairseq.runtime import loop
+from acl_fairseq.runtime.loop import Prediction, Text  # noqa: F401  (the hub's names before the loop had a home)
 
 logger = logging.getLogger(__name__)
 
-Text = Union[str, Tuple[str, str], List[str]]
 DEFAULT_HEAD = "sentence_classification_head"
-
-
-class Prediction(NamedTuple):
-    label: Union[str, float]  # the label name, or the regression score (x5 for STS-B, as the GLUE files)
-    probabilities: Optional[Dict[str, float]]  # label name -> probability (None for regression)
-    exit_layer: int  # 1-based encoder layer of the exit that decided
-    truncated: bool  # the input was longer than the model's positions and was cut
 
 
 class TokenizerNotFound(FileNotFoundError):
@@ -87,8 +82,10 @@ def _find_record(path: str) -> Optional[Tuple[dict, str]]:
     return None
 
 
-class MultiExitHubInterface(RobertaHubInterface):
-    """fairseq's RoBERTa hub interface, with pair building, exit pooling and early exit of this plugin."""
+class MultiExitHubInterface(RobertaHubInterface, loop.EarlyExitPredictor):
+    """fairseq's RoBERTa hub interface, with pair building, exit pooling and early exit of this plugin: the
+    torch front end of :class:`acl_fairseq.runtime.loop.EarlyExitPredictor` (``predict_early_exit``,
+    ``resolve_request``, ``check_policy``, ``to_predictions``), the ONNX Runtime engine being the other."""
 
     def __init__(self, cfg, task, model, tokenizer_file: Optional[str] = None):
         super().__init__(cfg, task, model)
@@ -150,82 +147,46 @@ class MultiExitHubInterface(RobertaHubInterface):
             logits = self.model.classification_heads[head](self.extract_features(tokens))
         return logits if return_logits else F.log_softmax(logits, dim=-1)
 
-    def check_policy(self, policy: Optional[str], exit_layer: Optional[int],
-                     threshold: Optional[float] = None) -> Optional[Union[float, int]]:
-        """``exits.check_request`` for this model: the threshold to run with (the policy's default when None)."""
-        return exits.check_request(self.exit_layers, policy, exit_layer, threshold, regression=self.regression)
+    # ---- early exit: the loop and the edge of acl_fairseq.runtime.loop, on the torch backend -------------
+
+    @property
+    def backend(self) -> early_exit.TorchBackend:
+        return early_exit.TorchBackend(self.model, self.head_name)  # built per call: the model may move devices
+
+    @property
+    def pad(self) -> int:
+        return self.task.source_dictionary.pad()
+
+    @property
+    def regression_scale(self) -> float:
+        return 5.0 if self.regression and self.task_name() == "STS-B" else 1.0  # STS-B's files hold score x 5
 
     def make_batches(self, token_lists: Sequence[torch.LongTensor], batch_size: int = 32):
         """``[(positions, src)]``: inputs sorted by (length, position), as acl-evaluate sorts a split,
-        cut into batches and right-padded."""
-        pad = self.task.source_dictionary.pad()
-        order = sorted(range(len(token_lists)), key=lambda i: (len(token_lists[i]), i))
-        out = []
-        for start in range(0, len(order), batch_size):
-            rows = order[start: start + batch_size]
-            src = torch.full((len(rows), max(len(token_lists[i]) for i in rows)), pad, dtype=torch.long)
-            for r, i in enumerate(rows):
-                src[r, : len(token_lists[i])] = token_lists[i]
-            out.append((rows, src))
-        return out
+        cut into batches and right-padded (:func:`acl_fairseq.runtime.loop.make_batches`, as tensors)."""
+        return [(rows, torch.from_numpy(src)) for rows, src in loop.make_batches(token_lists, batch_size, self.pad)]
 
     def run_batches(self, batches, n: int, policy: Optional[str] = None, threshold: Optional[float] = None,
                     exit_layer: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``(logits (n, K) of the deciding exit, exit layer (n,))`` in input order."""
-        threshold = self.check_policy(policy, exit_layer, threshold)
-        logits, layers = [None] * n, [None] * n
-        for rows, src in batches:
-            out = early_exit.early_exit_forward(self.model, src.to(self.device), self.head_name, policy, threshold,
-                                                self.regression, exit_layer=exit_layer)
-            for r, i in enumerate(rows):
-                logits[i], layers[i] = out.logits[r].cpu(), int(out.exit_layer[r])
-        if n == 0:
-            return torch.zeros(0, 1), torch.zeros(0, dtype=torch.long)
-        return torch.stack(logits), torch.tensor(layers)
+        """``(logits (n, K) of the deciding exit, exit layer (n,))`` in input order, as tensors."""
+        logits, layers = super().run_batches(batches, n, policy, threshold, exit_layer)
+        return torch.from_numpy(logits), torch.from_numpy(layers)
 
     def predict_tokens_early_exit(self, token_lists: Sequence[torch.LongTensor], policy: Optional[str] = None,
                                   threshold: Optional[float] = None, exit_layer: Optional[int] = None,
                                   batch_size: int = 32) -> Tuple[torch.Tensor, torch.Tensor]:
         """The lower-level face of :meth:`predict_early_exit`: token tensors in, ``(logits, exit layers)``
         out, in input order (exited rows leave their batch, as in acl-evaluate's engine). No policy: the
-        calibrated one when there is one (:func:`acl_fairseq.inference.calibration.resolve`)."""
-        policy, threshold = calibration.resolve(policy, threshold, exit_layer, self.calibrated)
-        self.check_policy(policy, exit_layer, threshold)  # before any batch is built
-        return self.run_batches(self.make_batches(token_lists, batch_size), len(token_lists), policy, threshold,
-                                exit_layer)
-
-    def predict_early_exit(self, inputs: Sequence[Text], policy: Optional[str] = None,
-                           threshold: Optional[float] = None, exit_layer: Optional[int] = None,
-                           batch_size: int = 32) -> List[Prediction]:
-        """One :class:`Prediction` per input (a string or an (a, b) pair). Without a policy or exit layer,
-        the calibrated policy decides when ``exit_policy.json`` was written for this checkpoint
-        (:attr:`calibrated`), else the last exit (an ordinary classifier); ``policy="none"`` is always the
-        last exit. ``policy`` is one of ``exits.POLICIES`` and ``threshold`` its threshold (entropy/confidence
-        level or patience count; default: the table's), refused with a ValueError naming the range when
-        outside it."""
-        encoded = [self.encode_with_info(*((x,) if isinstance(x, str) else tuple(x))) for x in inputs]
-        logits, layers = self.predict_tokens_early_exit([t for t, _ in encoded], policy, threshold, exit_layer,
-                                                        batch_size)
-        return self.to_predictions(logits, layers, [tr for _, tr in encoded])
+        calibrated one when there is one (:func:`acl_fairseq.runtime.loop.resolve_request`)."""
+        request = self.resolve_request(policy, threshold, exit_layer)  # before any batch is built
+        logits, layers = self.run_request(self.make_batches(token_lists, batch_size), len(token_lists), request)
+        return torch.from_numpy(logits), torch.from_numpy(layers)
 
     def label_names(self) -> List[str]:
         """Class names in head order (the label dictionary without fairseq's padding entries)."""
         d = self.task.label_dictionary
         n = self.model.classification_heads[self.head_name].out_proj.out_features
         return [d[i + d.nspecial] for i in range(n)]
-
-    def to_predictions(self, logits: torch.Tensor, layers: torch.Tensor, truncated: Sequence[bool]) -> List[Prediction]:
-        out = []
-        if self.regression:
-            scale = 5.0 if self.task_name() == "STS-B" else 1.0
-            for row, layer, tr in zip(logits, layers.tolist(), truncated):
-                out.append(Prediction(scale * float(row[0]), None, layer, tr))
-            return out
-        names = self.label_names()
-        probs = F.softmax(logits.float(), dim=-1)
-        for row, layer, tr in zip(probs, layers.tolist(), truncated):
-            out.append(Prediction(names[int(row.argmax())], dict(zip(names, map(float, row))), layer, tr))
-        return out
 
     def task_name(self) -> Optional[str]:
         """The GLUE task of the data folder (stats.json's, else the folder's name without -bin)."""

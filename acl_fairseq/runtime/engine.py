@@ -5,46 +5,30 @@
     engine.predict_early_exit(["a sentence", ("a premise", "a hypothesis")], policy="entropy", threshold=0.3)
 
 Needs onnxruntime, numpy and tokenizers only: neither torch nor fairseq is imported. It runs what acl-predict
-runs on a checkpoint (:mod:`acl_fairseq.inference.early_exit` through the hub): the same ids (the manifest's
-input layout), inputs sorted by (length, position) and cut into right-padded batches, then the embeddings and
-one graph per layer; at each exit the policy step of :mod:`acl_fairseq.exits` (the one policy table), and the
-rows that fire leave the batch (padding columns nobody needs any more are cut) before the next layer. Results
-come back in input order, with the same fields as the hub's ``Prediction``. Without a policy (and without an
-exit layer) the manifest's serving policy decides (acl-export's ``--policy``, else the ``exit_policy.json``
+runs on a checkpoint, through the same code: the loop and the edge of :mod:`acl_fairseq.runtime.loop` (batches
+sorted by length, the policy step of :mod:`acl_fairseq.exits` at each exit, exited rows leaving the batch, one
+``Prediction`` type), here over :class:`OrtBackend` (the embeddings graph and one graph per layer) instead of
+the torch model; the ids are the hub's (the manifest's input layout). Without a policy (and without an exit
+layer) the manifest's serving policy decides (acl-export's ``--policy``, else the ``exit_policy.json``
 calibrated for the checkpoint), else the last exit; ``policy="none"`` is always the last exit.
 """
 import json
 import os
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from acl_fairseq import conventions, exits
-from acl_fairseq.inference import calibration
+from acl_fairseq.runtime import loop
+from acl_fairseq.runtime.loop import BatchOutput, Prediction, Text, softmax  # noqa: F401  (their home before the loop)
 
 MANIFEST = "manifest.json"
 SCHEMA = "acl_fairseq.onnx/1"
 PRECISIONS = ("fp32", "int8")
 
-Text = Union[str, Tuple[str, str], List[str]]
-
-
-class Prediction(NamedTuple):  # the fields of acl_fairseq.inference.hub.Prediction, which needs torch
-    label: Union[str, float]
-    probabilities: Optional[Dict[str, float]]
-    exit_layer: int
-    truncated: bool
-
 
 class RuntimeMissing(ImportError):
     """onnxruntime (or tokenizers) is not installed."""
-
-
-class BatchOutput(NamedTuple):
-    logits: np.ndarray  # (B, K) float32: the exit each row left at
-    exit_index: np.ndarray  # (B,) 0-based index into the exits
-    exit_layer: np.ndarray  # (B,) 1-based layer of that exit
-    layers_computed: np.ndarray  # (B,) layers run for each row
 
 
 def _import(name: str):
@@ -83,14 +67,31 @@ def _listed_file(folder: str, name: str) -> str:
     return path
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    e = np.exp(shifted)
-    return e / e.sum(axis=-1, keepdims=True)
+class OrtBackend:
+    """The exported graphs as a backend of :func:`acl_fairseq.runtime.loop.run_batch`: ``embed.onnx``, then
+    ``layerN.onnx`` (``(x, padding_mask) -> x``, and the exit's logits where the layer has one). States are
+    numpy arrays T x B x C."""
+
+    def __init__(self, embeddings, layers: List, exit_layers: List[int], num_classes: int):
+        self.embeddings, self.sessions = embeddings, layers
+        self.exit_layers, self.num_classes = exit_layers, num_classes
+
+    def embed(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        # the graph computes the same padding mask (ids == pad) itself
+        return self.embeddings.run(None, {"src_tokens": np.ascontiguousarray(ids, dtype=np.int64)})[0]
+
+    def layer(self, i: int, x: np.ndarray, mask: np.ndarray) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+        outputs = self.sessions[i - 1].run(None, {"x": x, "padding_mask": mask})
+        return outputs[0], (outputs[1] if len(outputs) > 1 else None)
+
+    def take(self, x: np.ndarray, rows: np.ndarray, length: int) -> np.ndarray:
+        return np.ascontiguousarray(x[:length, rows])
 
 
-class Engine:
-    """An exported folder loaded into ONNX Runtime sessions (one per graph)."""
+class Engine(loop.EarlyExitPredictor):
+    """An exported folder loaded into ONNX Runtime sessions (one per graph): the ONNX Runtime front end of
+    :class:`acl_fairseq.runtime.loop.EarlyExitPredictor` (``predict_early_exit``, ``run_batches``,
+    ``resolve_request``, ``check_policy``), the hub being the other."""
 
     def __init__(self, folder: str, precision: str = "fp32", threads: Optional[int] = None):
         if precision not in PRECISIONS:
@@ -118,7 +119,7 @@ class Engine:
                 raise ValueError(f"{path}: ONNX Runtime cannot load it ({type(e).__name__}: "
                                  f"{str(e).splitlines()[0] if str(e) else ''}); export the folder again") from None
 
-        self.embed = session(files["embeddings"])
+        embeddings = session(files["embeddings"])
         self.layers = [session(files["layers"][r["file"]]) for r in m["layers"]]
         self.tokenizer = tokenizers.Tokenizer.from_file(_listed_file(folder, m["tokenizer"]))
         self.layout = m["input_layout"]
@@ -126,6 +127,9 @@ class Engine:
         self.exit_layers: List[int] = list(m["exit_layers"])
         self.num_layers: int = m["num_layers"]
         self.regression: bool = m["regression"]
+        self.pad: int = self.layout["pad"]
+        self.regression_scale: float = m["regression_scale"]
+        self.backend = OrtBackend(embeddings, self.layers, self.exit_layers, m["num_classes"])
         self.policy, self.threshold = m.get("policy"), m.get("threshold")
         # what predict_early_exit runs when no policy is given (the hub's `calibrated`, from the manifest)
         self.serving_policy: Optional[Dict] = None
@@ -145,99 +149,11 @@ class Engine:
         ids = self.input_layout.build(self._ids(a), None if b is None else self._ids(b))
         return self.input_layout.fit(ids, self.layout["max_positions"])
 
-    def make_batches(self, token_lists: Sequence[Sequence[int]], batch_size: int = 32):
-        """``[(positions, src (B, T) int64)]``: sorted by (length, position), right-padded (the hub's batches)."""
-        order = sorted(range(len(token_lists)), key=lambda i: (len(token_lists[i]), i))
-        out = []
-        for start in range(0, len(order), batch_size):
-            rows = order[start: start + batch_size]
-            src = np.full((len(rows), max(len(token_lists[i]) for i in rows)), self.layout["pad"], dtype=np.int64)
-            for r, i in enumerate(rows):
-                src[r, : len(token_lists[i])] = token_lists[i]
-            out.append((rows, src))
-        return out
-
-    # ---- the engine ------------------------------------------------------------------------------
-
-    def check_policy(self, policy: Optional[str], exit_layer: Optional[int],
-                     threshold: Optional[float] = None) -> Optional[Union[float, int]]:
-        """``exits.check_request`` for this model: the threshold to run with (the policy's default when None)."""
-        return exits.check_request(self.exit_layers, policy, exit_layer, threshold, regression=self.regression)
-
     def run_batch(self, src: np.ndarray, policy: Optional[str] = None, threshold: float = 0.0,
                   exit_layer: Optional[int] = None, delta: float = exits.DEFAULT_REGRESSION_DELTA) -> BatchOutput:
-        """``early_exit.early_exit_forward`` on one right-padded batch (B, T) of ids."""
-        layers = self.exit_layers
-        if exit_layer is not None:
-            layers = layers[: layers.index(exit_layer) + 1]
-        batch_size = src.shape[0]
-        x, padding_mask = self.embed.run(None, {"src_tokens": np.ascontiguousarray(src, dtype=np.int64)})
-        exit_logits = np.full((batch_size, self.manifest["num_classes"]), np.nan, dtype=np.float32)
-        exit_index = np.full(batch_size, len(layers) - 1, dtype=np.int64)
-        computed = np.zeros(batch_size, dtype=np.int64)
-        rows = np.arange(batch_size)  # original row of each row still running
-        state = exits.init_state(batch_size)
-        exit_at = {layer: m for m, layer in enumerate(layers)}
-        for layer_no, sess in enumerate(self.layers[: layers[-1]], start=1):
-            outputs = sess.run(None, {"x": x, "padding_mask": padding_mask})
-            x = outputs[0]
-            computed[rows] += 1
-            m = exit_at.get(layer_no)
-            if m is None:
-                continue
-            logits = outputs[1]
-            exit_logits[rows] = logits  # the latest exit each row reached: in the end, the one it left at
-            if policy is None or m == len(layers) - 1:
-                continue
-            fire, state = exits.policy_step(policy, logits, state, threshold, regression=self.regression,
-                                            delta=delta)
-            exit_index[rows[fire]] = m
-            keep = np.flatnonzero(~fire)
-            if keep.size == 0:
-                break
-            x, padding_mask, rows, state = _keep_rows(x, padding_mask, rows, state, keep)
-        exit_layer_of = np.asarray(layers)[exit_index]
-        return BatchOutput(exit_logits, exit_index, exit_layer_of, computed)
-
-    def run_batches(self, batches, n: int, policy: Optional[str] = None, threshold: Optional[float] = None,
-                    exit_layer: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
-        """``(logits (n, K) of the deciding exit, exit layer (n,))`` in input order."""
-        threshold = self.check_policy(policy, exit_layer, threshold)
-        logits = np.zeros((n, self.manifest["num_classes"]), dtype=np.float32)
-        layers = np.zeros(n, dtype=np.int64)
-        for rows, src in batches:
-            out = self.run_batch(src, policy, threshold, exit_layer)
-            logits[rows], layers[rows] = out.logits, out.exit_layer
-        return logits, layers
-
-    def predict_early_exit(self, inputs: Sequence[Text], policy: Optional[str] = None,
-                           threshold: Optional[float] = None, exit_layer: Optional[int] = None,
-                           batch_size: int = 32) -> List[Prediction]:
-        """One :class:`Prediction` per input (a string or an (a, b) pair), as the hub's method of this name; no
-        policy: the serving policy when the manifest has one (:func:`acl_fairseq.inference.calibration.resolve`)."""
-        policy, threshold = calibration.resolve(policy, threshold, exit_layer, self.serving_policy)
-        self.check_policy(policy, exit_layer, threshold)  # before any batch is built
-        encoded = [self.encode_with_info(*((x,) if isinstance(x, str) else tuple(x))) for x in inputs]
-        logits, layers = self.run_batches(self.make_batches([t for t, _ in encoded], batch_size), len(encoded),
-                                          policy, threshold, exit_layer)
-        return self.to_predictions(logits, layers, [tr for _, tr in encoded])
+        """:func:`acl_fairseq.runtime.loop.run_batch` on one right-padded batch (B, T) of ids."""
+        return loop.run_batch(self.backend, src, src == self.pad, loop.ExitRequest(policy, threshold, exit_layer),
+                              self.regression, delta)
 
     def label_names(self) -> List[str]:
         return list(self.manifest["labels"] or [])
-
-    def to_predictions(self, logits: np.ndarray, layers: np.ndarray, truncated: Sequence[bool]) -> List[Prediction]:
-        if self.regression:
-            scale = self.manifest["regression_scale"]
-            return [Prediction(scale * float(row[0]), None, int(layer), bool(tr))
-                    for row, layer, tr in zip(logits, layers, truncated)]
-        names = self.label_names()
-        return [Prediction(names[int(p.argmax())], dict(zip(names, map(float, p))), int(layer), bool(tr))
-                for p, layer, tr in zip(softmax(logits), layers, truncated)]
-
-
-def _keep_rows(x: np.ndarray, padding_mask: np.ndarray, rows: np.ndarray, state: np.ndarray, keep: np.ndarray):
-    """Select the rows still running (x: T x B x C) and cut padding columns none of them uses."""
-    padding_mask = padding_mask[keep]
-    length = int((~padding_mask).sum(1).max())  # right padding: columns >= length are all padding
-    x = np.ascontiguousarray(x[:length, keep])
-    return x, np.ascontiguousarray(padding_mask[:, :length]), rows[keep], state[keep]
