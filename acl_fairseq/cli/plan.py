@@ -122,7 +122,7 @@ class Method:
         return self.criterion != "sentence_ce"
 
 
-def _table(path: str, default: str) -> str:
+def _table(path: str, default: str) -> str:  # the driver's HPARAMS_TABLE / METHODS_TABLE, else the recipe's
     return path or os.path.join(REPO, "recipes", "glue", default)
 
 
@@ -135,12 +135,8 @@ def tasks(table: str = "") -> Dict[str, Task]:
             r["task"], r["num_classes"], r["lr"], r["batch_size"], r["total_updates"], r["warmup_updates"],
             r["best_metric"], r["regression"] == "1", r["valid_subsets"].split(","), r["report"],
             r.get("metrics", r["best_metric"]).split(","), None if scale in ("-", "") else float(scale),
-            _list(r.get("leaderboard", "-")), _list(r.get("test_files", "-")))
+            *([] if r.get(k, "-") == "-" else r[k].split(",") for k in ("leaderboard", "test_files")))
     return out
-
-
-def _list(value: str) -> List[str]:
-    return [] if value == "-" else value.split(",")
 
 
 def method_names(table: str = "") -> List[str]:
@@ -222,13 +218,8 @@ class Plan:
     missing_data: List[str] = field(default_factory=list)
     missing_checkpoint: str = ""
 
-    @property
-    def seed(self) -> str:
-        return self.settings["SEED"]
-
-    @property
-    def last(self) -> str:
-        return os.path.join(self.run_dir, "checkpoint_last.pt")
+    seed = property(lambda self: self.settings["SEED"])
+    last = property(lambda self: os.path.join(self.run_dir, "checkpoint_last.pt"))  # what a resumed run restores
 
     @property
     def stops(self) -> List[str]:

@@ -1,13 +1,11 @@
-"""The fairseq-train flags that recipes/glue/finetune.sh decides, and the input-layout flags of anything else.
+"""The architecture, model flags and input layout of a recipe run (:func:`decide`, called by the run plan,
+acl_fairseq/cli/plan.py), and the input-layout flags of anything else.
 
     python -m acl_fairseq.cli.recipe flags [--conventions PATH]
-    python -m acl_fairseq.cli.recipe model --model base --exits multi [--checkpoint model.pt] [...]
 
 ``flags`` prints the ``sentence_prediction`` task flags of an encoder's input layout on one line (RoBERTa's
 without ``--conventions``; the record's with it): what ``scripts/demo.sh`` and users of plain fairseq-train
-pass. ``model`` prints the driver's decisions, one ``group<TAB>word`` line per word: ``arch`` (the chosen
-architecture), ``task`` (the layout flags) and ``model`` (``--arch`` and the model flags), in order. The
-driver keeps the orchestration (steps, logging, dry run, refusals of its own settings).
+pass.
 
 Standard library only, and torch-free at import: the driver runs it with ``python -S`` so that importing the
 plugin does not load fairseq (seconds per run).
@@ -19,9 +17,6 @@ import sys
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 from acl_fairseq import conventions
-
-SIZES = ("base", "large")
-EXITS = ("single", "multi")
 
 
 class RecipeError(Exception):
@@ -117,37 +112,16 @@ def get_parser() -> argparse.ArgumentParser:
     flags = sub.add_parser("flags", help="print the fairseq-train task flags of an input layout on one line")
     flags.add_argument("--conventions", metavar="PATH", help="a converted encoder's conventions.json or its "
                        "folder (acl-convert-hf); default: fairseq's RoBERTa layout")
-    model = sub.add_parser("model", help="print recipes/glue/finetune.sh's decisions, one 'group<TAB>word' a line")
-    model.add_argument("--model", choices=SIZES, default="base", help="pretrained size (MODEL)")
-    model.add_argument("--exits", choices=EXITS, required=True, help="the method's exits (methods.tsv)")
-    model.add_argument("--method", default="?", help="the method's name, for messages")
-    model.add_argument("--arch", default="", help="fairseq --arch (ARCH); empty: chosen from the size and exits")
-    model.add_argument("--model-args", default="", help="extra model flags (MODEL_ARGS); empty: model_args.txt "
-                       "beside --checkpoint")
-    model.add_argument("--checkpoint", default="", help="the checkpoint to start from (ROBERTA_PATH); a "
-                       "conventions.json beside it sets the pair format and the architecture")
-    model.add_argument("--exit-layers", default="", help="multi_exit_roberta --exit-layers (EXIT_LAYERS)")
-    model.add_argument("--exit-pooling", default="", help="multi_exit_roberta --exit-pooling (EXIT_POOLING)")
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = get_parser().parse_args(argv)
     try:
-        if args.command == "flags":
-            print(" ".join(task_flags(args.conventions)))
-            return 0
-        d = decide(args.model, args.exits, args.method, args.arch, args.model_args, args.checkpoint or None,
-                   args.exit_layers, args.exit_pooling)
+        print(" ".join(task_flags(args.conventions)))
     except RecipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.status
-    lines = [("arch", d.arch)] + [("task", w) for w in d.task_flags] + [("model", w) for w in d.model_flags]
-    bad = [w for _, w in lines if "\t" in w or "\n" in w]
-    if bad:
-        print(f"error: a model flag holds a tab or newline: {bad[0]!r}", file=sys.stderr)
-        return 2
-    print("\n".join(f"{g}\t{w}" for g, w in lines))
     return 0
 
 
