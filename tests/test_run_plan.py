@@ -215,3 +215,19 @@ def test_plan_shell_without_a_command_prints_its_usage():
     proc = subprocess.run([sys.executable, "-S", "-m", "acl_fairseq.cli.plan_shell"], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=D.REPO))
     assert proc.returncode == 2 and "plan_shell finetune" in proc.stderr
+
+
+def test_benchmark_runs_are_planned_and_refused_before_the_driver_starts(env, tmp_path, monkeypatch):
+    import _glue_runs as G
+
+    ran = []
+    monkeypatch.setattr(G, "run", lambda cmd, env=None, log_path=None: ran.append((cmd, env)))
+    with pytest.raises(RuntimeError, match="STS-B scl: STS-B is a regression task"):
+        G.finetune("STS-B", "scl", dict(env, OMP_NUM_THREADS="1"))
+    assert ran == [] and not os.path.exists(env["OUT_ROOT"])
+    with pytest.raises(FileNotFoundError):  # the stub trains nothing, so there is no result.json to read
+        G.finetune("RTE", "ce", dict(env, SEED="4", OMP_NUM_THREADS="1"), ["--update-freq", "2"])
+    (cmd, run_env), = ran
+    assert cmd == [os.path.join(GLUE, "finetune.sh"), "RTE", "ce", "--update-freq", "2"]
+    assert run_env["SEED"] == "4" and run_env["OMP_NUM_THREADS"] == "1" and run_env["DEVICE"] == "cpu"
+    assert G.run_dir(env["OUT_ROOT"], "RTE", "ce", 4) == P.build_plan("RTE", "ce", seed=4, environ=env).run_dir
