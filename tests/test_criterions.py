@@ -356,24 +356,32 @@ def test_gated_update_is_linear_in_loss_scale_and_finite_in_bf16(data, scope):
                                    extra=["--acl-grad-scope", scope])
     model.train()
     model.zero_grad()
-    loss, _, log = crit(model, sample)
+    loss, _, log32 = crit(model, sample)
     loss.backward()
     g1 = _grads(model)
     model.zero_grad()
     loss, _, log2 = crit(model, sample)
     (loss * 128.0).backward()
     g128 = _grads(model)
-    assert float(log["conflict"]) == float(log2["conflict"])
+    assert float(log32["conflict"]) == float(log2["conflict"])
     for k in g1:
         assert torch.allclose(g128[k], 128.0 * g1[k], rtol=1e-4, atol=1e-6), k
 
+    # bf16 against the fp32 pass on the same weights, not a constant (CPUs with and without native bf16 round
+    # differently). Measured: gradients 2.5% (params), 1.7% (features) off, cosine 5e-3, 1e-5; bounds ~4x that
     model.to(torch.bfloat16)
     model.zero_grad()
     loss, _, log = crit(model, sample)
     loss.backward()
-    assert torch.isfinite(log["loss"]) and log["loss"].dtype == torch.float32
-    assert -1.0 <= float(log["grad_cos"]) <= 1.0
-    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    assert log["loss"].dtype == torch.float32
+    assert float(log["loss"]) == pytest.approx(float(log32["loss"]), rel=2 ** -8)
+    assert float(log["grad_cos"]) == pytest.approx(float(log32["grad_cos"]), abs=0.03)
+    assert abs(float(log32["grad_cos"]) - crit.cfg.acl_grad_threshold) > 0.1  # so the decision cannot flip
+    assert float(log["conflict"]) == float(log32["conflict"])
+    g16 = _grads(model)
+    assert all(torch.isfinite(g).all() for g in g16.values()) and g16.keys() == g1.keys()
+    error = math.sqrt(sum(((g16[k].double() - g1[k].double()) ** 2).sum() for k in g1))
+    assert error < 0.1 * math.sqrt(sum((g.double() ** 2).sum() for g in g1.values()))
 
 
 def test_the_base_class_knows_nothing_of_acl_grad():
