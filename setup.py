@@ -6,6 +6,11 @@ install requirements on purpose: see README "Set-up" for the order they must be 
 """
 from setuptools import find_packages, setup
 
+# pip install .[serve]: what acl-predict OUT/onnx needs, without torch or fairseq. Pinned as requirements.txt pins
+# onnxruntime and tokenizers, and numpy as scripts/setup_env.sh does (tests/test_serving_install.py checks that they
+# agree; scripts/check_serving_env.sh installs exactly these)
+SERVE_REQUIRES = ["numpy==1.26.4", "onnxruntime==1.30.0", "tokenizers==0.23.3"]
+
 setup(
     name="acl_fairseq",
     version="0.1.0",
@@ -17,6 +22,7 @@ setup(
     # acl-predict --task; never imported by the --user-dir package itself)
     packages=find_packages(include=["acl_fairseq", "acl_fairseq.*"]),
     install_requires=["numpy", "sentencepiece", "tensorboardX", "tokenizers"],
+    extras_require={"serve": SERVE_REQUIRES},
     entry_points={
         "console_scripts": [
             "acl-evaluate=acl_fairseq.cli.evaluate:cli_main",

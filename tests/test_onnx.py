@@ -283,6 +283,38 @@ def test_runtime_runs_where_torch_and_fairseq_cannot_be_imported(toy):
     assert json.loads(proc.stdout) == expected
 
 
+def _acl_predict_in_a_subprocess(toy, tmp_path, prelude: str):
+    """acl-predict OUT/onnx on the toy's sentences in a fresh interpreter: (records, top-level torch/fairseq
+    modules loaded at exit)."""
+    texts = [t for t in toy["texts"] if isinstance(t, str) and t.strip()]
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    argv = ["acl-predict", toy["out"], "--input", str(tmp_path / "in.txt"), "--policy", "patience", "--threshold", "1"]
+    code = prelude + (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('LOADED', sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'fairseq'}),"
+        " file=sys.stderr))\n"
+        f"sys.argv = {argv!r}\n"
+        "from acl_fairseq.cli.predict import cli_main\n"
+        "cli_main()\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=helpers.REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    expected = [[p.label, p.exit_layer] for p in toy["engine"].predict_early_exit(texts, "patience", 1)]
+    assert [[r["label"], r["exit_layer"]] for r in map(json.loads, proc.stdout.splitlines())] == expected
+    return proc.stderr.split("LOADED ")[-1].strip()
+
+
+def test_acl_predict_on_the_folder_runs_where_torch_and_fairseq_cannot_be_imported(toy, tmp_path):
+    """The command, not only the engine: check_files imported checkpoint_safety (torch) before it looked at the
+    path, so a serving install died with ModuleNotFoundError (scripts/check_serving_env.sh: torch absent)."""
+    assert _acl_predict_in_a_subprocess(toy, tmp_path, BLOCK.format(blocked=("torch", "fairseq"))) == "[]"
+
+
+@pytest.mark.xfail(strict=True, reason="acl_fairseq/__init__.py imports fairseq (and torch) at import to register "
+                   "the plugin, before acl-predict's code runs; the command's own path needs neither (above)")
+def test_acl_predict_on_the_folder_imports_neither_torch_nor_fairseq_where_installed(toy, tmp_path):
+    assert _acl_predict_in_a_subprocess(toy, tmp_path, "") == "[]"
+
+
 def test_missing_onnxruntime_is_refused_with_the_install_line(toy, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # what an environment without it raises on import
     with pytest.raises(runtime.RuntimeMissing, match=r"needs the onnxruntime package .*pip install"):
