@@ -1,7 +1,8 @@
 """Every ``--dry-run`` of the GLUE recipes that the run plan must keep byte for byte: each task x method, the
 few-shot (fewshot.tsv) and converted-encoder (converted.tsv) runs as the benchmarks configure them, the
 settings' variants, resuming, and the refusals. Exit status, stdout and stderr, machine paths replaced by
-placeholders (<TMP>, <REPO>, <PYTHON>, <BIN>).
+placeholders (<TMP>, <REPO>, <PYTHON>, <BIN>), and the separator flag by <SEPARATOR_FLAG> (only
+acl_fairseq/conventions.py may spell it: tests/test_input_layout.py).
 
     python tests/recipe_dry_runs.py > tests/data/recipe_dry_runs.txt   # regenerate the fixture
 
@@ -23,6 +24,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, REPO)
 
 from acl_fairseq.cli.tables import read_tsv  # noqa: E402
+from acl_fairseq.conventions import SEPARATOR_FLAG  # noqa: E402
 from recipe_helpers import GLUE, fake_data, recipe_env  # noqa: E402
 
 FIXTURE = os.path.join(HERE, "data", "recipe_dry_runs.txt")
@@ -260,7 +262,7 @@ def cases(tmp: str) -> List[Case]:
 
 def normalise(text: str, tmp: str) -> str:
     for path, name in [(sys.executable, "<PYTHON>"), (os.path.dirname(sys.executable), "<BIN>"), (tmp, "<TMP>"),
-                       (REPO, "<REPO>")]:
+                       (REPO, "<REPO>"), (SEPARATOR_FLAG, "<SEPARATOR_FLAG>")]:
         text = text.replace(path, name)
     return text
 
