@@ -98,9 +98,12 @@ def test_truncation_longest_first_vs_tail(tiny):
     assert len(ids) == 15  # nothing cut below max_len
 
 
-def test_warmup_rounding_matches_finetune_sh():
-    # finetune.sh: WARMUP_UPDATES = (TOTAL_UPDATES * 6 + 99) / 100 in integers
-    assert all(H.warmup_updates(t, 0.06) == (t * 6 + 99) // 100 for t in range(1, 5000))
+def test_warmup_rounding_matches_the_recipes():
+    # the recipes' run plan: 6 % rounded up, (TOTAL_UPDATES * 6 + 99) / 100 in integers as finetune.sh had it
+    from acl_fairseq.cli import plan
+
+    assert all(H.warmup_updates(t, 0.06) == (t * 6 + 99) // 100 == plan.warmup_updates(t) for t in range(1, 5000))
+    assert H.HFConfig(task="RTE").warmup == plan.WARMUP_FRACTION and H.HFConfig(task="RTE").adam_eps == 1e-06
 
 
 def test_lr_schedule_warmup_then_linear_decay_to_zero():
