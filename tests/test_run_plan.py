@@ -231,3 +231,32 @@ def test_benchmark_runs_are_planned_and_refused_before_the_driver_starts(env, tm
     assert cmd == [os.path.join(GLUE, "finetune.sh"), "RTE", "ce", "--update-freq", "2"]
     assert run_env["SEED"] == "4" and run_env["OMP_NUM_THREADS"] == "1" and run_env["DEVICE"] == "cpu"
     assert G.run_dir(env["OUT_ROOT"], "RTE", "ce", 4) == P.build_plan("RTE", "ce", seed=4, environ=env).run_dir
+
+
+def test_a_real_run_downloads_then_plans_again_with_the_checkpoints_dictionary(env, tmp_path):
+    """The driver in a copy of the repository whose download_roberta.sh is a stub: it downloads the missing
+    default checkpoint, plans again (now the checkpoint and its dict.txt are there) and warns that the data's
+    dictionary differs, then trains from that checkpoint."""
+    import shutil
+
+    from recipe_helpers import write_exe
+    from test_recipe_runs import FAKE_TRAIN
+
+    repo = tmp_path / "repo"
+    shutil.copytree(os.path.join(D.REPO, "acl_fairseq"), repo / "acl_fairseq",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(GLUE, repo / "recipes" / "glue", ignore=shutil.ignore_patterns("__pycache__"))
+    write_exe(repo / "recipes" / "download_roberta.sh", '#!/usr/bin/env bash\nmkdir -p "$2/roberta.$1"\n'
+              'echo x > "$2/roberta.$1/model.pt"\necho "a 1" > "$2/roberta.$1/dict.txt"\n')
+    env.pop("ROBERTA_PATH")
+    env["FAIRSEQ_TRAIN"] = write_exe(tmp_path / "fake-train", FAKE_TRAIN)
+    proc = subprocess.run([str(repo / "recipes" / "glue" / "finetune.sh"), "RTE", "ce"], capture_output=True,
+                          text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    model = os.path.join(env["MODEL_DIR"], "roberta.base", "model.pt")
+    assert f"roberta.base not found at {model}: downloading it into {env['MODEL_DIR']}" in proc.stderr
+    assert "input0/dict.txt differs from the checkpoint's dict.txt (fairseq#1048" in proc.stderr
+    run_dir = os.path.join(env["OUT_ROOT"], "runs", "RTE", "ce", "seed1")
+    with open(os.path.join(run_dir, "argv.txt")) as f:
+        assert _value(f.read().split(), "--restore-file") == model
+    assert os.path.isfile(os.path.join(run_dir, "result.json"))
