@@ -7,7 +7,7 @@
     run_plan(plan)    # nothing runs, reads only, until this: the recipe driver runs the same plan
 
 ``build_plan`` refuses settings that cannot work (:class:`RecipeError`; ``status`` 2 for a usage error)
-before looking at any file. It reads the tables (recipes/glue/hparams.tsv per task, methods.tsv per
+before it looks at the data or the run folder. It reads the tables (recipes/glue/hparams.tsv per task, methods.tsv per
 method), the checkpoint's folder (acl_fairseq/cli/recipe.py decides the architecture and layout), the data
 folder and the run folder; it writes nothing. The settings are the driver's environment variables
 (:data:`SETTINGS`), lower-cased as ``overrides`` keys. Standard library only: the driver runs it with
@@ -233,15 +233,14 @@ class Plan:
         return out + ([self.missing_checkpoint] if self.missing_checkpoint else [])
 
     def dry_run_notes(self) -> List[str]:
-        s, notes = self.settings, [f"dry run: {self.task.name} / {self.method.name} / seed {self.seed}, nothing is "
-                                   "executed"]
+        notes = [f"dry run: {self.task.name} / {self.method.name} / seed {self.seed}, nothing is executed"]
         if self.missing_data:
             notes.append("data missing (a real run would stop): " + "".join(p + " " for p in self.missing_data))
         if self.missing_checkpoint:
             notes.append(f"a real run would stop: {self.missing_checkpoint}")
         if not self.checkpoint:
             notes.append("RESTORE=none: random initialization")
-        if os.path.isfile(os.path.join(self.run_dir, "result.json")) and s["FORCE"] != "1":
+        if self.finished:
             notes.append(f"{self.run_dir}/result.json exists: a real run would skip")
         if self.resume:
             notes.append(f"a real run would resume from {self.last} (FRESH=1 starts over)")
