@@ -14,8 +14,9 @@ rows never enter a later graph:
 
 Beside them: ``tokenizer.json`` (a ``tokenizers`` file whose ids are the fairseq dictionary's, see
 :mod:`acl_fairseq.hf.onnx_tokenizer`) and ``manifest.json`` (:data:`SCHEMA`: files, exits, pooling, labels, the
-input layout, the serving policy). ``--quantize int8`` adds ``int8/layerN.onnx``, dynamically quantized by
-``onnxruntime.quantization`` (weights int8, activations quantized per call); the embeddings stay fp32.
+input layout, the serving policy). ``--quantize int8`` adds ``int8/layerN.onnx``, dynamically quantized
+with 7-bit weights (:mod:`acl_fairseq.hf.onnx_quantize`: the same answers on AVX2-only and VNNI CPUs; a row's
+answer depends on its batch); the embeddings stay fp32.
 
 :func:`write_onnx` is the writer acl-export's format table calls (``write(ctx, folder)``).
 """
@@ -30,7 +31,7 @@ from torch import nn
 
 from acl_fairseq import exits
 from acl_fairseq.heads import head_forward, pool_states
-from acl_fairseq.hf import onnx_tokenizer
+from acl_fairseq.hf import onnx_quantize, onnx_tokenizer
 from acl_fairseq.hf.onnx_tokenizer import ExportError
 from acl_fairseq.inference import early_exit
 
@@ -107,36 +108,6 @@ def export_graphs(model: nn.Module, head_name: str, out_dir: str) -> Dict:
             "num_layers": len(encoder.layers), "num_classes": heads[0].out_proj.out_features}
 
 
-def quantize_int8(out_dir: str, graphs: Dict) -> Dict:
-    """``int8/layerN.onnx``: each layer graph dynamically quantized (MatMul/Gemm weights int8, activations
-    quantized per call); the embeddings stay fp32 (a table lookup gains nothing from int8)."""
-    try:
-        import onnx
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-    except ImportError as e:
-        raise ExportError(f"--quantize int8 needs onnx and onnxruntime ({e}); pip install -r requirements.txt") \
-            from None
-    os.makedirs(os.path.join(out_dir, "int8"), exist_ok=True)
-    files = {}
-    for rec in graphs["layers"]:
-        target, bare = f"int8/{rec['file']}", os.path.join(out_dir, "int8", "bare.onnx")
-        model = onnx.load(os.path.join(out_dir, rec["file"]))
-        # the exporter's intermediate shapes fail the quantizer's strict shape inference (a symbolic size
-        # against a traced one); without them it infers its own
-        del model.graph.value_info[:]
-        onnx.save(model, bare)
-        root, level = logging.getLogger(), logging.getLogger().level
-        root.setLevel(logging.ERROR)  # the quantizer logs every tensor it leaves alone to the root logger
-        try:
-            quantize_dynamic(bare, os.path.join(out_dir, target), weight_type=QuantType.QInt8,
-                             op_types_to_quantize=["MatMul", "Gemm"])
-        finally:
-            root.setLevel(level)
-        os.remove(bare)
-        files[rec["file"]] = target
-    return {"int8": {"embeddings": graphs["embeddings"], "layers": files}}
-
-
 def input_layout(hub) -> Dict:
     """How the runtime builds ids from text, as the hub builds them (``MultiExitHubInterface.encode_with_info``)."""
     d = hub.task.source_dictionary
@@ -169,7 +140,7 @@ def write_onnx(hub, out_dir: str, quantize: Optional[str] = None, policy: Option
                 "input_layout": input_layout(hub), **serving_policy(hub, policy, threshold),
                 "calibration": calibration,  # the exit_policy.json record the serving policy came from, if any
                 "policy_defaults": {name: row.default for name, row in exits.POLICIES.items()},
-                "quantized": quantize_int8(out_dir, graphs) if quantize == "int8" else {}}
+                "quantized": onnx_quantize.quantize_int8(out_dir, graphs) if quantize == "int8" else {}}
     with open(os.path.join(out_dir, MANIFEST), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1)
         f.write("\n")

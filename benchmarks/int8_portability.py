@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""int8 on two CPU kinds: the logit error of each quantization scheme against fp32, and its batch dependence.
+
+    python benchmarks/int8_portability.py --folder OUT/onnx [--rows 32] [--cpu EPYC-Rome]
+        [--json benchmarks/results/int8_portability.json]
+
+OUT/onnx is a folder that ``acl-export --format onnx`` wrote. Its fp32 layer graphs are quantized here six ways
+(dynamic or static QDQ; unsigned or signed activations; full-range or ``reduce_range`` 7-bit weights), each static
+one calibrated on the same random token rows, and the project's own ``int8/`` copy is measured beside them. Every
+scheme runs the same ``--rows`` random token rows through all layers at batch 1 and batch 8, once on this CPU and
+once under ``qemu-x86_64 -cpu CPU`` (default EPYC-Rome: AVX2 without AVX-512 or VNNI; Debian's qemu-user), where
+onnxruntime takes its AVX2 kernels. Columns: the largest |logit - fp32 logit| over every exit at batch 1 and 8,
+and the largest change of a row's logits between batch 1 and batch 8. Emulation is slow (about a minute a scheme);
+the numbers are exact either way: this measures arithmetic, not speed.
+"""
+import argparse
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Dict, List
+
+import numpy as np
+
+SCHEMES = {  # name -> (static?, activation type, reduce_range)
+    "dynamic u8/s8": (False, "QUInt8", False),
+    "dynamic u8/s8 reduce_range": (False, "QUInt8", True),
+    "static u8/s8": (True, "QUInt8", False),
+    "static s8/s8": (True, "QInt8", False),
+    "static s8/s8 reduce_range": (True, "QInt8", True),
+    "static u8/s8 reduce_range": (True, "QUInt8", True),
+}
+
+
+def manifest(folder: str) -> Dict:
+    with open(os.path.join(folder, "manifest.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def token_rows(folder: str, n: int, seed: int = 0) -> List[np.ndarray]:
+    """``n`` rows ``<s> w ... </s>`` of random ordinary token ids (4-30 long) of the folder's vocabulary."""
+    m = manifest(folder)
+    with open(os.path.join(folder, m["tokenizer"]), encoding="utf-8") as f:
+        vocab = len(json.load(f)["model"]["vocab"])
+    layout, rng = m["input_layout"], np.random.default_rng(seed)
+    first = max(layout["pad"], layout["unk"], layout["eos"], layout["init"]) + 1
+    rows = []
+    for _ in range(n):
+        ids = rng.integers(first, vocab, int(rng.integers(4, 31)))
+        ids[0], ids[-1] = layout["init"], layout["eos"]
+        rows.append(ids.astype(np.int64))
+    return rows
+
+
+def _sessions(folder: str, precision: str, layer_dir: str = None):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    m = manifest(folder)
+    files = {r["file"]: r["file"] for r in m["layers"]}
+    if precision != "fp32":
+        files = m["quantized"][precision]["layers"]
+    embed = ort.InferenceSession(os.path.join(folder, m["embeddings"]), options)
+    base = layer_dir or folder
+    layers = [ort.InferenceSession(os.path.join(base, files[r["file"]] if layer_dir is None else r["file"]), options)
+              for r in m["layers"]]
+    return m, embed, layers
+
+
+def run_rows(folder: str, rows: List[np.ndarray], batch: int, precision: str = "fp32",
+             layer_dir: str = None) -> np.ndarray:
+    """Every exit's logits (N, exits, K) of ``rows``, ``batch`` rows a call, padded to the longest of each call.
+    ``layer_dir``: take the layer graphs (by their fp32 file names) from there instead."""
+    m, embed, layers = _sessions(folder, precision, layer_dir)
+    pad, out = m["input_layout"]["pad"], []
+    for start in range(0, len(rows), batch):
+        chunk = rows[start:start + batch]
+        ids = np.full((len(chunk), max(len(r) for r in chunk)), pad, dtype=np.int64)
+        for i, r in enumerate(chunk):
+            ids[i, :len(r)] = r
+        x, mask = embed.run(None, {"src_tokens": ids})
+        logits = []
+        for rec, session in zip(m["layers"], layers):
+            result = session.run(None, {"x": x, "padding_mask": mask})
+            x = result[0]
+            if rec["exit"] is not None:
+                logits.append(result[1])
+        out.append(np.stack(logits, 1))
+    return np.concatenate(out)
+
+
+def run_emulated(folder: str, rows: List[np.ndarray], batch: int, precision: str = "fp32", cpu: str = "EPYC-Rome",
+                 layer_dir: str = None) -> np.ndarray:
+    """:func:`run_rows` in a child process under ``qemu-x86_64 -cpu CPU``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        np.savez(os.path.join(tmp, "rows.npz"), *rows)
+        argv = ["qemu-x86_64", "-cpu", cpu, sys.executable, os.path.abspath(__file__), "--child", tmp, "--folder",
+                folder, "--precision", precision, "--batch", str(batch)] + (["--layer-dir", layer_dir] if layer_dir
+                                                                           else [])
+        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"emulated run failed ({done.returncode}): {done.stderr[-2000:]}")
+        return np.load(os.path.join(tmp, "logits.npy"))
+
+
+def quantize_schemes(folder: str, rows: List[np.ndarray], out: str) -> Dict[str, str]:
+    """Each scheme's layer graphs in ``out/<i>``, static ones calibrated on ``rows``; returns name -> folder."""
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    m, embed, layers = _sessions(folder, "fp32")
+    feeds = {r["file"]: [] for r in m["layers"]}
+    for start in range(0, len(rows), 8):
+        chunk = rows[start:start + 8]
+        ids = np.full((len(chunk), max(len(r) for r in chunk)), m["input_layout"]["pad"], dtype=np.int64)
+        for i, r in enumerate(chunk):
+            ids[i, :len(r)] = r
+        x, mask = embed.run(None, {"src_tokens": ids})
+        for rec, session in zip(m["layers"], layers):
+            feeds[rec["file"]].append({"x": x, "padding_mask": mask})
+            x = session.run(None, {"x": x, "padding_mask": mask})[0]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self, items):
+            self.items = iter(items)
+
+        def get_next(self):
+            return next(self.items, None)
+
+    logging.getLogger().setLevel(logging.ERROR)
+    folders = {}
+    for i, (name, (static, activation, reduce_range)) in enumerate(SCHEMES.items()):
+        target = os.path.join(out, str(i))
+        os.makedirs(target)
+        for rec in m["layers"]:
+            model = onnx.load(os.path.join(folder, rec["file"]))
+            del model.graph.value_info[:]  # as acl-export does: the quantizer infers its own shapes
+            bare = os.path.join(target, "bare.onnx")
+            onnx.save(model, bare)
+            dst = os.path.join(target, rec["file"])
+            if static:
+                quantize_static(bare, dst, Reader(feeds[rec["file"]]), quant_format=QuantFormat.QDQ,
+                                op_types_to_quantize=["MatMul", "Gemm"], activation_type=getattr(QuantType, activation),
+                                weight_type=QuantType.QInt8, reduce_range=reduce_range)
+            else:
+                quantize_dynamic(bare, dst, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"],
+                                 reduce_range=reduce_range)
+            for leftover in (bare, os.path.join(target, "bare-inferred.onnx")):
+                if os.path.exists(leftover):
+                    os.remove(leftover)
+        folders[name] = target
+    return folders
+
+
+def measure(folder: str, rows: List[np.ndarray], cpu: str) -> List[Dict]:
+    reference = run_rows(folder, rows, 1, "fp32")
+    with tempfile.TemporaryDirectory() as tmp:
+        systems = [(name, "fp32", layer_dir) for name, layer_dir in quantize_schemes(folder, rows, tmp).items()]
+        if "int8" in manifest(folder)["quantized"]:
+            systems.append(("acl-export --quantize int8", "int8", None))
+        table = []
+        for name, precision, layer_dir in systems:
+            row = {"scheme": name}
+            for where, runner in (("native", run_rows), (f"qemu {cpu}", run_emulated)):
+                kw = {"layer_dir": layer_dir} if where == "native" else {"layer_dir": layer_dir, "cpu": cpu}
+                one, eight = (runner(folder, rows, b, precision, **kw) for b in (1, 8))
+                row[where] = {"err_b1": float(np.abs(one - reference).max()),
+                              "err_b8": float(np.abs(eight - reference).max()),
+                              "b1_vs_b8": float(np.abs(one - eight).max())}
+                print(f"  {name:28s} {where:16s} error {row[where]['err_b1']:.4f} / {row[where]['err_b8']:.4f}, "
+                      f"batch 1 vs 8 {row[where]['b1_vs_b8']:.1e}", flush=True)
+            table.append(row)
+    return table
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n\n", 2)[2],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--folder", required=True, help="an OUT/onnx folder written by acl-export --format onnx")
+    p.add_argument("--rows", type=int, default=32, help="random token rows run through every scheme")
+    p.add_argument("--cpu", default="EPYC-Rome", help="qemu CPU model of the second machine kind (AVX2, no VNNI)")
+    p.add_argument("--json", help="write the table here")
+    p.add_argument("--child", help=argparse.SUPPRESS)  # internal: run one chain (under qemu) and save its logits
+    p.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
+    p.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--layer-dir", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        data = np.load(os.path.join(args.child, "rows.npz"))
+        rows = [data[f"arr_{i}"] for i in range(len(data.files))]
+        np.save(os.path.join(args.child, "logits.npy"),
+                run_rows(args.folder, rows, args.batch, args.precision, args.layer_dir))
+        return
+    if shutil.which("qemu-x86_64") is None:
+        sys.exit("int8_portability: qemu-x86_64 not found; install Debian's qemu-user (apt-get install qemu-user)")
+    rows = token_rows(args.folder, args.rows)
+    print(f"{len(rows)} random rows, every exit's logits against fp32 at batch 1; native CPU and qemu {args.cpu}")
+    table = measure(args.folder, rows, args.cpu)
+    if args.json:
+        record = {"folder": os.path.basename(os.path.normpath(args.folder)), "rows": len(rows), "cpu": args.cpu,
+                  "fp32_logit_scale": float(np.abs(run_rows(args.folder, rows, 1)).max()), "schemes": table}
+        tmp = args.json + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=1)
+        os.replace(tmp, args.json)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
