@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Debian packages that the slow tests use, installed only where their command is missing (root, apt-get):
+#   qemu-user   qemu-x86_64 runs the int8 graphs on an emulated AVX2-only CPU (tests/test_int8.py)
+# Usage: scripts/system_packages.sh      (CI runs it before make test-slow; idempotent, seconds when present)
+set -euo pipefail
+
+# command that shows the package is there -> Debian package
+declare -A PACKAGES=([qemu-x86_64]=qemu-user)
+
+missing=()
+for cmd in "${!PACKAGES[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || missing+=("${PACKAGES[$cmd]}")
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "[system] ${PACKAGES[*]}: present"
+  exit 0
+fi
+if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+  echo "[system] missing ${missing[*]}: install them with your package manager (Debian: apt-get install ${missing[*]})" >&2
+  exit 2
+fi
+echo "[system] installing ${missing[*]}"
+apt-get update -q >/dev/null
+DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
