@@ -1,0 +1,54 @@
+"""Properties that `make mutation` found unchecked: each test here failed on a mutant that survived the
+criterion and loss tests (docs/tests.md, "Mutation score", lists them)."""
+import pytest
+import torch
+
+import helpers
+from acl_fairseq import losses
+from test_criterions import _cosine, _two_pass_reference, build
+
+
+@pytest.fixture(scope="module")
+def data3(tmp_path_factory):
+    # three classes: on the two-class toy data ACL-Embed's cosine with CE is negative at initialisation,
+    # here it is positive (0.63), so a threshold of 0 and one of 1 decide differently
+    return helpers.make_data(str(tmp_path_factory.mktemp("kills") / "data"), num_classes=3)["data"]
+
+
+# ---- losses.py ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_self_distillation_of_half_precision_logits_is_computed_in_float32(dtype):
+    torch.manual_seed(0)
+    student, teacher = (torch.randn(6, 5) * 4).to(dtype), (torch.randn(6, 5) * 4).to(dtype)
+    got = losses.self_distillation_loss(student, teacher, 2.0)
+    assert got.dtype == torch.float32
+    # the same float32 operations on the same (representable) values: bit-identical
+    assert float(got) == float(losses.self_distillation_loss(student.float(), teacher.float(), 2.0))
+
+
+def test_self_distillation_of_a_float64_student_stays_float64_against_a_float32_teacher():
+    torch.manual_seed(0)
+    student, teacher = torch.randn(6, 5, dtype=torch.float64), torch.randn(6, 5)
+    got = losses.self_distillation_loss(student, teacher, 2.0)
+    assert got.dtype == torch.float64
+    assert float(got) == float(losses.self_distillation_loss(student, teacher.double(), 2.0))
+
+
+def test_a_bad_anchor_mode_is_refused_naming_the_argument():
+    feats, labels, emb = torch.randn(4, 3), torch.tensor([0, 1, 0, 1]), torch.randn(2, 3)
+    with pytest.raises(ValueError, match=r"^anchors must be one of \('all', 'samples'\), got 'labels'$"):
+        losses.acl_embed_loss(feats, labels, emb, 0.5, anchors="labels")
+
+
+# ---- the criteria -------------------------------------------------------------------------------
+def test_acl_embed_logs_a_conflict_only_when_the_cosine_is_below_zero(data3):
+    # METHOD.md: --log-grad-conflict on acl_embed measures the rule at threshold 0 (the flag has no threshold)
+    _, model, crit, sample = build(data3, "acl_embed", extra=["--log-grad-conflict"], num_classes=3)
+    model.train()
+    cos = _cosine(*_two_pass_reference(model, crit, sample))
+    assert 0.1 < cos < 0.9  # a threshold of 0 keeps the term, a threshold of 1 would drop it
+    model.zero_grad()
+    loss, _, log = crit(model, sample)
+    loss.backward()  # the gate fills in the logged cosine and decision during the backward
+    assert float(log["grad_cos"]) == pytest.approx(cos, abs=1e-4)
+    assert float(log["conflict"]) == 0.0
