@@ -269,6 +269,19 @@ def test_evaluate_writes_json_with_every_field(evaluated):
     assert "layer_speedup" in stdout and "confidence" in stdout  # the printed table
 
 
+def test_evaluate_reports_flops_per_setting_beside_the_layer_speedup(evaluated):
+    root, stdout = evaluated
+    result = json.load(open(root / "out" / "early_exit.json"))
+    assert "2 FLOPs per multiply-add" in result["flops"]["convention"] and "FLOPs per example" in stdout
+    never, always = result["settings"][0], result["settings"][2]  # entropy 0.0 (all layers) and 1.0 (layer 1)
+    # all layers plus the two shallow heads that ran to decide: a hair more than the baseline
+    assert never["flops_speedup"] < 1.0 < never["flops_speedup"] + 0.01
+    # three layers against one: a little under 3x, the head being paid at every exit
+    assert 2.9 < always["flops_speedup"] < 3.0 == always["layer_speedup"]
+    for s in result["settings"]:
+        assert s["flops_per_example"] * s["flops_speedup"] == pytest.approx(result["flops"]["full_per_example"])
+
+
 def test_evaluate_writes_csv_png_tensorboard_and_predictions(evaluated):
     root, _ = evaluated
     lines = open(root / "out" / "early_exit.csv").read().splitlines()

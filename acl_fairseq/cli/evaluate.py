@@ -4,7 +4,10 @@
 ``acl-evaluate CHECKPOINT DATA_BIN --out-dir DIR`` writes ``DIR/early_exit.json``, ``DIR/early_exit.csv``
 and ``DIR/early_exit.png`` and prints a table. Per setting (policy x threshold): the task metric(s), average
 exit layer, layer speed-up ``L / avg``, saved fraction ``1 - avg / L``, and wall-clock latency per example
-against running all layers, at batch size 1 and batched (median of repeats, measured side by side). Quality
+against running all layers, at batch size 1 and batched (median of repeats, measured side by side), and FLOPs per
+example with the FLOPs speed-up against the baseline (all layers, the final exit's head only): each example counted
+at its own length, the exits' heads it ran included, the embeddings not (lookups: 0 FLOPs), 2 FLOPs per
+multiply-add as ``torch.utils.flop_counter`` counts (:mod:`acl_fairseq.flops`). Quality
 numbers come from one full pass (every exit's logits, then the policies offline:
 ``exits.exit_layer_indices``); latency from the layer-by-layer engine (``early_exit.py``, timed by
 ``latency.py``), whose decisions are checked against the offline ones (``engine_agreement``).
@@ -23,7 +26,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from acl_fairseq import checkpoint_safety, exits, glue_metrics
+from acl_fairseq import checkpoint_safety, exits, flops, glue_metrics
 from acl_fairseq.cli import calibrate, console, report
 from acl_fairseq.inference import early_exit, latency
 
@@ -191,6 +194,33 @@ def setting_quality(exit_logits, targets, layers, num_layers, policy, threshold,
     }, idx
 
 
+def model_shape(model, head_name: str) -> flops.Shape:
+    """The sizes the FLOPs count needs, read from the model's first layer and its exit heads."""
+    layers, heads, _ = early_exit.exit_plan(model, head_name)
+    first = model.encoder.sentence_encoder.layers[0]
+    return flops.Shape(dim=first.fc1.in_features, ffn_dim=first.fc1.out_features,
+                       head_dim=heads[0].dense.out_features, num_classes=heads[0].out_proj.out_features,
+                       exit_layers=layers)
+
+
+def add_flops(setting: Dict, idx: torch.Tensor, lengths: List[int], shape: flops.Shape) -> None:
+    """FLOPs per example of a setting (each example at its length and exit) and the speed-up over the baseline."""
+    setting["flops_per_example"] = flops.mean_flops(shape, lengths, idx.tolist())
+    setting["flops_speedup"] = flops.mean_full_flops(shape, lengths) / setting["flops_per_example"]
+
+
+def format_flops(result: Dict) -> str:
+    """The FLOPs of each setting beside its layer speed-up (report.format_table prints the rest)."""
+    cols = ("policy", "threshold", "layer_speedup", "flops_per_example", "flops_speedup")
+    body = [[s["policy"], f"{s['threshold']:g}", f"{s['layer_speedup']:.2f}", f"{s['flops_per_example']:.4g}",
+             f"{s['flops_speedup']:.2f}"] for s in result["settings"]]
+    widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c) for i, c in enumerate(cols)]
+    f = result["flops"]
+    return "\n".join([f"FLOPs per example ({f['convention']}); all layers: {f['full_per_example']:.4g}",
+                      "  ".join(c.rjust(w) for c, w in zip(cols, widths))]
+                     + ["  ".join(c.rjust(w) for c, w in zip(b, widths)) for b in body])
+
+
 # ---- GLUE test predictions ---------------------------------------------------------------------
 
 
@@ -242,9 +272,12 @@ def run_sweep(model, dataset, scored, args, head_name: str, layers: List[int], c
         "batched": make_batches(dataset, list(range(n_time)), args.batch_size),
     }
     num_layers = len(model.encoder.sentence_encoder.layers)
+    lengths = [int(dataset.num_tokens(int(i))) for i in ids]
+    shape = model_shape(model, head_name)
     settings = []
     for policy, threshold in sweep(args, len(layers), ctx["regression"]):
         setting, idx = setting_quality(exit_logits, targets, layers, num_layers, policy, threshold, ctx)
+        add_flops(setting, idx, lengths, shape)
         latency.add_timing(model, setting, idx, timing_batches, head_name, pos_of_id, ctx)
         logger.info(
             "%s %s: %s, %.2fx fewer layers", policy, threshold, json.dumps(setting["metrics"]), setting["layer_speedup"]
@@ -287,6 +320,11 @@ def evaluate(args) -> Dict:
         "primary_metric": next(iter(per_exit[-1]["metrics"])),
         "per_exit": per_exit,
         "settings": run_sweep(model, dataset, scored, args, head_name, layers, ctx),
+        "flops": {
+            "convention": flops.CONVENTION,
+            "full_per_example": flops.mean_full_flops(
+                model_shape(model, head_name), [int(dataset.num_tokens(int(i))) for i in scored[0]]),
+        },
         "timing": {
             "examples": min(args.timing_examples, n),
             "repeats": args.timing_repeats,
@@ -319,6 +357,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     if args.tensorboard_logdir:
         report.log_tensorboard(result, args.tensorboard_logdir)
     print(report.format_table(result))
+    print(format_flops(result))
     if args.calibrate is not None:  # after the outputs: an unmet budget still leaves the sweep to look at
         result["calibration"] = calibrate.apply(args, result)
         print(f"acl-evaluate: {calibrate.summary(result['calibration'])}", file=sys.stderr)
