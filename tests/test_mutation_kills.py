@@ -26,12 +26,14 @@ def test_self_distillation_of_half_precision_logits_is_computed_in_float32(dtype
     assert float(got) == float(losses.self_distillation_loss(student.float(), teacher.float(), 2.0))
 
 
-def test_self_distillation_of_a_float64_student_stays_float64_against_a_float32_teacher():
+@pytest.mark.parametrize("student_dtype,teacher_dtype",
+                         [(torch.float64, torch.float32), (torch.float32, torch.float64)])
+def test_self_distillation_with_one_float64_side_is_computed_in_float64(student_dtype, teacher_dtype):
     torch.manual_seed(0)
-    student, teacher = torch.randn(6, 5, dtype=torch.float64), torch.randn(6, 5)
+    student, teacher = torch.randn(6, 5, dtype=student_dtype), torch.randn(6, 5, dtype=teacher_dtype)
     got = losses.self_distillation_loss(student, teacher, 2.0)
     assert got.dtype == torch.float64
-    assert float(got) == float(losses.self_distillation_loss(student, teacher.double(), 2.0))
+    assert float(got) == float(losses.self_distillation_loss(student.double(), teacher.double(), 2.0))
 
 
 def test_a_bad_anchor_mode_is_refused_naming_the_argument():
@@ -52,3 +54,21 @@ def test_acl_embed_logs_a_conflict_only_when_the_cosine_is_below_zero(data3):
     loss.backward()  # the gate fills in the logged cosine and decision during the backward
     assert float(log["grad_cos"]) == pytest.approx(cos, abs=1e-4)
     assert float(log["conflict"]) == 0.0
+
+
+@pytest.mark.parametrize("flag,reduced", [([], False), (["--scl-grad-global-decision"], True)])
+def test_scl_grad_global_decision_takes_the_decision_on_all_reduced_gradients(data3, monkeypatch, flag, reduced):
+    # one process posing as rank 0 of 2 whose all-reduce is the identity: the flag must route the gate's
+    # gradients through it (test_distributed.py runs real ranks for the ACL flags only)
+    from acl_fairseq import distributed
+
+    calls = []
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    monkeypatch.setattr(distributed, "all_reduce_sum", lambda ts: calls.append(len(ts)) or [
+        None if t is None else t.detach().float().clone() for t in ts])
+    _, model, crit, sample = build(data3, "sentence_scl", extra=["--scl-grad", *flag], num_classes=3)
+    model.train()
+    loss, _, log = crit(model, sample)
+    loss.backward()
+    assert float(log["gated_steps"]) == 1.0
+    assert bool(calls) == reduced
