@@ -31,6 +31,7 @@ setup(
             "acl-export=acl_fairseq.hf.export:cli_main",
             "acl-preprocess=acl_fairseq.preprocessing.glue:cli_main",
             "acl-help=acl_fairseq.cli.help:cli_main",
+            "acl-tune=acl_fairseq.cli.tune:cli_main",
             "acl-fairseq-help=acl_fairseq.cli.help:cli_main",  # deprecated spelling of acl-help, kept working
         ]
     },

@@ -1,0 +1,300 @@
+"""acl-tune: Optuna studies over the run plan. Workers are real processes on one study (SQLite; PostgreSQL in the
+slow test) running the real recipe driver with a stub fairseq-train (seconds); one small study trains for real.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import helpers
+from recipe_helpers import REPO, fake_data, recipe_env, write_exe
+
+optuna = pytest.importorskip("optuna")
+from acl_fairseq.cli import tune_data, tune_space  # noqa: E402
+from acl_fairseq.cli.tune import ValidationReader  # noqa: E402
+
+# fake fairseq-train: validation accuracy 50 + 40 x --scl-weight + the validation's index, one record every
+# $STUB_SLEEP seconds (so a pruner and a SIGKILL can meet a run in progress)
+STUB_TRAIN = r"""#!/usr/bin/env bash
+save=""; w="0"; prev=""
+for a in "$@"; do
+  [[ "$prev" == --save-dir ]] && save="$a"
+  [[ "$prev" == --scl-weight ]] && w="$a"
+  prev="$a"
+done
+echo "$*" > "$save/argv.txt"
+echo "2026-01-01 00:00:00 | INFO | fairseq.trainer | Loaded checkpoint x.pt (epoch 1 @ 0 updates)"
+for i in 1 2 3; do
+  sleep "${STUB_SLEEP:-0.2}"
+  acc=$(python3 -c "print(round(50 + 40 * $w + $i, 4))")
+  echo "2026-01-01 00:00:02 | INFO | valid | {\"epoch\": $i, \"valid_loss\": \"0.$i\", \"valid_accuracy\": \"$acc\", \"valid_num_updates\": \"$((i * 10))\"}"
+done
+touch "$save/checkpoint_best.pt" "$save/checkpoint_last.pt"
+"""  # noqa: E501
+
+# fake acl-evaluate --split test: the test accuracy is 1 point below the run's last validation
+STUB_EVALUATE = r"""#!/usr/bin/env bash
+ckpt="$1"; out=""; prev=""
+for a in "$@"; do [[ "$prev" == --out-dir ]] && out="$a"; prev="$a"; done
+mkdir -p "$out"
+res="$(dirname "$ckpt")/result.json"
+acc=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['best_value'] - 1)" "$res")
+echo "{\"per_exit\": [{\"layer\": 1, \"metrics\": {\"accuracy\": $acc}}]}" > "$out/early_exit.json"
+"""
+
+
+@pytest.fixture
+def env(tmp_path):
+    e = recipe_env(tmp_path)
+    e.update(FAIRSEQ_TRAIN=write_exe(tmp_path / "stub-train", STUB_TRAIN),
+             ACL_EVALUATE=write_exe(tmp_path / "stub-evaluate", STUB_EVALUATE), STUB_SLEEP="0.2")
+    return e
+
+
+def fewshot_data(path, seed=1):
+    """A few-shot folder: its valid split is the protocol's, nothing is carved."""
+    fake_data(path, subsets=("valid", "test"))
+    with open(os.path.join(path, "protocol.json"), "w") as f:
+        json.dump({"few_shot": 8, "seed": seed}, f)
+    return str(path)
+
+
+def tune(args, env, **kw):
+    return subprocess.Popen([sys.executable, "-m", "acl_fairseq.cli.tune", *args], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def study_trials(url, name="SST-2-scl-fewshot"):
+    study = optuna.load_study(study_name=name, storage=url)
+    return study.get_trials(deepcopy=False)
+
+
+def common(tmp_path, url, trials=4):
+    return ["SST-2", "scl", "--data-bin", fewshot_data(tmp_path / "fs"), "--study-dir", str(tmp_path / "study"),
+            "--storage", url, "--trials", str(trials), "--poll", "0.1", "--threads", "1", "--pruner-startup", "2"]
+
+
+def finished(trials):
+    return [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+
+
+def check_two_workers(tmp_path, env, url, n=5):
+    procs = [tune(common(tmp_path, url, n), env) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    trials = study_trials(url)
+    numbers = [t.number for t in trials]
+    assert len(numbers) == len(set(numbers))
+    assert len(finished(trials)) == n
+    # surplus trials (two workers asking for the last slot at once) are never run
+    assert all(t.user_attrs.get("surplus") for t in trials if t.state.name == "FAIL")
+    # both workers ran trials, each in its own run folder
+    assert len({t.user_attrs["run_dir"] for t in finished(trials)}) == n
+    assert sum("trial " in err and "->" in err for _, err in outs) == 2
+    return trials
+
+
+def test_search_space_rows_pick_the_most_specific(tmp_path):
+    space = {p.name: p for p in tune_space.search_space("scl", "SST-2", "fewshot")}
+    assert set(space) == {"lr", "lambda", "tau"}
+    assert space["lambda"].values == ("0.1", "0.3", "0.5", "0.7", "0.9", "1.0")
+    assert space["tau"].values == ("0.1", "0.3", "0.5", "0.7") and space["tau"].target == "--scl-temperature"
+    assert space["lr"].target == "LR" and "1e-04" in space["lr"].values
+    assert tune_space.search_space("scl", "SST-2", "full")[0].values == ("1e-05", "2e-05", "3e-05")
+    assert [p.name for p in tune_space.search_space("ce", "RTE", "full")] == ["lr"]
+    overrides, extra = tune_space.plan_arguments(list(space.values()), {"lr": "1e-04", "lambda": "0.5", "tau": "0.1"})
+    assert overrides == {"LR": "1e-04"} and extra == ["--scl-weight", "0.5", "--scl-temperature", "0.1"]
+    table = tmp_path / "t.tsv"
+    table.write_text("\t".join(tune_space.COLUMNS) + "\nscl\t*\t*\tlambda\tscl_weight\tchoice\t0.1\tx\n")
+    with pytest.raises(ValueError, match="row 1 .*target must be"):
+        tune_space.search_space("scl", "SST-2", "full", str(table))
+    table.write_text("\t".join(tune_space.COLUMNS) + "\nscl\t*\t*\tlambda\t--scl-weight\tlog\t0:1\tx\n")
+    with pytest.raises(ValueError, match="bad log range"):
+        tune_space.search_space("scl", "SST-2", "full", str(table))
+
+
+def test_sampler_draws_per_trial_number_not_per_worker():
+    space = tune_space.search_space("acl_embed", "SST-2", "fewshot")
+
+    def draws(numbers_before):
+        study = optuna.create_study(sampler=tune_space.make_sampler(7, 10), direction="maximize")
+        for _ in range(numbers_before):
+            study.enqueue_trial({"lr": "3e-05", "lambda": 1.0, "tau": "0.5"})
+            study.optimize(lambda t: [p.suggest(t) for p in space] and 0.0, n_trials=1)
+        t = study.ask()
+        return t.number, {p.name: p.suggest(t) for p in space}
+
+    assert draws(2) == draws(2)
+    assert draws(2)[1] != draws(3)[1]
+
+
+def test_validation_reader_reads_records_as_the_log_grows(tmp_path):
+    path = tmp_path / "train.log"
+    reader = ValidationReader(str(path), "accuracy")
+    assert reader.new() == []
+    path.write_text('x | INFO | valid | {"epoch": 1, "valid_accuracy": "70.5", "valid_num_updates": "10"}\n'
+                    'x | INFO | train | {"epoch": 1, "train_accuracy": "99"}\n'
+                    'x | INFO | valid | {"epoch": 2, "valid_accuracy": "71"')
+    assert reader.new() == [(10, 70.5)]
+    with open(path, "a") as f:
+        f.write(', "valid_num_updates": "20"}\n')
+    assert reader.new() == [(20, 71.0)]
+
+
+def test_carve_is_seeded_stratified_and_leaves_dev_out(tmp_path):
+    data = helpers.make_data(str(tmp_path / "toy"))["data"]
+    rec = tune_data.carve(data, str(tmp_path / "c1"), seed=3, fraction=0.25, valid_subsets=["valid"])
+    again = tune_data.carve(data, str(tmp_path / "c2"), seed=3, fraction=0.25, valid_subsets=["valid"])
+    other = tune_data.carve(data, str(tmp_path / "c3"), seed=4, fraction=0.25, valid_subsets=["valid"])
+    assert rec["valid_indices"] == again["valid_indices"] != other["valid_indices"]
+    assert (rec["train_examples"], rec["valid_examples"]) == (36, 12)
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
+
+    src = MMapIndexedDataset(os.path.join(data, "input0", "train"))
+    got = MMapIndexedDataset(str(tmp_path / "c1" / "input0" / "valid"))
+    assert [got[i].tolist() for i in range(len(got))] == [src[i].tolist() for i in rec["valid_indices"]]
+    def counts(prefix):
+        ds = MMapIndexedDataset(prefix)
+        out = {}
+        for i in range(len(ds)):
+            out[tuple(ds[i].tolist())] = out.get(tuple(ds[i].tolist()), 0) + 1
+        return out
+
+    whole, carved = counts(os.path.join(data, "label", "train")), counts(str(tmp_path / "c1" / "label" / "valid"))
+    assert set(carved) == set(whole) and len(whole) == 2
+    for label, n in whole.items():  # each label's share of train, to within one example
+        assert abs(carved[label] - 12 * n / 48) < 1
+    assert not os.path.exists(tmp_path / "c1" / "input0" / "test.idx")
+    with pytest.raises(ValueError, match="another source or seed"):
+        tune_data.carve(data, str(tmp_path / "c1"), seed=5, fraction=0.25, valid_subsets=["valid"])
+
+
+def test_two_workers_share_one_sqlite_study(tmp_path, env):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    trials = check_two_workers(tmp_path, env, url)
+    best = max((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
+    # the objective is the run's best validation, from its result.json: 50 + 40 lambda + 3
+    assert best.value == pytest.approx(53 + 40 * float(best.params["lambda"]))
+    with open(os.path.join(best.user_attrs["run_dir"], "argv.txt")) as f:
+        argv = f.read().split()
+    assert argv[argv.index("--scl-weight", argv.index("--scl-weight") + 1) + 1] == best.params["lambda"]
+    assert argv[argv.index("--lr") + 1] == best.params["lr"] and argv[argv.index("--seed") + 1] == "1"
+    assert not os.path.exists(os.path.join(best.user_attrs["run_dir"], "checkpoint_best.pt"))
+    # a study resumes: asked for more trials, it runs only the missing ones
+    proc = tune(common(tmp_path, url, 6), env)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    assert len(finished(study_trials(url))) == 6
+
+
+def test_a_killed_worker_trial_fails_and_the_study_still_finishes(tmp_path, env):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    args = common(tmp_path, url, 3) + ["--heartbeat", "1", "--grace", "2"]
+    env["STUB_SLEEP"] = "2"
+    proc = tune(args, env, start_new_session=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:  # until the first trial's run is training
+        running = [t for t in study_trials(url) if t.state.name == "RUNNING"] if (tmp_path / "study.db").exists() \
+            else []
+        if running and "pgid" in running[0].user_attrs:
+            break
+        time.sleep(0.2)
+    assert running, "no trial started"
+    os.killpg(proc.pid, signal.SIGKILL)  # the worker, as a machine lost: no clean-up runs
+    os.killpg(running[0].user_attrs["pgid"], signal.SIGKILL)  # and the run it started (its own session)
+    proc.communicate()
+    assert [t.state.name for t in study_trials(url)] == ["RUNNING"]
+    env["STUB_SLEEP"] = "0.1"
+    resumed = tune(args, env)
+    _, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, err[-2000:]
+    trials = study_trials(url)
+    assert trials[0].state.name == "FAIL" and not trials[0].user_attrs.get("surplus")
+    retry = [t for t in trials if t.system_attrs.get("failed_trial") == 0]
+    assert len(retry) == 1 and retry[0].params == trials[0].params  # its setting was run again, not lost
+    assert len([t for t in trials if t.state.name == "COMPLETE"]) == 3
+
+
+def test_pruned_trials_stop_their_run(tmp_path, env):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    proc = tune(common(tmp_path, url, 8) + ["--pruner-startup", "1"], env)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    pruned = [t for t in study_trials(url) if t.state.name == "PRUNED"]
+    assert pruned, "every trial of 8 beat the median of the ones before"
+    for t in pruned:
+        values = list(t.intermediate_values.values())
+        assert len(values) < 3 and not os.path.exists(os.path.join(t.user_attrs["run_dir"], "result.json"))
+
+
+def test_evaluate_best_scores_tuned_beside_default_on_the_test_half(tmp_path, env):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    for seed in (1, 2):
+        fewshot_data(tmp_path / f"fs{seed}", seed)
+    args = common(tmp_path, url, 3)
+    args[args.index("--data-bin") + 1] = str(tmp_path / "fs{seed}")
+    proc = tune(args, env)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    proc = tune(args + ["--evaluate-best", "--seeds", "1", "2"], env)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    with open(tmp_path / "study" / "best.json") as f:
+        best = json.load(f)
+    lam = float(best["best_params"]["lambda"])
+    # default: methods.tsv's --scl-weight 0.9; the stub's test score is its last validation minus 1
+    assert best["default"]["values"] == {"1": pytest.approx(52 + 36), "2": pytest.approx(52 + 36)}
+    assert best["tuned"]["values"]["2"] == pytest.approx(52 + 40 * lam)
+    assert best["tuned_minus_default"]["values"] == pytest.approx([40 * lam - 36] * 2)
+    assert out.startswith("| setting | seed 1 | seed 2 | mean ± std |") and "tuned − default" in out
+    assert os.path.isfile(tmp_path / "study" / "best" / "tuned" / "runs" / "SST-2" / "scl" / "seed2" /
+                          "test_result.json")
+
+
+def test_refusals_before_any_trial(tmp_path, env):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    proc = tune(["STS-B", "scl", "--storage", url, "--study-dir", str(tmp_path / "s")], env)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "regression task" in err
+    proc = tune(["SST-2", "scl", "--data-bin", str(tmp_path / "nowhere"), "--storage", url], env)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "binarized data not found" in err
+    assert not (tmp_path / "study.db").exists()
+
+
+def test_tune_sh_help_and_acl_tune_help():
+    out = subprocess.run([os.path.join(REPO, "recipes", "glue", "tune.sh"), "--help"], capture_output=True,
+                         text=True)
+    assert out.returncode == 0 and "--evaluate-best" in out.stdout and "--storage" in out.stdout
+
+
+def test_a_real_study_trains_on_the_carved_split(tmp_path, env):
+    """Two trials of fairseq-train on the toy task (a tiny RoBERTa from scratch): the runs train on the carved
+    train part and validate on the carved part of train, never on the dev set."""
+    data = helpers.make_data(str(tmp_path / "toy"))["data"]
+    env.pop("ROBERTA_PATH")
+    env.pop("FAIRSEQ_TRAIN")
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    proc = tune(["SST-2", "ce", "--data-bin", data, "--study-dir", str(tmp_path / "study"), "--storage", url,
+                 "--trials", "2", "--poll", "0.5", "--threads", "1", "--carve-fraction", "0.25",
+                 "--set", "RESTORE=none", "--set", "ARCH=multi_exit_roberta", "--set",
+                 "MODEL_ARGS=" + " ".join(helpers.TINY_SHAPE + ["--exit-layers", "3"]), "--set", "MAX_EPOCH=2",
+                 "--set", "TOTAL_UPDATES=4", "--set", "LOG_INTERVAL=1", "--", "--num-workers", "0"], env)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    trials = study_trials(url, "SST-2-ce-full")
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
+    for t in trials:
+        assert t.params["lr"] in ("1e-05", "2e-05", "3e-05") and len(t.intermediate_values) == 2
+        with open(os.path.join(t.user_attrs["run_dir"], "train.log")) as f:
+            log = f.read()
+        assert f"data-seed1 --user-dir" in open(os.path.join(t.user_attrs["run_dir"], "command.sh")).read()
+        # 12 carved examples validate; the toy dev set has 24
+        assert "valid 12 examples" in log or "| valid | 12" in log or '"valid_num_updates"' in log
+        assert t.value == max(t.intermediate_values.values())
