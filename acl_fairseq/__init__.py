@@ -16,7 +16,21 @@ the types that fairseq checkpoints pickle, so that ``torch.load``'s default ``we
 (torch >= 2.6) can read them. Without torch and fairseq (a serving runtime) nothing is registered, and the
 modules that need neither (``conventions``, which builds a model's inputs) still import.
 """
+import os as _os
+import sys as _sys
+
+
+def _serving_only() -> bool:
+    """acl-predict on an exported OUT/onnx folder runs on onnxruntime alone: registering with fairseq would import
+    torch and fairseq (5 s and 300 MB) that it never uses."""
+    argv = _sys.argv
+    return _os.path.basename(argv[0] if argv else "") == "acl-predict" and any(
+        _os.path.isfile(_os.path.join(a, "manifest.json")) for a in argv[1:] if not a.startswith("-"))
+
+
 try:
+    if _serving_only():
+        raise ModuleNotFoundError("a serving command registers nothing", name="fairseq")
     import fairseq  # noqa: F401
 except ModuleNotFoundError as e:  # a runtime without torch or fairseq: nothing to register
     if e.name not in ("fairseq", "torch"):
