@@ -1,5 +1,6 @@
-"""The tables of benchmarks/quality.py that read run records only: training time, restored and legacy rows, and
-the gated methods against their base paired by seed (the ACL-Grad rule on SCL)."""
+"""The tables of benchmarks/quality.py that read run records only: training time, restored and legacy rows, the
+methods against their baselines paired by seed, and the gated methods against their base (the ACL-Grad rule on
+SCL); every paired difference with its 95% interval (_paired.py)."""
 import glob
 import os
 import re
@@ -7,9 +8,50 @@ import statistics
 from typing import Dict
 
 import _glue_runs as G
+import _paired as PD
 import _records as R
 
 TASKS = ["RTE", "CoLA", "SST-2", "STS-B"]
+# (method, baseline) compared seed by seed on the task's GLUE metric: the papers' claims (a contrastive term over
+# CE, ACL-Embed against SCL, what ACL-Grad's rule changes) and the multi-exit methods against multi-exit CE at the
+# last exit
+QUALITY_PAIRS = [("scl", "ce"), ("acl_embed", "ce"), ("acl_grad", "ce"), ("acl_embed", "scl"),
+                 ("acl_grad", "acl_embed"),
+                 ("acl_cross_layer", "multi_exit_ce"), ("multi_exit_kd", "multi_exit_ce"),
+                 ("acl_cross_layer_cl_only", "multi_exit_ce")]
+
+
+def _by_seed(runs_dir: str, task: str, method: str) -> Dict[int, dict]:
+    return {int(os.path.basename(os.path.dirname(p))[4:]): R.load(os.path.dirname(p))
+            for p in glob.glob(os.path.join(runs_dir, task, method, "seed*", "result.json"))}
+
+
+def quality_pairs(runs_dir: str, tasks=TASKS, pairs=QUALITY_PAIRS) -> Dict[str, Dict[str, dict]]:
+    """task -> "method − base" -> {"method", "base", "metric", "seeds", "diffs", "ci95", "ahead", "verdict"} over the
+    seeds where both have a result (best checkpoint, the task's GLUE metric)."""
+    out: Dict[str, Dict[str, dict]] = {}
+    for task in tasks:
+        for method, base in pairs:
+            a, b = _by_seed(runs_dir, task, method), _by_seed(runs_dir, task, base)
+            seeds = sorted(set(a) & set(b))
+            if not seeds:
+                continue
+            diffs = [a[s]["best_value"] - b[s]["best_value"] for s in seeds]
+            iv = PD.interval(diffs)
+            out.setdefault(task, {})[f"{method} − {base}"] = {
+                "method": method, "base": base, "metric": b[seeds[0]]["best_metric"], "seeds": seeds, "diffs": diffs,
+                "mean": iv["mean"], "ci95": [iv["lo"], iv["hi"]], "ahead": iv["ahead"], "verdict": PD.verdict(iv)}
+    return out
+
+
+def quality_pairs_markdown(pairs: Dict[str, Dict[str, dict]]) -> str:
+    """The quality table's comparisons, paired by seed."""
+    rows = [f"| {task} | {name} | {p['metric']} | {', '.join(map(str, p['seeds']))} | {PD.cell(p['diffs'])} |"
+            for task, by_pair in pairs.items() for name, p in by_pair.items()]
+    if not rows:
+        return ""
+    return ("\nPaired by seed (the runs above, same seed = same initialisation and data order): " + PD.HEADER
+            + ":\n\n| task | pair | metric | seeds | difference |\n|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
 DONE_RE = re.compile(r"done training in ([0-9.]+) seconds")
@@ -83,6 +125,9 @@ def gate_pairs(runs_dir: str, tasks, gated_methods: Dict[str, str]) -> Dict[str,
                 "gated": [res[gated][s]["best_value"] for s in seeds],
                 "conflict_rate": [statistics.mean(g["conflict_rate"]) if g["conflict_rate"] else None for g in logs],
                 "grad_cos": [[g["grad_cos"][0], g["grad_cos"][-1]] if g["grad_cos"] else None for g in logs]}
+            entry = out[task][gated]
+            iv = PD.interval([g - b for g, b in zip(entry["gated"], entry["base"])])
+            entry.update(ci95=[iv["lo"], iv["hi"]], ahead=iv["ahead"], verdict=PD.verdict(iv))
     return out
 
 
@@ -92,20 +137,18 @@ def gate_markdown(pairs: Dict[str, Dict[str, dict]]) -> str:
     for task, by_method in pairs.items():
         for gated, p in by_method.items():
             d = [g - b for g, b in zip(p["gated"], p["base"])]
-            sd = f" ± {statistics.stdev(d):.2f}" if len(d) > 1 else ""
             rates = [f"{100 * r:.1f}%" if r is not None else "?" for r in p["conflict_rate"]]
             cos = [f"{c[0]:.2f}→{c[1]:.2f}" if c else "?" for c in p["grad_cos"]]
             seeds = ", ".join(map(str, p["seeds"]))
             rows.append(f"| {task} | {gated} − {p['base_method']} | {p['metric']} | {seeds} | {_cell(p['base'])} | "
-                        f"{_cell(p['gated'])} | {statistics.mean(d):+.2f}{sd} ({sum(x > 0 for x in d)}/{len(d)} ahead) "
-                        f"| {', '.join(rates)} | {', '.join(cos)} |")
+                        f"{_cell(p['gated'])} | {PD.cell(d)} | {', '.join(rates)} | {', '.join(cos)} |")
     if not rows:
         return ""
     return ("\nThe ACL-Grad rule on SCL (`scl_grad`: CE+SCL that drops the SCL term of a batch whose gradient points "
             "against CE's, --scl-grad) against CE+SCL (`scl`), paired by seed; 'dropped' is the share of updates "
             "whose SCL term the gate dropped (per seed, over all epochs), cos is the mean cosine of the two gradients "
-            "in the first and the last epoch:\n\n| task | pair | metric | seeds | ungated | gated | "
-            "difference (seeds ahead) | dropped | cos first→last |\n|---|---|---|---|---|---|---|---|---|\n"
+            "in the first and the last epoch; difference: " + PD.HEADER + ":\n\n| task | pair | metric | seeds | "
+            "ungated | gated | difference | dropped | cos first→last |\n|---|---|---|---|---|---|---|---|---|\n"
             + "\n".join(rows) + "\n")
 
 

@@ -28,9 +28,10 @@ import math
 import os
 import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import _glue_runs as G
+import _paired as PD
 import _records as R
 from acl_fairseq.cli.report import mean_std  # noqa: E402
 from acl_fairseq.cli.tables import read_tsv  # noqa: E402
@@ -180,20 +181,29 @@ def summarize(runs: List[dict], protocol: dict) -> dict:
                 "valid_accuracy_mean": vmean, "valid_accuracy_std": vstd, "valid_accuracy": val,
                 "best_num_updates": [r["best_num_updates"] for r in rs],
             })
-    # paired differences to CE (same seeds = same training sample and test half)
-    deltas = []
-    for c in cells:
-        if c["method"] == "ce":
-            continue
-        ce = next((x for x in cells if x["n"] == c["n"] and x["method"] == "ce"), None)
-        if not ce:
-            continue
-        common = sorted(set(c["seeds"]) & set(ce["seeds"]))
-        d = [c["test_accuracy"][c["seeds"].index(s)] - ce["test_accuracy"][ce["seeds"].index(s)] for s in common]
-        if d:
-            m, s = mean_std(d)
-            deltas.append({"n": c["n"], "method": c["method"], "seeds": common, "delta_vs_ce": d, "mean": m, "std": s})
-    return {"protocol": protocol, "paper": PAPER, "cells": cells, "paired_delta_vs_ce": deltas, "runs": runs}
+    # paired differences (same seeds = same training sample and test half): every method to CE, and ACL-Embed to SCL
+    deltas = [d for c in cells if c["method"] != "ce" for d in [_paired(cells, c, "ce")] if d]
+    others = [d for c in cells if c["method"] == "acl_embed" for d in [_paired(cells, c, "scl")] if d]
+    return {"protocol": protocol, "paper": PAPER, "cells": cells, "paired_delta_vs_ce": deltas,
+            "paired_other": others, "runs": runs}
+
+
+def _paired(cells: List[dict], c: dict, base: str) -> Optional[dict]:
+    """Cell C minus the BASE method's cell at the same N over the seeds both have, with its 95% interval."""
+    b = next((x for x in cells if x["n"] == c["n"] and x["method"] == base), None)
+    common = sorted(set(c["seeds"]) & set(b["seeds"])) if b else []
+    if not common:
+        return None
+    d = [c["test_accuracy"][c["seeds"].index(s)] - b["test_accuracy"][b["seeds"].index(s)] for s in common]
+    m, sd = mean_std(d)
+    iv = PD.interval(d)
+    out = {"n": c["n"], "method": c["method"], "base": base, "seeds": common, "mean": m, "std": sd,
+           "ci95": [iv["lo"], iv["hi"]], "ahead": iv["ahead"], "verdict": PD.verdict(iv)}
+    if base == "ce":
+        out["delta_vs_ce"] = d
+    else:
+        out["delta"] = d
+    return out
 
 
 def _fmt(mean, std, n):
@@ -212,13 +222,13 @@ def markdown(summary: dict) -> str:
             c = next((c for c in summary["cells"] if c["n"] == n and c["method"] == m), None)
             row.append(_fmt(c["test_accuracy_mean"], c["test_accuracy_std"], c["num_seeds"]) if c else "–")
         lines.append(f"| {m} | " + " | ".join(row) + " |")
-    for m in methods[1:]:
+    paired = summary["paired_delta_vs_ce"] + summary.get("paired_other", [])
+    for m, base in dict.fromkeys((d["method"], d.get("base", "ce")) for d in paired):
         row = []
         for n in ns:
-            d = next((d for d in summary["paired_delta_vs_ce"] if d["n"] == n and d["method"] == m), None)
-            row.append(("%+.1f" % d["mean"]) + ("" if d["std"] is None else " ± %.1f" % d["std"])
-                       + f" (n={len(d['seeds'])})" if d else "–")
-        lines.append(f"| Δ {m} − ce (paired by seed) | " + " | ".join(row) + " |")
+            d = next((d for d in paired if (d["n"], d["method"], d.get("base", "ce")) == (n, m, base)), None)
+            row.append(PD.cell(d.get("delta_vs_ce", d.get("delta")), 1) if d else "–")
+        lines.append(f"| Δ {m} − {base} (paired by seed) | " + " | ".join(row) + " |")
     p = summary["protocol"]
     sizes = summary["runs"][0].get("split_sizes", {})
     lines += [
@@ -226,7 +236,8 @@ def markdown(summary: dict) -> str:
         f"SST-2 test half of dev ({sizes.get('test', '?')} examples), accuracy (%) of the checkpoint selected on "
         f"valid ({sizes.get('valid', '?')} other dev examples); mean ± sample std over seeds (the seed draws the N "
         "training examples, the dev split and the "
-        f"initialisation). Encoder: {p['encoder']}; {p['pooling']} pooling, single exit at the last layer"
+        f"initialisation); Δ rows: {PD.HEADER}. Encoder: {p['encoder']}; {p['pooling']} pooling, single exit at "
+        "the last layer"
         + (f", head dropout {p['conventions']['head_dropout']:g} (its conventions record)." if p.get("conventions")
            else "."),
         "",

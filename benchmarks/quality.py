@@ -32,14 +32,15 @@ import json
 import math
 import os
 import random
-import statistics
 import sys
 import tempfile
 import time
 from typing import Dict, Optional, Tuple
 
 import _glue_runs as G
+import _paired as PD
 import _records as R
+import dev_lengths
 from _quality_tables import (
     TASKS,
     _cell,
@@ -47,6 +48,8 @@ from _quality_tables import (
     gate_markdown,
     gate_pairs,
     legacy_markdown,
+    quality_pairs,
+    quality_pairs_markdown,
     restored_markdown,
     training_minutes,
 )
@@ -144,35 +147,41 @@ def early_exit_result(run_dir: str) -> dict:
         return json.load(f)
 
 
-def speedup_profiles(runs_dir: str, task: str, methods=MULTI) -> Dict[str, Dict[int, dict]]:
-    """method -> seed -> {"1.5", "2", "3", "area", "metric"} of every multi-exit run of TASK with early-exit results."""
+def speedup_profiles(runs_dir: str, task: str, methods=MULTI, axis: str = "layers") -> Dict[str, Dict[int, dict]]:
+    """method -> seed -> {"1.5", "2", "3", "area", "metric"} of every multi-exit run of TASK with early-exit results;
+    AXIS "flops" reads the curve at FLOPs speed-ups (dev_lengths.py: the records' exit shares and the dev lengths)."""
     from acl_fairseq.cli.report import speedup_profile
 
+    lengths = (dev_lengths.read() or {}).get(task) if axis == "flops" else None
+    if axis == "flops" and not lengths:
+        return {}
     profiles: Dict[str, Dict[int, dict]] = {}
     for m in methods:
         for d in sorted(glob.glob(os.path.join(runs_dir, task, m, "seed*", "result.json"))):
             ee = early_exit_result(os.path.dirname(d))
             if ee:
-                prof = speedup_profile(ee)
+                prof = dev_lengths.flops_profile(ee, lengths) if lengths else speedup_profile(ee)
                 seed = int(os.path.basename(os.path.dirname(d))[4:])
                 profiles.setdefault(m, {})[seed] = {**prof["at"], "area": prof["area"], "metric": prof["metric"]}
     return profiles
 
 
-def speedup_markdown(runs_dir: str, task: str, methods=MULTI, base: str = "multi_exit_ce") -> str:
-    """Each multi-exit method's metric at 1.5x, 2x and 3x fewer layers and its mean over 1x-3x (the entropy
+def speedup_markdown(runs_dir: str, task: str, methods=MULTI, base: str = "multi_exit_ce", axis: str = "layers") -> str:
+    """Each multi-exit method's metric at 1.5x, 2x and 3x fewer layers (or FLOPs) and its mean over 1x-3x (the entropy
     curve, report.speedup_profile), mean ± std over seeds, then each method minus BASE paired by seed."""
     from acl_fairseq.cli.report import SPEEDUPS
 
     keys = [f"{x:g}" for x in SPEEDUPS] + ["area"]
-    profiles = speedup_profiles(runs_dir, task, methods)
+    profiles = speedup_profiles(runs_dir, task, methods, axis)
     if not profiles:
         return ""
     metric = next(iter(next(iter(profiles.values())).values()))["metric"]
     head = "| method | seeds | " + " | ".join(f"at {k}x" if k != "area" else "mean 1x-3x" for k in keys) + " |\n"
     rows = [f"| {m} | {len(ps)} | " + " | ".join(_cell([p[k] for p in ps.values()]) for k in keys) + " |"
             for m, ps in profiles.items()]
-    out = (f"\n{task}: {metric} against layer speed-up on the entropy curve (interpolated; '-' where a curve does not "
+    what = ("layer speed-up" if axis == "layers" else "FLOPs speed-up (estimated from each setting's exit shares and "
+            "the dev set's lengths, as benchmarks/dev_lengths.py says; 2 FLOPs per multiply-add, embeddings excluded)")
+    out = (f"\n{task}: {metric} against {what} on the entropy curve (interpolated; '-' where a curve does not "
            "reach the speed-up), mean ± std over seeds:\n\n" + head + "|---|---|" + "---|" * len(keys) + "\n"
            + "\n".join(rows) + "\n")
     diffs = []
@@ -180,22 +189,19 @@ def speedup_markdown(runs_dir: str, task: str, methods=MULTI, base: str = "multi
         seeds = sorted(set(ps) & set(profiles.get(base, {}))) if m != base else []
         if not seeds:
             continue
-        cells = []
-        for k in keys:
-            d = [ps[s][k] - profiles[base][s][k] for s in seeds if None not in (ps[s][k], profiles[base][s][k])]
-            sd = f" ± {statistics.stdev(d):.2f}" if len(d) > 1 else ""
-            cells.append(f"{statistics.mean(d):+.2f}{sd} ({sum(x > 0 for x in d)}/{len(d)} ahead)" if d else "-")
+        cells = [PD.cell([ps[s][k] - profiles[base][s][k] for s in seeds
+                          if None not in (ps[s][k], profiles[base][s][k])]) for k in keys]
         diffs.append(f"| {m} − {base} | {', '.join(map(str, seeds))} | " + " | ".join(cells) + " |")
     if diffs:
-        out += ("\nPaired by seed (difference of the means above over the seeds both have; seeds where the method is "
-                "ahead):\n\n| pair | seeds | " + " | ".join(f"at {k}x" if k != "area" else "mean 1x-3x" for k in keys)
+        out += (f"\nPaired by seed (the seeds both have): {PD.HEADER}:\n\n| pair | seeds | "
+                + " | ".join(f"at {k}x" if k != "area" else "mean 1x-3x" for k in keys)
                 + " |\n|---|---|" + "---|" * len(keys) + "\n" + "\n".join(diffs) + "\n")
     return out
 
 
 def paired_exit_markdown(runs_dir: str, task: str, method: str = "acl_cross_layer", base: str = "multi_exit_ce") -> str:
-    """METHOD minus BASE at every exit, paired by seed (the seeds both have): mean difference and the number of
-    seeds where METHOD is ahead."""
+    """METHOD minus BASE at every exit, paired by seed (the seeds both have): mean difference with its 95% interval,
+    the number of seeds where METHOD is ahead, and the verdict."""
     def by_seed(m):
         root = os.path.join(runs_dir, task, m)
         dirs = glob.glob(os.path.join(root, "seed*", "result.json"))
@@ -206,11 +212,16 @@ def paired_exit_markdown(runs_dir: str, task: str, method: str = "acl_cross_laye
         return ""
     layers = sorted(set.intersection(*(set(a[s]) & set(b[s]) for s in seeds)))
     diffs = {layer: [a[s][layer] - b[s][layer] for s in seeds] for layer in layers}
+    ivs = [PD.interval(d) for d in diffs.values()]
     return (f"\n{task}: {method} minus {base} at every exit, paired by seed (seeds {', '.join(map(str, seeds))}): "
-            "mean difference, and in how many seeds it is ahead:\n\n"
+            "mean difference [95% interval, Student t, n − 1 degrees of freedom], the seeds where it is ahead, and "
+            "the verdict (ahead or behind only where the interval excludes 0):\n\n"
             "| | " + " | ".join(f"exit {layer}" for layer in layers) + " |\n|---|" + "---|" * len(layers) + "\n"
-            "| difference | " + " | ".join(f"{statistics.mean(d):+.2f}" for d in diffs.values()) + " |\n"
-            "| ahead | " + " | ".join(f"{sum(x > 0 for x in d)} of {len(d)}" for d in diffs.values()) + " |\n")
+            "| difference | " + " | ".join(f"{iv['mean']:+.2f}" for iv in ivs) + " |\n"
+            "| 95% interval | " + " | ".join(PD.interval_text(iv)[PD.interval_text(iv).find("["):] or "-"
+                                              for iv in ivs) + " |\n"
+            "| ahead | " + " | ".join(f"{iv['ahead']} of {iv['n']}" for iv in ivs) + " |\n"
+            "| verdict | " + " | ".join(PD.verdict(iv) for iv in ivs) + " |\n")
 
 
 def binarize(task: str, work: str, enc: G.Encoder) -> str:
@@ -283,11 +294,17 @@ def main(argv=None) -> int:
                             for t, s in PROTOCOL.items() if t in args.tasks)
                 + f". Multi-exit methods on {', '.join(args.multi_exit_tasks)}; STS-B: ce only.\n"
                 + legacy_markdown(runs_dir) + restored_markdown(runs_dir)
+                + quality_pairs_markdown(quality_pairs(runs_dir, args.tasks))
                 + "".join(paired_exit_markdown(runs_dir, t) + speedup_markdown(runs_dir, t)
-                          for t in args.multi_exit_tasks)
+                          + speedup_markdown(runs_dir, t, axis="flops") for t in args.multi_exit_tasks)
                 + gate_markdown(gate_pairs(runs_dir, args.tasks, GATED)) + cost_markdown(training_minutes(runs_dir)))
     R.write_atomic(os.path.join(args.results, "quality_speedup.json"), json.dumps(
         {t: speedup_profiles(runs_dir, t) for t in args.multi_exit_tasks}, indent=1, sort_keys=True) + "\n")
+    R.write_atomic(os.path.join(args.results, "quality_speedup_flops.json"), json.dumps(
+        {t: speedup_profiles(runs_dir, t, axis="flops") for t in args.multi_exit_tasks}, indent=1, sort_keys=True)
+        + "\n")
+    R.write_atomic(os.path.join(args.results, "quality_paired.json"),
+                   json.dumps(quality_pairs(runs_dir, args.tasks), indent=1, sort_keys=True) + "\n")
     R.write_atomic(os.path.join(args.results, "quality_gate.json"),
                    json.dumps(gate_pairs(runs_dir, args.tasks, GATED), indent=1, sort_keys=True) + "\n")
     print(open(md).read())

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Token lengths of the GLUE dev sets as the quality benchmark's encoder reads them, for FLOPs from run records.
+
+    python benchmarks/dev_lengths.py [--tasks SST-2 CoLA] [--glue-dir ../shared/glue] [--encoder runs/bench/minilm]
+
+The multi-exit records keep, per early-exit setting, the share of examples leaving at each exit, not which example
+left where, and their checkpoints are not kept. So the FLOPs of a setting are estimated as if an example's exit did
+not depend on its length: E[FLOPs] = sum over exits m of (share at m) x (layers to m x the mean layer FLOPs over the
+dev lengths + m heads). The layer FLOPs are linear and quadratic in the length, so their mean over the recorded
+length histogram is exact; only the independence is an assumption (acl-evaluate counts each example exactly).
+Lengths: the encoder's word pieces of dev.tsv plus <s> and </s> (equal, example by example, to the binarized SST-2
+dev set the runs read). Writes benchmarks/results/dev_lengths.json: per task the length histogram, and the encoder's
+shape from its model_args.txt.
+"""
+import argparse
+import collections
+import csv
+import json
+import os
+import sys
+from typing import Dict, Optional
+
+import _glue_runs as G
+import _records as R
+from acl_fairseq import flops, tokenization
+from acl_fairseq.cli import report
+
+RECORD = os.path.join(G.REPO, "benchmarks", "results", "dev_lengths.json")
+TEXT_COLUMN = {"SST-2": (True, 0), "CoLA": (False, 3)}  # (has a header, column of the sentence)
+
+
+def histogram(tsv: str, task: str, tokenize) -> Dict[int, int]:
+    header, col = TEXT_COLUMN[task]
+    with open(tsv, encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1 if header else 0:]
+    return dict(sorted(collections.Counter(len(tokenize(r[col])) + 2 for r in rows).items()))
+
+
+def encoder_shape(encoder: str) -> dict:
+    with open(os.path.join(encoder, "model_args.txt")) as f:
+        words = f.read().split()
+    arg = dict(zip(words[::2], words[1::2]))
+    dim = int(arg["--encoder-embed-dim"])
+    return {"dim": dim, "ffn_dim": int(arg["--encoder-ffn-embed-dim"]), "head_dim": dim}
+
+
+def read(path: str = RECORD) -> Optional[dict]:
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def flops_axis(ee: dict, lengths: dict, num_classes: int = 2) -> dict:
+    """A copy of an early-exit result whose settings' ``layer_speedup`` is the FLOPs speed-up (estimated as the module
+    docstring says), so that report.speedup_profile reads the curve at fixed FLOPs speed-ups."""
+    hist = {int(t): c for t, c in lengths["histogram"].items()}
+    shape = flops.Shape(num_classes=num_classes, exit_layers=ee["exit_layers"], **lengths["shape"])
+    count = sum(hist.values())
+    layer = sum(c * flops.layer_flops(t, shape.dim, shape.ffn_dim) for t, c in hist.items()) / count
+    head = flops.head_flops(shape)
+    full = shape.exit_layers[-1] * layer + head
+    settings = []
+    for s in ee["settings"]:
+        cost = sum(share * (lay * layer + (m + 1) * head)
+                   for m, (share, lay) in enumerate(zip(s["exit_fractions"], shape.exit_layers)))
+        settings.append({**s, "layer_speedup": full / cost})
+    return {**ee, "settings": settings}
+
+
+def flops_profile(ee: dict, lengths: dict) -> dict:
+    """report.speedup_profile on the FLOPs axis."""
+    return report.speedup_profile(flops_axis(ee, lengths), "entropy")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", nargs="+", default=list(TEXT_COLUMN), choices=list(TEXT_COLUMN))
+    p.add_argument("--glue-dir", default=G.GLUE_DIR)
+    p.add_argument("--encoder", default=os.path.join(G.REPO, "runs", "bench", "minilm"),
+                   help="the converted encoder of benchmarks/quality.py (its conventions.json tokenizer record and "
+                        "model_args.txt)")
+    p.add_argument("--out", default=RECORD)
+    args = p.parse_args(argv)
+    with open(os.path.join(args.encoder, "conventions.json"), encoding="utf-8") as f:
+        record = json.load(f)["tokenizer"]  # the record acl-convert-hf wrote, the data's tokenizer
+    tokenize = tokenization.build(record, args.encoder)
+    out = {t: {"source": f"{t}/dev.tsv, word pieces of the encoder + 2", "shape": encoder_shape(args.encoder),
+               "histogram": histogram(os.path.join(args.glue_dir, t, "dev.tsv"), t, tokenize)} for t in args.tasks}
+    R.write_atomic(args.out, json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.out}: " + ", ".join(f"{t} {sum(v['histogram'].values())} examples" for t, v in out.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
