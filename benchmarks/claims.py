@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""README's "Did the papers' claims hold" bullets, generated from the committed tables, so that no claim is typed by
+hand: every comparison says "ahead" or "behind" only where its 95% interval (Student t, n - 1 degrees of freedom,
+benchmarks/_paired.py) excludes 0, else "within noise (n = k)".
+
+    python benchmarks/claims.py [--results benchmarks/results] [--readme README.md] [--check]
+
+Reads RESULTS/quality_paired.json, quality_gate.json, quality_speedup.json and quality_speedup_flops.json
+(benchmarks/quality.py --collect-only), fewshot.json (benchmarks/fewshot.py --collect-only) and grad_conflict.json
+(benchmarks/grad_conflict.py), and writes the bullets between the README's ``<!-- claims:begin -->`` and
+``<!-- claims:end -->`` lines. ``--check`` writes nothing and exits 1 when the README's block differs.
+"""
+import argparse
+import json
+import os
+import sys
+import textwrap
+from typing import Dict, List
+
+import _paired as PD
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
+POINTS = ["1.5", "2", "3", "area"]
+POINT_NAMES = {"1.5": "1.5x", "2": "2x", "3": "3x", "area": "mean 1x-3x"}
+
+
+def _load(results: str, name: str) -> dict:
+    with open(os.path.join(results, name), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _seeds(seeds: List[int]) -> str:
+    return f"seeds {seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else \
+        "seeds " + ", ".join(map(str, seeds))
+
+
+def _said(diffs: List[float]) -> str:
+    """"+0.16 [−0.23, +0.56], within noise (n = 3)"."""
+    iv = PD.interval(diffs)
+    return f"{PD.interval_text(iv)}, {PD.verdict(iv)}"
+
+
+def _where(verdicts: Dict[str, str], word: str) -> List[str]:
+    return [k for k, v in verdicts.items() if v == word]
+
+
+def _headline(verdicts: Dict[str, str], yes: str, no: str) -> str:
+    """``yes`` with where it is ahead and where behind; ``no`` when every comparison is within noise."""
+    ahead, behind = _where(verdicts, "ahead"), _where(verdicts, "behind")
+    if not ahead and not behind:
+        return no
+    parts = ([f"ahead on {', '.join(ahead)}"] if ahead else []) + ([f"behind on {', '.join(behind)}"] if behind else [])
+    return f"{yes}: {'; '.join(parts)}; within noise elsewhere" if len(ahead) + len(behind) < len(verdicts) else \
+        f"{yes}: {'; '.join(parts)}"
+
+
+def speedup_pairs(profiles: dict, method: str, base: str = "multi_exit_ce") -> Dict[str, List[float]]:
+    """point -> METHOD minus BASE by seed, from quality_speedup*.json's per-seed profiles."""
+    a, b = profiles.get(method, {}), profiles.get(base, {})
+    seeds = sorted(set(a) & set(b), key=int)
+    return {p: [a[s][p] - b[s][p] for s in seeds if a[s][p] is not None and b[s][p] is not None] for p in POINTS}
+
+
+def multi_exit_bullet(results: str) -> str:
+    layers, by_flops = _load(results, "quality_speedup.json"), _load(results, "quality_speedup_flops.json")
+    verdicts, parts = {}, []
+    for task, profiles in layers.items():
+        seeds = sorted(set(profiles.get("acl_cross_layer", {})) & set(profiles.get("multi_exit_ce", {})), key=int)
+        if not seeds:
+            continue
+        metric = next(iter(profiles["multi_exit_ce"].values()))["metric"]
+        sentences = []
+        for method, label in (("acl_cross_layer", "`acl_cross_layer`"),
+                              ("multi_exit_kd", "self-distillation (`multi_exit_kd`, no contrast)"),
+                              ("acl_cross_layer_cl_only", "the cross-layer term alone")):
+            pairs = {p: d for p, d in speedup_pairs(profiles, method).items() if d}
+            if not pairs:
+                continue
+            found = {POINT_NAMES[p]: PD.verdict(PD.interval(d)) for p, d in pairs.items()}
+            said = " / ".join(PD.interval_text(PD.interval(d)) for d in pairs.values())
+            if len(set(found.values())) == 1:
+                said += f", {next(iter(found.values()))} at each"
+            else:
+                said += " (" + "; ".join(f"{k} {v}" for k, v in found.items()) + ")"
+            sentences.append(f"{label} {said}")
+            if method == "acl_cross_layer":
+                verdicts.update({f"{task} at {k}": v for k, v in found.items()})
+        parts.append(f"{task} {metric} ({_seeds([int(s) for s in seeds])}) minus multi-exit CE at 1.5x / 2x / 3x "
+                     "fewer layers / the mean over 1x-3x: " + "; ".join(sentences) + ".")
+    flops_moved = max(abs(layers[t][m][s][p] - by_flops[t][m][s][p])
+                      for t in by_flops for m in by_flops[t] for s in by_flops[t][m] for p in POINTS
+                      if layers[t][m][s][p] is not None and by_flops[t][m][s][p] is not None)
+    head = _headline(verdicts, "Multi-exit, cross-layer ACL over multi-exit CE", "Multi-exit, cross-layer ACL over "
+                     "multi-exit CE: not shown")
+    return (f"- **{head}.** " + " ".join(parts) + " Read at the same FLOPs speed-ups instead of layers, no value "
+            f"moves by more than {flops_moved:.2f} (the exit heads cost under 1% of a layer; quality.md has both "
+            "tables).")
+
+
+def pilot_bullet(results: str) -> str:
+    gc = _load(results, "grad_conflict.json")
+    runs = gc["results"]
+
+    def span(pair, key, scale=1.0, fmt="{:.0f}"):
+        vals = sorted(scale * runs[r][pair]["params"]["all"][key] for r in runs)
+        lo, hi = fmt.format(vals[0]), fmt.format(vals[-1])
+        return lo if lo == hi else f"{lo}-{hi}"
+
+    never = all(runs[r]["ce_vs_acl"]["params"]["all"]["frac_conflict"] == 0 for r in runs)
+    acl_conflict = "never" if never else f"{span('ce_vs_acl', 'frac_conflict', 100)}% of batches"
+    shown = "for SCL, yes; not for ACL-Embed" if never else "for SCL and for ACL-Embed"
+    same = _quality(results, "acl_grad − acl_embed")
+    return (f"- **CE and a contrastive term conflict (the pilot): {shown}.** {gc['task']}, one seed, "
+            f"{len(runs)} runs: SCL at median {span('ce_vs_scl', 'angle_median')}° to CE, "
+            f"{span('ce_vs_scl', 'frac_conflict', 100)}% of batches above 90° (the paper: 75°-105°, ~20%); "
+            f"ACL-Embed at {span('ce_vs_acl', 'angle_median')}°, above 90° {acl_conflict} "
+            "([why](docs/method.md#why-acl-grad-rarely-fires-on-acl-embed)), so ACL-Grad has little to drop: "
+            "`acl_grad` − `acl_embed` on GLUE dev " + ", ".join(
+                f"{task} {PD.interval_text(PD.interval(p['diffs']))}" for task, p in same.items()) + ".")
+
+
+def gate_bullet(results: str) -> str:
+    gate = _load(results, "quality_gate.json")
+    verdicts, parts = {}, []
+    for task, by_method in gate.items():
+        p = by_method["scl_grad"]
+        diffs = [g - b for g, b in zip(p["gated"], p["base"])]
+        rates = [100 * r for r in p["conflict_rate"] if r is not None]
+        verdicts[task] = PD.verdict(PD.interval(diffs))
+        parts.append(f"{task} {p['metric']} ({_seeds(p['seeds'])}; SCL dropped in {min(rates):.1f}-{max(rates):.1f}% "
+                     f"of updates): {_said(diffs)} ({PD.interval(diffs)['ahead']} of {len(diffs)} seeds ahead)")
+    head = _headline(verdicts, "Dropping the conflicting term (ACL-Grad's rule, on SCL where it bites)",
+                     "Dropping the conflicting term (ACL-Grad's rule, on SCL where it bites): no effect shown")
+    return f"- **{head}.** `scl_grad` − `scl`: " + "; ".join(parts) + "."
+
+
+def _quality(results: str, pair: str) -> Dict[str, dict]:
+    return {task: by_pair[pair] for task, by_pair in _load(results, "quality_paired.json").items() if pair in by_pair}
+
+
+def _fewshot(results: str, method: str, base: str) -> Dict[int, dict]:
+    fs = _load(results, "fewshot.json")
+    rows = fs["paired_delta_vs_ce"] + fs.get("paired_other", [])
+    return {d["n"]: d for d in rows if d["method"] == method and d.get("base", "ce") == base}
+
+
+def contrastive_bullet(results: str, method: str, base: str, title: str, no: str) -> str:
+    verdicts, parts = {}, []
+    few = _fewshot(results, method, base)
+    if few:
+        for n, d in sorted(few.items()):
+            verdicts[f"few-shot N = {n}"] = PD.verdict(PD.interval(d.get("delta_vs_ce", d.get("delta"))))
+        parts.append("few-shot SST-2 accuracy (" + _seeds(next(iter(few.values()))["seeds"]) + "): " + "; ".join(
+            f"N = {n} {_said(d.get('delta_vs_ce', d.get('delta')))}" for n, d in sorted(few.items())))
+    glue = _quality(results, f"{method} − {base}")
+    for task, p in glue.items():
+        verdicts[f"{task} (GLUE dev)"] = PD.verdict(PD.interval(p["diffs"]))
+    if glue:
+        parts.append("GLUE dev (" + _seeds(next(iter(glue.values()))["seeds"]) + "): " + "; ".join(
+            f"{task} {p['metric']} {_said(p['diffs'])} ({p['ahead']} of {len(p['diffs'])} seeds ahead)"
+            for task, p in glue.items()))
+    return f"- **{_headline(verdicts, title, no)}.** `{method}` − `{base}`: " + ". ".join(parts) + "."
+
+
+NOTE = ("Generated by `python benchmarks/claims.py` from the tables those commands write: mean paired difference "
+        "[95% interval, Student t with n − 1 degrees of freedom]; \"ahead\" or \"behind\" only where the interval "
+        "excludes 0.")
+
+
+def bullets(results: str) -> str:
+    """The whole block: a note, then one bullet per claim, each from its table, wrapped as the README is."""
+    return "\n".join(textwrap.fill(text, width=115, subsequent_indent="  " if text.startswith("- ") else "",
+                                    break_long_words=False, break_on_hyphens=False) for text in [
+        NOTE,
+        multi_exit_bullet(results),
+        pilot_bullet(results),
+        gate_bullet(results),
+        contrastive_bullet(results, "scl", "ce", "CE+SCL over CE", "CE+SCL over CE: not shown"),
+        contrastive_bullet(results, "acl_embed", "scl", "ACL-Embed against SCL",
+                           "ACL-Embed at least as good as SCL: within noise everywhere, never behind"),
+    ]) + "\n"
+
+
+def replace_block(text: str, block: str) -> str:
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise ValueError(f"the README needs one {BEGIN} line and one {END} line after it")
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    return text[:start] + "\n" + block + text[end:]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--results", default=os.path.join(REPO, "benchmarks", "results"))
+    p.add_argument("--readme", default=os.path.join(REPO, "README.md"))
+    p.add_argument("--check", action="store_true", help="exit 1 when the README's block is not what the tables say")
+    args = p.parse_args(argv)
+    with open(args.readme, encoding="utf-8") as f:
+        text = f.read()
+    new = replace_block(text, bullets(args.results))
+    if args.check:
+        if new != text:
+            print(f"claims: {args.readme}'s claims block differs from the tables; run python benchmarks/claims.py",
+                  file=sys.stderr)
+            return 1
+        return 0
+    if new != text:
+        tmp = f"{args.readme}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(new)
+        os.replace(tmp, args.readme)
+    print(bullets(args.results), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""README's claim bullets come from the committed tables (benchmarks/claims.py), and every paired difference carries
+its 95% interval with the one wording of benchmarks/_paired.py."""
+import json
+import math
+import os
+
+import pytest
+
+import _paired as PD
+import claims
+import quality
+from _quality_tables import quality_pairs
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "benchmarks", "results")
+RUNS = os.path.join(RESULTS, "runs", "quality", "runs")
+
+
+def test_interval_is_student_t_with_n_minus_1_degrees_of_freedom():
+    iv = PD.interval([1.0, 2.0, 3.0])
+    # mean 2, std 1, t(0.975, 2) = 4.3027: 2 ± 4.3027 / sqrt(3)
+    assert iv["mean"] == 2.0 and iv["hi"] - 2.0 == pytest.approx(4.3027 / math.sqrt(3), abs=1e-4)
+    assert (iv["n"], iv["ahead"], iv["behind"]) == (3, 3, 0)
+    assert PD.verdict(iv) == "within noise (n = 3)"  # every seed ahead, and still within noise
+    assert PD.verdict(PD.interval([1.0, 1.1, 0.9])) == "ahead"
+    assert PD.verdict(PD.interval([-1.0, -1.1, -0.9])) == "behind"
+    one = PD.interval([2.5])
+    assert one["lo"] is None and PD.verdict(one) == "within noise (n = 1)" and PD.interval_text(one) == "+2.50"
+    assert PD.cell([]) == "-"
+    assert PD.cell([-1.0, -1.1, -0.9]) == "−1.00 [−1.25, −0.75] (0 of 3 seeds ahead): behind"
+    assert PD.signed(-0.001) == "+0.00"  # no negative zero
+    with pytest.raises(ValueError):
+        PD.interval([])
+
+
+def test_headline_says_ahead_or_behind_only_where_an_interval_excludes_0():
+    assert claims._headline({"a": "within noise (n = 3)"}, "X", "X: not shown") == "X: not shown"
+    assert claims._headline({"a": "ahead", "b": "within noise (n = 3)"}, "X", "n") == \
+        "X: ahead on a; within noise elsewhere"
+    assert claims._headline({"a": "ahead", "b": "behind"}, "X", "n") == "X: ahead on a; behind on b"
+
+
+def test_readme_claims_block_is_what_the_committed_tables_say():
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    assert claims.replace_block(readme, claims.bullets(RESULTS)) == readme, \
+        "README's claims differ from the tables: run python benchmarks/claims.py"
+    block = readme[readme.index(claims.BEGIN):readme.index(claims.END)]
+    assert block.count("\n- **") == 5 and "within noise (n = 3)" in block
+
+
+def test_committed_tables_are_what_the_records_give():
+    with open(os.path.join(RESULTS, "quality_paired.json"), encoding="utf-8") as f:
+        assert json.load(f) == json.loads(json.dumps(quality_pairs(RUNS)))
+    for axis, name in (("layers", "quality_speedup.json"), ("flops", "quality_speedup_flops.json")):
+        with open(os.path.join(RESULTS, name), encoding="utf-8") as f:
+            table = json.load(f)
+        assert table == json.loads(json.dumps({t: quality.speedup_profiles(RUNS, t, axis=axis) for t in table}))
+
+
+def test_check_flags_a_hand_edited_claim(tmp_path):
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    edited = tmp_path / "README.md"
+    edited.write_text(readme.replace("within noise (n = 3)", "ahead", 1), encoding="utf-8")
+    assert claims.main(["--readme", str(edited), "--check"]) == 1
+    assert claims.main(["--readme", str(edited)]) == 0  # rewritten from the tables
+    assert edited.read_text(encoding="utf-8") == readme
+    with pytest.raises(ValueError, match="claims:begin"):
+        claims.replace_block("no markers", "x")
