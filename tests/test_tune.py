@@ -1,12 +1,16 @@
 """acl-tune: Optuna studies over the run plan. Workers are real processes on one study (SQLite; PostgreSQL in the
 slow test) running the real recipe driver with a stub fairseq-train (seconds); one small study trains for real.
 """
+import glob
 import json
 import os
+import pwd
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -294,7 +298,57 @@ def test_a_real_study_trains_on_the_carved_split(tmp_path, env):
         assert t.params["lr"] in ("1e-05", "2e-05", "3e-05") and len(t.intermediate_values) == 2
         with open(os.path.join(t.user_attrs["run_dir"], "train.log")) as f:
             log = f.read()
-        assert f"data-seed1 --user-dir" in open(os.path.join(t.user_attrs["run_dir"], "command.sh")).read()
-        # 12 carved examples validate; the toy dev set has 24
-        assert "valid 12 examples" in log or "| valid | 12" in log or '"valid_num_updates"' in log
+        # 36 of the toy's 48 training examples train, the other 12 validate; its 24 dev examples are not read
+        carved = os.path.join(str(tmp_path / "study" / "data-seed1"), "input0")
+        assert f"loaded 12 examples from: {carved}/valid" in log and f"loaded 36 examples from: {carved}/train" in log
+        assert "#samples: 24" not in log
         assert t.value == max(t.intermediate_values.values())
+
+
+# ---- PostgreSQL: Optuna's own distributed mode on a real server ------------------------------------------
+
+
+def _pg_bin(name):
+    """A PostgreSQL server binary: on PATH, else Debian's /usr/lib/postgresql/<version>/bin (package postgresql)."""
+    found = shutil.which(name) or sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))[-1:]
+    return found if isinstance(found, str) else (found[0] if found else None)
+
+
+@pytest.fixture
+def postgres_url():
+    """A throwaway PostgreSQL cluster on a free loopback port, run as the ``postgres`` user when the tests run as
+    root (the server refuses root); trust authentication, nothing outside the loopback interface."""
+    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+    if not (initdb and pg_ctl):
+        msg = "PostgreSQL's server is not installed (Debian: apt-get install -y postgresql)"
+        if os.environ.get("CI", "").strip().lower() in ("true", "1"):
+            pytest.fail(f"{msg}, and CI=true: .ci/run installs it")
+        pytest.skip(msg)
+    root = tempfile.mkdtemp(prefix="acl-tune-pg-")
+    as_user = []
+    if os.geteuid() == 0:
+        user = pwd.getpwnam("postgres")
+        os.chown(root, user.pw_uid, user.pw_gid)
+        as_user = ["runuser", "-u", "postgres", "--"]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    data = os.path.join(root, "data")
+    subprocess.run(as_user + [initdb, "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8"], check=True,
+                   capture_output=True)
+    started = subprocess.run(as_user + [pg_ctl, "-D", data, "-l", os.path.join(root, "log"), "-w", "-o",
+                                        f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "start"],
+                             capture_output=True, text=True)
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(as_user + [pg_ctl, "-D", data, "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_two_workers_share_one_postgresql_study(tmp_path, env, postgres_url):
+    trials = check_two_workers(tmp_path, env, postgres_url)
+    assert not (tmp_path / "study" / "study.db").exists()  # the study lives in the server only
+    assert sorted(t.number for t in trials) == list(range(len(trials)))
