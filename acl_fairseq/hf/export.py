@@ -38,6 +38,7 @@ from acl_fairseq.cli import console
 from acl_fairseq.hf import export_tokenizer
 from acl_fairseq.hf.export_tokenizer import ExportError
 from acl_fairseq.inference import calibration
+from acl_fairseq.io import atomic
 
 logger = logging.getLogger("acl_fairseq.hf.export")
 PROG = "acl-export"
@@ -237,24 +238,25 @@ def _on_sigterm(signum, frame):
 
 
 def write_atomically(out: str, force: bool, build: Callable[[str], None]) -> None:
-    """Run ``build(tmp)`` on a fresh folder inside ``out``, then rename each folder it wrote to ``out/<name>``,
-    replacing only those: whatever else ``out`` holds (the run's checkpoint, another format) is left alone, as
-    HF's ``save_pretrained`` leaves it. On an error or SIGTERM nothing is placed, and an ``out`` made here goes."""
+    """Run ``build(tmp)`` on a fresh folder inside ``out``, then put each folder it wrote at ``out/<name>``,
+    replacing only those (:func:`acl_fairseq.io.atomic.replace_folder`: swap, then delete, so that a signal at any
+    instant leaves the previous export or the new one): whatever else ``out`` holds (the run's checkpoint, another
+    format) is left alone, as HF's ``save_pretrained`` leaves it. On an error or SIGTERM nothing is placed, and an
+    ``out`` made here goes. Temporaries of killed runs (``.export.tmp-PID-*``) are removed first."""
     created = not os.path.exists(out)
     os.makedirs(out, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".export.tmp-", dir=out)
+    atomic.clean_stale(out)
+    tmp = atomic.temp_path(os.path.join(out, "export"))
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
+        os.mkdir(tmp)
         build(tmp)
         names = sorted(os.listdir(tmp))
         for name in names:  # checked before anything is replaced
             if os.path.exists(os.path.join(out, name)) and not force:  # appeared while we worked
                 fail(f"{os.path.join(out, name)} exists; pass --force to replace it")
         for name in names:
-            dest = os.path.join(out, name)
-            if os.path.exists(dest):
-                os.replace(dest, os.path.join(tmp, f".{name}.old"))
-            os.replace(os.path.join(tmp, name), dest)
+            atomic.replace_folder(os.path.join(tmp, name), os.path.join(out, name))
         shutil.rmtree(tmp, ignore_errors=True)
     except _Terminated:
         _discard(tmp, out, created)

@@ -1,0 +1,1 @@
+"""File and folder I/O every command shares (standard library only: the serving path imports it)."""
