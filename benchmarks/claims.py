@@ -8,7 +8,8 @@ benchmarks/_paired.py) excludes 0, else "within noise (n = k)".
 Reads RESULTS/quality_paired.json, quality_gate.json, quality_speedup.json and quality_speedup_flops.json
 (benchmarks/quality.py --collect-only), fewshot.json (benchmarks/fewshot.py --collect-only) and grad_conflict.json
 (benchmarks/grad_conflict.py), and writes the bullets between the README's ``<!-- claims:begin -->`` and
-``<!-- claims:end -->`` lines. ``--check`` writes nothing and exits 1 when the README's block differs.
+``<!-- claims:end -->`` lines, and the headline cell of the results table's paired rows (:data:`ROWS`).
+``--check`` writes nothing and exits 1 when the README differs.
 """
 import argparse
 import json
@@ -163,6 +164,86 @@ def contrastive_bullet(results: str, method: str, base: str, title: str, no: str
     return f"- **{_headline(verdicts, title, no)}.** `{method}` − `{base}`: " + ". ".join(parts) + "."
 
 
+def _noise_note(verdicts: List[str]) -> str:
+    """"every difference within noise (n = 3)", or which are not."""
+    odd = [v for v in verdicts if not v.startswith("within noise")]
+    if not odd:
+        return "every difference " + (verdicts[0] if len(set(verdicts)) == 1 else "within noise")
+    return f"{len(odd)} of {len(verdicts)} differences outside noise"
+
+
+def multi_exit_row(results: str) -> str:
+    """The results table's multi-exit cell: the means at 1.5x, 2x and over 1x-3x, and what the intervals say."""
+    parts, verdicts = [], []
+    for task, profiles in sorted(_load(results, "quality_speedup.json").items(), reverse=True):
+        cells = []
+        for method, label in (("acl_cross_layer", "`acl_cross_layer`"), ("multi_exit_kd", "`multi_exit_kd`"),
+                              ("acl_cross_layer_cl_only", "the cross-layer term alone")):
+            pairs = speedup_pairs(profiles, method)
+            if all(pairs[p] for p in ("1.5", "2", "area")):
+                ivs = [PD.interval(pairs[p]) for p in ("1.5", "2", "area")]
+                # the interval of the mean over 1x-3x; those at 1.5x and 2x are in quality.md
+                cells.append(f"{label} " + " / ".join(PD.signed(iv["mean"]) for iv in ivs[:-1]) + " / "
+                             + PD.interval_text(ivs[-1]))
+                verdicts += [PD.verdict(iv) for iv in ivs]
+        metric = next(iter(profiles["multi_exit_ce"].values()))["metric"]
+        seeds = sorted(profiles["multi_exit_ce"], key=int)
+        parts.append(f"{task} {metric} ({_seeds([int(x) for x in seeds])}): " + "; ".join(cells))
+    return ". ".join(parts) + f": {_noise_note(verdicts)} (every interval in quality.md)"
+
+
+def gate_row(results: str) -> str:
+    out = []
+    for task, by_method in _load(results, "quality_gate.json").items():
+        p = by_method["scl_grad"]
+        diffs = [g - b for g, b in zip(p["gated"], p["base"])]
+        rates = [100 * r for r in p["conflict_rate"] if r is not None]
+        iv = PD.interval(diffs)
+        digits = 1 if max(rates) < 10 else 0  # 0.5-1.6%, not 1-2%
+        out.append(f"{task} {PD.interval_text(iv)} {p['metric']} ({iv['ahead']} of {iv['n']} seeds ahead; SCL dropped "
+                   f"in {min(rates):.{digits}f}-{max(rates):.{digits}f}% of updates): {PD.verdict(iv)}")
+    return "; ".join(out)
+
+
+def fewshot_row(results: str) -> str:
+    few = _fewshot(results, "scl", "ce")
+    return ", ".join(f"{PD.interval_text(PD.interval(d['delta_vs_ce']), 1)} at N = {n} "
+                     f"({PD.verdict(PD.interval(d['delta_vs_ce']))})" for n, d in sorted(few.items()))
+
+
+def parity_row(results: str) -> str:
+    out = []
+    for _, tasks in sorted(_load(results, "hf_parity.json").items()):
+        for task, e in sorted(tasks.items(), key=lambda kv: kv[0] != "SST-2"):
+            if "paired" in e:
+                d = e["paired"]
+                out.append(f"{task} {PD.interval_text(PD.interval(d['diffs']))} ("
+                           + ("within target" if d["within_target"] else "target **missed**")
+                           + f"; {PD.verdict(PD.interval(d['diffs']))})")
+    return "; ".join(out)
+
+
+# the results table's rows that compare by seed: their first cell -> their headline cell, from the tables
+ROWS = {
+    "| Multi-exit on the entropy curve, minus multi-exit CE (paired): at 1.5x / 2x / mean 1x-3x |": multi_exit_row,
+    "| ACL-Grad's rule on SCL, `scl_grad` − `scl` (paired) |": gate_row,
+    "| Few-shot SST-2, CE+SCL − CE (5 seeds) |": fewshot_row,
+    "| Fine-tuning vs a plain HF loop |": parity_row,
+}
+
+
+def replace_rows(text: str, results: str) -> str:
+    """Each row of ROWS with its headline cell regenerated; its first cell and its command kept."""
+    lines = text.split("\n")
+    for first, make in ROWS.items():
+        found = [i for i, line in enumerate(lines) if line.startswith(first)]
+        if len(found) != 1:
+            raise ValueError(f"the README needs one results row starting {first!r}")
+        command = lines[found[0]].rsplit(" | ", 1)[1]
+        lines[found[0]] = f"{first} {make(results)} | {command}"
+    return "\n".join(lines)
+
+
 NOTE = ("Generated by `python benchmarks/claims.py` from the tables those commands write: mean paired difference "
         "[95% interval, Student t with n − 1 degrees of freedom]; \"ahead\" or \"behind\" only where the interval "
         "excludes 0.")
@@ -197,7 +278,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     with open(args.readme, encoding="utf-8") as f:
         text = f.read()
-    new = replace_block(text, bullets(args.results))
+    new = replace_rows(replace_block(text, bullets(args.results)), args.results)
     if args.check:
         if new != text:
             print(f"claims: {args.readme}'s claims block differs from the tables; run python benchmarks/claims.py",

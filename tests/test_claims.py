@@ -43,10 +43,12 @@ def test_headline_says_ahead_or_behind_only_where_an_interval_excludes_0():
 def test_readme_claims_block_is_what_the_committed_tables_say():
     with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
         readme = f.read()
-    assert claims.replace_block(readme, claims.bullets(RESULTS)) == readme, \
+    assert claims.replace_rows(claims.replace_block(readme, claims.bullets(RESULTS)), RESULTS) == readme, \
         "README's claims differ from the tables: run python benchmarks/claims.py"
     block = readme[readme.index(claims.BEGIN):readme.index(claims.END)]
     assert block.count("\n- **") == 5 and "within noise (n = 3)" in block
+    rows = [line for line in readme.splitlines() if line.startswith(tuple(claims.ROWS))]
+    assert len(rows) == len(claims.ROWS) and all("[" in row and "]" in row for row in rows)  # intervals in each
 
 
 def test_committed_tables_are_what_the_records_give():
@@ -62,9 +64,13 @@ def test_check_flags_a_hand_edited_claim(tmp_path):
     with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
         readme = f.read()
     edited = tmp_path / "README.md"
-    edited.write_text(readme.replace("within noise (n = 3)", "ahead", 1), encoding="utf-8")
+    # a hand edit in the claims block, and one in a results row
+    edited.write_text(readme.replace("within noise (n = 3)", "ahead", 1).replace("at N = 20 (ahead)", "at N = 20"),
+                      encoding="utf-8")
     assert claims.main(["--readme", str(edited), "--check"]) == 1
     assert claims.main(["--readme", str(edited)]) == 0  # rewritten from the tables
     assert edited.read_text(encoding="utf-8") == readme
     with pytest.raises(ValueError, match="claims:begin"):
         claims.replace_block("no markers", "x")
+    with pytest.raises(ValueError, match="one results row"):
+        claims.replace_rows("no rows", RESULTS)
