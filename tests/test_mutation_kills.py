@@ -36,6 +36,37 @@ def test_self_distillation_with_one_float64_side_is_computed_in_float64(student_
     assert float(got) == float(losses.self_distillation_loss(student.double(), teacher.double(), 2.0))
 
 
+def _wide(x: torch.Tensor, yes: bool) -> torch.Tensor:
+    return x.double() if yes else x
+
+
+# one exit (one call) and two exits of one shape (one batched product): the two paths of each function
+@pytest.mark.parametrize("n_exits", [1, 2])
+@pytest.mark.parametrize("wide", ["students", "teacher", "label_embeddings"])
+def test_cross_layer_losses_are_float64_when_any_input_is(n_exits, wide):
+    torch.manual_seed(0)
+    students = [_wide(torch.randn(6, 4), wide == "students") for _ in range(n_exits)]
+    teacher, emb = _wide(torch.randn(6, 4), wide == "teacher"), _wide(torch.randn(3, 4), wide == "label_embeddings")
+    labels = torch.tensor([0, 1, 2, 0, 1, 1])
+    got = losses.cross_layer_acl_losses(students, teacher, labels, emb, 0.5)
+    want = losses.cross_layer_acl_losses([s.double() for s in students], teacher.double(), labels, emb.double(), 0.5)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("n_exits", [1, 2])
+@pytest.mark.parametrize("wide", ["features", "label_embeddings"])
+def test_acl_embed_losses_are_float64_when_any_input_is(n_exits, wide):
+    torch.manual_seed(0)
+    feats = [_wide(torch.randn(6, 4), wide == "features" and m == 0) for m in range(n_exits)]
+    embs = [_wide(torch.randn(3, 4), wide == "label_embeddings" and m == 0) for m in range(n_exits)]
+    labels = torch.tensor([0, 1, 2, 0, 1, 1])
+    got = losses.acl_embed_losses(feats, labels, embs, 0.5)
+    want = losses.acl_embed_losses([f.double() for f in feats], labels, [w.double() for w in embs], 0.5)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+
+
 def test_a_bad_anchor_mode_is_refused_naming_the_argument():
     feats, labels, emb = torch.randn(4, 3), torch.tensor([0, 1, 0, 1]), torch.randn(2, 3)
     with pytest.raises(ValueError, match=r"^anchors must be one of \('all', 'samples'\), got 'labels'$"):
