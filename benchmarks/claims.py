@@ -3,13 +3,14 @@
 hand: every comparison says "ahead" or "behind" only where its 95% interval (Student t, n - 1 degrees of freedom,
 benchmarks/_paired.py) excludes 0, else "within noise (n = k)".
 
-    python benchmarks/claims.py [--results benchmarks/results] [--readme README.md] [--check]
+    python benchmarks/claims.py [--results benchmarks/results] [--readme README.md] [--docs docs/benchmarks.md]
+        [--check]
 
 Reads RESULTS/quality_paired.json, quality_gate.json, quality_speedup.json and quality_speedup_flops.json
 (benchmarks/quality.py --collect-only), fewshot.json (benchmarks/fewshot.py --collect-only) and grad_conflict.json
-(benchmarks/grad_conflict.py), and writes the bullets between the README's ``<!-- claims:begin -->`` and
-``<!-- claims:end -->`` lines, and the headline cell of the results table's paired rows (:data:`ROWS`).
-``--check`` writes nothing and exits 1 when the README differs.
+(benchmarks/grad_conflict.py), and writes the bullets between the ``<!-- claims:begin -->`` and
+``<!-- claims:end -->`` lines of the README and of docs/benchmarks.md, and the headline cell of the README results
+table's paired rows (:data:`ROWS`). ``--check`` writes nothing and exits 1 when either file differs.
 """
 import argparse
 import json
@@ -270,28 +271,41 @@ def replace_block(text: str, block: str) -> str:
     return text[:start] + "\n" + block + text[end:]
 
 
+def regenerated(path: str, results: str, readme: bool) -> str:
+    """PATH's text with its claims block (and, for the README, its paired results rows) from the tables; the docs
+    page links from docs/ itself."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if readme:
+        return replace_rows(replace_block(text, bullets(results)), results)
+    return replace_block(text, bullets(results).replace("](docs/", "]("))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--results", default=os.path.join(REPO, "benchmarks", "results"))
     p.add_argument("--readme", default=os.path.join(REPO, "README.md"))
-    p.add_argument("--check", action="store_true", help="exit 1 when the README's block is not what the tables say")
+    p.add_argument("--docs", default=os.path.join(REPO, "docs", "benchmarks.md"),
+                   help="the benchmarks page, which repeats the bullets above its details")
+    p.add_argument("--check", action="store_true", help="exit 1 when a file's claims are not what the tables say")
     args = p.parse_args(argv)
-    with open(args.readme, encoding="utf-8") as f:
-        text = f.read()
-    new = replace_rows(replace_block(text, bullets(args.results)), args.results)
-    if args.check:
-        if new != text:
-            print(f"claims: {args.readme}'s claims block differs from the tables; run python benchmarks/claims.py",
-                  file=sys.stderr)
-            return 1
-        return 0
-    if new != text:
-        tmp = f"{args.readme}.tmp{os.getpid()}"
+    stale = 0
+    for path, readme in ((args.readme, True), (args.docs, False)):
+        new = regenerated(path, args.results, readme)
+        with open(path, encoding="utf-8") as f:
+            if f.read() == new:
+                continue
+        if args.check:
+            print(f"claims: {path} differs from the tables; run python benchmarks/claims.py", file=sys.stderr)
+            stale = 1
+            continue
+        tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(new)
-        os.replace(tmp, args.readme)
-    print(bullets(args.results), end="")
-    return 0
+        os.replace(tmp, path)
+    if not args.check:
+        print(bullets(args.results), end="")
+    return stale
 
 
 if __name__ == "__main__":

@@ -47,6 +47,9 @@ def test_readme_claims_block_is_what_the_committed_tables_say():
         "README's claims differ from the tables: run python benchmarks/claims.py"
     block = readme[readme.index(claims.BEGIN):readme.index(claims.END)]
     assert block.count("\n- **") == 5 and "within noise (n = 3)" in block
+    docs = os.path.join(REPO, "docs", "benchmarks.md")
+    with open(docs, encoding="utf-8") as f:
+        assert claims.regenerated(docs, RESULTS, readme=False) == f.read(), "docs/benchmarks.md's claims differ"
     rows = [line for line in readme.splitlines() if line.startswith(tuple(claims.ROWS))]
     assert len(rows) == len(claims.ROWS) and all("[" in row and "]" in row for row in rows)  # intervals in each
 
@@ -67,9 +70,13 @@ def test_check_flags_a_hand_edited_claim(tmp_path):
     # a hand edit in the claims block, and one in a results row
     edited.write_text(readme.replace("within noise (n = 3)", "ahead", 1).replace("at N = 20 (ahead)", "at N = 20"),
                       encoding="utf-8")
-    assert claims.main(["--readme", str(edited), "--check"]) == 1
-    assert claims.main(["--readme", str(edited)]) == 0  # rewritten from the tables
-    assert edited.read_text(encoding="utf-8") == readme
+    docs = tmp_path / "benchmarks.md"
+    with open(os.path.join(REPO, "docs", "benchmarks.md"), encoding="utf-8") as f:
+        docs.write_text(f.read(), encoding="utf-8")
+    flags = ["--readme", str(edited), "--docs", str(docs)]
+    assert claims.main(flags + ["--check"]) == 1
+    assert claims.main(flags) == 0  # rewritten from the tables
+    assert edited.read_text(encoding="utf-8") == readme and claims.main(flags + ["--check"]) == 0
     with pytest.raises(ValueError, match="claims:begin"):
         claims.replace_block("no markers", "x")
     with pytest.raises(ValueError, match="one results row"):
