@@ -17,8 +17,9 @@ the layers up to the final exit and that head only (ordinary inference, ``early_
 
 from typing import NamedTuple, Sequence
 
-CONVENTION = ("2 FLOPs per multiply-add of a matrix product (torch.utils.flop_counter's count); embeddings "
-              "(lookups), norms, softmax, activations and pooling count 0; per example at its own length")
+CONVENTION = ("2 FLOPs per multiply-add of a matrix product (torch.utils.flop_counter's count); embeddings excluded "
+              "(lookups); norms, softmax, activations and pooling count 0; each example at its own length, with the "
+              "exit heads it ran")
 
 
 class Shape(NamedTuple):
