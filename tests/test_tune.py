@@ -261,14 +261,19 @@ def test_evaluate_best_scores_tuned_beside_default_on_the_test_half(tmp_path, en
                           "test_result.json")
 
 
-def test_refusals_before_any_trial(tmp_path, env):
+def test_refusals_before_any_trial(tmp_path, env, monkeypatch, capsys):
+    from acl_fairseq.cli import tune
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
     url = f"sqlite:///{tmp_path / 'study.db'}"
-    proc = tune(["STS-B", "scl", "--storage", url, "--study-dir", str(tmp_path / "s")], env)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 2 and "regression task" in err
-    proc = tune(["SST-2", "scl", "--data-bin", str(tmp_path / "nowhere"), "--storage", url], env)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 2 and "binarized data not found" in err
+    for argv, why in ((["STS-B", "scl"], "regression task"),
+                      (["SST-2", "scl", "--data-bin", str(tmp_path / "nowhere")], "binarized data not found"),
+                      (["SST-2", "scl", "--set", "NO_SUCH=1"], "unknown setting"),
+                      (["SST-2", "scl", "--trials", "0"], "at least 1")):
+        with pytest.raises(SystemExit) as e:
+            tune.main(argv + ["--storage", url, "--study-dir", str(tmp_path / "s")])
+        assert e.value.code == 2 and why in capsys.readouterr().err
     assert not (tmp_path / "study.db").exists()
 
 
