@@ -8,8 +8,10 @@ import pytest
 
 import _paired as PD
 import claims
+import fewshot
+import hf_parity
 import quality
-from _quality_tables import quality_pairs
+from _quality_tables import TASKS, gate_pairs, quality_pairs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "benchmarks", "results")
@@ -54,9 +56,18 @@ def test_readme_claims_block_is_what_the_committed_tables_say():
     assert len(rows) == len(claims.ROWS) and all("[" in row and "]" in row for row in rows)  # intervals in each
 
 
-def test_committed_tables_are_what_the_records_give():
+def test_committed_tables_are_what_the_records_give(tmp_path):
     with open(os.path.join(RESULTS, "quality_paired.json"), encoding="utf-8") as f:
         assert json.load(f) == json.loads(json.dumps(quality_pairs(RUNS)))
+    with open(os.path.join(RESULTS, "quality_gate.json"), encoding="utf-8") as f:
+        assert json.load(f) == json.loads(json.dumps(gate_pairs(RUNS, TASKS, quality.GATED)))
+    with open(os.path.join(RESULTS, "fewshot.json"), encoding="utf-8") as f:
+        table = json.load(f)
+    runs = fewshot.collect(str(tmp_path), os.path.join(RESULTS, "runs"))  # an empty work folder: records only
+    assert table == json.loads(json.dumps(fewshot.summarize(runs, table["protocol"])))
+    with open(os.path.join(RESULTS, "hf_parity.json"), encoding="utf-8") as f:
+        assert json.load(f) == json.loads(json.dumps(hf_parity.summarize(hf_parity.collect(os.path.join(RESULTS,
+                                                                                                        "runs")))))
     for axis, name in (("layers", "quality_speedup.json"), ("flops", "quality_speedup_flops.json")):
         with open(os.path.join(RESULTS, name), encoding="utf-8") as f:
             table = json.load(f)

@@ -1,6 +1,9 @@
 """FLOPs per example (acl_fairseq/flops.py): the formula by hand, and against torch.utils.flop_counter on the tiny
 multi-exit model, example by example at its own length."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch.utils import flop_counter
@@ -80,3 +83,11 @@ def test_early_exit_at_the_first_exit_agrees_with_torch_flop_counter(tiny):
     assert out.exit_index.tolist() == [0]
     torch_count = counted(early_exit.early_exit_forward, model, tokens, HEAD, policy="entropy", threshold=1.0)
     assert flops.exit_flops(shape, tokens.shape[1], 0) == pytest.approx(torch_count, rel=0.02)
+
+
+def test_the_formula_imports_without_torch():
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['fairseq'] = None\n"
+            "from acl_fairseq import flops\n"
+            "print(flops.full_flops(flops.Shape(4, 6, 4, 3, [1, 3]), 5))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=helpers.REPO)
+    assert out.stdout.strip() == str(flops.full_flops(SHAPE, 5))
