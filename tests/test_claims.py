@@ -65,6 +65,8 @@ def test_committed_tables_are_what_the_records_give(tmp_path):
         table = json.load(f)
     runs = fewshot.collect(str(tmp_path), os.path.join(RESULTS, "runs"))  # an empty work folder: records only
     assert table == json.loads(json.dumps(fewshot.summarize(runs, table["protocol"])))
+    with open(os.path.join(RESULTS, "fewshot.md"), encoding="utf-8") as f:
+        assert f.read() == fewshot.markdown(table)
     with open(os.path.join(RESULTS, "hf_parity.json"), encoding="utf-8") as f:
         assert json.load(f) == json.loads(json.dumps(hf_parity.summarize(hf_parity.collect(os.path.join(RESULTS,
                                                                                                         "runs")))))
