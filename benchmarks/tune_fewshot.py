@@ -34,7 +34,8 @@ def tune_command(args, n: int, method: str, enc: G.Encoder) -> List[str]:
         LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"], TOTAL_UPDATES=per_epoch * sch["epochs"],
         LOG_INTERVAL=per_epoch))
     sets = [f"--set={k}={v}" for k, v in env.items() if k not in ("DATA_BIN", "OUT_ROOT", "SEED")]
-    template = F.data_bin(args.work, n, 0).replace("seed0", "seed{seed}")
+    folder, name = os.path.split(F.data_bin(args.work, n, 0))  # fewshot.py's folder of seed 0, as a template
+    template = os.path.join(folder, name.replace("seed0", "seed{seed}"))
     return [G.tool("acl-tune"), TASK, method, "--data-bin", template, "--study-dir",
             os.path.join(args.out, f"N{n}", method), "--trials", str(args.trials), "--threads", "1", "--seed", "1",
             *sets, "--", "--validate-interval", str(sch["every"]), "--save-interval", str(sch["every"]),

@@ -357,3 +357,25 @@ def test_two_workers_share_one_postgresql_study(tmp_path, env, postgres_url):
     trials = check_two_workers(tmp_path, env, postgres_url)
     assert not (tmp_path / "study" / "study.db").exists()  # the study lives in the server only
     assert sorted(t.number for t in trials) == list(range(len(trials)))
+
+
+def test_fewshot_study_commands_use_the_fewshot_benchmark_settings(tmp_path):
+    enc = tmp_path / "minilm"
+    enc.mkdir()
+    (enc / "model_args.txt").write_text("--encoder-layers 6 --encoder-embed-dim 384\n")
+    out = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "tune_fewshot.py"), "--dry-run", "--ns",
+                          "20", "100", "--methods", "scl", "--work", str(tmp_path), "--seeds", "1", "2"],
+                         capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    import shlex
+
+    lines = [shlex.split(line.split("  # ")[0]) for line in out.stdout.splitlines()]
+    assert len(lines) == 4 and "--evaluate-best" not in lines[0]
+    at = lines[1].index("--evaluate-best")
+    assert lines[1][at:at + 5] == ["--evaluate-best", "--seeds", "1", "2", "--"]
+    n20, n100 = lines[0], lines[2]
+    assert n20[n20.index("--data-bin") + 1] == str(tmp_path / "data" / "fewshot" / "SST-2-N20-seed{seed}-bin")
+    # recipes/glue/fewshot.tsv: N=20 batch 20, 30 epochs of 1 update, valid every 10; N=100 batch 16, 10 x 7
+    assert {"--set=BATCH_SIZE=20", "--set=TOTAL_UPDATES=30", "--set=LR=0.0001"} <= set(n20)
+    assert n20[n20.index("--validate-interval") + 1] == "10" and "--set=TOTAL_UPDATES=70" in n100
+    assert "--set=MODEL_ARGS=--encoder-layers 6 --encoder-embed-dim 384 --exit-layers 6 --exit-pooling mean" in n20
