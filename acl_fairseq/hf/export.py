@@ -222,6 +222,8 @@ def serving_policy(args, hub) -> None:
     """Settle ``args.policy``/``args.threshold`` (None: the last exit) and ``args.calibration`` (the
     exit_policy.json record they came from, or None), which every format writer records."""
     args.calibration = None
+    if args.policy is None and hub.calibrated is not None and hub.calibrated.get("error"):
+        fail(hub.calibrated["error"])  # an exit_policy.json that cannot be read decides only without --policy
     if args.policy is None and hub.calibrated is not None:
         args.calibration = {k: v for k, v in hub.calibrated.items() if k != "source"}
         print(f"{PROG}: recording the calibrated policy {hub.calibrated['policy']} {hub.calibrated['threshold']:g} "

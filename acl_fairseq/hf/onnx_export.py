@@ -20,7 +20,6 @@ answer depends on its batch); the embeddings stay fp32.
 
 :func:`write_onnx` is the writer acl-export's format table calls (``write(ctx, folder)``).
 """
-import json
 import logging
 import os
 import warnings
@@ -34,6 +33,8 @@ from acl_fairseq.heads import head_forward, pool_states
 from acl_fairseq.hf import onnx_quantize, onnx_tokenizer
 from acl_fairseq.hf.onnx_tokenizer import ExportError
 from acl_fairseq.inference import early_exit
+from acl_fairseq.io import atomic
+from acl_fairseq.runtime import manifest as checks
 
 logger = logging.getLogger(__name__)
 SCHEMA = "acl_fairseq.onnx/1"
@@ -125,9 +126,11 @@ def serving_policy(hub, policy: Optional[str], threshold: Optional[float]) -> Di
 
 def write_onnx(hub, out_dir: str, quantize: Optional[str] = None, policy: Optional[str] = None,
                threshold: Optional[float] = None, tokenizer_file: Optional[str] = None,
-               calibration: Optional[Dict] = None) -> List[str]:
+               calibration: Optional[Dict] = None, checkpoint: Optional[str] = None) -> List[str]:
     """Write the ONNX folder of a loaded hub model (``acl_fairseq.inference.hub``) into the existing, empty
-    ``out_dir``; returns the file names written. ExportError for what cannot be exported exactly."""
+    ``out_dir``; returns the file names written. ExportError for what cannot be exported exactly. The manifest
+    records every file's sha256 and the checkpoint's (``checkpoint``: its path), which the runtime checks
+    (:mod:`acl_fairseq.runtime.manifest`)."""
     if not hub.model.classification_heads:
         raise ExportError("the checkpoint has no classification head: export a fine-tuned checkpoint")
     if quantize is not None and quantize not in QUANTIZE:
@@ -141,11 +144,12 @@ def write_onnx(hub, out_dir: str, quantize: Optional[str] = None, policy: Option
                 "calibration": calibration,  # the exit_policy.json record the serving policy came from, if any
                 "policy_defaults": {name: row.default for name, row in exits.POLICIES.items()},
                 "quantized": onnx_quantize.quantize_int8(out_dir, graphs) if quantize == "int8" else {}}
-    with open(os.path.join(out_dir, MANIFEST), "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=1)
-        f.write("\n")
-    return sorted(os.path.relpath(os.path.join(root, n), out_dir) for root, _, names in os.walk(out_dir)
-                  for n in names)
+    files = sorted(os.path.relpath(os.path.join(root, n), out_dir).replace(os.sep, "/")
+                   for root, _, names in os.walk(out_dir) for n in names)
+    manifest["sha256"] = {name: checks.file_sha256(os.path.join(out_dir, name)) for name in files}
+    manifest["checkpoint_sha256"] = None if checkpoint is None else checks.file_sha256(checkpoint)
+    atomic.write_json(os.path.join(out_dir, MANIFEST), manifest)
+    return sorted(files + [MANIFEST])
 
 
 def write(ctx, out_dir: str) -> List[str]:
@@ -153,4 +157,5 @@ def write(ctx, out_dir: str) -> List[str]:
     ``tokenizer``, ``calibration``: settled by acl-export's ``serving_policy``)."""
     args = ctx.args
     return write_onnx(ctx.hub, out_dir, getattr(args, "quantize", None), args.policy, args.threshold,
-                      getattr(args, "tokenizer", None), getattr(args, "calibration", None))
+                      getattr(args, "tokenizer", None), getattr(args, "calibration", None),
+                      getattr(args, "checkpoint", None))

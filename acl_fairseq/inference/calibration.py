@@ -210,11 +210,16 @@ def read(path: str) -> Dict:
 
 def for_checkpoint(checkpoint: str) -> Optional[Dict]:
     """The record beside ``checkpoint`` when it was calibrated on this very file, else None (a record made for
-    another file, or for an earlier version of this one, is named in a warning and not used)."""
+    another file, or for an earlier version of this one, is named in a warning and not used). A record that
+    cannot be read comes back as ``{"policy": None, "error", "source"}``: the error is raised where the record
+    would decide (:func:`acl_fairseq.runtime.loop.resolve_request`), never where an explicit policy is given."""
     path = path_beside(checkpoint)
     if not os.path.isfile(path):
         return None
-    record = read(path)
+    try:
+        record = read(path)
+    except RecordError as e:
+        return {"policy": None, "threshold": None, "error": str(e), "source": path}
     if record.get("checkpoint") != os.path.basename(checkpoint) or \
             record.get("checkpoint_sha256") != file_sha256(checkpoint):
         logger.warning("%s was calibrated on another checkpoint (%s, sha256 %s...), not %s: not used; run "

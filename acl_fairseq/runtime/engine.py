@@ -12,7 +12,6 @@ the torch model; the ids are the hub's (the manifest's input layout). Without a 
 layer) the manifest's serving policy decides (acl-export's ``--policy``, else the ``exit_policy.json``
 calibrated for the checkpoint), else the last exit; ``policy="none"`` is always the last exit.
 """
-import json
 import os
 from typing import Dict, List, Optional, Tuple
 
@@ -20,6 +19,7 @@ import numpy as np
 
 from acl_fairseq import conventions, exits
 from acl_fairseq.runtime import loop
+from acl_fairseq.runtime import manifest as checks
 from acl_fairseq.runtime.loop import BatchOutput, Prediction, Text, softmax  # noqa: F401  (their home before the loop)
 
 MANIFEST = "manifest.json"
@@ -40,27 +40,15 @@ def _import(name: str):
 
 
 def read_manifest(folder: str) -> dict:
-    path = os.path.join(folder, MANIFEST)
-    if not os.path.isfile(path):
-        if os.path.isfile(os.path.join(folder, "onnx", MANIFEST)):
-            raise FileNotFoundError(f"{path} not found: {folder} is acl-export's OUT; pass "
-                                    f"{os.path.join(folder, 'onnx')}")
-        raise FileNotFoundError(f"{path} not found: not an exported ONNX folder (acl-export CHECKPOINT --data DATA "
-                                "--out OUT --format onnx writes one, in OUT/onnx)")
-    try:
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except ValueError as e:
-        raise ValueError(f"{path}: not JSON ({e}): export the folder again") from None
-    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
-        schema = manifest.get("schema") if isinstance(manifest, dict) else None
-        raise ValueError(f"{path}: schema {schema!r}, expected {SCHEMA!r}")
+    """``manifest.json``, parsed and its parts checked against each other (:mod:`acl_fairseq.runtime.manifest`)."""
+    manifest = checks.read(folder)
+    checks.check(folder, manifest)
     return manifest
 
 
 def _listed_file(folder: str, name: str) -> str:
-    """The path of a file the manifest lists; a missing one means a folder copied in part."""
-    path = os.path.join(folder, name)
+    """The path of a file the manifest lists (inside the folder); a missing one means a folder copied in part."""
+    path = checks.inside(folder, name)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} not found, though {MANIFEST} lists it: the folder was copied in part; "
                                 "copy all of it, or export it again")
@@ -121,7 +109,16 @@ class Engine(loop.EarlyExitPredictor):
 
         embeddings = session(files["embeddings"])
         self.layers = [session(files["layers"][r["file"]]) for r in m["layers"]]
-        self.tokenizer = tokenizers.Tokenizer.from_file(_listed_file(folder, m["tokenizer"]))
+        tokenizer_path = _listed_file(folder, m["tokenizer"])
+        checks.verify_files(folder, m, [files["embeddings"], m["tokenizer"]] +
+                            [files["layers"][r["file"]] for r in m["layers"]])
+        try:
+            self.tokenizer = tokenizers.Tokenizer.from_file(tokenizer_path)
+        except Exception as e:  # the tokenizers package's own error (a bare Exception: "EOF while parsing ...")
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ValueError(f"{tokenizer_path}: not a readable tokenizers file ({reason}); export the folder "
+                             "again") from None
+        checks.check_graphs(folder, m, files, embeddings, self.layers, self.tokenizer)
         self.layout = m["input_layout"]
         self.input_layout = conventions.InputLayout(**{k: self.layout[k] for k in conventions.InputLayout._fields})
         self.exit_layers: List[int] = list(m["exit_layers"])
@@ -133,10 +130,9 @@ class Engine(loop.EarlyExitPredictor):
         self.policy, self.threshold = m.get("policy"), m.get("threshold")
         # what predict_early_exit runs when no policy is given (the hub's `calibrated`, from the manifest)
         self.serving_policy: Optional[Dict] = None
-        if self.policy is not None:
+        if self.policy is not None:  # range-checked when it is used (resolve_request), so --policy is never blocked
             self.serving_policy = {**(m.get("calibration") or {}), "policy": self.policy,
-                                   "threshold": exits.validate(self.policy, self.threshold),
-                                   "source": os.path.join(folder, MANIFEST)}
+                                   "threshold": self.threshold, "source": os.path.join(folder, MANIFEST)}
 
     # ---- inputs ----------------------------------------------------------------------------------
 

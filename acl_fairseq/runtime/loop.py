@@ -15,6 +15,7 @@ What a user asks for (policy, threshold, exit layer, and where it came from: a f
 :class:`EarlyExitPredictor` is that edge and the rest both front ends share: length-sorted batches, results in
 input order, one :class:`Prediction` type.
 """
+import json
 from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Union
 
 import numpy as np
@@ -65,12 +66,32 @@ def resolve_request(exit_layers: Sequence[int], policy: Optional[str] = None, th
     """The request to run: the caller's policy (``calibration.NO_POLICY``: the last exit), else ``default``'s (a
     calibrated record or a manifest's serving policy, ``{"policy", "threshold", "source"}``) when neither a policy
     nor an exit layer is given, else the last exit. Checked against the model's exits and ``exits.POLICIES``
-    (a ValueError naming the range); the threshold is the table's default when the policy comes without one."""
+    (a ValueError naming the range); the threshold is the table's default when the policy comes without one.
+    ``default`` is checked only when it is used, so that a bad one never blocks an explicit policy; its error
+    names its file (``source``) and its own value. A record that could not be read (``{"error", "source"}``)
+    is that error, when it is used."""
+    if policy is None and exit_layer is None and default is not None:
+        if default.get("error"):
+            raise ValueError(default["error"])
+        if default.get("policy") is not None:
+            _check_default(exit_layers, default, regression)
     chosen, value = calibration.resolve(policy, threshold, exit_layer, default)
     value = exits.check_request(list(exit_layers), chosen, exit_layer, value, regression=regression)
     if policy is None and exit_layer is None:
         source = default["source"] if chosen is not None else "default"
     return ExitRequest(chosen, value, exit_layer, source)
+
+
+def _check_default(exit_layers: Sequence[int], default: Dict, regression: bool) -> None:
+    source, policy, threshold = default.get("source", "the serving policy"), default["policy"], default.get("threshold")
+    try:
+        if threshold is not None:
+            calibration.json_number(threshold, "its threshold")
+        exits.check_request(list(exit_layers), policy, None, threshold, regression=regression)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{source}: its serving policy {json.dumps(policy)} with threshold {json.dumps(threshold)} "
+                         f"cannot run: {e}; pass --policy (or --policy {calibration.NO_POLICY}), or write it "
+                         "again") from None
 
 
 class BatchOutput(NamedTuple):
