@@ -1,5 +1,5 @@
-"""FLOPs per example (acl_fairseq/flops.py): the formula by hand, and against torch.utils.flop_counter on the tiny
-multi-exit model, example by example at its own length."""
+"""FLOPs per example (acl_fairseq/inference/flops.py): the formula by hand, and against torch.utils.flop_counter on
+the tiny multi-exit model, example by example at its own length."""
 
 import subprocess
 import sys
@@ -9,9 +9,8 @@ import torch
 from torch.utils import flop_counter
 
 import helpers
-from acl_fairseq import flops
 from acl_fairseq.cli import evaluate
-from acl_fairseq.inference import early_exit
+from acl_fairseq.inference import early_exit, flops
 from test_models import HEAD, build, one_thread  # noqa: F401  (autouse fixture, per module)
 
 SHAPE = flops.Shape(dim=4, ffn_dim=6, head_dim=4, num_classes=3, exit_layers=[1, 3])
@@ -87,7 +86,7 @@ def test_early_exit_at_the_first_exit_agrees_with_torch_flop_counter(tiny):
 
 def test_the_formula_imports_without_torch():
     code = ("import sys; sys.modules['torch'] = None; sys.modules['fairseq'] = None\n"
-            "from acl_fairseq import flops\n"
+            "from acl_fairseq.inference import flops\n"
             "print(flops.full_flops(flops.Shape(4, 6, 4, 3, [1, 3]), 5))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=helpers.REPO)
     assert out.stdout.strip() == str(flops.full_flops(SHAPE, 5))

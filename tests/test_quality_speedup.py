@@ -6,7 +6,7 @@ import pytest
 
 import dev_lengths
 import quality
-from acl_fairseq import flops
+from acl_fairseq.inference import flops
 
 
 def fake_run(root, task, method, seed, acc_at):

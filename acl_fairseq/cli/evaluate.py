@@ -7,7 +7,7 @@ exit layer, layer speed-up ``L / avg``, saved fraction ``1 - avg / L``, and wall
 against running all layers, at batch size 1 and batched (median of repeats, measured side by side), and FLOPs per
 example with the FLOPs speed-up against the baseline (all layers, the final exit's head only): each example counted
 at its own length, the exits' heads it ran included, the embeddings not (lookups: 0 FLOPs), 2 FLOPs per
-multiply-add as ``torch.utils.flop_counter`` counts (:mod:`acl_fairseq.flops`). Quality
+multiply-add as ``torch.utils.flop_counter`` counts (:mod:`acl_fairseq.inference.flops`). Quality
 numbers come from one full pass (every exit's logits, then the policies offline:
 ``exits.exit_layer_indices``); latency from the layer-by-layer engine (``early_exit.py``, timed by
 ``latency.py``), whose decisions are checked against the offline ones (``engine_agreement``).
@@ -26,9 +26,9 @@ from typing import Dict, List, Optional
 
 import torch
 
-from acl_fairseq import checkpoint_safety, exits, flops, glue_metrics
+from acl_fairseq import checkpoint_safety, exits, glue_metrics
 from acl_fairseq.cli import calibrate, console, report
-from acl_fairseq.inference import early_exit, latency
+from acl_fairseq.inference import early_exit, flops, latency
 
 logger = logging.getLogger("acl_fairseq.cli.evaluate")
 
@@ -242,6 +242,8 @@ def prediction_file_names(task_name: Optional[str], splits: List[str]) -> List[s
 
 def write_test_predictions(model, task, args, head_name: str, ctx: Dict) -> List[str]:
     """Predict each ``--test-split`` with the final exit; returns the files written."""
+    from acl_fairseq.io import atomic
+
     os.makedirs(args.predictions_dir, exist_ok=True)
     written = []
     for split, name in zip(args.test_split, prediction_file_names(ctx["task_name"], args.test_split)):
@@ -252,7 +254,7 @@ def write_test_predictions(model, task, args, head_name: str, ctx: Dict) -> List
         order = ids.argsort()
         values = format_predictions(exit_logits[order, -1], task.label_dictionary, ctx["regression"])
         path = os.path.join(args.predictions_dir, name)
-        with open(path, "w") as f:
+        with atomic.writing(path) as f:
             f.write("index\tprediction\n")
             f.writelines(f"{int(i)}\t{v}\n" for i, v in zip(ids[order], values))
         written.append(path)
@@ -349,11 +351,13 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         parser.error("--test-split needs --predictions-dir")
     calibrate.precheck(parser, args)
     result = evaluate(args)
+    from acl_fairseq.io import atomic
+
     os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "early_exit.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    report.write_csv(result, os.path.join(args.out_dir, "early_exit.csv"))
-    report.plot_result(result, os.path.join(args.out_dir, "early_exit.png"))
+    # each output whole or absent (the package's one atomic write), as acl-predict's --output
+    atomic.write_json(os.path.join(args.out_dir, "early_exit.json"), result, indent=2)
+    atomic.write_through(os.path.join(args.out_dir, "early_exit.csv"), lambda tmp: report.write_csv(result, tmp))
+    atomic.write_through(os.path.join(args.out_dir, "early_exit.png"), lambda tmp: report.plot_result(result, tmp))
     if args.tensorboard_logdir:
         report.log_tensorboard(result, args.tensorboard_logdir)
     print(report.format_table(result))
