@@ -19,11 +19,20 @@ Tokens per kind:
     google-research/bert's ``tokenization.py`` (see :func:`_wordpiece`);
   * ``hf_byte_bpe``: HF ids as strings, what fairseq's ``--bpe hf_byte_bpe`` emits (same class, same
     ``add_prefix_space=False``), i.e. a converted HF RoBERTa's ``dict.txt`` words;
-  * ``whitespace``: ``text.split()`` (fairseq-preprocess's own splitting of pre-tokenized text).
+  * ``whitespace``: the words between Python's whitespace characters (what ``str.split()`` and
+    fairseq-preprocess's ``\\s+`` split on), lowercased by ``tokenizers``' ``Lowercase`` when the record
+    says so. Both are ``tokenizers`` parts (:func:`whitespace_parts`), the very ones the exported
+    ``tokenizer.json`` holds, so the checkpoint and the ONNX folder split and lowercase every string alike.
+
+Ids (:func:`dictionary_ids`): a token the dictionary holds maps to its row, except fairseq's special words
+(``<s> <pad> </s> <unk> <mask>``): text that spells one is text, an unknown word (``<unk>``), never that
+token's id, so no row ever holds a padding or separator id that its text typed. Text longer than
+:func:`byte_budget` is cut before it is tokenized (:func:`clip`), so a huge line costs no more than the budget.
 """
 import json
 import os
-from typing import Callable, Dict, List, Optional, Sequence
+import re
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 KINDS = ("gpt2", "sentencepiece", "wordpiece", "hf_byte_bpe", "whitespace")
 FILES = {  # kind -> the roles its "files" must name, in this order
@@ -39,6 +48,13 @@ BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 WORDPIECE_UNK = "[UNK]"
 WORDPIECE_MAX_CHARS = 100  # longer words become one [UNK], as in BERT
 WORDPIECE_PREFIX = "##"
+# Python's whitespace (str.isspace): Unicode's White_Space plus U+001C-U+001F, which str.split() and
+# fairseq-preprocess split on and Rust's (tokenizers' WhitespaceSplit) does not
+PY_WHITESPACE = "".join(chr(c) for c in range(0x3001) if chr(c).isspace())
+SPECIAL_WORDS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")  # fairseq's; a text spelling one is an unknown word
+# a generous bound on the UTF-8 bytes of text one token stands for: only words longer than this (one [UNK] or
+# <unk> each) make the cut drop text that would have been tokenized within max_positions
+BYTES_PER_TOKEN = 1024
 
 Tokenize = Callable[[str], List[str]]
 
@@ -138,9 +154,56 @@ def build(record: dict, base_dir: str) -> Tokenize:
     if kind == "hf_byte_bpe":
         bpe = _hf_byte_bpe(paths)
         return lambda text: [str(i) for i in bpe.encode(text).ids]
-    if record["lowercase"]:
-        return lambda text: text.lower().split()
-    return str.split
+    normalizer, pre = whitespace_parts(record["lowercase"])
+    if normalizer is None:
+        return lambda text: [w for w, _ in pre.pre_tokenize_str(text)]
+    return lambda text: [w for w, _ in pre.pre_tokenize_str(normalizer.normalize_str(text))]
+
+
+def whitespace_parts(lowercase: bool):
+    """``(normalizer or None, pre_tokenizer)`` of the ``whitespace`` kind, for :func:`build` and the exported
+    ``tokenizer.json`` alike: split on :data:`PY_WHITESPACE` (runs removed), lowercase with ``tokenizers``'
+    ``Lowercase`` (it differs from ``str.lower`` on 55 code points newer than Python 3.11's Unicode tables and
+    lowercases a word-final capital sigma to σ, not ς)."""
+    from tokenizers import Regex, normalizers, pre_tokenizers
+
+    pattern = "[" + "".join("\\x{%X}" % ord(c) for c in PY_WHITESPACE) + "]+"
+    pre = pre_tokenizers.Split(Regex(pattern), behavior="removed")
+    return (normalizers.Lowercase() if lowercase else None), pre
+
+
+def special_words(dictionary) -> set:
+    """The words of ``dictionary`` that name fairseq's special tokens, not text."""
+    return {w for w in SPECIAL_WORDS if w in dictionary.indices}
+
+
+def dictionary_ids(dictionary, tokens: Sequence[str]) -> List[int]:
+    """Rows of ``tokens`` in a fairseq ``dictionary``: ``<unk>``'s for a word it lacks and for a special word
+    (text that spells ``<pad>`` is text, not padding)."""
+    specials, unk = special_words(dictionary), dictionary.unk()
+    return [unk if t in specials else dictionary.index(t) for t in tokens]
+
+
+def byte_budget(max_positions: int) -> int:
+    """The UTF-8 bytes of one text kept for a model of ``max_positions`` positions (:func:`clip`)."""
+    return BYTES_PER_TOKEN * max_positions
+
+
+def clip(text: str, max_positions: int) -> Tuple[str, bool]:
+    """``(text, cut)``: ``text`` stripped and cut to :func:`byte_budget` UTF-8 bytes (at a character boundary)
+    before anything tokenizes it, so memory per row stays bounded; a lone surrogate (possible in JSON) becomes
+    U+FFFD, since no tokenizer takes it."""
+    budget = byte_budget(max_positions)
+    text = text.strip()
+    head = text[: budget + 1]  # a character is at least one byte: enough to tell whether it fits
+    try:
+        data = head.encode("utf-8")
+    except UnicodeEncodeError:
+        head = re.sub("[\ud800-\udfff]", "\ufffd", head)
+        data = head.encode("utf-8")
+    if len(text) <= budget and len(data) <= budget:
+        return head, False
+    return data[:budget].decode("utf-8", "ignore"), True  # "ignore": the character the cut split
 
 
 def build_decoder(record: dict, base_dir: str) -> Callable[[Sequence[str]], str]:

@@ -10,8 +10,11 @@ dictionary nor this package's tokenizer code:
   as in training), each piece mapped to its dictionary row; pieces the dictionary lacks map to ``<unk>``'s row.
   Several pieces then share one id, which ``tokenizers`` cannot save itself (it writes one piece per id), so the
   vocabulary is written into the JSON here;
-- ``whitespace`` (pre-tokenized text, the toy data): split on whitespace (lowercased when the record says so),
-  each word looked up in the dictionary.
+- ``whitespace`` (pre-tokenized text, the toy data): ``tokenization.whitespace_parts``, the very split and
+  lowercasing the checkpoint's tokenizer runs, each word looked up in the dictionary.
+
+In both, a word that spells one of fairseq's special tokens (``<pad>``, ``</s>``, ...) maps to ``<unk>``'s row,
+as :func:`acl_fairseq.tokenization.dictionary_ids` maps it on the checkpoint: text is text.
 
 The special tokens (``<s>``, separators, ``</s>``) are not added by the file: the runtime adds them from the
 manifest's input layout, as the hub does. Other kinds are refused with the reason.
@@ -30,12 +33,12 @@ def wordpiece_vocab(record: dict, base_dir: str, dictionary) -> Dict[str, int]:
     """Every WordPiece of the record's ``vocab.txt`` -> its fairseq row (``<unk>``'s when the dictionary lacks it)."""
     vocab_path = tokenization.files_of(record, base_dir)[0]
     pieces = list(tokenization.load_vocab(vocab_path)) + [tokenization.WORDPIECE_UNK]
-    return {p: dictionary.index(p) for p in pieces}
+    return dict(zip(pieces, tokenization.dictionary_ids(dictionary, pieces)))
 
 
 def build_json(record: dict, base_dir: str, dictionary) -> str:
     """The tokenizer file's text for ``record`` (a :mod:`acl_fairseq.tokenization` record) and ``dictionary``."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+    from tokenizers import Tokenizer, models
 
     kind = record["kind"]
     if kind == "wordpiece":
@@ -48,11 +51,13 @@ def build_json(record: dict, base_dir: str, dictionary) -> str:
         spec["model"]["vocab"] = vocab  # to_str keeps one piece per id; the pieces that share <unk>'s row too
         return json.dumps(spec, ensure_ascii=False)
     if kind == "whitespace":
-        vocab = {w: dictionary.index(w) for w in dictionary.symbols}  # a repeated word keeps its first row
+        specials = tokenization.special_words(dictionary) - {dictionary.unk_word}  # absent: they read as <unk>
+        # a repeated word keeps its first row
+        vocab = {w: dictionary.index(w) for w in dictionary.symbols if w not in specials}
         tok = Tokenizer(models.WordLevel(vocab, unk_token=dictionary.unk_word))
-        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-        if record["lowercase"]:
-            tok.normalizer = normalizers.Lowercase()
+        normalizer, tok.pre_tokenizer = tokenization.whitespace_parts(record["lowercase"])
+        if normalizer is not None:
+            tok.normalizer = normalizer
         return tok.to_str()
     raise ExportError(
         f"the data folder's tokenizer is {kind!r}: the ONNX export writes {' and '.join(KINDS)} tokenizers only "

@@ -49,9 +49,10 @@ def _run_layer(layer: nn.Module, x: Tensor, padding_mask: Tensor) -> Tensor:
     return out[0] if isinstance(out, tuple) else out  # return_fc layers also give the fc result
 
 
-def _embed(encoder: nn.Module, src_tokens: Tensor) -> Tuple[Tensor, Tensor]:
-    """Embeddings as ``TransformerEncoder.forward_scriptable`` makes them: (T x B x C, B x T mask)."""
-    padding_mask = src_tokens.eq(encoder.padding_idx)
+def _embed(encoder: nn.Module, src_tokens: Tensor, padding_mask: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """Embeddings as ``TransformerEncoder.forward_scriptable`` makes them: (T x B x C, B x T mask); the mask is
+    the caller's (from lengths) when given, else fairseq's (the padding id)."""
+    padding_mask = src_tokens.eq(encoder.padding_idx) if padding_mask is None else padding_mask
     x, _ = encoder.forward_embedding(src_tokens)
     x = x * (1 - padding_mask.unsqueeze(-1).type_as(x))  # zero the padding positions
     # B x T x C -> T x B x C
@@ -73,7 +74,7 @@ class TorchBackend:
     @torch.no_grad()
     def embed(self, ids, mask: np.ndarray) -> Tensor:
         ids = ids if torch.is_tensor(ids) else torch.from_numpy(np.asarray(ids))
-        return _embed(self.encoder, ids.to(self.device))[0]
+        return _embed(self.encoder, ids.to(self.device), torch.from_numpy(np.asarray(mask)).to(self.device))[0]
 
     @torch.no_grad()
     def layer(self, i: int, x: Tensor, mask: np.ndarray) -> Tuple[Tensor, Optional[np.ndarray]]:
@@ -109,7 +110,8 @@ def early_exit_forward(
     ``exit_layer``: stop at that exit (one of the model's exit layers) for every example; the exits
     after it are not computed (NaN in ``exit_logits``)."""
     backend = TorchBackend(model, head_name)
-    mask = src_tokens.eq(backend.encoder.padding_idx).cpu().numpy()
+    ids = src_tokens.cpu().numpy()
+    mask = loop.padding_mask(loop.right_padded_lengths(ids, backend.encoder.padding_idx), ids.shape[1])
     out = loop.run_batch(backend, src_tokens, mask, loop.ExitRequest(policy, threshold, exit_layer), regression,
                          delta)
     return EarlyExitOutput(*(torch.from_numpy(a).to(src_tokens.device) for a in out))

@@ -127,11 +127,13 @@ class MultiExitHubInterface(RobertaHubInterface, loop.EarlyExitPredictor):
         return self.encode_with_info(a, b)[0]
 
     def encode_with_info(self, a: str, b: Optional[str] = None) -> Tuple[torch.LongTensor, bool]:
-        """``(tokens, truncated)``: cut at the model's positions, ending with ``</s>``, when too long."""
+        """``(tokens, truncated)``: cut at the model's positions, ending with ``</s>``, when too long; each text
+        cut first at its byte budget (:func:`acl_fairseq.tokenization.clip`), so a huge line costs no more."""
         d = self.task.source_dictionary
-        words = [[d.index(t) for t in self.tokenize(x.strip())] for x in ((a,) if b is None else (a, b))]
+        clipped = [tokenization.clip(x, self.max_positions) for x in ((a,) if b is None else (a, b))]
+        words = [tokenization.dictionary_ids(d, self.tokenize(text)) for text, _ in clipped]
         ids, truncated = self.layout.fit(self.layout.build(*words), self.max_positions)
-        return torch.tensor(ids, dtype=torch.long), truncated
+        return torch.tensor(ids, dtype=torch.long), truncated or any(cut for _, cut in clipped)
 
     # ---- prediction ------------------------------------------------------------------------------
 
@@ -164,7 +166,8 @@ class MultiExitHubInterface(RobertaHubInterface, loop.EarlyExitPredictor):
     def make_batches(self, token_lists: Sequence[torch.LongTensor], batch_size: int = 32):
         """``[(positions, src)]``: inputs sorted by (length, position), as acl-evaluate sorts a split,
         cut into batches and right-padded (:func:`acl_fairseq.runtime.loop.make_batches`, as tensors)."""
-        return [(rows, torch.from_numpy(src)) for rows, src in loop.make_batches(token_lists, batch_size, self.pad)]
+        return [loop.Batch(b[0], torch.from_numpy(b[1]), b.lengths)
+                for b in loop.make_batches(token_lists, batch_size, self.pad)]
 
     def run_batches(self, batches, n: int, policy: Optional[str] = None, threshold: Optional[float] = None,
                     exit_layer: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:

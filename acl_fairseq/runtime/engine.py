@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from acl_fairseq import conventions, exits
+from acl_fairseq import conventions, exits, tokenization
 from acl_fairseq.runtime import loop
 from acl_fairseq.runtime import manifest as checks
 from acl_fairseq.runtime.loop import BatchOutput, Prediction, Text, softmax  # noqa: F401  (their home before the loop)
@@ -136,19 +136,21 @@ class Engine(loop.EarlyExitPredictor):
 
     # ---- inputs ----------------------------------------------------------------------------------
 
-    def _ids(self, text: str) -> List[int]:
-        return self.tokenizer.encode(text.strip(), add_special_tokens=False).ids
-
     def encode_with_info(self, a: str, b: Optional[str] = None) -> Tuple[List[int], bool]:
-        """``(ids, truncated)`` built as the hub builds them: init token, A, ``</s>``, [separator, B, ``</s>``],
-        cut at the model's positions (ending with ``</s>``) when too long."""
-        ids = self.input_layout.build(self._ids(a), None if b is None else self._ids(b))
-        return self.input_layout.fit(ids, self.layout["max_positions"])
+        """``(ids, truncated)`` built as the hub builds them: each text cut at its byte budget
+        (:func:`acl_fairseq.tokenization.clip`), then init token, A, ``</s>``, [separator, B, ``</s>``], cut at
+        the model's positions (ending with ``</s>``) when too long."""
+        max_positions = self.layout["max_positions"]
+        clipped = [tokenization.clip(x, max_positions) for x in ((a,) if b is None else (a, b))]
+        words = [self.tokenizer.encode(text, add_special_tokens=False).ids for text, _ in clipped]
+        ids, truncated = self.input_layout.fit(self.input_layout.build(*words), max_positions)
+        return ids, truncated or any(cut for _, cut in clipped)
 
     def run_batch(self, src: np.ndarray, policy: Optional[str] = None, threshold: float = 0.0,
                   exit_layer: Optional[int] = None, delta: float = exits.DEFAULT_REGRESSION_DELTA) -> BatchOutput:
         """:func:`acl_fairseq.runtime.loop.run_batch` on one right-padded batch (B, T) of ids."""
-        return loop.run_batch(self.backend, src, src == self.pad, loop.ExitRequest(policy, threshold, exit_layer),
+        mask = loop.padding_mask(loop.right_padded_lengths(src, self.pad), src.shape[1])
+        return loop.run_batch(self.backend, src, mask, loop.ExitRequest(policy, threshold, exit_layer),
                               self.regression, delta)
 
     def label_names(self) -> List[str]:

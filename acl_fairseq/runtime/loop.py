@@ -145,17 +145,49 @@ def run_batch(backend: Backend, ids: Any, mask: np.ndarray, request: ExitRequest
     return BatchOutput(final, exit_index, np.asarray(layers)[exit_index], computed, exit_logits)
 
 
-def make_batches(token_lists: Sequence[Sequence[int]], batch_size: int, pad: int) -> List[Tuple[List[int], np.ndarray]]:
-    """``[(positions, ids (B, T) int64)]``: inputs sorted by (length, position), as acl-evaluate sorts a split,
-    cut into batches and right-padded with ``pad``."""
+class Batch(tuple):
+    """``(positions, ids (B, T))``, unpacked as a pair, with ``lengths`` (B,): row ``r`` is its first
+    ``lengths[r]`` ids, the columns after them padding."""
+
+    lengths: np.ndarray
+
+    def __new__(cls, rows: List[int], src: Any, lengths: np.ndarray):
+        batch = super().__new__(cls, (rows, src))
+        batch.lengths = np.asarray(lengths, dtype=np.int64)
+        return batch
+
+
+def padding_mask(lengths: Sequence[int], width: int) -> np.ndarray:
+    """(B, width) bool, True at the columns beyond each row's length: padding known from lengths, not from ids."""
+    return np.arange(width)[None, :] >= np.asarray(lengths, dtype=np.int64)[:, None]
+
+
+def right_padded_lengths(ids: Any, pad: int) -> np.ndarray:
+    """Row lengths of a right-padded batch made elsewhere (without lengths): up to the last id that is not
+    ``pad``, so a padding id inside a row is counted as the row's, never taken for its end."""
+    real = np.asarray(ids) != pad
+    width = real.shape[1]
+    return np.where(real.any(1), width - np.argmax(real[:, ::-1], axis=1), 0).astype(np.int64)
+
+
+def make_batches(token_lists: Sequence[Sequence[int]], batch_size: int, pad: int) -> List[Batch]:
+    """Batches (:class:`Batch`): inputs sorted by (length, position), as acl-evaluate sorts a split, cut into batches
+    and right-padded with ``pad``. A row holding ``pad`` is refused: the models' embeddings (fairseq's positions,
+    the exported graph's mask) would take it for padding, whatever the lengths say; text never makes one
+    (:func:`acl_fairseq.tokenization.dictionary_ids`)."""
     order = sorted(range(len(token_lists)), key=lambda i: (len(token_lists[i]), i))
     out = []
     for start in range(0, len(order), batch_size):
         rows = order[start: start + batch_size]
-        src = np.full((len(rows), max(len(token_lists[i]) for i in rows)), pad, dtype=np.int64)
+        lengths = np.asarray([len(token_lists[i]) for i in rows], dtype=np.int64)
+        src = np.full((len(rows), int(lengths.max())), pad, dtype=np.int64)
         for r, i in enumerate(rows):
-            src[r, : len(token_lists[i])] = np.asarray(token_lists[i])
-        out.append((rows, src))
+            src[r, : lengths[r]] = np.asarray(token_lists[i])
+        inside = np.flatnonzero(((src == pad) & ~padding_mask(lengths, src.shape[1])).any(1))
+        if inside.size:
+            raise ValueError(f"input {rows[int(inside[0])]} holds the padding id {pad} among its tokens: a model "
+                             "cannot tell it from padding; encode text with encode(), which never makes one")
+        out.append(Batch(rows, src, lengths))
     return out
 
 
@@ -189,8 +221,11 @@ class EarlyExitPredictor:
         """``(logits (n, K) of the deciding exit, exit layer (n,))`` in input order, numpy."""
         logits = np.zeros((n, self.backend.num_classes), dtype=np.float32)
         layers = np.zeros(n, dtype=np.int64)
-        for rows, src in batches:
-            out = run_batch(self.backend, src, np.asarray(src) == self.pad, request, self.regression)
+        for batch in batches:
+            rows, src = batch
+            lengths = getattr(batch, "lengths", None)
+            lengths = right_padded_lengths(src, self.pad) if lengths is None else lengths
+            out = run_batch(self.backend, src, padding_mask(lengths, src.shape[1]), request, self.regression)
             logits[rows], layers[rows] = out.logits, out.exit_layer
         return logits, layers
 

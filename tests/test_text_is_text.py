@@ -1,0 +1,165 @@
+"""Tokenization is one function of the text, on the checkpoint and on its exported ONNX folder (issue 40,
+cases 1 and 2): the same ids for every string (control characters, Python-only whitespace U+001C-U+001F,
+special-token spellings, very long words, random Unicode), text that spells a special token encoded as text,
+and padding known from lengths, so a row's answer is the same at every batch size.
+
+The model is conftest's ``predict_run`` (whitespace tokens, pairs, mean pooling, an exit on every layer),
+exported once here; WordPiece is checked on a dictionary made from a toy vocabulary (no model needed).
+The property tests are derandomized (the same examples in every run) and sized for make test."""
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from acl_fairseq import tokenization
+
+SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>", "[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]"]
+WORDS = ["the", "music", "was", "not", "bad", "good", "movie", "very"]
+PY_ONLY_SPACES = ["\x1c", "\x1d", "\x1e", "\x1f"]
+SEPARATORS = [" ", "\t", "\u3000", "\xa0", "\x85"] + PY_ONLY_SPACES
+PROPERTY = settings(derandomize=True, max_examples=60, deadline=None, database=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+word = st.one_of(st.sampled_from(WORDS + SPECIALS),
+                 st.text(min_size=1, max_size=12),  # any code point hypothesis draws (no lone surrogates)
+                 st.text(st.characters(max_codepoint=0x3000), min_size=1, max_size=4),  # controls, spaces
+                 st.builds(lambda w, n: w * n, st.sampled_from(WORDS + ["é", "字"]), st.integers(50, 400)))
+text = st.builds(lambda ws, seps: "".join(w + s for w, s in zip(ws, seps)),
+                 st.lists(word, min_size=1, max_size=12), st.lists(st.sampled_from(SEPARATORS), min_size=12,
+                                                                   max_size=12))
+
+
+@pytest.fixture(scope="module")
+def pair(predict_model, tmp_path_factory):
+    """(hub, engine): the checkpoint and its ONNX export, one thread each."""
+    import torch
+
+    from acl_fairseq.hf import onnx_export
+    from acl_fairseq.runtime import engine
+
+    torch.set_num_threads(1)
+    out = str(tmp_path_factory.mktemp("text_is_text") / "onnx")
+    os.makedirs(out)
+    onnx_export.write_onnx(predict_model, out)
+    return predict_model, engine.Engine(out, threads=1)
+
+
+def _both(pair, *texts):
+    hub, eng = pair
+    ids, cut = hub.encode_with_info(*texts)
+    return (ids.tolist(), cut), eng.encode_with_info(*texts)
+
+
+# ---- the same ids on both paths ---------------------------------------------------------------------
+
+
+def test_python_only_whitespace_splits_on_both_paths(pair):
+    """printf 'the\\x1fmusic...': the checkpoint split on U+001F, the exported WhitespaceSplit did not."""
+    line = "the\x1fmusic\x1fwas\x1freally\x1fbrilliant"
+    on_hub, on_onnx = _both(pair, line)
+    assert on_hub == on_onnx
+    assert on_onnx == _both(pair, line.replace("\x1f", " "))[1]
+
+
+def test_special_token_spellings_are_text(pair):
+    hub, _ = pair
+    d = hub.task.source_dictionary
+    for special in SPECIALS:
+        on_hub, on_onnx = _both(pair, f"the {special} music")
+        assert on_hub == on_onnx, special
+        inner = on_onnx[0][1:-1]  # without <s> and </s>
+        assert inner == [d.index("the"), d.unk(), d.index("music")], (special, inner)
+    assert d.pad() not in _both(pair, "<pad> " * 5 + "the music was not bad")[1][0]
+
+
+@PROPERTY
+@given(a=text, b=st.one_of(st.none(), text))
+def test_any_text_gives_the_same_ids_on_both_paths(pair, a, b):
+    texts = (a,) if b is None else (a, b)
+    on_hub, on_onnx = _both(pair, *texts)
+    assert on_hub == on_onnx
+    hub, _ = pair
+    assert hub.task.source_dictionary.pad() not in on_onnx[0]
+
+
+@pytest.mark.parametrize("kind,lowercase", [("wordpiece", True), ("wordpiece", False), ("whitespace", True)])
+def test_exported_file_maps_text_as_the_checkpoint(tmp_path, kind, lowercase):
+    """The exported tokenizer file against the checkpoint's tokenizer and dictionary, for the kinds and casings
+    the model above lacks."""
+    from fairseq.data import Dictionary
+    from tokenizers import Tokenizer
+
+    import toy_glue
+    from acl_fairseq.hf import onnx_tokenizer
+
+    vocab = str(tmp_path / "vocab.txt")
+    toy_glue.make_wordpiece_vocab(vocab, [" ".join(WORDS + ["playing café"])])
+    d = Dictionary()
+    for piece in tokenization.load_vocab(vocab):
+        if piece not in tokenization.BERT_SPECIALS:
+            d.add_symbol(piece)
+    d.add_symbol("<mask>")
+    record = tokenization.make_record(kind, {"vocab": "vocab.txt"} if kind == "wordpiece" else {}, lowercase)
+    checkpoint = tokenization.build(record, str(tmp_path))
+    exported = Tokenizer.from_str(onnx_tokenizer.build_json(record, str(tmp_path), d))
+
+    @PROPERTY
+    @given(t=text)
+    def same(t):
+        clipped, _ = tokenization.clip(t, 64)
+        ids = exported.encode(clipped, add_special_tokens=False).ids
+        assert ids == tokenization.dictionary_ids(d, checkpoint(clipped))
+        assert d.pad() not in ids and d.eos() not in ids and d.bos() not in ids
+
+    same()
+
+
+# ---- the same answer at every batch size --------------------------------------------------------------
+
+
+def _probabilities(model, inputs, batch_size, policy=None, threshold=0.5):
+    preds = model.predict_early_exit(inputs, policy=policy, threshold=threshold if policy else None,
+                                     batch_size=batch_size)
+    return np.array([[p.probabilities[k] for k in sorted(p.probabilities)] for p in preds]), [p.exit_layer
+                                                                                            for p in preds]
+
+
+def test_a_literal_pad_row_answers_alike_at_batch_size_1_and_2(pair):
+    """Issue 40's example: five "<pad>" words next to a longer line moved the row's probabilities by 0.18 once
+    the longer row exited and the loop cut the columns it thought were padding. Every confidence threshold
+    from 0.5 to 1, so that some let the longer row leave first."""
+    padded = "<pad> <pad> <pad> <pad> <pad> the music was not bad"
+    longer = ["the movie was very good and the music was not bad at all , really",
+              "the plot was dull and the actor was not very good , the film was bad",
+              "it was a great film , the music was great and the plot was very funny"]
+    for model in pair:
+        for line in longer:
+            for threshold in np.linspace(0.5, 1.0, 26):
+                one, layers_one = _probabilities(model, [padded, line], 1, "confidence", threshold)
+                two, layers_two = _probabilities(model, [padded, line], 2, "confidence", threshold)
+                np.testing.assert_allclose(one, two, atol=1e-5, err_msg=f"{line!r} at {threshold}")
+                assert layers_one == layers_two
+
+
+@PROPERTY
+@given(inputs=st.lists(st.one_of(text, st.tuples(text, text)), min_size=2, max_size=6))
+def test_every_batch_size_gives_the_same_answer(pair, inputs):
+    for model in pair:
+        one, layers_one = _probabilities(model, inputs, 1, "entropy")
+        for batch_size in (2, len(inputs)):
+            many, layers_many = _probabilities(model, inputs, batch_size, "entropy")
+            np.testing.assert_allclose(one, many, atol=1e-4)
+            assert layers_one == layers_many
+
+
+def test_a_row_holding_the_padding_id_is_refused(pair):
+    """Raw ids with the padding id inside a row: the embeddings would read it as padding, whatever the lengths."""
+    hub, eng = pair
+    good = hub.encode("the music was not bad")
+    bad = good.clone()
+    bad[2] = hub.pad
+    for model, rows in ((hub, [good, bad]), (eng, [good.tolist(), bad.tolist()])):
+        with pytest.raises(ValueError, match="padding id"):
+            model.make_batches(rows, 2)
