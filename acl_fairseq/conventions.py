@@ -39,6 +39,8 @@ import logging
 import os
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
+from acl_fairseq.io import atomic
+
 SCHEMA = "acl_fairseq.conventions/1"
 FILE_NAME = "conventions.json"
 FAMILIES = ("bert", "roberta")
@@ -112,10 +114,7 @@ def read(path: str) -> dict:
 def write(path: str, record: dict) -> None:
     """Write ``record`` atomically as canonical JSON."""
     validate(record, path)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(dumps(record) + "\n")
-    os.replace(tmp, path)
+    atomic.write_text(path, dumps(record) + "\n")
 
 
 def dumps(record: dict) -> str:

@@ -155,8 +155,10 @@ def test_a_file_write_removes_a_dead_runs_temporary_of_that_file(tmp_path):
     dead = _dead_pid()
     (tmp_path / f".p.tsv.tmp-{dead}-0a1b2c3d").write_text("partial")
     (tmp_path / f".other.tsv.tmp-{dead}-0a1b2c3d").write_text("partial")
+    (tmp_path / f"p.tsv.tmp{dead}").write_text("partial")  # acl-predict's --output temporary
+    (tmp_path / f"p.tsv.tmp{os.getppid()}").write_text("a live run's")
     atomic.write_text(str(tmp_path / "p.tsv"), "x\n")
-    assert sorted(os.listdir(tmp_path)) == [f".other.tsv.tmp-{dead}-0a1b2c3d", "p.tsv"]
+    assert sorted(os.listdir(tmp_path)) == [f".other.tsv.tmp-{dead}-0a1b2c3d", "p.tsv", f"p.tsv.tmp{os.getppid()}"]
 
 
 def test_the_module_imports_the_standard_library_only():

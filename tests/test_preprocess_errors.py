@@ -105,7 +105,8 @@ def test_output_in_an_unwritable_folder_is_one_line_and_exit_status_2(tmp_path, 
 
 
 def test_sigterm_mid_run_removes_the_temporary_folder(tmp_path, assets):
-    """What schedulers and `timeout` send: the hidden .bin.tmp-PID folder goes, as on Ctrl-C (exit 143)."""
+    """What schedulers and `timeout` send: the hidden .bin.tmp-PID-* folder goes, as on Ctrl-C (exit 143)."""
+    import glob
     import signal
     import time
 
@@ -114,12 +115,24 @@ def test_sigterm_mid_run_removes_the_temporary_folder(tmp_path, assets):
     proc = subprocess.Popen([sys.executable, os.path.join(REPO, "preprocess", "glue.py"), "--task", "SST-2", "--input",
                              folder, "--output", str(out), "--workers", "2", *tok_args("wordpiece", assets)],
                             env=dict(os.environ, PYTHONPATH=REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    tmp = tmp_path / f".bin.tmp-{proc.pid}"
     deadline = time.time() + 120
-    while not (tmp / ".text" / "train.input0").exists():  # tokenizing: mid-run
+    while not glob.glob(str(tmp_path / f".bin.tmp-{proc.pid}-*" / ".text" / "train.input0")):  # tokenizing: mid-run
         assert proc.poll() is None and time.time() < deadline, "the run ended before it could be stopped"
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     err = proc.communicate(timeout=60)[1].decode()
     assert proc.returncode == 143, err[-2000:]
     assert sorted(os.listdir(tmp_path)) == ["SST-2"], "no temporary folder, no output"
+
+
+def test_a_killed_runs_temporary_folder_goes_at_the_next_run(tmp_path, assets):
+    """A SIGKILL leaves .bin.tmp-PID-* (nothing can remove it then): the next run removes it, and keeps a live
+    run's."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    folder, _ = make_task(tmp_path, "RTE")
+    stale, live = tmp_path / f".bin.tmp-{dead.pid}-0a1b2c3d", tmp_path / f".bin.tmp-{os.getppid()}-0a1b2c3d"
+    for partial in (stale, live):
+        (partial / ".text").mkdir(parents=True)
+    assert run_main("RTE", folder, tmp_path / "bin", *tok_args("wordpiece", assets)) == 0
+    assert sorted(os.listdir(tmp_path)) == [live.name, "RTE", "bin"]

@@ -31,6 +31,7 @@ from acl_fairseq.cli import console, inputs
 from acl_fairseq.cli.console import UsageError
 from acl_fairseq.cli.inputs import BadRow, Row
 from acl_fairseq.inference import calibration
+from acl_fairseq.io import atomic
 
 logger = logging.getLogger("acl_fairseq.cli.predict")
 FORMATS = ("jsonl", "tsv")
@@ -38,7 +39,8 @@ EXIT_STATUSES = ("Exit status: 0 when every row was read (bad rows skipped are c
                  "1 with --strict at the first bad row; 2 for a usage or input error (a missing, binary or "
                  "unreadable file, a damaged checkpoint, an --output that cannot be written), found before "
                  "the model loads where it can be. An --output FILE is complete or absent: it is written to "
-                 "FILE.tmpPID and renamed at the end, and removed on any error, Ctrl-C (130) or SIGTERM (143).")
+                 "FILE.tmpPID and renamed at the end, and removed on any error, Ctrl-C (130) or SIGTERM (143); one "
+                 "left by a killed run goes at the next run.")
 
 
 def _positive_int(text: str) -> int:
@@ -115,7 +117,7 @@ class Writer:
     is renamed over it at the end (atomic). Opened before the model loads, so a bad ``--output`` fails at once."""
 
     def __init__(self, path: str, fmt: str, force: bool):
-        self.path, self.fmt, self.names, self.tmp = path, fmt, [], None
+        self.path, self.fmt, self.names, self.pending = path, fmt, [], None
         if path == "-":
             self.f = sys.stdout
             return
@@ -123,9 +125,10 @@ class Writer:
         if os.path.exists(path) and not os.path.isfile(path):  # a device or FIFO: nothing to replace atomically
             self.f = open(path, "w", encoding="utf-8")
             return
-        self.tmp = f"{path}.tmp{os.getpid()}"
         try:
-            self.f = open(self.tmp, "w", encoding="utf-8")
+            # the package's one atomic write; the temporary keeps the name scripts (and tests) watch for
+            self.pending = atomic.Pending(path, tmp=f"{path}.tmp{os.getpid()}")
+            self.f = self.pending.file
         except OSError as e:
             folder = os.path.dirname(os.path.abspath(path))
             raise UsageError(f"--output {path}: cannot write in {folder} ({e.strerror}). Fix: choose a folder you "
@@ -150,13 +153,12 @@ class Writer:
     def close(self, ok: bool) -> None:
         if self.f is sys.stdout:
             return
-        self.f.close()
-        if self.tmp is None:
-            return
-        if ok:
-            os.replace(self.tmp, self.path)
-        elif os.path.exists(self.tmp):
-            os.remove(self.tmp)
+        if self.pending is None:
+            self.f.close()
+        elif ok:
+            self.pending.commit()
+        else:
+            self.pending.discard()
 
 
 def check_output(path: str, force: bool) -> None:

@@ -25,6 +25,7 @@ import tempfile
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from acl_fairseq import exits
+from acl_fairseq.io import atomic
 
 logger = logging.getLogger(__name__)
 
@@ -163,15 +164,7 @@ def write(record: Dict, path: str, force: bool) -> None:
     ``force`` (a FileExistsError otherwise)."""
     if os.path.exists(path) and not force:
         raise FileExistsError(f"{path} exists; pass --force to replace it")
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic.write_json(path, record, indent=2)
 
 
 def check_writable(path: str) -> None:

@@ -30,9 +30,11 @@ import time
 from typing import Callable, Iterator, List, Optional
 
 RUN_START = time.time()  # entries without a process id count as stale only when they are older than this run
-_NAMED = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[A-Za-z0-9_]+$")
+_NAMED = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[A-Za-z0-9_]+(\.[A-Za-z0-9]+)?$")
 # what mkdtemp(prefix=".export.tmp-") wrote before temporaries carried their process id
 _LEGACY = re.compile(r"^\.(?P<name>.+)\.tmp-[A-Za-z0-9_]{8}$")
+# the earlier writers' FILE.tmpPID (acl-predict's --output still names its temporary so)
+_PLAIN = re.compile(r"^(?P<name>.+)\.tmp(?P<pid>\d+)$")
 _RENAME_EXCHANGE = 2
 
 
@@ -44,10 +46,11 @@ def _token() -> str:
     return secrets.token_hex(4)
 
 
-def temp_path(path: str, kind: str = "tmp") -> str:
-    """A fresh sibling of ``path`` named for this process: ``.NAME.tmp-PID-XXXX`` (or ``.old-``)."""
+def temp_path(path: str, kind: str = "tmp", suffix: str = "") -> str:
+    """A fresh sibling of ``path`` named for this process: ``.NAME.tmp-PID-XXXX`` (or ``.old-``), then
+    ``suffix`` (for a writer that picks its format by the extension)."""
     head, base = os.path.split(os.path.abspath(path))
-    return os.path.join(head, f".{base}.{kind}-{os.getpid()}-{_token()}")
+    return os.path.join(head, f".{base}.{kind}-{os.getpid()}-{_token()}{suffix}")
 
 
 def _alive(pid: int) -> bool:
@@ -81,13 +84,13 @@ def clean_stale(folder: str, name: Optional[str] = None) -> List[str]:
         return []
     done = []
     for entry in entries:
-        match = _NAMED.match(entry)
+        match = _NAMED.match(entry) or _PLAIN.match(entry)
         path = os.path.join(folder, entry)
         if match:
             if name is not None and match["name"] != name or _alive(int(match["pid"])):
                 continue
             dest = os.path.join(folder, match["name"])
-            if match["kind"] == "old" and not os.path.lexists(dest):
+            if match.groupdict().get("kind") == "old" and not os.path.lexists(dest):
                 os.rename(path, dest)
             else:
                 _remove(path)
@@ -111,20 +114,59 @@ def _fsync_dir(folder: str) -> None:
             os.close(fd)
 
 
+class Pending:
+    """A file being written: a temporary beside ``path``, opened (``file``); :meth:`commit` renames it over
+    ``path`` (after fsync), :meth:`discard` removes it. For a writer that streams over a whole run (acl-predict's
+    ``--output``); :func:`writing` is the same for a block. An existing ``path`` is a FileExistsError unless
+    ``force``."""
+
+    def __init__(self, path: str, mode: str = "w", encoding: Optional[str] = "utf-8", force: bool = True,
+                 tmp: Optional[str] = None):
+        self.path = os.path.abspath(path)
+        if not force and os.path.lexists(self.path):
+            raise FileExistsError(errno.EEXIST, "exists; pass --force to replace it", self.path)
+        clean_stale(os.path.dirname(self.path), os.path.basename(self.path))
+        self.tmp = tmp or temp_path(self.path)
+        self.file = open(self.tmp, mode, **({} if "b" in mode else {"encoding": encoding}))
+
+    def commit(self) -> None:
+        try:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
+            _step("written")
+            os.replace(self.tmp, self.path)
+            _fsync_dir(os.path.dirname(self.path))
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        self.file.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.tmp)
+
+
 @contextlib.contextmanager
 def writing(path: str, mode: str = "w", encoding: Optional[str] = "utf-8", force: bool = True) -> Iterator:
     """A file object on a temporary beside ``path``, renamed over ``path`` when the block ends without an error
-    (after fsync), removed otherwise: readers see the old file or the whole new one. An existing ``path`` is a
-    FileExistsError unless ``force``."""
-    path = os.path.abspath(path)
-    if not force and os.path.lexists(path):
-        raise FileExistsError(errno.EEXIST, "exists; pass --force to replace it", path)
-    clean_stale(os.path.dirname(path), os.path.basename(path))
-    tmp = temp_path(path)
+    (after fsync), removed otherwise: readers see the old file or the whole new one (:class:`Pending`)."""
+    pending = Pending(path, mode, encoding, force)
     try:
-        with open(tmp, mode, **({} if "b" in mode else {"encoding": encoding})) as f:
-            yield f
-            f.flush()
+        yield pending.file
+        pending.commit()
+    finally:
+        pending.discard()
+
+
+def write_through(path: str, write: Callable[[str], None]) -> None:
+    """``write(tmp)`` for a writer that wants a path (a CSV writer, matplotlib's ``savefig``), then ``tmp``
+    renamed over ``path``; ``tmp`` keeps ``path``'s extension."""
+    path = os.path.abspath(path)
+    clean_stale(os.path.dirname(path), os.path.basename(path))
+    tmp = temp_path(path, suffix=os.path.splitext(path)[1])
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         _step("written")
         os.replace(tmp, path)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from acl_fairseq.cli import console
+from acl_fairseq.io import atomic
 from acl_fairseq.preprocessing import glue_binarize as gb
 from acl_fairseq.preprocessing import glue_tokenizers
 from acl_fairseq.preprocessing import scl_protocols as scl
@@ -288,7 +289,8 @@ def run(args) -> str:
             f"{out}: the output path contains a comma, which fairseq-preprocess cannot take. Fix: rename it"
         )
     t0 = time.time()
-    tmp = os.path.join(parent, f".{os.path.basename(out)}.tmp-{os.getpid()}")
+    atomic.clean_stale(parent, os.path.basename(out))  # what a killed run (SIGKILL) left
+    tmp = atomic.temp_path(out)
     work = os.path.join(tmp, ".text")
     try:  # removes tmp on any error, on Ctrl-C and on SIGTERM (cli_main turns it into SystemExit)
         _make_work_folder(out, work)  # first: an --output that cannot be written fails before the splits are read
@@ -331,14 +333,8 @@ def _write_json(path: str, obj) -> None:
 
 
 def _publish(tmp: str, out: str) -> None:
-    """Rename the finished ``tmp`` to ``out``; an old ``out`` is moved aside first and deleted after."""
-    if not os.path.exists(out):
-        os.rename(tmp, out)
-        return
-    old = f"{tmp}.old"
-    os.rename(out, old)
-    os.rename(tmp, out)
-    shutil.rmtree(old) if os.path.isdir(old) else os.remove(old)
+    """Put the finished ``tmp`` at ``out``: swap, then delete the old one (a signal at any instant leaves one)."""
+    atomic.replace_folder(tmp, out)
 
 
 def main(argv=None) -> int:
