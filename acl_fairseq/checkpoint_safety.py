@@ -188,6 +188,22 @@ def load(path: str, mmap: bool = False, flag: typing.Optional[str] = None):
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and is_zip_format(path))
 
 
+def read_cfg(path: str) -> dict:
+    """The cfg a checkpoint records, through :func:`load` (memory-mapped where the format allows it): fairseq's
+    ``cfg``, or for an argparse-era checkpoint (``args`` only) its sections built from those arguments, as fairseq
+    builds them. The one config reader: a CheckpointError for a file that is not a fairseq checkpoint."""
+    state = load(path, mmap=True)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} is not a fairseq checkpoint (it holds a {type(state).__name__}, not a dict "
+                              "with a cfg); pass a checkpoint written by fairseq-train")
+    cfg = state.get("cfg") or {}
+    if not cfg and state.get("args") is not None:
+        args = vars(state["args"])
+        cfg = {"model": state["args"], "task": args, "criterion": args, "optimization": args, "optimizer": args,
+               "lr_scheduler": args, "dataset": args, "common": args}
+    return dict(cfg)
+
+
 # ---- the data dictionary a checkpoint was trained with ------------------------------------------------
 
 DICTIONARY_KEY = "data_dictionary_sha256"
@@ -267,11 +283,7 @@ def dictionary_in_file(path: str) -> typing.Optional[str]:
     """The hash a checkpoint file records, through :func:`load` (memory-mapped where the format allows it); None
     when it records none or cannot be read (a damaged or refused file: fairseq's loader reports those next)."""
     try:
-        state = load(path, mmap=True)
+        cfg = read_cfg(path)
     except (CheckpointError, RuntimeError):
         return None  # fairseq's own loader reads it next and reports what is wrong
-    if not isinstance(state, dict):
-        return None
-    cfg = state.get("cfg") or {}
-    model_cfg = cfg.get("model") if hasattr(cfg, "get") else None
-    return recorded_dictionary(model_cfg) or recorded_dictionary(state.get("args"))
+    return recorded_dictionary(cfg.get("model"))

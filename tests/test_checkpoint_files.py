@@ -149,3 +149,22 @@ def test_evaluate_names_the_refused_global_in_one_line(tmp_path, data):
     _one_line_exit_2(proc, path)
     assert "refused as unsafe" in proc.stderr and "posix.system" in proc.stderr
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "out").exists()
+
+
+def test_one_config_reader_for_cfg_and_argparse_era_checkpoints(tmp_path):
+    """checkpoint_safety.read_cfg, which acl-export and the dictionary check both read through: fairseq's cfg,
+    an argparse-era checkpoint's sections built from its arguments, and a file that is not a checkpoint refused."""
+    import argparse
+
+    key = checkpoint_safety.DICTIONARY_KEY
+    torch.save({"model": {}, "cfg": {"model": {key: "abc"}, "task": {"data": "d"}}}, tmp_path / "cfg.pt")
+    legacy = argparse.Namespace(arch="roberta_base", data="d", **{key: "def"})
+    torch.save({"model": {}, "args": legacy}, tmp_path / "args.pt")
+    torch.save([1, 2], tmp_path / "list.pt")
+    cfg = checkpoint_safety.read_cfg(str(tmp_path / "cfg.pt"))
+    assert cfg["task"] == {"data": "d"} and checkpoint_safety.dictionary_in_file(str(tmp_path / "cfg.pt")) == "abc"
+    cfg = checkpoint_safety.read_cfg(str(tmp_path / "args.pt"))
+    assert cfg["model"].arch == "roberta_base" and cfg["task"]["data"] == "d" and cfg["optimizer"] is cfg["task"]
+    assert checkpoint_safety.dictionary_in_file(str(tmp_path / "args.pt")) == "def"
+    with pytest.raises(checkpoint_safety.CheckpointError, match="list.pt is not a fairseq checkpoint"):
+        checkpoint_safety.read_cfg(str(tmp_path / "list.pt"))

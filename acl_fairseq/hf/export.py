@@ -186,24 +186,16 @@ def precheck(args) -> Dict:
 
 
 def read_cfg(checkpoint: str) -> Dict:
-    """The checkpoint's cfg through the package's one safe loader, memory-mapped where the file's format allows
-    it (torch's zip format; a legacy file, which acl-predict and acl-evaluate read, is read whole)."""
+    """The checkpoint's cfg through the package's one config reader (:func:`checkpoint_safety.read_cfg`: its safe
+    loader, memory-mapped where the file's format allows it; a legacy file, which acl-predict and acl-evaluate
+    read, is read whole)."""
     import acl_fairseq  # noqa: F401  (allowlists fairseq's checkpoint types for the safe loader)
     from acl_fairseq import checkpoint_safety
 
     try:
-        state = checkpoint_safety.load(checkpoint, mmap=True)
+        return checkpoint_safety.read_cfg(checkpoint)
     except checkpoint_safety.CheckpointError as e:  # a truncated, foreign or unsafe file: named, with the fix
         fail(str(e))
-    if not isinstance(state, dict):
-        fail(f"{checkpoint} is not a fairseq checkpoint (it holds a {type(state).__name__}, not a dict with a "
-             "cfg); pass a checkpoint written by fairseq-train")
-    cfg = state.get("cfg") or {}
-    if not cfg and state.get("args") is not None:  # an argparse-era checkpoint
-        args = vars(state["args"])
-        cfg = {"model": state["args"], "task": args, "criterion": args, "optimization": args, "optimizer": args,
-               "lr_scheduler": args, "dataset": args, "common": args}
-    return dict(cfg)
 
 
 def load_hub(args):
