@@ -73,11 +73,18 @@ def storage_for(url: str, heartbeat: int, grace: Optional[int]):
     """Optuna's RDB storage with its heartbeat: a RUNNING trial whose worker has been silent for ``grace`` seconds
     (default 2 heartbeats) is failed by the next worker, and its parameters are enqueued once more."""
     import optuna
+    from sqlalchemy.exc import OperationalError
 
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    return optuna.storages.RDBStorage(
-        url, engine_kwargs=kwargs, heartbeat_interval=heartbeat, grace_period=grace,
-        heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
+    for attempt in range(5):
+        try:
+            return optuna.storages.RDBStorage(
+                url, engine_kwargs=kwargs, heartbeat_interval=heartbeat, grace_period=grace,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
+        except OperationalError:  # workers started together race to create the schema: the loser finds it made
+            if attempt == 4:
+                raise
+            time.sleep(1 + attempt)
 
 
 def _kill(proc: subprocess.Popen) -> None:
