@@ -2,6 +2,7 @@
 criterion and loss tests (docs/tests.md, "Mutation score", lists them)."""
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 import helpers
 from acl_fairseq import losses
@@ -65,6 +66,34 @@ def test_acl_embed_losses_are_float64_when_any_input_is(n_exits, wide):
     want = losses.acl_embed_losses([f.double() for f in feats], labels, [w.double() for w in embs], 0.5)
     assert got.dtype == torch.float64
     torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+
+
+class _FactoryDevices(TorchFunctionMode):
+    """Records the ``device`` argument of every tensor factory called inside it."""
+
+    FACTORIES = (torch.arange, torch.eye, torch.zeros, torch.ones, torch.full, torch.empty, torch.tensor)
+
+    def __init__(self):
+        super().__init__()
+        self.devices = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.FACTORIES:
+            self.devices.append(kwargs.get("device"))
+        return func(*args, **kwargs)
+
+
+def test_the_contrastive_losses_create_their_tensors_on_the_inputs_device():
+    # STYLE.md: the device comes from the inputs. Without a GPU a factory that falls back to the CPU computes
+    # the same values, so the factories' device argument is what a CPU run can check
+    torch.manual_seed(0)
+    feats, labels, emb = torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 1]), torch.randn(3, 4)
+    with _FactoryDevices() as mode:
+        losses.supcon_loss(feats, labels, 0.5)
+        losses.acl_embed_losses([feats, feats], labels, [emb, emb], 0.5)
+        losses.cross_layer_acl_losses([feats, feats], feats, labels, emb, 0.5)
+    assert mode.devices and all(d == feats.device for d in mode.devices), mode.devices
 
 
 def test_a_bad_anchor_mode_is_refused_naming_the_argument():
