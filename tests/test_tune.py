@@ -278,9 +278,11 @@ def test_refusals_before_any_trial(tmp_path, env, monkeypatch, capsys):
     for argv, why in ((["STS-B", "scl"], "regression task"),
                       (["SST-2", "scl", "--data-bin", str(tmp_path / "nowhere")], "binarized data not found"),
                       (["SST-2", "scl", "--set", "NO_SUCH=1"], "unknown setting"),
-                      (["SST-2", "scl", "--trials", "0"], "at least 1")):
+                      (["SST-2", "scl", "--trials", "0"], "at least 1"),
+                      (["SST-2", "scl", "--data-bin", fewshot_data(tmp_path / "fs"), "--storage", "nodb://x"],
+                       "cannot open the storage nodb://x")):
         with pytest.raises(SystemExit) as e:
-            tune.main(argv + ["--storage", url, "--study-dir", str(tmp_path / "s")])
+            tune.main(argv + ([] if "--storage" in argv else ["--storage", url]) + ["--study-dir", str(tmp_path / "s")])
         assert e.value.code == 2 and why in capsys.readouterr().err
     assert not (tmp_path / "study.db").exists()
 

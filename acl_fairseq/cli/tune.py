@@ -73,7 +73,7 @@ def storage_for(url: str, heartbeat: int, grace: Optional[int]):
     """Optuna's RDB storage with its heartbeat: a RUNNING trial whose worker has been silent for ``grace`` seconds
     (default 2 heartbeats) is failed by the next worker, and its parameters are enqueued once more."""
     import optuna
-    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.exc import DBAPIError
 
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
     for attempt in range(5):
@@ -81,7 +81,9 @@ def storage_for(url: str, heartbeat: int, grace: Optional[int]):
             return optuna.storages.RDBStorage(
                 url, engine_kwargs=kwargs, heartbeat_interval=heartbeat, grace_period=grace,
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
-        except OperationalError:  # workers started together race to create the schema: the loser finds it made
+        # workers started together race to create the schema (SQLite: locked or an existing table; PostgreSQL: a
+        # duplicate type): the loser finds it made on the next try
+        except DBAPIError:
             if attempt == 4:
                 raise
             time.sleep(1 + attempt)
@@ -298,7 +300,12 @@ def main(argv=None) -> int:
     os.makedirs(args.study_dir, exist_ok=True)
     url = args.storage or f"sqlite:///{os.path.join(args.study_dir, 'study.db')}"
     name = args.study_name or f"{args.task}-{args.method}-{setting}"
-    storage = storage_for(url, args.heartbeat, args.grace)
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        storage = storage_for(url, args.heartbeat, args.grace)
+    except (SQLAlchemyError, ImportError) as e:
+        p.error(f"cannot open the storage {url}: {str(e).splitlines()[0]}")
     study = optuna.create_study(
         study_name=name, storage=storage, direction="maximize", load_if_exists=True,
         sampler=S.make_sampler(args.seed, args.sampler_startup),

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional
 from acl_fairseq.cli import tune_data
 from acl_fairseq.cli import tune_space as S
 from acl_fairseq.cli.plan import build_plan
+from acl_fairseq.io import atomic
 
 log = logging.getLogger("acl_fairseq.tune")
 TEST_RESULT = "test_result.json"
@@ -65,7 +66,7 @@ def score(plan, setting: str, metric: str, env: Dict[str, str], keep: bool) -> f
               plan.task.name, "--timing-examples", "0", "--device", plan.device], env, plan.repo, driver_log,
              "acl-evaluate --split test")
         metrics = tune_data.load_json(os.path.join(out, "early_exit.json"))["per_exit"][-1]["metrics"]
-        tune_data.write_atomic(path, json.dumps({"split": "test", "metric": metric, "value": float(metrics[metric]),
+        atomic.write_text(path, json.dumps({"split": "test", "metric": metric, "value": float(metrics[metric]),
                                                  "metrics": metrics}, indent=1))
     if not keep:
         drop_checkpoints(rd)
@@ -133,8 +134,8 @@ def evaluate_best(args, study, space, template: str, setting: str, task) -> int:
         "tuned_minus_default": {"values": diffs, "mean": statistics.mean(diffs), "ci95": t_interval(diffs),
                                 "ahead": sum(d > 0 for d in diffs)},
     }
-    tune_data.write_atomic(os.path.join(args.study_dir, "best.json"), json.dumps(summary, indent=1))
+    atomic.write_json(os.path.join(args.study_dir, "best.json"), summary)
     md = markdown(summary)
-    tune_data.write_atomic(os.path.join(args.study_dir, "best.md"), md)
+    atomic.write_text(os.path.join(args.study_dir, "best.md"), md)
     print(md, end="")
     return 0

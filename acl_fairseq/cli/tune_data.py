@@ -4,8 +4,6 @@
   (dev examples outside the test half) is the objective's; the results are the test half's.
 - Full GLUE data: the results are the dev set's (the binarized ``valid``), so a study carves a seeded,
   label-stratified part of train as its validation split (:func:`carve`) and trains on the rest.
-
-Also the few JSON/Markdown writers of acl-tune, whole or not at all.
 """
 import json
 import os
@@ -13,6 +11,7 @@ import random
 import shutil
 from typing import Dict, List, Sequence
 
+from acl_fairseq.io import atomic
 from acl_fairseq.preprocessing.scl_protocols import stratified_sample
 
 CARVE_RECORD = "carve.json"
@@ -31,16 +30,6 @@ def setting_of(data_bin: str) -> str:
 def load_json(path: str) -> dict:
     with open(path, encoding="utf-8") as f:
         return json.load(f)
-
-
-def write_atomic(path: str, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path`` and rename it into place: a reader, or a worker stopped
-    halfway, sees the old file or the new one, never half of one."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _inputs(data_bin: str) -> List[str]:
@@ -116,7 +105,7 @@ def carve(data_bin: str, out: str, seed: int, fraction: float, valid_subsets: Se
             _subset_indexed(os.path.join(src, "train"), os.path.join(dst, v), valid)
     record = {**want, "train_examples": len(train), "valid_examples": len(valid), "valid_indices": valid,
               "note": "valid = these lines of the source's train split; the source's dev (valid) is not used"}
-    write_atomic(os.path.join(tmp, CARVE_RECORD), json.dumps(record, indent=1))
+    atomic.write_json(os.path.join(tmp, CARVE_RECORD), record)
     if os.path.isdir(out) and not os.path.isfile(record_path):  # a carve that never finished
         shutil.rmtree(out, ignore_errors=True)
     try:
