@@ -121,8 +121,9 @@ def test_an_export_removes_the_temporaries_of_killed_runs_only(tmp_path):
         _folder(out / name, "partial")
     past = atomic.RUN_START - 60
     os.utime(out / ".export.tmp-x7k2_q9z", (past, past))  # written before this run, by a run without pids
+    (out / f"notes.tmp{dead}").write_text("the user's")  # another name: not the export's to remove
     export.write_atomically(str(out), True, lambda tmp: _folder(os.path.join(tmp, "onnx"), "new"))
-    assert sorted(os.listdir(out)) == [f".export.tmp-{live}-ab12cd34", "onnx"]
+    assert sorted(os.listdir(out)) == [f".export.tmp-{live}-ab12cd34", f"notes.tmp{dead}", "onnx"]
 
 
 def test_an_old_folder_of_a_run_killed_between_two_renames_is_put_back(tmp_path):

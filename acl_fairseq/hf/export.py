@@ -239,7 +239,8 @@ def write_atomically(out: str, force: bool, build: Callable[[str], None]) -> Non
     ``out`` made here goes. Temporaries of killed runs (``.export.tmp-PID-*``) are removed first."""
     created = not os.path.exists(out)
     os.makedirs(out, exist_ok=True)
-    atomic.clean_stale(out)
+    for name in ("export", *FORMATS):  # what killed runs left: .export.tmp-*, .onnx.old-* put back
+        atomic.clean_stale(out, name)
     tmp = atomic.temp_path(os.path.join(out, "export"))
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:

@@ -14,8 +14,9 @@ rows never enter a later graph:
 
 Beside them: ``tokenizer.json`` (a ``tokenizers`` file whose ids are the fairseq dictionary's, see
 :mod:`acl_fairseq.hf.onnx_tokenizer`) and ``manifest.json`` (:data:`SCHEMA`: files, exits, pooling, labels, the
-input layout, the serving policy). ``--quantize int8`` adds ``int8/layerN.onnx``, dynamically quantized
-with 7-bit weights (:mod:`acl_fairseq.hf.onnx_quantize`: the same answers on AVX2-only and VNNI CPUs; a row's
+input layout, the serving policy, each file's sha256 and the checkpoint's, which
+:mod:`acl_fairseq.runtime.manifest` checks at load). ``--quantize int8`` adds ``int8/layerN.onnx``, dynamically
+quantized with 7-bit weights (:mod:`acl_fairseq.hf.onnx_quantize`: the same answers on AVX2-only and VNNI CPUs; a row's
 answer depends on its batch); the embeddings stay fp32.
 
 :func:`write_onnx` is the writer acl-export's format table calls (``write(ctx, folder)``).

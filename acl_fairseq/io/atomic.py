@@ -84,7 +84,8 @@ def clean_stale(folder: str, name: Optional[str] = None) -> List[str]:
         return []
     done = []
     for entry in entries:
-        match = _NAMED.match(entry) or _PLAIN.match(entry)
+        # the older spellings carry no marks of ours: only for the named destination
+        match = _NAMED.match(entry) or (_PLAIN.match(entry) if name is not None else None)
         path = os.path.join(folder, entry)
         if match:
             if name is not None and match["name"] != name or _alive(int(match["pid"])):
@@ -97,7 +98,7 @@ def clean_stale(folder: str, name: Optional[str] = None) -> List[str]:
             done.append(path)
             continue
         legacy = _LEGACY.match(entry)
-        if legacy and (name is None or legacy["name"] == name):
+        if legacy and legacy["name"] == name:
             with contextlib.suppress(OSError):
                 if os.lstat(path).st_mtime < RUN_START:
                     _remove(path)
