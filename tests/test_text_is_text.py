@@ -6,6 +6,7 @@ and padding known from lengths, so a row's answer is the same at every batch siz
 The model is conftest's ``predict_run`` (whitespace tokens, pairs, mean pooling, an exit on every layer),
 exported once here; WordPiece is checked on a dictionary made from a toy vocabulary (no model needed).
 The property tests are derandomized (the same examples in every run) and sized for make test."""
+import json
 import os
 
 import numpy as np
@@ -72,6 +73,22 @@ def test_special_token_spellings_are_text(pair):
         inner = on_onnx[0][1:-1]  # without <s> and </s>
         assert inner == [d.index("the"), d.unk(), d.index("music")], (special, inner)
     assert d.pad() not in _both(pair, "<pad> " * 5 + "the music was not bad")[1][0]
+
+
+def test_a_folder_exported_before_reads_special_spellings_as_text(pair):
+    """An older tokenizer.json maps "<pad>" and "</s>" to their rows: the engine still reads them as <unk>."""
+    from tokenizers import Tokenizer
+
+    hub, eng = pair
+    d = hub.task.source_dictionary
+    spec = json.loads(eng.tokenizer.to_str())
+    spec["model"]["vocab"].update({"<pad>": d.pad(), "</s>": d.eos(), "<s>": d.bos()})
+    current, eng.tokenizer = eng.tokenizer, Tokenizer.from_str(json.dumps(spec))
+    try:
+        assert eng.tokenizer.encode("<pad> the </s>", add_special_tokens=False).ids[0] == d.pad()
+        assert _both(pair, "<s> <pad> the </s> music")[1] == _both(pair, "<unk> <unk> the <unk> music")[0]
+    finally:
+        eng.tokenizer = current
 
 
 @PROPERTY

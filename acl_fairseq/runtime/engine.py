@@ -142,9 +142,20 @@ class Engine(loop.EarlyExitPredictor):
         the model's positions (ending with ``</s>``) when too long."""
         max_positions = self.layout["max_positions"]
         clipped = [tokenization.clip(x, max_positions) for x in ((a,) if b is None else (a, b))]
-        words = [self.tokenizer.encode(text, add_special_tokens=False).ids for text, _ in clipped]
+        words = [self._text_ids(text) for text, _ in clipped]
         ids, truncated = self.input_layout.fit(self.input_layout.build(*words), max_positions)
         return ids, truncated or any(cut for _, cut in clipped)
+
+    def _text_ids(self, text: str) -> List[int]:
+        """The tokenizer file's ids of ``text``, a special token's id read as ``<unk>``: a folder exported before
+        text was text (acl_fairseq.tokenization.dictionary_ids) maps a typed ``<pad>`` or ``</s>`` to its row."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        layout = self.input_layout
+        specials = {self.pad, layout.eos, layout.init, layout.separator_token}
+        if specials.isdisjoint(ids):
+            return ids
+        unk = self.tokenizer.token_to_id(self.tokenizer.model.unk_token)
+        return [unk if i in specials else i for i in ids]
 
     def run_batch(self, src: np.ndarray, policy: Optional[str] = None, threshold: float = 0.0,
                   exit_layer: Optional[int] = None, delta: float = exits.DEFAULT_REGRESSION_DELTA) -> BatchOutput:
