@@ -270,3 +270,19 @@ def test_a_named_pipe_is_read_like_a_file(predict_run, spy, tmp_path):
     with pytest.raises(SystemExit) as e:
         predict.main([ckpt, "--data", data, "--input", str(tmp_path), "--output", str(tmp_path / "q.jsonl")])
     assert e.value.code == 2 and "a folder, not a file" in str(e.value)
+
+
+def test_a_text_beyond_its_byte_budget_is_cut_before_tokenizing_and_flagged(predict_run, predict_model, tmp_path):
+    """A word longer than the budget (1024 bytes per position) is one <unk> whole or cut: the same answer as any
+    unknown word, but the row says that text was dropped."""
+    from acl_fairseq import tokenization
+
+    _, data, ckpt = predict_run
+    huge = "good " + "x" * (3 * tokenization.byte_budget(predict_model.max_positions))
+    src, out = tmp_path / "huge.jsonl", tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"text": t, "text_pair": "the plot was bad"}) + "\n"
+                           for t in (huge, "good zzz")), encoding="utf-8")
+    summary = predict.main([ckpt, "--data", data, "--input", str(src), "--output", str(out)])
+    cut, unknown = _records(out)
+    assert summary["truncated"] == 1 and cut["truncated"] and not unknown["truncated"]
+    assert cut["probabilities"] == unknown["probabilities"] and cut["exit_layer"] == unknown["exit_layer"]
