@@ -96,6 +96,15 @@ def test_the_contrastive_losses_create_their_tensors_on_the_inputs_device():
     assert mode.devices and all(d == feats.device for d in mode.devices), mode.devices
 
 
+def test_each_row_is_normalized_on_its_own_scale_in_a_batch_mixing_magnitudes():
+    # norm(v) is scale-invariant per row: rows of 1e-25 and of 1e25 side by side in float32 give the loss of the
+    # same directions at scale 1 (one scale for the whole batch would flush the small rows to zero)
+    torch.manual_seed(0)
+    unit, labels = torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 1])
+    mixed = unit * torch.tensor([1e-25, 1e25, 1e-25, 1e25, 1.0, 1e-25])[:, None]
+    torch.testing.assert_close(losses.supcon_loss(mixed, labels, 0.5), losses.supcon_loss(unit, labels, 0.5))
+
+
 def test_a_bad_anchor_mode_is_refused_naming_the_argument():
     feats, labels, emb = torch.randn(4, 3), torch.tensor([0, 1, 0, 1]), torch.randn(2, 3)
     with pytest.raises(ValueError, match=r"^anchors must be one of \('all', 'samples'\), got 'labels'$"):
