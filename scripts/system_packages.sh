@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Debian packages that the slow tests use, installed only where their command is missing (root, apt-get):
 #   qemu-user   qemu-x86_64 runs the int8 graphs on an emulated AVX2-only CPU (tests/test_int8.py)
+#   postgresql  a throwaway server for two acl-tune workers sharing one study (tests/test_tune.py)
 # Usage: scripts/system_packages.sh      (CI runs it before make test-slow; idempotent, seconds when present)
 set -euo pipefail
 
 # command that shows the package is there -> Debian package
-declare -A PACKAGES=([qemu-x86_64]=qemu-user)
+declare -A PACKAGES=([qemu-x86_64]=qemu-user [pg_ctlcluster]=postgresql)
 
 missing=()
 for cmd in "${!PACKAGES[@]}"; do
