@@ -125,19 +125,23 @@ def test_acl_embed_logs_a_conflict_only_when_the_cosine_is_below_zero(data3):
     assert float(log["conflict"]) == 0.0
 
 
-@pytest.mark.parametrize("flag,reduced", [([], False), (["--scl-grad-global-decision"], True)])
-def test_scl_grad_global_decision_takes_the_decision_on_all_reduced_gradients(data3, monkeypatch, flag, reduced):
+@pytest.mark.parametrize("name,flags", [("sentence_scl", ["--scl-grad"]), ("acl_grad", [])])
+@pytest.mark.parametrize("global_decision", [False, True])
+def test_the_global_decision_flag_takes_the_decision_on_all_reduced_gradients(data3, monkeypatch, name, flags,
+                                                                               global_decision):
     # one process posing as rank 0 of 2 whose all-reduce is the identity: the flag must route the gate's
-    # gradients through it (test_distributed.py runs real ranks for the ACL flags only)
+    # gradients through it (test_distributed.py runs real ranks, outside make mutation's selection)
     from acl_fairseq import distributed
 
     calls = []
     monkeypatch.setattr(distributed, "world_size", lambda: 2)
     monkeypatch.setattr(distributed, "all_reduce_sum", lambda ts: calls.append(len(ts)) or [
         None if t is None else t.detach().float().clone() for t in ts])
-    _, model, crit, sample = build(data3, "sentence_scl", extra=["--scl-grad", *flag], num_classes=3)
+    flag = {"sentence_scl": "--scl-grad-global-decision", "acl_grad": "--acl-grad-global-decision"}[name]
+    extra = [*flags, *([flag] if global_decision else [])]
+    _, model, crit, sample = build(data3, name, extra=extra, num_classes=3)
     model.train()
     loss, _, log = crit(model, sample)
     loss.backward()
     assert float(log["gated_steps"]) == 1.0
-    assert bool(calls) == reduced
+    assert bool(calls) == global_decision
