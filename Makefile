@@ -22,7 +22,7 @@ lint: env
 
 # Mutation score of the criteria and the losses (docs/tests.md, "Mutation score"); not part of `make test`.
 # mutmut is pinned in requirements-mutation.txt and installed here only. A fresh run each time (mutants/ is
-# its working copy), one worker, niced: about 40 minutes on 2 shared cores. The summary ends the output.
+# its working copy), one worker, niced: two hours or more on 2 shared cores. The summary ends the output.
 mutation: env
 	@$(PY) -m pip install --disable-pip-version-check -q -r requirements-mutation.txt
 	rm -rf mutants
