@@ -37,3 +37,55 @@ def test_a_finite_gradient_is_a_decision_and_no_overflow(loss_scaler):
     loss.backward()
     assert float(log["acl_grad_overflow"]) == 0.0
     assert float(log["gated_steps"]) == 1.0 and float(log["grad_cos"]) != 0.0
+
+
+def test_by_default_the_gate_applies_the_rule_and_has_no_loss_scaler():
+    # gate()'s defaults are the plain fp32 run's: a threshold above any cosine drops the term, an overflow raises
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    out = layer(torch.randn(4, 3))
+    ce, aux = out[:, 0].sum(), (out * torch.randn(4, 2)).sum()
+    want = torch.autograd.grad(ce, [layer.weight, layer.bias], retain_graph=True)
+    loss, log = gating.gate(layer, None, ce, aux, "params", 1.01)
+    loss.backward(retain_graph=True)
+    assert float(log["conflict"]) == 1.0
+    torch.testing.assert_close([layer.weight.grad, layer.bias.grad], list(want), rtol=0, atol=0)
+    out = layer(torch.randn(4, 3))  # the gate's backward freed the first graph
+    loss, _ = gating.gate(layer, None, out[:, 0].sum(), out.sum(), "params", 1.01)
+    with pytest.raises(FloatingPointError):
+        (loss * float("inf")).backward()
+
+
+@pytest.mark.parametrize("scope", ["params", "features"])
+def test_a_term_that_reaches_nothing_leaves_ce_alone_and_is_no_decision(scope):
+    # a global decision's rank without rows for the term still enters the gate, with an aux of no graph
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    u = layer(torch.randn(4, 3))
+    ce, aux = u[:, 0].sum(), torch.zeros(())
+    features = [u] if scope == "features" else None
+    want = torch.autograd.grad(ce, [layer.weight, layer.bias], retain_graph=True, allow_unused=True)
+    loss, log = gating.gate(layer, None, ce, aux, scope, 0.0, features=features)
+    loss.backward()
+    assert float(log["gated_steps"]) == 0.0 and float(log["conflict"]) == 0.0
+    torch.testing.assert_close([layer.weight.grad, layer.bias.grad], list(want), rtol=0, atol=0)
+
+
+class _Frozen(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+
+
+@pytest.mark.parametrize("dtype,autocast,scaler", [
+    (torch.float32, None, False), (torch.float16, None, True), (torch.bfloat16, None, False),
+    (torch.float32, torch.float16, True), (torch.float32, torch.bfloat16, False)])
+def test_a_loss_scaler_is_assumed_for_fp16_weights_or_fp16_autocast_only(dtype, autocast, scaler):
+    # fairseq scales the loss for --fp16/--memory-efficient-fp16 (fp16 weights) and --amp (fp16 autocast)
+    layer = torch.nn.Linear(3, 2).to(dtype)
+    if autocast is None:
+        assert gating.has_loss_scaler(layer) is scaler
+    else:
+        with torch.autocast("cpu", dtype=autocast):
+            assert gating.has_loss_scaler(layer) is scaler
+    assert gating.has_loss_scaler(_Frozen()) is False  # nothing trains: nothing to scale
