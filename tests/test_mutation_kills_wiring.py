@@ -3,7 +3,15 @@ criterion and loss tests: each test here failed on a mutant that survived them (
 import pytest
 import torch
 
+import helpers
 from acl_fairseq.criterions import gating
+from test_criterion_totals import model_outputs, setup, total_loop
+from test_criterions import build
+
+
+@pytest.fixture(scope="module")
+def data3(tmp_path_factory):
+    return helpers.make_data(str(tmp_path_factory.mktemp("wiring") / "data"), num_classes=3)["data"]
 
 
 def _gated_linear(loss_scaler: bool, scope: str = "params"):
@@ -89,3 +97,41 @@ def test_a_loss_scaler_is_assumed_for_fp16_weights_or_fp16_autocast_only(dtype, 
         with torch.autocast("cpu", dtype=autocast):
             assert gating.has_loss_scaler(layer) is scaler
     assert gating.has_loss_scaler(_Frozen()) is False  # nothing trains: nothing to scale
+
+
+# ---- ExitCriterionBase.forward ------------------------------------------------------------------
+def test_a_batch_of_one_sentence_still_has_its_acl_term(data3):
+    # one sample still contrasts against the label embeddings: its ACL term is not zero, and its total is
+    # METHOD.md's (the criterion's loss and its logged loss, reference from test_criterion_totals)
+    name, model, crit, sample, layers, cfg = setup(data3, "embed-single")
+    ds = crit.task.dataset("valid")
+    one = ds.collater([ds[0]])
+    model.eval()
+    loss, n, log = crit(model, one)
+    ex = model_outputs(model, one, layers)
+    y = one["target"].view(-1)
+    want = total_loop(name, cfg, ex, y)
+    assert n == 1 and float(log["acl_loss"]) > 1e-3
+    assert float(loss) == pytest.approx(want, rel=1e-5)
+    assert float(log["loss"]) == pytest.approx(want, rel=1e-5)
+
+
+def test_the_logging_output_counts_the_batch_and_holds_the_ce_sum(data3):
+    # fairseq's trainer reads ntokens, nsentences and sample_size by name (throughput, batch size, gradient scale)
+    name, model, crit, sample, layers, cfg = setup(data3, "ce-multi-layer")
+    model.eval()
+    loss, n, log = crit(model, sample)
+    assert log["ntokens"] == sample["ntokens"] and log["nsentences"] == log["sample_size"] == n == 8
+    want = total_loop(name, cfg, model_outputs(model, sample, layers), sample["target"].view(-1))
+    assert float(log["ce_loss"]) == pytest.approx(want, rel=1e-5) and float(log["loss"]) == float(loss)
+
+
+def test_alignment_scalars_are_logged_in_validation_only(data3):
+    # they cost a K x d product per exit; METHOD.md logs them on validation
+    _, model, crit, sample = build(data3, "sentence_ce", arch="multi_exit_roberta", num_classes=3)
+    model.train()
+    _, _, log = crit(model, sample)
+    assert not [k for k in log if k.startswith("align_")]
+    model.eval()
+    _, _, log = crit(model, sample)
+    assert {"align_own_exit1", "align_other_exit3", "align_to_last_exit2"} <= set(log)
