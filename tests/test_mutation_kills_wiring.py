@@ -64,6 +64,18 @@ def test_by_default_the_gate_applies_the_rule_and_has_no_loss_scaler():
         (loss * float("inf")).backward()
 
 
+
+def test_by_default_each_rank_decides_on_its_own_gradients(monkeypatch):
+    # the global decision is opt-in (--acl-grad-global-decision): gate() alone all-reduces nothing
+    from acl_fairseq import distributed
+
+    calls = []
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    monkeypatch.setattr(distributed, "all_reduce_sum", lambda ts: calls.append(len(ts)) or list(ts))
+    loss, log, _ = _gated_linear(loss_scaler=False)
+    loss.backward()
+    assert float(log["gated_steps"]) == 1.0 and not calls
+
 @pytest.mark.parametrize("scope", ["params", "features"])
 def test_a_term_that_reaches_nothing_leaves_ce_alone_and_is_no_decision(scope):
     # a global decision's rank without rows for the term still enters the gate, with an aux of no graph
