@@ -147,3 +147,38 @@ def test_alignment_scalars_are_logged_in_validation_only(data3):
     model.eval()
     _, _, log = crit(model, sample)
     assert {"align_own_exit1", "align_other_exit3", "align_to_last_exit2"} <= set(log)
+
+
+def test_contrast_across_workers_gathers_the_real_rows_of_every_rank_and_none_of_a_replay(data3, monkeypatch):
+    # one process posing as rank 0 of 2 (test_distributed.py runs real ranks, outside make mutation's selection)
+    from acl_fairseq import distributed
+
+    seen = []
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    monkeypatch.setattr(distributed, "gather_for_contrast",
+                        lambda exits, targets, real=True: seen.append(real) or (exits, targets, targets.numel()))
+    _, model, crit, sample = build(data3, "acl_embed", extra=["--contrast-across-workers", "--task",
+                                                              "sentence_prediction_acl"], num_classes=3)
+    model.train()
+    crit(model, sample)
+    with crit.replaying(True):
+        crit(model, sample)
+    crit(model, sample)
+    assert seen == [True, False, True]
+
+
+# ---- ExitCriterionBase.__init__ -----------------------------------------------------------------
+@pytest.mark.parametrize("multiple,task,warns", [(1, [], False), (2, [], True), (8, [], True),
+                                                 (2, ["--task", "sentence_prediction_acl"], False)])
+def test_the_stock_task_warns_once_when_validation_would_drop_examples(data3, caplog, monkeypatch, multiple, task,
+                                                                       warns):
+    # fairseq drops a last validation batch that is not a multiple of --required-batch-size-multiple
+    import logging
+
+    from acl_fairseq.criterions import base
+
+    monkeypatch.setattr(base, "_WARNED", [])
+    with caplog.at_level(logging.WARNING, logger="acl_fairseq"):
+        for _ in range(2):
+            build(data3, "sentence_ce", extra=["--required-batch-size-multiple", str(multiple), *task], num_classes=3)
+    assert caplog.text.count("--required-batch-size-multiple 1") == int(warns)
