@@ -182,3 +182,22 @@ def test_the_stock_task_warns_once_when_validation_would_drop_examples(data3, ca
         for _ in range(2):
             build(data3, "sentence_ce", extra=["--required-batch-size-multiple", str(multiple), *task], num_classes=3)
     assert caplog.text.count("--required-batch-size-multiple 1") == int(warns)
+
+
+# ---- acl_embed --------------------------------------------------------------------------------------
+def test_acl_embed_on_a_float64_model_equals_the_reference(data3):
+    # the exit weights follow the per-exit losses' dtype (float64 here, float32 otherwise)
+    name, model, crit, sample, layers, cfg = setup(data3, "embed-multi-samples")
+    model.double().eval()
+    loss, _, _ = crit(model, sample)
+    want = total_loop(name, cfg, model_outputs(model, sample, layers), sample["target"].view(-1))
+    assert float(loss) == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize("n_features,n_embeddings", [(2, 1), (1, 2), (0, 0)])
+def test_acl_embed_losses_refuses_feature_and_label_embedding_sets_that_do_not_pair(n_features, n_embeddings):
+    from acl_fairseq import losses
+
+    labels = torch.tensor([0, 1, 0, 1])
+    with pytest.raises(ValueError, match="feature sets"):
+        losses.acl_embed_losses([torch.randn(4, 3)] * n_features, labels, [torch.randn(2, 3)] * n_embeddings, 0.5)
