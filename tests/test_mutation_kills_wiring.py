@@ -201,3 +201,14 @@ def test_acl_embed_losses_refuses_feature_and_label_embedding_sets_that_do_not_p
     labels = torch.tensor([0, 1, 0, 1])
     with pytest.raises(ValueError, match="feature sets"):
         losses.acl_embed_losses([torch.randn(4, 3)] * n_features, labels, [torch.randn(2, 3)] * n_embeddings, 0.5)
+
+
+def test_acl_embed_losses_of_exits_with_different_label_counts_are_computed_one_by_one():
+    # label-embedding sets of different shapes cannot be stacked: each exit gets its own call, as documented
+    from acl_fairseq import losses
+
+    torch.manual_seed(0)
+    feats, labels = [torch.randn(6, 4), torch.randn(6, 4)], torch.tensor([0, 1, 1, 0, 1, 0])
+    embs = [torch.randn(3, 4), torch.randn(2, 4)]
+    want = torch.stack([losses.acl_embed_loss(u, labels, w, 0.5) for u, w in zip(feats, embs)])
+    torch.testing.assert_close(losses.acl_embed_losses(feats, labels, embs, 0.5), want)
