@@ -91,6 +91,22 @@ def test_a_term_that_reaches_nothing_leaves_ce_alone_and_is_no_decision(scope):
     torch.testing.assert_close([layer.weight.grad, layer.bias.grad], list(want), rtol=0, atol=0)
 
 
+
+@pytest.mark.parametrize("dtype,raises", [(torch.float16, False), (torch.float32, True)])
+def test_the_criteria_s_gate_passes_an_overflow_on_for_an_fp16_model_only(dtype, raises):
+    # gating.combine, as the criteria call it, tells the gate whether fairseq's loss scaler will skip the step
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2).to(dtype)
+    out = layer(torch.randn(4, 3).to(dtype)).float()
+    ce, aux = out[:, 0].sum(), (out * torch.randn(4, 2)).sum()
+    loss, log = gating.combine(layer, None, ce, aux, gating.GateConfig("params", 0.0))
+    if raises:
+        with pytest.raises(FloatingPointError):
+            (loss * float("inf")).backward()
+    else:
+        (loss * float("inf")).backward()
+        assert float(log["acl_grad_overflow"]) == 1.0
+
 class _Frozen(torch.nn.Module):
     def __init__(self):
         super().__init__()
