@@ -4,9 +4,9 @@
     python benchmarks/int8_portability.py --folder OUT/onnx [--rows 32] [--cpu EPYC-Rome]
         [--json benchmarks/results/int8_portability.json]
 
-OUT/onnx is a folder that ``acl-export --format onnx`` wrote. Its fp32 layer graphs are quantized here six ways
-(dynamic or static QDQ; unsigned or signed activations; full-range or ``reduce_range`` 7-bit weights), each static
-one calibrated on the same random token rows, and the project's own ``int8/`` copy is measured beside them. Every
+OUT/onnx is a folder that ``acl-export --format onnx`` wrote. Its fp32 layer graphs are quantized here seven ways
+(dynamic or static QDQ; unsigned or signed activations; full-range or ``reduce_range`` 7-bit weights, per tensor
+or per output channel), each static one calibrated on the same random token rows, and the project's own ``int8/`` copy is measured beside them. Every
 scheme runs the same ``--rows`` random token rows through all layers at batch 1 and batch 8, once on this CPU and
 once under ``qemu-x86_64 -cpu CPU`` (default EPYC-Rome: AVX2 without AVX-512 or VNNI; Debian's qemu-user), where
 onnxruntime takes its AVX2 kernels. Columns: the largest |logit - fp32 logit| over every exit at batch 1 and 8,
@@ -25,13 +25,14 @@ from typing import Dict, List
 
 import numpy as np
 
-SCHEMES = {  # name -> (static?, activation type, reduce_range)
-    "dynamic u8/s8": (False, "QUInt8", False),
-    "dynamic u8/s8 reduce_range": (False, "QUInt8", True),
-    "static u8/s8": (True, "QUInt8", False),
-    "static s8/s8": (True, "QInt8", False),
-    "static s8/s8 reduce_range": (True, "QInt8", True),
-    "static u8/s8 reduce_range": (True, "QUInt8", True),
+SCHEMES = {  # name -> (static?, activation type, reduce_range, per-channel weights)
+    "dynamic u8/s8": (False, "QUInt8", False, False),
+    "dynamic u8/s8 reduce_range": (False, "QUInt8", True, False),
+    "dynamic u8/s8 reduce_range per-channel": (False, "QUInt8", True, True),
+    "static u8/s8": (True, "QUInt8", False, False),
+    "static s8/s8": (True, "QInt8", False, False),
+    "static s8/s8 reduce_range": (True, "QInt8", True, False),
+    "static u8/s8 reduce_range": (True, "QUInt8", True, False),
 }
 
 
@@ -140,7 +141,7 @@ def quantize_schemes(folder: str, rows: List[np.ndarray], out: str) -> Dict[str,
 
     logging.getLogger().setLevel(logging.ERROR)
     folders = {}
-    for i, (name, (static, activation, reduce_range)) in enumerate(SCHEMES.items()):
+    for i, (name, (static, activation, reduce_range, per_channel)) in enumerate(SCHEMES.items()):
         target = os.path.join(out, str(i))
         os.makedirs(target)
         for rec in m["layers"]:
@@ -152,10 +153,10 @@ def quantize_schemes(folder: str, rows: List[np.ndarray], out: str) -> Dict[str,
             if static:
                 quantize_static(bare, dst, Reader(feeds[rec["file"]]), quant_format=QuantFormat.QDQ,
                                 op_types_to_quantize=["MatMul", "Gemm"], activation_type=getattr(QuantType, activation),
-                                weight_type=QuantType.QInt8, reduce_range=reduce_range)
+                                weight_type=QuantType.QInt8, reduce_range=reduce_range, per_channel=per_channel)
             else:
                 quantize_dynamic(bare, dst, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"],
-                                 reduce_range=reduce_range)
+                                 reduce_range=reduce_range, per_channel=per_channel)
             for leftover in (bare, os.path.join(target, "bare-inferred.onnx")):
                 if os.path.exists(leftover):
                     os.remove(leftover)
