@@ -228,3 +228,27 @@ def test_acl_embed_losses_of_exits_with_different_label_counts_are_computed_one_
     embs = [torch.randn(3, 4), torch.randn(2, 4)]
     want = torch.stack([losses.acl_embed_loss(u, labels, w, 0.5) for u, w in zip(feats, embs)])
     torch.testing.assert_close(losses.acl_embed_losses(feats, labels, embs, 0.5), want)
+
+
+# ---- ExitCriterionBase._task_loss ---------------------------------------------------------------
+def test_the_regression_loss_is_the_sum_of_squared_errors_over_the_exits(tmp_path):
+    # fairseq's sum convention: MSE summed over the batch (the optimizer divides by sample_size)
+    reg = helpers.make_data(str(tmp_path / "reg"), regression=True)["data"]
+    _, model, crit, sample = build(reg, "sentence_ce", arch="multi_exit_roberta", extra=["--regression-target"],
+                                   num_classes=1)
+    model.eval()
+    loss, n, _ = crit(model, sample)
+    ex = model_outputs(model, sample, [1, 2, 3])
+    y = sample["target"].view(-1).double()
+    want = sum(w * float(((z.view(-1).double() - y) ** 2).sum()) for w, z in zip([1 / 6, 2 / 6, 3 / 6], ex.logits))
+    assert n == 8 and float(loss) == pytest.approx(want, rel=1e-5)
+
+
+def test_the_cross_entropy_of_fp16_logits_is_computed_in_float32(data3):
+    # --fp16 logits: log-softmax in half would round the loss (and its gradient) to half precision
+    name, model, crit, sample, layers, cfg = setup(data3, "ce-single")
+    model.half().eval()
+    loss, _, _ = crit(model, sample)
+    ex = model_outputs(model, sample, layers)
+    want = total_loop(name, cfg, ex, sample["target"].view(-1))  # from the same half logits, in float64
+    assert loss.dtype == torch.float32 and float(loss) == pytest.approx(want, rel=1e-6)
