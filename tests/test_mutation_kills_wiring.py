@@ -252,3 +252,24 @@ def test_the_cross_entropy_of_fp16_logits_is_computed_in_float32(data3):
     ex = model_outputs(model, sample, layers)
     want = total_loop(name, cfg, ex, sample["target"].view(-1))  # from the same half logits, in float64
     assert loss.dtype == torch.float32 and float(loss) == pytest.approx(want, rel=1e-6)
+
+
+# ---- weighted_exit_sum ------------------------------------------------------------------------------
+def test_weighted_exit_sum_weights_each_exit_s_values_elementwise_in_the_wider_dtype():
+    from acl_fairseq import losses
+
+    a, b = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64), torch.tensor([4.0, 5.0, 6.0], dtype=torch.float64)
+    got = losses.weighted_exit_sum([a, b + 1e-12], torch.tensor([0.25, 0.75]))
+    assert got.dtype == torch.float64 and got.shape == (3,)
+    torch.testing.assert_close(got, 0.25 * a + 0.75 * (b + 1e-12), rtol=1e-15, atol=0)
+    weights64 = torch.tensor([1 / 3, 2 / 3], dtype=torch.float64)
+    wide = losses.weighted_exit_sum([torch.tensor(1.0), torch.tensor(2.0)], weights64)
+    assert wide.dtype == torch.float64 and float(wide) == pytest.approx(5 / 3, rel=1e-15)
+
+
+def test_weighted_exit_sum_moves_the_weights_to_the_values_device():
+    # the weights come from exit_weights on the CPU; a CPU run sees the move on the meta device
+    from acl_fairseq import losses
+
+    got = losses.weighted_exit_sum([torch.ones((), device="meta")] * 2, losses.exit_weights([1, 2]))
+    assert got.device.type == "meta"
