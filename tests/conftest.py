@@ -55,3 +55,16 @@ def pytest_runtest_makereport(item, call):
             report.longrepr = (f"{item.nodeid}: skipped for '{reason}', but CI=true: the real GLUE folder "
                                "(../shared/glue beside the checkout, or GLUE_DIR) must be there in CI")
     return report
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """A tool's main() run in-process binds the root logger to that test's captured stderr (console.setup_logging,
+    force=True); once the test ends that stream is closed, and the next test's first log line fails with
+    'I/O operation on closed file'. Every test gets the root logger back as it found it."""
+    import logging
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    yield
+    root.handlers[:], root.level = saved
