@@ -16,7 +16,6 @@ Standard library and :mod:`acl_fairseq.exits` only: the ONNX runtime resolves it
 """
 import datetime
 import errno
-import hashlib
 import json
 import logging
 import math
@@ -25,7 +24,7 @@ import tempfile
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from acl_fairseq import exits
-from acl_fairseq.io import atomic
+from acl_fairseq.io import atomic, file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -128,14 +127,6 @@ def choose(result: Dict, budget: Budget, policy: str = DEFAULT_POLICY) -> Dict:
 
 def path_beside(checkpoint: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(checkpoint)), FILE_NAME)
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def make_record(result: Dict, setting: Dict, budget: Budget, checkpoint: str) -> Dict:

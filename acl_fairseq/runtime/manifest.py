@@ -9,7 +9,6 @@ embeddings hold every id the tokenizer can give. Each refusal is a ValueError of
 ``manifest.json`` or the file, which acl-predict prints with exit status 2. A folder exported before the sha256
 were recorded loads with one warning. numpy only (the engine hands the sessions and the tokenizer in).
 """
-import hashlib
 import json
 import logging
 import os
@@ -17,20 +16,14 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from acl_fairseq.io import file_sha256
+
 logger = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 SCHEMA = "acl_fairseq.onnx/1"
 REQUIRED = ("embeddings", "layers", "exit_layers", "num_layers", "num_classes", "tokenizer", "labels",
             "regression", "regression_scale", "input_layout", "quantized")
 LAYOUT_KEYS = ("init", "separator_token", "eos", "segment_embedding", "pad", "unk", "max_positions")
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read(folder: str) -> dict:
