@@ -245,6 +245,7 @@ def test_pruned_trials_stop_their_run(tmp_path, env):
         assert len(values) < 3 and not os.path.exists(os.path.join(t.user_attrs["run_dir"], "result.json"))
 
 
+@pytest.mark.slow  # about 16 s of stub training runs (make test-slow, CI)
 def test_evaluate_best_scores_tuned_beside_default_on_the_test_half(tmp_path, env):
     url = f"sqlite:///{tmp_path / 'study.db'}"
     for seed in (1, 2):
@@ -293,6 +294,7 @@ def test_tune_sh_help_and_acl_tune_help():
     assert out.returncode == 0 and "--evaluate-best" in out.stdout and "--storage" in out.stdout
 
 
+@pytest.mark.slow  # two real fairseq-train trials, about 17 s (make test-slow, CI)
 def test_a_real_study_trains_on_the_carved_split(tmp_path, env):
     """Two trials of fairseq-train on the toy task (a tiny RoBERTa from scratch): the runs train on the carved
     train part and validate on the carved part of train, never on the dev set."""
