@@ -5,13 +5,13 @@
         [--json benchmarks/results/int8_portability.json]
 
 OUT/onnx is a folder that ``acl-export --format onnx`` wrote. Its fp32 layer graphs are quantized here seven ways
-(dynamic or static QDQ; unsigned or signed activations; full-range or ``reduce_range`` 7-bit weights, per tensor
-or per output channel), each static one calibrated on the same random token rows, and the project's own ``int8/``
-copy is measured beside them. Every scheme runs the same ``--rows`` random token rows through all layers at
-batch 1 and batch 8, once on this CPU and once under ``qemu-x86_64 -cpu CPU`` (default EPYC-Rome: AVX2 without AVX-512 or VNNI; Debian's qemu-user), where
-onnxruntime takes its AVX2 kernels. Columns: the largest |logit - fp32 logit| over every exit at batch 1 and 8,
-and the largest change of a row's logits between batch 1 and batch 8. Emulation is slow (about a minute a scheme);
-the numbers are exact either way: this measures arithmetic, not speed.
+(dynamic or static QDQ; unsigned or signed activations; full-range or ``reduce_range`` 7-bit weights, per tensor or
+per output channel), each static one calibrated on the same random token rows, and the project's own ``int8/`` copy
+is measured beside them. Every scheme runs the same ``--rows`` random token rows through all layers at batch 1 and
+batch 8, once on this CPU and once under ``qemu-x86_64 -cpu CPU`` (default EPYC-Rome: AVX2 without AVX-512 or VNNI;
+Debian's qemu-user), where onnxruntime takes its AVX2 kernels. Columns: the largest |logit - fp32 logit| over every
+exit at batch 1 and 8, and the largest change of a row's logits between batch 1 and batch 8. Emulation is slow
+(about a minute a scheme); the numbers are exact either way: this measures arithmetic, not speed.
 """
 import argparse
 import json
