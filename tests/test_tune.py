@@ -109,7 +109,8 @@ def check_two_workers(tmp_path, env, url, n=5):
     assert len(finished(trials)) == n, ([(t.number, t.state.name) for t in trials], logs)
     # surplus trials (two workers asking for the last slot at once) are never run
     assert all(t.user_attrs.get("surplus") for t in trials if t.state.name == "FAIL"), logs
-    assert len({t.user_attrs["run_dir"] for t in finished(trials)}) == n
+    runs = [t for t in finished(trials) if "repeat_of" not in t.user_attrs]  # a setting drawn again is not rerun
+    assert len({t.user_attrs["run_dir"] for t in runs}) == len(runs)
     return trials
 
 
@@ -231,6 +232,28 @@ def test_a_killed_worker_trial_fails_and_the_study_still_finishes(tmp_path, env)
     retry = [t for t in trials if t.system_attrs.get("failed_trial") == 0]
     assert len(retry) == 1 and retry[0].params == trials[0].params  # its setting was run again, not lost
     assert len([t for t in trials if t.state.name == "COMPLETE"]) == 3
+
+
+def test_a_setting_drawn_again_is_not_run_again(tmp_path, env):
+    table = tmp_path / "spaces.tsv"
+    table.write_text("method\ttask\tsetting\tparam\ttarget\tkind\tvalues\tsource\n"
+                     "*\t*\t*\tlr\tLR\tchoice\t1e-04\tone value\n"
+                     "scl\t*\t*\tlambda\t--scl-weight\tchoice\t0.3,0.5\ttwo values\n")
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    proc = tune(common(tmp_path, url, 6) + ["--space-table", str(table)], env)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    trials = finished(study_trials(url))
+    assert len(trials) == 6
+    runs = [t for t in trials if "repeat_of" not in t.user_attrs]
+    repeats = [t for t in trials if "repeat_of" in t.user_attrs]
+    assert len(repeats) >= 3  # two settings: two runs, and a third only where a pruned one is no longer pruned
+    for t in repeats:
+        first = study_trials(url)[t.user_attrs["repeat_of"]]
+        assert first.params == t.params and t.user_attrs["run_dir"] == first.user_attrs["run_dir"]
+        if t.state.name == "COMPLETE":
+            assert first.state.name == "COMPLETE" and t.value == first.value
+    assert len(list((tmp_path / "study" / "trials").glob("trial*/runs/*/*/*/argv.txt"))) == len(runs)
 
 
 def test_pruned_trials_stop_their_run(tmp_path, env):

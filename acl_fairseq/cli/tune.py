@@ -133,11 +133,45 @@ class Objective:
             trial.set_user_attr("surplus", True)
             raise Surplus(f"trial {trial.number}: the study already holds {self.args.trials} trials; not run")
 
+    def _repeat(self, trial) -> Optional[float]:
+        """A setting drawn again is not run again (a small categorical space, such as ce's four learning rates, is
+        drawn many times in 24 trials): a run is a function of its setting and its seed (one thread on a CPU),
+        so an earlier finished trial's validations are reported once more, in order, to the pruner of now.
+        Pruned on the way: pruned again. Not pruned: the earlier run's value, if it finished; else the
+        run is made (the pruner that stopped it then no longer would)."""
+        import optuna
+
+        same = [t for t in trial.study.get_trials(deepcopy=False)
+                if t.number < trial.number and t.state.name in FINISHED and t.params == trial.params]
+        for t in sorted(same, key=lambda t: t.state.name != "COMPLETE")[:1]:  # a run that finished, if any
+            for step, value in sorted(t.intermediate_values.items()):
+                trial.report(value, step)
+                if trial.should_prune():
+                    self._mark_repeat(trial, t)
+                    log.info("trial %d: trial %d's setting again; pruned at update %d as a repeat", trial.number,
+                             t.number, step)
+                    raise optuna.TrialPruned(f"repeats trial {t.number}, pruned at update {step}")
+            if t.state.name == "COMPLETE":
+                self._mark_repeat(trial, t)
+                log.info("trial %d: trial %d's setting again; its value %g, not run again", trial.number, t.number,
+                         t.value)
+                return float(t.value)
+            return None
+        return None
+
+    @staticmethod
+    def _mark_repeat(trial, earlier) -> None:
+        trial.set_user_attr("repeat_of", earlier.number)
+        trial.set_user_attr("run_dir", earlier.user_attrs.get("run_dir"))
+
     def __call__(self, trial) -> float:
         import optuna
 
         self._check_surplus(trial)
         values = {p.name: p.suggest(trial) for p in self.space}
+        repeated = self._repeat(trial)
+        if repeated is not None:
+            return repeated
         overrides, extra = S.plan_arguments(self.space, values)
         root = os.path.join(self.args.study_dir, "trials", f"trial{trial.number:04d}")
         try:
