@@ -92,6 +92,9 @@ class TorchBackend:
     def take(self, x: Tensor, rows: np.ndarray, length: int) -> Tensor:
         return x.index_select(1, torch.from_numpy(rows).to(x.device))[:length]
 
+    def join(self, states: List[Tensor], width: int) -> Tensor:
+        return torch.cat([torch.nn.functional.pad(x, (0, 0, 0, 0, 0, width - x.size(0))) for x in states], dim=1)
+
 
 @torch.no_grad()
 def early_exit_forward(

@@ -75,6 +75,14 @@ class OrtBackend:
     def take(self, x: np.ndarray, rows: np.ndarray, length: int) -> np.ndarray:
         return np.ascontiguousarray(x[:length, rows])
 
+    def join(self, states: List[np.ndarray], width: int) -> np.ndarray:
+        out = np.zeros((width, sum(x.shape[1] for x in states), states[0].shape[2]), dtype=states[0].dtype)
+        b = 0
+        for x in states:
+            out[: x.shape[0], b: b + x.shape[1]] = x
+            b += x.shape[1]
+        return out
+
 
 class Engine(loop.EarlyExitPredictor):
     """An exported folder loaded into ONNX Runtime sessions (one per graph): the ONNX Runtime front end of

@@ -47,6 +47,11 @@ class Backend(Protocol):
     def take(self, state: State, rows: np.ndarray, length: int) -> State:
         """The rows ``rows`` of ``state``, cut to its first ``length`` positions."""
 
+    def join(self, states: Sequence[State], width: int) -> State:
+        """States of rows from several batches as one batch: each padded to ``width`` positions (the padding is
+        masked, so its values do not matter), stacked along the batch. For the scheduler
+        (:mod:`acl_fairseq.runtime.scheduler`); ``run_batch`` does not need it."""
+
 
 class ExitRequest(NamedTuple):
     """What decides where rows exit, resolved and range-checked (:func:`resolve_request`)."""

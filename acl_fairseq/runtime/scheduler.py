@@ -1,0 +1,284 @@
+"""A scheduler that refills: continuous batching across the layers of an early-exit model (numpy only).
+
+Batched early exit on its own (:func:`acl_fairseq.runtime.loop.run_batch`) lets exited rows leave a batch that then
+only shrinks: a batch costs about what its slowest row's path costs. Here every row waits in the queue of the
+layer it needs next, with its own hidden states and its policy state (patience's counter travels with its row):
+
+- new rows queue for the embeddings (queue 0), then for layer 1, 2, ...;
+- each step runs one layer on a batch gathered from that layer's queue, whatever batches the rows came from
+  (``backend.join`` pads their states to one width; padding is masked, so a row's answer does not depend on its
+  neighbours beyond float reduction order);
+- rows that exit are answered at once; the others queue for the next layer.
+
+So layer 1 keeps taking new requests while deeper layers finish older ones.
+
+Which layer runs (:meth:`Scheduler._pick`): a queue whose oldest row has been passed over ``max_wait`` steps goes
+first (no row waits for ever); else the deepest queue holding a full batch (finishing work in flight bounds the
+memory held in queues); else the queue holding the most rows, the deeper on a tie. A batch starts with its queue's
+oldest row and takes the rows closest to it in length while the padding stays within ``max_padding`` of the real
+tokens. With ``refill=False`` the scheduler is today's batched early exit: up to ``max_batch`` queued rows, as they
+came, through :func:`~acl_fairseq.runtime.loop.run_batch` (the baseline of benchmarks/serve_load.py).
+
+One thread makes every backend call (one ONNX Runtime session set per worker); :meth:`Scheduler.submit` is safe
+from any thread and returns a :class:`concurrent.futures.Future`.
+"""
+import collections
+import itertools
+import math
+import threading
+import time
+from concurrent.futures import Future
+from typing import Callable, Deque, Dict, List, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from acl_fairseq import exits
+from acl_fairseq.runtime import loop
+
+
+class QueueFull(Exception):
+    """More rows than ``max_queue`` would be waiting: refused before anything was queued."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Closed(Exception):
+    """The scheduler is closing: it takes nothing new."""
+
+
+class Answer(NamedTuple):
+    logits: np.ndarray  # (n, K) float32: the exit each row left at
+    exit_layer: np.ndarray  # (n,) int64: 1-based layer of that exit
+
+
+class _Job:
+    """One :meth:`Scheduler.submit`: its future and the answers of its rows so far."""
+
+    def __init__(self, n: int, num_classes: int):
+        self.future: Future = Future()
+        self.logits = np.zeros((n, num_classes), dtype=np.float32)
+        self.layers = np.zeros(n, dtype=np.int64)
+        self.left = n
+
+    def answer(self, index: int, logits: np.ndarray, layer: int) -> None:
+        self.logits[index], self.layers[index] = logits, layer
+        self.left -= 1
+        if self.left == 0 and not self.future.done():
+            self.future.set_result(Answer(self.logits, self.layers))
+
+
+class _Row:
+    __slots__ = ("job", "index", "ids", "request", "last", "state", "policy", "since", "seq")
+
+    def __init__(self, job: _Job, index: int, ids: np.ndarray, request: loop.ExitRequest, last: int, seq: int):
+        self.job, self.index, self.ids, self.request, self.last, self.seq = job, index, ids, request, last, seq
+        self.state = None  # T x 1 x C hidden states after the layers run so far
+        self.policy = exits.init_state(1)  # (1, 2): [previous prediction, run]
+        self.since = 0  # the step count when the row joined its queue
+
+
+class Scheduler:
+    """Continuous batching across layers over a :class:`acl_fairseq.runtime.loop.Backend` with ``join``.
+
+    ``max_batch`` caps the rows of one backend call, ``max_queue`` the rows accepted and not yet answered (more is
+    :class:`QueueFull`), ``max_padding`` the padded positions of a batch beyond its real tokens (0.5: at most 1.5x),
+    ``max_wait`` the steps a queue's oldest row may be passed over (default: twice the layers). ``on_batch(layer,
+    rows)`` is called after every backend call (layer 0: the embeddings), from the scheduler's thread."""
+
+    def __init__(self, backend, regression: bool = False, max_batch: int = 32, max_queue: int = 1024,
+                 refill: bool = True, max_padding: float = 0.5, max_wait: Optional[int] = None,
+                 delta: float = exits.DEFAULT_REGRESSION_DELTA, on_batch: Optional[Callable[[int, int], None]] = None,
+                 pad: int = 1):
+        if max_batch < 1 or max_queue < max_batch:
+            raise ValueError(f"max_batch {max_batch} must be at least 1 and max_queue {max_queue} at least max_batch")
+        self.backend, self.regression, self.delta, self.pad = backend, regression, delta, pad
+        self.max_batch, self.max_queue, self.refill, self.max_padding = max_batch, max_queue, refill, max_padding
+        self.layers = list(backend.exit_layers)
+        self.max_wait = 2 * self.layers[-1] if max_wait is None else max_wait
+        self.on_batch = on_batch
+        self.queues: List[Deque[_Row]] = [collections.deque() for _ in range(self.layers[-1] + 1)]
+        self.steps, self._rows, self._seq = 0, 0, itertools.count()
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread: Optional[threading.Thread] = None
+        self._rate = 0.0  # rows answered per second, smoothed: Retry-After's estimate
+
+    # ---- the outside -----------------------------------------------------------------------------
+
+    def submit(self, token_lists: Sequence[Sequence[int]], request: loop.ExitRequest = loop.LAST_EXIT) -> Future:
+        """Queue the rows (id lists, as ``encode_with_info`` makes them) under a resolved ``request``; the future's
+        result is an :class:`Answer`, rows in input order."""
+        if len(token_lists) == 0:
+            raise ValueError("no inputs: send at least one")
+        if request.exit_layer is not None and request.exit_layer not in self.layers:
+            raise ValueError(f"exit layer {request.exit_layer} is not one of the model's exits {self.layers}")
+        rows_ids = [np.asarray(t, dtype=np.int64) for t in token_lists]
+        for k, ids in enumerate(rows_ids):
+            if ids.size == 0 or (ids == self.pad).any():
+                raise ValueError(f"input {k} is empty or holds the padding id {self.pad}: encode text with "
+                                 "encode_with_info(), which never makes one")
+        last = request.exit_layer or self.layers[-1]
+        job = _Job(len(rows_ids), self.backend.num_classes)
+        with self._cond:
+            if self._closing:
+                raise Closed("the scheduler is closing: it takes no new requests")
+            if self._rows + len(rows_ids) > self.max_queue:
+                wait = max(1, math.ceil(self._rows / self._rate)) if self._rate > 0 else 1
+                raise QueueFull(f"the queue holds {self._rows} rows of at most {self.max_queue}: retry later", wait)
+            for k, ids in enumerate(rows_ids):
+                row = _Row(job, k, ids, request, last, next(self._seq))
+                row.since = self.steps
+                self.queues[0].append(row)
+            self._rows += len(rows_ids)
+            self._cond.notify()
+        return job.future
+
+    def depth(self) -> int:
+        """Rows accepted and not yet answered."""
+        return self._rows
+
+    def start(self) -> "Scheduler":
+        self._thread = threading.Thread(target=self._run, name="acl-scheduler", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self, timeout: Optional[float] = None) -> bool:
+        """Take nothing new, answer every accepted row, stop the thread. True when all were answered in time."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive() and self._rows == 0
+        while self.step():
+            pass
+        return self._rows == 0
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._rows == 0 and not self._closing:
+                    self._cond.wait()
+                if self._rows == 0:
+                    return
+            self.step()
+
+    # ---- one step --------------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """Run one backend call (or one ``run_batch`` without refill) on waiting rows; False when none wait."""
+        with self._cond:
+            if self._rows == 0:
+                return False
+            if not self.refill:
+                layer, rows = 0, [self.queues[0].popleft() for _ in range(min(self.max_batch, len(self.queues[0])))]
+            else:
+                layer = self._pick()
+                rows = self._gather(self.queues[layer])
+            self.steps += 1
+        start = time.perf_counter()
+        try:
+            done = self._shrinking(rows) if not self.refill else self._advance(layer, rows)
+        except Exception as e:  # a backend error fails the requests of these rows, never the scheduler
+            done = self._fail(rows, e)
+        with self._cond:
+            self._rows -= done
+            if done:
+                rate = done / max(time.perf_counter() - start, 1e-6)
+                self._rate = rate if self._rate == 0 else 0.9 * self._rate + 0.1 * rate
+        return True
+
+    def _pick(self) -> int:
+        waiting = [i for i, q in enumerate(self.queues) if q]
+        late = [i for i in waiting if self.steps - self.queues[i][0].since >= self.max_wait]
+        if late:
+            return min(late, key=lambda i: self.queues[i][0].seq)
+        full = [i for i in waiting if len(self.queues[i]) >= self.max_batch]
+        if full:
+            return full[-1]
+        return max(waiting, key=lambda i: (len(self.queues[i]), i))
+
+    def _gather(self, queue: Deque[_Row]) -> List[_Row]:
+        """The oldest row, then the rows nearest it in length while padding stays within ``max_padding``."""
+        first = queue[0]
+        rest = sorted(itertools.islice(queue, 1, None), key=lambda r: (abs(r.ids.size - first.ids.size), r.seq))
+        chosen, real, width = [first], first.ids.size, first.ids.size
+        for row in rest:
+            if len(chosen) == self.max_batch:
+                break
+            w = max(width, row.ids.size)
+            if w * (len(chosen) + 1) <= (1 + self.max_padding) * (real + row.ids.size):
+                chosen.append(row)
+                real, width = real + row.ids.size, w
+        taken = {id(r) for r in chosen}
+        kept = [r for r in queue if id(r) not in taken]
+        queue.clear()
+        queue.extend(kept)
+        return chosen
+
+    def _advance(self, layer: int, rows: List[_Row]) -> int:
+        """Run ``layer`` (0: the embeddings) on ``rows``; queue the rows that go on; the count answered."""
+        lengths = np.asarray([r.ids.size for r in rows], dtype=np.int64)
+        width = int(lengths.max())
+        mask = loop.padding_mask(lengths, width)
+        if layer == 0:
+            ids = np.full((len(rows), width), self.pad, dtype=np.int64)
+            for k, r in enumerate(rows):
+                ids[k, : r.ids.size] = r.ids
+            state, logits = self.backend.embed(ids, mask), None
+        else:
+            state, logits = self.backend.layer(layer, self.backend.join([r.state for r in rows], width), mask)
+        if self.on_batch is not None:
+            self.on_batch(layer, len(rows))
+        fire = self._decide(layer, rows, logits) if logits is not None else np.zeros(len(rows), dtype=bool)
+        going = []
+        for k, r in enumerate(rows):
+            if fire[k]:
+                r.job.answer(r.index, logits[k], layer)
+            elif not r.job.future.done():  # a failed request's other rows stop here
+                r.state = self.backend.take(state, np.asarray([k]), int(lengths[k]))
+                going.append(r)
+        with self._cond:
+            for r in going:
+                r.since = self.steps
+                self.queues[layer + 1].append(r)
+        return len(rows) - len(going)
+
+    def _decide(self, layer: int, rows: List[_Row], logits: np.ndarray) -> np.ndarray:
+        """Which rows leave at the exit of ``layer``: their last exit, or their policy's step on its own rows."""
+        fire = np.asarray([layer == r.last for r in rows])
+        groups: Dict[loop.ExitRequest, List[int]] = {}
+        for k, r in enumerate(rows):
+            if not fire[k] and r.request.policy is not None:
+                groups.setdefault(r.request, []).append(k)
+        for request, idx in groups.items():
+            state = np.concatenate([rows[k].policy for k in idx])
+            go, state = exits.policy_step(request.policy, logits[idx], state, request.threshold,
+                                          regression=self.regression, delta=self.delta)
+            for j, k in enumerate(idx):
+                fire[k], rows[k].policy = bool(go[j]), state[j: j + 1]
+        return fire
+
+    def _shrinking(self, rows: List[_Row]) -> int:
+        """Without refill: the rows of each request through ``run_batch``, sorted by length, as acl-predict runs."""
+        by_request: Dict[loop.ExitRequest, List[_Row]] = {}
+        for r in rows:
+            by_request.setdefault(r.request, []).append(r)
+        for request, group in by_request.items():
+            for batch in loop.make_batches([r.ids for r in group], self.max_batch, self.pad):
+                positions, src = batch
+                out = loop.run_batch(self.backend, src, loop.padding_mask(batch.lengths, src.shape[1]), request,
+                                     self.regression, self.delta)
+                if self.on_batch is not None:
+                    self.on_batch(0, len(positions))
+                for k, p in enumerate(positions):
+                    group[p].job.answer(group[p].index, out.logits[k], int(out.exit_layer[k]))
+        return len(rows)
+
+    def _fail(self, rows: List[_Row], error: Exception) -> int:
+        for r in rows:
+            if not r.job.future.done():
+                r.job.future.set_exception(error)
+        return len(rows)
