@@ -16,6 +16,8 @@ class MeanBackend:
     """A toy encoder: each layer mixes every position with the mean of the row's real positions (so padding and
     the rows leaving the batch matter), an exit reads the mean through its own matrix."""
 
+    pad = PAD
+
     def __init__(self, num_layers=4, exit_layers=(1, 2, 3, 4), dim=6, num_classes=3, scale=3.0, seed=0):
         rng = np.random.default_rng(seed)
         self.exit_layers, self.num_classes = list(exit_layers), num_classes

@@ -43,7 +43,7 @@ def _jobs(seed, n=30):
 @pytest.mark.parametrize("refill", [True, False])
 def test_answers_do_not_depend_on_arrival_order_or_batch_mates(seed, refill):
     backend = MeanBackend()
-    sched = Scheduler(backend, max_batch=5, max_queue=400, refill=refill, pad=PAD)
+    sched = Scheduler(backend, max_batch=5, max_queue=400, refill=refill)
     rng = random.Random(seed)
     jobs, futures = _jobs(seed), []
     for job in jobs:  # arrivals between steps, at random
@@ -61,7 +61,7 @@ def test_answers_do_not_depend_on_arrival_order_or_batch_mates(seed, refill):
 def test_layer_one_takes_new_rows_while_deeper_layers_finish_older_ones():
     backend = MeanBackend()
     calls = []
-    sched = Scheduler(backend, max_batch=4, max_queue=400, pad=PAD, on_batch=lambda layer, n: calls.append((layer, n)))
+    sched = Scheduler(backend, max_batch=4, max_queue=400, on_batch=lambda layer, n: calls.append((layer, n)))
     texts = _inputs(40, 3)
     first = sched.submit(texts[:8])
     for _ in range(4):
@@ -79,7 +79,7 @@ def test_layer_one_takes_new_rows_while_deeper_layers_finish_older_ones():
 
 def test_batches_join_rows_from_different_requests():
     backend = MeanBackend(exit_layers=(4,))
-    sched = Scheduler(backend, max_batch=8, max_queue=64, pad=PAD, max_padding=10.0)
+    sched = Scheduler(backend, max_batch=8, max_queue=64, max_padding=10.0)
     futures = [sched.submit([ids]) for ids in _inputs(8, 4)]  # eight requests of one row each
     while sched.step():
         pass
@@ -89,7 +89,7 @@ def test_batches_join_rows_from_different_requests():
 
 def test_padding_waste_is_capped():
     backend = MeanBackend(exit_layers=(2,))
-    sched = Scheduler(backend, max_batch=8, max_queue=64, pad=PAD, max_padding=0.5)
+    sched = Scheduler(backend, max_batch=8, max_queue=64, max_padding=0.5)
     short, long = [2] * 2, [3] * 11
     futures = [sched.submit([short]), sched.submit([long]), sched.submit([short])]
     while sched.step():
@@ -102,7 +102,7 @@ def test_padding_waste_is_capped():
 def test_no_row_waits_for_ever():
     """New rows keep layer 1 the fullest queue; max_wait still brings the deep rows through."""
     backend = MeanBackend(exit_layers=(4,))
-    sched = Scheduler(backend, max_batch=4, max_queue=10_000, pad=PAD, max_wait=6)
+    sched = Scheduler(backend, max_batch=4, max_queue=10_000, max_wait=6)
     texts = _inputs(200, 5)
     old = sched.submit(texts[:1])
     steps = 0
@@ -114,7 +114,7 @@ def test_no_row_waits_for_ever():
 
 
 def test_a_full_queue_refuses_before_queueing_anything():
-    sched = Scheduler(MeanBackend(), max_batch=2, max_queue=5, pad=PAD)
+    sched = Scheduler(MeanBackend(), max_batch=2, max_queue=5)
     sched.submit(_inputs(4, 6))
     with pytest.raises(QueueFull) as e:
         sched.submit(_inputs(2, 7))
@@ -124,7 +124,7 @@ def test_a_full_queue_refuses_before_queueing_anything():
 
 
 def test_bad_submissions_are_refused_with_a_reason():
-    sched = Scheduler(MeanBackend(), pad=PAD)
+    sched = Scheduler(MeanBackend())
     with pytest.raises(ValueError, match="no inputs"):
         sched.submit([])
     with pytest.raises(ValueError, match="padding id"):
@@ -144,7 +144,7 @@ def test_a_backend_error_fails_its_requests_and_the_scheduler_goes_on():
             return super().layer(i, x, mask)
 
     backend = Failing(exit_layers=(2,))
-    sched = Scheduler(backend, max_batch=3, max_queue=64, pad=PAD, max_padding=100.0)
+    sched = Scheduler(backend, max_batch=3, max_queue=64, max_padding=100.0)
     bad = sched.submit(_inputs(3, 9))
     while sched.step():
         pass
@@ -157,7 +157,7 @@ def test_a_backend_error_fails_its_requests_and_the_scheduler_goes_on():
 
 def test_threaded_random_arrivals_and_close_answers_every_accepted_row():
     backend = MeanBackend()
-    sched = Scheduler(backend, max_batch=6, max_queue=1000, pad=PAD).start()
+    sched = Scheduler(backend, max_batch=6, max_queue=1000).start()
     jobs = _jobs(11, 60)
     futures = [None] * len(jobs)
 
@@ -217,7 +217,8 @@ def test_served_rows_equal_acl_predict_on_a_real_model(exported, side):
     requests = [predictor.resolve_request(policy, threshold) for policy, threshold in
                 [("none", None), ("entropy", 0.5), ("patience", 1), ("confidence", 0.9)]]
     want = {r: predictor.predict_texts(texts, r, batch_size=1) for r in requests}  # acl-predict --batch-size 1
-    sched = Scheduler(predictor.backend, max_batch=8, max_queue=1000, pad=predictor.pad).start()
+    assert predictor.backend.pad == predictor.pad
+    sched = Scheduler(predictor.backend, max_batch=8, max_queue=1000).start()
     rng = random.Random(14)
     jobs = []
     for _ in range(40):

@@ -69,6 +69,7 @@ class TorchBackend:
         self.encoder = model.encoder.sentence_encoder
         self.num_classes = self.heads[0].out_proj.out_features
         self.device = next(model.parameters()).device
+        self.pad = self.encoder.padding_idx
         self._exit_at = {layer: m for m, layer in enumerate(self.exit_layers)}
 
     @torch.no_grad()

@@ -60,9 +60,9 @@ class OrtBackend:
     ``layerN.onnx`` (``(x, padding_mask) -> x``, and the exit's logits where the layer has one). States are
     numpy arrays T x B x C."""
 
-    def __init__(self, embeddings, layers: List, exit_layers: List[int], num_classes: int):
+    def __init__(self, embeddings, layers: List, exit_layers: List[int], num_classes: int, pad: int = 1):
         self.embeddings, self.sessions = embeddings, layers
-        self.exit_layers, self.num_classes = exit_layers, num_classes
+        self.exit_layers, self.num_classes, self.pad = exit_layers, num_classes, pad
 
     def embed(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         # the graph computes the same padding mask (ids == pad) itself
@@ -134,7 +134,7 @@ class Engine(loop.EarlyExitPredictor):
         self.regression: bool = m["regression"]
         self.pad: int = self.layout["pad"]
         self.regression_scale: float = m["regression_scale"]
-        self.backend = OrtBackend(embeddings, self.layers, self.exit_layers, m["num_classes"])
+        self.backend = OrtBackend(embeddings, self.layers, self.exit_layers, m["num_classes"], self.pad)
         self.policy, self.threshold = m.get("policy"), m.get("threshold")
         # what predict_early_exit runs when no policy is given (the hub's `calibrated`, from the manifest)
         self.serving_policy: Optional[Dict] = None

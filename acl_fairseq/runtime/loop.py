@@ -37,6 +37,7 @@ class Prediction(NamedTuple):
 class Backend(Protocol):
     exit_layers: List[int]  # 1-based layers with an exit, increasing
     num_classes: int
+    pad: int  # the padding id the embeddings read as padding
 
     def embed(self, ids: Any, mask: np.ndarray) -> State:
         """ids (B, T) right-padded, mask (B, T) bool (True: padding) -> the embedded states."""

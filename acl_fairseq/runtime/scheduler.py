@@ -85,15 +85,17 @@ class Scheduler:
     ``max_batch`` caps the rows of one backend call, ``max_queue`` the rows accepted and not yet answered (more is
     :class:`QueueFull`), ``max_padding`` the padded positions of a batch beyond its real tokens (0.5: at most 1.5x),
     ``max_wait`` the steps a queue's oldest row may be passed over (default: twice the layers). ``on_batch(layer,
-    rows)`` is called after every backend call (layer 0: the embeddings), from the scheduler's thread."""
+    rows)`` is called after every backend call (layer 0: the embeddings), from the scheduler's thread. ``pad``:
+    the padding id (default: the backend's)."""
 
     def __init__(self, backend, regression: bool = False, max_batch: int = 32, max_queue: int = 1024,
                  refill: bool = True, max_padding: float = 0.5, max_wait: Optional[int] = None,
                  delta: float = exits.DEFAULT_REGRESSION_DELTA, on_batch: Optional[Callable[[int, int], None]] = None,
-                 pad: int = 1):
+                 pad: Optional[int] = None):
         if max_batch < 1 or max_queue < max_batch:
             raise ValueError(f"max_batch {max_batch} must be at least 1 and max_queue {max_queue} at least max_batch")
-        self.backend, self.regression, self.delta, self.pad = backend, regression, delta, pad
+        self.backend, self.regression, self.delta = backend, regression, delta
+        self.pad = backend.pad if pad is None else pad
         self.max_batch, self.max_queue, self.refill, self.max_padding = max_batch, max_queue, refill, max_padding
         self.layers = list(backend.exit_layers)
         self.max_wait = 2 * self.layers[-1] if max_wait is None else max_wait
