@@ -1,0 +1,136 @@
+"""The processes of benchmarks/serve_load.py: acl-serve on a free loopback port (started in a session of its own,
+ready once /v2/health/ready answers, stopped by SIGTERM), its workers' peak memory from /proc, the client process
+(benchmarks/_load_client.py), and acl-predict's answers on the same sentences."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Dict, List, Optional
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(port: int, path: str, timeout: float = 5.0):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+        return r.status, r.read()
+
+
+def tail(path: str, n: int = 3000) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()[-n:]
+
+
+def start_server(cmd: List[str], log: str, port: int, timeout: float) -> subprocess.Popen:
+    """``cmd`` started in a session of its own (its workers with it), once /v2/health/ready answers 200."""
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"serve_load: {' '.join(cmd[:2])} exited ({proc.returncode}) before it was ready:\n"
+                               f"{tail(log)}")
+        try:
+            if get(port, "/v2/health/ready", 2.0)[0] == 200:
+                return proc
+        except OSError:
+            pass
+        time.sleep(0.2)
+    stop_server(proc, 5.0)
+    raise RuntimeError(f"serve_load: the server was not ready within {timeout:.0f} s:\n{tail(log)}")
+
+
+def stop_server(proc: subprocess.Popen, timeout: float) -> Dict:
+    """SIGTERM, then its exit code and how long it took; the whole session is killed past ``timeout``."""
+    t = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        code = proc.wait()
+        return {"exit_code": code, "stop_s": time.monotonic() - t, "killed": True}
+    return {"exit_code": code, "stop_s": time.monotonic() - t, "killed": False}
+
+
+def process_tree(root: int) -> List[int]:
+    """``root`` and its descendants, from /proc."""
+    children: Dict[int, List[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def vmhwm_mb(pid: int) -> Optional[float]:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def worker_rss(root: int, workers: int) -> List[float]:
+    """Peak resident MiB of the ``workers`` largest processes of the server's tree: the ones holding an engine
+    (a supervisor or a resource tracker holds none)."""
+    peaks = sorted((m for m in map(vmhwm_mb, process_tree(root)) if m is not None), reverse=True)
+    return peaks[:workers]
+
+
+def drive(spec: Dict, tmp: str) -> Dict:
+    """The client process on ``spec``; its records."""
+    path, out = os.path.join(tmp, "spec.json"), os.path.join(tmp, "client.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(spec, f)
+    client = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_load_client.py")
+    proc = subprocess.run([sys.executable, client, path, out], capture_output=True, text=True,
+                          timeout=spec["max_seconds"] + spec["drain_seconds"] + 120)
+    if proc.returncode:
+        raise RuntimeError(f"serve_load: the client failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    with open(out, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def tool(name: str) -> str:
+    """A console script of this environment (beside its Python), else from PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), name)
+    return here if os.path.exists(here) else name
+
+
+def acl_predict(folder: str, precision: str, sentences: List[str], args, tmp: str) -> List[Dict]:
+    """acl-predict's rows for ``sentences`` (fed as JSONL, so that each string is the one served)."""
+    src, out = os.path.join(tmp, "sentences.jsonl"), os.path.join(tmp, f"predict_{precision}.jsonl")
+    with open(src, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"text": s}) + "\n" for s in sentences)
+    cmd = [tool("acl-predict"), folder, "--precision", precision, "--input", src, "--input-format", "jsonl",
+           "--policy", args.policy, "--threshold", str(args.threshold), "--batch-size", str(args.max_batch),
+           "--output", out, "--format", "jsonl", "--force"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"serve_load: acl-predict failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    with open(out, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    if len(rows) != len(sentences):
+        raise RuntimeError(f"serve_load: acl-predict wrote {len(rows)} rows for {len(sentences)} sentences")
+    return rows

@@ -1,0 +1,105 @@
+"""The arithmetic of benchmarks/serve_load.py, pure: a phase's row from the client's records (counts by outcome,
+throughput, latency percentiles), the closed loop's steady throughput, the served answers against acl-predict's,
+and the issue's verdicts."""
+from typing import Dict, List, Optional
+
+REFILL_BOUND, MOONSHOT, P99_BOUND = 0.9, 0.95, 3.0
+
+
+def percentile(values: List[float], q: float) -> Optional[float]:
+    """numpy's default (linear) percentile; None for no values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _start(r: Dict) -> float:
+    return r["scheduled"] if r["scheduled"] is not None else r["sent"]
+
+
+def summarize(out: Dict, offered: Optional[float], planned: int) -> Dict:
+    """One phase's row from the client's records: counts by outcome, throughput, latency percentiles (ms), mean exit
+    layer. ``ok``: 200 with this request's id; ``lost``: sent and never answered; ``errors``: any other status or
+    a connection error; ``unsent``: planned arrivals after the time bound."""
+    recs = out["records"]
+    ok = [r for r in recs if r["status"] == 200 and r["id_ok"]]
+    latency = [1000 * (r["done"] - _start(r)) for r in ok]
+    span = max(r["done"] for r in ok) - min(_start(r) for r in recs) if ok else 0.0
+    statuses = [r["status"] for r in recs]
+    return {"offered_per_s": offered, "planned": planned, "sent": len(recs), "unsent": planned - len(recs),
+            "ok": len(ok), "throughput_per_s": len(ok) / span if span > 0 else 0.0,
+            "p50_ms": percentile(latency, 50), "p95_ms": percentile(latency, 95), "p99_ms": percentile(latency, 99),
+            "n_503": statuses.count(503), "n_5xx_other": sum(1 for s in statuses if s >= 500 and s != 503),
+            "errors": sum(1 for r in recs if r["status"] not in (0, 200, 503) or r["error"] and r["status"] == 0),
+            "lost": sum(1 for r in recs if r["status"] == 0 and r["error"] is None),
+            "wrong_id": sum(1 for r in recs if r["id_ok"] is False),
+            "max_lag_ms": max((1000 * (r["sent"] - r["scheduled"]) for r in recs if r["scheduled"] is not None),
+                              default=None),
+            "mean_exit_layer": sum(r["exit_layer"] for r in ok) / len(ok) if ok else None,
+            "connections": out["connections"]}
+
+
+def steady_throughput(out: Dict, concurrency: int) -> float:
+    """Answers per second of a closed loop between its ``concurrency``-th answer and its ``concurrency``-th last
+    (fewer than 4 x concurrency answers: over all of them, from the start)."""
+    done = sorted(r["done"] for r in out["records"] if r["status"] == 200 and r["id_ok"])
+    if len(done) >= 4 * concurrency:
+        return (len(done) - 2 * concurrency) / (done[-concurrency - 1] - done[concurrency - 1])
+    return len(done) / done[-1] if done else 0.0
+
+
+def compare_answers(recs: List[Dict], expected: List[Dict], labels: List[str], atol: float) -> Dict:
+    """Served answers against acl-predict's rows (by sentence): how many differ in label, exit layer or a
+    probability beyond ``atol``, and how many sentences were answered at least once."""
+    bad, seen, worst = 0, set(), 0.0
+    ok = [r for r in recs if r["status"] == 200 and r["id_ok"]]
+    for r in ok:
+        e = expected[r["text"]]
+        diff = max(abs(a - e["probabilities"][k]) for a, k in zip(r["probabilities"], labels))
+        worst = max(worst, diff)
+        bad += r["label"] != e["label"] or r["exit_layer"] != e["exit_layer"] or diff > atol
+        seen.add(r["text"])
+    return {"compared": len(ok), "mismatches": bad, "max_prob_diff": worst, "sentences": len(seen)}
+
+
+def refill_ratio(saturated: float, layer_speedup: float, full_depth: float, workers: int) -> float:
+    """Saturated throughput over what converting every saved layer into throughput would give."""
+    return saturated / (workers * layer_speedup * full_depth)
+
+
+def verdicts(results: List[Dict], n_sentences: int) -> List[Dict]:
+    """The issue's targets per configuration, each with its value, bound and pass (None: reported, no bound)."""
+    out = []
+
+    def add(cfg, target, value, bound, at_least):
+        ok = None if bound is None else bool(value >= bound if at_least else value <= bound)
+        out.append({"config": cfg, "target": target, "value": value, "bound": bound, "at_least": at_least,
+                    "pass": ok})
+
+    for res in results:
+        name, sat, ref = res["config"], res["saturation"], res["reference"]
+        ratio = refill_ratio(sat["throughput_per_s"], res["layer_speedup"], ref["full_batched_per_s"],
+                             res["workers"])
+        if res["refill"]:
+            add(name, "saturated / (layer speed-up x full-depth batched x workers)", ratio, REFILL_BOUND, True)
+            add(name, "the same, moonshot", ratio, MOONSHOT, True)
+        else:
+            add(name, "saturated / (layer speed-up x full-depth batched x workers), no refill", ratio, None, True)
+        half = next((r for r in res["rates"] if r["fraction"] == 0.5), None)
+        if half is not None and half["p99_ms"] is not None:
+            add(name, "p99 at 50% / full-depth batch-1 latency", half["p99_ms"] / ref["batch1_ms"], P99_BOUND, False)
+        ans = res["answers"]
+        add(name, f"answers differing from acl-predict's ({ans['sentences']} of {n_sentences} sentences)",
+            ans["mismatches"], 0, False)
+        phases = [sat] + res["rates"]
+        add(name, "requests lost or answered twice", sum(p["lost"] + p["wrong_id"] for p in phases), 0, False)
+        stop = res["server"]
+        how = f"killed after {stop['stop_s']:.1f} s" if stop["killed"] else f"in {stop['stop_s']:.1f} s"
+        add(name, f"SIGTERM not a clean exit (exit code {stop['exit_code']}, {how})",
+            int(stop["killed"] or stop["exit_code"] != 0), 0, False)
+        add(name, "errors: 5xx other than 503, 4xx, connections", sum(p["errors"] for p in phases), 0, False)
+    return out

@@ -1,0 +1,345 @@
+#!/usr/bin/env python3
+"""Load on acl-serve: open-loop Poisson arrivals from a separate client process, at 25% to 125% of the measured
+saturation, for refill on and off, fp32 and int8, 1 and 2 workers (issue 38, part 5, and its targets).
+
+    python benchmarks/serve_load.py [--refill on off] [--precision fp32 int8] [--workers 1 2] [--quick]
+        [--json benchmarks/results/serve_load.json] [--plot benchmarks/results/serve_load.png]
+    python benchmarks/serve_load.py --quick --refill on --precision fp32 --workers 1 --json /tmp/load.json
+
+Model and data: serve_speed.py's (the predict_speed MiniLM acl_cross_layer model, exported once with its int8
+copy into WORK/serve_speed/onnx; ``--toy``: the toy model, for the test), the 872 SST-2 dev sentences, policy
+``--policy``/``--threshold`` on the server's command line. acl-predict runs once per precision on the same
+sentences (JSONL, so that every string is sent as it is served); every served answer is compared with its row.
+
+Per configuration the server (``acl-serve``, one thread a worker) is started on a free loopback port and the
+client (benchmarks/_load_client.py, its own process, asyncio and a connection pool that grows) drives it:
+- warm-up: ``max_batch`` requests, discarded;
+- saturation: a closed loop of ``--concurrency`` callers (default 2 x max batch x workers) over the sentences in a
+  seeded order; throughput counted between the ``concurrency``-th answer and the ``concurrency``-th last, so the
+  ramp and the drain are left out;
+- each rate of ``--rates`` x saturation: ``--requests`` Poisson arrivals (send times drawn up front, seeded; the
+  same schedule stretched for every rate), sending stopped at ``--max-seconds``. Latency counts from the scheduled
+  send time.
+
+The reference, measured in the same process between the phases (the server idle then): the same precision's
+Engine at one thread runs all sentences full-depth in batches of ``--max-batch`` and with early exit, and a subset
+at batch 1 full-depth, once just before and once just after the saturation phase; the reference is their mean.
+Targets (printed with pass/miss): saturated throughput with refill >= 0.9 x layer speed-up (layers / the served
+mean exit layer) x full-depth batched throughput x workers (0.95: the moonshot), the same ratio without refill;
+p99 at 50% of saturation <= 3 x the full-depth batch-1 latency (its median); every answer equal to acl-predict's
+(label, exit layer, probabilities within ``--atol``); no request lost or answered twice; no 5xx but 503.
+``peak_rss_mb``: VmHWM of the server's processes before it stops, the ``workers`` largest (a supervisor too).
+"""
+import argparse
+import os
+import random
+import tempfile
+import time
+from typing import Dict, List, NamedTuple, Optional
+
+import _glue_runs as G
+import _load_client as C
+import _load_server as S
+import _load_stats as T
+import _records as R
+import common
+from acl_fairseq import exits
+from acl_fairseq.cli import console
+from acl_fairseq.io import atomic
+
+MODEL = "acl"
+RATES = (0.25, 0.5, 0.75, 1.0, 1.25)
+COLUMNS = ["config", "phase", "offered_per_s", "throughput_per_s", "p50_ms", "p95_ms", "p99_ms", "n_503", "errors",
+           "lost", "mean_exit_layer", "peak_rss_mb"]
+FORMATS = {"offered_per_s": "{:.1f}", "throughput_per_s": "{:.1f}", "p50_ms": "{:.1f}", "p95_ms": "{:.1f}",
+           "p99_ms": "{:.1f}", "mean_exit_layer": "{:.2f}", "peak_rss_mb": "{:.0f}"}
+
+
+class Config(NamedTuple):
+    refill: bool
+    precision: str
+    workers: int
+
+    @property
+    def name(self) -> str:
+        return f"{'refill' if self.refill else 'no-refill'} {self.precision} w{self.workers}"
+
+
+# ---- the reference -------------------------------------------------------------------------------
+
+
+class Reference:
+    """The same precision's Engine in this process, one thread: full-depth and early-exit passes over all
+    sentences in batches of ``max_batch``, and full depth at batch 1 on a seeded subset. Each :meth:`round` adds
+    one measurement of each."""
+
+    def __init__(self, folder: str, precision: str, sentences: List[str], args):
+        from acl_fairseq.runtime import Engine
+
+        self.engine = Engine(folder, precision, threads=1)
+        self.ids = [self.engine.encode_with_info(s)[0] for s in sentences]
+        k = min(args.batch1_sentences, len(self.ids))
+        self.single = [self.ids[i] for i in sorted(random.Random(args.seed).sample(range(len(self.ids)), k))]
+        self.max_batch, self.policy, self.threshold = args.max_batch, args.policy, args.threshold
+        self.rounds: List[Dict] = []
+        # the first calls of a session allocate for their shapes: untimed, so that the first round is not slower
+        self._pass(self.ids[: 2 * self.max_batch], self.max_batch, None)
+        self._pass(self.single[:4], 1, None)
+
+    def _pass(self, ids, batch: int, policy) -> tuple:
+        t = time.perf_counter()
+        _, layers = self.engine.run_batches(self.engine.make_batches(ids, batch), len(ids), policy,
+                                            self.threshold if policy else None)
+        return time.perf_counter() - t, float(layers.mean())
+
+    def round(self) -> None:
+        full, _ = self._pass(self.ids, self.max_batch, None)
+        early, layer = self._pass(self.ids, self.max_batch, self.policy)
+        single = [self._pass([ids], 1, None)[0] for ids in self.single]
+        self.rounds.append({"full_batched_per_s": len(self.ids) / full, "exit_batched_per_s": len(self.ids) / early,
+                            "exit_mean_layer": layer, "batch1_ms": 1000 * T.percentile(single, 50)})
+
+    def summary(self) -> Dict:
+        keys = self.rounds[0].keys()
+        return {**{k: sum(r[k] for r in self.rounds) / len(self.rounds) for k in keys}, "rounds": self.rounds,
+                "sentences": len(self.ids), "batch1_sentences": len(self.single)}
+
+
+
+
+# ---- one configuration ---------------------------------------------------------------------------
+
+
+def server_command(args, cfg: Config, folder: str, port: int) -> List[str]:
+    return [args.server, folder, "--host", "127.0.0.1", "--port", str(port), "--model-name", MODEL,
+            "--precision", cfg.precision, "--policy", args.policy, "--threshold", str(args.threshold),
+            "--max-batch", str(args.max_batch), "--max-queue", str(args.max_queue), "--workers", str(cfg.workers),
+            "--refill" if cfg.refill else "--no-refill", "--threads", "1"]
+
+
+def phase_spec(args, port: int, texts: List[str], order: List[int], tag: str, **kw) -> Dict:
+    return {"host": "127.0.0.1", "port": port, "model": MODEL, "texts": texts, "order": order, "tag": tag,
+            "max_seconds": args.max_seconds, "drain_seconds": args.drain_seconds, **kw}
+
+
+def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Reference, expected: List[Dict],
+               labels: List[str], tmp: str) -> Dict:
+    """Warm-up, a reference round, saturation, a reference round, the offered rates; then the workers' peaks and a
+    SIGTERM. The sentences go in one seeded order, repeated as far as each phase needs."""
+    order = list(range(len(sentences)))
+    random.Random(args.seed).shuffle(order)
+
+    def cycle(n):
+        return [order[i % len(order)] for i in range(n)]
+
+    port = S.free_port()
+    log = os.path.join(tmp, "server.log")
+    G.log(f"{cfg.name}: acl-serve on 127.0.0.1:{port}")
+    proc = S.start_server(server_command(args, cfg, folder, port), log, port, args.ready_seconds)
+    records = []
+    try:
+        concurrency = args.concurrency or 2 * args.max_batch * cfg.workers
+        S.drive(phase_spec(args, port, sentences, cycle(args.max_batch), f"{cfg.name}/warm", mode="closed",
+                           concurrency=args.max_batch), tmp)
+        ref.round()
+        n_sat = args.saturation_requests or max(2 * len(sentences), 4 * concurrency)
+        out = S.drive(phase_spec(args, port, sentences, cycle(n_sat), f"{cfg.name}/sat", mode="closed",
+                                 concurrency=concurrency), tmp)
+        ref.round()
+        records += out["records"]
+        saturation = {**T.summarize(out, None, n_sat), "throughput_per_s": T.steady_throughput(out, concurrency),
+                      "concurrency": concurrency}
+        rates = []
+        unit = C.poisson_offsets(1.0, args.requests, float("inf"), args.seed)
+        for fraction in args.rates:
+            rate = fraction * saturation["throughput_per_s"]
+            offsets = [t / rate for t in unit if t / rate < args.max_seconds]
+            G.log(f"{cfg.name}: {fraction:.0%} of saturation, {rate:.1f}/s, {len(offsets)} requests")
+            out = S.drive(phase_spec(args, port, sentences, cycle(len(offsets)), f"{cfg.name}/{fraction}",
+                                     mode="open", offsets=offsets), tmp)
+            records += out["records"]
+            rates.append({"fraction": fraction, **T.summarize(out, rate, len(unit))})
+        rss = S.worker_rss(proc.pid, cfg.workers)
+    finally:
+        stopped = S.stop_server(proc, args.stop_seconds)
+    served = sum(r["exit_layer"] for r in records if r["status"] == 200 and r["id_ok"])
+    mean_layer = served / max(1, sum(1 for r in records if r["status"] == 200 and r["id_ok"]))
+    return {"config": cfg.name, **cfg._asdict(), "saturation": saturation, "rates": rates,
+            "reference": ref.summary(), "mean_exit_layer": saturation["mean_exit_layer"],
+            "layer_speedup": ref.engine.num_layers / saturation["mean_exit_layer"],
+            "all_phases_mean_exit_layer": mean_layer, "peak_rss_mb_per_worker": rss, "server": stopped,
+            "answers": T.compare_answers(records, expected, labels, args.atol)}
+
+
+# ---- report --------------------------------------------------------------------------------------
+
+
+def table_rows(results: List[Dict]) -> List[Dict]:
+    rows = []
+    for res in results:
+        rss = max(res["peak_rss_mb_per_worker"], default=None)
+        phases = [("saturation", res["saturation"])] + [(f"{r['fraction']:.0%}", r) for r in res["rates"]]
+        for phase, p in phases:
+            rows.append({"config": res["config"], "phase": phase, **{k: p.get(k) for k in COLUMNS[2:-1]},
+                         "peak_rss_mb": rss})
+    return rows
+
+
+def print_verdicts(found: List[Dict]) -> None:
+    print("# targets (issue 38)")
+    width = max(len(f"{v['config']}: {v['target']}") for v in found)
+    for v in found:
+        sign = ">=" if v["at_least"] else "<="
+        bound = "" if v["bound"] is None else f" {sign} {v['bound']}"
+        verdict = "-" if v["pass"] is None else ("pass" if v["pass"] else "MISS")
+        print(f"  {(v['config'] + ': ' + v['target']).ljust(width)}  {v['value']:8.3f}{bound:<8}  {verdict}")
+
+
+def plot(results: List[Dict], path: str) -> Optional[str]:
+    """p50 and p99 latency against the offered load (fraction of saturation), one colour per configuration."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no plot"
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for k, res in enumerate(results):
+        xs = [r["fraction"] for r in res["rates"]]
+        for q, style in (("p50_ms", ":"), ("p99_ms", "-")):
+            ax.plot(xs, [r[q] for r in res["rates"]], style, marker="o", color=f"C{k}",
+                    label=f"{res['config']} {q[:3]}")
+    ax.set_xlabel("offered load (fraction of the configuration's saturated throughput)")
+    ax.set_ylabel("latency (ms)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    atomic.write_through(path, fig.savefig)
+    plt.close(fig)
+    return None
+
+
+# ---- main ----------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--refill", nargs="+", choices=["on", "off"], default=["on", "off"], help="scheduler refill")
+    p.add_argument("--precision", nargs="+", choices=["fp32", "int8"], default=["fp32", "int8"])
+    p.add_argument("--workers", nargs="+", type=int, default=[1, 2], help="server worker processes")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke check: 128 sentences, 48 requests a rate, saturation over 4 x concurrency")
+    p.add_argument("--toy", action="store_true", help="serve_speed.py's toy model (tests); needs its own --json")
+    p.add_argument("--server", default=S.tool("acl-serve"), help="the acl-serve executable (default: %(default)s)")
+    p.add_argument("--policy", default="entropy", choices=list(exits.POLICIES), help="early-exit policy")
+    p.add_argument("--threshold", type=float, help="its threshold (default: the policy table's, 0.3 for entropy)")
+    p.add_argument("--max-batch", type=int, default=32, help="the server's --max-batch and the reference's batch")
+    p.add_argument("--max-queue", type=int, default=256, help="the server's --max-queue (rows)")
+    p.add_argument("--rates", type=float, nargs="+", default=list(RATES), help="offered loads, x saturation")
+    p.add_argument("--requests", type=int, default=872, help="Poisson arrivals per rate (bounded by --max-seconds)")
+    p.add_argument("--saturation-requests", type=int, default=0, help="0: two passes over the sentences")
+    p.add_argument("--concurrency", type=int, default=0, help="closed-loop callers (0: 2 x max batch x workers)")
+    p.add_argument("--max-seconds", type=float, default=60.0, help="sending stops after this, per phase")
+    p.add_argument("--drain-seconds", type=float, default=30.0, help="answers later than this are lost")
+    p.add_argument("--batch1-sentences", type=int, default=200, help="the batch-1 reference's subset")
+    p.add_argument("--atol", type=float, default=1e-5, help="probabilities equal to acl-predict's within this")
+    p.add_argument("--seed", type=int, default=1, help="the arrivals, the sentence order, the batch-1 subset")
+    p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all; --quick: 128)")
+    p.add_argument("--ready-seconds", type=float, default=120.0, help="start-up bound of the server")
+    p.add_argument("--stop-seconds", type=float, default=30.0, help="SIGTERM bound of the server")
+    p.add_argument("--checkpoint", help="a trained multi-exit checkpoint (default: predict_speed.py's)")
+    p.add_argument("--data", help="its binarized data folder; needed with --checkpoint")
+    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="model cache (%(default)s)")
+    p.add_argument("--hf-dir", help="HF BERT folder to train from (default: the packaged MiniLM)")
+    p.add_argument("--updates", type=int, default=300, help="updates of the cached training run")
+    p.add_argument("--json", help="default: benchmarks/results/serve_load.json (--quick, --toy: required)")
+    p.add_argument("--plot", help="default: the --json path with .png")
+    p.add_argument("--force", action="store_true", help="replace an existing --json")
+    args = p.parse_args(argv)
+    args.threshold = console.check_threshold(p, args.policy, args.threshold)
+    if args.quick:
+        args.examples = args.examples or 128
+        args.requests, args.batch1_sentences = min(args.requests, 48), min(args.batch1_sentences, 16)
+    results = os.path.abspath(os.path.join(G.REPO, "benchmarks", "results"))
+    if args.quick or args.toy:
+        if not args.json or os.path.abspath(args.json).startswith(results + os.sep):
+            p.error("--quick and --toy need their own --json outside benchmarks/results: a smoke run's numbers must "
+                    "not replace the real ones")
+    args.json = args.json or os.path.join(results, "serve_load.json")
+    args.plot = args.plot or os.path.splitext(args.json)[0] + ".png"
+    if os.path.exists(args.json) and not args.force:
+        p.error(f"{args.json} exists: pass --force to replace it")
+    if args.checkpoint and not args.data:
+        p.error("--checkpoint needs --data (the folder the model was trained on)")
+    if min(args.workers) < 1 or args.max_batch < 1 or args.requests < 1 or min(args.rates) <= 0:
+        p.error("--workers, --max-batch and --requests must be >= 1, --rates > 0")
+    need = args.concurrency or 2 * args.max_batch * max(args.workers)
+    if need > args.max_queue * min(args.workers):
+        p.error(f"--max-queue {args.max_queue}: the saturation loop keeps {need} requests in flight; raise "
+                "--max-queue or lower --concurrency, or saturation would count 503s")
+    if not os.path.exists(args.server):
+        p.error(f"--server {args.server}: not found; install acl-serve (pip install -e .[serve]) or name it")
+    return args
+
+
+def model_and_sentences(args):
+    """(ONNX folder with its int8 copy, sentences): serve_speed.py's model and data, exported again only when the
+    checkpoint changed (the hub, and torch, load only then)."""
+    import serve_speed
+
+    ckpt, data, sentences, _, folder = serve_speed.load(args)
+    st = os.stat(ckpt)
+    if R.load(folder, "source.json") != {"checkpoint": os.path.abspath(ckpt), "size": st.st_size,
+                                         "mtime_ns": st.st_mtime_ns}:
+        from acl_fairseq.inference import hub as hub_mod
+
+        hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(ckpt)), os.path.basename(ckpt),
+                                      os.path.abspath(data)).eval()
+        serve_speed.exported(hub, ckpt, folder)
+    return folder, sentences
+
+
+def setup_record(args, folder: str, n: int) -> Dict:
+    import onnxruntime
+
+    return {"onnx": os.path.relpath(folder, args.work), "sentences": n, "toy": args.toy, "quick": args.quick,
+            "policy": args.policy, "threshold": args.threshold, "max_batch": args.max_batch,
+            "max_queue": args.max_queue, "rates": args.rates, "requests": args.requests,
+            "max_seconds": args.max_seconds, "concurrency": args.concurrency or "2 x max_batch x workers",
+            "seed": args.seed, "atol": args.atol, "threads_per_worker": 1, "cpus": os.cpu_count(),
+            "load_average": os.getloadavg()[0], "onnxruntime": onnxruntime.__version__}
+
+
+def main(argv=None) -> Dict:
+    args = parse_args(argv)
+    folder, sentences = model_and_sentences(args)
+    configs = [Config(r == "on", p, w) for r in args.refill for p in args.precision for w in args.workers]
+    results = []
+    with tempfile.TemporaryDirectory(prefix="serve_load_") as tmp:
+        expected = {p: S.acl_predict(folder, p, sentences, args, tmp) for p in args.precision}
+        refs = {p: Reference(folder, p, sentences, args) for p in args.precision}
+        labels = refs[args.precision[0]].engine.label_names()
+        for cfg in configs:
+            ref = refs[cfg.precision]
+            ref.rounds = []
+            results.append(run_config(args, cfg, folder, sentences, ref, expected[cfg.precision], labels, tmp))
+    found = T.verdicts(results, len(sentences))
+    record = {"benchmark": "serve_load", "setup": setup_record(args, folder, len(sentences)), "results": results,
+              "verdicts": found}
+    print(f"# serve_load: {len(sentences)} sentences of {'the toy task' if args.toy else 'SST-2 dev'}, policy "
+          f"{args.policy} {args.threshold}, max batch {args.max_batch}, one thread a worker, {os.cpu_count()} cpus")
+    note = common.load_note()
+    if note:
+        print(note)
+    common.print_table(table_rows(results), COLUMNS, FORMATS)
+    print_verdicts(found)
+    atomic.write_json(args.json, record)
+    print(plot(results, args.plot) or f"# plot: {args.plot}")
+    return record
+
+
+if __name__ == "__main__":
+    common.quiet()
+    main()

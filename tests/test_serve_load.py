@@ -1,0 +1,277 @@
+"""benchmarks/serve_load.py: the Poisson schedule, the open-loop client against a server written here, the percentile
+and verdict arithmetic, the JSON record; (slow) one --quick run end to end against acl-serve on the toy model."""
+import asyncio
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+
+import _load_client as C
+import _load_stats as T
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---- the schedule --------------------------------------------------------------------------------
+
+
+def test_poisson_offsets_are_seeded_and_one_schedule_stretched_across_rates():
+    a, b = C.poisson_offsets(10.0, 50, 1e9, seed=3), C.poisson_offsets(10.0, 50, 1e9, seed=3)
+    assert a == b and len(a) == 50 and a == sorted(a) and a[0] > 0
+    assert C.poisson_offsets(10.0, 50, 1e9, seed=4) != a
+    assert C.poisson_offsets(5.0, 50, 1e9, seed=3) == pytest.approx([2 * t for t in a])
+
+
+def test_poisson_offsets_are_bounded_in_count_and_in_time():
+    assert len(C.poisson_offsets(100.0, 7, 1e9, seed=1)) == 7
+    timed = C.poisson_offsets(100.0, 10_000, 2.0, seed=1)
+    assert timed and max(timed) < 2.0 and len(timed) < 10_000
+    assert len(timed) == len([t for t in C.poisson_offsets(100.0, 10_000, 1e9, seed=1) if t < 2.0])
+
+
+def test_poisson_gaps_are_exponential_at_the_rate():
+    t = np.array(C.poisson_offsets(40.0, 20_000, 1e9, seed=2))
+    gaps = np.diff(np.concatenate([[0.0], t]))
+    assert gaps.mean() == pytest.approx(1 / 40, rel=0.03)
+    assert gaps.std() == pytest.approx(1 / 40, rel=0.03)  # an exponential's std is its mean
+    assert (gaps < np.log(2) / 40).mean() == pytest.approx(0.5, abs=0.02)  # and its median ln 2 / rate
+
+
+def test_a_bad_rate_is_refused():
+    with pytest.raises(ValueError, match="rate"):
+        C.poisson_offsets(0.0, 5, 1.0, seed=1)
+
+
+# ---- the client against a server of this test ----------------------------------------------------
+
+
+async def _fake_server(slow_text: str, bad_id_text: str):
+    """OIP infer answers: 503 with Retry-After for "busy", a chunked body for "chunked", the wrong id for
+    ``bad_id_text``, an answer 0.8 s late for ``slow_text``."""
+
+    async def handle(reader, writer):
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):  # the client left
+                break
+            length = int(next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")))
+            body = json.loads(await reader.readexactly(length))
+            text = body["inputs"][0]["data"][0]
+            if text == slow_text:
+                await asyncio.sleep(0.8)
+            if text == "busy":
+                writer.write(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 2\r\nContent-Length: 2\r\n\r\n{}")
+                continue
+            answer = json.dumps({"id": "other" if text == bad_id_text else body["id"], "outputs": [
+                {"name": "label", "data": [text[::-1]]}, {"name": "exit_layer", "data": [len(text)]},
+                {"name": "probabilities", "data": [0.25, 0.75]}]}).encode()
+            if text == "chunked":
+                half = len(answer) // 2
+                chunks = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in (answer[:half], answer[half:]))
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n")
+            else:
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer))
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+def _client_run(texts, spec):
+    async def scenario():
+        server = await _fake_server(slow_text="slow", bad_id_text="twice")
+        port = server.sockets[0].getsockname()[1]
+        try:
+            return await C.run({"host": "127.0.0.1", "port": port, "model": "acl", "texts": texts, "tag": "t",
+                                "max_seconds": 5.0, "drain_seconds": 5.0, **spec})
+        finally:
+            server.close()
+
+    return asyncio.run(scenario())
+
+
+def test_open_loop_sends_on_schedule_while_an_answer_is_slow():
+    texts = ["slow", "ab", "busy", "chunked", "twice", "xyz"]
+    offsets = [0.05 * (i + 1) for i in range(len(texts))]
+    out = _client_run(texts, {"mode": "open", "order": list(range(len(texts))), "offsets": offsets})
+    recs = out["records"]
+    assert [r["i"] for r in recs] == list(range(len(texts)))
+    for r in recs:  # each left on time, though the first answer took 0.8 s
+        assert r["sent"] - r["scheduled"] < 0.1
+    slow, fast = recs[0], recs[1]
+    assert slow["done"] - slow["scheduled"] >= 0.8 and fast["done"] < slow["done"]
+    assert out["connections"] >= 2  # the slow answer held one connection, so the next send opened another
+    assert (fast["status"], fast["label"], fast["exit_layer"], fast["probabilities"], fast["id_ok"]) == \
+        (200, "ba", 2, [0.25, 0.75], True)
+    assert (recs[2]["status"], recs[2]["retry_after"]) == (503, "2")
+    assert (recs[3]["label"], recs[3]["id_ok"]) == ("deknuhc", True)
+    assert recs[4]["id_ok"] is False
+    row = T.summarize(out, offered=20.0, planned=7)
+    assert (row["sent"], row["unsent"], row["ok"], row["n_503"], row["wrong_id"], row["lost"], row["errors"]) == \
+        (6, 1, 4, 1, 1, 0, 0)
+
+
+def test_closed_loop_keeps_its_callers_busy_and_answers_every_request():
+    texts = ["a", "bb", "ccc"]
+    out = _client_run(texts, {"mode": "closed", "order": [0, 1, 2] * 10, "concurrency": 4})
+    assert [r["i"] for r in out["records"]] == list(range(30))
+    assert all(r["status"] == 200 and r["id_ok"] for r in out["records"])
+    assert [r["exit_layer"] for r in out["records"]] == [1, 2, 3] * 10
+    assert out["connections"] == 4
+
+
+def test_a_request_the_server_never_answers_is_lost():
+    async def scenario():
+        async def silent(reader, writer):
+            await asyncio.sleep(10)
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        try:
+            t = time.perf_counter()
+            out = await C.run({"host": "127.0.0.1", "port": server.sockets[0].getsockname()[1], "model": "acl",
+                               "texts": ["x"], "tag": "t", "mode": "open", "order": [0], "offsets": [0.0],
+                               "max_seconds": 0.2, "drain_seconds": 0.3})
+            return out, time.perf_counter() - t
+        finally:
+            server.close()
+
+    out, took = asyncio.run(scenario())
+    assert took < 2.0
+    assert T.summarize(out, 1.0, 1)["lost"] == 1
+
+
+# ---- the arithmetic ------------------------------------------------------------------------------
+
+
+def test_percentile_is_numpys_linear_one():
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 7, 100):
+        xs = list(rng.exponential(size=n))
+        for q in (0, 50, 95, 99, 100):
+            assert T.percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
+    assert T.percentile([], 50) is None
+
+
+def _rec(i, status, scheduled, done, id_ok=True, exit_layer=2, error=None, text=0, label="1", probs=(0.9, 0.1)):
+    return {"i": i, "text": text, "scheduled": scheduled, "sent": scheduled, "done": done, "status": status,
+            "retry_after": None, "id_ok": id_ok if status == 200 else None, "label": label,
+            "exit_layer": exit_layer, "probabilities": list(probs), "error": error}
+
+
+def test_summarize_counts_each_outcome_and_times_latency_from_the_schedule():
+    recs = [_rec(0, 200, 0.0, 0.010, exit_layer=2), _rec(1, 200, 0.5, 0.530, exit_layer=4),
+            _rec(2, 200, 1.0, 1.050, exit_layer=6), _rec(3, 503, 1.1, 1.101), _rec(4, 500, 1.2, 1.21),
+            _rec(5, 404, 1.3, 1.31), _rec(6, 0, 1.4, None), _rec(7, 0, 1.5, 1.6, error="ConnectionError: x"),
+            _rec(8, 200, 1.6, 1.9, id_ok=False)]
+    row = T.summarize({"records": recs, "connections": 3}, offered=4.0, planned=10)
+    assert (row["sent"], row["unsent"], row["ok"], row["n_503"], row["n_5xx_other"], row["errors"], row["lost"],
+            row["wrong_id"]) == (9, 1, 3, 1, 1, 3, 1, 1)
+    assert row["p50_ms"] == pytest.approx(30.0) and row["p99_ms"] == pytest.approx(49.6)
+    assert row["throughput_per_s"] == pytest.approx(3 / 1.05)
+    assert row["mean_exit_layer"] == pytest.approx(4.0)
+
+
+def test_steady_throughput_leaves_out_the_ramp_and_the_drain():
+    # 4 callers: the first answers come slowly (start-up), then one every 10 ms, then a slow tail
+    done = [1.0, 1.5, 1.8, 1.99] + [2.0 + 0.01 * k for k in range(100)] + [5.0, 6.0, 7.0, 8.0]
+    out = {"records": [_rec(i, 200, None, t) for i, t in enumerate(done)]}
+    assert T.steady_throughput(out, 4) == pytest.approx(100 / (done[-5] - done[3]))
+    assert T.steady_throughput(out, 4) == pytest.approx(100.0, rel=0.02)
+    few = {"records": [_rec(i, 200, None, t) for i, t in enumerate([0.5, 1.0])]}
+    assert T.steady_throughput(few, 4) == pytest.approx(2.0)
+
+
+def test_served_answers_are_compared_with_acl_predicts_rows():
+    expected = [{"label": "1", "exit_layer": 2, "probabilities": {"1": 0.9, "0": 0.1}}] * 4
+    recs = [_rec(0, 200, 0, 1, text=0), _rec(1, 200, 0, 1, text=1, label="0"), _rec(2, 200, 0, 1, text=2, exit_layer=3),
+            _rec(3, 200, 0, 1, text=3, probs=(0.9 + 2e-5, 0.1)), _rec(4, 200, 0, 1, text=0, probs=(0.9 + 5e-6, 0.1)),
+            _rec(5, 503, 0, 1, text=3)]
+    got = T.compare_answers(recs, expected, ["1", "0"], atol=1e-5)
+    assert (got["compared"], got["mismatches"], got["sentences"]) == (5, 3, 4)
+    assert got["max_prob_diff"] == pytest.approx(2e-5)
+
+
+def _result(refill, workers, sat, full, layer_speedup, p99, batch1, mismatches=0, lost=0, errors=0, code=0):
+    phase = {"lost": lost, "wrong_id": 0, "errors": errors, "throughput_per_s": sat}
+    return {"config": f"c{refill}{workers}", "refill": refill, "workers": workers, "saturation": phase,
+            "rates": [{**phase, "lost": 0, "errors": 0, "fraction": 0.5, "p99_ms": p99}],
+            "reference": {"full_batched_per_s": full, "batch1_ms": batch1}, "layer_speedup": layer_speedup,
+            "answers": {"mismatches": mismatches, "sentences": 10},
+            "server": {"exit_code": code, "stop_s": 0.5, "killed": False}}
+
+
+def _pick(found, config, start):
+    (v,) = [v for v in found if v["config"] == config and v["target"].startswith(start)]
+    return v
+
+
+def test_verdicts_hold_the_issues_bounds():
+    found = T.verdicts([_result(True, 1, 90.0, 60.0, 1.5, 29.0, 10.0),
+                        _result(True, 2, 90.0, 60.0, 1.5, 31.0, 10.0, mismatches=1, lost=2, errors=1, code=-15),
+                        _result(False, 1, 45.0, 60.0, 1.5, 5.0, 10.0)], n_sentences=10)
+    ratio = "saturated / (layer speed-up x full-depth batched x workers)"
+    assert _pick(found, "cTrue1", ratio)["value"] == pytest.approx(1.0)
+    assert _pick(found, "cTrue1", "p99 at 50%")["value"] == pytest.approx(2.9)
+    assert [v["pass"] for v in found if v["config"] == "cTrue1"] == [True] * 7
+    assert _pick(found, "cTrue2", ratio)["value"] == pytest.approx(0.5)  # two workers: twice the reference
+    assert [v["pass"] for v in found if v["config"] == "cTrue2"] == [False] * 7
+    assert _pick(found, "cTrue2", "requests lost")["value"] == 2
+    assert _pick(found, "cTrue2", "SIGTERM")["value"] == 1
+    no_refill = _pick(found, "cFalse1", ratio)
+    assert no_refill["pass"] is None and no_refill["value"] == pytest.approx(0.5)
+    assert not [v for v in found if v["config"] == "cFalse1" and "moonshot" in v["target"]]
+    json.dumps(found)  # the record takes them as they are
+
+
+# ---- the command line and the record -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--quick"], "need their own --json"),
+    (["--toy", "--json", os.path.join(REPO, "benchmarks", "results", "x.json")], "need their own --json"),
+    (["--concurrency", "300", "--max-queue", "256", "--json", "TMP"], "--max-queue 256"),
+    (["--server", "/nonexistent/acl-serve", "--json", "TMP"], "not found"),
+])
+def test_bad_flags_are_refused_with_a_line_naming_the_fix(flags, message, tmp_path, capsys):
+    import serve_load
+
+    argv = ["--server", __file__] + [str(tmp_path / "x.json") if f == "TMP" else f for f in flags]
+    with pytest.raises(SystemExit):
+        serve_load.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_the_record_holds_setup_results_and_verdicts_and_is_written_whole(tmp_path, monkeypatch, capsys):
+    import _load_server as S
+    import serve_load
+
+    class FakeReference:
+        def __init__(self, folder, precision, sentences, args):
+            self.engine = type("E", (), {"label_names": lambda self: ["1", "0"]})()
+
+    def fake_run(args, cfg, folder, sentences, ref, expected, labels, tmp):
+        res = _result(cfg.refill, cfg.workers, 90.0, 60.0, 1.5, 29.0, 10.0)
+        phase = {k: 1.0 for k in serve_load.COLUMNS[2:-1]}
+        return {**res, "config": cfg.name, "precision": cfg.precision, "peak_rss_mb_per_worker": [300.0],
+                "saturation": {**res["saturation"], **phase},
+                "rates": [{**r, **phase, "fraction": f, "p99_ms": 29.0} for r, f in zip(res["rates"] * 2, (0.5, 1.0))]}
+
+    monkeypatch.setattr(serve_load, "model_and_sentences", lambda args: (str(tmp_path / "onnx"), ["a", "b"]))
+    monkeypatch.setattr(S, "acl_predict", lambda *a: [])
+    monkeypatch.setattr(serve_load, "Reference", FakeReference)
+    monkeypatch.setattr(serve_load, "run_config", fake_run)
+    out = tmp_path / "load.json"
+    got = serve_load.main(["--server", __file__, "--json", str(out), "--refill", "on", "off", "--precision",
+                           "int8", "--workers", "2", "--work", str(tmp_path), "--rates", "0.5", "1.0"])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(got))
+    assert [r["config"] for r in got["results"]] == ["refill int8 w2", "no-refill int8 w2"]
+    assert got["setup"]["onnx"] == "onnx" and got["setup"]["rates"] == [0.5, 1.0]
+    assert {v["config"] for v in got["verdicts"]} == {"refill int8 w2", "no-refill int8 w2"}
+    assert (tmp_path / "load.png").stat().st_size > 0
+    printed = capsys.readouterr().out
+    assert "no-refill int8 w2" in printed and "# targets (issue 38)" in printed
+    assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]
+    with pytest.raises(SystemExit):  # and is not replaced without --force
+        serve_load.parse_args(["--server", __file__, "--json", str(out)])
