@@ -6,10 +6,11 @@ install requirements on purpose: see README "Set-up" for the order they must be 
 """
 from setuptools import find_packages, setup
 
-# pip install .[serve]: what acl-predict OUT/onnx needs, without torch or fairseq. Pinned as requirements.txt pins
-# onnxruntime and tokenizers, and numpy as scripts/setup_env.sh does (tests/test_serving_install.py checks that they
+# pip install .[serve]: what acl-predict OUT/onnx and acl-serve need, without torch or fairseq. Pinned as
+# requirements.txt pins them, and numpy as scripts/setup_env.sh does (tests/test_serving_install.py checks that they
 # agree; scripts/check_serving_env.sh installs exactly these)
-SERVE_REQUIRES = ["numpy==1.26.4", "onnxruntime==1.30.0", "tokenizers==0.23.3"]
+SERVE_REQUIRES = ["numpy==1.26.4", "onnxruntime==1.30.0", "tokenizers==0.23.3", "starlette==1.10.0",
+                  "uvicorn==0.54.0", "prometheus-client==0.26.0"]
 
 setup(
     name="acl_fairseq",
@@ -27,6 +28,7 @@ setup(
         "console_scripts": [
             "acl-evaluate=acl_fairseq.cli.evaluate:cli_main",
             "acl-predict=acl_fairseq.cli.predict:cli_main",
+            "acl-serve=acl_fairseq.serve.cli:cli_main",
             "acl-convert-hf=acl_fairseq.hf.convert:cli_main",
             "acl-export=acl_fairseq.hf.export:cli_main",
             "acl-preprocess=acl_fairseq.preprocessing.glue:cli_main",

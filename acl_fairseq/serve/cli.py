@@ -1,0 +1,179 @@
+"""``acl-serve``: an exported OUT/onnx folder as an HTTP service, with early exit and a refilling scheduler.
+
+    acl-serve OUT/onnx [--host 127.0.0.1] [--port 8080] [--model-name acl] [--precision fp32|int8]
+        [--policy P --threshold T] [--max-batch 32] [--max-queue ROWS] [--workers N] [--threads 1]
+        [--max-body-bytes 1048576] [--refill | --no-refill] [--drain-seconds 30]
+
+Routes: the Open Inference Protocol v2 (``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/NAME``,
+``POST /v2/models/NAME/infer``), text-embeddings-inference's ``POST /predict``, and ``/metrics`` (Prometheus).
+Each request may name its own ``policy``, ``threshold`` or ``exit_layer``; without them the flags decide, else the
+folder's serving policy, else the last exit. Needs onnxruntime, tokenizers, numpy, starlette, uvicorn and
+prometheus-client (``pip install .[serve]``), never torch or fairseq.
+"""
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from typing import List, Optional
+
+from acl_fairseq import exits
+from acl_fairseq.cli import console
+from acl_fairseq.cli.console import UsageError
+from acl_fairseq.inference import calibration
+
+SETTINGS_ENV = "ACL_SERVE_SETTINGS"  # a worker process's Settings, as JSON (--workers N)
+EXIT_STATUSES = ("Exit status: 0 after SIGTERM or Ctrl-C once every accepted request is answered (the server stops "
+                 "accepting at once and waits up to --drain-seconds); 2 for a bad flag or folder, before "
+                 "anything listens.")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive whole number")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: a port is a whole number from 0 to 65535 (0: any free one)")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="acl-serve", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 2)[2].rstrip() + "\n\n" + EXIT_STATUSES)
+    p.add_argument("folder", help="a folder that acl-export --format onnx wrote (OUT/onnx)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, this machine "
+                   "only; 0.0.0.0 for every interface)")
+    p.add_argument("--port", type=_port, default=8080, help="TCP port (default: %(default)s)")
+    p.add_argument("--model-name", default="acl", help="the model's name in /v2/models/NAME (default: %(default)s)")
+    p.add_argument("--precision", choices=("fp32", "int8"), default="fp32", help="the folder's fp32 graphs or the "
+                   "int8 copy that acl-export --quantize int8 wrote (default: %(default)s)")
+    p.add_argument("--policy", choices=calibration.policy_choices(), help="the default early-exit policy (a request "
+                   "may name its own). Default: the folder's serving policy, else none (the last exit)")
+    p.add_argument("--threshold", type=float, help="the --policy's threshold. " + "; ".join(
+        f"{r.name}: {r.rule}, {r.range_text}, default {r.default:g}" for r in exits.POLICIES.values()))
+    p.add_argument("--max-batch", type=_positive_int, default=32, help="rows per backend call (default: %(default)s)")
+    p.add_argument("--max-queue", type=_positive_int, help="inputs accepted and not yet answered, per worker; past "
+                   "it a request is answered 503 with Retry-After (default: 32 x --max-batch)")
+    p.add_argument("--workers", type=_positive_int, default=1, help="server processes, each with its own engine "
+                   "and scheduler, sharing the port (default: %(default)s)")
+    p.add_argument("--threads", type=_positive_int, default=1, help="ONNX Runtime threads per worker (default: "
+                   "%(default)s)")
+    p.add_argument("--max-body-bytes", type=_positive_int, default=1 << 20, help="larger request bodies are "
+                   "refused with 413 (default: %(default)s)")
+    p.add_argument("--refill", action=argparse.BooleanOptionalAction, default=True, help="continuous batching "
+                   "across layers (--no-refill: each batch runs to its end, shrinking as rows exit; default: on)")
+    p.add_argument("--drain-seconds", type=float, default=30.0, help="on SIGTERM, how long the accepted requests "
+                   "may take to be answered before the server exits anyway (default: %(default)s)")
+    return p
+
+
+def settings_from(args):
+    from acl_fairseq.serve.app import Settings
+
+    max_queue = args.max_queue or 32 * args.max_batch
+    if max_queue < args.max_batch:
+        raise UsageError(f"--max-queue {max_queue} is below --max-batch {args.max_batch}: a batch could never fill; "
+                         "raise --max-queue")
+    return Settings(os.path.abspath(args.folder), args.model_name, args.precision, args.policy, args.threshold,
+                    args.max_batch, max_queue, args.max_body_bytes, args.refill, args.threads, args.drain_seconds)
+
+
+def load_service(settings):
+    """The worker's :class:`~acl_fairseq.serve.app.Service`; a bad folder or flag is a :class:`UsageError`."""
+    from acl_fairseq.runtime import engine
+    from acl_fairseq.serve.app import Service
+
+    try:
+        return Service(settings)
+    except (OSError, ValueError, engine.RuntimeMissing) as e:
+        raise UsageError(str(e)) from None
+
+
+def worker_app():
+    """The app of one ``--workers`` process (uvicorn's factory, in a fresh interpreter)."""
+    from acl_fairseq.serve.app import Settings, build_app
+
+    return build_app(load_service(Settings(**json.loads(os.environ[SETTINGS_ENV]))))
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    started = time.perf_counter()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.threshold is not None and args.policy in (None, calibration.NO_POLICY):
+        parser.error(f"--threshold needs a --policy to apply to ({', '.join(exits.POLICIES)}); --policy "
+                     f"{calibration.NO_POLICY} takes none")
+    if args.policy is not None and args.threshold is not None:
+        args.threshold = console.check_threshold(parser, args.policy, args.threshold)
+    if not os.path.isfile(os.path.join(args.folder, "manifest.json")):
+        raise UsageError(f"{args.folder}: no manifest.json, not a folder that acl-export --format onnx wrote (give "
+                         "OUT/onnx)")
+    settings = settings_from(args)
+    import uvicorn
+
+    from acl_fairseq.serve.app import build_app
+
+    # the worker processes load their own; this one checks the folder and flags first, so that a bad one is one
+    # line and exit 2 rather than N workers failing
+    service = load_service(settings)
+    default = service.default
+    loaded = time.perf_counter()
+    config = dict(host=args.host, port=args.port, log_level=os.environ.get("LOGLEVEL", "warning").lower(),
+                  access_log=False, timeout_graceful_shutdown=settings.drain_seconds, lifespan="on")
+    if args.workers > 1:
+        del service
+        os.environ[SETTINGS_ENV] = json.dumps(settings._asdict())
+        # prometheus-client's multiprocess mode: each worker writes its values in this folder, /metrics sums them
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="acl-serve-metrics-")
+        config = uvicorn.Config("acl_fairseq.serve.cli:worker_app", factory=True, workers=args.workers, **config)
+    else:
+        config = uvicorn.Config(build_app(service), **config)
+    policy = "last exit" if default.policy is None else f"{default.policy} {default.threshold:g} ({default.source})"
+    print(f"acl-serve: {settings.model_name} from {settings.folder} ({settings.precision}, {policy}; refill "
+          f"{'on' if settings.refill else 'off'}, max batch {settings.max_batch}, max queue {settings.max_queue}) on "
+          f"http://{args.host}:{args.port} with {args.workers} worker(s); loaded in {loaded - started:.2f} s",
+          file=sys.stderr, flush=True)
+    # uvicorn handles SIGTERM and SIGINT while it serves, then re-raises the signal under the handler found before
+    # it: this one, so that a drained server exits 0 instead of dying by the signal
+    drained = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: drained.append(signum))
+    signal.signal(signal.SIGINT, lambda signum, frame: drained.append(signum))
+    if args.workers > 1:
+        from uvicorn.supervisors import Multiprocess
+
+        try:  # the supervisor passes SIGTERM to every worker, each drains, and it joins them
+            Multiprocess(config, sockets=[config.bind_socket()]).run()
+        finally:
+            shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
+        return 0
+    server = uvicorn.Server(config)
+    server.run()
+    if not server.started:
+        raise UsageError(f"cannot listen on {args.host}:{args.port} (see the line above): choose another --port")
+    return 0
+
+
+def cli_main() -> None:
+    logging.basicConfig(format=console.LOG_FORMAT, level=os.environ.get("LOGLEVEL", "WARNING").upper(),
+                        stream=sys.stderr)
+    console.run("acl-serve", main)
+
+
+if __name__ == "__main__":
+    cli_main()

@@ -1,0 +1,76 @@
+"""acl-serve's Prometheus metrics (``prometheus-client``), served at ``/metrics``.
+
+- ``acl_requests_total{route,status}``: requests answered, by route and HTTP status;
+- ``acl_request_seconds{route}``: latency, from the whole body read to the answer built (a histogram);
+- ``acl_exit_layer``: the layer each answered input left at (a histogram with one bucket per exit);
+- ``acl_queue_depth``: inputs accepted and not yet answered (the scheduler's queue);
+- ``acl_batch_fill{layer}``: rows of each backend call over ``--max-batch`` (layer 0: the embeddings).
+
+With ``--workers N`` every worker writes its values to ``PROMETHEUS_MULTIPROC_DIR`` (set by acl-serve before the
+workers start) and ``/metrics`` sums them over the workers, whichever answers.
+"""
+import os
+from typing import Sequence
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+FILL_BUCKETS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
+
+
+def shared() -> bool:
+    """Whether the values are kept in files shared by the workers (prometheus-client's multiprocess mode)."""
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+class Metrics:
+    def __init__(self, exit_layers: Sequence[int], max_batch: int):
+        # a registry per server: tests start several in one process
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("acl_requests", "requests answered, by route and HTTP status", ["route", "status"],
+                                registry=r)
+        self.latency = Histogram("acl_request_seconds", "seconds from the request's body read to its answer",
+                                 ["route"], buckets=LATENCY_BUCKETS, registry=r)
+        self.exit_layer = Histogram("acl_exit_layer", "encoder layer each answered input left at",
+                                    buckets=[float(x) for x in exit_layers], registry=r)
+        self.queue_depth = Gauge("acl_queue_depth", "inputs accepted and not yet answered", registry=r,
+                                 multiprocess_mode="livesum")
+        self.batch_fill = Histogram("acl_batch_fill", "rows of a backend call over --max-batch, by layer (0: the "
+                                    "embeddings)", ["layer"], buckets=FILL_BUCKETS, registry=r)
+        self.max_batch = max_batch
+        self.depth = lambda: 0  # the scheduler's depth(), read at each scrape and after each answer
+
+    def track_depth(self) -> None:
+        self.queue_depth.set(self.depth())
+
+    def on_batch(self, layer: int, rows: int) -> None:
+        """The scheduler's ``on_batch``: called from its thread after every backend call."""
+        self.batch_fill.labels(layer=str(layer)).observe(rows / self.max_batch)
+
+    def answered(self, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(route=route, status=str(status)).inc()
+        self.latency.labels(route=route).observe(seconds)
+
+    def exits(self, layers: Sequence[int]) -> None:
+        for layer in layers:
+            self.exit_layer.observe(int(layer))
+
+    def exposition(self) -> bytes:
+        self.track_depth()
+        if shared():
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            return generate_latest(registry)
+        return generate_latest(self.registry)
+
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST

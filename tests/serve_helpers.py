@@ -1,0 +1,96 @@
+"""What tests/test_serve*.py share: the tiny exported folder, an in-process acl-serve on a free loopback port, and
+a plain-JSON client (urllib: no client library of ours between the test and the server)."""
+import contextlib
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+import helpers
+
+
+@pytest.fixture(scope="module")
+def exported(predict_run, tmp_path_factory):
+    """predict_run's tiny multi-exit model (every layer an exit, sentence pairs) through acl-export --format onnx
+    --quantize int8, its validation texts, and the engine acl-predict would run on the folder."""
+    from acl_fairseq.hf import export
+    from acl_fairseq.runtime.engine import Engine
+
+    _, data, ckpt = predict_run
+    out = tmp_path_factory.mktemp("serve") / "out"
+    export.main([ckpt, "--data", data, "--out", str(out), "--format", "onnx", "--quantize", "int8",
+                 "--metrics-split", "none"])
+    folder = str(out / "onnx")
+    texts, _ = helpers.raw_split(data)
+    # pairs, their first sentences alone, and the odd ones: empty, spacing, accents, a text over the positions
+    texts = list(texts) + [a for a, _ in texts][:8] + ["", "  the   movie ", "café naïve", " ".join(["good"] * 400)]
+    return {"folder": folder, "texts": texts, "engine": Engine(folder, threads=1)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(folder: str, **settings):
+    """acl-serve's app on uvicorn in a thread of this process: (base URL, Service)."""
+    import uvicorn
+
+    from acl_fairseq.serve.app import Service, Settings, build_app
+
+    service = Service(Settings(folder, **settings))
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(build_app(service), log_level="warning", access_log=False,
+                                           timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", service
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def call(url: str, body=None, method=None, headers=None, timeout: float = 60):
+    """(status, headers, parsed JSON body or the raw bytes): ``body`` a dict (sent as JSON) or bytes."""
+    data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
+    req = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"),
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, head, raw = r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        status, head, raw = e.code, dict(e.headers), e.read()
+    try:
+        return status, head, json.loads(raw) if raw else None
+    except ValueError:
+        return status, head, raw
+
+
+def oip_body(texts, **parameters):
+    """An OIP v2 infer request in plain JSON: a ``text`` tensor, and ``text_pair`` when the inputs are pairs."""
+    pairs = [t if isinstance(t, (tuple, list)) else (t, None) for t in texts]
+    inputs = [{"name": "text", "shape": [len(pairs)], "datatype": "BYTES", "data": [a for a, _ in pairs]}]
+    if all(b is not None for _, b in pairs):
+        inputs.append({"name": "text_pair", "shape": [len(pairs)], "datatype": "BYTES", "data": [b for _, b in pairs]})
+    body = {"inputs": inputs}
+    if parameters:
+        body["parameters"] = parameters
+    return body
+
+
+def outputs(answer) -> dict:
+    return {o["name"]: o["data"] for o in answer["outputs"]}

@@ -1,0 +1,163 @@
+"""acl-serve in-process (uvicorn on a free loopback port, in a thread): its answers are the engine's, over plain
+JSON, TEI's /predict and tritonclient.http (a client no one here wrote); every bad request is a 4xx with one
+line; a full queue is 503 with Retry-After and every request gets exactly one answer; /metrics."""
+import concurrent.futures
+import random
+
+import numpy as np
+import pytest
+
+from acl_fairseq.runtime import loop
+from serve_helpers import call, exported, oip_body, outputs, serving  # noqa: F401  (exported: a fixture)
+
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def server(exported):  # noqa: F811
+    with serving(exported["folder"], max_batch=8, max_queue=256) as (url, service):
+        yield url, service
+
+
+def _split(texts):
+    return [t for t in texts if isinstance(t, str)], [tuple(t) for t in texts if not isinstance(t, str)]
+
+
+def spread_requests(exported):  # noqa: F811
+    """Exit requests whose thresholds split the texts between exits: the median of the first exit's normalized
+    entropy and of its top probability (the tiny model is barely trained, so the table's defaults exit nowhere)."""
+    eng = exported["engine"]
+    encoded = [eng.encode_with_info(*((t,) if isinstance(t, str) else t))[0] for t in exported["texts"]]
+    first = np.concatenate([eng.run_batch(b[1]).exit_logits[:, 0] for b in eng.make_batches(encoded, 64)])
+    p = loop.softmax(first)
+    entropy = -(p * np.log(p)).sum(1) / np.log(p.shape[1])
+    return [{}, {"policy": "none"}, {"policy": "entropy", "threshold": float(np.median(entropy))},
+            {"policy": "confidence", "threshold": float(np.median(p.max(1)))}, {"policy": "patience", "threshold": 1},
+            {"exit_layer": 2}]
+
+
+def expected(exported, texts, params):  # noqa: F811
+    eng = exported["engine"]
+    return eng.predict_early_exit(texts, params.get("policy"), params.get("threshold"), params.get("exit_layer"))
+
+
+def test_the_thresholds_spread_the_texts_over_the_exits(exported):  # noqa: F811
+    """Otherwise the equality tests below would compare the last exit only."""
+    layers = {p.exit_layer for params in spread_requests(exported) for p in expected(exported, exported["texts"],
+                                                                                         params)}
+    assert layers == {1, 2, 3}
+
+
+def test_oip_answers_are_the_engines(server, exported):  # noqa: F811
+    url, _ = server
+    for params in spread_requests(exported):
+        for group in _split(exported["texts"]):
+            status, _, answer = call(f"{url}/v2/models/acl/infer", oip_body(group, **params))
+            assert status == 200, answer
+            want = expected(exported, group, params)
+            got = outputs(answer)
+            assert got["label"] == [p.label for p in want]
+            assert got["exit_layer"] == [p.exit_layer for p in want]
+            assert got["truncated"] == [p.truncated for p in want]
+            probs = np.asarray(got["probabilities"]).reshape(len(group), -1)
+            assert np.abs(probs - [[p.probabilities[k] for k in ("0", "1")] for p in want]).max() < ATOL
+            assert answer["parameters"]["truncated"] == sum(p.truncated for p in want)
+
+
+def test_predict_answers_are_the_engines_in_teis_shape(server, exported):  # noqa: F811
+    url, _ = server
+    texts = exported["texts"]
+    batch = [[t] if isinstance(t, str) else list(t) for t in texts]
+    for params in spread_requests(exported):
+        status, _, answer = call(f"{url}/predict", {"inputs": batch, **params})
+        assert status == 200, answer
+        want = expected(exported, texts, params)
+        assert len(answer) == len(want)
+        for entries, p in zip(answer, want):
+            assert [e["score"] for e in entries] == sorted((e["score"] for e in entries), reverse=True)
+            assert entries[0]["label"] == p.label
+            assert {e["exit_layer"] for e in entries} == {p.exit_layer}
+            assert {e["truncated"] for e in entries} == {p.truncated}
+            assert max(abs(e["score"] - p.probabilities[e["label"]]) for e in entries) < ATOL
+    # TEI's single forms: a string, and a list of two strings is one pair; an answer is then one list
+    a, b = texts[0]
+    assert call(f"{url}/predict", {"inputs": a})[2][0]["label"] == expected(exported, [a], {})[0].label
+    single = call(f"{url}/predict", {"inputs": [a, b]})[2]
+    assert single[0]["exit_layer"] == expected(exported, [(a, b)], {})[0].exit_layer and "label" in single[0]
+    raw = call(f"{url}/predict", {"inputs": a, "raw_scores": True})[2]
+    assert sum(e["score"] for e in raw) != pytest.approx(1.0)  # logits, not probabilities
+
+
+def test_concurrent_requests_in_random_order_get_the_answers_of_the_engine(server, exported):  # noqa: F811
+    """Rows of many requests share the scheduler's batches in whatever order they arrive; a row's answer must
+    not depend on it."""
+    url, _ = server
+    rng = random.Random(0)
+    params = spread_requests(exported)[2]
+    singles = [t if isinstance(t, str) else t[0] for t in exported["texts"]]
+    jobs = [rng.sample(singles, rng.randint(1, 5)) for _ in range(60)]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda group: call(f"{url}/v2/models/acl/infer", oip_body(group, **params)), jobs))
+    for group, (status, _, answer) in zip(jobs, answers):
+        assert status == 200, answer
+        want = expected(exported, group, params)
+        assert outputs(answer)["exit_layer"] == [p.exit_layer for p in want]
+        probs = np.asarray(outputs(answer)["probabilities"]).reshape(len(group), -1)
+        assert np.abs(probs[:, 1] - [p.probabilities["1"] for p in want]).max() < ATOL
+
+
+def test_tritonclient_http_reads_the_model_and_its_answers(server, exported):  # noqa: F811
+    """tritonclient.http sends binary tensors by default (Triton's binary tensor extension) and JSON on request."""
+    import tritonclient.http as triton
+
+    url, _ = server
+    client = triton.InferenceServerClient(url.removeprefix("http://"))
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("acl")
+    meta = client.get_model_metadata("acl")
+    assert [i["name"] for i in meta["inputs"]] == ["text", "text_pair"]
+    assert {"label", "exit_layer", "probabilities"} <= {o["name"] for o in meta["outputs"]}
+    assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
+    pairs = [t for t in exported["texts"] if not isinstance(t, str)][:6]
+    params = spread_requests(exported)[2]
+    want = expected(exported, pairs, params)
+    for binary in (True, False):
+        tensors = []
+        for name, column in (("text", 0), ("text_pair", 1)):
+            t = triton.InferInput(name, [len(pairs)], "BYTES")
+            t.set_data_from_numpy(np.asarray([p[column] for p in pairs], dtype=object), binary_data=binary)
+            tensors.append(t)
+        requested = [triton.InferRequestedOutput(n, binary_data=binary) for n in ("label", "exit_layer",
+                                                                                   "probabilities")]
+        result = client.infer("acl", tensors, outputs=requested, parameters=params)
+        assert [x.decode() if isinstance(x, bytes) else x for x in result.as_numpy("label")] == [p.label for p in
+                                                                                               want]
+        assert result.as_numpy("exit_layer").tolist() == [p.exit_layer for p in want]
+        assert np.abs(result.as_numpy("probabilities")[:, 0] - [p.probabilities["0"] for p in want]).max() < ATOL
+    with pytest.raises(triton.InferenceServerException, match="out of range"):
+        client.infer("acl", tensors[:1], parameters={"policy": "entropy", "threshold": 2.0})
+    client.close()
+
+
+def test_a_text_over_the_models_positions_is_cut_and_flagged(server, exported):  # noqa: F811
+    url, _ = server
+    long = " ".join(["good"] * 400)
+    answer = outputs(call(f"{url}/v2/models/acl/infer", oip_body([long, "good"]))[2])
+    assert answer["truncated"] == [True, False]
+    entries = call(f"{url}/predict", {"inputs": long})[2]
+    assert all(e["truncated"] for e in entries)
+    assert entries[0]["label"] == expected(exported, [long], {})[0].label
+
+
+def test_metrics_count_requests_exits_queue_and_batch_fill(server, exported):  # noqa: F811
+    url, _ = server
+    call(f"{url}/predict", {"inputs": [["good"], ["bad"]]})
+    call(f"{url}/v2/models/nope/infer", oip_body(["good"]))
+    status, head, text = call(f"{url}/metrics")
+    text = text.decode() if isinstance(text, bytes) else str(text)
+    assert status == 200 and head["content-type"].startswith("text/plain")
+    assert 'acl_requests_total{route="predict",status="200"}' in text
+    assert 'acl_requests_total{route="infer",status="404"}' in text
+    assert 'acl_request_seconds_bucket{le="0.001",route="predict"}' in text
+    assert 'acl_exit_layer_bucket{le="3.0"}' in text and "acl_queue_depth 0.0" in text
+    fill = [line for line in text.splitlines() if line.startswith("acl_batch_fill_count")]
+    assert {line.split('"')[1] for line in fill} == {"0", "1", "2", "3"}  # the embeddings and every layer
