@@ -183,6 +183,31 @@ def test_contrast_across_workers_gathers_the_real_rows_of_every_rank_and_none_of
     assert seen == [True, False, True]
 
 
+def test_without_contrast_across_workers_a_rank_of_two_contrasts_its_own_batch_only(data3, monkeypatch):
+    # the global set is opt-in: without the flag a 2-rank run gathers nothing and gives one process's loss
+    from acl_fairseq import distributed
+
+    _, model, crit, sample = build(data3, "acl_embed", num_classes=3)
+    model.train()
+    alone, _, _ = crit(model, sample)
+    seen = []
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    monkeypatch.setattr(distributed, "gather_for_contrast",
+                        lambda exits, targets, real=True: seen.append(real) or (exits, targets, 2 * targets.numel()))
+    loss, _, _ = crit(model, sample)
+    assert not seen and float(loss) == float(alone)
+
+
+def test_a_regression_batch_keeps_its_predictions_for_spearman_in_validation_only(tmp_path):
+    # Spearman needs every validation prediction; training would carry them per batch for nothing
+    reg = helpers.make_data(str(tmp_path / "reg"), regression=True)["data"]
+    _, model, crit, sample = build(reg, "sentence_ce", extra=["--regression-target"], num_classes=1)
+    model.train()
+    assert not {"_pred", "_targ"} & set(crit(model, sample)[2])
+    model.eval()
+    assert {"_pred", "_targ"} <= set(crit(model, sample)[2])
+
+
 # ---- ExitCriterionBase.__init__ -----------------------------------------------------------------
 @pytest.mark.parametrize("multiple,task,warns", [(1, [], False), (2, [], True), (8, [], True),
                                                  (2, ["--task", "sentence_prediction_acl"], False)])
