@@ -178,30 +178,66 @@ def is_zip_format(path: str) -> bool:
         return f.read(4) == b"PK\x03\x04"
 
 
-def load(path: str, mmap: bool = False, flag: typing.Optional[str] = None):
-    """``torch.load(path, weights_only=True)`` on the CPU, after :func:`check_readable` and inside :func:`reading`:
-    every failure is one :class:`CheckpointError` naming the file (and the refused global of an unsafe pickle).
-    ``mmap``: map the tensors instead of reading them (to read a cfg without the weights), where the format allows
-    it; a legacy (pre-zip) file, which fairseq and the hub read alike, is read whole."""
-    check_readable(path, flag)
+def load(path: str, mmap: bool = False, flag: typing.Optional[str] = None, fix: str = _REFETCH):
+    """``torch.load(path, weights_only=True)`` on the CPU, after :func:`check_readable` (``flag`` and ``fix`` as
+    there) and inside :func:`reading`: every failure is one :class:`CheckpointError` naming the file (and the
+    refused global of an unsafe pickle). ``mmap``: map the tensors instead of reading them (to read a cfg without
+    the weights), where the format allows it; a legacy (pre-zip) file, which fairseq and the hub read alike, is
+    read whole."""
+    check_readable(path, flag, fix)
     with reading(path):
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and is_zip_format(path))
+
+
+def _fairseq_checkpoint(path: str, state) -> dict:
+    """``state`` when it is a fairseq checkpoint (a dict with a cfg or argparse args), else a CheckpointError."""
+    if not isinstance(state, dict) or (state.get("cfg") is None and state.get("args") is None):
+        what = "a dict without cfg or args" if isinstance(state, dict) else f"a {type(state).__name__}"
+        raise CheckpointError(f"{path} is not a fairseq checkpoint (it holds {what}, not a dict with a cfg); pass a "
+                              "checkpoint written by fairseq-train")
+    return state
 
 
 def read_cfg(path: str) -> dict:
     """The cfg a checkpoint records, through :func:`load` (memory-mapped where the format allows it): fairseq's
     ``cfg``, or for an argparse-era checkpoint (``args`` only) its sections built from those arguments, as fairseq
     builds them. The one config reader: a CheckpointError for a file that is not a fairseq checkpoint."""
-    state = load(path, mmap=True)
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{path} is not a fairseq checkpoint (it holds a {type(state).__name__}, not a dict "
-                              "with a cfg); pass a checkpoint written by fairseq-train")
+    state = _fairseq_checkpoint(path, load(path, mmap=True))
     cfg = state.get("cfg") or {}
     if not cfg and state.get("args") is not None:
         args = vars(state["args"])
         cfg = {"model": state["args"], "task": args, "criterion": args, "optimization": args, "optimizer": args,
                "lr_scheduler": args, "dataset": args, "common": args}
     return dict(cfg)
+
+
+def fairseq_state(path: str, arg_overrides: typing.Optional[dict] = None, flag: typing.Optional[str] = None) -> dict:
+    """What fairseq's ``checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides)`` returns (the overrides set,
+    the cfg made an OmegaConf, old checkpoints upgraded), read through :func:`load`: torch's safe loader with the
+    allowlist, every failure one :class:`CheckpointError` naming the file (an unsafe pickle's global included)."""
+    from fairseq import checkpoint_utils
+    from fairseq.dataclass.utils import overwrite_args_by_name
+    from omegaconf import OmegaConf
+
+    state = _fairseq_checkpoint(path, load(path, flag=flag))
+    if state.get("args") is not None:
+        for name, value in (arg_overrides or {}).items():
+            setattr(state["args"], name, value)
+    if state.get("cfg") is not None:
+        state["cfg"] = OmegaConf.create(state["cfg"], flags={"allow_objects": True})
+        if arg_overrides:
+            overwrite_args_by_name(state["cfg"], arg_overrides)
+    return checkpoint_utils._upgrade_state_dict(state)
+
+
+def load_model_and_task(path: str, arg_overrides: typing.Optional[dict] = None):
+    """``([model], cfg, task)`` of a checkpoint, as fairseq's ``load_model_ensemble_and_task([path], arg_overrides)``
+    gives them, from the state :func:`fairseq_state` read: the one checkpoint loader of acl-evaluate, acl-predict
+    and the hub. fairseq's own loader is never reached, so nothing reads the file outside :func:`load`."""
+    from fairseq import checkpoint_utils
+
+    state = fairseq_state(path, arg_overrides)
+    return checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=arg_overrides, state=state)
 
 
 # ---- the data dictionary a checkpoint was trained with ------------------------------------------------
@@ -212,13 +248,8 @@ DICTIONARY_KEY = "data_dictionary_sha256"
 DICTIONARY_BUILT_FROM = "checkpoint_data_dictionary_sha256"
 
 
-class DictionaryMismatch(conventions.ConventionsError):
-    """The data folder's dictionary is not the one the checkpoint was trained with."""
-
-
-def dictionary_path(data) -> typing.Optional[str]:
-    """``DATA/input0/dict.txt`` of a ``--data`` value (the first folder of a ``:``-separated list)."""
-    return os.path.join(str(data).split(os.pathsep)[0], "input0", "dict.txt") if data else None
+DictionaryMismatch = conventions.DictionaryMismatch  # raised by the one check, conventions.check_data_dictionary
+dictionary_path = conventions.data_dictionary_path
 
 
 def recorded_dictionary(args) -> typing.Optional[str]:
@@ -247,7 +278,8 @@ def record_dictionary(args, data) -> typing.Optional[str]:
 
 def check_dictionary(trained: typing.Optional[str], data, checkpoint: str) -> None:
     """Refuse ``data`` when its dictionary is not the one ``checkpoint`` was trained with (``trained``: the
-    hash the checkpoint records); warn when the checkpoint records none."""
+    hash the checkpoint records), through :func:`conventions.check_data_dictionary`; warn when the checkpoint
+    records none."""
     path = dictionary_path(data)
     if not path or not os.path.isfile(path):
         return  # not a binarized folder: the loader says so
@@ -258,13 +290,11 @@ def check_dictionary(trained: typing.Optional[str], data, checkpoint: str) -> No
             checkpoint, path,
         )
         return
-    if conventions.dictionary_sha256(path) != trained:
-        raise DictionaryMismatch(
-            f"the data dictionary {path} is not the one {checkpoint} was trained with (sha256 {trained[:12]}...): "
-            "this data was binarized with another vocabulary or word order, so every token would read another "
-            "word's embedding; use the data folder the model was trained on, or binarize the data again with "
-            "--srcdict set to that folder's input0/dict.txt"
-        )
+    conventions.check_data_dictionary(
+        trained, data, f"is not the one {checkpoint} was trained with (sha256 {trained[:12]}...)",
+        "this data was binarized with another vocabulary or word order, so every token would read another word's "
+        "embedding; use the data folder the model was trained on, or binarize the data again with --srcdict set to "
+        "that folder's input0/dict.txt")
 
 
 def check_loaded_dictionary(model, cfg, checkpoint: str) -> None:

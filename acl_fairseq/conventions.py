@@ -60,6 +60,10 @@ class ConventionsError(ValueError):
     """A conventions record that is missing, malformed or contradicts the data."""
 
 
+class DictionaryMismatch(ConventionsError):
+    """The data folder's dictionary is not the one the model's embedding rows follow."""
+
+
 def validate(record: dict, where: str = "conventions") -> dict:
     """``record`` if it follows the schema, else a ConventionsError naming the field."""
     if not isinstance(record, dict):
@@ -241,11 +245,27 @@ def apply_to_task(record: Optional[dict], task) -> None:
             record["pair_format"], PAIR_LAYOUT[record["pair_format"]], SEPARATOR_FLAG, cfg.separator_token, expected,
         )
         cfg.separator_token = expected
-    data = getattr(cfg, "data", None)
-    data_dict = os.path.join(str(data).split(os.pathsep)[0], "input0", "dict.txt") if data else None
-    if data_dict and os.path.isfile(data_dict) and dictionary_sha256(data_dict) != record["dictionary_sha256"]:
-        source = record.get("dictionary_path") or "the converted encoder's dict.txt"
-        raise ConventionsError(
-            f"the data dictionary {data_dict} differs from the encoder's {source}: the data was binarized "
-            "with another tokenizer or vocabulary; binarize it again with --srcdict set to the encoder's dict.txt"
-        )
+    if record.get("dictionary_sha256") is None:  # validate() requires it: only a hand-made record lacks it
+        return
+    source = record.get("dictionary_path") or "the converted encoder's dict.txt"
+    check_data_dictionary(record["dictionary_sha256"], getattr(cfg, "data", None),
+                          f"differs from the encoder's {source}",
+                          "the data was binarized with another tokenizer or vocabulary; binarize it again with "
+                          "--srcdict set to the encoder's dict.txt")
+
+
+def data_dictionary_path(data) -> Optional[str]:
+    """``DATA/input0/dict.txt`` of a ``--data`` value (the first folder of a ``:``-separated list)."""
+    return os.path.join(str(data).split(os.pathsep)[0], "input0", "dict.txt") if data else None
+
+
+def check_data_dictionary(expected_sha256: str, data, differs: str, why_and_fix: str) -> None:
+    """The one data-dictionary check: a :class:`DictionaryMismatch` when the ``dict.txt`` of the data folder ``data``
+    does not hash (:func:`dictionary_sha256`) to ``expected_sha256``, the dictionary the embedding rows follow
+    (a checkpoint's training record, a converted encoder's record, the dict.txt beside a --restore-file).
+    fairseq reads a binarized folder with any dictionary of the right size, so nothing else would notice: every
+    token would read another word's embedding. The message is "the data dictionary PATH ``differs``:
+    ``why_and_fix``". Data that is not a binarized folder is left to the loader, which says so."""
+    path = data_dictionary_path(data)
+    if path and os.path.isfile(path) and dictionary_sha256(path) != expected_sha256:
+        raise DictionaryMismatch(f"the data dictionary {path} {differs}: {why_and_fix}")

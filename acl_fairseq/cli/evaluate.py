@@ -98,8 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_model(checkpoint: str, data_bin: str, user_dir: Optional[str], device: str = "auto"):
-    """(model in eval mode on its device, task, cfg). Loads with torch's safe loader (weights_only)."""
-    from fairseq import checkpoint_utils, utils
+    """(model in eval mode on its device, task, cfg), through the package's one safe checkpoint loader
+    (:func:`checkpoint_safety.load_model_and_task`: weights_only with the allowlist)."""
+    from fairseq import utils
 
     if not os.path.isfile(checkpoint):
         raise FileNotFoundError(f"checkpoint file not found: {checkpoint}")
@@ -108,10 +109,8 @@ def load_model(checkpoint: str, data_bin: str, user_dir: Optional[str], device: 
         raise FileNotFoundError(f"{data_bin} is not a binarized sentence_prediction dir (no input0/)")
     if user_dir:
         utils.import_user_module(argparse.Namespace(user_dir=user_dir))
-    with checkpoint_safety.reading(checkpoint):
-        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-            [checkpoint], arg_overrides={"data": data_bin, "load_checkpoint_heads": True}
-        )
+    models, cfg, task = checkpoint_safety.load_model_and_task(
+        checkpoint, {"data": data_bin, "load_checkpoint_heads": True})
     checkpoint_safety.check_loaded_dictionary(models[0], cfg, checkpoint)
     model = models[0].eval()
     if console.resolve_device(device) == "cuda":

@@ -203,18 +203,37 @@ class MultiExitHubInterface(RobertaHubInterface, loop.EarlyExitPredictor):
         return stem[: -len("-bin")] if stem.endswith("-bin") else stem
 
 
+# the files fairseq's hub hands to the model's BPE when they sit beside the checkpoint (as hub_utils does)
+BPE_FILES = {"code": "bpe_codes", "bpecodes": "bpe_codes", "sentencepiece.bpe.model": "sentencepiece_model",
+             "merges.txt": "bpe_merges", "vocab.json": "bpe_vocab"}
+
+
 def from_pretrained(model_name_or_path: str, checkpoint_file: str = "checkpoint_best.pt",
                     data_name_or_path: str = ".", tokenizer_file: Optional[str] = None,
                     **kwargs) -> MultiExitHubInterface:
-    """Load a checkpoint with fairseq's hub loader (no tokenizer arguments) and wrap it, with the calibrated
-    policy of an ``exit_policy.json`` beside it that was written for this file (a :class:`calibration.RecordError`
-    when that file cannot be read)."""
-    from fairseq import hub_utils
+    """Load a checkpoint and wrap it, with the calibrated policy of an ``exit_policy.json`` beside it that was
+    written for this file (a :class:`calibration.RecordError` when that file cannot be read).
 
-    x = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
-                                  load_checkpoint_heads=True, **kwargs)
-    checkpoint_safety.check_loaded_dictionary(x["models"][0], x["args"],
-                                              os.path.join(model_name_or_path, checkpoint_file))
-    hub = MultiExitHubInterface(x["args"], x["task"], x["models"][0], tokenizer_file)
-    hub.calibrated = calibration.for_checkpoint(os.path.join(model_name_or_path, checkpoint_file))
+    The arguments are fairseq's ``hub_utils.from_pretrained``'s, resolved as it resolves them (``data_name_or_path``
+    starting with ``.`` is relative to the model folder; ``user_dir=``; the BPE files beside the checkpoint), but
+    the file is read by the package's one safe loader (:func:`checkpoint_safety.load_model_and_task`): a damaged
+    or unsafe file is one :class:`checkpoint_safety.CheckpointError` naming it (and the global it asks for)."""
+    import argparse
+
+    from fairseq import file_utils, utils
+
+    model_path = file_utils.load_archive_file(model_name_or_path)
+    kwargs["data"] = (os.path.abspath(os.path.join(model_path, data_name_or_path))
+                      if data_name_or_path.startswith(".") else file_utils.load_archive_file(data_name_or_path))
+    for name, arg in BPE_FILES.items():
+        if os.path.exists(os.path.join(model_path, name)):
+            kwargs[arg] = os.path.join(model_path, name)
+    if "user_dir" in kwargs:
+        utils.import_user_module(argparse.Namespace(user_dir=kwargs["user_dir"]))
+    kwargs.setdefault("load_checkpoint_heads", True)
+    path = os.path.join(model_path, checkpoint_file)
+    models, cfg, task = checkpoint_safety.load_model_and_task(path, kwargs)
+    checkpoint_safety.check_loaded_dictionary(models[0], cfg, os.path.join(model_name_or_path, checkpoint_file))
+    hub = MultiExitHubInterface(cfg, task, models[0], tokenizer_file)
+    hub.calibrated = calibration.for_checkpoint(path)
     return hub

@@ -240,31 +240,18 @@ def check_restore(cfg) -> None:
             f"to start from; a relative path is read from the working directory {os.getcwd()} (only the default, "
             f"{DEFAULT_RESTORE_FILE}, is looked up in --save-dir)"
         )
-    check_restore_dictionary(cfg)
-    if os.path.isfile(restore):
-        trained = checkpoint_safety.dictionary_in_file(restore)
-        beside = os.path.join(os.path.dirname(os.path.abspath(restore)), "dict.txt")
-        if trained is not None or not os.path.isfile(beside):  # a pretrained encoder's dict.txt was checked above
-            checkpoint_safety.check_dictionary(trained, getattr(cfg, "data", None), f"--restore-file {restore}")
-
-
-def check_restore_dictionary(cfg) -> None:
-    """Stop before training when the data's dict.txt is not the one beside ``--restore-file``.
-
-    fairseq accepts two dictionaries of the same size silently, and the embedding rows then mean other
-    words. roberta.* downloads and acl-convert-hf both keep their dict.txt beside model.pt."""
-    restore = getattr(cfg, "restore_file", None)
-    data = getattr(cfg, "data", None)
-    if not restore or not data or not os.path.isfile(restore):
+    if not os.path.isfile(restore):
         return
-    theirs = os.path.join(os.path.dirname(os.path.abspath(restore)), "dict.txt")
-    ours = os.path.join(str(data).split(os.pathsep)[0], "input0", "dict.txt")
-    if os.path.isfile(theirs) and os.path.isfile(ours) and \
-            conventions.dictionary_sha256(theirs) != conventions.dictionary_sha256(ours):
-        raise conventions.ConventionsError(
-            f"the data dictionary {ours} differs from {theirs}, the dictionary of --restore-file {restore}: the "
-            f"data was binarized with another tokenizer or vocabulary; binarize it again with --srcdict {theirs}"
-        )
+    # roberta.* downloads and acl-convert-hf keep the dict.txt their embedding rows follow beside model.pt
+    beside = os.path.join(os.path.dirname(os.path.abspath(restore)), "dict.txt")
+    if os.path.isfile(beside):
+        conventions.check_data_dictionary(
+            conventions.dictionary_sha256(beside), getattr(cfg, "data", None),
+            f"differs from {beside}, the dictionary of --restore-file {restore}",
+            f"the data was binarized with another tokenizer or vocabulary; binarize it again with --srcdict {beside}")
+    trained = checkpoint_safety.dictionary_in_file(restore)
+    if trained is not None or not os.path.isfile(beside):  # a pretrained encoder's dict.txt was checked above
+        checkpoint_safety.check_dictionary(trained, getattr(cfg, "data", None), f"--restore-file {restore}")
 
 
 def restore_path(cfg) -> Optional[str]:
@@ -281,18 +268,20 @@ def restore_path(cfg) -> Optional[str]:
 
 def check_restore_readable(cfg) -> None:
     """Stop with one line and exit status 2 when the checkpoint fairseq-train is about to load is empty or cut
-    short (a killed save, a partial copy); torch would fail with a traceback after the model is built. A
-    missing file is left to fairseq (a first launch has no checkpoint_last.pt)."""
+    short (a killed save, a partial copy), or a pickle torch's safe loader refuses (naming the global it asks
+    for); torch would fail with a traceback after the model is built. Read through the package's one safe
+    loader, its tensors memory-mapped where the format allows it. A missing file is left to fairseq (a first
+    launch has no checkpoint_last.pt)."""
     path = restore_path(cfg)
     if path is None or not os.path.exists(path):
         return
     try:
         if cfg.restore_file == DEFAULT_RESTORE_FILE:  # resuming the run in --save-dir
-            checkpoint_safety.check_readable(path, "the run's checkpoint_last.pt", fix=(
+            checkpoint_safety.load(path, mmap=True, flag="the run's checkpoint_last.pt", fix=(
                 "Fix: remove it to start the run over, or copy a whole checkpoint of this run (e.g. "
                 "checkpoint_best.pt) over it"))
         else:
-            checkpoint_safety.check_readable(path, "--restore-file")
+            checkpoint_safety.load(path, mmap=True, flag="--restore-file")
     except checkpoint_safety.CheckpointError as e:
         logger.error("%s", e)
         raise SystemExit(2) from None
