@@ -91,11 +91,24 @@ def vmhwm_mb(pid: int) -> Optional[float]:
     return None
 
 
-def worker_rss(root: int, workers: int) -> List[float]:
-    """Peak resident MiB of the ``workers`` largest processes of the server's tree: the ones holding an engine
-    (a supervisor or a resource tracker holds none)."""
-    peaks = sorted((m for m in map(vmhwm_mb, process_tree(root)) if m is not None), reverse=True)
-    return peaks[:workers]
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def worker_rss(root: int, workers: int) -> Dict:
+    """Peak resident MiB of each worker and of the supervisor. One worker is the server's own process; with more,
+    the workers are its descendants but multiprocessing's resource tracker, and the root only supervises (its peak
+    can hold an engine it loaded to check the flags, so it is never taken for a worker)."""
+    pids = process_tree(root)
+    if workers == 1:
+        return {"per_worker_mb": [vmhwm_mb(root)], "supervisor_mb": None, "processes": len(pids)}
+    others = [p for p in pids[1:] if "resource_tracker" not in cmdline(p)]
+    peaks = sorted((m for m in map(vmhwm_mb, others) if m is not None), reverse=True)
+    return {"per_worker_mb": peaks[:workers], "supervisor_mb": vmhwm_mb(root), "processes": len(pids)}
 
 
 def drive(spec: Dict, tmp: str) -> Dict:

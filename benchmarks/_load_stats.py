@@ -99,7 +99,7 @@ def verdicts(results: List[Dict], n_sentences: int) -> List[Dict]:
         add(name, "requests lost or answered twice", sum(p["lost"] + p["wrong_id"] for p in phases), 0, False)
         stop = res["server"]
         how = f"killed after {stop['stop_s']:.1f} s" if stop["killed"] else f"in {stop['stop_s']:.1f} s"
-        add(name, f"SIGTERM not a clean exit (exit code {stop['exit_code']}, {how})",
+        add(name, f"SIGTERM ending without exit code 0 (exit code {stop['exit_code']}, {how})",
             int(stop["killed"] or stop["exit_code"] != 0), 0, False)
         add(name, "errors: 5xx other than 503, 4xx, connections", sum(p["errors"] for p in phases), 0, False)
     return out

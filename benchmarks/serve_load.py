@@ -28,7 +28,8 @@ Targets (printed with pass/miss): saturated throughput with refill >= 0.9 x laye
 mean exit layer) x full-depth batched throughput x workers (0.95: the moonshot), the same ratio without refill;
 p99 at 50% of saturation <= 3 x the full-depth batch-1 latency (its median); every answer equal to acl-predict's
 (label, exit layer, probabilities within ``--atol``); no request lost or answered twice; no 5xx but 503.
-``peak_rss_mb``: VmHWM of the server's processes before it stops, the ``workers`` largest (a supervisor too).
+``peak_rss_mb``: the largest worker's VmHWM (/proc) before the server stops; the JSON has each worker's, and with
+several workers the supervisor's.
 """
 import argparse
 import os
@@ -167,7 +168,8 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
     return {"config": cfg.name, **cfg._asdict(), "saturation": saturation, "rates": rates,
             "reference": ref.summary(), "mean_exit_layer": saturation["mean_exit_layer"],
             "layer_speedup": ref.engine.num_layers / saturation["mean_exit_layer"],
-            "all_phases_mean_exit_layer": mean_layer, "peak_rss_mb_per_worker": rss, "server": stopped,
+            "all_phases_mean_exit_layer": mean_layer, "peak_rss_mb_per_worker": rss["per_worker_mb"],
+            "peak_rss_mb_supervisor": rss["supervisor_mb"], "server_processes": rss["processes"], "server": stopped,
             "answers": T.compare_answers(records, expected, labels, args.atol)}
 
 

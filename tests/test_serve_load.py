@@ -275,3 +275,33 @@ def test_the_record_holds_setup_results_and_verdicts_and_is_written_whole(tmp_pa
     assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]
     with pytest.raises(SystemExit):  # and is not replaced without --force
         serve_load.parse_args(["--server", __file__, "--json", str(out)])
+
+
+# ---- end to end ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # about 90 s on 2 busy cores: the toy model trained (fairseq-train), two servers, ~1000 requests
+def test_a_quick_run_serves_every_sentence_as_acl_predict_does(tmp_path):
+    import serve_load
+
+    out = tmp_path / "load.json"
+    got = serve_load.main(["--toy", "--quick", "--refill", "on", "off", "--precision", "fp32", "--workers", "1",
+                           "--work", str(tmp_path / "work"), "--json", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(got))
+    assert [r["config"] for r in got["results"]] == ["refill fp32 w1", "no-refill fp32 w1"]
+    n = got["setup"]["sentences"]
+    assert n == 64
+    for res in got["results"]:
+        assert res["answers"]["sentences"] == n and res["answers"]["mismatches"] == 0
+        assert res["answers"]["compared"] >= res["saturation"]["ok"] > 0
+        for phase in [res["saturation"]] + res["rates"]:
+            assert phase["sent"] == phase["ok"] + phase["n_503"] and phase["errors"] == phase["lost"] == 0
+        assert [r["fraction"] for r in res["rates"]] == [0.25, 0.5, 0.75, 1.0, 1.25]
+        assert all(r["planned"] == 48 and r["throughput_per_s"] > 0 for r in res["rates"])
+        assert res["reference"]["full_batched_per_s"] > 0 and len(res["reference"]["rounds"]) == 2
+        assert 1.0 <= res["layer_speedup"] <= 3.0  # the toy model has 3 layers
+        assert res["server"] == {**res["server"], "exit_code": 0, "killed": False}
+        assert len(res["peak_rss_mb_per_worker"]) == 1 and res["peak_rss_mb_per_worker"][0] > 50
+    kept = [v for v in got["verdicts"] if v["bound"] == 0]
+    assert len(kept) == 8 and all(v["pass"] for v in kept)
+    assert (tmp_path / "load.png").stat().st_size > 0
