@@ -111,6 +111,23 @@ def test_a_bad_anchor_mode_is_refused_naming_the_argument():
         losses.acl_embed_loss(feats, labels, emb, 0.5, anchors="labels")
 
 
+def test_a_bad_exit_weighting_is_refused_naming_the_argument():
+    with pytest.raises(ValueError, match=r"^scheme must be one of \('layer', 'uniform'\), got 'depth'$"):
+        losses.exit_weights([1, 2], "depth")
+
+
+@pytest.mark.parametrize("scheme", ["layer", "uniform"])
+def test_exit_weights_are_float32_whatever_the_default_dtype(scheme):
+    # its documented dtype: float64 weights would promote a float32 model's CE and ACL terms to float64
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        got = losses.exit_weights([1, 3], scheme)
+    finally:
+        torch.set_default_dtype(before)
+    assert got.dtype == torch.float32
+
+
 # ---- the criteria -------------------------------------------------------------------------------
 def test_acl_embed_logs_a_conflict_only_when_the_cosine_is_below_zero(data3):
     # METHOD.md: --log-grad-conflict on acl_embed measures the rule at threshold 0 (the flag has no threshold)
