@@ -65,15 +65,16 @@ def serving(folder: str, **settings):
 
 
 def call(url: str, body=None, method=None, headers=None, timeout: float = 60):
-    """(status, headers, parsed JSON body or the raw bytes): ``body`` a dict (sent as JSON) or bytes."""
+    """(status, headers (lower-case names), parsed JSON body or the raw bytes); ``body``: a dict (sent as JSON) or
+    bytes."""
     data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
     req = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"),
                                  headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            status, head, raw = r.status, dict(r.headers), r.read()
+            status, head, raw = r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
     except urllib.error.HTTPError as e:
-        status, head, raw = e.code, dict(e.headers), e.read()
+        status, head, raw = e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
     try:
         return status, head, json.loads(raw) if raw else None
     except ValueError:

@@ -117,8 +117,8 @@ async def read_body(request: Request, limit: int) -> bytes:
     """The body, refused with 413 past ``limit`` bytes (by its Content-Length, else as it streams in)."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
-        raise BadRequest(413, f"the body is {length} bytes, over the limit of {limit} (--max-body-bytes): send "
-                         "fewer or shorter texts per request")
+        raise BadRequest(413, f"the body is {length} bytes, over the limit of {limit} bytes (--max-body-bytes): "
+                         "send fewer or shorter texts per request")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
