@@ -2,14 +2,20 @@
 before it is tokenized (acl_fairseq.tokenization.clip), flagged as truncated, on the checkpoint and on its
 ONNX folder; a 50 MB line peaks under 1 GB in acl-predict on both (slow: two subprocesses), and texts within
 the budget answer as before."""
+import io
+import json
 import os
 import subprocess
 import sys
+import tracemalloc
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import helpers
 from acl_fairseq import tokenization
+from acl_fairseq.cli import inputs
 from test_text_is_text import pair  # noqa: F401  (the checkpoint and its ONNX folder, built once per module)
 
 PEAK_LIMIT_KB = 1024 * 1024  # 1 GiB, in ru_maxrss's unit
@@ -51,6 +57,74 @@ def test_the_cut_does_not_change_answers_within_the_budget(pair):  # noqa: F811
         assert far_truncated and list(far) == list(ids)
         near, beyond = model.predict_early_exit([within, words])
         assert near == beyond
+
+
+def _rows(text: str, kind: str, max_positions: int = 4, **kw):
+    source = inputs.Input.__new__(inputs.Input)  # the reader on a stream, without a file to open
+    source.name, source.kind, source.header, source.ncols, source.id_column = "<t>", kind, False, None, None
+    source.columns = kw.get("columns")
+    source._f = io.BytesIO(text.encode("utf-8"))
+    source._reader = inputs._Lines(source._f, max_positions, "\t" if kind == "tsv" else kind)
+    source._lines = iter(source._reader)
+    return list(source.rows())
+
+
+def test_the_reader_keeps_each_text_within_the_budget_and_flags_the_row():
+    """acl-predict's reader keeps of each text field (a plain line, a TSV field, a JSON string) the model's budget
+    and skips the rest of the line, flagging the row; a JSON record still parses, the other fields are whole."""
+    keep = tokenization.byte_budget(4) + inputs.FIELD_SLACK
+    long = "é" * keep + "tail"  # 2 bytes each: the cut falls inside a character
+    row, short = _rows(f"{long}\nthe music\n", "text")
+    assert row.cut and long.startswith(row.texts[0]) and keep - 1 <= len(row.texts[0].encode()) <= keep
+    assert short == inputs.Row("2", 2, ("the music",))
+    (row,) = _rows(f"7\t{long}\tthe plot\n", "tsv", columns=[1, 2])
+    assert row.cut and long.startswith(row.texts[0]) and row.texts[1] == "the plot"
+    record = {"id": "a\tb", "text": long, "text_pair": "x\\\"y\u00e9" * 3}
+    (row,) = _rows(json.dumps(record) + "\n", "jsonl")
+    assert row.cut and row.id == "a\tb" and long.startswith(row.texts[0])
+    assert len(row.texts[0].encode()) >= tokenization.byte_budget(4)  # escaped 6 bytes each: never less than clip
+    assert row.texts[1] == record["text_pair"]
+    (row,) = _rows(json.dumps(dict(record, text="é" * 100)) + "\n", "jsonl")
+    assert not row.cut and row.texts == ("é" * 100, record["text_pair"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(alphabet=st.characters(blacklist_categories=["Cs"], blacklist_characters="\n\r"),
+                        max_size=300), min_size=1, max_size=3))
+def test_lines_within_the_budget_are_read_unchanged_across_blocks(fields):
+    """Lines within the budget come back byte for byte, however the 16-byte blocks split characters and escapes."""
+    text_line = "\t".join(fields)
+    record = json.dumps({"text": fields[0] or "x", "more": fields[1:]}, ensure_ascii=len(fields) % 2 == 0)
+    for kind, line in (("text", text_line), ("\t", text_line), ("jsonl", record)):
+        reader = inputs._Lines(io.BytesIO(f"{line}\nend\n".encode()), 64, kind)
+        old, inputs.BLOCK = inputs.BLOCK, 16
+        try:
+            got = list(reader)
+        finally:
+            inputs.BLOCK = old
+        assert got == [(1, line.encode(), False), (2, b"end", False)], kind
+
+
+@pytest.mark.parametrize("kind", ["text", "tsv", "jsonl"])
+def test_a_50_mb_line_is_never_held_whole_by_the_reader(tmp_path, kind):
+    """Peak Python memory while reading a 50 MB line: a few copies of a budget (512 positions: 0.5 MiB of text, 3
+    MiB of a JSON string), not the line, which the reader held whole before (tracemalloc: 3 s each, no model)."""
+    line = "the music was not bad " * (50 * 2 ** 20 // 22)
+    path = tmp_path / f"huge.{kind}"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write({"text": line, "tsv": f"1\t{line}\tshort", "jsonl": json.dumps({"text": line})}[kind] + "\n")
+        f.write({"text": "ok", "tsv": "2\tok\tshort", "jsonl": json.dumps({"text": "ok"})}[kind] + "\n")
+    source = inputs.Input(str(path), kind, columns=[1, 2] if kind == "tsv" else None)
+    source.limit(512)
+    tracemalloc.start()
+    try:
+        rows = list(source.rows())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        source.close()
+    assert [(r.cut, r.texts[0][:9]) for r in rows] == [(True, "the music"), (False, "ok")]
+    assert peak < 16 * 2 ** 20, f"{kind}: peak {peak / 2 ** 20:.1f} MiB"  # 3 MiB of a JSON string, decoded, parsed
 
 
 def _peak_kb(argv) -> int:

@@ -198,6 +198,7 @@ def predict(args, hub, source: inputs.Input, writer: Writer) -> dict:
                 preds = hub.predict_texts([r.texts for r in chunk], request, args.batch_size)
                 seconds += time.perf_counter() - t0
                 for row, pred in zip(chunk, preds):
+                    pred = pred._replace(truncated=True) if row.cut else pred
                     writer.write(row, pred)
                     layer_sum += pred.exit_layer
                     truncated += pred.truncated
@@ -253,10 +254,9 @@ def load_hub(args):
     from acl_fairseq.inference import hub as hub_mod
 
     try:
-        with checkpoint_safety.reading(args.checkpoint):
-            hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(args.checkpoint)),
-                                          os.path.basename(args.checkpoint), os.path.abspath(args.data),
-                                          tokenizer_file=args.tokenizer)
+        hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(args.checkpoint)),
+                                      os.path.basename(args.checkpoint), os.path.abspath(args.data),
+                                      tokenizer_file=args.tokenizer)
     except (hub_mod.TokenizerNotFound, checkpoint_safety.CheckpointError,
             checkpoint_safety.DictionaryMismatch, calibration.RecordError) as e:
         raise UsageError(str(e)) from None
@@ -310,6 +310,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
     try:
         writer = Writer(args.output, args.format, args.force)
         hub = load_engine(args) if os.path.isdir(args.checkpoint) else load_hub(args)
+        # the reader keeps of each text what the model reads (the hub's positions, the ONNX folder's layout)
+        source.limit(getattr(hub, "max_positions", None) or hub.layout["max_positions"])
         try:
             summary = predict(args, hub, source, writer)
         except ValueError as e:  # a policy the model cannot run, a bad exit layer
