@@ -225,6 +225,24 @@ def test_the_stock_task_warns_once_when_validation_would_drop_examples(data3, ca
     assert caplog.text.count("--required-batch-size-multiple 1") == int(warns)
 
 
+def test_contrast_across_workers_on_the_stock_task_is_refused_naming_the_plugin_task(data3):
+    # the stock task never says which batches fairseq replays, so their rows would be contrasted
+    with pytest.raises(ValueError, match="^--contrast-across-workers needs --task sentence_prediction_acl"):
+        build(data3, "acl_embed", extra=["--contrast-across-workers"], num_classes=3)
+
+
+@pytest.mark.parametrize("name,flags,said", [
+    ("acl_embed", ["--regression-target"], "^AclEmbedCriterion needs class labels"),
+    ("multi_exit_kd", ["--contrast-across-workers", "--task", "sentence_prediction_acl"],
+     "^--contrast-across-workers .*; MultiExitKdCriterion has none: drop the flag"),
+])
+def test_a_refusal_at_construction_names_the_criterion(tmp_path, name, flags, said):
+    data = helpers.make_data(str(tmp_path / "d"), regression="--regression-target" in flags)["data"]
+    with pytest.raises(ValueError, match=said):
+        build(data, name, arch="multi_exit_roberta", extra=flags, num_classes=1 if "--regression-target" in flags
+              else 2)
+
+
 # ---- acl_embed --------------------------------------------------------------------------------------
 def test_acl_embed_on_a_float64_model_equals_the_reference(data3):
     # the exit weights follow the per-exit losses' dtype (float64 here, float32 otherwise)
