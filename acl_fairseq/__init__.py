@@ -21,10 +21,12 @@ import sys as _sys
 
 
 def _serving_only() -> bool:
-    """acl-predict on an exported OUT/onnx folder runs on onnxruntime alone: registering with fairseq would import
-    torch and fairseq (5 s and 300 MB) that it never uses."""
+    """acl-predict on an exported OUT/onnx folder, and acl-serve (its workers too: multiprocessing gives them the
+    parent's argv before this import), run on onnxruntime alone: registering with fairseq would import torch and
+    fairseq (5 s and 300 MB) that they never use."""
     argv = _sys.argv
-    return _os.path.basename(argv[0] if argv else "") == "acl-predict" and any(
+    command = _os.path.basename(argv[0] if argv else "")
+    return command in ("acl-predict", "acl-serve") and any(
         _os.path.isfile(_os.path.join(a, "manifest.json")) for a in argv[1:] if not a.startswith("-"))
 
 

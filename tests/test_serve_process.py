@@ -1,0 +1,127 @@
+"""acl-serve as a real process: SIGTERM stops accepting, answers every accepted request and exits 0 within the bound;
+neither torch nor fairseq is imported where they are installed; bad flags are one line and exit 2 before anything
+listens; --workers 2 (slow)."""
+import concurrent.futures
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+
+import pytest
+
+import helpers
+from acl_fairseq.serve import cli
+from serve_helpers import call, exported, free_port, oip_body, outputs  # noqa: F401  (exported: a fixture)
+
+SLOW_LAYER = ("import time\n"
+              "from acl_fairseq.runtime.engine import OrtBackend\n"
+              "_layer = OrtBackend.layer\n"
+              "def layer(self, i, x, mask):\n"
+              "    time.sleep(0.02)  # a model big enough that requests are still queued at SIGTERM\n"
+              "    return _layer(self, i, x, mask)\n"
+              "OrtBackend.layer = layer\n")
+
+
+def start(folder: str, *flags: str, prelude: str = ""):
+    """acl-serve FOLDER FLAGS in a fresh interpreter (``prelude`` first), and its URL once ready."""
+    port = free_port()
+    argv = ["acl-serve", folder, "--port", str(port), *flags]
+    code = (f"import sys\nsys.argv = {argv!r}\n"  # before acl_fairseq is imported: what the command line gives
+            "import atexit\n"
+            "atexit.register(lambda: print('LOADED', sorted({m.split('.')[0] for m in sys.modules} & {'torch', "
+            "'fairseq'}), file=sys.stderr))\n" + prelude +
+            "from acl_fairseq.serve.cli import cli_main\ncli_main()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=helpers.REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
+    while True:
+        try:
+            if call(f"{url}/v2/health/ready", timeout=5)[0] == 200:
+                return proc, url
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"acl-serve did not start: {proc.communicate()[1][-3000:]}")
+        time.sleep(0.1)
+
+
+def test_sigterm_stops_accepting_answers_every_accepted_request_and_exits_0(exported):  # noqa: F811
+    proc, url = start(exported["folder"], "--max-batch", "4", "--drain-seconds", "20", prelude=SLOW_LAYER)
+    texts = [t if isinstance(t, str) else t[0] for t in exported["texts"]]
+    groups = [texts[k: k + 3] for k in range(0, 36, 3)]
+    with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:
+        futures = [pool.submit(call, f"{url}/v2/models/acl/infer", oip_body(g)) for g in groups]
+        deadline = time.monotonic() + 30
+        while "acl_queue_depth 0.0" in call(f"{url}/metrics")[2].decode():  # wait until rows are queued
+            assert time.monotonic() < deadline and not any(f.done() and f.result()[0] != 200 for f in futures)
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        time.sleep(0.3)
+        with pytest.raises((urllib.error.URLError, ConnectionError)):  # refused, or the connection closed unanswered
+            call(f"{url}/v2/health/ready", timeout=5)
+        answers = [f.result() for f in futures]
+    _, err = proc.communicate(timeout=60)
+    took = time.monotonic() - stopped
+    assert proc.returncode == 0, err[-3000:]
+    assert took < 20, took  # --drain-seconds
+    for group, (status, _, answer) in zip(groups, answers):
+        assert status == 200, answer
+        assert outputs(answer)["label"] == [p.label for p in exported["engine"].predict_early_exit(group)]
+    assert err.split("LOADED ")[-1].strip() == "[]"  # neither torch nor fairseq, though both are installed
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["{missing}"], "no manifest.json, not a folder that acl-export --format onnx wrote"),
+    (["{folder}", "--precision", "int8", "--policy", "entropy", "--threshold", "1.5"], "out of range: it takes [0, 1]"),
+    (["{folder}", "--threshold", "0.3"], "--threshold needs a --policy"),
+    (["{folder}", "--max-batch", "64", "--max-queue", "8"], "--max-queue 8 is below --max-batch 64"),
+    (["{folder}", "--port", "70000"], "a port is a whole number from 0 to 65535"),
+])
+def test_bad_flags_are_one_line_and_exit_2_before_anything_listens(exported, tmp_path, capsys, argv,  # noqa: F811
+                                                                    words):
+    argv = [a.format(folder=exported["folder"], missing=str(tmp_path)) for a in argv]
+    with pytest.raises(SystemExit) as stop:
+        try:
+            cli.main(argv)
+        except cli.UsageError as e:  # console.run prints it as one line
+            print(f"acl-serve: error: {e}", file=sys.stderr)
+            raise
+    lines = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert stop.value.code == 2 and len(lines) == 1 and words in lines[0], lines
+
+
+def test_importing_the_package_for_acl_serve_on_a_folder_imports_neither_torch_nor_fairseq(exported):  # noqa: F811
+    """What the workers of --workers N do too: multiprocessing hands them the parent's argv before they import it.
+    Every other command still registers (tests/test_onnx.py)."""
+    argv = ["acl-serve", exported["folder"], "--port", "8080"]
+    code = (f"import sys\nsys.argv = {argv!r}\nimport acl_fairseq.serve.app\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'fairseq'}))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=helpers.REPO)
+    assert proc.returncode == 0 and proc.stdout.split("\n")[-2] == "[]", proc.stderr[-2000:]
+
+
+def test_two_workers_share_the_port_sum_their_metrics_and_stop_on_sigterm(exported):  # noqa: F811
+    proc, url = start(exported["folder"], "--workers", "2")
+    texts = [t if isinstance(t, str) else t[0] for t in exported["texts"]]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda k: call(f"{url}/predict", {"inputs": [[texts[k % len(texts)]]]}), range(40)))
+    assert [status for status, _, _ in answers] == [200] * 40
+    for k, (_, _, answer) in enumerate(answers):
+        assert answer[0][0]["label"] == exported["engine"].predict_early_exit([texts[k % len(texts)]])[0].label
+    metrics = call(f"{url}/metrics")[2].decode()
+    assert float(metrics.split('acl_requests_total{route="predict",status="200"} ')[1].split()[0]) == 40
+    workers = _children(proc.pid)  # the supervisor's: uvicorn's workers (and multiprocessing's resource tracker)
+    assert len(workers) >= 2
+    for pid in [proc.pid] + workers:  # torch's library mapped in none of them
+        assert "libtorch" not in open(f"/proc/{pid}/maps").read()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+
+
+def _children(pid: int):
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
