@@ -47,6 +47,7 @@ from acl_fairseq.hf.mapping import (
     read_config,
     read_vocab,
 )
+from acl_fairseq.io import atomic
 
 logger = logging.getLogger(__name__)
 PROG = "acl-convert-hf"
@@ -187,22 +188,23 @@ def convert(hf_dir: str, out_dir: str, num_classes: Optional[int] = None,
     pooler, num_classes, head = _keep_classifier(head, pooler, num_classes, head_name)
     flags = model_args(config)
     os.makedirs(out_dir, exist_ok=True)
+    # each file through io.atomic: whole or absent (a previous conversion's kept), none left half-written by a
+    # failure or a signal, and what a killed run left removed by the next
     dict_path = os.path.join(out_dir, "dict.txt")
-    with open(dict_path, "w", encoding="utf-8") as f:
-        f.writelines(f"{w} 1\n" for w in dict_words)
+    atomic.write_text(dict_path, "".join(f"{w} 1\n" for w in dict_words))
     record = make_conventions(config, hf_dir, conventions.dictionary_sha256(dict_path))
     checkpoint = build_checkpoint(config, flags, dict_words, encoder_sd, pooler, num_classes, head_name, seed, record,
                                   head)
 
-    torch.save(checkpoint, os.path.join(out_dir, "model.pt"))
-    with open(os.path.join(out_dir, "model_args.txt"), "w", encoding="utf-8") as f:
-        f.write(" ".join(flags) + "\n")
+    atomic.write_through(os.path.join(out_dir, "model.pt"), lambda tmp: torch.save(checkpoint, tmp))
+    atomic.write_text(os.path.join(out_dir, "model_args.txt"), " ".join(flags) + "\n")
     conventions.write(os.path.join(out_dir, conventions.FILE_NAME), record)
     write_readme(out_dir, flags)
     files = ["model.pt", "dict.txt", "model_args.txt", conventions.FILE_NAME, README]
     for name in TOKENIZER_FILES[model_type] + OPTIONAL_TOKENIZER_FILES:
         if os.path.isfile(os.path.join(hf_dir, name)):
-            shutil.copyfile(os.path.join(hf_dir, name), os.path.join(out_dir, name))
+            source = os.path.join(hf_dir, name)
+            atomic.write_through(os.path.join(out_dir, name), lambda tmp, source=source: shutil.copyfile(source, tmp))
             files.append(name)
     logger.info("wrote %s to %s; architecture flags: %s", ", ".join(files), out_dir, " ".join(flags))
     logger.info("its arch is this plugin's multi_exit_roberta: load it with %s (a process that has not imported "
@@ -232,10 +234,7 @@ THIS_FOLDER/dict.txt.
 Files: model.pt (the fairseq checkpoint), dict.txt, model_args.txt (the architecture flags, one line),
 {conventions.FILE_NAME} (pair format, segment embedding, tokenizer), the tokenizer files.
 """
-    tmp = os.path.join(out_dir, README + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, os.path.join(out_dir, README))
+    atomic.write_text(os.path.join(out_dir, README), text)
 
 
 def get_parser() -> argparse.ArgumentParser:

@@ -20,7 +20,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from acl_fairseq import exits
@@ -164,9 +163,7 @@ def check_writable(path: str) -> None:
     nothing for root, nor for a read-only or immutable mount: acl-evaluate asks before its sweep, not after."""
     if os.path.isdir(path):
         raise IsADirectoryError(errno.EISDIR, "a folder is in the way", path)
-    fd, probe = tempfile.mkstemp(prefix=f".{FILE_NAME}.probe-", dir=os.path.dirname(os.path.abspath(path)))
-    os.close(fd)
-    os.remove(probe)
+    atomic.probe_writable(path)
 
 
 def json_number(value, what: str):

@@ -177,6 +177,15 @@ def write_through(path: str, write: Callable[[str], None]) -> None:
             os.remove(tmp)
 
 
+def probe_writable(path: str) -> None:
+    """Create and remove a temporary beside ``path`` (named as every temporary here, so a run killed in between
+    leaves one the next run removes): the OSError of a folder this process cannot create a file in. Permission
+    bits say nothing for root, nor for a read-only or immutable mount, so a command asks before its work."""
+    probe = temp_path(path, suffix=".probe")
+    os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    os.remove(probe)
+
+
 def write_text(path: str, text: str, force: bool = True) -> None:
     with writing(path, force=force) as f:
         f.write(text)

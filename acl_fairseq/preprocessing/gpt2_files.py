@@ -1,7 +1,8 @@
 """The GPT-2 BPE files RoBERTa needs (``encoder.json``, ``vocab.bpe``, ``dict.txt``): fetch or build.
 
 ``ensure_gpt2_bpe`` downloads any missing file from fairseq's server (as preprocess_GLUE_tasks.sh does
-with ``wget -N``), into ``--bpe-dir``, atomically; files already there are never fetched again.
+with ``wget -N``), into ``--bpe-dir``, atomically (:mod:`acl_fairseq.io.atomic`: whole or absent, and what a killed
+download left is removed by the next one); files already there are never fetched again.
 ``write_local_gpt2_bpe`` learns a small byte-level BPE from some text with the ``tokenizers`` trainer and
 writes it in the same three-file format, for tests and benchmarks on machines that cannot reach the
 official files. It is NOT roberta.base's vocabulary: a model pretrained with the official files needs the
@@ -10,12 +11,12 @@ official files.
 import json
 import logging
 import os
-import tempfile
 import urllib.error
 import urllib.request
 from collections import Counter
 from typing import Dict, Iterable, List, Tuple
 
+from acl_fairseq.io import atomic
 from acl_fairseq.preprocessing.glue_tasks import GlueDataError
 
 logger = logging.getLogger(__name__)
@@ -38,18 +39,11 @@ def ensure_gpt2_bpe(bpe_dir: str, base_url: str = GPT2_BPE_URL, timeout: float =
             continue
         url = base_url.rstrip("/") + "/" + name
         logger.info(f"downloading {url} -> {path}")
-        part = f"{path}.part{os.getpid()}"
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as resp, open(part, "wb") as out:
-                while True:
-                    block = resp.read(1 << 20)
-                    if not block:
-                        break
+            with urllib.request.urlopen(url, timeout=timeout) as resp, atomic.writing(path, "wb") as out:
+                for block in iter(lambda: resp.read(1 << 20), b""):
                     out.write(block)
-            os.replace(part, path)  # never leave a half-downloaded file under the real name
         except (urllib.error.URLError, OSError, ValueError) as e:
-            if os.path.exists(part):
-                os.remove(part)
             urls = " ".join(base_url.rstrip("/") + "/" + n for n in GPT2_FILES)
             raise GlueDataError(
                 f"{path}: GPT-2 BPE file missing and the download from {url} failed ({getattr(e, 'reason', e)}); "
@@ -94,18 +88,13 @@ def write_local_gpt2_bpe(out_dir: str, texts: List[str], num_merges: int = 2000)
 
     os.makedirs(out_dir, exist_ok=True)
     paths = {name: os.path.join(out_dir, name) for name in GPT2_FILES}
-    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        # tokenizers' vocab.json and merges.txt are GPT-2's encoder.json and vocab.bpe formats
-        vocab_json, merges_txt = _trained_bpe(texts, num_merges).model.save(tmp)
-        with open(merges_txt, encoding="utf-8") as f:
-            header = f.readline()
-        if not header.startswith("#version"):  # fairseq's get_encoder skips line 1 as GPT-2's header
-            raise RuntimeError(f"tokenizers wrote {merges_txt} without the '#version' line fairseq skips")
-        os.replace(vocab_json, paths["encoder.json"])
-        os.replace(merges_txt, paths["vocab.bpe"])
+    encoder, merges = train_byte_level_bpe(texts, num_merges)
+    # GPT-2's formats: the encoder as JSON, the merges one "a b" per line after a header line (which fairseq's
+    # get_encoder skips, as it drops what follows the last line end)
+    atomic.write_text(paths["encoder.json"], json.dumps(encoder, ensure_ascii=False))
+    atomic.write_text(paths["vocab.bpe"], "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
     bpe = get_encoder(paths["encoder.json"], paths["vocab.bpe"])
     freq = Counter(i for t in texts for i in bpe.encode(t.strip()))
-    with open(paths["dict.txt"], "w", encoding="utf-8") as f:
-        for i in sorted(bpe.encoder.values(), key=lambda i: (-freq[i], i)):
-            f.write(f"{i} {freq[i]}\n")
+    atomic.write_text(paths["dict.txt"], "".join(f"{i} {freq[i]}\n"
+                                                 for i in sorted(bpe.encoder.values(), key=lambda i: (-freq[i], i))))
     return paths
