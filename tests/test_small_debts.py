@@ -99,15 +99,35 @@ def test_serve_speed_records_paths_relative_to_its_run_folder(tmp_path):
     assert (setup["checkpoint"], setup["onnx"]) == (os.path.join("toy", "ckpt", "checkpoint_best.pt"), "onnx")
 
 
-@pytest.mark.parametrize("name", sorted(os.path.basename(p) for p in glob.glob(
-    os.path.join(helpers.REPO, "benchmarks", "results", "*.json"))))
-def test_committed_results_name_no_folder_of_their_machine(name):
-    def strings(x):
-        if isinstance(x, dict):
-            return [s for v in x.values() for s in strings(v)]
-        if isinstance(x, list):
-            return [s for v in x for s in strings(v)]
-        return [x] if isinstance(x, str) else []
+def _strings(x):
+    if isinstance(x, dict):
+        return [s for v in x.values() for s in _strings(v)]
+    if isinstance(x, list):
+        return [s for v in x for s in _strings(v)]
+    return [x] if isinstance(x, str) else []
 
-    record = json.load(open(os.path.join(helpers.REPO, "benchmarks", "results", name), encoding="utf-8"))
-    assert [s for s in strings(record) if os.path.isabs(s)] == []
+
+RESULTS = os.path.join(helpers.REPO, "benchmarks", "results")
+
+
+# the top-level records, and every acl-evaluate record of the committed runs and logs (rewritten once from the
+# absolute paths of the machine they ran on: their checkpoint's folder held the --out-dir early_exit/)
+@pytest.mark.parametrize("name", sorted(os.path.relpath(p, RESULTS) for p in glob.glob(os.path.join(RESULTS, "*.json"))
+                                        + glob.glob(os.path.join(RESULTS, "**", "*early_exit.json"), recursive=True)))
+def test_committed_results_name_no_folder_of_their_machine(name):
+    record = json.load(open(os.path.join(RESULTS, name), encoding="utf-8"))
+    assert [s for s in _strings(record) if os.path.isabs(s)] == []
+
+
+def test_acl_evaluate_records_paths_relative_to_its_out_dir(predict_run, tmp_path):
+    from acl_fairseq.cli import evaluate
+
+    _, data, ckpt = predict_run
+    out, pred = tmp_path / "runs" / "early_exit", tmp_path / "pred"
+    evaluate.main([os.path.abspath(ckpt), os.path.abspath(data), "--out-dir", str(out), "--policy", "entropy",
+                   "--thresholds", "0.3", "--timing-examples", "0", "--device", "cpu", "--test-split", "valid",
+                   "--predictions-dir", str(pred)])
+    record = json.load(open(out / "early_exit.json", encoding="utf-8"))
+    assert [s for s in _strings(record) if os.path.isabs(s)] == []
+    assert os.path.samefile(out / record["checkpoint"], ckpt) and os.path.samefile(out / record["data"], data)
+    assert [os.path.normpath(out / p) for p in record["predictions"]] == [str(pred / "predictions.tsv")]

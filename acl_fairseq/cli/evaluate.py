@@ -2,7 +2,8 @@
 """Evaluate a fine-tuned (multi-exit) RoBERTa checkpoint: per-exit GLUE metrics and an early-exit sweep.
 
 ``acl-evaluate CHECKPOINT DATA_BIN --out-dir DIR`` writes ``DIR/early_exit.json``, ``DIR/early_exit.csv``
-and ``DIR/early_exit.png`` and prints a table. Per setting (policy x threshold): the task metric(s), average
+and ``DIR/early_exit.png`` and prints a table; the record names the checkpoint, data and prediction files relative
+to ``DIR``. Per setting (policy x threshold): the task metric(s), average
 exit layer, layer speed-up ``L / avg``, saved fraction ``1 - avg / L``, and wall-clock latency per example
 against running all layers, at batch size 1 and batched (median of repeats, measured side by side), and FLOPs per
 example with the FLOPs speed-up against the baseline (all layers, the final exit's head only): each example counted
@@ -311,8 +312,8 @@ def evaluate(args) -> Dict:
     result = {
         "task": ctx["task_name"],
         "split": args.split,
-        "checkpoint": os.path.abspath(args.checkpoint),
-        "data": os.path.abspath(args.data_bin),
+        "checkpoint": record_path(args.checkpoint, args.out_dir),
+        "data": record_path(args.data_bin, args.out_dir),
         "head_name": head_name,
         "regression": regression,
         "num_examples": n,
@@ -339,8 +340,15 @@ def evaluate(args) -> Dict:
         logger.info("entropy curve: %s at layer speed-ups %s, mean over 1x-3x %s",
                     result["primary_metric"], result["speedup_profile"]["at"], result["speedup_profile"]["area"])
     if args.test_split:
-        result["predictions"] = write_test_predictions(model, task, args, head_name, ctx)
+        result["predictions"] = [record_path(p, args.out_dir)
+                                 for p in write_test_predictions(model, task, args, head_name, ctx)]
     return result
+
+
+def record_path(path: str, out_dir: str) -> str:
+    """``path`` as early_exit.json records it: relative to the record's own folder (``--out-dir``), so that a
+    record names no folder of the machine it ran on and still leads to its files once moved with its run."""
+    return os.path.relpath(os.path.abspath(path), os.path.abspath(out_dir))
 
 
 def main(argv: Optional[List[str]] = None) -> Dict:
