@@ -7,13 +7,15 @@ checkpoint run arbitrary code), we allowlist exactly the plain-data types that f
 pickle. Anything else, for example a pickle that calls ``os.system``, is still refused by torch
 before it is called.
 
-:func:`check_readable` refuses an empty or cut-short checkpoint before anything loads it (the tools, and
-the plugin task for ``--restore-file`` and a resumed ``checkpoint_last.pt``), and :func:`reading` turns
-what torch raises on the rest into the same one-line :class:`CheckpointError`; a pickle that asks for a
-global outside the allowlist is reported as refused, naming that global. :func:`load` is the one safe
-loader of this package's own reads (acl-export's cfg, acl-convert-hf's ``pytorch_model.bin``, the data
-dictionary hash): both checks around ``torch.load(weights_only=True)``, memory-mapped where the file's
-format allows it.
+:func:`check_readable` refuses an empty or cut-short checkpoint before anything loads it, and :func:`reading`
+turns what torch raises on the rest into the same one-line :class:`CheckpointError`; a pickle that asks for a
+global outside the allowlist is reported as refused, naming that global. :func:`load` is the one safe loader,
+both checks around ``torch.load(weights_only=True)``, memory-mapped where the file's format allows it: every
+checkpoint the package reads goes through it. :func:`read_cfg` (the one config reader, legacy argparse-era
+checkpoints included: acl-export, the data dictionary hash), :func:`load_model_and_task` (acl-evaluate,
+acl-predict, the hub: fairseq's model build from the state :func:`load` read, never fairseq's loader), the
+plugin task's check of ``--restore-file`` and a resumed ``checkpoint_last.pt``, and acl-convert-hf's
+``pytorch_model.bin``.
 
 The data dictionary a checkpoint was trained with. fairseq reads a binarized folder with any dictionary of
 the right size, so data binarized with another ``dict.txt`` (the same words in another order) is scored
