@@ -61,6 +61,18 @@ def stop_server(proc: subprocess.Popen, timeout: float) -> Dict:
     return {"exit_code": code, "stop_s": time.monotonic() - t, "killed": False}
 
 
+def metrics(port: int) -> Optional[Dict]:
+    """The server's own counts (:func:`_load_stats.server_side`), or None where /metrics does not answer."""
+    import _load_stats
+
+    try:
+        status, body = get(port, "/metrics")
+    except OSError:
+        return None
+    return _load_stats.server_side(_load_stats.parse_metrics(body.decode("utf-8", "replace"))) if status == 200 \
+        else None
+
+
 def process_tree(root: int) -> List[int]:
     """``root`` and its descendants, from /proc."""
     children: Dict[int, List[int]] = {}

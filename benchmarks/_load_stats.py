@@ -1,9 +1,12 @@
 """The arithmetic of benchmarks/serve_load.py, pure: a phase's row from the client's records (counts by outcome,
 throughput, latency percentiles), the closed loop's steady throughput, the served answers against acl-predict's,
 and the issue's verdicts."""
-from typing import Dict, List, Optional
+import re
+from typing import Dict, List, Optional, Tuple
 
 REFILL_BOUND, MOONSHOT, P99_BOUND = 0.9, 0.95, 3.0
+SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def percentile(values: List[float], q: float) -> Optional[float]:
@@ -53,17 +56,21 @@ def steady_throughput(out: Dict, concurrency: int) -> float:
 
 
 def compare_answers(recs: List[Dict], expected: List[Dict], labels: List[str], atol: float) -> Dict:
-    """Served answers against acl-predict's rows (by sentence): how many differ in label, exit layer or a
-    probability beyond ``atol``, and how many sentences were answered at least once."""
-    bad, seen, worst = 0, set(), 0.0
+    """Served answers against acl-predict's rows (by sentence): how many differ (in label, exit layer, or a
+    probability beyond ``atol``: each counted apart too), and how many sentences were answered at least once."""
+    bad, label, layer, prob, seen, worst = 0, 0, 0, 0, set(), 0.0
     ok = [r for r in recs if r["status"] == 200 and r["id_ok"]]
     for r in ok:
         e = expected[r["text"]]
         diff = max(abs(a - e["probabilities"][k]) for a, k in zip(r["probabilities"], labels))
         worst = max(worst, diff)
+        label += r["label"] != e["label"]
+        layer += r["exit_layer"] != e["exit_layer"]
+        prob += diff > atol
         bad += r["label"] != e["label"] or r["exit_layer"] != e["exit_layer"] or diff > atol
         seen.add(r["text"])
-    return {"compared": len(ok), "mismatches": bad, "max_prob_diff": worst, "sentences": len(seen)}
+    return {"compared": len(ok), "mismatches": bad, "label": label, "exit_layer": layer, "probabilities": prob,
+            "max_prob_diff": worst, "sentences": len(seen)}
 
 
 def refill_ratio(saturated: float, layer_speedup: float, full_depth: float, workers: int) -> float:
@@ -97,9 +104,51 @@ def verdicts(results: List[Dict], n_sentences: int) -> List[Dict]:
             ans["mismatches"], 0, False)
         phases = [sat] + res["rates"]
         add(name, "requests lost or answered twice", sum(p["lost"] + p["wrong_id"] for p in phases), 0, False)
+        if res.get("metrics"):
+            served = sum(v for k, v in res["metrics"]["answered"].items() if k.startswith("infer "))
+            add(name, f"|answers the server counted ({served:.0f}) - those the client got|",
+                abs(served - res["client_answered"]), 0, False)
         stop = res["server"]
         how = f"killed after {stop['stop_s']:.1f} s" if stop["killed"] else f"in {stop['stop_s']:.1f} s"
         add(name, f"SIGTERM ending without exit code 0 (exit code {stop['exit_code']}, {how})",
             int(stop["killed"] or stop["exit_code"] != 0), 0, False)
         add(name, "errors: 5xx other than 503, 4xx, connections", sum(p["errors"] for p in phases), 0, False)
+    return out
+
+
+def parse_metrics(text: str) -> List[Tuple[str, Dict[str, str], float]]:
+    """Prometheus's text format as (name, labels, value) samples; comments skipped."""
+    out = []
+    for line in text.splitlines():
+        m = SAMPLE.match(line)
+        if m:
+            labels = dict(LABEL.findall(m.group(2) or ""))
+            out.append((m.group(1), labels, float(m.group(3))))
+    return out
+
+
+def server_side(samples: List[Tuple[str, Dict[str, str], float]]) -> Dict:
+    """From acl-serve's /metrics: requests answered by route and status, and each layer's backend calls and the sum
+    of their batch fills (rows over --max-batch; layer 0: the embeddings)."""
+    answered: Dict[str, float] = {}
+    fill: Dict[str, Dict[str, float]] = {}
+    for name, labels, value in samples:
+        if name == "acl_requests_total":
+            key = f"{labels.get('route')} {labels.get('status')}"
+            answered[key] = answered.get(key, 0) + value
+        elif name in ("acl_batch_fill_sum", "acl_batch_fill_count"):
+            fill.setdefault(labels.get("layer", "?"), {"sum": 0.0, "count": 0.0})[name.rsplit("_", 1)[1]] += value
+    return {"answered": answered, "fill": fill}
+
+
+def fill_between(before: Optional[Dict], after: Optional[Dict]) -> Optional[Dict]:
+    """Per layer (in order), the backend calls between two :func:`server_side` readings and their mean fill."""
+    if not after:
+        return None
+    old = (before or {}).get("fill", {})
+    out = {}
+    for layer in sorted(after["fill"], key=lambda k: int(k) if k.isdigit() else -1):
+        calls = after["fill"][layer]["count"] - old.get(layer, {}).get("count", 0.0)
+        total = after["fill"][layer]["sum"] - old.get(layer, {}).get("sum", 0.0)
+        out[layer] = {"calls": int(calls), "mean_fill": total / calls if calls else None}
     return out

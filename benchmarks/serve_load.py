@@ -32,6 +32,7 @@ p99 at 50% of saturation <= 3 x the full-depth batch-1 latency (its median); eve
 several workers the supervisor's.
 """
 import argparse
+import json
 import os
 import random
 import tempfile
@@ -140,12 +141,14 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
     records = []
     try:
         concurrency = args.concurrency or 2 * args.max_batch * cfg.workers
-        S.drive(phase_spec(args, port, sentences, cycle(args.max_batch), f"{cfg.name}/warm", mode="closed",
-                           concurrency=args.max_batch), tmp)
+        warm = S.drive(phase_spec(args, port, sentences, cycle(args.max_batch), f"{cfg.name}/warm", mode="closed",
+                                  concurrency=args.max_batch), tmp)
         ref.round()
+        before = S.metrics(port)
         n_sat = args.saturation_requests or max(2 * len(sentences), 4 * concurrency)
         out = S.drive(phase_spec(args, port, sentences, cycle(n_sat), f"{cfg.name}/sat", mode="closed",
                                  concurrency=concurrency), tmp)
+        after = S.metrics(port)
         ref.round()
         records += out["records"]
         saturation = {**T.summarize(out, None, n_sat), "throughput_per_s": T.steady_throughput(out, concurrency),
@@ -160,17 +163,22 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
                                      mode="open", offsets=offsets), tmp)
             records += out["records"]
             rates.append({"fraction": fraction, **T.summarize(out, rate, len(unit))})
+        server = S.metrics(port)
         rss = S.worker_rss(proc.pid, cfg.workers)
     finally:
         stopped = S.stop_server(proc, args.stop_seconds)
-    served = sum(r["exit_layer"] for r in records if r["status"] == 200 and r["id_ok"])
-    mean_layer = served / max(1, sum(1 for r in records if r["status"] == 200 and r["id_ok"]))
+    answered = [r for r in records if r["status"] == 200 and r["id_ok"]]
+    metrics = None if server is None else {"answered": server["answered"],
+                                           "fill_saturation": T.fill_between(before, after),
+                                           "fill_all_phases": T.fill_between(None, server)}
     return {"config": cfg.name, **cfg._asdict(), "saturation": saturation, "rates": rates,
             "reference": ref.summary(), "mean_exit_layer": saturation["mean_exit_layer"],
             "layer_speedup": ref.engine.num_layers / saturation["mean_exit_layer"],
-            "all_phases_mean_exit_layer": mean_layer, "peak_rss_mb_per_worker": rss["per_worker_mb"],
-            "peak_rss_mb_supervisor": rss["supervisor_mb"], "server_processes": rss["processes"], "server": stopped,
-            "answers": T.compare_answers(records, expected, labels, args.atol)}
+            "all_phases_mean_exit_layer": sum(r["exit_layer"] for r in answered) / max(1, len(answered)),
+            "peak_rss_mb_per_worker": rss["per_worker_mb"], "peak_rss_mb_supervisor": rss["supervisor_mb"],
+            "server_processes": rss["processes"], "server": stopped, "metrics": metrics,
+            "answers": T.compare_answers(records, expected, labels, args.atol),
+            "client_answered": sum(1 for r in warm["records"] + records if r["status"])}
 
 
 # ---- report --------------------------------------------------------------------------------------
@@ -256,6 +264,8 @@ def parse_args(argv=None):
     p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="model cache (%(default)s)")
     p.add_argument("--hf-dir", help="HF BERT folder to train from (default: the packaged MiniLM)")
     p.add_argument("--updates", type=int, default=300, help="updates of the cached training run")
+    p.add_argument("--export", action="store_true", help="export the model again (fp32 and int8) even if the "
+                   "checkpoint has not changed: after a change of acl-export, its int8 scheme say")
     p.add_argument("--json", help="default: benchmarks/results/serve_load.json (--quick, --toy: required)")
     p.add_argument("--plot", help="default: the --json path with .png")
     p.add_argument("--force", action="store_true", help="replace an existing --json")
@@ -287,28 +297,41 @@ def parse_args(argv=None):
 
 
 def model_and_sentences(args):
-    """(ONNX folder with its int8 copy, sentences): serve_speed.py's model and data, exported again only when the
-    checkpoint changed (the hub, and torch, load only then)."""
+    """(ONNX folder with its int8 copy, sentences): serve_speed.py's model and data, exported again when the
+    checkpoint changed or with ``--export`` (the hub, and torch, load only then)."""
     import serve_speed
 
     ckpt, data, sentences, _, folder = serve_speed.load(args)
     st = os.stat(ckpt)
-    if R.load(folder, "source.json") != {"checkpoint": os.path.abspath(ckpt), "size": st.st_size,
-                                         "mtime_ns": st.st_mtime_ns}:
+    stamp = {"checkpoint": os.path.abspath(ckpt), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    if args.export or R.load(folder, "source.json") != stamp:
         from acl_fairseq.inference import hub as hub_mod
 
+        if args.export and os.path.isfile(os.path.join(folder, "source.json")):
+            os.remove(os.path.join(folder, "source.json"))  # serve_speed.exported exports again without its stamp
         hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(ckpt)), os.path.basename(ckpt),
                                       os.path.abspath(data)).eval()
         serve_speed.exported(hub, ckpt, folder)
     return folder, sentences
 
 
+def int8_method(folder: str) -> Optional[Dict]:
+    """How the folder's int8 copy was made (its manifest's record), with a warning when its answers depend on the
+    batch: the served ones then cannot all equal acl-predict's."""
+    with open(os.path.join(folder, "manifest.json"), encoding="utf-8") as f:
+        method = (json.load(f).get("quantized") or {}).get("int8", {}).get("method")
+    if method and method.get("kind") == "dynamic":
+        print(f"# note: the int8 copy in {folder} is dynamic quantization (activations scaled per call): its answers "
+              "depend on the batch; pass --export to export it again with the current acl-export --quantize int8")
+    return method
+
+
 def setup_record(args, folder: str, n: int) -> Dict:
     import onnxruntime
 
-    return {"onnx": os.path.relpath(folder, args.work), "sentences": n, "toy": args.toy, "quick": args.quick,
-            "policy": args.policy, "threshold": args.threshold, "max_batch": args.max_batch,
-            "max_queue": args.max_queue, "rates": args.rates, "requests": args.requests,
+    return {"onnx": os.path.relpath(folder, args.work), "int8_method": args.int8_method, "sentences": n,
+            "toy": args.toy, "quick": args.quick, "policy": args.policy, "threshold": args.threshold,
+            "max_batch": args.max_batch, "max_queue": args.max_queue, "rates": args.rates, "requests": args.requests,
             "max_seconds": args.max_seconds, "concurrency": args.concurrency or "2 x max_batch x workers",
             "seed": args.seed, "atol": args.atol, "threads_per_worker": 1, "cpus": os.cpu_count(),
             "load_average": os.getloadavg()[0], "onnxruntime": onnxruntime.__version__}
@@ -317,6 +340,7 @@ def setup_record(args, folder: str, n: int) -> Dict:
 def main(argv=None) -> Dict:
     args = parse_args(argv)
     folder, sentences = model_and_sentences(args)
+    args.int8_method = int8_method(folder) if "int8" in args.precision else None
     configs = [Config(r == "on", p, w) for r in args.refill for p in args.precision for w in args.workers]
     results = []
     with tempfile.TemporaryDirectory(prefix="serve_load_") as tmp:

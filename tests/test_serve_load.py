@@ -190,6 +190,7 @@ def test_served_answers_are_compared_with_acl_predicts_rows():
             _rec(5, 503, 0, 1, text=3)]
     got = T.compare_answers(recs, expected, ["1", "0"], atol=1e-5)
     assert (got["compared"], got["mismatches"], got["sentences"]) == (5, 3, 4)
+    assert (got["label"], got["exit_layer"], got["probabilities"]) == (1, 1, 1)
     assert got["max_prob_diff"] == pytest.approx(2e-5)
 
 
@@ -260,6 +261,7 @@ def test_the_record_holds_setup_results_and_verdicts_and_is_written_whole(tmp_pa
 
     monkeypatch.setattr(serve_load, "model_and_sentences", lambda args: (str(tmp_path / "onnx"), ["a", "b"]))
     monkeypatch.setattr(S, "acl_predict", lambda *a: [])
+    monkeypatch.setattr(serve_load, "int8_method", lambda folder: {"kind": "static"})
     monkeypatch.setattr(serve_load, "Reference", FakeReference)
     monkeypatch.setattr(serve_load, "run_config", fake_run)
     out = tmp_path / "load.json"
@@ -268,6 +270,7 @@ def test_the_record_holds_setup_results_and_verdicts_and_is_written_whole(tmp_pa
     assert json.loads(out.read_text()) == json.loads(json.dumps(got))
     assert [r["config"] for r in got["results"]] == ["refill int8 w2", "no-refill int8 w2"]
     assert got["setup"]["onnx"] == "onnx" and got["setup"]["rates"] == [0.5, 1.0]
+    assert got["setup"]["int8_method"] == {"kind": "static"}
     assert {v["config"] for v in got["verdicts"]} == {"refill int8 w2", "no-refill int8 w2"}
     assert (tmp_path / "load.png").stat().st_size > 0
     printed = capsys.readouterr().out
@@ -302,6 +305,40 @@ def test_a_quick_run_serves_every_sentence_as_acl_predict_does(tmp_path):
         assert 1.0 <= res["layer_speedup"] <= 3.0  # the toy model has 3 layers
         assert res["server"] == {**res["server"], "exit_code": 0, "killed": False}
         assert len(res["peak_rss_mb_per_worker"]) == 1 and res["peak_rss_mb_per_worker"][0] > 50
-    kept = [v for v in got["verdicts"] if v["bound"] == 0]
-    assert len(kept) == 8 and all(v["pass"] for v in kept)
+        assert res["metrics"]["fill_saturation"]["0"]["calls"] > 0  # the server's own metrics were read
+    kept = [v for v in got["verdicts"] if v["bound"] == 0]  # answers, none lost, the server's count, SIGTERM, errors
+    assert len(kept) == 10 and all(v["pass"] for v in kept)
     assert (tmp_path / "load.png").stat().st_size > 0
+
+
+METRICS = """# HELP acl_requests_total requests answered, by route and HTTP status
+# TYPE acl_requests_total counter
+acl_requests_total{route="infer",status="200"} 40.0
+acl_requests_total{route="infer",status="503"} 2.0
+acl_requests_total{route="predict",status="200"} 7.0
+acl_batch_fill_sum{layer="0"} 3.5
+acl_batch_fill_count{layer="0"} 5.0
+acl_batch_fill_bucket{layer="1",le="0.125"} 1.0
+acl_batch_fill_sum{layer="10"} 0.5
+acl_batch_fill_count{layer="10"} 2.0
+acl_batch_fill_sum{layer="2"} 0.0
+acl_batch_fill_count{layer="2"} 0.0
+"""
+
+
+def test_the_servers_own_counts_are_read_from_its_metrics():
+    got = T.server_side(T.parse_metrics(METRICS))
+    assert got["answered"] == {"infer 200": 40.0, "infer 503": 2.0, "predict 200": 7.0}
+    fill = T.fill_between(None, got)
+    assert list(fill) == ["0", "2", "10"]
+    assert fill["0"] == {"calls": 5, "mean_fill": pytest.approx(0.7)}
+    assert fill["2"] == {"calls": 0, "mean_fill": None}
+    later = T.server_side(T.parse_metrics(METRICS.replace("sum{layer=\"0\"} 3.5", "sum{layer=\"0\"} 5.5")
+                                          .replace("count{layer=\"0\"} 5.0", "count{layer=\"0\"} 9.0")))
+    assert T.fill_between(got, later)["0"] == {"calls": 4, "mean_fill": pytest.approx(0.5)}
+    assert T.fill_between(got, later)["10"] == {"calls": 0, "mean_fill": None}
+    assert T.fill_between(got, None) is None
+    res = _result(True, 1, 90.0, 60.0, 1.5, 29.0, 10.0)
+    for client, ok in ((42, True), (41, False), (43, False)):  # the predict route's answers are not the client's
+        found = T.verdicts([{**res, "metrics": got, "client_answered": client}], n_sentences=10)
+        assert _pick(found, "cTrue1", "|answers the server counted (42)")["pass"] is ok
