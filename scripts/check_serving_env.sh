@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The serving install, checked: a fresh virtual environment with the serve extra's pins only (numpy, onnxruntime,
-# tokenizers; setup.py SERVE_REQUIRES) and this package installed with --no-deps, so that torch and fairseq are
-# absent (not blocked). acl-predict OUT/onnx must classify in it, with the labels and exit layers that the full
-# environment gives on the same folder (and on the checkpoint it was exported from, when built here).
+# tokenizers, starlette, uvicorn, prometheus-client; setup.py SERVE_REQUIRES) and this package installed with
+# --no-deps, so that torch and fairseq are absent (not blocked). acl-predict OUT/onnx must classify in it, with the
+# labels and exit layers that the full environment gives on the same folder (and on the checkpoint it was exported
+# from, when built here); acl-serve must start on the folder, answer /v2/health/ready, one /predict and one Open
+# Inference Protocol infer with those same labels and exit layers, and exit 0 on SIGTERM.
 #
 # Usage: scripts/check_serving_env.sh [OUT/onnx]
 #   OUT/onnx: a folder acl-export wrote (e.g. make demo's demo_out/export/onnx). Without it, a tiny model is
@@ -14,7 +16,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"                  # the full environment (scripts/setup_env.sh)
 PYTHON="${PYTHON:-python3}"                  # interpreter of the serving environment
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/acl_serving.XXXXXX")"
-trap 'rm -rf "$WORK"' EXIT
+SERVER=""
+trap '[[ -n "$SERVER" ]] && kill "$SERVER" 2>/dev/null; rm -rf "$WORK"' EXIT
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" PYTHONWARNINGS=ignore
 start=$SECONDS
 say() { echo "[serving-env $((SECONDS - start))s] $*"; }
@@ -76,5 +79,36 @@ assert len(ours) == 2, ours
 for path, rows in zip(sys.argv[2:], theirs):
     assert rows == ours, f"{path}: {rows} != {ours}"
 print(f"[serving-env] same ids, labels and exit layers as {len(theirs)} reference run(s)")
+PY
+
+port="$("$WORK/serve/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+url="http://127.0.0.1:$port"
+t0=$SECONDS
+"$WORK/serve/bin/acl-serve" "$FOLDER" --port "$port" --policy entropy --threshold 0.3 2>"$WORK/serve.log" &
+SERVER=$!
+until curl -sf -o /dev/null "$url/v2/health/ready"; do
+  kill -0 "$SERVER" 2>/dev/null || { cat "$WORK/serve.log"; echo "acl-serve did not start" >&2; exit 1; }
+  sleep 0.1
+done
+say "acl-serve ready in the serving environment: $((SECONDS - t0))s"
+mapfile -t two <"$WORK/two.txt"
+curl -sf "$url/predict" -H 'Content-Type: application/json' \
+  -d "{\"inputs\": [[\"${two[0]}\"], [\"${two[1]}\"]]}" >"$WORK/predict.json"
+curl -sf "$url/v2/models/acl/infer" -H 'Content-Type: application/json' -d "{\"inputs\": [{\"name\": \"text\", \
+\"shape\": [2], \"datatype\": \"BYTES\", \"data\": [\"${two[0]}\", \"${two[1]}\"]}]}" >"$WORK/infer.json"
+cat "$WORK/predict.json"; echo; cat "$WORK/infer.json"; echo
+kill -TERM "$SERVER"
+status=0
+wait "$SERVER" || status=$?
+SERVER=""
+[[ $status -eq 0 ]] || { cat "$WORK/serve.log"; echo "acl-serve exited $status on SIGTERM, not 0" >&2; exit 1; }
+"$VENV/bin/python" - "$WORK/serve.tsv" "$WORK/predict.json" "$WORK/infer.json" <<'PY'
+import csv, json, sys
+ours = [(r["label"], int(r["exit_layer"])) for r in csv.DictReader(open(sys.argv[1]), delimiter="\t")]
+tei = [(entries[0]["label"], entries[0]["exit_layer"]) for entries in json.load(open(sys.argv[2]))]
+out = {o["name"]: o["data"] for o in json.load(open(sys.argv[3]))["outputs"]}
+assert tei == ours, f"/predict {tei} != acl-predict {ours}"
+assert list(zip(out["label"], out["exit_layer"])) == ours, f"infer {out} != acl-predict {ours}"
+print("[serving-env] acl-serve's /predict and OIP infer give acl-predict's labels and exit layers; exit 0 on SIGTERM")
 PY
 say "ok"
