@@ -58,7 +58,8 @@ def write_onnx(ctx: "Context", out_dir: str) -> List[str]:
 
 # format -> writer(ctx, folder); one folder OUT/<format> each
 FORMATS: Dict[str, Callable] = {"hf": write_hf, "onnx": write_onnx}
-QUANTIZE = ("int8",)  # --quantize: onnxruntime's dynamic quantization of the ONNX layers
+# --quantize: onnx_quantize.SCHEMES' names (not imported here: flags are checked before onnx loads)
+QUANTIZE = ("int8", "int8-dynamic")
 
 
 class Context:
@@ -79,8 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", nargs="+", choices=tuple(FORMATS), default=["hf"],
                    help="what to write (default: %(default)s): hf = a transformers folder, onnx = graphs that "
                    "acl-predict OUT/onnx and acl_fairseq.runtime run with ONNX Runtime, without torch")
-    p.add_argument("--quantize", choices=QUANTIZE, help="onnx: also write a dynamically quantized copy of each layer "
-                   "(acl-predict --precision int8)")
+    p.add_argument("--quantize", choices=QUANTIZE, help="onnx: also write an int8 copy of each layer (acl-predict "
+                   "--precision int8). int8: static scales calibrated on 512 rows of DATA's training split, so a "
+                   "row's answer does not depend on its batch; int8-dynamic: activations scaled per call, so a row's "
+                   "answer can change with the rows that share its batch (for data without a training split)")
     p.add_argument("--policy", choices=calibration.policy_choices(), help="early-exit policy recorded for serving "
                    f"(default: the calibrated one in {calibration.FILE_NAME} beside the checkpoint, else none; none: "
                    "the last exit decides, whatever was calibrated)")
@@ -146,6 +149,9 @@ def check_data(args, cfg: Dict) -> None:
             fail(f"{os.path.join(args.data, sub, 'dict.txt')} not found: --data must be the binarized folder the "
                  "model was trained on")
     split, input0 = args.metrics_split, os.path.join(args.data, "input0")
+    if args.quantize == "int8" and "onnx" in args.format and not os.path.isfile(os.path.join(input0, "train.bin")):
+        fail(f"--quantize int8 calibrates on the training split, and {os.path.join(input0, 'train.bin')} is missing: "
+             "pass the --data folder the model was trained on, or --quantize int8-dynamic (batch-dependent)")
     if "hf" in args.format and split != "none" and not os.path.isfile(os.path.join(input0, f"{split}.bin")):
         found = sorted(n[: -len(".bin")] for n in os.listdir(input0) if n.endswith(".bin"))
         fail(f"--metrics-split {split}: {os.path.join(input0, split + '.bin')} not found; pass one of the folder's "

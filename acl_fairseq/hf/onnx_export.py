@@ -15,9 +15,10 @@ rows never enter a later graph:
 Beside them: ``tokenizer.json`` (a ``tokenizers`` file whose ids are the fairseq dictionary's, see
 :mod:`acl_fairseq.hf.onnx_tokenizer`) and ``manifest.json`` (:data:`SCHEMA`: files, exits, pooling, labels, the
 input layout, the serving policy, each file's sha256 and the checkpoint's, which
-:mod:`acl_fairseq.runtime.manifest` checks at load). ``--quantize int8`` adds ``int8/layerN.onnx``, dynamically
-quantized with 7-bit weights (:mod:`acl_fairseq.hf.onnx_quantize`: the same answers on AVX2-only and VNNI CPUs; a row's
-answer depends on its batch); the embeddings stay fp32.
+:mod:`acl_fairseq.runtime.manifest` checks at load). ``--quantize int8`` adds ``int8/layerN.onnx``, statically
+quantized (QDQ, scales calibrated on a sample of the training split) with 7-bit weights
+(:mod:`acl_fairseq.hf.onnx_quantize`: a row's answer depends neither on its batch nor on the CPU kind, AVX2-only or
+VNNI); ``--quantize int8-dynamic`` scales activations per call instead (batch-dependent). The embeddings stay fp32.
 
 :func:`write_onnx` is the writer acl-export's format table calls (``write(ctx, folder)``).
 """
@@ -40,7 +41,7 @@ from acl_fairseq.runtime import manifest as checks
 logger = logging.getLogger(__name__)
 SCHEMA = "acl_fairseq.onnx/1"
 MANIFEST = "manifest.json"
-QUANTIZE = ("int8",)  # --quantize choices
+QUANTIZE = tuple(onnx_quantize.SCHEMES)  # --quantize choices
 OPSET = 18
 MAX_DIM = 1 << 16  # upper bound of the dynamic batch and length dimensions
 
@@ -144,7 +145,7 @@ def write_onnx(hub, out_dir: str, quantize: Optional[str] = None, policy: Option
                 "input_layout": input_layout(hub), **serving_policy(hub, policy, threshold),
                 "calibration": calibration,  # the exit_policy.json record the serving policy came from, if any
                 "policy_defaults": {name: row.default for name, row in exits.POLICIES.items()},
-                "quantized": onnx_quantize.quantize_int8(out_dir, graphs) if quantize == "int8" else {}}
+                "quantized": {} if quantize is None else onnx_quantize.quantize_int8(out_dir, graphs, hub, quantize)}
     files = sorted(os.path.relpath(os.path.join(root, n), out_dir).replace(os.sep, "/")
                    for root, _, names in os.walk(out_dir) for n in names)
     manifest["sha256"] = {name: checks.file_sha256(os.path.join(out_dir, name)) for name in files}

@@ -1,57 +1,190 @@
-"""``--quantize int8``: int8 copies of the ONNX layer graphs that give the same answers on every x86 CPU kind.
+"""``--quantize int8``: int8 copies of the ONNX layer graphs whose answers depend neither on the batch nor on the
+x86 CPU kind.
 
-onnxruntime runs int8 MatMuls through ``u8 x s8`` kernels on x86. Without VNNI (AVX2 only, e.g. AMD EPYC before
-Zen 4) those add pairs of products in 16 bits (``vpmaddubsw``), which saturate with full-range 8-bit weights
-(onnxruntime #14642). ``reduce_range`` keeps the weights in 7 bits, so the pair sum fits. Measured with
-``benchmarks/int8_portability.py`` on the tiny test model, the AVX2 machine emulated by
-``qemu-x86_64 -cpu EPYC-Rome`` and the host an AVX-512 VNNI Xeon: the largest logit error against fp32 was 0.03
-on the host and 2.66 on AVX2 with full-range weights (static S8S8 saturated alike, 2.62), and 0.043 on both with
-``reduce_range``.
+- **Static QDQ** (``int8``, the default): every quantized tensor has a scale fixed at export, calibrated on a
+  seeded sample of the training split (:data:`CALIBRATION_ROWS` rows, each run alone, so padding never widens a
+  range). A row's answer is then the same whichever rows share its batch. MatMul and Gemm are quantized (inputs
+  only: their outputs, the bias and residual Adds, LayerNorm, Softmax, GELU, the exit heads and the embedding
+  graph stay in float, as Optimum's and onnxruntime's guidance leave them).
+- **Dynamic** (``int8-dynamic``): activations scaled by each call's own range, so **a row's answer depends on the
+  rows that share its batch** (on the MiniLM model below, 4 of 872 SST-2 dev decisions differ between batch 1
+  and 32). Kept for models without a training split.
 
-The weights are quantized per output channel: with one scale per matrix, 7 bits cost the MiniLM acl_cross_layer
-model of ``benchmarks/serve_speed.py`` 2.9 points of SST-2 dev accuracy at batch 32 (81.42 against fp32's 84.29);
-one scale per channel gives 84.17 (full-range 8-bit weights: 83.72 per matrix, 84.86 per channel, on a VNNI host
-only). The copy is quantized dynamically: each call's activations are scaled by that call's own range. **So a
-row's int8 answer depends on the rows that share its batch** (logits moved by up to 0.045 between batch 1 and 8 on
-the test model; decisions near a threshold can flip). Static scales remove that dependence, but calibrated on a
-small training split they cost ten times the error on the test model (0.058 against 0.006), so they are not the
-default until measured on a real model. Only MatMul and Gemm are quantized: LayerNorm, Softmax, GELU, the
-residual Adds and the embedding graph stay in float.
+Both keep the weights in 7 bits (``reduce_range``), one scale per output channel. onnxruntime's x86 int8 kernels
+without VNNI (AVX2 only, e.g. AMD EPYC before Zen 4) add pairs of ``u8 x s8`` products in 16 bits
+(``vpmaddubsw``), which saturate with full-range weights (onnxruntime #14642); signed activations (S8S8) do not
+help, since the kernels shift them to unsigned first. With 7-bit weights the pair sum fits.
+
+Measured with ``python benchmarks/int8_static.py --json benchmarks/results/int8_static.json`` on the MiniLM
+acl_cross_layer model of ``benchmarks/serve_speed.py``, SST-2 dev (872 sentences).
 """
 import logging
 import os
-from typing import Dict
+import tempfile
+from typing import Dict, List, Optional
+
+import numpy as np
 
 from acl_fairseq.hf.onnx_tokenizer import ExportError
 
-METHOD = {"kind": "dynamic", "activations": "uint8, scaled per call (batch-dependent)",
-          "weights": "int8 per output channel, reduce_range (7 bits)", "ops": ["MatMul", "Gemm"]}
+CALIBRATION_SPLIT = "train"
+# each row costs one fp32 pass and one calibration pass per layer
+CALIBRATION_ROWS = 512
+CALIBRATION_SEED = 0
+FLOAT_OPS = ["LayerNormalization", "Softmax", "Erf (GELU)", "the residual and bias Adds", "the exit heads",
+             "the embedding graph"]
+SCHEMES = {  # --quantize name -> how its copy is made
+    "int8": {"kind": "static", "format": "QDQ", "activations": "QUInt8", "weights": "QInt8", "reduce_range": True,
+             "per_channel": True, "calibrate": "MinMax", "batch_dependent": False},
+    "int8-dynamic": {"kind": "dynamic", "activations": "QUInt8 (scaled per call)", "weights": "QInt8",
+                     "reduce_range": True, "per_channel": True, "batch_dependent": True},
+}
+OPS = ["MatMul", "Gemm"]
 
 
-def quantize_int8(out_dir: str, graphs: Dict) -> Dict:
-    """Write ``int8/layerN.onnx`` for every layer graph; returns the manifest's ``quantized`` entry."""
+def _imports():
     try:
         import onnx
-        from onnxruntime.quantization import QuantType, quantize_dynamic
+        import onnxruntime
+        from onnxruntime import quantization
     except ImportError as e:
         raise ExportError(f"--quantize int8 needs onnx and onnxruntime ({e}); pip install -r requirements.txt") \
             from None
-    os.makedirs(os.path.join(out_dir, "int8"), exist_ok=True)
-    files = {}
-    for rec in graphs["layers"]:
-        target, bare = f"int8/{rec['file']}", os.path.join(out_dir, "int8", "bare.onnx")
-        model = onnx.load(os.path.join(out_dir, rec["file"]))
-        # the exporter's intermediate shapes fail the quantizer's strict shape inference (a symbolic size
-        # against a traced one); without them it infers its own
-        del model.graph.value_info[:]
+    return onnx, onnxruntime, quantization
+
+
+def calibration_rows(hub, n: int = CALIBRATION_ROWS, seed: int = CALIBRATION_SEED) -> List[np.ndarray]:
+    """``n`` rows of the hub's training split (a seeded sample without replacement), as the model reads them: the
+    task's own ``src_tokens`` (``<s>``, segments, pairs), unpadded. ExportError when the split is missing."""
+    data = hub.cfg.task.data
+    if not os.path.isfile(os.path.join(data, "input0", f"{CALIBRATION_SPLIT}.bin")):
+        raise ExportError(f"--quantize int8 calibrates on the training split, and "
+                          f"{os.path.join(data, 'input0', CALIBRATION_SPLIT + '.bin')} is missing: pass the --data "
+                          "folder the model was trained on, or --quantize int8-dynamic (batch-dependent)")
+    hub.task.load_dataset(CALIBRATION_SPLIT)
+    split = hub.task.dataset(CALIBRATION_SPLIT)
+    picked = np.random.default_rng(seed).choice(len(split), size=min(n, len(split)), replace=False)
+    return [split[int(i)]["net_input.src_tokens"].numpy().astype(np.int64) for i in sorted(picked)]
+
+
+def _session(path: str):
+    _, ort, _ = _imports()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+def layer_feeds(folder: str, graphs: Dict, rows: List[np.ndarray]) -> Dict[str, List[Dict]]:
+    """Each layer graph's fp32 inputs for ``rows``: layer file -> one feed per row (batch 1, no padding)."""
+    embed = _session(os.path.join(folder, graphs["embeddings"]))
+    layers = [(rec["file"], _session(os.path.join(folder, rec["file"]))) for rec in graphs["layers"]]
+    feeds = {name: [] for name, _ in layers}
+    for row in rows:
+        x, mask = embed.run(None, {"src_tokens": row[None, :]})
+        for name, session in layers:
+            feeds[name].append({"x": x, "padding_mask": mask})
+            x = session.run(None, {"x": x, "padding_mask": mask})[0]
+    return feeds
+
+
+def _head_nodes(model) -> List[str]:
+    """The exit head's MatMul/Gemm nodes (weights named ``head.*``): one pooled row per sentence, so float costs
+    nothing there, and they make the decision."""
+    weights = {t.name for t in model.graph.initializer if t.name.startswith("head.")}
+    return [n.name for n in model.graph.node if n.op_type in OPS and any(i in weights for i in n.input)]
+
+
+def quantize_graph(src: str, dst: str, scheme: Dict, feeds: Optional[List[Dict]] = None) -> None:
+    """One layer graph ``src`` -> ``dst`` by ``scheme`` (a :data:`SCHEMES` value; static ones read ``feeds``)."""
+    onnx, _, q = _imports()
+    model = onnx.load(src)
+    # the exporter's intermediate shapes fail the quantizer's strict shape inference (a symbolic size against a
+    # traced one); without them it infers its own
+    del model.graph.value_info[:]
+    common = {"op_types_to_quantize": OPS, "per_channel": scheme["per_channel"],
+              "reduce_range": scheme["reduce_range"], "weight_type": getattr(q.QuantType, scheme["weights"]),
+              "nodes_to_exclude": _head_nodes(model)}
+    with tempfile.TemporaryDirectory(prefix="quantize_", dir=os.path.dirname(dst)) as tmp:
+        bare = os.path.join(tmp, "bare.onnx")
         onnx.save(model, bare)
         root, level = logging.getLogger(), logging.getLogger().level
         root.setLevel(logging.ERROR)  # the quantizer logs every tensor it leaves alone to the root logger
         try:
-            quantize_dynamic(bare, os.path.join(out_dir, target), weight_type=QuantType.QInt8,
-                             op_types_to_quantize=METHOD["ops"], reduce_range=True, per_channel=True)
+            if scheme["kind"] == "dynamic":
+                q.quantize_dynamic(bare, dst, **common)
+            else:
+                q.quantize_static(bare, dst, _Rows(q.CalibrationDataReader, feeds), quant_format=q.QuantFormat.QDQ,
+                                  activation_type=getattr(q.QuantType, scheme["activations"]),
+                                  calibrate_method=getattr(q.CalibrationMethod, scheme["calibrate"]),
+                                  # outputs stay float: the bias and residual Adds that read them are float ops.
+                                  # One row per collection: the histogram calibrators stack a call's tensors,
+                                  # which rows of different lengths cannot be
+                                  extra_options={"OpTypesToExcludeOutputQuantization": OPS,
+                                                 "CalibStridedMinMax": 1}, **common)
+                quantized = onnx.load(dst)
+                _float_ops_read_float(quantized)
+                onnx.save(quantized, dst)
         finally:
             root.setLevel(level)
-            os.remove(bare)
+
+
+def _Rows(base, feeds: List[Dict]):
+    """A calibration reader over ``feeds`` that the quantizer can also cut into ranges (``set_range``)."""
+
+    class Rows(base):
+        def __init__(self):
+            self.items, self.at, self.end = feeds, 0, len(feeds)
+
+        def __len__(self):
+            return len(self.items)
+
+        def set_range(self, start_index: int, end_index: int):
+            self.at, self.end = start_index, min(end_index, len(self.items))
+
+        def get_next(self):
+            if self.at >= self.end:
+                return None
+            self.at += 1
+            return self.items[self.at - 1]
+
+    return Rows()
+
+
+def _float_ops_read_float(model) -> None:
+    """The quantizer hands a quantized tensor's every reader its dequantized copy, so the residual Add beside the
+    projections that read ``x`` would add the rounded ``x``. Every reader but MatMul and Gemm is given the float
+    tensor back: only those two compute in int8."""
+    graph = model.graph
+    source = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "QuantizeLinear"}
+    floats = {n.output[0]: source[n.input[0]] for n in graph.node
+              if n.op_type == "DequantizeLinear" and n.input[0] in source}
+    for node in graph.node:
+        if node.op_type not in OPS and node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+            for k, name in enumerate(node.input):
+                if name in floats:
+                    node.input[k] = floats[name]
+
+
+def quantize_int8(out_dir: str, graphs: Dict, hub=None, name: str = "int8", scheme: Optional[Dict] = None,
+                  rows: Optional[List[np.ndarray]] = None) -> Dict:
+    """Write ``int8/layerN.onnx`` for every layer graph in ``out_dir`` by ``SCHEMES[name]`` (or ``scheme``); a
+    static scheme calibrates on ``rows``, by default :func:`calibration_rows` of ``hub``. Returns the manifest's
+    ``quantized`` entry (served as ``--precision int8`` whichever scheme made it; ``method`` says which)."""
+    scheme = dict(SCHEMES[name] if scheme is None else scheme)
+    method = {**scheme, "ops": OPS, "float": FLOAT_OPS}
+    feeds = {}
+    if scheme["kind"] == "static":
+        if rows is None:
+            rows = calibration_rows(hub)
+        method["calibration"] = {"split": CALIBRATION_SPLIT, "rows": len(rows), "seed": CALIBRATION_SEED,
+                                 "batch": 1}
+        feeds = layer_feeds(out_dir, graphs, rows)
+    os.makedirs(os.path.join(out_dir, "int8"), exist_ok=True)
+    files = {}
+    for rec in graphs["layers"]:
+        target = f"int8/{rec['file']}"
+        quantize_graph(os.path.join(out_dir, rec["file"]), os.path.join(out_dir, target), scheme,
+                       feeds.get(rec["file"]))
         files[rec["file"]] = target
-    return {"int8": {"embeddings": graphs["embeddings"], "layers": files, "method": METHOD}}
+    return {"int8": {"embeddings": graphs["embeddings"], "layers": files, "method": method}}
