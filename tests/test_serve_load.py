@@ -283,7 +283,7 @@ def test_the_record_holds_setup_results_and_verdicts_and_is_written_whole(tmp_pa
 # ---- end to end ----------------------------------------------------------------------------------
 
 
-@pytest.mark.slow  # about 90 s on 2 busy cores: the toy model trained (fairseq-train), two servers, ~1000 requests
+@pytest.mark.slow  # 80-110 s on 2 busy cores: the toy model trained (fairseq-train), two servers, ~1000 requests
 def test_a_quick_run_serves_every_sentence_as_acl_predict_does(tmp_path):
     import serve_load
 
