@@ -6,7 +6,8 @@ v2 and record every answer.
 
 SPEC: ``{"host", "port", "model", "texts", "order": [text index per request], "mode": "open" | "closed", "offsets":
 [send second per request] (open), "concurrency" (closed), "max_seconds", "drain_seconds", "tag"}``. OUT: ``{"end",
-"connections", "records": [...]}``, one record per request sent (see :func:`record`), times in seconds from the start.
+"cpu_s", "connections", "records": [...]}``, one record per request sent (see :func:`record`), times in seconds from
+the start; ``cpu_s``: this process's CPU time, what it took of the cores the server runs on.
 
 - ``open``: open-loop arrivals. Each request leaves at its offset, whatever the answers before it are doing: a
   request that finds no idle connection opens one, so a slow answer never delays the next send. ``lag`` records how
@@ -187,7 +188,7 @@ async def run(spec: Dict) -> Dict:
         task.cancel()
     pool.close()
     records.sort(key=lambda r: r["i"])
-    return {"end": clock(), "connections": pool.opened, "records": records}
+    return {"end": clock(), "cpu_s": time.process_time(), "connections": pool.opened, "records": records}
 
 
 def main(argv=None) -> int:

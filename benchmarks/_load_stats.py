@@ -43,7 +43,9 @@ def summarize(out: Dict, offered: Optional[float], planned: int) -> Dict:
             "max_lag_ms": max((1000 * (r["sent"] - r["scheduled"]) for r in recs if r["scheduled"] is not None),
                               default=None),
             "mean_exit_layer": sum(r["exit_layer"] for r in ok) / len(ok) if ok else None,
-            "connections": out["connections"]}
+            "connections": out["connections"],
+            # the client shares the cores with the server: what it took of them
+            "client_cpu_share": out["cpu_s"] / out["end"] if out.get("cpu_s") is not None and out["end"] else None}
 
 
 def steady_throughput(out: Dict, concurrency: int) -> float:

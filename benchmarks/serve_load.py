@@ -45,6 +45,7 @@ import argparse
 import json
 import os
 import random
+import sys
 import tempfile
 import time
 from typing import Dict, List, NamedTuple, Optional
@@ -164,6 +165,9 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
         records += out["records"]
         saturation = {**T.summarize(out, None, n_sat), "throughput_per_s": T.steady_throughput(out, concurrency),
                       "concurrency": concurrency}
+        if saturation["throughput_per_s"] <= 0:
+            raise RuntimeError(f"serve_load: {cfg.name}: no answer at saturation; the server's log ends:\n"
+                               f"{S.tail(log)}")
         rates = []
         unit = C.poisson_offsets(1.0, args.requests, float("inf"), args.seed)
         for fraction in args.rates:
@@ -178,6 +182,9 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
         rss = S.worker_rss(proc.pid, cfg.workers)
     finally:
         stopped = S.stop_server(proc, args.stop_seconds)
+    if stopped["exit_code"] or any(p["errors"] for p in [saturation] + rates):
+        print(f"# {cfg.name}: errors or exit code {stopped['exit_code']}; the server's log ends:\n{S.tail(log)}",
+              file=sys.stderr)
     answered = [r for r in records if r["status"] == 200 and r["id_ok"]]
     metrics = None if server is None else {"answered": server["answered"],
                                            "fill_saturation": T.fill_between(before, after),
