@@ -28,7 +28,7 @@ from typing import Dict, List, Optional
 import torch
 
 from acl_fairseq import checkpoint_safety, exits, glue_metrics
-from acl_fairseq.cli import calibrate, console, report
+from acl_fairseq.cli import calibrate, console, evaluate_checks, report
 from acl_fairseq.inference import early_exit, flops, latency
 
 logger = logging.getLogger("acl_fairseq.cli.evaluate")
@@ -293,7 +293,10 @@ def evaluate(args) -> Dict:
     model, task, cfg = load_model(args.checkpoint, args.data_bin, args.user_dir, args.device)
     head_name = args.classification_head_name or getattr(cfg.criterion, "classification_head_name", None)
     head_name = head_name or "sentence_classification_head"
-    layers = early_exit.exit_plan(model, head_name)[0]
+    try:
+        layers = early_exit.exit_plan(model, head_name)[0]
+    except ValueError as e:  # a head the checkpoint lacks: named, with the ones it has
+        raise console.UsageError(f"{e}. Fix: pass one of those as --classification-head-name") from None
     regression = bool(task.cfg.regression_target)
     ctx = {
         "task_name": infer_task_name(args.data_bin, args.task_name),
@@ -307,7 +310,8 @@ def evaluate(args) -> Dict:
     n = len(dataset) if args.max_examples is None else min(args.max_examples, len(dataset))
     scored = collect_exit_logits(model, make_batches(dataset, list(range(n)), args.batch_size), head_name)
     if scored[2] is None:
-        raise ValueError(f"split {args.split!r} has no labels; score a labeled split and use --test-split for test")
+        raise console.UsageError(f"--split {args.split} has no labels. Fix: score a labeled split, and predict "
+                                 "this one with --test-split")
     per_exit = [{"layer": layer, "metrics": score(scored[1][:, m], scored[2], ctx)} for m, layer in enumerate(layers)]
     result = {
         "task": ctx["task_name"],
@@ -354,8 +358,7 @@ def record_path(path: str, out_dir: str) -> str:
 def main(argv: Optional[List[str]] = None) -> Dict:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.test_split and not args.predictions_dir:
-        parser.error("--test-split needs --predictions-dir")
+    evaluate_checks.precheck(parser, args)
     calibrate.precheck(parser, args)
     result = evaluate(args)
     from acl_fairseq.io import atomic
