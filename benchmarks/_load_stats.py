@@ -90,6 +90,9 @@ def verdicts(results: List[Dict], n_sentences: int) -> List[Dict]:
                     "pass": ok})
 
     for res in results:
+        if res.get("failed"):
+            add(res["config"], "the configuration ran (its error is in the JSON)", 0, 1, True)
+            continue
         name, sat, ref = res["config"], res["saturation"], res["reference"]
         ratio = refill_ratio(sat["throughput_per_s"], res["layer_speedup"], ref["full_batched_per_s"],
                              res["workers"])

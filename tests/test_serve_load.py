@@ -3,6 +3,7 @@ and verdict arithmetic, the JSON record; (slow) one --quick run end to end again
 import asyncio
 import json
 import os
+import re
 import time
 
 import numpy as np
@@ -253,6 +254,8 @@ def test_the_record_holds_setup_results_and_verdicts_and_is_written_whole(tmp_pa
             self.engine = type("E", (), {"label_names": lambda self: ["1", "0"]})()
 
     def fake_run(args, cfg, folder, sentences, ref, expected, labels, tmp):
+        if not cfg.refill:
+            raise RuntimeError("acl-serve exited (1) before it was ready")
         res = _result(cfg.refill, cfg.workers, 90.0, 60.0, 1.5, 29.0, 10.0)
         phase = {k: 1.0 for k in serve_load.COLUMNS[2:-1]}
         return {**res, "config": cfg.name, "precision": cfg.precision, "peak_rss_mb_per_worker": [300.0],
@@ -272,9 +275,12 @@ def test_the_record_holds_setup_results_and_verdicts_and_is_written_whole(tmp_pa
     assert got["setup"]["onnx"] == "onnx" and got["setup"]["rates"] == [0.5, 1.0]
     assert got["setup"]["int8_method"] == {"kind": "static"}
     assert {v["config"] for v in got["verdicts"]} == {"refill int8 w2", "no-refill int8 w2"}
+    failed = [v for v in got["verdicts"] if v["config"] == "no-refill int8 w2"]  # the others still measured
+    assert [v["pass"] for v in failed] == [False] and "before it was ready" in got["results"][1]["failed"]
     assert (tmp_path / "load.png").stat().st_size > 0
-    printed = capsys.readouterr().out
-    assert "no-refill int8 w2" in printed and "# targets (issue 38)" in printed
+    printed = capsys.readouterr()
+    assert re.search(r"no-refill int8 w2 +failed", printed.out) and "# targets (issue 38)" in printed.out
+    assert "no-refill int8 w2: failed: acl-serve exited (1)" in printed.err
     assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]
     with pytest.raises(SystemExit):  # and is not replaced without --force
         serve_load.parse_args(["--server", __file__, "--json", str(out)])
