@@ -49,16 +49,24 @@ def start_server(cmd: List[str], log: str, port: int, timeout: float) -> subproc
 
 
 def stop_server(proc: subprocess.Popen, timeout: float) -> Dict:
-    """SIGTERM, then its exit code and how long it took; the whole session is killed past ``timeout``."""
+    """SIGTERM, then its exit code and how long it took; its session (workers included) is killed past ``timeout``,
+    and so is any process of it left behind once it exited (``left``: a worker that outlived its supervisor)."""
     t = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     try:
         code = proc.wait(timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        code = proc.wait()
-        return {"exit_code": code, "stop_s": time.monotonic() - t, "killed": True}
-    return {"exit_code": code, "stop_s": time.monotonic() - t, "killed": False}
+        return {"exit_code": proc.wait(), "stop_s": time.monotonic() - t, "killed": True, "left": None}
+    stop_s, left = time.monotonic() - t, False
+    try:
+        os.killpg(proc.pid, 0)  # raises once nothing of the session is left
+        time.sleep(2.0)
+        os.killpg(proc.pid, signal.SIGKILL)
+        left = True
+    except ProcessLookupError:
+        pass
+    return {"exit_code": code, "stop_s": stop_s, "killed": False, "left": left}
 
 
 def metrics(port: int) -> Optional[Dict]:
@@ -129,8 +137,11 @@ def drive(spec: Dict, tmp: str) -> Dict:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(spec, f)
     client = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_load_client.py")
-    proc = subprocess.run([sys.executable, client, path, out], capture_output=True, text=True,
-                          timeout=spec["max_seconds"] + spec["drain_seconds"] + 120)
+    try:
+        proc = subprocess.run([sys.executable, client, path, out], capture_output=True, text=True,
+                              timeout=spec["max_seconds"] + spec["drain_seconds"] + 120)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"serve_load: the client of {spec['tag']} did not finish in time") from None
     if proc.returncode:
         raise RuntimeError(f"serve_load: the client failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     with open(out, encoding="utf-8") as f:

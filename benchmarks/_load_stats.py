@@ -114,9 +114,10 @@ def verdicts(results: List[Dict], n_sentences: int) -> List[Dict]:
             add(name, f"|answers the server counted ({served:.0f}) - those the client got|",
                 abs(served - res["client_answered"]), 0, False)
         stop = res["server"]
-        how = f"killed after {stop['stop_s']:.1f} s" if stop["killed"] else f"in {stop['stop_s']:.1f} s"
+        how = f"killed after {stop['stop_s']:.1f} s" if stop["killed"] else f"in {stop['stop_s']:.1f} s" + \
+            (", a process of it left behind" if stop.get("left") else "")
         add(name, f"SIGTERM ending without exit code 0 (exit code {stop['exit_code']}, {how})",
-            int(stop["killed"] or stop["exit_code"] != 0), 0, False)
+            int(stop["killed"] or stop["exit_code"] != 0 or bool(stop.get("left"))), 0, False)
         add(name, "errors: 5xx other than 503, 4xx, connections", sum(p["errors"] for p in phases), 0, False)
     return out
 
