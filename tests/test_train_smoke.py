@@ -3,6 +3,7 @@ TensorBoard, resumes, and its checkpoints load with torch's safe loader left on.
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -15,19 +16,33 @@ import helpers
 # decimals) before TensorBoard sees them, hence a tolerance of 2e-3, far above what another CPU's reduction
 # order moves (~1e-6). The roberta runs predict one class after one epoch (f1 0): their losses carry the
 # training; acl_grad's features scope kept every term here, so it equals acl_embed, as --scl-grad sentence_scl.
+# Six of the nine runs are slow (make test-slow): each is a fairseq-train subprocess of 6-8 s on an idle 2-core
+# CPU, and make test keeps one per path through fairseq's trainer: acl_embed on roberta (shared with the resume
+# test below), acl_grad's gate under --update-freq, and acl_cross_layer on the multi-exit model. Each criterion's
+# total and gradient stay checked in process by test_criterion_totals.py, its build from fairseq's options by
+# test_criterions.py.
+SLOW = pytest.mark.slow
 RUNS = [
-    ("sentence_ce", "roberta", [], {"loss", "ce_loss", "accuracy"}, (33.33, 1.033, 0.986)),
-    ("sentence_scl", "roberta", [], {"scl_loss"}, (33.33, 2.630, 2.625)),
-    ("sentence_scl", "roberta", ["--scl-grad"], {"scl_loss", "grad_cos", "conflict_rate"}, (33.33, 2.630, 2.625)),
+    pytest.param("sentence_ce", "roberta", [], {"loss", "ce_loss", "accuracy"}, (33.33, 1.033, 0.986), marks=SLOW),
+    pytest.param("sentence_scl", "roberta", [], {"scl_loss"}, (33.33, 2.630, 2.625), marks=SLOW),
+    pytest.param("sentence_scl", "roberta", ["--scl-grad"], {"scl_loss", "grad_cos", "conflict_rate"},
+                 (33.33, 2.630, 2.625), marks=SLOW),
     ("acl_embed", "roberta", [], {"acl_loss"}, (33.33, 4.212, 4.202)),
     ("acl_grad", "roberta", ["--update-freq", "2"], {"acl_loss", "grad_cos", "conflict_rate"}, (33.33, 4.220, 4.242)),
-    ("acl_grad", "roberta", ["--acl-grad-scope", "features"], {"grad_cos", "conflict_rate"}, (33.33, 4.212, 4.202)),
-    ("sentence_ce", "multi_exit_roberta", [], {"accuracy_exit1", "accuracy_exit2", "accuracy_exit3"},
-     (66.67, 1.019, 1.022)),
+    pytest.param("acl_grad", "roberta", ["--acl-grad-scope", "features"], {"grad_cos", "conflict_rate"},
+                 (33.33, 4.212, 4.202), marks=SLOW),
+    pytest.param("sentence_ce", "multi_exit_roberta", [], {"accuracy_exit1", "accuracy_exit2", "accuracy_exit3"},
+                 (66.67, 1.019, 1.022), marks=SLOW),
     ("acl_cross_layer", "multi_exit_roberta", [], {"acl_loss", "acl_cl_loss", "grad_cos", "accuracy_exit1"},
      (66.67, 7.857, 7.895)),
-    ("multi_exit_kd", "multi_exit_roberta", [], {"kd_loss", "accuracy_exit1"}, (66.67, 0.988, 1.087)),
+    pytest.param("multi_exit_kd", "multi_exit_roberta", [], {"kd_loss", "accuracy_exit1"}, (66.67, 0.988, 1.087),
+                 marks=SLOW),
 ]
+
+
+
+def _values(run):
+    return run.values if hasattr(run, "values") else run
 
 
 @pytest.fixture(scope="module")
@@ -35,12 +50,33 @@ def data(tmp_path_factory):
     return helpers.make_data(str(tmp_path_factory.mktemp("smoke") / "data"))["data"]
 
 
-@pytest.mark.parametrize("criterion,arch,extra,tags,known", RUNS, ids=[f"{r[0]}-{r[1]}-{len(r[2])}" for r in RUNS])
-def test_criterion_trains_one_epoch_and_logs_tensorboard_tags(tmp_path, data, criterion, arch, extra, tags, known):
-    tb = tmp_path / "tb"
-    helpers.train(data, str(tmp_path / "ck"), criterion=criterion, arch=arch,
-                  extra=[*extra, "--tensorboard-logdir", str(tb)])
-    assert (tmp_path / "ck" / "checkpoint_best.pt").exists()
+def _no_forced_safe_loading():
+    # torch's override of the safe loader (TORCH_FORCE_...WEIGHTS_ONLY...) must not be what makes loading pass
+    return {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
+
+
+@pytest.fixture(scope="module")
+def acl_embed_run(data, tmp_path_factory):
+    """(data, save dir, TensorBoard dir) of one acl_embed epoch on roberta: both the acl_embed case below and
+    the resume test start from it, which saves make test one fairseq-train run (a TensorBoard folder changes
+    nothing in training)."""
+    root = tmp_path_factory.mktemp("acl_embed_run")
+    ck, tb = root / "ck", root / "tb"
+    helpers.train(data, str(ck), criterion="acl_embed", max_epoch=1, env=_no_forced_safe_loading(),
+                  extra=["--tensorboard-logdir", str(tb)])
+    return data, ck, tb
+
+
+@pytest.mark.parametrize("criterion,arch,extra,tags,known", RUNS,
+                         ids=[f"{r[0]}-{r[1]}-{len(r[2])}" for r in map(_values, RUNS)])
+def test_criterion_trains_one_epoch_and_logs_tensorboard_tags(request, tmp_path, data, criterion, arch, extra, tags,
+                                                              known):
+    if (criterion, arch, extra) == ("acl_embed", "roberta", []):
+        _, ck, tb = request.getfixturevalue("acl_embed_run")
+    else:
+        ck, tb = tmp_path / "ck", tmp_path / "tb"
+        helpers.train(data, str(ck), criterion=criterion, arch=arch, extra=[*extra, "--tensorboard-logdir", str(tb)])
+    assert (ck / "checkpoint_best.pt").exists()
     scalars = helpers.read_scalars(str(tb))
     assert tags <= set(scalars["train_inner"]), sorted(scalars["train_inner"])
     assert {"accuracy", "f1", "mcc", "loss"} <= set(scalars["valid"])
@@ -48,11 +84,10 @@ def test_criterion_trains_one_epoch_and_logs_tensorboard_tags(tmp_path, data, cr
     assert got == pytest.approx(known, abs=2e-3)
 
 
-def test_train_resume_then_from_pretrained_with_safe_loading(tmp_path, data):
-    # torch's override of the safe loader (TORCH_FORCE_...WEIGHTS_ONLY...) must not be what makes this pass
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
-    ck = str(tmp_path / "ck")
-    helpers.train(data, ck, criterion="acl_embed", max_epoch=1, env=env)
+def test_train_resume_then_from_pretrained_with_safe_loading(tmp_path, acl_embed_run):
+    env = _no_forced_safe_loading()
+    data, first, _ = acl_embed_run
+    ck = str(shutil.copytree(first, tmp_path / "ck"))  # the first epoch is acl_embed_run's
     resumed = helpers.train(data, ck, criterion="acl_embed", max_epoch=2, env=env)
     log = resumed.stdout + resumed.stderr
     assert re.search(r"Loaded checkpoint \S*checkpoint_last.pt \(epoch 2 @ 6 updates\)", log), log[-3000:]
@@ -143,11 +178,20 @@ def test_fairseq_train_help_lists_the_plugin_criteria():
         assert name in proc.stdout, name
 
 
-@pytest.mark.parametrize("tool", ["acl-help", "acl-fairseq-help"])  # the second: the deprecated old name
-def test_plugin_help_lists_architectures(tool):
-    proc = helpers.run_tool(tool, ["--list"])
+def test_plugin_help_lists_architectures():
+    proc = helpers.run_tool("acl-help", ["--list"])
     for name in ["multi_exit_roberta", "multi_exit_roberta_base", "multi_exit_roberta_large", "acl_cross_layer"]:
         assert name in proc.stdout, name
+
+
+def test_the_deprecated_help_name_is_installed_as_the_same_entry_point():
+    """acl-fairseq-help, the old name, still works: its script is installed and starts acl-help's function
+    (a second subprocess of the same function cost make test 5 s)."""
+    from importlib.metadata import entry_points
+
+    scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
+    assert scripts["acl-fairseq-help"] == scripts["acl-help"] == "acl_fairseq.cli.help:cli_main"
+    assert os.access(helpers.tool("acl-fairseq-help"), os.X_OK)
 
 
 @pytest.mark.parametrize(
@@ -164,10 +208,16 @@ def test_plugin_help_lists_architectures(tool):
         ("multi_exit_kd", ["--kd-weight", "--kd-temperature", "--exit-weighting"]),
     ],
 )
-def test_help_documents_every_criterion_and_model_option(criterion, flags):
-    proc = helpers.run_tool("acl-help", ["--criterion", criterion])
-    header = "optional arguments:" if "optional arguments:" in proc.stdout else "options:"
-    options_part = proc.stdout.split(header, 1)[1]
+def test_help_documents_every_criterion_and_model_option(criterion, flags, monkeypatch, capsys):
+    # in process (acl-help's console script runs in test_plugin_help_lists_architectures): a subprocess per
+    # criterion cost make test 5 s each
+    from acl_fairseq.cli import help as acl_help
+
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # main() points sys.argv at the plugin for fairseq's parser
+    acl_help.main(["--criterion", criterion])
+    stdout = capsys.readouterr().out
+    header = "optional arguments:" if "optional arguments:" in stdout else "options:"
+    options_part = stdout.split(header, 1)[1]
     for flag in flags:
         lines = [line for line in options_part.splitlines() if line.strip().startswith(flag)]
         assert lines, flag
