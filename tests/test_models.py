@@ -210,6 +210,9 @@ def test_checkpoint_heads_are_registered_when_loading_without_the_task(data):
 
 
 # ---- through fairseq-train --user-dir (subprocess) --------------------------------------------
+# slow: two fairseq-train runs, about 12 s idle (28 s on a loaded machine); make test keeps the same loading in
+# process (test_plain_roberta_state_dict_loads_with_fresh_exit_heads, ..._heads_are_registered_when_loading_...)
+# and test_train_smoke.py's runs through fairseq-train
 
 
 @pytest.fixture(scope="module")
@@ -240,6 +243,7 @@ def restored(data, tmp_path_factory):
     return plain_ckpt, os.path.join(multi_dir, "checkpoint_last.pt"), proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_fairseq_train_restores_plain_roberta_with_identical_encoder(restored):
     plain_ckpt, multi_ckpt, log = restored
     assert f"Loaded checkpoint {plain_ckpt}" in log
@@ -252,6 +256,7 @@ def test_fairseq_train_restores_plain_roberta_with_identical_encoder(restored):
     )
 
 
+@pytest.mark.slow
 def test_multi_exit_checkpoint_loads_back_with_every_exit(restored, data):
     from fairseq.models.roberta import RobertaModel
 

@@ -223,6 +223,10 @@ def _checkpoint(path):
     return state, steps
 
 
+# slow: two fairseq-train runs, about 14 s idle (32 s on a loaded machine); make test keeps the state round
+# trip in process (test_state_dict_round_trip_equals_ten_straight_steps), the optimizer as fairseq builds it,
+# and test_train_smoke.py's resume from checkpoint_last.pt
+@pytest.mark.slow
 def test_fairseq_train_then_resume(tmp_path, data):
     ck = tmp_path / "ck"
     first = helpers.train(data, str(ck), extra=TRAIN, max_epoch=1)  # 48 examples / (8 x 2) = 3 updates

@@ -58,7 +58,9 @@ def test_skip_test_goes_without_test_tsv(tmp_path, assets):
     assert set(stats_of(tmp_path / "bin")["splits"]) == {"train", "valid"}
 
 
-@pytest.mark.parametrize("command", ["path", "console script"])
+# a subprocess each, 6 s idle: make test keeps the console script; the checkout's path is slow (the same main,
+# whose errors the in-process tests above check)
+@pytest.mark.parametrize("command", [pytest.param("path", marks=pytest.mark.slow), "console script"])
 def test_missing_folder_and_cli_exit_code(tmp_path, command):
     """Both ways to start it: ``python preprocess/glue.py`` from a checkout, and ``acl-preprocess``."""
     start = {"path": [sys.executable, os.path.join(REPO, "preprocess", "glue.py")],

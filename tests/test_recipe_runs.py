@@ -165,6 +165,10 @@ def test_sweep_runs_then_writes_the_table(env, tmp_path):
 # ---- end to end ---------------------------------------------------------------------------------------
 
 
+# slow: a real two-epoch recipe run, acl-evaluate and the collector, about 20 s idle (48 s on a loaded machine);
+# make test keeps the driver with stub executables above, test_run_plan.py's byte-identical commands and
+# test_train_smoke.py's acl_cross_layer run through fairseq-train
+@pytest.mark.slow
 def test_tiny_end_to_end_run(env, tmp_path):
     """SST-2's recipe for real on the toy task: a tiny multi-exit RoBERTa from scratch with acl_cross_layer,
     through to the checkpoint, TensorBoard events, the early-exit JSON, result.json and the table."""
