@@ -1,5 +1,7 @@
 """The ACL-Grad rule on SCL (``sentence_scl --scl-grad``) and ``--log-grad-conflict``: against two separate
 backward passes, the obvious reference."""
+import sys
+
 import pytest
 import torch
 
@@ -107,9 +109,13 @@ def test_the_task_writes_each_epochs_per_update_cosines_as_a_tensorboard_histogr
         assert -1 <= low <= high <= 1 and abs(total / num - mean) < 1e-3
 
 
-def test_acl_grads_help_says_why_its_rule_rarely_fires_and_where_it_can():
-    proc = helpers.run_tool("acl-help", ["--criterion", "acl_grad"])
-    text = " ".join(proc.stdout.split())
+def test_acl_grads_help_says_why_its_rule_rarely_fires_and_where_it_can(monkeypatch, capsys):
+    # in process: the console script itself runs in test_train_smoke.py; a subprocess here cost 4-8 s
+    from acl_fairseq.cli import help as acl_help
+
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # main() points sys.argv at the plugin for fairseq's parser
+    acl_help.main(["--criterion", "acl_grad"])
+    text = " ".join(capsys.readouterr().out.split())
     assert "the rule rarely fires" in text and "benchmarks/grad_conflict.py" in text and "--scl-grad" in text
 
 

@@ -218,12 +218,13 @@ def test_hub_tokenizes_a_converted_bert_offline_and_after_a_move(tmp_path):
     assert tok(sentences[0]) == ["the", "plot", "was", "good", "##s", ",", "honestly"]
     expected = [_dict_ids(out, tok(s)) for s in sentences]
     assert expected[1][1] == 3  # "zebra": [UNK] -> <unk>
-    got = _hub(out, sentences, str(tmp_path))
-    assert [r["ids"] for r in got] == expected
-    assert got[0]["decoded"] == "the plot was goods , honestly" and got[0]["shape"] == [1, len(expected[0]), 20]
+    # one fresh process, after the move (the ids expected were read where the folder was written); a second
+    # process before the move cost make test 5-10 s and proved nothing more
     moved = tmp_path / "elsewhere" / "bert"
     shutil.move(out, str(moved))
-    assert _hub(str(moved), sentences, str(tmp_path)) == got
+    got = _hub(str(moved), sentences, str(tmp_path))
+    assert [r["ids"] for r in got] == expected
+    assert got[0]["decoded"] == "the plot was goods , honestly" and got[0]["shape"] == [1, len(expected[0]), 20]
 
 
 def test_checkpoint_bpe_resolves_the_task_data_folder(tmp_path, monkeypatch):
