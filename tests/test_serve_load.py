@@ -309,7 +309,7 @@ def test_a_quick_run_serves_every_sentence_as_acl_predict_does(tmp_path):
         assert all(r["planned"] == 48 and r["throughput_per_s"] > 0 for r in res["rates"])
         assert res["reference"]["full_batched_per_s"] > 0 and len(res["reference"]["rounds"]) == 2
         assert 1.0 <= res["layer_speedup"] <= 3.0  # the toy model has 3 layers
-        assert res["server"] == {**res["server"], "exit_code": 0, "killed": False}
+        assert res["server"] == {**res["server"], "exit_code": 0, "killed": False, "left": False}
         assert len(res["peak_rss_mb_per_worker"]) == 1 and res["peak_rss_mb_per_worker"][0] > 50
         assert res["metrics"]["fill_saturation"]["0"]["calls"] > 0  # the server's own metrics were read
     kept = [v for v in got["verdicts"] if v["bound"] == 0]  # answers, none lost, the server's count, SIGTERM, errors
