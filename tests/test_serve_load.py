@@ -4,12 +4,15 @@ import asyncio
 import json
 import os
 import re
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
 
 import _load_client as C
+import _load_server as S
 import _load_stats as T
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -246,7 +249,6 @@ def test_bad_flags_are_refused_with_a_line_naming_the_fix(flags, message, tmp_pa
 
 
 def test_the_record_holds_setup_results_and_verdicts_and_is_written_whole(tmp_path, monkeypatch, capsys):
-    import _load_server as S
     import serve_load
 
     class FakeReference:
@@ -377,11 +379,6 @@ def _running_in_group(pgid: int):
 
 
 def test_each_workers_peak_is_read_and_a_worker_outliving_its_supervisor_is_caught(tmp_path):
-    import subprocess
-    import sys
-
-    import _load_server as S
-
     proc = subprocess.Popen([sys.executable, "-c", SUPERVISOR], stdout=subprocess.PIPE, start_new_session=True)
     try:
         assert proc.stdout.readline().strip() == b"ready"
@@ -399,11 +396,6 @@ def test_each_workers_peak_is_read_and_a_worker_outliving_its_supervisor_is_caug
 
 
 def test_a_server_deaf_to_sigterm_is_killed_after_the_bound():
-    import subprocess
-    import sys
-
-    import _load_server as S
-
     deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); " \
            "time.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-c", deaf], stdout=subprocess.PIPE, start_new_session=True)
