@@ -2,7 +2,9 @@
 neither torch nor fairseq is imported where they are installed; bad flags are one line and exit 2 before anything
 listens; --workers 2 (slow)."""
 import concurrent.futures
+import http.client
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -113,6 +115,7 @@ def test_two_workers_share_the_port_sum_their_metrics_and_stop_on_sigterm(export
         assert answer[0][0]["label"] == exported["engine"].predict_early_exit([texts[k % len(texts)]])[0].label
     metrics = call(f"{url}/metrics")[2].decode()
     assert float(metrics.split('acl_requests_total{route="predict",status="200"} ')[1].split()[0]) == 40
+    assert _median_latency(url) < 0.03  # 40 ms and more without TCP_NODELAY (acl_fairseq/serve/transport.py)
     workers = _children(proc.pid)  # the supervisor's: uvicorn's workers (and multiprocessing's resource tracker)
     assert len(workers) >= 2
     for pid in [proc.pid] + workers:  # torch's library mapped in none of them
@@ -125,3 +128,17 @@ def test_two_workers_share_the_port_sum_their_metrics_and_stop_on_sigterm(export
 def _children(pid: int):
     with open(f"/proc/{pid}/task/{pid}/children") as f:
         return [int(c) for c in f.read().split()]
+
+
+def _median_latency(url: str, n: int = 20) -> float:
+    """Seconds a /predict takes on one kept-alive connection, one request at a time (the median of ``n``)."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        conn.request("POST", "/predict", b'{"inputs": "good"}', {"Content-Type": "application/json"})
+        assert conn.getresponse().read()
+        times.append(time.perf_counter() - start)
+    conn.close()
+    return statistics.median(times)

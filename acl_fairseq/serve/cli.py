@@ -128,6 +128,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     import uvicorn
 
     from acl_fairseq.serve.app import build_app
+    from acl_fairseq.serve.transport import NoDelayH11Protocol
 
     # the worker processes load their own; this one checks the folder and flags first, so that a bad one is one
     # line and exit 2 rather than N workers failing
@@ -135,7 +136,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     default = service.default
     loaded = time.perf_counter()
     config = dict(host=args.host, port=args.port, log_level=os.environ.get("LOGLEVEL", "warning").lower(),
-                  access_log=False, timeout_graceful_shutdown=settings.drain_seconds, lifespan="on")
+                  access_log=False, timeout_graceful_shutdown=settings.drain_seconds, lifespan="on",
+                  http=NoDelayH11Protocol)
     if args.workers > 1:
         del service
         os.environ[SETTINGS_ENV] = json.dumps(settings._asdict())
