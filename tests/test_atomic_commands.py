@@ -1,6 +1,7 @@
 """Every command writes through acl_fairseq.io.atomic (issue 40, section 3), here the last writers that did not:
 acl-preprocess's GPT-2 BPE downloads and local BPE files, and acl-convert-hf's folder. A failure or a signal while
-writing leaves the previous file or none, never half of one, and what a killed run left is removed by the next."""
+writing leaves the previous file or none, never half of one, and what a killed run left is removed by the next. And
+acl-convert-hf refuses an OUT_DIR it cannot write, or a class count below 1, in one line before converting."""
 import os
 import subprocess
 
@@ -98,3 +99,28 @@ def test_every_file_of_a_conversion_goes_through_io_atomic(hf_dir, tmp_path, mon
     monkeypatch.setattr(atomic, "_step", lambda name: written.append(name) or real_step(name))
     result = convert_hf.convert(hf_dir, str(tmp_path / "fs"))
     assert written.count("written") == len(result["files"]) == len(os.listdir(tmp_path / "fs"))
+
+
+def _one_line_exit_2(exc, capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and err.splitlines()[-1].startswith("acl-convert-hf: error: "), err
+    return err.splitlines()[-1]
+
+
+def test_an_out_dir_that_cannot_be_written_is_refused_before_converting(hf_dir, tmp_path, capsys, monkeypatch):
+    """It was a PermissionError traceback when the first file was written, after the model was read and mapped."""
+    monkeypatch.setattr(convert_hf, "convert", lambda *a, **k: pytest.fail("converted"))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as exc:
+        convert_hf.cli_main([hf_dir, str(tmp_path / "file" / "fs")])
+    assert _one_line_exit_2(exc, capsys) == (f"acl-convert-hf: error: OUT_DIR {tmp_path}/file/fs: cannot write there "
+                                             "(a file is in the way). Fix: choose a folder you can write to")
+
+
+@pytest.mark.parametrize("classes", ["0", "-3"])
+def test_a_class_count_below_one_is_refused(hf_dir, tmp_path, capsys, classes):
+    """-3 was a traceback from torch (a negative dimension), 0 a head with no classes."""
+    with pytest.raises(SystemExit) as exc:
+        convert_hf.cli_main([hf_dir, str(tmp_path / "fs"), "--num-classes", classes])
+    assert _one_line_exit_2(exc, capsys).endswith(f"--num-classes must be at least 1, got {classes}")
+    assert not os.path.exists(tmp_path / "fs")

@@ -1,6 +1,5 @@
 """acl-evaluate's checks made before the model loads: each refusal one line with exit status 2, before the work."""
 import argparse
-import errno
 import os
 
 from acl_fairseq.cli import console
@@ -30,18 +29,12 @@ def precheck(parser: argparse.ArgumentParser, args) -> None:
 
 
 def check_writable_folder(flag: str, folder: str) -> None:
-    """Refuse ``folder`` unless this process can create it (or files in it), without creating anything: the
-    nearest folder of the path that exists is tried with a probe file (permission bits say nothing for root,
-    nor for a read-only mount)."""
+    """Refuse ``folder`` unless this process can create it (or files in it), without creating anything
+    (:func:`atomic.probe_folder`: permission bits say nothing for root, nor for a read-only mount)."""
     from acl_fairseq.io import atomic
 
-    existing = os.path.abspath(folder)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
     try:
-        if not os.path.isdir(existing):
-            raise NotADirectoryError(errno.ENOTDIR, f"{existing} is a file")
-        atomic.probe_writable(os.path.join(existing, ".acl-evaluate"))
+        atomic.probe_folder(folder)
     except OSError as e:
         raise console.UsageError(f"{flag} {folder}: cannot write there ({e.strerror or e}). Fix: choose a folder "
                                  "you can write to") from None

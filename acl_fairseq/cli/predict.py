@@ -288,6 +288,9 @@ def check_files(args) -> None:
         return
     if args.data is None:
         raise UsageError("--data is required with a checkpoint: the binarized folder the model was trained on")
+    if not os.path.isdir(os.path.join(args.data, "input0")):  # fairseq's error would be a traceback, after loading
+        raise UsageError(f"--data {args.data}: not a binarized sentence_prediction folder (no input0/). Fix: pass "
+                         "the folder the model was trained on (fairseq-preprocess or acl-preprocess output)")
     from acl_fairseq import checkpoint_safety  # torch: only for a checkpoint, never for an OUT/onnx folder
 
     try:

@@ -268,7 +268,15 @@ def cli_main(argv: Optional[List[str]] = None) -> None:
     args = get_parser().parse_args(argv)
     console.setup_logging()
 
+    if args.num_classes is not None and args.num_classes < 1:
+        get_parser().error(f"--num-classes must be at least 1, got {args.num_classes}")
+
     def main() -> None:
+        try:  # before the model is read and mapped, rather than a traceback when the first file is written
+            atomic.probe_folder(args.out_dir)
+        except OSError as e:
+            raise console.UsageError(f"OUT_DIR {args.out_dir}: cannot write there ({e.strerror or e}). Fix: choose a "
+                                     "folder you can write to") from None
         try:
             convert(args.hf_dir, args.out_dir, args.num_classes, args.classification_head_name, args.seed)
         # a folder this converter cannot map, or weights that are damaged or refused as unsafe

@@ -49,6 +49,9 @@ class TokenizerNotFound(FileNotFoundError):
 def load_tokenizer(data_dir: str, record_from_checkpoint: Optional[dict] = None, record_file: Optional[str] = None):
     """``(tokenize, record, base_dir)``: the data folder's tokenizer (or ``record_file``'s: a stats.json or
     conventions.json). The checkpoint's record wins on casing, with a warning; another kind is an error."""
+    if record_file and not os.path.exists(record_file):  # not the data folder's fault: name what was given
+        raise TokenizerNotFound(f"--tokenizer {record_file}: no such file. Fix: pass the stats.json or "
+                                f"{conventions.FILE_NAME} of the folder the data was made from")
     found = _find_record(record_file) if record_file else _find_record(data_dir)
     if found is None:
         raise TokenizerNotFound(

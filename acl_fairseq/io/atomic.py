@@ -186,6 +186,17 @@ def probe_writable(path: str) -> None:
     os.remove(probe)
 
 
+def probe_folder(folder: str) -> None:
+    """The OSError of a ``folder`` this process could not create, or create files in, without creating anything:
+    the nearest folder of the path that exists is tried with :func:`probe_writable`."""
+    existing = os.path.abspath(folder)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise NotADirectoryError(errno.ENOTDIR, "a file is in the way", existing)
+    probe_writable(os.path.join(existing, ".probe"))
+
+
 def write_text(path: str, text: str, force: bool = True) -> None:
     with writing(path, force=force) as f:
         f.write(text)
