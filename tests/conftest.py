@@ -33,12 +33,38 @@ def predict_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def cls_pair_run(tmp_path_factory):
+    """(data, checkpoint): predict_run's model with [CLS] pooling, trained 2 epochs on toy pairs. Trained once
+    for test_calibrate.py and test_onnx.py, which only read it (each copies what it changes)."""
+    import helpers
+
+    root = tmp_path_factory.mktemp("cls_pair")
+    data = helpers.make_data(str(root / "data"), pair=True)["data"]
+    helpers.train(data, str(root / "ckpt"), criterion="sentence_prediction", arch="multi_exit_roberta",
+                  model_args=helpers.TINY_ROBERTA, max_epoch=2)
+    return data, str(root / "ckpt" / "checkpoint_best.pt")
+
+
+@pytest.fixture(scope="session")
 def predict_model(predict_run):
     """predict_run's checkpoint through the hub interface, in eval mode."""
     from acl_fairseq.inference import hub
 
     root, data, _ = predict_run
     return hub.from_pretrained(str(root / "ckpt"), "checkpoint_best.pt", data).eval()
+
+
+@pytest.fixture(scope="session")
+def predict_onnx(predict_run, tmp_path_factory):
+    """predict_run's checkpoint through ``acl-export --format onnx`` (fp32): the folder that test_text_is_text.py,
+    test_row_memory.py and test_manifest_checks.py only read (or copy before changing). Exported once: each
+    export took 5-10 s of make test."""
+    from acl_fairseq.hf import export
+
+    _, data, ckpt = predict_run
+    out = tmp_path_factory.mktemp("predict_onnx") / "out"
+    export.main([ckpt, "--data", data, "--out", str(out), "--format", "onnx"])
+    return str(out / "onnx")
 
 
 @pytest.hookimpl(wrapper=True)

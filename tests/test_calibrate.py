@@ -14,7 +14,7 @@ from acl_fairseq import exits
 from acl_fairseq.cli import evaluate, predict
 from acl_fairseq.inference import calibration, hub
 from acl_fairseq.inference.calibration import Budget
-from test_models import HEAD, TINY_MULTI, one_thread  # noqa: F401  (autouse fixture, per module)
+from test_models import HEAD, one_thread  # noqa: F401  (autouse fixture, per module)
 
 # ---- the choice on synthetic per-exit logits, through the offline policy code acl-evaluate runs ----------
 
@@ -219,14 +219,12 @@ def test_a_record_that_cannot_be_written_is_refused_before_the_sweep(tmp_path, m
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A tiny multi-exit model trained 2 epochs on toy pairs; entropy thresholds at the quartiles of its
-    first exit's validation entropies (midpoints, so that each one sends more examples out at layer 1)."""
+def run(cls_pair_run, tmp_path_factory):
+    """conftest's tiny multi-exit model trained 2 epochs on toy pairs (shared: only copies of it are changed
+    here); entropy thresholds at the quartiles of its first exit's validation entropies (midpoints, so that
+    each one sends more examples out at layer 1)."""
     root = tmp_path_factory.mktemp("calibrate")
-    data = helpers.make_data(str(root / "data"), pair=True)["data"]
-    helpers.train(data, str(root / "ckpt"), criterion="sentence_prediction", arch="multi_exit_roberta",
-                  model_args=TINY_MULTI, max_epoch=2)
-    ckpt = str(root / "ckpt" / "checkpoint_best.pt")
+    data, ckpt = cls_pair_run
     model, task, _ = evaluate.load_model(ckpt, data, None, device="cpu")
     task.load_dataset("valid")
     ds = task.dataset("valid")

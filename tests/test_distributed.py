@@ -303,6 +303,9 @@ def test_gather_is_identity_outside_distributed_training():
     assert torch.equal(scaled, w) and torch.allclose(w.grad, torch.full_like(w, 0.5))
 
 
+# slow: two fairseq-train ranks through scripts/ddp_cpu.sh, about 6 s idle (13 s on a loaded machine); make test
+# keeps the two-rank checks above (the global contrastive set and decision, a replayed batch) on real gloo ranks
+@pytest.mark.slow
 def test_two_rank_fairseq_train_with_the_cpu_launcher(tmp_path):
     """acl_cross_layer on a tiny multi_exit_roberta, global contrastive set, to the end of training.
     3 batches over 2 ranks: in the second update rank 1 has none left and fairseq replays a dummy."""

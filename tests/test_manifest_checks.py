@@ -12,17 +12,15 @@ import numpy as np
 import pytest
 
 from acl_fairseq.cli import predict
-from acl_fairseq.hf import export
 from acl_fairseq.runtime import engine as runtime
 from acl_fairseq.runtime import manifest as checks
 
 
 @pytest.fixture(scope="module")
-def exported(predict_run, tmp_path_factory):
+def exported(predict_run, predict_onnx):
+    """conftest's export, shared with other files: every test here changes a copy (``folder``)."""
     _, data, ckpt = predict_run
-    out = tmp_path_factory.mktemp("manifest") / "out"
-    export.main([ckpt, "--data", data, "--out", str(out), "--format", "onnx"])
-    return {"folder": str(out / "onnx"), "ckpt": ckpt, "data": data}
+    return {"folder": predict_onnx, "ckpt": ckpt, "data": data}
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from acl_fairseq import exits
 from acl_fairseq.hf import onnx_export, onnx_tokenizer
 from acl_fairseq.inference import early_exit, hub
 from acl_fairseq.runtime import engine as runtime
-from test_models import TINY_MULTI, one_thread  # noqa: F401  (autouse fixture, per module)
+from test_models import one_thread  # noqa: F401  (autouse fixture, per module)
 
 SHARPEN = 8.0
 ATOL = 1e-5
@@ -58,12 +58,10 @@ def _texts(pairs):
 
 
 @pytest.fixture(scope="module")
-def toy(tmp_path_factory):
+def toy(cls_pair_run, tmp_path_factory):
+    """conftest's tiny multi-exit model on toy pairs (shared with test_calibrate.py), exported with its int8 copy."""
     root = tmp_path_factory.mktemp("onnx_toy")
-    data = helpers.make_data(str(root / "data"), pair=True)["data"]
-    helpers.train(data, str(root / "ckpt"), criterion="sentence_prediction", arch="multi_exit_roberta",
-                  model_args=TINY_MULTI, max_epoch=2)
-    ckpt = str(root / "ckpt" / "checkpoint_best.pt")
+    data, ckpt = cls_pair_run
     raw = os.path.join(data, "raw")
     texts = _texts(zip(*(open(os.path.join(raw, f"valid.input{i}")).read().splitlines() for i in (0, 1))))
     model, eng = _export(ckpt, data, str(root / "onnx"), texts, quantize="int8")
@@ -313,8 +311,11 @@ def test_acl_predict_on_the_folder_imports_neither_torch_nor_fairseq_where_insta
     assert _acl_predict_in_a_subprocess(toy, tmp_path, "") == "[]"
 
 
-@pytest.mark.parametrize("argv", [["acl-predict", "model/checkpoint_best.pt"], ["acl-evaluate", "{folder}"],
-                                  ["python", "-c"]])
+# a fresh interpreter each, 5 s idle: make test keeps the case nearest acl-predict on a folder (acl-predict on a
+# checkpoint); the other two are slow
+@pytest.mark.parametrize("argv", [["acl-predict", "model/checkpoint_best.pt"],
+                                  pytest.param(["acl-evaluate", "{folder}"], marks=pytest.mark.slow),
+                                  pytest.param(["python", "-c"], marks=pytest.mark.slow)])
 def test_the_package_still_registers_for_everything_but_acl_predict_on_a_folder(toy, argv):
     argv = [a.replace("{folder}", toy["out"]) for a in argv]
     code = (f"import sys\nsys.argv = {argv!r}\nimport acl_fairseq\n"

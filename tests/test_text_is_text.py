@@ -3,11 +3,11 @@ cases 1 and 2): the same ids for every string (control characters, Python-only w
 special-token spellings, very long words, random Unicode), text that spells a special token encoded as text,
 and padding known from lengths, so a row's answer is the same at every batch size.
 
-The model is conftest's ``predict_run`` (whitespace tokens, pairs, mean pooling, an exit on every layer),
-exported once here; WordPiece is checked on a dictionary made from a toy vocabulary (no model needed).
+The model is conftest's ``predict_run`` (whitespace tokens, pairs, mean pooling, an exit on every layer), its
+ONNX folder conftest's ``predict_onnx``; WordPiece is checked on a dictionary made from a toy vocabulary (no
+model needed).
 The property tests are derandomized (the same examples in every run) and sized for make test."""
 import json
-import os
 
 import numpy as np
 import pytest
@@ -33,18 +33,14 @@ text = st.builds(lambda ws, seps: "".join(w + s for w, s in zip(ws, seps)),
 
 
 @pytest.fixture(scope="module")
-def pair(predict_model, tmp_path_factory):
-    """(hub, engine): the checkpoint and its ONNX export, one thread each."""
+def pair(predict_model, predict_onnx):
+    """(hub, engine): the checkpoint and its ONNX export (conftest's, shared), one thread each."""
     import torch
 
-    from acl_fairseq.hf import onnx_export
     from acl_fairseq.runtime import engine
 
     torch.set_num_threads(1)
-    out = str(tmp_path_factory.mktemp("text_is_text") / "onnx")
-    os.makedirs(out)
-    onnx_export.write_onnx(predict_model, out)
-    return predict_model, engine.Engine(out, threads=1)
+    return predict_model, engine.Engine(predict_onnx, threads=1)
 
 
 def _both(pair, *texts):
