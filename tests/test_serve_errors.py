@@ -2,6 +2,7 @@
 Retry-After, and every request gets exactly one answer."""
 import concurrent.futures
 import json
+import struct
 import time
 
 import numpy as np
@@ -109,6 +110,33 @@ def test_a_body_over_the_limit_is_413_and_a_bad_binary_header_400(server):
         status, _, answer = call(f"{url}/v2/models/acl/infer", body, headers={"Inference-Header-Content-Length":
                                                                               length})
         assert status == 400 and words in answer["error"], answer
+
+
+def test_binary_text_that_is_not_utf8_is_400(server):
+    url, _ = server
+    raw = struct.pack("<I", 2) + b"\xff\xfe"
+    head = json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
+                                   "parameters": {"binary_data_size": len(raw)}}]}).encode()
+    status, _, answer = call(f"{url}/v2/models/acl/infer", head + raw,
+                             headers={"Inference-Header-Content-Length": str(len(head))})
+    assert status == 400 and "not UTF-8 text" in answer["error"], answer
+
+
+def test_a_model_failure_answers_500_for_its_request_and_the_server_goes_on(server):
+    url, service = server
+    backend = service.scheduler.backend
+    layer = backend.layer
+
+    def broken(i, x, mask):
+        raise RuntimeError("the device went away")
+
+    backend.layer = broken
+    try:
+        status, _, answer = call(f"{url}/predict", {"inputs": "good"})
+    finally:
+        backend.layer = layer
+    assert status == 500 and "the device went away" in answer["error"] and answer["error_type"] == "Backend"
+    assert call(f"{url}/predict", {"inputs": "good"})[0] == 200
 
 
 def test_the_server_still_answers_after_every_bad_request(server):

@@ -28,6 +28,7 @@ from acl_fairseq.serve.protocol import BadRequest
 
 logger = logging.getLogger("acl_fairseq.serve")
 VERSION = "1"  # the one model version served (OIP's /versions/{v} paths)
+CLOSE_SECONDS = 1.0  # the scheduler's own drain, after uvicorn's (see build_app's lifespan)
 
 
 class Settings(NamedTuple):
@@ -78,10 +79,10 @@ class Service:
         self.scheduler.start()
         self.ready = True
 
-    def close(self) -> bool:
-        """Take nothing new and answer every accepted row (within ``drain_seconds``); True when all were."""
+    def close(self, timeout: Optional[float] = None) -> bool:
+        """Take nothing new and answer every accepted row (within ``timeout`` seconds); True when all were."""
         self.ready = False
-        return self.scheduler.close(self.settings.drain_seconds)
+        return self.scheduler.close(timeout)
 
     def exit_request(self, params: Dict) -> loop.ExitRequest:
         """The request's own policy / threshold / exit layer, range-checked as acl-predict checks its flags; the
@@ -171,8 +172,10 @@ def build_app(service: Service) -> Starlette:
     async def lifespan(app):
         service.start()
         yield
-        if not await asyncio.get_running_loop().run_in_executor(None, service.close):
-            logger.error("acl-serve: %d inputs were still queued after %g s", service.scheduler.depth(),
+        # uvicorn has waited (up to --drain-seconds) for every request in flight: rows still queued now belong to
+        # requests it cancelled at that bound, which no one waits for
+        if not await asyncio.get_running_loop().run_in_executor(None, service.close, CLOSE_SECONDS):
+            logger.error("acl-serve: %d inputs were still queued after --drain-seconds %g", service.scheduler.depth(),
                          service.settings.drain_seconds)
 
     async def handle(request: Request, route: str, tei: bool, work) -> Response:
