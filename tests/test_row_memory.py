@@ -1,7 +1,8 @@
 """Bounded memory per row (issue 40, case 6): each text is cut at a byte budget derived from max_positions
 before it is tokenized (acl_fairseq.tokenization.clip), flagged as truncated, on the checkpoint and on its
-ONNX folder; a 50 MB line peaks under 1 GB in acl-predict on both (slow: two subprocesses), and texts within
-the budget answer as before."""
+ONNX folder; acl-predict's reader never holds more of a line than that budget per text field (a plain line, a TSV
+field, a JSON string), skipping the rest and flagging the row; a 50 MB line peaks under 1 GB in acl-predict on
+both (slow: two subprocesses), and texts within the budget answer as before."""
 import io
 import json
 import os
