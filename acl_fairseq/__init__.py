@@ -21,13 +21,13 @@ import sys as _sys
 
 
 def _serving_only() -> bool:
-    """acl-predict on an exported OUT/onnx folder, and acl-serve (its workers too: multiprocessing gives them the
-    parent's argv before this import), run on onnxruntime alone: registering with fairseq would import torch and
-    fairseq (5 s and 300 MB) that they never use."""
+    """acl-predict on an exported OUT/onnx folder, and acl-serve always (its --help, and its workers: multiprocessing
+    gives them the parent's argv before this import), run on onnxruntime alone: registering with fairseq would
+    import torch and fairseq (5 s and 300 MB) that they never use."""
     argv = _sys.argv
     command = _os.path.basename(argv[0] if argv else "")
-    return command in ("acl-predict", "acl-serve") and any(
-        _os.path.isfile(_os.path.join(a, "manifest.json")) for a in argv[1:] if not a.startswith("-"))
+    return command == "acl-serve" or (command == "acl-predict" and any(
+        _os.path.isfile(_os.path.join(a, "manifest.json")) for a in argv[1:] if not a.startswith("-")))
 
 
 try:

@@ -84,8 +84,11 @@ def test_predict_answers_are_the_engines_in_teis_shape(server, exported):  # noq
     assert call(f"{url}/predict", {"inputs": a})[2][0]["label"] == expected(exported, [a], {})[0].label
     single = call(f"{url}/predict", {"inputs": [a, b]})[2]
     assert single[0]["exit_layer"] == expected(exported, [(a, b)], {})[0].exit_layer and "label" in single[0]
-    raw = call(f"{url}/predict", {"inputs": a, "raw_scores": True})[2]
-    assert sum(e["score"] for e in raw) != pytest.approx(1.0)  # logits, not probabilities
+    raw = call(f"{url}/predict", {"inputs": a, "raw_scores": True})[2]  # the deciding exit's logits
+    logits = np.asarray([[e["score"] for e in raw]])
+    assert sum(e["score"] for e in raw) != pytest.approx(1.0)
+    probs = dict(zip((e["label"] for e in raw), loop.softmax(logits)[0]))
+    assert probs == pytest.approx(expected(exported, [a], {})[0].probabilities, abs=ATOL)
 
 
 def test_concurrent_requests_in_random_order_get_the_answers_of_the_engine(server, exported):  # noqa: F811

@@ -95,10 +95,11 @@ def test_bad_flags_are_one_line_and_exit_2_before_anything_listens(exported, tmp
     assert stop.value.code == 2 and len(lines) == 1 and words in lines[0], lines
 
 
-def test_importing_the_package_for_acl_serve_on_a_folder_imports_neither_torch_nor_fairseq(exported):  # noqa: F811
+@pytest.mark.parametrize("argv", [["acl-serve", "{folder}", "--port", "8080"], ["acl-serve", "--help"]])
+def test_importing_the_package_for_acl_serve_imports_neither_torch_nor_fairseq(exported, argv):  # noqa: F811
     """What the workers of --workers N do too: multiprocessing hands them the parent's argv before they import it.
-    Every other command still registers (tests/test_onnx.py)."""
-    argv = ["acl-serve", exported["folder"], "--port", "8080"]
+    --help took 9.5 s when it registered with fairseq. Every other command still registers (tests/test_onnx.py)."""
+    argv = [a.format(folder=exported["folder"]) for a in argv]
     code = (f"import sys\nsys.argv = {argv!r}\nimport acl_fairseq.serve.app\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'fairseq'}))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=helpers.REPO)
