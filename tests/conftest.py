@@ -46,6 +46,15 @@ def cls_pair_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_bert_rte(tmp_path_factory):
+    """tiny_hf.bert_on_toy_rte's converted BERT, toy RTE folder and two-update run, built once for
+    test_predict.py (which only reads it) and test_export.py (which changes a copy)."""
+    import tiny_hf
+
+    return tiny_hf.bert_on_toy_rte(tmp_path_factory.mktemp("tiny_bert_rte"))
+
+
+@pytest.fixture(scope="session")
 def predict_model(predict_run):
     """predict_run's checkpoint through the hub interface, in eval mode."""
     from acl_fairseq.inference import hub

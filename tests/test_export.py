@@ -7,6 +7,7 @@ exported classifier is the last one and the other goes to exit_heads.safetensors
 """
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,11 +32,11 @@ def _train(data, save, model_args, extra=()):
     return os.path.join(save, "checkpoint_last.pt")
 
 
-def _bert(root):
-    import tiny_hf
-
-    bert = tiny_hf.bert_on_toy_rte(root)
-    return bert["folder"], bert["ckpt"]
+def _bert(root, bert):
+    """A copy in ``root`` of conftest's tiny_bert_rte (its checkpoint is sharpened here, in place)."""
+    shared = os.path.dirname(bert["data"])
+    shutil.copytree(shared, root, dirs_exist_ok=True)
+    return tuple(os.path.join(str(root), os.path.relpath(bert[k], shared)) for k in ("folder", "ckpt"))
 
 
 def _roberta(root):
@@ -71,7 +72,10 @@ def _sharpen(ckpt, data, examples, spread=0.02):
 def run(request, tmp_path_factory):
     """(family, root, GLUE folder, checkpoint, data, exported folder OUT, the hub model)."""
     root = tmp_path_factory.mktemp(request.param)
-    folder, ckpt = (_bert if request.param == "bert" else _roberta)(root)
+    if request.param == "bert":
+        folder, ckpt = _bert(root, request.getfixturevalue("tiny_bert_rte"))
+    else:
+        folder, ckpt = _roberta(root)
     margin = _sharpen(ckpt, str(root / "bin"), _examples(folder))
     assert margin > 1e-4, margin  # every label well away from a tie at fp32 noise (~1e-6 after scaling)
     out = str(root / "export")

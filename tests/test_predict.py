@@ -272,11 +272,9 @@ def test_each_tokenizer_from_a_moved_data_folder(glue_assets, tmp_path, tokenize
     assert summary["examples"] == len(written["dev"]) and summary["skipped"] == 0
 
 
-def test_converted_tiny_bert_pairs_through_the_hub(tmp_path):
+def test_converted_tiny_bert_pairs_through_the_hub(tiny_bert_rte):
     """A converted BERT: BERT's pair format and segment embedding reach raw-text prediction."""
-    import tiny_hf
-
-    bert = tiny_hf.bert_on_toy_rte(tmp_path)
+    bert = tiny_bert_rte
     out, written = bert["encoder"], bert["written"]
     m = hub.from_pretrained(os.path.dirname(bert["ckpt"]), "checkpoint_last.pt", bert["data"]).eval()
     a, b, _ = written["dev"][0]
