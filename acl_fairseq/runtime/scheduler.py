@@ -14,7 +14,8 @@ So layer 1 keeps taking new requests while deeper layers finish older ones.
 
 Which layer runs (:meth:`Scheduler._pick`): a queue whose oldest row has been passed over ``max_wait`` steps goes
 first (no row waits for ever); else the deepest queue holding a full batch (finishing work in flight bounds the
-memory held in queues); else the queue holding the most rows, the deeper on a tie. A batch starts with its queue's
+memory held in queues); else the queue of the oldest row (below saturation a request goes through its layers
+without waiting for batches to fill: the latency of a lightly loaded server). A batch starts with its queue's
 oldest row and takes the rows closest to it in length while the padding stays within ``max_padding`` of the real
 tokens. With ``refill=False`` the scheduler is today's batched early exit: up to ``max_batch`` queued rows, as they
 came, through :func:`~acl_fairseq.runtime.loop.run_batch` (the baseline of benchmarks/serve_load.py).
@@ -200,7 +201,7 @@ class Scheduler:
         full = [i for i in waiting if len(self.queues[i]) >= self.max_batch]
         if full:
             return full[-1]
-        return max(waiting, key=lambda i: (len(self.queues[i]), i))
+        return min(waiting, key=lambda i: self.queues[i][0].seq)
 
     def _gather(self, queue: Deque[_Row]) -> List[_Row]:
         """The oldest row, then the rows nearest it in length while padding stays within ``max_padding``."""
