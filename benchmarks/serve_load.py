@@ -14,7 +14,9 @@ sentences (JSONL, so that every string is sent as it is served); every served an
 Per configuration the server (``acl-serve``, one thread a worker) is started on a free loopback port and the
 client (benchmarks/_load_client.py, its own process, asyncio and a connection pool that grows) drives it:
 - warm-up: ``max_batch`` requests, discarded;
-- saturation: a closed loop of ``--concurrency`` callers (default 2 x max batch x workers) over the sentences in a
+- saturation: a closed loop of ``--concurrency`` callers (default 8 x max batch x workers: with refill a worker's
+  rows wait in one queue per layer, so it takes a full batch for the embeddings and each of the MiniLM's 6 layers,
+  and one more, to keep every layer's batch full) over the sentences in a
   seeded order; throughput counted between the ``concurrency``-th answer and the ``concurrency``-th last, so the
   ramp and the drain are left out;
 - each rate of ``--rates`` x saturation: ``--requests`` Poisson arrivals (send times drawn up front, seeded; the
@@ -62,6 +64,7 @@ from acl_fairseq.io import atomic
 
 MODEL = "acl"
 RATES = (0.25, 0.5, 0.75, 1.0, 1.25)
+SATURATION_BATCHES = 8  # closed-loop callers per worker, in max batches: a full batch per queue, and one more
 COLUMNS = ["config", "phase", "offered_per_s", "throughput_per_s", "p50_ms", "p95_ms", "p99_ms", "n_503", "errors",
            "lost", "mean_exit_layer", "peak_rss_mb"]
 FORMATS = {"offered_per_s": "{:.1f}", "throughput_per_s": "{:.1f}", "p50_ms": "{:.1f}", "p95_ms": "{:.1f}",
@@ -150,7 +153,7 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
     proc = S.start_server(server_command(args, cfg, folder, port), log, port, args.ready_seconds)
     records = []
     try:
-        concurrency = args.concurrency or 2 * args.max_batch * cfg.workers
+        concurrency = args.concurrency or SATURATION_BATCHES * args.max_batch * cfg.workers
         warm = S.drive(phase_spec(args, port, sentences, cycle(args.max_batch), f"{cfg.name}/warm", mode="closed",
                                   concurrency=args.max_batch), tmp)
         ref.round()
@@ -266,11 +269,11 @@ def parse_args(argv=None):
     p.add_argument("--policy", default="entropy", choices=list(exits.POLICIES), help="early-exit policy")
     p.add_argument("--threshold", type=float, help="its threshold (default: the policy table's, 0.3 for entropy)")
     p.add_argument("--max-batch", type=int, default=32, help="the server's --max-batch and the reference's batch")
-    p.add_argument("--max-queue", type=int, default=256, help="the server's --max-queue (rows)")
+    p.add_argument("--max-queue", type=int, default=512, help="the server's --max-queue (rows; default %(default)s)")
     p.add_argument("--rates", type=float, nargs="+", default=list(RATES), help="offered loads, x saturation")
     p.add_argument("--requests", type=int, default=872, help="Poisson arrivals per rate (bounded by --max-seconds)")
     p.add_argument("--saturation-requests", type=int, default=0, help="0: two passes over the sentences")
-    p.add_argument("--concurrency", type=int, default=0, help="closed-loop callers (0: 2 x max batch x workers)")
+    p.add_argument("--concurrency", type=int, default=0, help="closed-loop callers (0: 8 x max batch x workers)")
     p.add_argument("--max-seconds", type=float, default=60.0, help="sending stops after this, per phase")
     p.add_argument("--drain-seconds", type=float, default=30.0, help="answers later than this are lost")
     p.add_argument("--batch1-sentences", type=int, default=200, help="the batch-1 reference's subset")
@@ -307,10 +310,11 @@ def parse_args(argv=None):
         p.error("--checkpoint needs --data (the folder the model was trained on)")
     if min(args.workers) < 1 or args.max_batch < 1 or args.requests < 1 or min(args.rates) <= 0:
         p.error("--workers, --max-batch and --requests must be >= 1, --rates > 0")
-    need = args.concurrency or 2 * args.max_batch * max(args.workers)
-    if need > args.max_queue * min(args.workers):
-        p.error(f"--max-queue {args.max_queue}: the saturation loop keeps {need} requests in flight; raise "
-                "--max-queue or lower --concurrency, or saturation would count 503s")
+    for w in args.workers:
+        need = args.concurrency or SATURATION_BATCHES * args.max_batch * w
+        if need > args.max_queue * w:
+            p.error(f"--max-queue {args.max_queue}: the saturation loop keeps {need} requests in flight on {w} "
+                    "worker(s); raise --max-queue or lower --concurrency, or saturation would count 503s")
     if not os.path.exists(args.server):
         p.error(f"--server {args.server}: not found; install acl-serve (pip install -e .[serve]) or name it")
     return args
@@ -352,7 +356,8 @@ def setup_record(args, folder: str, n: int) -> Dict:
     return {"onnx": os.path.relpath(folder, args.work), "int8_method": args.int8_method, "sentences": n,
             "toy": args.toy, "quick": args.quick, "policy": args.policy, "threshold": args.threshold,
             "max_batch": args.max_batch, "max_queue": args.max_queue, "rates": args.rates, "requests": args.requests,
-            "max_seconds": args.max_seconds, "concurrency": args.concurrency or "2 x max_batch x workers",
+            "max_seconds": args.max_seconds,
+            "concurrency": args.concurrency or f"{SATURATION_BATCHES} x max_batch x workers",
             "seed": args.seed, "atol": args.atol, "threads_per_worker": 1, "cpus": os.cpu_count(),
             "load_average": os.getloadavg()[0], "onnxruntime": onnxruntime.__version__}
 
