@@ -164,3 +164,19 @@ def test_metrics_count_requests_exits_queue_and_batch_fill(server, exported):  #
     assert 'acl_exit_layer_bucket{le="3.0"}' in text and "acl_queue_depth 0.0" in text
     fill = [line for line in text.splitlines() if line.startswith("acl_batch_fill_count")]
     assert {line.split('"')[1] for line in fill} == {"0", "1", "2", "3"}  # the embeddings and every layer
+
+
+def test_precision_int8_serves_the_int8_copy(exported):  # noqa: F811
+    """One input at a time, so that each runs alone, as the engine runs it at batch 1 (int8's activation scales
+    are per call)."""
+    from acl_fairseq.runtime.engine import Engine
+
+    int8 = Engine(exported["folder"], "int8", threads=1)
+    texts = [t if isinstance(t, str) else t[0] for t in exported["texts"]][:6]
+    with serving(exported["folder"], precision="int8") as (url, _):
+        assert call(f"{url}/v2/models/acl")[2]["parameters"]["precision"] == "int8"
+        served = [outputs(call(f"{url}/v2/models/acl/infer", oip_body([t]))[2])["probabilities"][1] for t in texts]
+    want = [int8.predict_early_exit([t])[0].probabilities["1"] for t in texts]
+    fp32 = [exported["engine"].predict_early_exit([t])[0].probabilities["1"] for t in texts]
+    assert np.abs(np.subtract(served, want)).max() < ATOL
+    assert np.abs(np.subtract(served, fp32)).max() > 10 * ATOL  # not the fp32 graphs
