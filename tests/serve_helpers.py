@@ -12,11 +12,19 @@ import pytest
 
 import helpers
 
+_EXPORTED = {}  # the test files importing the fixture share one export (20 s), as a conftest fixture would
+
 
 @pytest.fixture(scope="module")
 def exported(predict_run, tmp_path_factory):
     """predict_run's tiny multi-exit model (every layer an exit, sentence pairs) through acl-export --format onnx
     --quantize int8, its validation texts, and the engine acl-predict would run on the folder."""
+    if _EXPORTED.get("run") != predict_run:
+        _EXPORTED.update(run=predict_run, value=_export(predict_run, tmp_path_factory))
+    return _EXPORTED["value"]
+
+
+def _export(predict_run, tmp_path_factory):
     from acl_fairseq.hf import export
     from acl_fairseq.runtime.engine import Engine
 
