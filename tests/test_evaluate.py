@@ -157,6 +157,7 @@ def test_every_tool_is_an_acl_console_script():
         "acl-evaluate": "acl_fairseq.cli.evaluate:cli_main",
         "acl-predict": "acl_fairseq.cli.predict:cli_main",
         "acl-tune": "acl_fairseq.cli.tune:cli_main",
+        "acl-serve": "acl_fairseq.serve.cli:cli_main",
         "acl-convert-hf": "acl_fairseq.hf.convert:cli_main",
         "acl-export": "acl_fairseq.hf.export:cli_main",
         "acl-preprocess": "acl_fairseq.preprocessing.glue:cli_main",
