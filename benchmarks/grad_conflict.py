@@ -53,6 +53,19 @@ TOY_MODEL = ["--encoder-layers", "2", "--encoder-embed-dim", "16", "--encoder-ff
              "--encoder-attention-heads", "2", "--max-positions", "64"]
 
 
+def portable_args(argv: List[str], roots: Dict[str, str]) -> List[str]:
+    """``argv`` with each absolute path written under the first of ``roots`` (name -> folder) holding it, so that a
+    committed record names no folder of the machine it ran on: ``REPO/acl_fairseq``, ``WORK/minilm/model.pt``."""
+    out = []
+    for a in argv:
+        for name, root in roots.items():
+            if os.path.isabs(a) and (a == root or a.startswith(root.rstrip(os.sep) + os.sep)):
+                a = name + a[len(root.rstrip(os.sep)):]
+                break
+        out.append(a)
+    return out
+
+
 def train_argv(data: str, save_dir: str, run: str, seed: int, epochs: int, updates: int, enc) -> List[str]:
     """fairseq-train's arguments for one run: the recipe driver's RTE schedule for the converted MiniLM."""
     from acl_fairseq import conventions
@@ -284,7 +297,10 @@ def main(argv=None) -> int:
                     steps = train_and_measure(argv_run, args.measure_every)
                 R.write_atomic(path, json.dumps({"run": run, "seed": seed, "toy": args.toy, "epochs": args.epochs,
                                                  "measure_every": args.measure_every,
-                                                 "fairseq_train_args": argv_run[1:], "steps": steps}) + "\n")
+                                                 "fairseq_train_args": portable_args(argv_run[1:], {
+                                                     "SAVE_DIR": tmp, "WORK": os.path.abspath(args.work),
+                                                     "REPO": G.REPO}),
+                                                 "steps": steps}) + "\n")
     steps = {}
     for run in args.runs:
         for seed in args.seeds:

@@ -33,6 +33,17 @@ def test_toy_pilot_measures_every_pair_and_scope_and_rebuilds_from_its_records(t
     assert grad_conflict.main(["--toy", "--runs", "scl", "--work", work, "--results", results]) == 0  # recorded
     assert open(os.path.join(results, "grad_conflict.json")).read() == before
     assert "recorded: scl seed 1" in capsys.readouterr().err
+    assert [a for a in record["fairseq_train_args"] if os.path.isabs(a)] == []
+    assert record["fairseq_train_args"][record["fairseq_train_args"].index("--save-dir") + 1] == "SAVE_DIR"
+
+
+def test_recorded_arguments_name_no_folder_of_the_machine():
+    roots = {"SAVE_DIR": "/tmp/x1", "WORK": "/r/repo/runs/bench", "REPO": "/r/repo"}
+    argv = ["--user-dir", "/r/repo/acl_fairseq", "--restore-file", "/r/repo/runs/bench/minilm/model.pt",
+            "--save-dir", "/tmp/x1", "--lr", "1e-5", "/r/repository/x", "rel/path"]
+    assert grad_conflict.portable_args(argv, roots) == [
+        "--user-dir", "REPO/acl_fairseq", "--restore-file", "WORK/minilm/model.pt", "--save-dir", "SAVE_DIR",
+        "--lr", "1e-5", "/r/repository/x", "rel/path"]
 
 
 def test_toy_mode_needs_its_own_results_folder():
