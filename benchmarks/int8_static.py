@@ -1,0 +1,341 @@
+#!/usr/bin/env python3
+"""int8 schemes on a real model: SST-2 dev decisions at batch 1, 8 and 32 against fp32, on this CPU and on an
+emulated AVX2 one, and the speed of the shipped copy against the torch engine.
+
+    python benchmarks/int8_static.py [--checkpoint CKPT --data DATA_BIN] [--avx2-rows 12] [--repeats 5]
+        [--json benchmarks/results/int8_static.json]
+
+Model: predict_speed.py's (the 300-update acl_cross_layer MiniLM that serve_speed.py serves, cached in WORK),
+exported by acl-export's own code (``onnx_export.write_onnx(..., quantize="int8")``) into WORK/int8_static/onnx:
+its ``int8/`` copy is the shipped scheme. The other schemes quantize the same fp32 graphs with the same
+calibration rows (``onnx_quantize.calibration_rows``: 512 seeded rows of the training split), each through
+``onnx_quantize.quantize_graph``; ``dynamic`` is ``--quantize int8-dynamic``.
+
+Every scheme runs the runtime's early-exit loop (``runtime.Engine``, one thread; a candidate's layer sessions
+swapped into it) on all 872 sentences at batch 1, 8 and 32, for the last exit and for two entropy thresholds:
+serve_speed.py's 0.3 and the model's calibrated one (``calibration.choose`` with max-drop=0.5 on the checkpoint's
+acl-evaluate sweep). Columns: accuracy minus fp32's at the same batch size (the worst over the three sizes and
+the three policies), the rows whose label or exit layer differs from fp32's (the most at one size and policy), the
+largest last-exit logit error against fp32 at batch 32, the rows whose label or exit layer differs between batch
+1 and 32 (summed over the policies), the largest change of a row's last-exit logits between them, and the single
+batch-32 pass's time. The
+AVX2 columns run ``--avx2-rows`` sentences through every exit at batch 8 under ``qemu-x86_64 -cpu EPYC-Rome``
+(int8_portability.run_emulated) against the same on this CPU: the largest logit difference and the rows whose
+label at any exit differs (not for the calibration variants, whose kernels are the shipped scheme's). Speed:
+torch (the hub), ORT fp32, the shipped int8 and int8-dynamic at batch 32, all layers and early exit (entropy
+0.3), ``--repeats`` interleaved rounds, median ratio of engine time to torch's.
+The fp32 decisions are cached in WORK/int8_static.
+"""
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from typing import Dict, List
+
+import numpy as np
+
+import _glue_runs as G
+import _records as R
+import common
+import int8_portability as probe
+
+BATCHES = (1, 8, 32)
+MAX_DROP = 0.5  # the budget the "calibrated" policy is chosen under
+COLUMNS = ["scheme", "worst_drop", "fp32_rows", "fp32_logit", "b1_vs_b32_rows", "b1_vs_b32_logit", "b32_s",
+           "avx2_logit", "avx2_rows"]
+FORMATS = {"worst_drop": "{:+.2f}", "fp32_logit": "{:.3f}", "b1_vs_b32_logit": "{:.1e}", "b32_s": "{:.1f}",
+           "avx2_logit": "{:.1e}"}
+
+
+def candidates() -> Dict[str, Dict]:
+    """Label -> scheme: the shipped one, then one change each (activation type, weight bits, per tensor,
+    calibration method), and dynamic."""
+    from acl_fairseq.hf import onnx_quantize as Q
+
+    base, n = Q.SCHEMES["int8"], Q.CALIBRATION_ROWS
+    return {"static u8/s8 7-bit per-channel MinMax (int8)": base,
+            "static u8/s8 7-bit per-channel Percentile": {**base, "calibrate": "Percentile"},
+            "static u8/s8 7-bit per-channel Entropy": {**base, "calibrate": "Entropy"},
+            f"static u8/s8 7-bit per-channel MinMax, {n // 4} rows": {**base, "rows": n // 4},
+            f"static u8/s8 7-bit per-channel MinMax, {n * 4} rows": {**base, "rows": n * 4},
+            "static u8/s8 7-bit per-tensor MinMax": {**base, "per_channel": False},
+            "static s8/s8 7-bit per-channel MinMax": {**base, "activations": "QInt8"},
+            "static s8/s8 8-bit per-channel MinMax": {**base, "activations": "QInt8", "reduce_range": False},
+            "static u8/s8 8-bit per-channel MinMax": {**base, "reduce_range": False},
+            "dynamic u8/s8 7-bit per-channel (int8-dynamic)": Q.SCHEMES["int8-dynamic"]}
+
+
+def stamp_of(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def code_of(path: str) -> str:
+    """The module's code without its docstrings and comments: editing the figures in them reuses the export."""
+    import ast
+
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                isinstance(getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
+            body[0] = ast.Pass()
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+
+
+def export(hub, ckpt: str, folder: str) -> str:
+    """acl-export's ONNX folder (fp32 + the shipped int8) of ``ckpt``; made again when the checkpoint or the
+    quantizer's code changes."""
+    from acl_fairseq.hf import onnx_export, onnx_quantize
+
+    st = os.stat(ckpt)
+    stamp = stamp_of(os.path.abspath(ckpt), st.st_size, st.st_mtime_ns, code_of(onnx_quantize.__file__))
+    if R.load(folder, "source.json") == {"stamp": stamp}:
+        return folder
+    G.log(f"export: {ckpt} -> {folder} (acl-export's ONNX fp32 + int8)")
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    onnx_export.write_onnx(hub, folder, quantize="int8")
+    R.write_atomic(os.path.join(folder, "source.json"), json.dumps({"stamp": stamp}))
+    return folder
+
+
+def build_schemes(hub, folder: str, work: str, wanted: List[str]) -> Dict[str, str]:
+    """Label -> folder of that scheme's layer graphs (fp32 file names); the shipped scheme is the export's own."""
+    from acl_fairseq.hf import onnx_quantize as Q
+
+    graphs = json.load(open(os.path.join(folder, "manifest.json")))
+    dirs, feeds = {}, {}
+    for i, (label, scheme) in enumerate(candidates().items()):
+        if wanted and not any(label.startswith(w) for w in wanted):
+            continue
+        if scheme == Q.SCHEMES["int8"]:
+            dirs[label] = os.path.join(folder, "int8")
+            continue
+        target = os.path.join(work, "schemes", str(i))
+        stamp = stamp_of(scheme, R.load(folder, "source.json"))
+        if R.load(target, "scheme.json") != {"stamp": stamp}:
+            n = scheme.get("rows", Q.CALIBRATION_ROWS)
+            if n not in feeds:
+                feeds[n] = Q.layer_feeds(folder, graphs, Q.calibration_rows(hub, n))
+            G.log(f"quantize: {label} -> {target}")
+            os.makedirs(target, exist_ok=True)
+            for rec in graphs["layers"]:
+                Q.quantize_graph(os.path.join(folder, rec["file"]), os.path.join(target, rec["file"]), scheme,
+                                 feeds[n][rec["file"]])
+            R.write_atomic(os.path.join(target, "scheme.json"), json.dumps({"stamp": stamp}))
+        dirs[label] = target
+    return dirs
+
+
+def engine(folder: str, layer_dir: str = None, precision: str = "fp32"):
+    """``runtime.Engine`` on ``folder``, its layer sessions taken from ``layer_dir`` when given."""
+    from acl_fairseq.hf.onnx_quantize import _session
+    from acl_fairseq.runtime import Engine
+    from acl_fairseq.runtime.engine import OrtBackend
+
+    eng = Engine(folder, precision, threads=1)
+    if layer_dir is not None:
+        m = eng.manifest
+        eng.layers = [_session(os.path.join(layer_dir, r["file"])) for r in m["layers"]]
+        eng.backend = OrtBackend(eng.backend.embeddings, eng.layers, eng.exit_layers, m["num_classes"])
+    return eng
+
+
+def decisions(eng, ids: List[List[int]], policies: List, batches=BATCHES) -> Dict:
+    """(policy name, batch) -> logits, exit layers, seconds."""
+    out = {}
+    for b in batches:
+        for name, policy, threshold in policies:
+            start = time.perf_counter()
+            logits, layers = eng.run_batches(eng.make_batches(ids, b), len(ids), policy, threshold)
+            out[(name, b)] = {"logits": logits, "layers": layers, "seconds": time.perf_counter() - start}
+    return out
+
+
+def fp32_decisions(folder: str, work: str, ids, policies) -> Dict:
+    """fp32's, cached in ``work`` (keyed by the graphs' sha256, the inputs and the policies)."""
+    manifest = json.load(open(os.path.join(folder, "manifest.json")))
+    key = stamp_of({k: v for k, v in manifest["sha256"].items() if not k.startswith("int8/")}, ids, policies)
+    path = os.path.join(work, f"fp32_{key}.npz")
+    if os.path.isfile(path):
+        data = np.load(path)
+        return {(n, b): {"logits": data[f"{n}_{b}_logits"], "layers": data[f"{n}_{b}_layers"]}
+                for n, _, _ in policies for b in BATCHES}
+    G.log("fp32: decisions at batch 1, 8, 32 (cached for the next run)")
+    out = decisions(engine(folder), ids, policies)
+    arrays = {f"{n}_{b}_{k}": v[k] for (n, b), v in out.items() for k in ("logits", "layers")}
+    np.savez(path + ".tmp.npz", **arrays)
+    os.replace(path + ".tmp.npz", path)
+    return out
+
+
+def summary(label: str, got: Dict, ref: Dict, gold: np.ndarray, policies) -> Dict:
+    row = {"scheme": label, "accuracy": {}, "drop": {}, "b1_vs_b32": {}, "vs_fp32": {}}
+    for name, _, _ in policies:
+        for b in BATCHES:
+            mine, theirs = got[(name, b)], ref[(name, b)]
+            acc = float(np.mean(mine["logits"].argmax(1) == gold) * 100)
+            fp32 = float(np.mean(theirs["logits"].argmax(1) == gold) * 100)
+            row["accuracy"][f"{name} b{b}"] = acc
+            row["drop"][f"{name} b{b}"] = acc - fp32
+            row["vs_fp32"][f"{name} b{b}"] = int(((mine["logits"].argmax(1) != theirs["logits"].argmax(1)) |
+                                                  (mine["layers"] != theirs["layers"])).sum())
+        one, many = got[(name, 1)], got[(name, 32)]
+        differ = (one["logits"].argmax(1) != many["logits"].argmax(1)) | (one["layers"] != many["layers"])
+        row["b1_vs_b32"][name] = int(differ.sum())
+    row["worst_drop"] = min(row["drop"].values())
+    row["fp32_rows"] = max(row["vs_fp32"].values())
+    row["fp32_logit"] = float(np.abs(got[("last", 32)]["logits"] - ref[("last", 32)]["logits"]).max())
+    row["b1_vs_b32_rows"] = sum(row["b1_vs_b32"].values())
+    row["b1_vs_b32_logit"] = float(np.abs(got[("last", 1)]["logits"] - got[("last", 32)]["logits"]).max())
+    row["b32_s"] = got[("last", 32)]["seconds"]
+    return row
+
+
+def avx2(folder: str, layer_dir: str, rows: List[np.ndarray], cpu: str) -> Dict:
+    native = probe.run_rows(folder, rows, 8, "fp32", layer_dir)
+    emulated = probe.run_emulated(folder, rows, 8, "fp32", cpu, layer_dir)
+    flips = (native.argmax(-1) != emulated.argmax(-1)).any(1)
+    return {"avx2_logit": float(np.abs(native - emulated).max()), "avx2_rows": int(flips.sum()),
+            "avx2_err_vs_fp32": float(np.abs(emulated - probe.run_rows(folder, rows, 8, "fp32")).max())}
+
+
+def speed(hub, folder: str, dynamic_dir: str, sentences: List[str], repeats: int) -> List[Dict]:
+    """Batch 32, all layers and entropy 0.3: median over interleaved rounds of torch's engine time over each
+    system's (wall and process CPU)."""
+    engines = {"torch": hub, "ort fp32": engine(folder), "ort int8": engine(folder, precision="int8"),
+               "ort int8-dynamic": engine(folder, dynamic_dir)}
+    ids = {name: [e.encode_with_info(s)[0] for s in sentences] for name, e in engines.items()}
+    systems = [(name, mode) for name in engines for mode in ("all", "exit")]
+    times = {s: [] for s in systems}
+    for r in range(repeats + 1):  # round 0 warms up
+        k = r % len(systems)
+        for name, mode in systems[k:] + systems[:k]:
+            e, policy = engines[name], ("entropy", 0.3) if mode == "exit" else (None, None)
+            w, c = time.perf_counter(), time.process_time()
+            e.run_batches(e.make_batches(ids[name], 32), len(sentences), *policy)
+            if r:
+                times[(name, mode)].append((time.perf_counter() - w, time.process_time() - c))
+    out = []
+    for name, mode in systems:
+        t, ref = times[(name, mode)], times[("torch", mode)]
+        out.append({"system": f"{name} {mode}", "sent_per_s": len(sentences) / common.median([x[0] for x in t]),
+                    "vs_torch": common.median([a[0] / b[0] for a, b in zip(ref, t)]),
+                    "cpu_vs_torch": common.median([a[1] / b[1] for a, b in zip(ref, t)]), "repeats": repeats})
+    return out
+
+
+def targets(rows: List[Dict], shipped: str, speed_rows: List[Dict]) -> List[Dict]:
+    row = next(r for r in rows if r["scheme"] == shipped)
+    found = [("identical decisions at batch 1 and 32 (rows that differ)", row["b1_vs_b32_rows"], 0, False),
+             ("accuracy within 0.5 of fp32 at batch 1, 8, 32 (worst difference)", row["worst_drop"], -0.5, True)]
+    if row.get("avx2_rows") is not None:
+        found.append(("the same answers on emulated AVX2 (rows whose label differs)", row["avx2_rows"], 0, False))
+    for s in speed_rows:
+        if s["system"].startswith("ort int8 "):
+            found.append((f"{s['system']} >= 1.8x torch at batch 32", s["vs_torch"], 1.8, True))
+    return [{"target": t, "value": v, "bound": b, "pass": bool(v >= b if at_least else v <= b)}
+            for t, v, b, at_least in found]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", help="a trained multi-exit checkpoint (default: predict_speed.py's, cached in WORK)")
+    p.add_argument("--data", help="its binarized data folder, with the training split; needed with --checkpoint")
+    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="cache (default: %(default)s)")
+    p.add_argument("--hf-dir", help="HF BERT folder to train from (default: the packaged MiniLM)")
+    p.add_argument("--updates", type=int, default=300, help="updates of the cached training run")
+    p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all 872)")
+    p.add_argument("--schemes", nargs="*", help="measure only the labels starting with these (default: all)")
+    p.add_argument("--avx2-rows", type=int, default=12, help="sentences run under qemu per scheme (0: skip; "
+                   "the S8S8 schemes take minutes a row there)")
+    p.add_argument("--cpu", default="EPYC-Rome", help="qemu CPU model: AVX2 without AVX-512 or VNNI")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved speed rounds (0: skip the speed part)")
+    p.add_argument("--json", help="write the setup, rows and targets here")
+    p.add_argument("--force", action="store_true", help="replace an existing --json")
+    args = p.parse_args(argv)
+    if args.checkpoint and not args.data:
+        p.error("--checkpoint needs --data (the folder the model was trained on)")
+    if args.json and os.path.exists(args.json) and not args.force:
+        p.error(f"{args.json} exists: pass --force to replace it")
+    return args
+
+
+def main(argv=None) -> Dict:
+    args = parse_args(argv)
+    import torch
+
+    import predict_speed
+    import serve_speed
+    from acl_fairseq.hf import onnx_quantize as Q
+    from acl_fairseq.inference import calibration
+    from acl_fairseq.inference import hub as hub_mod
+
+    torch.set_num_threads(1)
+    ckpt, data = predict_speed.trained_checkpoint(args)
+    hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(ckpt)), os.path.basename(ckpt),
+                                  os.path.abspath(data)).eval()
+    work = os.path.join(args.work, "int8_static")
+    folder = export(hub, ckpt, os.path.join(work, "onnx"))
+    dirs = build_schemes(hub, folder, work, args.schemes)
+    sentences, gold_names = serve_speed.sst2_dev(args.examples)
+    fp32 = engine(folder)
+    ids = [fp32.encode_with_info(s)[0] for s in sentences]
+    gold = np.array([fp32.label_names().index(g) for g in gold_names])
+    sweep = json.load(open(os.path.join(os.path.dirname(os.path.abspath(ckpt)), "early_exit", "early_exit.json")))
+    chosen = calibration.choose(sweep, calibration.Budget("max-drop", MAX_DROP))
+    policies = [("last", None, None), ("entropy 0.3", "entropy", 0.3),
+                ("calibrated", chosen["policy"], chosen["threshold"])]
+    ref = fp32_decisions(folder, work, ids, policies)
+    rng = np.random.default_rng(0)
+    sample = [np.array(ids[i]) for i in sorted(rng.choice(len(ids), min(args.avx2_rows, len(ids)), replace=False))]
+    rows = []
+    for label, layer_dir in dirs.items():
+        G.log(f"measure: {label}")
+        eng = engine(folder, precision="int8") if layer_dir == os.path.join(folder, "int8") else \
+            engine(folder, layer_dir)
+        row = summary(label, decisions(eng, ids, policies), ref, gold, policies)
+        # the calibration variants run the shipped scheme's kernels: emulating them would only repeat its check
+        if args.avx2_rows and "rows" not in label and not any(m in label for m in ("Percentile", "Entropy")):
+            row.update(avx2(folder, layer_dir, sample, args.cpu))
+        rows.append(row)
+        if args.json:  # each scheme as it is measured: the run is long
+            R.write_atomic(args.json + ".partial", json.dumps(rows, indent=1) + "\n")
+        print(f"  {label}: worst {row['worst_drop']:+.2f}, b1/b32 rows {row['b1_vs_b32_rows']}, "
+              f"avx2 {row.get('avx2_logit')}", flush=True)
+    dynamic = next((d for k, d in dirs.items() if "int8-dynamic" in k), None)
+    speed_rows = speed(hub, folder, dynamic, sentences, args.repeats) if args.repeats and dynamic else []
+    shipped = next((k for k in dirs if k.endswith("(int8)")), None)
+    found = targets(rows, shipped, speed_rows) if shipped else []
+    fp32_acc = {f"{n} b{b}": float(np.mean(ref[(n, b)]["logits"].argmax(1) == gold) * 100)
+                for n, _, _ in policies for b in BATCHES}
+    print(f"# int8_static: {len(sentences)} SST-2 dev sentences, checkpoint {ckpt}; policies: last exit, entropy "
+          f"0.3, calibrated {chosen['policy']} {chosen['threshold']:g} (max-drop={MAX_DROP}); fp32 accuracy "
+          + ", ".join(f"{k} {v:.2f}" for k, v in fp32_acc.items() if k.endswith("b32")))
+    if common.load_note():
+        print(common.load_note())
+    common.print_table(rows, COLUMNS, FORMATS)
+    if speed_rows:
+        print(f"# speed at batch 32, {args.repeats} interleaved rounds (median ratio of torch's engine time)")
+        common.print_table(speed_rows, ["system", "sent_per_s", "vs_torch", "cpu_vs_torch"],
+                           {"sent_per_s": "{:.1f}", "vs_torch": "{:.2f}x", "cpu_vs_torch": "{:.2f}x"})
+    for t in found:
+        print(f"  {t['target']}: {t['value']:.3g} (bound {t['bound']}) {'pass' if t['pass'] else 'MISS'}")
+    result = {"benchmark": "int8_static", "checkpoint": os.path.relpath(ckpt, args.work), "examples": len(ids),
+              "policies": [[n, p, t] for n, p, t in policies], "fp32_accuracy": fp32_acc,
+              "calibration_rows": Q.CALIBRATION_ROWS, "avx2_rows": len(sample) if args.avx2_rows else 0,
+              "cpu": args.cpu,
+              "load_average": os.getloadavg()[0], "schemes": rows, "speed": speed_rows, "targets": found}
+    if args.json:
+        R.write_atomic(args.json, json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    common.quiet()
+    sys.exit(0 if main() is not None else 1)
