@@ -198,6 +198,27 @@ def test_without_contrast_across_workers_a_rank_of_two_contrasts_its_own_batch_o
     assert not seen and float(loss) == float(alone)
 
 
+def test_a_gated_criterion_whose_global_contrastive_set_is_empty_trains_on_ce_alone(data3, monkeypatch):
+    # every rank replaying at once leaves no row to contrast: the gate still gets a zero tensor for the term
+    from acl_fairseq import distributed
+    from acl_fairseq.heads import ExitOutputs
+
+    def nobody(exits, targets, real=True):
+        rows = ExitOutputs(logits=exits.logits, features=[u[:0] for u in exits.features],
+                           pooled=[c[:0] for c in exits.pooled], label_embeddings=exits.label_embeddings,
+                           layers=exits.layers)
+        return rows, targets[:0], 0
+
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    monkeypatch.setattr(distributed, "gather_for_contrast", nobody)
+    _, model, crit, sample = build(data3, "acl_grad", extra=["--contrast-across-workers", "--task",
+                                                             "sentence_prediction_acl"], num_classes=3)
+    model.train()
+    loss, _, log = crit(model, sample)
+    loss.backward()
+    assert float(loss) == float(log["loss"]) == pytest.approx(float(log["ce_loss"]), rel=1e-6)
+
+
 def test_a_regression_batch_keeps_its_predictions_for_spearman_in_validation_only(tmp_path):
     # Spearman needs every validation prediction; training would carry them per batch for nothing
     reg = helpers.make_data(str(tmp_path / "reg"), regression=True)["data"]
