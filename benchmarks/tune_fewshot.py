@@ -13,6 +13,7 @@ its SQLite study, each with one thread. Then ``acl-tune --evaluate-best`` writes
 Everything resumes: run the same command again.
 """
 import argparse
+import json
 import math
 import os
 import shlex
@@ -21,6 +22,8 @@ import sys
 from typing import List
 
 import _glue_runs as G
+import _records as R
+import _tune_report as T
 import fewshot as F
 
 TASK = "SST-2"
@@ -53,7 +56,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(G.REPO, "runs", "tune", "fewshot"), help="the studies")
     p.add_argument("--glue-dir", default=os.path.join(G.GLUE_DIR, TASK), help="GLUE SST-2 folder")
     p.add_argument("--dry-run", action="store_true", help="print the acl-tune commands, run nothing")
+    p.add_argument("--report", action="store_true",
+                   help="run nothing: gather the studies' best.json into RESULTS/tune_fewshot.{json,md} (also written "
+                        "after a full run)")
+    p.add_argument("--results", default=os.path.join(G.REPO, "benchmarks", "results"), help="where the report goes")
     args = p.parse_args(argv)
+    if args.report:
+        return report(args)
     enc_dir = os.path.join(args.work, "minilm")
     if args.dry_run:
         enc = G.Encoder(enc_dir)
@@ -81,6 +90,19 @@ def main(argv=None) -> int:
                 continue
             if subprocess.run(best, cwd=G.REPO).returncode != 0:
                 G.log(f"N={n} {method}: --evaluate-best failed")
+    return 0 if args.dry_run else report(args)
+
+
+def report(args) -> int:
+    """RESULTS/tune_fewshot.json and .md from the studies finished so far (those missing are named)."""
+    record = T.collect(args.out, args.ns, args.methods)
+    if not any(record["studies"].values()):
+        G.log(f"no finished study under {args.out}")
+        return 1
+    table = T.markdown(record)
+    R.write_atomic(os.path.join(args.results, "tune_fewshot.json"), json.dumps(record, indent=1) + "\n")
+    R.write_atomic(os.path.join(args.results, "tune_fewshot.md"), table)
+    print(table)
     return 0
 
 

@@ -1,0 +1,80 @@
+"""The few-shot tuning study's report (benchmarks/tune_fewshot.py --report): every study's ``best.json``
+(acl-tune --evaluate-best) gathered into one record and one table: tuned beside default per method, and method
+against method, tuned and at the default, each a paired difference over the seeds with its 95% interval
+(benchmarks/_paired.py)."""
+import json
+import os
+from typing import Dict, List, Optional
+
+import _paired as PD
+
+PAIRS = [("scl", "ce"), ("acl_embed", "ce"), ("acl_embed", "scl")]  # (first, second): first − second
+
+
+def _study(out: str, n: int, method: str) -> Optional[dict]:
+    path = os.path.join(out, f"N{n}", method, "best.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _paired(a: Dict[str, float], b: Dict[str, float]) -> dict:
+    seeds = sorted(set(a) & set(b), key=int)
+    diffs = [a[s] - b[s] for s in seeds]
+    return {"seeds": [int(s) for s in seeds], "diffs": diffs, **PD.interval(diffs), "verdict": PD.verdict(
+        PD.interval(diffs))}
+
+
+def collect(out: str, ns: List[int], methods: List[str]) -> dict:
+    """{"studies": {N: {method: summary}}, "pairs": {N: [...]}, "missing": ["N=100 acl_embed", ...]}."""
+    studies, pairs, missing = {}, {}, []
+    for n in ns:
+        by_method = {}
+        for method in methods:
+            best = _study(out, n, method)
+            if best is None:
+                missing.append(f"N={n} {method}")
+                continue
+            by_method[method] = {
+                "trials": best["trials_finished"], "best_trial": best["best_trial"], "best_valid": best["best_valid"],
+                "best_params": best["best_params"], "default": best["default"]["values"],
+                "tuned": best["tuned"]["values"], "tuned_minus_default": _paired(best["tuned"]["values"],
+                                                                              best["default"]["values"])}
+        studies[str(n)] = by_method
+        pairs[str(n)] = [{"first": a, "second": b, "setting": setting,
+                          **_paired(by_method[a][setting], by_method[b][setting])}
+                         for a, b in PAIRS if a in by_method and b in by_method for setting in ("tuned", "default")]
+    return {"task": "SST-2", "metric": "accuracy", "scored_on": "the few-shot protocol's test half",
+            "studies": studies, "pairs": pairs, "missing": missing}
+
+
+def _mean_std(values: Dict[str, float]) -> str:
+    import statistics
+
+    v = list(values.values())
+    return f"{statistics.mean(v):.2f} ± {statistics.stdev(v):.2f}" if len(v) > 1 else f"{v[0]:.2f}"
+
+
+def _params(params: dict) -> str:
+    return ", ".join(f"{k} {float(v):.3g}" for k, v in params.items())
+
+
+def markdown(record: dict) -> str:
+    lines = ["| N | method | default | tuned | tuned − default | tuned setting (trials) |", "|---|---|---|---|---|---|"]
+    for n, by_method in record["studies"].items():
+        for method, s in by_method.items():
+            d = s["tuned_minus_default"]
+            lines.append(f"| {n} | {method} | {_mean_std(s['default'])} | {_mean_std(s['tuned'])} | "
+                         f"{PD.interval_text(d)}, {d['verdict']} | {_params(s['best_params'])} ({s['trials']}) |")
+    lines += ["", "| N | comparison | tuned | at the default |", "|---|---|---|---|"]
+    for n, pairs in record["pairs"].items():
+        by = {(p["first"], p["second"], p["setting"]): p for p in pairs}
+        for a, b in PAIRS:
+            if (a, b, "tuned") in by:
+                t, d = by[(a, b, "tuned")], by[(a, b, "default")]
+                lines.append(f"| {n} | {a} − {b} | {PD.interval_text(t)}, {t['verdict']} | "
+                             f"{PD.interval_text(d)}, {d['verdict']} |")
+    if record["missing"]:
+        lines += ["", "Not yet run: " + ", ".join(record["missing"]) + "."]
+    return "\n".join(lines) + "\n"

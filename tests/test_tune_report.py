@@ -1,0 +1,34 @@
+"""benchmarks/_tune_report.py: the few-shot tuning study's report, from acl-tune --evaluate-best's best.json files:
+the pairs by seed, their intervals, and the studies not yet run named."""
+import json
+
+import pytest
+
+import _tune_report as T
+
+
+def _best(root, n, method, default, tuned, params):
+    folder = root / f"N{n}" / method
+    folder.mkdir(parents=True)
+    (folder / "best.json").write_text(json.dumps({
+        "trials_finished": 24, "best_trial": 3, "best_valid": 60.0, "best_params": params,
+        "default": {"values": {str(s): v for s, v in enumerate(default, 1)}},
+        "tuned": {"values": {str(s): v for s, v in enumerate(tuned, 1)}}}))
+
+
+def test_report_pairs_by_seed_and_names_what_is_missing(tmp_path):
+    _best(tmp_path, 20, "ce", [50, 52, 54], [51, 53, 55], {"lr": "1e-04"})
+    _best(tmp_path, 20, "scl", [55, 50, 60], [56, 57, 59], {"lr": "2e-04", "lambda": "0.5", "tau": "0.1"})
+    record = T.collect(str(tmp_path), [20, 100], ["ce", "scl", "acl_embed"])
+    assert record["missing"] == ["N=20 acl_embed", "N=100 ce", "N=100 scl", "N=100 acl_embed"]
+    ce = record["studies"]["20"]["ce"]["tuned_minus_default"]
+    assert ce["diffs"] == [1, 1, 1] and ce["lo"] == ce["hi"] == 1 and ce["verdict"] == "ahead"
+    (tuned,) = [p for p in record["pairs"]["20"] if p["setting"] == "tuned"]
+    assert (tuned["first"], tuned["second"], tuned["seeds"]) == ("scl", "ce", [1, 2, 3])
+    assert tuned["diffs"] == [5, 4, 4] and tuned["mean"] == pytest.approx(13 / 3)
+    (default,) = [p for p in record["pairs"]["20"] if p["setting"] == "default"]
+    assert default["diffs"] == [5, -2, 6] and default["verdict"] == "within noise (n = 3)"
+    table = T.markdown(record)
+    assert "| 20 | scl − ce | +4.33 [" in table and "lambda 0.5, tau 0.1 (24)" in table
+    assert "Not yet run: N=20 acl_embed, N=100 ce" in table
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["N20"]
