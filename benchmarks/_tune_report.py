@@ -78,3 +78,69 @@ def markdown(record: dict) -> str:
     if record["missing"]:
         lines += ["", "Not yet run: " + ", ".join(record["missing"]) + "."]
     return "\n".join(lines) + "\n"
+
+
+# ---- README: the results row and the claim bullet (benchmarks/claims.py), from tune_fewshot.json ------------------
+
+
+def load(results: str) -> Optional[dict]:
+    path = os.path.join(results, "tune_fewshot.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _word(verdict: str) -> str:
+    return "within noise" if verdict.startswith("within noise") else verdict
+
+
+def _said(p: dict) -> str:
+    return f"{PD.interval_text(p)} ({_word(p['verdict'])})"
+
+
+def row(record: dict) -> str:
+    """The results table's cell: per N, tuned − default per method, then the tuned method pairs."""
+    parts = []
+    for n, by_method in record["studies"].items():
+        if not by_method:
+            continue
+        own = ", ".join(f"{m} {_said(s['tuned_minus_default'])}" for m, s in by_method.items())
+        pairs = ", ".join(f"{p['first']} − {p['second']} {_said(p)}" for p in record["pairs"][n]
+                          if p["setting"] == "tuned")
+        parts.append(f"N = {n}: tuned − default {own}" + (f"; tuned {pairs}" if pairs else ""))
+    missing = f"; not yet run: {', '.join(record['missing'])}" if record["missing"] else ""
+    return "; ".join(parts) + missing + " (tune_fewshot.md)"
+
+
+def bullet(record: dict) -> str:
+    """What tuning changed, whichever way it fell: the verdicts that moved between the default and the tuned
+    settings, and each method's tuned − default."""
+    moved, changed, seeds, trials = [], [], set(), set()
+    for n, by_method in record["studies"].items():
+        for m, s in by_method.items():
+            trials.add(s["trials"])
+            seeds.update(s["tuned_minus_default"]["seeds"])
+            if _word(s["tuned_minus_default"]["verdict"]) != "within noise":
+                moved.append(f"{m} {s['tuned_minus_default']['verdict']} of its default at N = {n}")
+        by = {(p["first"], p["second"], p["setting"]): p for p in record["pairs"][n]}
+        for a, b in PAIRS:
+            if (a, b, "tuned") in by:
+                vt, vd = _word(by[(a, b, "tuned")]["verdict"]), _word(by[(a, b, "default")]["verdict"])
+                if vt != vd:
+                    changed.append(f"{a} − {b} at N = {n} from {vd} to {vt}")
+    head = "; ".join(([f"tuned, {', '.join(moved)}"] if moved else ["no method's tuned − default is outside noise"])
+                     + ([f"verdicts moved: {'; '.join(changed)}"] if changed else
+                        ["every method-against-method verdict is the same tuned as at the default"]))
+    detail = []
+    for n, pairs in record["pairs"].items():
+        if pairs:
+            detail.append(f"N = {n}, tuned / at the default: " + "; ".join(
+                f"{p['first']} − {p['second']} {_said(p)} / {_said(d)}"
+                for p, d in zip(pairs[::2], pairs[1::2])))
+    missing = f" Not yet run: {', '.join(record['missing'])}." if record["missing"] else ""
+    seeds_text = f"seeds {min(seeds)}-{max(seeds)}" if seeds else "no seeds"
+    return (f"- **What tuning changed: {head}.** Few-shot SST-2 accuracy on the protocol's test half, each method "
+            f"tuned by acl-tune with {'/'.join(map(str, sorted(trials)))} trials (TPE, median pruning, the objective "
+            f"on the protocol's valid half), then its best setting and its default on {seeds_text}. "
+            + ". ".join(detail) + "." + missing)

@@ -7,10 +7,11 @@ benchmarks/_paired.py) excludes 0, else "within noise (n = k)".
         [--check]
 
 Reads RESULTS/quality_paired.json, quality_gate.json, quality_speedup.json and quality_speedup_flops.json
-(benchmarks/quality.py --collect-only), fewshot.json (benchmarks/fewshot.py --collect-only) and grad_conflict.json
-(benchmarks/grad_conflict.py), and writes the bullets between the ``<!-- claims:begin -->`` and
-``<!-- claims:end -->`` lines of the README and of docs/benchmarks.md, and the headline cell of the README results
-table's paired rows (:data:`ROWS`). ``--check`` writes nothing and exits 1 when either file differs.
+(benchmarks/quality.py --collect-only), fewshot.json (benchmarks/fewshot.py --collect-only), grad_conflict.json
+(benchmarks/grad_conflict.py) and tune_fewshot.json (benchmarks/tune_fewshot.py --report), and writes the bullets
+between the ``<!-- claims:begin -->`` and ``<!-- claims:end -->`` lines of the README and of docs/benchmarks.md,
+and the headline cell of the README results table's paired rows (:data:`ROWS`). ``--check`` writes nothing and
+exits 1 when either file differs.
 """
 import argparse
 import json
@@ -20,6 +21,7 @@ import textwrap
 from typing import Dict, List
 
 import _paired as PD
+import _tune_report as TR
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
@@ -230,6 +232,8 @@ ROWS = {
     "| ACL-Grad's rule on SCL, `scl_grad` − `scl` (paired) |": gate_row,
     "| Few-shot SST-2, CE+SCL − CE (5 seeds) |": fewshot_row,
     "| Fine-tuning vs a plain HF loop |": parity_row,
+    "| Few-shot SST-2 tuned on Optuna, the same 24-trial budget per method (5 seeds) |":
+        lambda results: TR.row(TR.load(results)),
 }
 
 
@@ -261,6 +265,7 @@ def bullets(results: str) -> str:
         contrastive_bullet(results, "scl", "ce", "CE+SCL over CE", "CE+SCL over CE: not shown"),
         contrastive_bullet(results, "acl_embed", "scl", "ACL-Embed against SCL",
                            "ACL-Embed at least as good as SCL: within noise everywhere, never behind"),
+        TR.bullet(TR.load(results)),
     ]) + "\n"
 
 
