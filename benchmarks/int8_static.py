@@ -333,6 +333,8 @@ def main(argv=None) -> Dict:
               "load_average": os.getloadavg()[0], "schemes": rows, "speed": speed_rows, "targets": found}
     if args.json:
         R.write_atomic(args.json, json.dumps(result, indent=1) + "\n")
+        if os.path.exists(args.json + ".partial"):
+            os.remove(args.json + ".partial")
     return result
 
 
