@@ -189,6 +189,30 @@ def test_carve_is_seeded_stratified_and_leaves_dev_out(tmp_path):
         tune_data.carve(data, str(tmp_path / "c1"), seed=5, fraction=0.25, valid_subsets=["valid"])
 
 
+def test_a_killed_carve_leaves_nothing_the_next_one_trips_on(tmp_path, monkeypatch):
+    """Carved in a temporary beside the folder and placed whole: a SIGKILLed carve's temporary (its process gone)
+    is removed by the next carve, and a folder a concurrent worker placed first is read, not overwritten."""
+    data = helpers.make_data(str(tmp_path / "toy"))["data"]
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".c1.tmp-{int(dead.stdout)}-dead"
+    (stale / "input0").mkdir(parents=True)
+    rec = tune_data.carve(data, str(tmp_path / "c1"), seed=3, fraction=0.25, valid_subsets=["valid"])
+    assert not stale.exists() and (tmp_path / "c1" / "carve.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c1", "toy"]
+    from acl_fairseq.io import atomic
+
+    real = atomic.staging_folder
+
+    def placed_first(dest, force=True):  # another worker places the same carve while this one writes
+        shutil.copytree(tmp_path / "c1", tmp_path / "c2")
+        return real(dest, force)
+
+    monkeypatch.setattr(atomic, "staging_folder", placed_first)
+    again = tune_data.carve(data, str(tmp_path / "c2"), seed=3, fraction=0.25, valid_subsets=["valid"])
+    assert again["valid_indices"] == rec["valid_indices"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c1", "c2", "toy"]
+
+
 def test_two_workers_share_one_sqlite_study(tmp_path, env):
     url = f"sqlite:///{tmp_path / 'study.db'}"
     trials = check_two_workers(tmp_path, env, url)

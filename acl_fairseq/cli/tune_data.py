@@ -57,6 +57,28 @@ def _labels(data_bin: str) -> List[object]:
     return [tuple(x.tolist()) for x in MMapIndexedDataset(os.path.join(label, "train"))]
 
 
+def _write_carve(data_bin: str, tmp: str, train: List[int], valid: List[int], valid_subsets: Sequence[str]) -> None:
+    """The carved folder's files in ``tmp``: the dictionaries, tokenizer files and stats copied, train split in two."""
+    for name in os.listdir(data_bin):  # stats.json, the tokenizer files: what acl-evaluate and the plan read
+        if os.path.isfile(os.path.join(data_bin, name)) and name != "protocol.json":
+            shutil.copy2(os.path.join(data_bin, name), tmp)
+    for sub in _inputs(data_bin) + ["label"]:
+        os.makedirs(os.path.join(tmp, sub))
+        src, dst = os.path.join(data_bin, sub), os.path.join(tmp, sub)
+        if os.path.isfile(os.path.join(src, "dict.txt")):
+            shutil.copy2(os.path.join(src, "dict.txt"), dst)
+        if os.path.isfile(os.path.join(src, "train.label")):  # regression: one score per line
+            with open(os.path.join(src, "train.label"), encoding="utf-8") as f:
+                lines = f.read().splitlines(keepends=True)
+            for split, idx in [("train", train)] + [(v, valid) for v in valid_subsets]:
+                with open(os.path.join(dst, f"{split}.label"), "w", encoding="utf-8") as f:
+                    f.writelines(lines[i] for i in idx)
+            continue
+        _subset_indexed(os.path.join(src, "train"), os.path.join(dst, "train"), train)
+        for v in valid_subsets:
+            _subset_indexed(os.path.join(src, "train"), os.path.join(dst, v), valid)
+
+
 def carve(data_bin: str, out: str, seed: int, fraction: float, valid_subsets: Sequence[str]) -> Dict[str, object]:
     """Write ``out``: ``data_bin`` with a seeded, label-stratified ``fraction`` of train as every split of
     ``valid_subsets`` and the rest as train; the dictionaries and the tokenizer files copied; no test splits.
@@ -82,35 +104,15 @@ def carve(data_bin: str, out: str, seed: int, fraction: float, valid_subsets: Se
     valid = stratified_sample(strata, n_valid, random.Random(f"{seed}:tune-carve"))
     taken = set(valid)
     train = [i for i in range(len(strata)) if i not in taken]
-    tmp = f"{out}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    for name in os.listdir(data_bin):  # stats.json, the tokenizer files: what acl-evaluate and the plan read
-        if os.path.isfile(os.path.join(data_bin, name)) and name != "protocol.json":
-            shutil.copy2(os.path.join(data_bin, name), tmp)
-    for sub in _inputs(data_bin) + ["label"]:
-        os.makedirs(os.path.join(tmp, sub))
-        src, dst = os.path.join(data_bin, sub), os.path.join(tmp, sub)
-        if os.path.isfile(os.path.join(src, "dict.txt")):
-            shutil.copy2(os.path.join(src, "dict.txt"), dst)
-        if os.path.isfile(os.path.join(src, "train.label")):  # regression: one score per line
-            with open(os.path.join(src, "train.label"), encoding="utf-8") as f:
-                lines = f.read().splitlines(keepends=True)
-            for split, idx in [("train", train)] + [(v, valid) for v in valid_subsets]:
-                with open(os.path.join(dst, f"{split}.label"), "w", encoding="utf-8") as f:
-                    f.writelines(lines[i] for i in idx)
-            continue
-        _subset_indexed(os.path.join(src, "train"), os.path.join(dst, "train"), train)
-        for v in valid_subsets:
-            _subset_indexed(os.path.join(src, "train"), os.path.join(dst, v), valid)
     record = {**want, "train_examples": len(train), "valid_examples": len(valid), "valid_indices": valid,
               "note": "valid = these lines of the source's train split; the source's dev (valid) is not used"}
-    atomic.write_json(os.path.join(tmp, CARVE_RECORD), record)
     if os.path.isdir(out) and not os.path.isfile(record_path):  # a carve that never finished
         shutil.rmtree(out, ignore_errors=True)
     try:
-        os.replace(tmp, out)
-    except OSError:  # another worker carved it first: the same seed, the same split
-        shutil.rmtree(tmp, ignore_errors=True)
+        # written beside out (a killed carve's temporary is removed by the next), placed whole or not at all
+        with atomic.staging_folder(out, force=False) as tmp:
+            _write_carve(data_bin, tmp, train, valid, valid_subsets)
+            atomic.write_json(os.path.join(tmp, CARVE_RECORD), record)
+    except FileExistsError:  # another worker carved it first: the same seed, the same split
         return carve(data_bin, out, seed, fraction, valid_subsets)
     return record
