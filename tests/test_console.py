@@ -25,8 +25,9 @@ def test_device_flag_defaults_to_auto_and_keeps_the_deprecated_cpu_switch():
 def test_resolve_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert console.resolve_device("auto") == "cpu" and console.resolve_device("cpu") == "cpu"
-    with pytest.raises(SystemExit, match="CUDA is not available here"):
+    with pytest.raises(console.UsageError, match="CUDA is not available here") as e:  # prog: error: ..., exit 2
         console.resolve_device("cuda")
+    assert e.value.code == 2
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert console.resolve_device("auto") == "cuda"
 

@@ -35,7 +35,7 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("error: --device cuda, but CUDA is not available here (use --device cpu or auto)")
+        raise UsageError("--device cuda, but CUDA is not available here: pass --device cpu or auto")
     return device
 
 
