@@ -90,14 +90,23 @@ class Connection:
         self.writer.close()
 
 
+IDLE_S = 2.0  # a connection idle this long is closed, not reused: uvicorn closes keep-alive connections after 5 s
+
+
 class Pool:
-    """Idle connections to reuse; a request that finds none opens a new one (the pool only grows)."""
+    """Idle connections to reuse (the most recent first; one idle for ``IDLE_S`` is closed, as HTTP clients do
+    before the server's keep-alive timeout would make it fail); a request that finds none opens a new one."""
 
     def __init__(self, host: str, port: int):
         self.host, self.port, self.idle, self.opened = host, port, [], 0
 
     async def call(self, path: str, body: bytes):
-        conn = self.idle.pop() if self.idle else None
+        conn, now = None, time.monotonic()
+        while self.idle and conn is None:
+            conn, since = self.idle.pop()
+            if now - since > IDLE_S:
+                conn.close()
+                conn = None
         if conn is None:
             conn = await Connection.open(self.host, self.port)
             self.opened += 1
@@ -109,11 +118,11 @@ class Pool:
         if conn.closes(headers):
             conn.close()
         else:
-            self.idle.append(conn)
+            self.idle.append((conn, time.monotonic()))
         return status, headers, data
 
     def close(self) -> None:
-        for conn in self.idle:
+        for conn, _ in self.idle:
             conn.close()
 
 

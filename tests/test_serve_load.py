@@ -117,6 +117,38 @@ def test_open_loop_sends_on_schedule_while_an_answer_is_slow():
         (6, 1, 4, 1, 1, 0, 0)
 
 
+def test_a_connection_idle_past_the_servers_keep_alive_is_not_reused(monkeypatch):
+    """uvicorn closes a keep-alive connection idle for 5 s: at a low rate the client must open a new one, not send
+    on the closed one (each such send was counted as an error)."""
+    async def scenario():
+        async def keep_alive_03(reader, writer):  # closes a connection idle for 0.3 s, as uvicorn does after 5 s
+            while True:
+                try:
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 0.3)
+                except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+                    break
+                length = int(next(h.split(b":")[1] for h in head.split(b"\r\n")
+                                  if h.lower().startswith(b"content-length")))
+                body = json.loads(await reader.readexactly(length))
+                answer = json.dumps({"id": body["id"], "outputs": [{"name": "label", "data": ["1"]}, {
+                    "name": "exit_layer", "data": [1]}, {"name": "probabilities", "data": [0.5, 0.5]}]}).encode()
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer))
+            writer.close()
+
+        server = await asyncio.start_server(keep_alive_03, "127.0.0.1", 0)
+        try:
+            return await C.run({"host": "127.0.0.1", "port": server.sockets[0].getsockname()[1], "model": "acl",
+                                "texts": ["a"], "tag": "t", "max_seconds": 5.0, "drain_seconds": 5.0,
+                                "mode": "open", "order": [0, 0, 0], "offsets": [0.0, 0.05, 0.7]})
+        finally:
+            server.close()
+
+    monkeypatch.setattr(C, "IDLE_S", 0.15)
+    out = asyncio.run(scenario())
+    assert [r["status"] for r in out["records"]] == [200, 200, 200], [r["error"] for r in out["records"]]
+    assert out["connections"] == 2  # the second send reused the first connection, the third opened a new one
+
+
 def test_closed_loop_keeps_its_callers_busy_and_answers_every_request():
     texts = ["a", "bb", "ccc"]
     out = _client_run(texts, {"mode": "closed", "order": [0, 1, 2] * 10, "concurrency": 4})
