@@ -28,6 +28,17 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu", dest="device", action="store_const", const="cpu", help="deprecated: --device cpu")
 
 
+def positive_int(text: str) -> int:
+    """argparse ``type`` for a count: a whole number of at least 1, else argparse's one-line error."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive whole number")
+    return value
+
+
 def resolve_device(device: str) -> str:
     """'cpu' or 'cuda' for a --device value; asking for CUDA where there is none is an error."""
     import torch

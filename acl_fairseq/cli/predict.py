@@ -28,7 +28,7 @@ from typing import List, Optional, Sequence
 
 from acl_fairseq import exits
 from acl_fairseq.cli import console, inputs
-from acl_fairseq.cli.console import UsageError
+from acl_fairseq.cli.console import UsageError, positive_int
 from acl_fairseq.cli.inputs import BadRow, Row
 from acl_fairseq.inference import calibration
 from acl_fairseq.io import atomic
@@ -41,16 +41,6 @@ EXIT_STATUSES = ("Exit status: 0 when every row was read (bad rows skipped are c
                  "the model loads where it can be. An --output FILE is complete or absent: it is written to "
                  "FILE.tmpPID and renamed at the end, and removed on any error, Ctrl-C (130) or SIGTERM (143); one "
                  "left by a killed run goes at the next run.")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive whole number")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "level or patience count. " + "; ".join(f"{r.name}: {r.rule}, {r.range_text}, default {r.default:g}"
                                          for r in exits.POLICIES.values()))
     p.add_argument("--exit-layer", type=int, help="every input leaves at this exit (one of the model's layers)")
-    p.add_argument("--batch-size", type=_positive_int, default=32, help="inputs per batch (default: %(default)s)")
-    p.add_argument("--chunk-size", type=_positive_int, default=8192, help="inputs read and length-sorted together "
+    p.add_argument("--batch-size", type=positive_int, default=32, help="inputs per batch (default: %(default)s)")
+    p.add_argument("--chunk-size", type=positive_int, default=8192, help="inputs read and length-sorted together "
                    "before batching; output is written per chunk, in input order (default: %(default)s)")
     p.add_argument("--output", default="-", help="output file (written whole or not at all), or - for standard "
                    "output (default)")

@@ -23,23 +23,13 @@ from typing import List, Optional
 
 from acl_fairseq import exits
 from acl_fairseq.cli import console
-from acl_fairseq.cli.console import UsageError
+from acl_fairseq.cli.console import UsageError, positive_int
 from acl_fairseq.inference import calibration
 
 SETTINGS_ENV = "ACL_SERVE_SETTINGS"  # a worker process's Settings, as JSON (--workers N)
 EXIT_STATUSES = ("Exit status: 0 after SIGTERM or Ctrl-C once every accepted request is answered (the server stops "
                  "accepting at once and waits up to --drain-seconds); 2 for a bad flag or folder, before "
                  "anything listens.")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive whole number")
-    return value
 
 
 def _port(text: str) -> int:
@@ -67,14 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "may name its own). Default: the folder's serving policy, else none (the last exit)")
     p.add_argument("--threshold", type=float, help="the --policy's threshold. " + "; ".join(
         f"{r.name}: {r.rule}, {r.range_text}, default {r.default:g}" for r in exits.POLICIES.values()))
-    p.add_argument("--max-batch", type=_positive_int, default=32, help="rows per backend call (default: %(default)s)")
-    p.add_argument("--max-queue", type=_positive_int, help="inputs accepted and not yet answered, per worker; past "
+    p.add_argument("--max-batch", type=positive_int, default=32, help="rows per backend call (default: %(default)s)")
+    p.add_argument("--max-queue", type=positive_int, help="inputs accepted and not yet answered, per worker; past "
                    "it a request is answered 503 with Retry-After (default: 32 x --max-batch)")
-    p.add_argument("--workers", type=_positive_int, default=1, help="server processes, each with its own engine "
+    p.add_argument("--workers", type=positive_int, default=1, help="server processes, each with its own engine "
                    "and scheduler, sharing the port (default: %(default)s)")
-    p.add_argument("--threads", type=_positive_int, default=1, help="ONNX Runtime threads per worker (default: "
+    p.add_argument("--threads", type=positive_int, default=1, help="ONNX Runtime threads per worker (default: "
                    "%(default)s)")
-    p.add_argument("--max-body-bytes", type=_positive_int, default=1 << 20, help="larger request bodies are "
+    p.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, help="larger request bodies are "
                    "refused with 413 (default: %(default)s)")
     p.add_argument("--refill", action=argparse.BooleanOptionalAction, default=True, help="continuous batching "
                    "across layers (--no-refill: each batch runs to its end, shrinking as rows exit; default: on)")
