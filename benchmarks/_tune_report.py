@@ -26,15 +26,23 @@ def _paired(a: Dict[str, float], b: Dict[str, float]) -> dict:
         PD.interval(diffs))}
 
 
-def collect(out: str, ns: List[int], methods: List[str]) -> dict:
-    """{"studies": {N: {method: summary}}, "pairs": {N: [...]}, "missing": ["N=100 acl_embed", ...]}."""
+def collect(out: str, ns: List[int], methods: List[str], previous: Optional[dict] = None) -> dict:
+    """{"studies": {N: {method: summary}}, "pairs": {N: [...]}, "missing": ["N=100 acl_embed", ...]}.
+
+    A study whose folder is not under ``out`` keeps its summary from ``previous`` (the report written before, for
+    example by another machine whose ``runs/`` is gone): a report over N = 100 alone must not drop N = 20."""
     studies, pairs, missing = {}, {}, []
+    earlier = (previous or {}).get("studies", {})
+    ns = sorted(set(ns) | {int(n) for n, by in earlier.items() if by})
     for n in ns:
         by_method = {}
         for method in methods:
             best = _study(out, n, method)
             if best is None:
-                missing.append(f"N={n} {method}")
+                if method in earlier.get(str(n), {}):
+                    by_method[method] = earlier[str(n)][method]
+                else:
+                    missing.append(f"N={n} {method}")
                 continue
             by_method[method] = {
                 "trials": best["trials_finished"], "best_trial": best["best_trial"], "best_valid": best["best_valid"],

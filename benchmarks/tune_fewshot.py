@@ -94,8 +94,9 @@ def main(argv=None) -> int:
 
 
 def report(args) -> int:
-    """RESULTS/tune_fewshot.json and .md from the studies finished so far (those missing are named)."""
-    record = T.collect(args.out, args.ns, args.methods)
+    """RESULTS/tune_fewshot.json and .md from the studies finished so far (those missing are named); a study
+    reported before whose folder is gone here keeps its earlier summary."""
+    record = T.collect(args.out, args.ns, args.methods, previous=T.load(args.results))
     if not any(record["studies"].values()):
         G.log(f"no finished study under {args.out}")
         return 1

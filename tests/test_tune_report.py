@@ -32,3 +32,22 @@ def test_report_pairs_by_seed_and_names_what_is_missing(tmp_path):
     assert "| 20 | scl − ce | +4.33 [" in table and "lambda 0.5, tau 0.1 (24)" in table
     assert "Not yet run: N=20 acl_embed, N=100 ce" in table
     assert sorted(p.name for p in tmp_path.iterdir()) == ["N20"]
+
+
+def test_a_study_reported_before_keeps_its_summary_when_its_folder_is_gone(tmp_path):
+    """A report over N = 100 on a machine without N = 20's folders keeps N = 20 from the earlier record."""
+    earlier = tmp_path / "earlier"
+    _best(earlier, 20, "ce", [50, 52, 54], [51, 53, 55], {"lr": "1e-04"})
+    _best(earlier, 20, "scl", [55, 50, 60], [56, 57, 59], {"lr": "2e-04"})
+    previous = T.collect(str(earlier), [20], ["ce", "scl"])
+    now = tmp_path / "now"
+    _best(now, 100, "ce", [70, 71, 72], [72, 73, 74], {"lr": "2e-04"})
+    record = T.collect(str(now), [100], ["ce", "scl"], previous=previous)
+    assert record["studies"]["20"] == previous["studies"]["20"]
+    assert record["pairs"]["20"] == previous["pairs"]["20"]
+    assert record["studies"]["100"]["ce"]["tuned_minus_default"]["diffs"] == [2, 2, 2]
+    assert record["missing"] == ["N=100 scl"]
+    # a folder that is here wins over the earlier summary
+    _best(now, 20, "ce", [40, 40, 40], [41, 41, 41], {"lr": "3e-04"})
+    again = T.collect(str(now), [100], ["ce", "scl"], previous=previous)
+    assert again["studies"]["20"]["ce"]["best_params"] == {"lr": "3e-04"}
