@@ -292,17 +292,21 @@ def print_table(rows: List[Dict], columns: Sequence[str], formats: Dict[str, str
         print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
 
 
-def report(rows: List[Dict], columns: Sequence[str], formats: Dict[str, str], json_path: Optional[str]) -> None:
-    """The benchmarks' common ending: the optional note, the table, and the rows as JSON."""
-    import json
-
+def print_noted_table(rows: List[Dict], columns: Sequence[str], formats: Dict[str, str]) -> None:
+    """The table, after the load note when other processes compete for the cores."""
     note = load_note()
     if note:
         print(note)
     print_table(rows, columns, formats)
+
+
+def report(rows: List[Dict], columns: Sequence[str], formats: Dict[str, str], json_path: Optional[str]) -> None:
+    """The benchmarks' common ending: the optional note, the table, and the rows as JSON (written atomically)."""
+    from acl_fairseq.io import atomic
+
+    print_noted_table(rows, columns, formats)
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(rows, f, indent=1)
+        atomic.write_json(json_path, rows)
 
 
 def interleaved_rounds(systems, timed, repeats: int, warmup: int, mem_repeats: int, device, seed: int) -> str:

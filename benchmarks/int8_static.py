@@ -317,9 +317,7 @@ def main(argv=None) -> Dict:
     print(f"# int8_static: {len(sentences)} SST-2 dev sentences, checkpoint {ckpt}; policies: last exit, entropy "
           f"0.3, calibrated {chosen['policy']} {chosen['threshold']:g} (max-drop={MAX_DROP}); fp32 accuracy "
           + ", ".join(f"{k} {v:.2f}" for k, v in fp32_acc.items() if k.endswith("b32")))
-    if common.load_note():
-        print(common.load_note())
-    common.print_table(rows, COLUMNS, FORMATS)
+    common.print_noted_table(rows, COLUMNS, FORMATS)
     if speed_rows:
         print(f"# speed at batch 32, {args.repeats} interleaved rounds (median ratio of torch's engine time)")
         common.print_table(speed_rows, ["system", "sent_per_s", "vs_torch", "cpu_vs_torch"],

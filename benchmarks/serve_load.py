@@ -385,10 +385,7 @@ def main(argv=None) -> Dict:
               "verdicts": found}
     print(f"# serve_load: {len(sentences)} sentences of {'the toy task' if args.toy else 'SST-2 dev'}, policy "
           f"{args.policy} {args.threshold}, max batch {args.max_batch}, one thread a worker, {os.cpu_count()} cpus")
-    note = common.load_note()
-    if note:
-        print(note)
-    common.print_table(table_rows(results), COLUMNS, FORMATS)
+    common.print_noted_table(table_rows(results), COLUMNS, FORMATS)
     print_verdicts(found)
     atomic.write_json(args.json, record)
     print(plot(results, args.plot) or f"# plot: {args.plot}")

@@ -390,10 +390,7 @@ def main(argv=None) -> Dict:
               "targets": found}
     print(f"# serve_speed: {len(sentences)} sentences of {'the toy task' if args.toy else 'SST-2 dev'}, policy "
           f"{args.policy} {args.threshold}, threads={args.threads}, repeats={args.repeats}, checkpoint {ckpt}")
-    note = common.load_note()
-    if note:
-        print(note)
-    common.print_table(rows, COLUMNS, FORMATS)
+    common.print_noted_table(rows, COLUMNS, FORMATS)
     print_targets(found)
     if args.json:
         R.write_atomic(args.json, json.dumps(result, indent=1) + "\n")

@@ -266,3 +266,16 @@ def test_hf_parity_samples_per_s_uses_each_epochs_train_wall(tmp_path):
         f'2026-12-01 | INFO | train | {{"epoch": {e}, "train_train_wall": "100", "train_wall": "{105 * e}"}}\n'
         for e in (1, 2, 3)) + '2026-12-01 | INFO | valid | {"epoch": 3, "valid_wall": "400"}\n')
     assert hf_parity._fairseq_samples_per_s(str(log), 250) == pytest.approx(2.5)
+
+
+def test_report_keeps_the_earlier_json_when_the_rows_cannot_be_written(tmp_path, capsys):
+    """A row that json cannot encode must not leave a truncated file where the earlier results were."""
+    import common
+
+    path = tmp_path / "rows.json"
+    common.report([{"a": 1}], ["a"], {}, str(path))
+    assert json.loads(path.read_text()) == [{"a": 1}]
+    with pytest.raises(TypeError):
+        common.report([{"a": object()}], ["a"], {}, str(path))
+    assert json.loads(path.read_text()) == [{"a": 1}]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.json"]
