@@ -22,6 +22,8 @@ setup(
     # the plugin and its subpackages only (acl_fairseq.preprocessing: GLUE preprocessing, also read by
     # acl-predict --task; never imported by the --user-dir package itself)
     packages=find_packages(include=["acl_fairseq", "acl_fairseq.*"]),
+    # the GLUE task table (recipes/glue/hparams.tsv; in the package a link, which the wheel holds as a copy)
+    package_data={"acl_fairseq.preprocessing": ["glue_tasks.tsv"]},
     install_requires=["numpy", "sentencepiece", "tensorboardX", "tokenizers"],
     extras_require={"serve": SERVE_REQUIRES},
     entry_points={

@@ -10,19 +10,6 @@ let criteria log summable statistics and derive the metric in ``reduce_metrics``
 import math
 from typing import Dict, Optional, Sequence
 
-# Which metrics each GLUE task reports, first = the one to select checkpoints on.
-TASK_METRICS = {
-    "CoLA": ["mcc", "accuracy"],
-    "SST-2": ["accuracy"],
-    "MRPC": ["f1", "accuracy"],
-    "QQP": ["accuracy", "f1"],
-    "STS-B": ["pearson", "spearman"],
-    "MNLI": ["accuracy"],
-    "QNLI": ["accuracy"],
-    "RTE": ["accuracy"],
-    "WNLI": ["accuracy"],
-}
-
 POSITIVE_LABELS = ("1", "entailment")
 
 

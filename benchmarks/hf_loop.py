@@ -323,7 +323,7 @@ def train_hf(cfg: HFConfig, glue_dir: str = G.GLUE_DIR, train_examples: Optional
                          cfg.hidden_dropout, cfg.attention_dropout, cfg.fold_token_types).to(cfg.device)
     total = cfg.epochs * math.ceil(len(encoded) / cfg.batch_size)
     optimizer, scheduler = make_optimizer_and_schedule(model, cfg, total)
-    primary = glue_metrics.TASK_METRICS[spec.name][0]
+    primary = plan.tasks()[spec.name].metrics[0]
 
     per_epoch, losses_per_epoch, updates, samples, train_s = [], [], 0, 0, 0.0
     batches_of = epoch_batches([len(ids) for ids, _ in encoded], cfg, np.random.RandomState(cfg.seed))

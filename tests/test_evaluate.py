@@ -130,10 +130,13 @@ def test_glue_prediction_format_uses_label_names_and_stsb_scale(tiny):
     task, _, _ = tiny
     names = evaluate.format_predictions(torch.tensor([[2.0, 0.0], [0.0, 1.0]]), task.label_dictionary, False)
     assert names == [task.label_dictionary[4], task.label_dictionary[5]] and set(names) == {"0", "1"}
-    scores = evaluate.format_predictions(torch.tensor([[0.5], [1.3], [-0.2]]), None, True)
+    scores = evaluate.format_predictions(torch.tensor([[0.5], [1.3], [-0.2]]), None, True, 5.0)
     assert scores == ["2.500", "5.000", "0.000"]
+    assert evaluate.format_predictions(torch.tensor([[1.3], [-0.2]]), None, True) == ["1.300", "-0.200"]
     assert evaluate.prediction_file_names("MNLI", ["test", "test1"]) == ["MNLI-m.tsv", "MNLI-mm.tsv"]
+    assert evaluate.prediction_file_names("MNLI", ["test"]) == ["MNLI-m.tsv"]
     assert evaluate.prediction_file_names("RTE", ["test"]) == ["RTE.tsv"]
+    assert evaluate.prediction_file_names("NEW", ["test", "test1"]) == ["NEW.tsv", "NEW-test1.tsv"]
 
 
 def test_missing_checkpoint_is_a_clear_error(tmp_path, data):

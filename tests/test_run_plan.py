@@ -182,21 +182,46 @@ def test_dictionaries_compared_byte_for_byte(tmp_path):
 # ---- the task table ---------------------------------------------------------------------------------
 
 
-def test_task_facts_agree_with_the_code_that_still_holds_copies():
-    """One row per task holds its facts; these modules have their own copies until they read the table."""
-    from acl_fairseq import glue_metrics
-    from acl_fairseq.cli.evaluate import prediction_file_names
-    from acl_fairseq.preprocessing.glue_tasks import TASKS
+def test_the_package_reads_the_task_row_that_the_plan_reads():
+    """glue_tasks.tsv, the package's link to recipes/glue/hparams.tsv, gives acl-preprocess, acl-evaluate and
+    acl-export the same facts as the run plan."""
+    from acl_fairseq.preprocessing import glue_tasks
 
-    table = P.tasks()
-    assert list(table) == list(glue_metrics.TASK_METRICS) or set(table) == set(glue_metrics.TASK_METRICS)
+    assert os.path.samefile(glue_tasks.TABLE, os.path.join(GLUE, "hparams.tsv"))
+    table, found = P.tasks(), glue_tasks.facts()
+    assert list(table) == list(found) and set(glue_tasks.TASKS) == set(table)
     for name, t in table.items():
-        assert t.metrics == glue_metrics.TASK_METRICS[name] and t.best_metric == t.metrics[0], name
-        assert t.test_files == [f"{stem}.tsv" for stem in TASKS[name].test], name
-        tests = [re.sub("^valid", "test", v) for v in t.valid_subsets]
-        assert t.leaderboard == prediction_file_names(name, tests), name
-        assert (t.regression_scale is not None) == t.regression == TASKS[name].regression, name
-    assert table["STS-B"].regression_scale == 5.0
+        assert (found[name].metrics, found[name].leaderboard, found[name].test_files) == (
+            t.metrics, t.leaderboard, t.test_files), name
+        assert found[name].regression_scale == t.regression_scale and t.best_metric == t.metrics[0], name
+        assert t.test_files == [f"{stem}.tsv" for stem in glue_tasks.TASKS[name].test], name
+        assert (t.regression_scale is not None) == t.regression == glue_tasks.TASKS[name].regression, name
+    assert table["STS-B"].regression_scale == 5.0 and table["MNLI"].test_files == [
+        "test_matched.tsv", "test_mismatched.tsv"]
+
+
+def test_a_changed_task_row_changes_what_the_tools_write(tmp_path, monkeypatch):
+    """The tools hold no copy of a task's facts: edit the row, and acl-evaluate's metrics, leaderboard names and
+    scores and the hub's (acl-export's) regression scale follow it."""
+    import torch
+
+    from acl_fairseq.cli import evaluate
+    from acl_fairseq.preprocessing import glue_tasks
+
+    rows = open(os.path.join(GLUE, "hparams.tsv")).read()
+    rows = rows.replace("\tf1,accuracy\tf1,accuracy\t-\tMRPC.tsv\t", "\tf1,accuracy\taccuracy\t-\tMRPC-x.tsv\t")
+    rows = rows.replace("\tpearson,spearman\t5\tSTS-B.tsv", "\tpearson,spearman\t4\tSTS-B.tsv")
+    table = tmp_path / "hparams.tsv"
+    table.write_text(rows)
+    monkeypatch.setattr(glue_tasks, "TABLE", str(table))
+    assert evaluate.prediction_file_names("MRPC", ["test"]) == ["MRPC-x.tsv"]
+    found = {"f1": 80.0, "accuracy": 70.0}
+    ctx = {"regression": False, "task_name": "MRPC", "positive": 1}
+    monkeypatch.setattr(evaluate.glue_metrics, "classification_metrics", lambda *a: dict(found))
+    assert evaluate.score(torch.zeros(2, 2), torch.zeros(2), ctx) == {"accuracy": 70.0}
+    assert glue_tasks.regression_scale("STS-B") == 4.0 and glue_tasks.regression_scale("RTE") == 1.0
+    assert evaluate.format_predictions(torch.tensor([[0.5]]), None, True, glue_tasks.regression_scale("STS-B")) == [
+        "2.000"]
 
 
 def test_task_table_is_what_the_plan_and_the_hf_loop_read(tmp_path, env):

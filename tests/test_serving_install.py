@@ -3,6 +3,9 @@
 import ast
 import os
 import re
+import shutil
+import subprocess
+import sys
 
 import helpers
 
@@ -30,3 +33,21 @@ def test_ci_builds_the_serving_environment_before_the_slow_tests():
     steps = [s for s in steps if s]
     assert "bash scripts/check_serving_env.sh" in steps
     assert steps.index("bash scripts/check_serving_env.sh") < steps.index("make test-slow")
+
+
+def test_the_wheel_carries_the_task_table(tmp_path):
+    """acl-predict --task and acl-evaluate read the task rows from the package (glue_tasks.tsv, a link to
+    recipes/glue/hparams.tsv in a checkout): a wheel must hold the table itself, not a dangling link."""
+    import zipfile
+
+    build = tmp_path / "src"
+    skip = shutil.ignore_patterns(".git", ".venv", "runs", "demo_out", "mutants", "build", "*.egg-info", "__pycache__")
+    shutil.copytree(helpers.REPO, build, ignore=skip, symlinks=True)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(build),
+                           "-w", str(tmp_path / "wheel")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (wheel,) = (tmp_path / "wheel").glob("*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        text = z.read("acl_fairseq/preprocessing/glue_tasks.tsv").decode()
+    with open(os.path.join(helpers.REPO, "recipes", "glue", "hparams.tsv"), encoding="utf-8") as f:
+        assert text == f.read()

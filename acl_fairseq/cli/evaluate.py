@@ -30,12 +30,9 @@ import torch
 from acl_fairseq import checkpoint_safety, exits, glue_metrics
 from acl_fairseq.cli import calibrate, console, evaluate_checks, report
 from acl_fairseq.inference import early_exit, flops, latency
+from acl_fairseq.preprocessing import glue_tasks
 
 logger = logging.getLogger("acl_fairseq.cli.evaluate")
-
-# GLUE leaderboard file stem per task; MNLI's second test split (mismatched) is MNLI-mm
-GLUE_TEST_FILES = {t: t for t in glue_metrics.TASK_METRICS}
-GLUE_TEST_FILES.update({"MNLI": "MNLI-m", "AX": "AX"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,7 +122,7 @@ def infer_task_name(data_bin: str, task_name: Optional[str]) -> Optional[str]:
         return task_name
     stem = os.path.basename(os.path.normpath(data_bin))
     stem = stem[: -len("-bin")] if stem.endswith("-bin") else stem
-    return stem if stem in GLUE_TEST_FILES else None
+    return stem if stem in glue_tasks.facts() else None
 
 
 def make_batches(dataset, ids: List[int], batch_size: int) -> List[Dict]:
@@ -162,8 +159,8 @@ def score(logits: torch.Tensor, targets: torch.Tensor, ctx: Dict) -> Dict[str, f
         found = glue_metrics.classification_metrics(
             logits.argmax(-1).tolist(), targets.view(-1).tolist(), ctx["positive"]
         )
-    wanted = glue_metrics.TASK_METRICS.get(ctx["task_name"])
-    return {k: found[k] for k in wanted if k in found} if wanted else found
+    known = glue_tasks.facts().get(ctx["task_name"])
+    return {k: found[k] for k in known.metrics if k in found} if known else found
 
 
 def sweep(args, num_exits: int, regression: bool) -> List[tuple]:
@@ -224,19 +221,23 @@ def format_flops(result: Dict) -> str:
 # ---- GLUE test predictions ---------------------------------------------------------------------
 
 
-def format_predictions(logits: torch.Tensor, label_dictionary, regression: bool) -> List[str]:
-    """GLUE leaderboard values: label names (through the label dictionary), or STS-B scores x5 in [0, 5]."""
+def format_predictions(logits: torch.Tensor, label_dictionary, regression: bool,
+                       scale: Optional[float] = None) -> List[str]:
+    """GLUE leaderboard values: label names (through the label dictionary), or regression scores: the target
+    (in [0, 1]) clipped and times the task's ``scale`` (STS-B: 5, GLUE's 0-5), the raw value without one."""
     if regression:
-        return [f"{min(max(5.0 * float(v), 0.0), 5.0):.3f}" for v in logits[:, 0]]
+        return [f"{min(max(float(v), 0.0), 1.0) * scale:.3f}" if scale else f"{float(v):.3f}" for v in logits[:, 0]]
     return [label_dictionary[int(k) + label_dictionary.nspecial] for k in logits.argmax(-1)]
 
 
 def prediction_file_names(task_name: Optional[str], splits: List[str]) -> List[str]:
-    """GLUE file names for the test splits: ``RTE.tsv``; MNLI ``MNLI-m.tsv`` then ``MNLI-mm.tsv``."""
-    stem = GLUE_TEST_FILES.get(task_name, task_name or "predictions")
+    """GLUE file names for the test splits, the task row's leaderboard names (``RTE.tsv``; MNLI ``MNLI-m.tsv``
+    then ``MNLI-mm.tsv``); ``<task>-<split>.tsv`` beyond them and for other tasks."""
+    stem = task_name or "predictions"
     names = [f"{stem}.tsv" if i == 0 else f"{stem}-{s}.tsv" for i, s in enumerate(splits)]
-    if task_name == "MNLI" and len(splits) > 1:
-        names[1] = "MNLI-mm.tsv"
+    known = glue_tasks.facts().get(task_name)
+    if known:
+        names[: len(known.leaderboard)] = known.leaderboard[: len(splits)]
     return names
 
 
@@ -252,7 +253,9 @@ def write_test_predictions(model, task, args, head_name: str, ctx: Dict) -> List
         batches = make_batches(dataset, list(range(len(dataset))), args.batch_size)
         ids, exit_logits, _ = collect_exit_logits(model, batches, head_name)
         order = ids.argsort()
-        values = format_predictions(exit_logits[order, -1], task.label_dictionary, ctx["regression"])
+        known = glue_tasks.facts().get(ctx["task_name"])
+        values = format_predictions(exit_logits[order, -1], task.label_dictionary, ctx["regression"],
+                                    known.regression_scale if known else None)
         path = os.path.join(args.predictions_dir, name)
         with atomic.writing(path) as f:
             f.write("index\tprediction\n")

@@ -141,7 +141,7 @@ def write_onnx(hub, out_dir: str, quantize: Optional[str] = None, policy: Option
     graphs = export_graphs(hub.model, hub.head_name, out_dir)
     manifest = {"schema": SCHEMA, **graphs, "tokenizer": onnx_tokenizer.FILE_NAME, "tokenizer_kind": tok,
                 "labels": None if hub.regression else hub.label_names(), "regression": hub.regression,
-                "regression_scale": 5.0 if hub.regression and hub.task_name() == "STS-B" else 1.0,
+                "regression_scale": hub.regression_scale,
                 "input_layout": input_layout(hub), **serving_policy(hub, policy, threshold),
                 "calibration": calibration,  # the exit_policy.json record the serving policy came from, if any
                 "policy_defaults": {name: row.default for name, row in exits.POLICIES.items()},

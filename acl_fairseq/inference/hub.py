@@ -34,6 +34,7 @@ from fairseq.models.roberta.hub_interface import RobertaHubInterface
 
 from acl_fairseq import checkpoint_safety, conventions, tokenization
 from acl_fairseq.inference import calibration, early_exit
+from acl_fairseq.preprocessing import glue_tasks
 from acl_fairseq.runtime import loop
 from acl_fairseq.runtime.loop import Prediction, Text  # noqa: F401  (the hub's names before the loop had a home)
 
@@ -164,7 +165,7 @@ class MultiExitHubInterface(RobertaHubInterface, loop.EarlyExitPredictor):
 
     @property
     def regression_scale(self) -> float:
-        return 5.0 if self.regression and self.task_name() == "STS-B" else 1.0  # STS-B's files hold score x 5
+        return glue_tasks.regression_scale(self.task_name()) if self.regression else 1.0  # the task row's
 
     def make_batches(self, token_lists: Sequence[torch.LongTensor], batch_size: int = 32):
         """``[(positions, src)]``: inputs sorted by (length, position), as acl-evaluate sorts a split,

@@ -8,9 +8,45 @@ here 0-based). Quirks handled here, each noted where it is handled:
   * QQP train/dev rows with the wrong number of fields are dropped, as fairseq's ``awk NF==6`` does
     (counted in stats.json); for every other task such a row is an error.
 """
+import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from acl_fairseq.cli.tables import read_tsv
+
+# The tasks' facts are one row per task of recipes/glue/hparams.tsv, which also holds the recipe's schedule. The
+# package carries that table as glue_tasks.tsv: a link to it in a checkout, a copy in an installed wheel (setup.py
+# package_data), so that acl-predict --task and acl-evaluate read the same row without the recipes folder.
+TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "glue_tasks.tsv")
+
+
+class Facts(NamedTuple):
+    metrics: List[str]  # GLUE's metrics of the task, the one to select checkpoints on first
+    regression_scale: Optional[float]  # GLUE's score = the model's target x this (STS-B: 5); None: classification
+    leaderboard: List[str]  # the GLUE leaderboard file of each test split, in order (MNLI: matched, mismatched)
+    test_files: List[str]  # the GLUE folder's unlabelled test files, in the same order
+
+
+def facts(table: Optional[str] = None) -> Dict[str, Facts]:
+    """Every task's facts, by GLUE name, from the task table (one row per task; default ``TABLE``)."""
+    return _read_facts(table or TABLE)
+
+
+@functools.lru_cache(maxsize=None)
+def _read_facts(table: str) -> Dict[str, Facts]:
+    def listed(value: str) -> List[str]:
+        return [] if value in ("", "-") else value.split(",")
+
+    return {r["task"]: Facts(r["metrics"].split(","), None if r["regression_scale"] in ("", "-")
+                             else float(r["regression_scale"]), listed(r["leaderboard"]), listed(r["test_files"]))
+            for r in read_tsv(table)}
+
+
+def regression_scale(task_name: Optional[str]) -> float:
+    """GLUE's score per unit of the model's regression output: the task row's scale, 1 for other tasks."""
+    known = facts().get(task_name)
+    return known.regression_scale if known and known.regression_scale is not None else 1.0
 
 
 class GlueDataError(Exception):
@@ -29,7 +65,7 @@ class TaskSpec:
     header: bool = True  # train/dev start with a header row (test always does)
     ncols: Optional[int] = None  # field count of header-less files
     dev: Tuple[str, ...] = ("dev",)  # dev files -> fairseq splits valid, valid1, ...
-    test: Tuple[str, ...] = ("test",)  # test files -> fairseq splits test, test1, ...
+    test: Tuple[str, ...] = ("test",)  # test files -> fairseq splits test, test1, ...: the task row's test_files
     filter_malformed: bool = False  # drop train/dev rows with a wrong field count (QQP) instead of failing
 
     @property
@@ -56,13 +92,18 @@ TASKS: Dict[str, TaskSpec] = {
         # MNLI: the gold label is column 12 of train but column 16 of dev (dev adds label2..label5)
         TaskSpec(
             "MNLI", (8, 9), 11, ("contradiction", "entailment", "neutral"), (8, 9), label_header="gold_label",
-            dev_label=15, dev=("dev_matched", "dev_mismatched"), test=("test_matched", "test_mismatched"),
+            dev_label=15, dev=("dev_matched", "dev_mismatched"),
         ),
         TaskSpec("QNLI", (1, 2), 3, _NLI2, (1, 2), label_header="label"),
         TaskSpec("RTE", (1, 2), 3, _NLI2, (1, 2), label_header="label"),
         TaskSpec("WNLI", (1, 2), 3, _BINARY, (1, 2), label_header="label"),  # not in fairseq's script
     ]
 }
+_unlisted = sorted(set(TASKS) - set(facts()))
+if _unlisted:
+    raise GlueDataError(f"{TABLE}: no row for {', '.join(_unlisted)}. Fix: add the task's row to "
+                        "recipes/glue/hparams.tsv")
+TASKS = {n: replace(t, test=tuple(f[: -len(".tsv")] for f in facts()[n].test_files)) for n, t in TASKS.items()}
 
 
 def get_task(name: str) -> TaskSpec:
