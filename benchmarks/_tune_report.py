@@ -74,15 +74,15 @@ def markdown(record: dict) -> str:
         for method, s in by_method.items():
             d = s["tuned_minus_default"]
             lines.append(f"| {n} | {method} | {_mean_std(s['default'])} | {_mean_std(s['tuned'])} | "
-                         f"{PD.interval_text(d)}, {d['verdict']} | {_params(s['best_params'])} ({s['trials']}) |")
+                         f"{PD.cell(d['diffs'])} | {_params(s['best_params'])} ({s['trials']}) |")
     lines += ["", "| N | comparison | tuned | at the default |", "|---|---|---|---|"]
     for n, pairs in record["pairs"].items():
         by = {(p["first"], p["second"], p["setting"]): p for p in pairs}
         for a, b in PAIRS:
             if (a, b, "tuned") in by:
                 t, d = by[(a, b, "tuned")], by[(a, b, "default")]
-                lines.append(f"| {n} | {a} − {b} | {PD.interval_text(t)}, {t['verdict']} | "
-                             f"{PD.interval_text(d)}, {d['verdict']} |")
+                lines.append(f"| {n} | {a} − {b} | {PD.cell(t['diffs'])} | {PD.cell(d['diffs'])} |")
+    lines += ["", f"Differences: {PD.HEADER}."]
     if record["missing"]:
         lines += ["", "Not yet run: " + ", ".join(record["missing"]) + "."]
     return "\n".join(lines) + "\n"
@@ -104,7 +104,7 @@ def _word(verdict: str) -> str:
 
 
 def _said(p: dict) -> str:
-    return f"{PD.interval_text(p)} ({_word(p['verdict'])})"
+    return f"{PD.interval_text(p)} ({p['verdict']}; {p['ahead']} of {p['n']} seeds ahead)"
 
 
 def row(record: dict) -> str:
@@ -134,8 +134,8 @@ def bullet(record: dict) -> str:
         by = {(p["first"], p["second"], p["setting"]): p for p in record["pairs"][n]}
         for a, b in PAIRS:
             if (a, b, "tuned") in by:
-                vt, vd = _word(by[(a, b, "tuned")]["verdict"]), _word(by[(a, b, "default")]["verdict"])
-                if vt != vd:
+                vt, vd = by[(a, b, "tuned")]["verdict"], by[(a, b, "default")]["verdict"]
+                if _word(vt) != _word(vd):
                     changed.append(f"{a} − {b} at N = {n} from {vd} to {vt}")
     head = "; ".join(([f"tuned, {', '.join(moved)}"] if moved else ["no method's tuned − default is outside noise"])
                      + ([f"verdicts moved: {'; '.join(changed)}"] if changed else

@@ -30,6 +30,11 @@ def test_report_pairs_by_seed_and_names_what_is_missing(tmp_path):
     assert default["diffs"] == [5, -2, 6] and default["verdict"] == "within noise (n = 3)"
     table = T.markdown(record)
     assert "| 20 | scl − ce | +4.33 [" in table and "lambda 0.5, tau 0.1 (24)" in table
+    assert "| +1.00 [+1.00, +1.00] (3 of 3 seeds ahead): ahead |" in table  # ce's tuned − default
+    assert "(2 of 3 seeds ahead): within noise (n = 3) |" in table  # scl − ce at the default
+    bullet, row = T.bullet(record), T.row(record)
+    assert "scl − ce at N = 20 from within noise (n = 3) to ahead" in bullet
+    assert "ce +1.00 [+1.00, +1.00] (ahead; 3 of 3 seeds ahead)" in row
     assert "Not yet run: N=20 acl_embed, N=100 ce" in table
     assert sorted(p.name for p in tmp_path.iterdir()) == ["N20"]
 
