@@ -1,5 +1,6 @@
 """Layer-by-layer early-exit inference (early_exit.py), the acl-evaluate command and its reports."""
 
+import csv
 import json
 import os
 import shutil
@@ -277,7 +278,7 @@ def test_evaluate_writes_json_with_every_field(evaluated):
 def test_evaluate_reports_flops_per_setting_beside_the_layer_speedup(evaluated):
     root, stdout = evaluated
     result = json.load(open(root / "out" / "early_exit.json"))
-    assert "2 FLOPs per multiply-add" in result["flops"]["convention"] and "FLOPs per example" in stdout
+    assert "2 FLOPs per multiply-add" in result["flops"]["convention"]
     never, always = result["settings"][0], result["settings"][2]  # entropy 0.0 (all layers) and 1.0 (layer 1)
     # all layers plus the two shallow heads that ran to decide: a hair more than the baseline
     assert never["flops_speedup"] < 1.0 < never["flops_speedup"] + 0.01
@@ -285,6 +286,17 @@ def test_evaluate_reports_flops_per_setting_beside_the_layer_speedup(evaluated):
     assert 2.9 < always["flops_speedup"] < 3.0 == always["layer_speedup"]
     for s in result["settings"]:
         assert s["flops_per_example"] * s["flops_speedup"] == pytest.approx(result["flops"]["full_per_example"])
+    header = next(line for line in stdout.splitlines() if "layer_speedup" in line).split()
+    assert header[header.index("saved_fraction") + 1: header.index("saved_fraction") + 3] == ["flops", "flops_x"]
+    assert "flops per example: 2 FLOPs per multiply-add" in stdout
+    # the static exits: the model cut at an exit, one head; the last exit is the baseline
+    first, last = result["per_exit"][0], result["per_exit"][-1]
+    assert last["flops_per_example"] == pytest.approx(result["flops"]["full_per_example"])
+    assert last["flops_speedup"] == pytest.approx(1.0) and 2.9 < first["flops_speedup"] < 3.0
+    assert first["flops_speedup"] == pytest.approx(always["flops_speedup"])  # every example leaves at exit 1
+    csv_rows = list(csv.DictReader(open(root / "out" / "early_exit.csv")))
+    assert [float(r["flops_speedup"]) for r in csv_rows] == pytest.approx(
+        [e["flops_speedup"] for e in result["per_exit"]] + [s["flops_speedup"] for s in result["settings"]])
 
 
 def test_evaluate_writes_csv_png_tensorboard_and_predictions(evaluated):

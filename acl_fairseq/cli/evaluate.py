@@ -206,18 +206,6 @@ def add_flops(setting: Dict, idx: torch.Tensor, lengths: List[int], shape: flops
     setting["flops_speedup"] = flops.mean_full_flops(shape, lengths) / setting["flops_per_example"]
 
 
-def format_flops(result: Dict) -> str:
-    """The FLOPs of each setting beside its layer speed-up (report.format_table prints the rest)."""
-    cols = ("policy", "threshold", "layer_speedup", "flops_per_example", "flops_speedup")
-    body = [[s["policy"], f"{s['threshold']:g}", f"{s['layer_speedup']:.2f}", f"{s['flops_per_example']:.4g}",
-             f"{s['flops_speedup']:.2f}"] for s in result["settings"]]
-    widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c) for i, c in enumerate(cols)]
-    f = result["flops"]
-    return "\n".join([f"FLOPs per example ({f['convention']}); all layers: {f['full_per_example']:.4g}",
-                      "  ".join(c.rjust(w) for c, w in zip(cols, widths))]
-                     + ["  ".join(c.rjust(w) for c, w in zip(b, widths)) for b in body])
-
-
 # ---- GLUE test predictions ---------------------------------------------------------------------
 
 
@@ -315,7 +303,11 @@ def evaluate(args) -> Dict:
     if scored[2] is None:
         raise console.UsageError(f"--split {args.split} has no labels. Fix: score a labeled split, and predict "
                                  "this one with --test-split")
-    per_exit = [{"layer": layer, "metrics": score(scored[1][:, m], scored[2], ctx)} for m, layer in enumerate(layers)]
+    shape, lengths = model_shape(model, head_name), [int(dataset.num_tokens(int(i))) for i in scored[0]]
+    full = flops.mean_full_flops(shape, lengths)
+    per_exit = [{"layer": layer, "metrics": score(scored[1][:, m], scored[2], ctx),
+                 "flops_per_example": flops.mean_full_flops(shape, lengths, m),
+                 "flops_speedup": full / flops.mean_full_flops(shape, lengths, m)} for m, layer in enumerate(layers)]
     result = {
         "task": ctx["task_name"],
         "split": args.split,
@@ -329,11 +321,7 @@ def evaluate(args) -> Dict:
         "primary_metric": next(iter(per_exit[-1]["metrics"])),
         "per_exit": per_exit,
         "settings": run_sweep(model, dataset, scored, args, head_name, layers, ctx),
-        "flops": {
-            "convention": flops.CONVENTION,
-            "full_per_example": flops.mean_full_flops(
-                model_shape(model, head_name), [int(dataset.num_tokens(int(i))) for i in scored[0]]),
-        },
+        "flops": {"convention": flops.CONVENTION, "full_per_example": full},
         "timing": {
             "examples": min(args.timing_examples, n),
             "repeats": args.timing_repeats,
@@ -374,7 +362,6 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     if args.tensorboard_logdir:
         report.log_tensorboard(result, args.tensorboard_logdir)
     print(report.format_table(result))
-    print(format_flops(result))
     if args.calibrate is not None:  # after the outputs: an unmet budget still leaves the sweep to look at
         result["calibration"] = calibrate.apply(args, result)
         print(f"acl-evaluate: {calibrate.summary(result['calibration'])}", file=sys.stderr)

@@ -20,6 +20,7 @@ TIMING_FIELDS = [
     "wallclock_speedup_batched",
 ]
 LAYER_FIELDS = ["avg_exit_layer", "layer_speedup", "saved_fraction"]
+FLOPS_FIELDS = ["flops_per_example", "flops_speedup"]  # absent from results written before acl-evaluate counted them
 
 
 def metric_names(result: Dict) -> List[str]:
@@ -33,7 +34,8 @@ def rows(result: Dict) -> List[Dict]:
     out = []
     for e in result["per_exit"]:
         row = {"policy": "static", "threshold": e["layer"], **e["metrics"], "avg_exit_layer": e["layer"]}
-        row.update(layer_speedup=num_layers / e["layer"], saved_fraction=1 - e["layer"] / num_layers)
+        row.update(layer_speedup=num_layers / e["layer"], saved_fraction=1 - e["layer"] / num_layers,
+                   **{k: e.get(k) for k in FLOPS_FIELDS})
         out.append(row)
     for s in result["settings"]:
         out.append(
@@ -41,14 +43,14 @@ def rows(result: Dict) -> List[Dict]:
                 "policy": s["policy"],
                 "threshold": s["threshold"],
                 **s["metrics"],
-                **{k: s.get(k) for k in LAYER_FIELDS + TIMING_FIELDS},
+                **{k: s.get(k) for k in LAYER_FIELDS + FLOPS_FIELDS + TIMING_FIELDS},
             }
         )
     return out
 
 
 def columns(result: Dict) -> List[str]:
-    return ["policy", "threshold"] + metric_names(result) + LAYER_FIELDS + TIMING_FIELDS
+    return ["policy", "threshold"] + metric_names(result) + LAYER_FIELDS + FLOPS_FIELDS + TIMING_FIELDS
 
 
 def write_csv(result: Dict, path: str) -> None:
@@ -64,20 +66,22 @@ def _cell(value) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1e-2 and value != 0 else f"{value:.2f}"
+        return f"{value:.4g}" if (abs(value) < 1e-2 and value != 0) or abs(value) >= 1e6 else f"{value:.2f}"
     return str(value)
 
 
 def format_table(result: Dict) -> str:
     """A fixed-width text table of :func:`rows` with a one-line header naming task and split."""
     cols = columns(result)
-    short = [c.replace("latency_", "").replace("wallclock_speedup", "wall_x") for c in cols]
+    short = [c.replace("latency_", "").replace("wallclock_speedup", "wall_x").replace("flops_speedup", "flops_x")
+             .replace("flops_per_example", "flops") for c in cols]
     short = [c[:-2] if c.endswith("_s") else c for c in short]  # the unit is in the header line
     body = [[_cell(r.get(c)) for c in cols] for r in rows(result)]
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(short)]
     lines = [
         f"task {result.get('task')} / {result.get('split')}: {result['num_layers']} layers, "
         f"exits {result['exit_layers']}, {result.get('num_examples')} examples; latencies in s/example"
+        + (f"; flops per example: {result['flops']['convention']}" if "flops" in result else "")
     ]
     lines.append("  ".join(h.rjust(w) for h, w in zip(short, widths)))
     lines += ["  ".join(c.rjust(w) for c, w in zip(b, widths)) for b in body]
@@ -245,7 +249,8 @@ def log_tensorboard(result: Dict, logdir: str) -> None:
     step: Dict[str, int] = {}
     for s in result["settings"]:
         i = step[s["policy"]] = step.get(s["policy"], -1) + 1
-        scalars = {**s["metrics"], "threshold": s["threshold"], **{k: s.get(k) for k in LAYER_FIELDS + TIMING_FIELDS}}
+        fields = LAYER_FIELDS + FLOPS_FIELDS + TIMING_FIELDS
+        scalars = {**s["metrics"], "threshold": s["threshold"], **{k: s.get(k) for k in fields}}
         for name, value in scalars.items():
             if value is not None and math.isfinite(value):
                 writer.add_scalar(f"{s['policy']}/{name}", value, i)

@@ -47,9 +47,15 @@ def exit_flops(shape: Shape, seq_len: int, exit_index: int) -> int:
     return layers * layer_flops(seq_len, shape.dim, shape.ffn_dim) + (exit_index + 1) * head_flops(shape)
 
 
+def static_flops(shape: Shape, seq_len: int, exit_index: int = -1) -> int:
+    """The model cut at exit ``exit_index`` on one example: its layers, then that exit's head only. The final exit
+    (the default) is the baseline."""
+    return shape.exit_layers[exit_index] * layer_flops(seq_len, shape.dim, shape.ffn_dim) + head_flops(shape)
+
+
 def full_flops(shape: Shape, seq_len: int) -> int:
     """The baseline on one example: every layer up to the final exit, then that exit's head only."""
-    return shape.exit_layers[-1] * layer_flops(seq_len, shape.dim, shape.ffn_dim) + head_flops(shape)
+    return static_flops(shape, seq_len)
 
 
 def mean_flops(shape: Shape, seq_lens: Sequence[int], exit_indices: Sequence[int]) -> float:
@@ -59,6 +65,6 @@ def mean_flops(shape: Shape, seq_lens: Sequence[int], exit_indices: Sequence[int
     return sum(exit_flops(shape, t, m) for t, m in zip(seq_lens, exit_indices)) / len(seq_lens)
 
 
-def mean_full_flops(shape: Shape, seq_lens: Sequence[int]) -> float:
-    """The baseline's FLOPs per example over a split."""
-    return sum(full_flops(shape, t) for t in seq_lens) / len(seq_lens)
+def mean_full_flops(shape: Shape, seq_lens: Sequence[int], exit_index: int = -1) -> float:
+    """The baseline's FLOPs per example over a split; with ``exit_index``, the model cut at that exit's."""
+    return sum(static_flops(shape, t, exit_index) for t in seq_lens) / len(seq_lens)
