@@ -101,12 +101,26 @@ def sst2_dev(n: int):
     return [r[0] for r in rows], [r[1] for r in rows]
 
 
-def exported(hub, ckpt: str, folder: str) -> str:
-    """``folder`` holding the ONNX export (fp32 and int8) of ``ckpt``; exported again when the checkpoint changed."""
-    from acl_fairseq.hf import onnx_export
+def export_source(ckpt: str) -> Dict:
+    """What the cached export was made from: the checkpoint, and the exporter's own code (a change of the int8
+    scheme, dynamic to static, must export again; the checkpoint alone did not show it)."""
+    import hashlib
+
+    from acl_fairseq.hf import onnx_export, onnx_quantize
 
     st = os.stat(ckpt)
-    source = {"checkpoint": os.path.abspath(ckpt), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    code = hashlib.sha256(b"".join(open(m.__file__, "rb").read() for m in (onnx_export, onnx_quantize))).hexdigest()
+    return {"checkpoint": os.path.abspath(ckpt), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "schema": onnx_export.SCHEMA, "exporter_sha256": code}
+
+
+def exported(hub, ckpt: str, folder: str) -> str:
+    """``folder`` holding the ONNX export (fp32 and int8) of ``ckpt``; exported again when the checkpoint or the
+    exporter changed."""
+    from acl_fairseq.hf import onnx_export
+    from acl_fairseq.io import atomic
+
+    source = export_source(ckpt)
     stamp = os.path.join(folder, "source.json")
     if os.path.isfile(stamp) and R.load(folder, "source.json") == source:
         return folder
@@ -116,11 +130,7 @@ def exported(hub, ckpt: str, folder: str) -> str:
     tmp = tempfile.mkdtemp(prefix="onnx_", dir=parent)
     onnx_export.write_onnx(hub, tmp, quantize="int8")
     R.write_atomic(os.path.join(tmp, "source.json"), json.dumps(source))
-    if os.path.isdir(folder):
-        import shutil
-
-        shutil.rmtree(folder)
-    os.replace(tmp, folder)
+    atomic.replace_folder(tmp, folder)
     return folder
 
 

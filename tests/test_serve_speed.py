@@ -95,3 +95,27 @@ def test_an_existing_json_is_kept_without_force(tmp_path, capsys):
         serve_speed.main(["--toy", "--json", str(out)])
     assert e.value.code == 2 and "--force" in capsys.readouterr().err
     assert out.read_text() == "{}"
+
+
+def test_the_cached_export_is_made_again_when_the_exporter_changes(tmp_path, monkeypatch):
+    """The stamp holds the exporter's code, not only the checkpoint: a cached dynamic-int8 export was reused
+    after the exporter turned static."""
+    from acl_fairseq.hf import onnx_export
+
+    made = []
+
+    def write_onnx(hub, out, quantize):
+        made.append(out)
+        open(os.path.join(out, "model.onnx"), "w").write(str(len(made)))
+
+    monkeypatch.setattr(onnx_export, "write_onnx", write_onnx)
+    ckpt, folder = tmp_path / "checkpoint.pt", str(tmp_path / "serve" / "onnx")
+    ckpt.write_bytes(b"weights")
+    serve_speed.exported(None, str(ckpt), folder)
+    serve_speed.exported(None, str(ckpt), folder)
+    assert len(made) == 1  # the same checkpoint and exporter: the cache is used
+    stamp = json.load(open(os.path.join(folder, "source.json")))
+    monkeypatch.setattr(serve_speed, "export_source", lambda c: {**stamp, "exporter_sha256": "another exporter"})
+    serve_speed.exported(None, str(ckpt), folder)
+    assert len(made) == 2 and open(os.path.join(folder, "model.onnx")).read() == "2"
+    assert sorted(os.listdir(tmp_path / "serve")) == ["onnx"]  # no temporary or old folder left beside it
