@@ -28,6 +28,7 @@ from typing import Dict, List
 
 import torch
 
+import _records as R
 import common
 from acl_fairseq import exits
 from acl_fairseq.cli import console
@@ -63,8 +64,10 @@ def parse_args(argv=None):
                    help="torch.set_num_threads; 0 = torch's default. Default 1: on a CPU shared with other "
                    "jobs, idle OpenMP threads stall (steps 10-100x slower at random), which ruins ratios")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", help="write the rows here")
-    return p.parse_args(argv)
+    R.add_json_flags(p, "write the rows here")
+    args = p.parse_args(argv)
+    R.refuse_existing(p, args.json, args.force)
+    return args
 
 
 # ---- model and examples ------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing import Dict, List
 import torch
 
 import _glue_runs as G
+import _records as R
 import common
 import hf_loop
 import step_time
@@ -181,8 +182,9 @@ def main(argv=None) -> List[Dict]:
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="first print torch.profiler's N most expensive ops of one HF and one plugin sentence_ce step")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", help="write the rows here")
+    R.add_json_flags(p, "write the rows here")
     args = p.parse_args(argv)
+    R.refuse_existing(p, args.json, args.force)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():

@@ -25,6 +25,8 @@ from typing import Dict, List
 
 import numpy as np
 
+import _records as R
+
 SCHEMES = {  # name -> (static?, activation type, reduce_range, per-channel weights)
     "dynamic u8/s8": (False, "QUInt8", False, False),
     "dynamic u8/s8 reduce_range": (False, "QUInt8", True, False),
@@ -191,7 +193,7 @@ def main(argv=None) -> None:
     p.add_argument("--folder", required=True, help="an OUT/onnx folder written by acl-export --format onnx")
     p.add_argument("--rows", type=int, default=32, help="random token rows run through every scheme")
     p.add_argument("--cpu", default="EPYC-Rome", help="qemu CPU model of the second machine kind (AVX2, no VNNI)")
-    p.add_argument("--json", help="write the table here")
+    R.add_json_flags(p, "write the table here")
     p.add_argument("--child", help=argparse.SUPPRESS)  # internal: run one chain (under qemu) and save its logits
     p.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
@@ -203,6 +205,7 @@ def main(argv=None) -> None:
         np.save(os.path.join(args.child, "logits.npy"),
                 run_rows(args.folder, rows, args.batch, args.precision, args.layer_dir))
         return
+    R.refuse_existing(p, args.json, args.force)
     if shutil.which("qemu-x86_64") is None:
         sys.exit("int8_portability: qemu-x86_64 not found; install Debian's qemu-user (apt-get install qemu-user)")
     rows = token_rows(args.folder, args.rows)
@@ -211,10 +214,7 @@ def main(argv=None) -> None:
     if args.json:
         record = {"folder": os.path.basename(os.path.normpath(args.folder)), "rows": len(rows), "cpu": args.cpu,
                   "fp32_logit_scale": float(np.abs(run_rows(args.folder, rows, 1)).max()), "schemes": table}
-        tmp = args.json + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=1)
-        os.replace(tmp, args.json)
+        R.write_atomic(args.json, json.dumps(record, indent=1))
         print(f"wrote {args.json}")
 
 

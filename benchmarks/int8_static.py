@@ -256,13 +256,11 @@ def parse_args(argv=None):
                    "the S8S8 schemes take minutes a row there)")
     p.add_argument("--cpu", default="EPYC-Rome", help="qemu CPU model: AVX2 without AVX-512 or VNNI")
     p.add_argument("--repeats", type=int, default=5, help="interleaved speed rounds (0: skip the speed part)")
-    p.add_argument("--json", help="write the setup, rows and targets here")
-    p.add_argument("--force", action="store_true", help="replace an existing --json")
+    R.add_json_flags(p, "write the setup, rows and targets here")
     args = p.parse_args(argv)
     if args.checkpoint and not args.data:
         p.error("--checkpoint needs --data (the folder the model was trained on)")
-    if args.json and os.path.exists(args.json) and not args.force:
-        p.error(f"{args.json} exists: pass --force to replace it")
+    R.refuse_existing(p, args.json, args.force)
     return args
 
 

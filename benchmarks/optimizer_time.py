@@ -13,6 +13,7 @@ import time
 
 import torch
 
+import _records as R
 import common
 
 KW = dict(lr=1e-5, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.1)
@@ -23,8 +24,9 @@ def main(argv=None):
     p.add_argument("--model", choices=sorted(common.MODEL_SIZES), default="minilm")
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: torch's default)")
-    p.add_argument("--json", help="write the rows here")
+    R.add_json_flags(p, "write the rows here")
     args = p.parse_args(argv)
+    R.refuse_existing(p, args.json, args.force)
     if args.threads:
         torch.set_num_threads(args.threads)
     from fairseq.optim.adam import Adam

@@ -23,6 +23,7 @@ from typing import Dict, List
 import torch
 
 import _glue_runs as G
+import _records as R
 import common
 import quality
 from acl_fairseq import exits
@@ -105,8 +106,9 @@ def main(argv=None) -> List[Dict]:
     p.add_argument("--input", help="sentences, one per line, instead of SST-2 dev")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: torch's default)")
-    p.add_argument("--json", help="write the rows here")
+    R.add_json_flags(p, "write the rows here")
     args = p.parse_args(argv)
+    R.refuse_existing(p, args.json, args.force)
     args.threshold = console.check_threshold(p, args.policy, args.threshold)
     if args.checkpoint and not args.data:
         p.error("--checkpoint needs --data (the folder the model was trained on)")

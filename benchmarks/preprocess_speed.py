@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 
+import _records as R
 from acl_fairseq.preprocessing.gpt2_files import GPT2_FILES, write_local_gpt2_bpe
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -109,7 +110,7 @@ def identical(a, b):
     return {rel: read(a, rel) == read(b, rel) for rel in COMPARED}
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
         "--glue-dir",
@@ -123,8 +124,9 @@ def main():
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="workers for both pipelines")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--work-dir", help="scratch folder (default: a temporary one, removed afterwards)")
-    p.add_argument("--json", help="write the results here")
-    args = p.parse_args()
+    R.add_json_flags(p, "write the results here")
+    args = p.parse_args(argv)
+    R.refuse_existing(p, args.json, args.force)
 
     work = args.work_dir or tempfile.mkdtemp(prefix="preprocess_bench_")
     os.makedirs(work, exist_ok=True)
@@ -169,9 +171,7 @@ def main():
           f"{result['cpu_ratio_fairseq_over_ours']}x cpu; "
           f"outputs identical: {result['outputs_identical']}; load average {result['load_average_1min']:.1f}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
+        R.write_atomic(args.json, json.dumps(result, indent=1) + "\n")
     return 0 if result["outputs_identical"] else 1
 
 

@@ -304,8 +304,7 @@ def parse_args(argv=None):
                     "not replace the real ones")
     args.json = args.json or os.path.join(results, "serve_load.json")
     args.plot = args.plot or os.path.splitext(args.json)[0] + ".png"
-    if os.path.exists(args.json) and not args.force:
-        p.error(f"{args.json} exists: pass --force to replace it")
+    R.refuse_existing(p, args.json, args.force)
     if args.checkpoint and not args.data:
         p.error("--checkpoint needs --data (the folder the model was trained on)")
     if min(args.workers) < 1 or args.max_batch < 1 or args.requests < 1 or min(args.rates) <= 0:

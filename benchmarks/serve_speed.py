@@ -324,8 +324,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1, help="threads of every engine, torch and ORT alike")
     p.add_argument("--no-rss", action="store_true", help="skip the peak-memory processes")
     p.add_argument("--toy", action="store_true", help="a tiny model on generated data (tests); needs its own --json")
-    p.add_argument("--json", help="write the setup, rows and targets here")
-    p.add_argument("--force", action="store_true", help="replace an existing --json")
+    R.add_json_flags(p, "write the setup, rows and targets here")
     args = p.parse_args(argv)
     args.threshold_source = "--threshold" if args.threshold is not None else "policy default"
     args.threshold = console.check_threshold(p, args.policy, args.threshold)
@@ -336,8 +335,7 @@ def parse_args(argv=None):
     results = os.path.abspath(os.path.join(G.REPO, "benchmarks", "results"))
     if args.toy and (not args.json or os.path.abspath(args.json).startswith(results + os.sep)):
         p.error("--toy needs its own --json outside benchmarks/results: its numbers must not sit beside the real ones")
-    if args.json and os.path.exists(args.json) and not args.force:
-        p.error(f"{args.json} exists: pass --force to replace it")
+    R.refuse_existing(p, args.json, args.force)
     return args
 
 

@@ -28,6 +28,7 @@ from typing import Dict, List
 
 import torch
 
+import _records as R
 import common
 
 # (criterion, scope, kind, extra flags); scope None = ungated, "off" = --no-acl-grad
@@ -72,8 +73,10 @@ def parse_args(argv=None):
                    help="torch.set_num_threads; 0 = torch's default. Default 1: on a CPU shared with other "
                    "jobs, idle OpenMP threads stall (steps 10-100x slower at random), which ruins ratios")
     p.add_argument("--seed", type=int, default=0, help="order shuffling and data")
-    p.add_argument("--json", help="write the rows here")
-    return p.parse_args(argv)
+    R.add_json_flags(p, "write the rows here")
+    args = p.parse_args(argv)
+    R.refuse_existing(p, args.json, args.force)
+    return args
 
 
 def selected_variants(args) -> List[tuple]:
