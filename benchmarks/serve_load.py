@@ -39,9 +39,8 @@ within ``--atol``); no request lost or answered twice (each answer carries its r
 several workers the supervisor's; also each layer's batch fill during saturation (/metrics).
 
 The full run (8 configurations, 872 sentences) takes about 15 minutes on 2 quiet cores (``wall_s`` per
-configuration in the JSON). Pass ``--export`` first when acl-export's int8 scheme changed since WORK/serve_speed/onnx
-was written: the cached copy is exported again for a changed checkpoint only (a note names a dynamic,
-batch-dependent int8 copy).
+configuration in the JSON). The cached WORK/serve_speed/onnx is exported again when the checkpoint or the exporter's
+code changed (serve_speed.export_source), or with ``--export`` (a note names a dynamic, batch-dependent int8 copy).
 """
 import argparse
 import json
@@ -287,8 +286,8 @@ def parse_args(argv=None):
     p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="model cache (%(default)s)")
     p.add_argument("--hf-dir", help="HF BERT folder to train from (default: the packaged MiniLM)")
     p.add_argument("--updates", type=int, default=300, help="updates of the cached training run")
-    p.add_argument("--export", action="store_true", help="export the model again (fp32 and int8) even if the "
-                   "checkpoint has not changed: after a change of acl-export, its int8 scheme say")
+    p.add_argument("--export", action="store_true", help="export the model again (fp32 and int8) even if "
+                   "neither the checkpoint nor the exporter's code has changed")
     p.add_argument("--json", help="default: benchmarks/results/serve_load.json (--quick, --toy: required)")
     p.add_argument("--plot", help="default: the --json path with .png")
     p.add_argument("--force", action="store_true", help="replace an existing --json")
@@ -321,13 +320,11 @@ def parse_args(argv=None):
 
 def model_and_sentences(args):
     """(ONNX folder with its int8 copy, sentences): serve_speed.py's model and data, exported again when the
-    checkpoint changed or with ``--export`` (the hub, and torch, load only then)."""
+    checkpoint or the exporter changed, or with ``--export`` (the hub loads only then)."""
     import serve_speed
 
     ckpt, data, sentences, _, folder = serve_speed.load(args)
-    st = os.stat(ckpt)
-    stamp = {"checkpoint": os.path.abspath(ckpt), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    if args.export or R.load(folder, "source.json") != stamp:
+    if args.export or R.load(folder, "source.json") != serve_speed.export_source(ckpt):
         from acl_fairseq.inference import hub as hub_mod
 
         if args.export and os.path.isfile(os.path.join(folder, "source.json")):
