@@ -19,25 +19,26 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.8",
-    # the plugin and its subpackages only (acl_fairseq.preprocessing: GLUE preprocessing, also read by
-    # acl-predict --task; never imported by the --user-dir package itself)
-    packages=find_packages(include=["acl_fairseq", "acl_fairseq.*"]),
+    # the torch-free runtime (acl_runtime: acl-predict on OUT/onnx, acl-serve) and the plugin that imports it
+    packages=find_packages(include=["acl_runtime", "acl_runtime.*", "acl_fairseq", "acl_fairseq.*"]),
     # the GLUE task table (recipes/glue/hparams.tsv; in the package a link, which the wheel holds as a copy)
-    package_data={"acl_fairseq.preprocessing": ["glue_tasks.tsv"]},
+    package_data={"acl_runtime": ["glue_tasks.tsv"]},
     install_requires=["numpy", "sentencepiece", "tensorboardX", "tokenizers"],
     extras_require={"serve": SERVE_REQUIRES},
     entry_points={
         "console_scripts": [
             "acl-evaluate=acl_fairseq.cli.evaluate:cli_main",
-            "acl-predict=acl_fairseq.cli.predict:cli_main",
-            "acl-serve=acl_fairseq.serve.cli:cli_main",
+            "acl-predict=acl_runtime.predict:cli_main",
+            "acl-serve=acl_runtime.serve.cli:cli_main",
             "acl-convert-hf=acl_fairseq.hf.convert:cli_main",
             "acl-export=acl_fairseq.hf.export:cli_main",
             "acl-preprocess=acl_fairseq.preprocessing.glue:cli_main",
             "acl-help=acl_fairseq.cli.help:cli_main",
             "acl-tune=acl_fairseq.cli.tune:cli_main",
             "acl-fairseq-help=acl_fairseq.cli.help:cli_main",  # deprecated spelling of acl-help, kept working
-        ]
+        ],
+        # how acl-predict (acl_runtime, torch-free) reaches a fairseq checkpoint without importing the plugin
+        "acl_runtime.checkpoint_reader": ["fairseq=acl_fairseq.inference.checkpoint_reader"],
     },
     license="MIT",
 )

@@ -2,7 +2,7 @@
 
 fairseq's own ``--bpe bert`` needs ``transformers`` (a test-only dependency here), downloads a vocab
 unless given an absolute ``--bpe-vocab-file``, and is not the tokenizer the data was binarized with.
-This one is :func:`acl_fairseq.tokenization.build` (the implementation preprocessing uses), and its vocab
+This one is :func:`acl_runtime.tokenization.build` (the implementation preprocessing uses), and its vocab
 is a name relative to the task's data folder (``data`` defaults to ``${task.data}``; fairseq's hub
 ``from_pretrained`` sets it to the model folder), so a converted checkpoint's folder can move::
 
@@ -12,10 +12,14 @@ import os
 from dataclasses import dataclass, field
 
 from fairseq.data.encoders import register_bpe
+from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
 from fairseq.dataclass import FairseqDataclass
 from omegaconf import II
 
-from acl_fairseq import tokenization
+from acl_runtime import tokenization
+
+# what a "gpt2" tokenizer record runs (the torch-free runtime holds no fairseq code)
+tokenization.TRAINING_STACK["gpt2"] = lambda paths: get_encoder(paths["encoder_json"], paths["vocab_bpe"])
 
 
 @dataclass

@@ -20,7 +20,7 @@ plugin task's check of ``--restore-file`` and a resumed ``checkpoint_last.pt``, 
 The data dictionary a checkpoint was trained with. fairseq reads a binarized folder with any dictionary of
 the right size, so data binarized with another ``dict.txt`` (the same words in another order) is scored
 silently, every token reading another word's embedding. Training records
-:func:`acl_fairseq.conventions.dictionary_sha256` of ``DATA/input0/dict.txt`` in the model's arguments as
+:func:`acl_runtime.conventions.dictionary_sha256` of ``DATA/input0/dict.txt`` in the model's arguments as
 ``data_dictionary_sha256``, so every checkpoint of the run carries it: the plugin task records it for any
 architecture, ``multi_exit_roberta``'s build for any task (a plain ``roberta`` under the stock
 ``sentence_prediction`` task records nothing). :func:`check_dictionary` compares it with the data folder a
@@ -40,7 +40,7 @@ import zipfile
 
 import torch
 
-from acl_fairseq import conventions
+from acl_runtime import conventions
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ its peak resident memory as JSON.
     python benchmarks/_serve_child.py ort --folder OUT/onnx --precision int8 --input FILE [--policy P --threshold T]
     python benchmarks/_serve_child.py torch --checkpoint CKPT --data DATA --input FILE [...]
 
-``ort`` imports only :mod:`acl_fairseq.runtime` (onnxruntime, numpy, tokenizers); torch and fairseq are made
+``ort`` imports only :mod:`acl_runtime` (onnxruntime, numpy, tokenizers); torch and fairseq are made
 unimportable first (this venv has them, and ``import acl_fairseq`` would load them to register the plugin), so
 its peak is what a deployment without them costs; ``torch`` loads the same model through the hub (torch and
 fairseq). The peak is this process's resident high-water mark after the whole file is classified: ``VmHWM`` of
@@ -35,7 +35,7 @@ class _Block:
 
 def classify_ort(args):
     sys.meta_path.insert(0, _Block())
-    from acl_fairseq.runtime import Engine
+    from acl_runtime.engine import Engine
 
     engine = Engine(args.folder, precision=args.precision, threads=args.threads)
     return engine.predict_early_exit(args.sentences, policy=args.policy, threshold=args.threshold,

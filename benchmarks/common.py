@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from acl_fairseq.cli import console
+from acl_runtime import console
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(REPO, "acl_fairseq")
@@ -76,7 +76,7 @@ def train_argv(data: str, criterion: str, arch: str, model: str, seq_len: int, n
                batch: int, device: str, extra: Sequence[str] = (), record: Optional[dict] = None) -> List[str]:
     """fairseq-train's arguments; ``record``: a converted encoder's conventions (its input layout), None for
     RoBERTa's."""
-    from acl_fairseq import conventions
+    from acl_runtime import conventions
 
     layout_flags = conventions.input_layout(record).fairseq_flags()
     argv = [
@@ -302,7 +302,7 @@ def print_noted_table(rows: List[Dict], columns: Sequence[str], formats: Dict[st
 
 def report(rows: List[Dict], columns: Sequence[str], formats: Dict[str, str], json_path: Optional[str]) -> None:
     """The benchmarks' common ending: the optional note, the table, and the rows as JSON (written atomically)."""
-    from acl_fairseq.io import atomic
+    from acl_runtime.io import atomic
 
     print_noted_table(rows, columns, formats)
     if json_path:

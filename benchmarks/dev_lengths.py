@@ -22,9 +22,9 @@ from typing import Dict, Optional
 
 import _glue_runs as G
 import _records as R
-from acl_fairseq import tokenization
 from acl_fairseq.cli import report
 from acl_fairseq.inference import flops
+from acl_runtime import tokenization
 
 RECORD = os.path.join(G.REPO, "benchmarks", "results", "dev_lengths.json")
 TEXT_COLUMN = {"SST-2": (True, 0), "CoLA": (False, 3)}  # (has a header, column of the sentence)

@@ -30,8 +30,7 @@ import torch
 
 import _records as R
 import common
-from acl_fairseq import exits
-from acl_fairseq.cli import console
+from acl_runtime import console, exits
 
 HEAD = "sentence_classification_head"
 # the printed table: its columns, and the format of each numeric one

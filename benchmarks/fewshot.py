@@ -34,7 +34,7 @@ import _glue_runs as G
 import _paired as PD
 import _records as R
 from acl_fairseq.cli.report import mean_std  # noqa: E402
-from acl_fairseq.cli.tables import read_tsv  # noqa: E402
+from acl_runtime.tables import read_tsv  # noqa: E402
 
 TASK = "SST-2"
 METHODS = ["ce", "scl", "acl_embed", "acl_grad"]

@@ -68,7 +68,7 @@ def portable_args(argv: List[str], roots: Dict[str, str]) -> List[str]:
 
 def train_argv(data: str, save_dir: str, run: str, seed: int, epochs: int, updates: int, enc) -> List[str]:
     """fairseq-train's arguments for one run: the recipe driver's RTE schedule for the converted MiniLM."""
-    from acl_fairseq import conventions
+    from acl_runtime import conventions
 
     if enc is None:  # --toy: a tiny random encoder
         model = [*TOY_MODEL, "--exit-layers", "2", "--exit-pooling", "cls"]

@@ -37,7 +37,7 @@ import _records as R
 from acl_fairseq import glue_metrics
 from acl_fairseq.cli import plan
 from acl_fairseq.heads import POOLING_MODES, head_forward, pool_states
-from acl_fairseq.preprocessing.glue_tasks import TASKS, TaskSpec, get_task, read_split
+from acl_runtime.glue_tasks import TASKS, TaskSpec, get_task, read_split
 
 Text = Union[str, Tuple[str, str]]
 # fairseq's sentence_prediction orders examples by a seeded permutation only (SortDataset(sort_order=[shuffle])), so
@@ -77,7 +77,7 @@ class HFConfig:
                                          "type 1 as its difference from type 0 (the same forward; Adam sees other "
                                          "parameters)")
     pair_format: str = _opt("single", "single: [CLS] A [SEP] B [SEP]; double: [CLS] A [SEP] [SEP] B [SEP] "
-                                      "(acl_fairseq.conventions.input_layout)", choices=["single", "double"])
+                                      "(acl_runtime.conventions.input_layout)", choices=["single", "double"])
     truncation: str = _opt("longest_first", "longest_first: HF's, trims the longer text; tail: cut the end of the "
                                             "joined sequence (fairseq's TruncateDataset)",
                            choices=["longest_first", "tail"])

@@ -87,7 +87,7 @@ def variant_encoder(enc: G.Encoder, args) -> G.Encoder:
         return enc
     import torch
 
-    from acl_fairseq import conventions
+    from acl_runtime import conventions
 
     out = enc.dir + "_" + "_".join(p for p in (args.pair_format if args.pair_format != "single" else "",
                                                "no_segment" if args.no_segment else "") if p)

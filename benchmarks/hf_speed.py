@@ -29,8 +29,8 @@ import _records as R
 import common
 import hf_loop
 import step_time
-from acl_fairseq import conventions
 from acl_fairseq.heads import POOLING_MODES
+from acl_runtime import conventions
 
 # (criterion, scope, exits, extra flags)
 PLUGIN = [

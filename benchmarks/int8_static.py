@@ -134,8 +134,7 @@ def build_schemes(hub, folder: str, work: str, wanted: List[str]) -> Dict[str, s
 def engine(folder: str, layer_dir: str = None, precision: str = "fp32"):
     """``runtime.Engine`` on ``folder``, its layer sessions taken from ``layer_dir`` when given."""
     from acl_fairseq.hf.onnx_quantize import _session
-    from acl_fairseq.runtime import Engine
-    from acl_fairseq.runtime.engine import OrtBackend
+    from acl_runtime.engine import Engine, OrtBackend
 
     eng = Engine(folder, precision, threads=1)
     if layer_dir is not None:
@@ -271,8 +270,8 @@ def main(argv=None) -> Dict:
     import predict_speed
     import serve_speed
     from acl_fairseq.hf import onnx_quantize as Q
-    from acl_fairseq.inference import calibration
     from acl_fairseq.inference import hub as hub_mod
+    from acl_runtime import calibration
 
     torch.set_num_threads(1)
     ckpt, data = predict_speed.trained_checkpoint(args)

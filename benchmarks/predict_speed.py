@@ -26,8 +26,7 @@ import _glue_runs as G
 import _records as R
 import common
 import quality
-from acl_fairseq import exits
-from acl_fairseq.cli import console
+from acl_runtime import console, exits
 
 TASK = "SST-2"
 

@@ -54,7 +54,7 @@ from _quality_tables import (
     training_minutes,
 )
 from acl_fairseq.cli import plan as P
-from acl_fairseq.cli.tables import read_tsv
+from acl_runtime.tables import read_tsv
 
 SINGLE = ["ce", "scl", "acl_embed", "acl_grad"]
 # multi-exit: the CE baseline, the paper's method, self-distillation (a teacher exit without the contrastive form)

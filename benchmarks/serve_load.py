@@ -57,9 +57,8 @@ import _load_server as S
 import _load_stats as T
 import _records as R
 import common
-from acl_fairseq import exits
-from acl_fairseq.cli import console
-from acl_fairseq.io import atomic
+from acl_runtime import console, exits
+from acl_runtime.io import atomic
 
 MODEL = "acl"
 RATES = (0.25, 0.5, 0.75, 1.0, 1.25)
@@ -89,7 +88,7 @@ class Reference:
     one measurement of each."""
 
     def __init__(self, folder: str, precision: str, sentences: List[str], args):
-        from acl_fairseq.runtime import Engine
+        from acl_runtime.engine import Engine
 
         self.engine = Engine(folder, precision, threads=1)
         self.ids = [self.engine.encode_with_info(s)[0] for s in sentences]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Serving speed of one trained multi-exit model on three engines: the torch engine (the hub), ONNX Runtime fp32 and
-ONNX Runtime int8 (the exported ``OUT/onnx`` folder, :mod:`acl_fairseq.runtime`), each with all layers and with
+ONNX Runtime int8 (the exported ``OUT/onnx`` folder, :mod:`acl_runtime`), each with all layers and with
 early exit, on SST-2 dev.
 
     python benchmarks/serve_speed.py [--checkpoint CKPT --data DATA_BIN] [--threshold T] [--repeats 5]
@@ -44,8 +44,7 @@ import _glue_runs as G
 import _records as R
 import _serve_child
 import common
-from acl_fairseq import exits
-from acl_fairseq.cli import console
+from acl_runtime import console, exits
 
 ENGINES = ("torch", "ort-fp32", "ort-int8")
 MODES = ("all", "exit")  # all layers, early exit
@@ -64,7 +63,7 @@ TOY_MODEL = [*common.size_args("tiny", 64), "--dropout", "0.0", "--attention-dro
 
 def toy_model(work: str):
     """(checkpoint, data, sentences, gold labels): a tiny multi-exit model trained in seconds on the toy task."""
-    from acl_fairseq import conventions
+    from acl_runtime import conventions
 
     root = os.path.join(work, "serve_speed_toy")
     data, save = os.path.join(root, "data"), os.path.join(root, "ckpt")
@@ -118,7 +117,7 @@ def exported(hub, ckpt: str, folder: str) -> str:
     """``folder`` holding the ONNX export (fp32 and int8) of ``ckpt``; exported again when the checkpoint or the
     exporter changed."""
     from acl_fairseq.hf import onnx_export
-    from acl_fairseq.io import atomic
+    from acl_runtime.io import atomic
 
     source = export_source(ckpt)
     stamp = os.path.join(folder, "source.json")
@@ -161,7 +160,7 @@ def numpy_out(out):
 
 
 def make_systems(hub, folder: str, policy: str, threshold: float, threads: int) -> List[System]:
-    from acl_fairseq.runtime import Engine
+    from acl_runtime.engine import Engine
 
     runners = {"torch": hub, "ort-fp32": Engine(folder, "fp32", threads), "ort-int8": Engine(folder, "int8", threads)}
     return [System(e, m, runners[e], policy, threshold) for e in ENGINES for m in MODES]

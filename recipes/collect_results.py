@@ -20,7 +20,7 @@ from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
 from acl_fairseq.cli.report import mean_std
-from acl_fairseq.cli.tables import read_tsv
+from acl_runtime.tables import read_tsv
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HPARAMS = os.path.join(HERE, "glue", "hparams.tsv")

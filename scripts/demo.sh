@@ -20,7 +20,7 @@ python "$ROOT/scripts/toy_data.py" "$OUT/data" --n-train 4000 --n-valid 500 > "$
   || { cat "$OUT.preprocess.log"; exit 1; }
 mv "$OUT.preprocess.log" "$OUT/preprocess.log"
 
-# the task flags of RoBERTa's input layout, from the one place that decides it (acl_fairseq/conventions.py)
+# the task flags of RoBERTa's input layout, from the one place that decides it (acl_runtime/conventions.py)
 read -r -a layout_flags <<<"$(PYTHONPATH="$ROOT" python -S -m acl_fairseq.cli.recipe flags)"
 echo "[demo] training: multi_exit_roberta (4 layers, dim 64), criterion $CRITERION, $MAX_EPOCH epochs on CPU"
 fairseq-train "$OUT/data" --user-dir "$ROOT/acl_fairseq" \

@@ -11,7 +11,7 @@ folder on their path). Demo and test code, so not part of the plugin package.
 
 Writes fairseq's raw layout (``{split}.input0``, optional ``{split}.input1``, ``{split}.label``) and
 binarizes it with fairseq's own ``fairseq-preprocess`` into ``input0/``, ``input1/`` and ``label/``, with a
-``stats.json`` whose ``"tokenizer"`` record (:mod:`acl_fairseq.tokenization`, kind ``whitespace``) says how
+``stats.json`` whose ``"tokenizer"`` record (:mod:`acl_runtime.tokenization`, kind ``whitespace``) says how
 raw text becomes these tokens, as ``preprocess/glue.py`` writes for GLUE.
 """
 import json
@@ -125,7 +125,7 @@ def binarize(raw_dir: str, out_dir: str, splits: Sequence[str], regression: bool
 
 def write_stats(out_dir: str) -> None:
     """``out_dir/stats.json`` with the tokenizer record: the text is already split on spaces."""
-    from acl_fairseq.tokenization import make_record
+    from acl_runtime.tokenization import make_record
 
     with open(os.path.join(out_dir, "stats.json"), "w", encoding="utf-8") as f:
         json.dump({"tokenizer": make_record("whitespace", {})}, f, indent=1)

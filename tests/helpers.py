@@ -61,9 +61,9 @@ def train_args(
 
     ``--required-batch-size-multiple 1``: fairseq otherwise drops a last validation batch whose size
     is not a multiple of 8 under the stock task. The task flags of the input layout are RoBERTa's
-    (:func:`acl_fairseq.conventions.input_layout`).
+    (:func:`acl_runtime.conventions.input_layout`).
     """
-    from acl_fairseq import conventions
+    from acl_runtime import conventions
 
     return [
         data,

@@ -2,7 +2,7 @@
 few-shot (fewshot.tsv) and converted-encoder (converted.tsv) runs as the benchmarks configure them, the
 settings' variants, resuming, and the refusals. Exit status, stdout and stderr, machine paths replaced by
 placeholders (<TMP>, <REPO>, <PYTHON>, <BIN>), and the separator flag by <SEPARATOR_FLAG> (only
-acl_fairseq/conventions.py may spell it: tests/test_input_layout.py).
+acl_runtime/conventions.py may spell it: tests/test_input_layout.py).
 
     python tests/recipe_dry_runs.py > tests/data/recipe_dry_runs.txt   # regenerate the fixture
 
@@ -23,8 +23,8 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, REPO)
 
-from acl_fairseq.cli.tables import read_tsv  # noqa: E402
-from acl_fairseq.conventions import SEPARATOR_FLAG  # noqa: E402
+from acl_runtime.conventions import SEPARATOR_FLAG  # noqa: E402
+from acl_runtime.tables import read_tsv  # noqa: E402
 from recipe_helpers import GLUE, fake_data, recipe_env  # noqa: E402
 
 FIXTURE = os.path.join(HERE, "data", "recipe_dry_runs.txt")

@@ -26,7 +26,7 @@ def exported(predict_run, tmp_path_factory):
 
 def _export(predict_run, tmp_path_factory):
     from acl_fairseq.hf import export
-    from acl_fairseq.runtime.engine import Engine
+    from acl_runtime.engine import Engine
 
     _, data, ckpt = predict_run
     out = tmp_path_factory.mktemp("serve") / "out"
@@ -50,7 +50,7 @@ def serving(folder: str, **settings):
     """acl-serve's app on uvicorn in a thread of this process: (base URL, Service)."""
     import uvicorn
 
-    from acl_fairseq.serve.app import Service, Settings, build_app
+    from acl_runtime.serve.app import Service, Settings, build_app
 
     service = Service(Settings(folder, **settings))
     sock = socket.socket()

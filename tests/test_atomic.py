@@ -1,4 +1,4 @@
-"""acl_fairseq.io.atomic, the one home of atomic files and folders, and acl-export's use of it (issue 40,
+"""acl_runtime.io.atomic, the one home of atomic files and folders, and acl-export's use of it (issue 40,
 cases 4 and 5): a fault injected between every two steps of a replace (standing for a signal at that instant)
 leaves the old folder or the new one whole, never neither; temporaries of killed runs are removed by the next
 run, and a live run's are kept."""
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from acl_fairseq.hf import export
-from acl_fairseq.io import atomic
+from acl_runtime.io import atomic
 
 
 class Fault(Exception):

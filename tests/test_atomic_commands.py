@@ -1,4 +1,4 @@
-"""Every command writes through acl_fairseq.io.atomic (issue 40, section 3), here the last writers that did not:
+"""Every command writes through acl_runtime.io.atomic (issue 40, section 3), here the last writers that did not:
 acl-preprocess's GPT-2 BPE downloads and local BPE files, and acl-convert-hf's folder. A failure or a signal while
 writing leaves the previous file or none, never half of one, and what a killed run left is removed by the next. And
 acl-convert-hf refuses an OUT_DIR it cannot write, or a class count below 1, in one line before converting."""
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from acl_fairseq.hf import convert as convert_hf
-from acl_fairseq.io import atomic
 from acl_fairseq.preprocessing import gpt2_files
+from acl_runtime.io import atomic
 from tiny_hf import write_bert
 
 

@@ -1,4 +1,4 @@
-"""Thresholds calibrated to a budget: the choice (acl_fairseq.inference.calibration), ``acl-evaluate --calibrate`` and
+"""Thresholds calibrated to a budget: the choice (acl_runtime.calibration), ``acl-evaluate --calibrate`` and
 ``exit_policy.json`` applied by default in acl-predict, the hub, acl-export and the ONNX runtime."""
 import argparse
 import json
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import helpers
-from acl_fairseq import exits
-from acl_fairseq.cli import evaluate, predict
-from acl_fairseq.inference import calibration, hub
-from acl_fairseq.inference.calibration import Budget
+from acl_fairseq.cli import evaluate
+from acl_fairseq.inference import hub
+from acl_runtime import calibration, exits, predict
+from acl_runtime.calibration import Budget
 from test_models import HEAD, one_thread  # noqa: F401  (autouse fixture, per module)
 
 # ---- the choice on synthetic per-exit logits, through the offline policy code acl-evaluate runs ----------
@@ -358,7 +358,7 @@ def test_a_record_for_another_checkpoint_is_named_and_not_used(calibrated, tmp_p
 
 
 def test_acl_export_records_the_calibrated_policy_and_the_runtime_applies_it(calibrated, model, tmp_path, capsys):
-    from acl_fairseq import runtime
+    import acl_runtime as runtime
     from acl_fairseq.hf import export, hf_folder
 
     out = tmp_path / "out"

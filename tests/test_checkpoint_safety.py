@@ -10,10 +10,11 @@ import pytest
 import torch
 
 import helpers
-from acl_fairseq import checkpoint_safety, conventions
-from acl_fairseq.cli import evaluate, predict
+from acl_fairseq import checkpoint_safety
+from acl_fairseq.cli import evaluate
 from acl_fairseq.inference import hub
 from acl_fairseq.tasks import sentence_prediction_acl
+from acl_runtime import conventions, predict
 from test_checkpoint_files import _Payload, data  # noqa: F401  (the module's toy data folder)
 from test_criterions import build
 

@@ -12,8 +12,8 @@ import torch
 import transformers  # noqa: E402  (test-only dependency, pinned in requirements.txt)
 
 import helpers
-from acl_fairseq import conventions
 from acl_fairseq.hf import convert as convert_hf
+from acl_runtime import conventions
 from tiny_hf import (
     BERT_VOCAB,
     FAIRSEQ_NAME,

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import helpers
-from acl_fairseq import conventions
 from acl_fairseq.hf import convert as convert_hf
+from acl_runtime import conventions
 from tiny_hf import write_bert
 from toy_data import make_examples, write_raw
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import helpers
-from acl_fairseq import exits
 from acl_fairseq.cli import evaluate, report
 from acl_fairseq.inference import early_exit
+from acl_runtime import exits
 from test_models import HEAD, TINY_MULTI, build, one_thread  # noqa: F401  (autouse fixture, per module)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -159,9 +159,9 @@ def test_every_tool_is_an_acl_console_script():
     scripts = {e.name: e.value for e in distribution("acl_fairseq").entry_points if e.group == "console_scripts"}
     assert scripts == {
         "acl-evaluate": "acl_fairseq.cli.evaluate:cli_main",
-        "acl-predict": "acl_fairseq.cli.predict:cli_main",
+        "acl-predict": "acl_runtime.predict:cli_main",
         "acl-tune": "acl_fairseq.cli.tune:cli_main",
-        "acl-serve": "acl_fairseq.serve.cli:cli_main",
+        "acl-serve": "acl_runtime.serve.cli:cli_main",
         "acl-convert-hf": "acl_fairseq.hf.convert:cli_main",
         "acl-export": "acl_fairseq.hf.export:cli_main",
         "acl-preprocess": "acl_fairseq.preprocessing.glue:cli_main",

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 import helpers
-from acl_fairseq.cli import console, evaluate
+from acl_fairseq.cli import evaluate
+from acl_runtime import console
 
 
 def _refused(argv, monkeypatch, loads=False) -> str:

@@ -1,4 +1,4 @@
-"""Early-exit policies (acl_fairseq/exits.py): pure tensor functions, decisions per example."""
+"""Early-exit policies (acl_runtime/exits.py): pure tensor functions, decisions per example."""
 
 import math
 import subprocess
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from acl_fairseq import exits
+from acl_runtime import exits
 
 
 def logits_for(predictions, margin=5.0, num_classes=2):
@@ -258,7 +258,7 @@ def test_exits_runs_without_torch():
         import sys
         sys.modules.update(torch=None, fairseq=None)  # any import of them now fails, as if not installed
         import numpy as np
-        from acl_fairseq import exits
+        from acl_runtime import exits
         per_exit = [np.array([[3.0, 0.0], [0.1, 0.0]]), np.array([[0.0, 3.0], [0.0, 3.0]])]
         print(exits.exit_layer_indices(per_exit, "confidence", exits.validate("confidence")).tolist())
         print(exits.exit_layer_indices(per_exit, "patience", 1).tolist())

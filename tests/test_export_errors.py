@@ -154,7 +154,7 @@ def regression_run(tmp_path_factory):
 
 def test_a_regression_model_exports_and_serves_its_values(regression_run, tmp_path):
     from acl_fairseq.inference import hub
-    from acl_fairseq.runtime import engine
+    from acl_runtime import engine
 
     ckpt, data = regression_run
     out = tmp_path / "out"

@@ -1,4 +1,4 @@
-"""The input layout has one home, :func:`acl_fairseq.conventions.input_layout`: its rules, its equality with
+"""The input layout has one home, :func:`acl_runtime.conventions.input_layout`: its rules, its equality with
 what the hub built before it existed, its use without torch, and that no other file spells the flag."""
 import logging
 import os
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 import helpers
-from acl_fairseq import conventions
-from acl_fairseq.conventions import SEPARATOR_FLAG, ConventionsError, InputLayout, input_layout, task_layout
+from acl_runtime import conventions
+from acl_runtime.conventions import SEPARATOR_FLAG, ConventionsError, InputLayout, input_layout, task_layout
 
 A, B = [11, 12, 13], [21, 22]
 
@@ -109,7 +109,7 @@ def test_the_layout_imports_and_builds_without_torch_or_fairseq():
 # and command.sh files must stay as they ran), and Markdown prose, which explains fairseq's own option to
 # people who run plain fairseq-train and decides nothing the code does. Every code, script, table and test
 # file is held to the one home.
-HOME = "acl_fairseq/conventions.py"
+HOME = "acl_runtime/conventions.py"
 EXEMPT_DIRS = ("benchmarks/results/",)
 
 

@@ -155,7 +155,7 @@ def test_the_dynamic_option_states_its_batch_dependence(capsys):
 
 
 def test_acl_predict_int8_labels_agree_with_fp32(exported, tmp_path):
-    from acl_fairseq.cli import predict
+    from acl_runtime import predict
 
     src = tmp_path / "in.txt"
     src.write_text("".join(f"{a}\n" for a, _ in exported["texts"]))

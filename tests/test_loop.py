@@ -1,13 +1,12 @@
-"""The early-exit loop both engines share (acl_fairseq.runtime.loop), on a numpy backend of its own: the loop
-against the offline policy form of acl_fairseq.exits on every row alone, batch 1 against batched, the exit request
+"""The early-exit loop both engines share (acl_runtime.loop), on a numpy backend of its own: the loop
+against the offline policy form of acl_runtime.exits on every row alone, batch 1 against batched, the exit request
 resolved once at the edge. No torch: the loop and its edge are what a serving install runs."""
 import math
 
 import numpy as np
 import pytest
 
-from acl_fairseq import exits
-from acl_fairseq.runtime import loop
+from acl_runtime import exits, loop
 
 PAD = 1
 

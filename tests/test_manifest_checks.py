@@ -11,9 +11,9 @@ import shutil
 import numpy as np
 import pytest
 
-from acl_fairseq.cli import predict
-from acl_fairseq.runtime import engine as runtime
-from acl_fairseq.runtime import manifest as checks
+from acl_runtime import engine as runtime
+from acl_runtime import manifest as checks
+from acl_runtime import predict
 
 
 @pytest.fixture(scope="module")

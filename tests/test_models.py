@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 import helpers
-from acl_fairseq import conventions
 from acl_fairseq import heads as heads_mod
 from acl_fairseq.models import multi_exit_roberta as mer
+from acl_runtime import conventions
 
 HEAD = "sentence_classification_head"
 TINY_MULTI = helpers.TINY_ROBERTA  # the tiny shape for --arch multi_exit_roberta (no tiny preset is registered)

@@ -1,4 +1,4 @@
-"""The ONNX export (acl_fairseq.hf.onnx_export) and the torch-free ONNX Runtime engine (acl_fairseq.runtime).
+"""The ONNX export (acl_fairseq.hf.onnx_export) and the torch-free ONNX Runtime engine (acl_runtime).
 
 Two tiny trained models: the toy task's multi_exit_roberta ([CLS] pooling, whitespace tokens, RoBERTa's pair
 format) and a converted random BERT fine-tuned with mean pooling and exits on layers 2 and 3 only (WordPiece,
@@ -17,10 +17,10 @@ import pytest
 import torch
 
 import helpers
-from acl_fairseq import exits
 from acl_fairseq.hf import onnx_export, onnx_tokenizer
 from acl_fairseq.inference import early_exit, hub
-from acl_fairseq.runtime import engine as runtime
+from acl_runtime import engine as runtime
+from acl_runtime import exits
 from test_models import one_thread  # noqa: F401  (autouse fixture, per module)
 
 SHARPEN = 8.0
@@ -271,7 +271,7 @@ def test_runtime_runs_where_torch_and_fairseq_cannot_be_imported(toy):
     eng, texts = toy["engine"], toy["texts"][:6]
     code = BLOCK.format(blocked=("torch", "fairseq")) + (
         "import json\n"
-        "from acl_fairseq.runtime import Engine\n"
+        "from acl_runtime.engine import Engine\n"
         f"preds = Engine({toy['out']!r}).predict_early_exit({texts!r}, policy='patience', threshold=1)\n"
         "assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'fairseq')]\n"
         "print(json.dumps([[p.label, p.exit_layer] for p in preds]))\n")
@@ -292,7 +292,7 @@ def _acl_predict_in_a_subprocess(toy, tmp_path, prelude: str):
         "atexit.register(lambda: print('LOADED', sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'fairseq'}),"
         " file=sys.stderr))\n"
         f"sys.argv = {argv!r}\n"
-        "from acl_fairseq.cli.predict import cli_main\n"
+        "from acl_runtime.predict import cli_main\n"
         "cli_main()\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=helpers.REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -340,7 +340,7 @@ def test_a_folder_copied_in_part_or_the_wrong_level_is_a_one_line_error(toy, tmp
     says which file and what to do, exit status 2 (a missing int8 graph was an onnxruntime traceback)."""
     import shutil
 
-    from acl_fairseq.cli import predict
+    from acl_runtime import predict
 
     src = tmp_path / "in.txt"
     src.write_text("the movie was good\n")
@@ -377,8 +377,8 @@ def test_a_tokenizer_kind_without_an_exact_file_is_refused(kind, files):
 
 def test_acl_export_writes_the_folder_that_acl_predict_runs(toy, tmp_path):
     """acl-export --format onnx --quantize int8 end to end: OUT/onnx with its int8 copy, run by acl-predict."""
-    from acl_fairseq.cli import predict
     from acl_fairseq.hf import export
+    from acl_runtime import predict
 
     out = tmp_path / "out"
     export.main([toy["ckpt"], "--data", toy["data"], "--out", str(out), "--format", "onnx", "--quantize", "int8",
@@ -400,7 +400,7 @@ def test_acl_export_writes_the_folder_that_acl_predict_runs(toy, tmp_path):
 
 def test_acl_predict_on_the_folder_writes_the_hubs_records(toy, tmp_path):
     """acl-predict OUT/onnx against the hub acl-predict runs on the checkpoint (the same model in memory)."""
-    from acl_fairseq.cli import predict
+    from acl_runtime import predict
 
     pairs = [t for t in toy["texts"] if not isinstance(t, str)][:12]
     src = tmp_path / "in.jsonl"

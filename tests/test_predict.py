@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import helpers
-from acl_fairseq import exits
-from acl_fairseq.cli import evaluate, predict
+from acl_fairseq.cli import evaluate
 from acl_fairseq.inference import early_exit, hub
+from acl_runtime import exits, predict
 from test_models import HEAD, TINY_MULTI, one_thread  # noqa: F401  (autouse fixture, per module)
 
 

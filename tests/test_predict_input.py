@@ -7,8 +7,8 @@ import os
 import pytest
 
 import helpers
-from acl_fairseq.cli import predict
 from acl_fairseq.inference import hub
+from acl_runtime import predict
 from test_models import HEAD, TINY_MULTI, one_thread  # noqa: F401  (autouse fixture, per module)
 
 # ---- real-world input: bad bytes, pipes, ids, fatal errors, SIGTERM -------------------------------------
@@ -201,7 +201,7 @@ def test_sigterm_mid_run_leaves_the_old_output_and_no_temporary(predict_run, tmp
     src, out = tmp_path / "big.txt", tmp_path / "pred.jsonl"
     src.write_text("".join(texts[i % len(texts)][0] + "\n" for i in range(400000)))
     out.write_text("the previous output\n")
-    proc = subprocess.Popen([sys.executable, "-m", "acl_fairseq.cli.predict", ckpt, "--data", data, "--input",
+    proc = subprocess.Popen([sys.executable, "-m", "acl_runtime.predict", ckpt, "--data", data, "--input",
                              str(src), "--output", str(out), "--force", "--chunk-size", "64", "--device", "cpu"],
                             env=dict(os.environ, PYTHONPATH=helpers.REPO, OMP_NUM_THREADS="1"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=helpers.REPO)
@@ -226,7 +226,7 @@ def test_a_reader_that_goes_away_ends_the_run_quietly_with_sigpipes_status(predi
     texts, _ = helpers.raw_split(data)
     src = tmp_path / "many.txt"
     src.write_text("".join(texts[i % len(texts)][0] + "\n" for i in range(2000)))
-    proc = subprocess.Popen([sys.executable, "-m", "acl_fairseq.cli.predict", ckpt, "--data", data, "--input",
+    proc = subprocess.Popen([sys.executable, "-m", "acl_runtime.predict", ckpt, "--data", data, "--input",
                              str(src), "--chunk-size", "64", "--device", "cpu"],
                             env=dict(os.environ, PYTHONPATH=helpers.REPO, OMP_NUM_THREADS="1"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=helpers.REPO)
@@ -275,7 +275,7 @@ def test_a_named_pipe_is_read_like_a_file(predict_run, spy, tmp_path):
 def test_a_text_beyond_its_byte_budget_is_cut_before_tokenizing_and_flagged(predict_run, predict_model, tmp_path):
     """A word longer than the budget (1024 bytes per position) is one <unk> whole or cut: the same answer as any
     unknown word, but the row says that text was dropped."""
-    from acl_fairseq import tokenization
+    from acl_runtime import tokenization
 
     _, data, ckpt = predict_run
     huge = "good " + "x" * (3 * tokenization.byte_budget(predict_model.max_positions))

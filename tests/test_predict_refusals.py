@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from acl_fairseq.cli import console, predict
+from acl_runtime import console, predict
 
 
 def _refused(argv) -> str:

@@ -12,10 +12,10 @@ from collections import Counter
 
 import pytest
 
-from acl_fairseq import tokenization
 from acl_fairseq.preprocessing import glue
 from acl_fairseq.preprocessing.gpt2_files import write_local_gpt2_bpe
-from acl_fairseq.tokenization import basic_words, detect_lowercase, load_vocab, vocab_is_uncased
+from acl_runtime import tokenization
+from acl_runtime.tokenization import basic_words, detect_lowercase, load_vocab, vocab_is_uncased
 from toy_glue import (
     ALL_TEXT,
     FORMATS,
@@ -294,7 +294,7 @@ def test_qqp_malformed_rows_filtered_and_counted(tmp_path, assets):
 
 
 def test_reader_quirks(tmp_path):
-    from acl_fairseq.preprocessing.glue_tasks import TASKS, read_split
+    from acl_runtime.glue_tasks import TASKS, read_split
 
     d = tmp_path / "t"
     d.mkdir()

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from acl_fairseq.conventions import SEPARATOR_FLAG
+from acl_runtime.conventions import SEPARATOR_FLAG
 from recipe_helpers import GLUE, RECIPES, REPO, fake_data, flag, recipe_env, run, train_argv, write_exe
 
 TASKS = ["CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI", "QNLI", "RTE", "WNLI"]

@@ -1,5 +1,5 @@
 """Bounded memory per row (issue 40, case 6): each text is cut at a byte budget derived from max_positions
-before it is tokenized (acl_fairseq.tokenization.clip), flagged as truncated, on the checkpoint and on its
+before it is tokenized (acl_runtime.tokenization.clip), flagged as truncated, on the checkpoint and on its
 ONNX folder; acl-predict's reader never holds more of a line than that budget per text field (a plain line, a TSV
 field, a JSON string), skipping the rest and flagging the row; a 50 MB line peaks under 1 GB in acl-predict on
 both (slow: two subprocesses), and texts within the budget answer as before."""
@@ -15,8 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import helpers
-from acl_fairseq import tokenization
-from acl_fairseq.cli import inputs
+from acl_runtime import inputs, tokenization
 from test_text_is_text import pair  # noqa: F401  (the checkpoint and its ONNX folder, built once per module)
 
 PEAK_LIMIT_KB = 1024 * 1024  # 1 GiB, in ru_maxrss's unit
@@ -132,7 +131,7 @@ def _peak_kb(argv) -> int:
     """Peak RSS of acl-predict run with ``argv``: a wrapper process whose only child it is."""
     wrapper = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL);"
                " print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
-    out = subprocess.run([sys.executable, "-c", wrapper, sys.executable, "-m", "acl_fairseq.cli.predict", *argv],
+    out = subprocess.run([sys.executable, "-c", wrapper, sys.executable, "-m", "acl_runtime.predict", *argv],
                          capture_output=True, text=True, cwd=helpers.REPO)
     assert out.returncode == 0, out.stderr
     return int(out.stdout.split()[-1])

@@ -185,7 +185,7 @@ def test_dictionaries_compared_byte_for_byte(tmp_path):
 def test_the_package_reads_the_task_row_that_the_plan_reads():
     """glue_tasks.tsv, the package's link to recipes/glue/hparams.tsv, gives acl-preprocess, acl-evaluate and
     acl-export the same facts as the run plan."""
-    from acl_fairseq.preprocessing import glue_tasks
+    from acl_runtime import glue_tasks
 
     assert os.path.samefile(glue_tasks.TABLE, os.path.join(GLUE, "hparams.tsv"))
     table, found = P.tasks(), glue_tasks.facts()
@@ -206,7 +206,7 @@ def test_a_changed_task_row_changes_what_the_tools_write(tmp_path, monkeypatch):
     import torch
 
     from acl_fairseq.cli import evaluate
-    from acl_fairseq.preprocessing import glue_tasks
+    from acl_runtime import glue_tasks
 
     rows = open(os.path.join(GLUE, "hparams.tsv")).read()
     rows = rows.replace("\tf1,accuracy\tf1,accuracy\t-\tMRPC.tsv\t", "\tf1,accuracy\taccuracy\t-\tMRPC-x.tsv\t")

@@ -1,4 +1,4 @@
-"""The refilling scheduler (acl_fairseq.runtime.scheduler): a row's answer (label, exit layer, logits) does not depend
+"""The refilling scheduler (acl_runtime.scheduler): a row's answer (label, exit layer, logits) does not depend
 on its arrival order or on which rows share its batches; the queues refill layer 1 while deeper layers finish older
 rows; the caps, the overload refusal, the close. On test_loop.py's numpy backend (no torch), then on an exported
 folder and the torch model against what acl-predict computes for the same inputs."""
@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from acl_fairseq.runtime import loop
-from acl_fairseq.runtime.scheduler import Closed, QueueFull, Scheduler
+from acl_runtime import loop
+from acl_runtime.scheduler import Closed, QueueFull, Scheduler
 from test_loop import PAD, MeanBackend, _inputs
 
 REQUESTS = [loop.ExitRequest(), loop.ExitRequest("entropy", 0.6), loop.ExitRequest("patience", 1),
@@ -198,7 +198,7 @@ def _texts(n, seed):
 
 
 def test_ort_backend_join_pads_each_row_and_keeps_the_order():
-    from acl_fairseq.runtime.engine import OrtBackend
+    from acl_runtime.engine import OrtBackend
 
     a, b = np.ones((2, 1, 3), np.float32), 2 * np.ones((4, 2, 3), np.float32)
     joined = OrtBackend(None, [], [1], 2).join([a, b], 5)

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from acl_fairseq.runtime import loop
+from acl_runtime import loop
 from serve_helpers import call, exported, oip_body, outputs, serving  # noqa: F401  (exported: a fixture)
 
 ATOL = 1e-5
@@ -169,7 +169,7 @@ def test_metrics_count_requests_exits_queue_and_batch_fill(server, exported):  #
 def test_precision_int8_serves_the_int8_copy(exported):  # noqa: F811
     """One input at a time, so that each runs alone, as the engine runs it at batch 1 (int8's activation scales
     are per call)."""
-    from acl_fairseq.runtime.engine import Engine
+    from acl_runtime.engine import Engine
 
     int8 = Engine(exported["folder"], "int8", threads=1)
     texts = [t if isinstance(t, str) else t[0] for t in exported["texts"]][:6]

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from acl_fairseq import exits
+from acl_runtime import exits
 from serve_helpers import call, exported, oip_body, outputs, serving  # noqa: F401  (exported: a fixture)
 
 MAX_QUEUE = 64

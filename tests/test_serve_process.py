@@ -13,11 +13,11 @@ import urllib.error
 import pytest
 
 import helpers
-from acl_fairseq.serve import cli
+from acl_runtime.serve import cli
 from serve_helpers import call, exported, free_port, oip_body, outputs  # noqa: F401  (exported: a fixture)
 
 SLOW_LAYER = ("import time\n"
-              "from acl_fairseq.runtime.engine import OrtBackend\n"
+              "from acl_runtime.engine import OrtBackend\n"
               "_layer = OrtBackend.layer\n"
               "def layer(self, i, x, mask):\n"
               "    time.sleep(0.02)  # a model big enough that requests are still queued at SIGTERM\n"
@@ -33,7 +33,7 @@ def start(folder: str, *flags: str, prelude: str = ""):
             "import atexit\n"
             "atexit.register(lambda: print('LOADED', sorted({m.split('.')[0] for m in sys.modules} & {'torch', "
             "'fairseq'}), file=sys.stderr))\n" + prelude +
-            "from acl_fairseq.serve.cli import cli_main\ncli_main()\n")
+            "from acl_runtime.serve.cli import cli_main\ncli_main()\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=helpers.REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
@@ -100,7 +100,7 @@ def test_importing_the_package_for_acl_serve_imports_neither_torch_nor_fairseq(e
     """What the workers of --workers N do too: multiprocessing hands them the parent's argv before they import it.
     --help took 9.5 s when it registered with fairseq. Every other command still registers (tests/test_onnx.py)."""
     argv = [a.format(folder=exported["folder"]) for a in argv]
-    code = (f"import sys\nsys.argv = {argv!r}\nimport acl_fairseq.serve.app\n"
+    code = (f"import sys\nsys.argv = {argv!r}\nimport acl_runtime.serve.app\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'fairseq'}))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=helpers.REPO)
     assert proc.returncode == 0 and proc.stdout.split("\n")[-2] == "[]", proc.stderr[-2000:]
@@ -116,7 +116,7 @@ def test_two_workers_share_the_port_sum_their_metrics_and_stop_on_sigterm(export
         assert answer[0][0]["label"] == exported["engine"].predict_early_exit([texts[k % len(texts)]])[0].label
     metrics = call(f"{url}/metrics")[2].decode()
     assert float(metrics.split('acl_requests_total{route="predict",status="200"} ')[1].split()[0]) == 40
-    assert _median_latency(url) < 0.03  # 40 ms and more without TCP_NODELAY (acl_fairseq/serve/transport.py)
+    assert _median_latency(url) < 0.03  # 40 ms and more without TCP_NODELAY (acl_runtime/serve/transport.py)
     workers = _children(proc.pid)  # the supervisor's: uvicorn's workers (and multiprocessing's resource tracker)
     assert len(workers) >= 2
     for pid in [proc.pid] + workers:  # torch's library mapped in none of them

@@ -48,6 +48,6 @@ def test_the_wheel_carries_the_task_table(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     (wheel,) = (tmp_path / "wheel").glob("*.whl")
     with zipfile.ZipFile(wheel) as z:
-        text = z.read("acl_fairseq/preprocessing/glue_tasks.tsv").decode()
+        text = z.read("acl_runtime/glue_tasks.tsv").decode()
     with open(os.path.join(helpers.REPO, "recipes", "glue", "hparams.tsv"), encoding="utf-8") as f:
         assert text == f.read()

@@ -92,7 +92,7 @@ def test_data_dictionary_other_than_the_restore_files_is_refused_at_start_up(dat
 
     import torch
 
-    from acl_fairseq.conventions import ConventionsError
+    from acl_runtime.conventions import ConventionsError
 
     restore = tmp_path / "roberta" / "model.pt"
     restore.parent.mkdir()

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from acl_fairseq import tokenization
+from acl_runtime import tokenization
 
 SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>", "[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]"]
 WORDS = ["the", "music", "was", "not", "bad", "good", "movie", "very"]
@@ -37,7 +37,7 @@ def pair(predict_model, predict_onnx):
     """(hub, engine): the checkpoint and its ONNX export (conftest's, shared), one thread each."""
     import torch
 
-    from acl_fairseq.runtime import engine
+    from acl_runtime import engine
 
     torch.set_num_threads(1)
     return predict_model, engine.Engine(predict_onnx, threads=1)

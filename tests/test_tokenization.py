@@ -1,4 +1,4 @@
-"""acl_fairseq.tokenization: the records, every kind built from its record, and the GLUE output of
+"""acl_runtime.tokenization: the records, every kind built from its record, and the GLUE output of
 WordPiece unchanged since the pure-Python implementation was replaced by the ``tokenizers`` package
 (``-m slow``: hashes in tests/data/wordpiece_glue_sha256.json)."""
 import hashlib
@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from acl_fairseq import conventions, tokenization
-from acl_fairseq.tokenization import build, build_decoder, files_of, make_record, read, validate
+from acl_runtime import conventions, tokenization
+from acl_runtime.tokenization import build, build_decoder, files_of, make_record, read, validate
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GLUE_REAL = os.environ.get("GLUE_DIR", os.path.join(HERE, "..", "..", "shared", "glue"))
@@ -306,7 +306,7 @@ def _sha(data: bytes) -> str:
 def _split_files(task: str):
     """``[(fairseq split, tsv stem, kind)]`` of the task folder (QNLI here has no train.tsv)."""
     from acl_fairseq.preprocessing.glue import _nth
-    from acl_fairseq.preprocessing.glue_tasks import get_task
+    from acl_runtime.glue_tasks import get_task
 
     spec = get_task(task)
     out = [("train", "train", "train")] if os.path.isfile(os.path.join(GLUE_REAL, task, "train.tsv")) else []
@@ -332,8 +332,8 @@ def test_wordpiece_glue_output_unchanged(minilm, tmp_path, task):
     """Every split, token lines and binarized files, as the pure-Python WordPiece wrote them (how the
     hashes were made: the "how" field of the data file)."""
     from acl_fairseq.preprocessing import glue
-    from acl_fairseq.preprocessing.glue_tasks import read_split
     from acl_fairseq.preprocessing.text_encoders import EncoderPool, EncoderSpec
+    from acl_runtime.glue_tasks import read_split
 
     with open(os.path.join(HERE, "data", "wordpiece_glue_sha256.json")) as f:
         expected = json.load(f)

@@ -199,7 +199,7 @@ def test_a_killed_carve_leaves_nothing_the_next_one_trips_on(tmp_path, monkeypat
     rec = tune_data.carve(data, str(tmp_path / "c1"), seed=3, fraction=0.25, valid_subsets=["valid"])
     assert not stale.exists() and (tmp_path / "c1" / "carve.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c1", "toy"]
-    from acl_fairseq.io import atomic
+    from acl_runtime.io import atomic
 
     real = atomic.staging_folder
 

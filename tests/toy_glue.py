@@ -5,10 +5,10 @@ import json
 import os
 import random
 
-from acl_fairseq import tokenization
 from acl_fairseq.preprocessing import glue
 from acl_fairseq.preprocessing.gpt2_files import write_local_gpt2_bpe
-from acl_fairseq.tokenization import basic_words
+from acl_runtime import tokenization
+from acl_runtime.tokenization import basic_words
 
 WORDS = ("the movie film plot actor was is not very good bad great dull \"funny\" it 's n't a of "
          "café naïve 1999 , . ! ? ( ) -- playing played play who what where did say run").split()

@@ -1,12 +1,11 @@
 """acl-evaluate's ``--calibrate BUDGET``: choose a threshold on the evaluated split and write ``exit_policy.json``
-beside the checkpoint (the choice and the record: :mod:`acl_fairseq.inference.calibration`)."""
+beside the checkpoint (the choice and the record: :mod:`acl_runtime.calibration`)."""
 import argparse
 import os
 from typing import Dict
 
-from acl_fairseq import exits
-from acl_fairseq.cli.console import UsageError
-from acl_fairseq.inference import calibration
+from acl_runtime import calibration, exits
+from acl_runtime.console import UsageError
 
 
 def budget_type(text: str) -> calibration.Budget:

@@ -27,10 +27,10 @@ from typing import Dict, List, Optional
 
 import torch
 
-from acl_fairseq import checkpoint_safety, exits, glue_metrics
-from acl_fairseq.cli import calibrate, console, evaluate_checks, report
-from acl_fairseq.inference import early_exit, flops, latency
-from acl_fairseq.preprocessing import glue_tasks
+from acl_fairseq import checkpoint_safety, glue_metrics
+from acl_fairseq.cli import calibrate, evaluate_checks, report
+from acl_fairseq.inference import checkpoint_reader, early_exit, flops, latency
+from acl_runtime import console, exits, glue_tasks
 
 logger = logging.getLogger("acl_fairseq.cli.evaluate")
 
@@ -111,7 +111,7 @@ def load_model(checkpoint: str, data_bin: str, user_dir: Optional[str], device: 
         checkpoint, {"data": data_bin, "load_checkpoint_heads": True})
     checkpoint_safety.check_loaded_dictionary(models[0], cfg, checkpoint)
     model = models[0].eval()
-    if console.resolve_device(device) == "cuda":
+    if checkpoint_reader.resolve_device(device) == "cuda":
         model = model.cuda()
     return model, task, cfg
 
@@ -231,7 +231,7 @@ def prediction_file_names(task_name: Optional[str], splits: List[str]) -> List[s
 
 def write_test_predictions(model, task, args, head_name: str, ctx: Dict) -> List[str]:
     """Predict each ``--test-split`` with the final exit; returns the files written."""
-    from acl_fairseq.io import atomic
+    from acl_runtime.io import atomic
 
     os.makedirs(args.predictions_dir, exist_ok=True)
     written = []
@@ -352,7 +352,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     evaluate_checks.precheck(parser, args)
     calibrate.precheck(parser, args)
     result = evaluate(args)
-    from acl_fairseq.io import atomic
+    from acl_runtime.io import atomic
 
     os.makedirs(args.out_dir, exist_ok=True)
     # each output whole or absent (the package's one atomic write), as acl-predict's --output

@@ -2,7 +2,7 @@
 import argparse
 import os
 
-from acl_fairseq.cli import console
+from acl_runtime import console
 
 
 def precheck(parser: argparse.ArgumentParser, args) -> None:
@@ -31,7 +31,7 @@ def precheck(parser: argparse.ArgumentParser, args) -> None:
 def check_writable_folder(flag: str, folder: str) -> None:
     """Refuse ``folder`` unless this process can create it (or files in it), without creating anything
     (:func:`atomic.probe_folder`: permission bits say nothing for root, nor for a read-only mount)."""
-    from acl_fairseq.io import atomic
+    from acl_runtime.io import atomic
 
     try:
         atomic.probe_folder(folder)

@@ -22,7 +22,7 @@ from fractions import Fraction
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from acl_fairseq.cli.recipe import RecipeError, decide
-from acl_fairseq.cli.tables import read_tsv
+from acl_runtime.tables import read_tsv
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WARMUP_FRACTION = 0.06  # fairseq's RoBERTa GLUE recipe: 6 % of the updates, rounded up

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
-from acl_fairseq import conventions
+from acl_runtime import conventions
 
 
 class RecipeError(Exception):

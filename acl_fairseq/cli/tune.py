@@ -302,7 +302,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    from acl_fairseq.cli.console import setup_logging
+    from acl_runtime.console import setup_logging
 
     p, args = parse_args(argv)
     setup_logging()

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 from acl_fairseq.cli import tune_data
 from acl_fairseq.cli import tune_space as S
 from acl_fairseq.cli.plan import build_plan
-from acl_fairseq.io import atomic
+from acl_runtime.io import atomic
 
 log = logging.getLogger("acl_fairseq.tune")
 TEST_RESULT = "test_result.json"

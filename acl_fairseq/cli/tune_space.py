@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Sequence, Tuple
 
 from acl_fairseq.cli.plan import REPO
-from acl_fairseq.cli.tables import read_tsv
+from acl_runtime.tables import read_tsv
 
 SPACE_TABLE = os.path.join(REPO, "recipes", "glue", "search_spaces.tsv")
 COLUMNS = ["method", "task", "setting", "param", "target", "kind", "values", "source"]

@@ -4,7 +4,7 @@
 
 writes ``OUT_DIR/model.pt`` (a fairseq checkpoint for ``--restore-file``), ``dict.txt``,
 ``model_args.txt`` (the fairseq-train architecture flags, one line), ``conventions.json`` (the input
-conventions of the encoder family, :mod:`acl_fairseq.conventions`: pass ``--conventions OUT_DIR``) and
+conventions of the encoder family, :mod:`acl_runtime.conventions`: pass ``--conventions OUT_DIR``) and
 copies of the tokenizer files. A BERT (type_vocab_size 2) restores only into ``multi_exit_roberta``
 (with ``--exit-layers N`` it is a single-exit classifier), which holds its segment embedding; fairseq's
 ``roberta`` has none and refuses the file rather than drop it. How the embeddings, positions and layers
@@ -32,8 +32,7 @@ import shutil
 import warnings
 from typing import Dict, List, Optional
 
-from acl_fairseq import checkpoint_safety, conventions, tokenization
-from acl_fairseq.cli import console
+from acl_fairseq import checkpoint_safety
 from acl_fairseq.hf.mapping import (
     TOKENIZER_FILES,
     UnsupportedCheckpointError,
@@ -47,7 +46,8 @@ from acl_fairseq.hf.mapping import (
     read_config,
     read_vocab,
 )
-from acl_fairseq.io import atomic
+from acl_runtime import console, conventions, tokenization
+from acl_runtime.io import atomic
 
 logger = logging.getLogger(__name__)
 PROG = "acl-convert-hf"
@@ -62,7 +62,7 @@ HUB_USAGE = f'RobertaModel.from_pretrained(OUT_DIR, "model.pt", OUT_DIR, user_di
 
 
 def make_conventions(config: dict, hf_dir: str, dict_sha256: str) -> dict:
-    """The :mod:`acl_fairseq.conventions` record of this encoder."""
+    """The :mod:`acl_runtime.conventions` record of this encoder."""
     if config["model_type"] == "bert":
         lowercase = True  # transformers' BertTokenizer default
         path = os.path.join(hf_dir, "tokenizer_config.json")

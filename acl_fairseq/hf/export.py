@@ -33,12 +33,10 @@ import sys
 import tempfile
 from typing import Callable, Dict, List, Optional
 
-from acl_fairseq import exits, tokenization
-from acl_fairseq.cli import console
 from acl_fairseq.hf import export_tokenizer
 from acl_fairseq.hf.export_tokenizer import ExportError
-from acl_fairseq.inference import calibration
-from acl_fairseq.io import atomic
+from acl_runtime import calibration, console, exits, tokenization
+from acl_runtime.io import atomic
 
 logger = logging.getLogger("acl_fairseq.hf.export")
 PROG = "acl-export"
@@ -79,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output folder; each format goes to OUT/<format>/")
     p.add_argument("--format", nargs="+", choices=tuple(FORMATS), default=["hf"],
                    help="what to write (default: %(default)s): hf = a transformers folder, onnx = graphs that "
-                   "acl-predict OUT/onnx and acl_fairseq.runtime run with ONNX Runtime, without torch")
+                   "acl-predict OUT/onnx and acl_runtime run with ONNX Runtime, without torch")
     p.add_argument("--quantize", choices=QUANTIZE, help="onnx: also write an int8 copy of each layer (acl-predict "
                    "--precision int8). int8: static scales calibrated on 512 rows of DATA's training split, so a "
                    "row's answer does not depend on its batch; int8-dynamic: activations scaled per call, so a row's "
@@ -239,7 +237,7 @@ def _on_sigterm(signum, frame):
 
 def write_atomically(out: str, force: bool, build: Callable[[str], None]) -> None:
     """Run ``build(tmp)`` on a fresh folder inside ``out``, then put each folder it wrote at ``out/<name>``,
-    replacing only those (:func:`acl_fairseq.io.atomic.replace_folder`: swap, then delete, so that a signal at any
+    replacing only those (:func:`acl_runtime.io.atomic.replace_folder`: swap, then delete, so that a signal at any
     instant leaves the previous export or the new one): whatever else ``out`` holds (the run's checkpoint, another
     format) is left alone, as HF's ``save_pretrained`` leaves it. On an error or SIGTERM nothing is placed, and an
     ``out`` made here goes. Temporaries of killed runs (``.export.tmp-PID-*``) are removed first."""

@@ -5,7 +5,7 @@ so the HF vocabulary is written in that order: row i gets the tokenizer's string
 kinds can be expressed exactly for ``AutoTokenizer``:
 
 - ``wordpiece`` (a converted BERT): ``vocab.txt``, ``BertTokenizer`` (BERT's basic tokenization, the same
-  lowercasing and accent stripping as :mod:`acl_fairseq.tokenization`), ``[CLS] [PAD] [SEP] [UNK]`` on rows 0-3.
+  lowercasing and accent stripping as :mod:`acl_runtime.tokenization`), ``[CLS] [PAD] [SEP] [UNK]`` on rows 0-3.
 - byte-level BPE, ``gpt2`` (fairseq's GPT-2 BPE, whose ``dict.txt`` words are GPT-2 ids) or ``hf_byte_bpe`` (a
   converted RoBERTa, whose words are HF ids): ``vocab.json`` mapping each BPE token to its row, the merges
   unchanged as ``merges.txt``, ``RobertaTokenizer`` (GPT-2's pre-tokenization, no prefix space, as fairseq).
@@ -20,7 +20,7 @@ import os
 import shutil
 from typing import Dict, List, Sequence
 
-from acl_fairseq import tokenization
+from acl_runtime import tokenization
 
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # rows 0-3 of every fairseq dictionary
 MASK = "<mask>"

@@ -10,9 +10,9 @@ import logging
 import os
 from typing import Dict, List
 
-from acl_fairseq import conventions, exits
 from acl_fairseq.hf import export_tokenizer, export_weights, model_card
 from acl_fairseq.hf.export_tokenizer import ExportError
+from acl_runtime import conventions, exits
 
 logger = logging.getLogger(__name__)
 SCHEMA = "acl_fairseq.early_exit/1"

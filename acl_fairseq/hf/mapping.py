@@ -15,7 +15,7 @@ the buffers and task heads of ``IGNORED_PREFIXES``. How the two models line up:
   rows); BERT's start at 0, HF RoBERTa's at pad_token_id + 1. Token type 0 is folded into every
   position row; BERT's type 1 becomes the parameter ``segment_delta`` (row 1 - row 0), added by the
   model after the first ``</s>``. Pairs are ``<s> A </s> B </s>`` for BERT
-  (:func:`acl_fairseq.conventions.input_layout`).
+  (:func:`acl_runtime.conventions.input_layout`).
 - LayerNorm eps is 1e-5 in fairseq (BERT: 1e-12); this is the only numerical difference.
 """
 import json

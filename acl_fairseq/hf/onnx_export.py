@@ -1,4 +1,4 @@
-"""``OUT/onnx``: a trained (multi-exit) model as ONNX graphs that :mod:`acl_fairseq.runtime` runs without torch.
+"""``OUT/onnx``: a trained (multi-exit) model as ONNX graphs that :mod:`acl_runtime` runs without torch.
 
     acl-export CHECKPOINT --data DATA_BIN --out OUT --format onnx [--quantize int8] [--force]   # writes OUT/onnx
 
@@ -15,7 +15,7 @@ rows never enter a later graph:
 Beside them: ``tokenizer.json`` (a ``tokenizers`` file whose ids are the fairseq dictionary's, see
 :mod:`acl_fairseq.hf.onnx_tokenizer`) and ``manifest.json`` (:data:`SCHEMA`: files, exits, pooling, labels, the
 input layout, the serving policy, each file's sha256 and the checkpoint's, which
-:mod:`acl_fairseq.runtime.manifest` checks at load). ``--quantize int8`` adds ``int8/layerN.onnx``, statically
+:mod:`acl_runtime.manifest` checks at load). ``--quantize int8`` adds ``int8/layerN.onnx``, statically
 quantized (QDQ, scales calibrated on a sample of the training split) with 7-bit weights
 (:mod:`acl_fairseq.hf.onnx_quantize`: a row's answer depends neither on its batch nor on the CPU kind, AVX2-only or
 VNNI); ``--quantize int8-dynamic`` scales activations per call instead (batch-dependent). The embeddings stay fp32.
@@ -30,13 +30,13 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
-from acl_fairseq import exits
 from acl_fairseq.heads import head_forward, pool_states
 from acl_fairseq.hf import onnx_quantize, onnx_tokenizer
 from acl_fairseq.hf.onnx_tokenizer import ExportError
 from acl_fairseq.inference import early_exit
-from acl_fairseq.io import atomic
-from acl_fairseq.runtime import manifest as checks
+from acl_runtime import exits
+from acl_runtime import manifest as checks
+from acl_runtime.io import atomic
 
 logger = logging.getLogger(__name__)
 SCHEMA = "acl_fairseq.onnx/1"
@@ -132,7 +132,7 @@ def write_onnx(hub, out_dir: str, quantize: Optional[str] = None, policy: Option
     """Write the ONNX folder of a loaded hub model (``acl_fairseq.inference.hub``) into the existing, empty
     ``out_dir``; returns the file names written. ExportError for what cannot be exported exactly. The manifest
     records every file's sha256 and the checkpoint's (``checkpoint``: its path), which the runtime checks
-    (:mod:`acl_fairseq.runtime.manifest`)."""
+    (:mod:`acl_runtime.manifest`)."""
     if not hub.model.classification_heads:
         raise ExportError("the checkpoint has no classification head: export a fine-tuned checkpoint")
     if quantize is not None and quantize not in QUANTIZE:

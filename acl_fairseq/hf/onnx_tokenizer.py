@@ -1,6 +1,6 @@
 """``OUT/onnx/tokenizer.json``: the data folder's tokenizer as a ``tokenizers`` file whose ids are fairseq's.
 
-The hub turns text into ids in two steps: :mod:`acl_fairseq.tokenization` gives token strings, then the
+The hub turns text into ids in two steps: :mod:`acl_runtime.tokenization` gives token strings, then the
 fairseq dictionary maps each string to its row (``<unk>`` for a string it lacks). The file written here does
 both in one ``Tokenizer.encode(text, add_special_tokens=False).ids``, so the runtime needs neither the
 dictionary nor this package's tokenizer code:
@@ -14,7 +14,7 @@ dictionary nor this package's tokenizer code:
   lowercasing the checkpoint's tokenizer runs, each word looked up in the dictionary.
 
 In both, a word that spells one of fairseq's special tokens (``<pad>``, ``</s>``, ...) maps to ``<unk>``'s row,
-as :func:`acl_fairseq.tokenization.dictionary_ids` maps it on the checkpoint: text is text.
+as :func:`acl_runtime.tokenization.dictionary_ids` maps it on the checkpoint: text is text.
 
 The special tokens (``<s>``, separators, ``</s>``) are not added by the file: the runtime adds them from the
 manifest's input layout, as the hub does. Other kinds are refused with the reason.
@@ -22,8 +22,8 @@ manifest's input layout, as the hub does. Other kinds are refused with the reaso
 import json
 from typing import Dict, Optional
 
-from acl_fairseq import tokenization
 from acl_fairseq.hf.export_tokenizer import ExportError  # noqa: F401  (one error class for acl-export)
+from acl_runtime import tokenization
 
 FILE_NAME = "tokenizer.json"
 KINDS = ("wordpiece", "whitespace")
@@ -37,7 +37,7 @@ def wordpiece_vocab(record: dict, base_dir: str, dictionary) -> Dict[str, int]:
 
 
 def build_json(record: dict, base_dir: str, dictionary) -> str:
-    """The tokenizer file's text for ``record`` (a :mod:`acl_fairseq.tokenization` record) and ``dictionary``."""
+    """The tokenizer file's text for ``record`` (a :mod:`acl_runtime.tokenization` record) and ``dictionary``."""
     from tokenizers import Tokenizer, models
 
     kind = record["kind"]

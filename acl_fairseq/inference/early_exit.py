@@ -3,7 +3,7 @@
 
 The encoder runs layer by layer with fairseq's own pieces (``forward_embedding``, each
 ``TransformerEncoderLayer`` with its padding mask, the final LayerNorm of a pre-norm encoder): that is
-:class:`TorchBackend`, and the loop over it is :func:`acl_fairseq.runtime.loop.run_batch`, the one the ONNX
+:class:`TorchBackend`, and the loop over it is :func:`acl_runtime.loop.run_batch`, the one the ONNX
 Runtime engine runs too. After each exit the rows that exit leave the batch: the remaining rows of ``x`` and of
 the padding mask are ``index_select``-ed (and padding columns nobody needs any more are cut) before the next
 layer. Works at batch size 1 and batched, for ``multi_exit_roberta`` and for a stock ``roberta`` (one exit).
@@ -16,9 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from acl_fairseq import exits
 from acl_fairseq.heads import head_forward, pool_states
-from acl_fairseq.runtime import loop
+from acl_runtime import exits, loop
 
 
 class EarlyExitOutput(NamedTuple):
@@ -60,7 +59,7 @@ def _embed(encoder: nn.Module, src_tokens: Tensor, padding_mask: Optional[Tensor
 
 
 class TorchBackend:
-    """The model cut at its layers for :func:`acl_fairseq.runtime.loop.run_batch` (the loop both engines share):
+    """The model cut at its layers for :func:`acl_runtime.loop.run_batch` (the loop both engines share):
     fairseq's own embedding, each ``TransformerEncoderLayer`` with its padding mask, the exit heads on the pooled
     states (after a pre-norm encoder's final LayerNorm on the top layer). States stay on the model's device."""
 

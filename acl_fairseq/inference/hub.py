@@ -7,14 +7,14 @@
 
 Without ``policy`` (and without ``exit_layer``) the last exit decides, unless ``acl-evaluate --calibrate`` wrote an
 ``exit_policy.json`` for this checkpoint beside it: then its policy and threshold (``m.calibrated``) decide, and
-``policy="none"`` asks for the last exit (:mod:`acl_fairseq.inference.calibration`).
+``policy="none"`` asks for the last exit (:mod:`acl_runtime.calibration`).
 
 The tokenizer comes from the data folder's record (``stats.json`` "tokenizer", written by
 preprocess/glue.py; or the ``conventions.json`` of a converted encoder's folder), through the same
-implementation preprocessing used (:mod:`acl_fairseq.tokenization`). Inputs are built as the task built
-them in training, by the checkpoint's :class:`acl_fairseq.conventions.InputLayout`: the init token, the first
+implementation preprocessing used (:mod:`acl_runtime.tokenization`). Inputs are built as the task built
+them in training, by the checkpoint's :class:`acl_runtime.conventions.InputLayout`: the init token, the first
 sentence, ``</s>``, the separator of the pair format, the second sentence, ``</s>``. Prediction runs the early-exit
-loop of :mod:`acl_fairseq.runtime.loop` (the ONNX Runtime engine's too) over the torch model
+loop of :mod:`acl_runtime.loop` (the ONNX Runtime engine's too) over the torch model
 (:class:`acl_fairseq.inference.early_exit.TorchBackend`, ``acl-evaluate``'s engine) on length-sorted batches,
 exited rows leaving the batch; results come back in input order.
 
@@ -32,11 +32,10 @@ import torch
 import torch.nn.functional as F
 from fairseq.models.roberta.hub_interface import RobertaHubInterface
 
-from acl_fairseq import checkpoint_safety, conventions, tokenization
-from acl_fairseq.inference import calibration, early_exit
-from acl_fairseq.preprocessing import glue_tasks
-from acl_fairseq.runtime import loop
-from acl_fairseq.runtime.loop import Prediction, Text  # noqa: F401  (the hub's names before the loop had a home)
+from acl_fairseq import checkpoint_safety
+from acl_fairseq.inference import early_exit
+from acl_runtime import calibration, conventions, glue_tasks, loop, tokenization
+from acl_runtime.loop import Prediction, Text  # noqa: F401  (the hub's names before the loop had a home)
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +87,7 @@ def _find_record(path: str) -> Optional[Tuple[dict, str]]:
 
 class MultiExitHubInterface(RobertaHubInterface, loop.EarlyExitPredictor):
     """fairseq's RoBERTa hub interface, with pair building, exit pooling and early exit of this plugin: the
-    torch front end of :class:`acl_fairseq.runtime.loop.EarlyExitPredictor` (``predict_early_exit``,
+    torch front end of :class:`acl_runtime.loop.EarlyExitPredictor` (``predict_early_exit``,
     ``resolve_request``, ``check_policy``, ``to_predictions``), the ONNX Runtime engine being the other."""
 
     def __init__(self, cfg, task, model, tokenizer_file: Optional[str] = None):
@@ -132,7 +131,7 @@ class MultiExitHubInterface(RobertaHubInterface, loop.EarlyExitPredictor):
 
     def encode_with_info(self, a: str, b: Optional[str] = None) -> Tuple[torch.LongTensor, bool]:
         """``(tokens, truncated)``: cut at the model's positions, ending with ``</s>``, when too long; each text
-        cut first at its byte budget (:func:`acl_fairseq.tokenization.clip`), so a huge line costs no more."""
+        cut first at its byte budget (:func:`acl_runtime.tokenization.clip`), so a huge line costs no more."""
         d = self.task.source_dictionary
         clipped = [tokenization.clip(x, self.max_positions) for x in ((a,) if b is None else (a, b))]
         words = [tokenization.dictionary_ids(d, self.tokenize(text)) for text, _ in clipped]
@@ -153,7 +152,7 @@ class MultiExitHubInterface(RobertaHubInterface, loop.EarlyExitPredictor):
             logits = self.model.classification_heads[head](self.extract_features(tokens))
         return logits if return_logits else F.log_softmax(logits, dim=-1)
 
-    # ---- early exit: the loop and the edge of acl_fairseq.runtime.loop, on the torch backend -------------
+    # ---- early exit: the loop and the edge of acl_runtime.loop, on the torch backend -------------
 
     @property
     def backend(self) -> early_exit.TorchBackend:
@@ -169,7 +168,7 @@ class MultiExitHubInterface(RobertaHubInterface, loop.EarlyExitPredictor):
 
     def make_batches(self, token_lists: Sequence[torch.LongTensor], batch_size: int = 32):
         """``[(positions, src)]``: inputs sorted by (length, position), as acl-evaluate sorts a split,
-        cut into batches and right-padded (:func:`acl_fairseq.runtime.loop.make_batches`, as tensors)."""
+        cut into batches and right-padded (:func:`acl_runtime.loop.make_batches`, as tensors)."""
         return [loop.Batch(b[0], torch.from_numpy(b[1]), b.lengths)
                 for b in loop.make_batches(token_lists, batch_size, self.pad)]
 
@@ -184,7 +183,7 @@ class MultiExitHubInterface(RobertaHubInterface, loop.EarlyExitPredictor):
                                   batch_size: int = 32) -> Tuple[torch.Tensor, torch.Tensor]:
         """The lower-level face of :meth:`predict_early_exit`: token tensors in, ``(logits, exit layers)``
         out, in input order (exited rows leave their batch, as in acl-evaluate's engine). No policy: the
-        calibrated one when there is one (:func:`acl_fairseq.runtime.loop.resolve_request`)."""
+        calibrated one when there is one (:func:`acl_runtime.loop.resolve_request`)."""
         request = self.resolve_request(policy, threshold, exit_layer)  # before any batch is built
         logits, layers = self.run_request(self.make_batches(token_lists, batch_size), len(token_lists), request)
         return torch.from_numpy(logits), torch.from_numpy(layers)

@@ -14,8 +14,8 @@ from typing import Callable, Dict, List, Tuple
 
 import torch
 
-from acl_fairseq import exits
 from acl_fairseq.inference import early_exit
+from acl_runtime import exits
 
 Clock = Tuple[float, float]  # (wall seconds, process CPU seconds)
 

@@ -32,8 +32,9 @@ from fairseq.models.roberta.model import (
 from fairseq.utils import safe_getattr
 from omegaconf import OmegaConf
 
-from acl_fairseq import checkpoint_safety, conventions
+from acl_fairseq import checkpoint_safety
 from acl_fairseq.heads import POOLING_MODES, ExitOutputs, head_forward, pool_states
+from acl_runtime import conventions
 
 logger = logging.getLogger(__name__)
 

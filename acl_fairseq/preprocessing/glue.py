@@ -13,7 +13,7 @@ Output (the layout of fairseq's preprocess_GLUE_tasks.sh):
 Everything is written to a hidden temporary folder next to OUT and renamed into place only when complete; the
 folder is removed on an error, Ctrl-C or SIGTERM. Bad input or settings stop the run with one line naming the
 file (and line) and the fix, exit status 2.
-stats.json: the tokenizer record (``acl_fairseq.tokenization``; file names relative to OUT, no absolute path
+stats.json: the tokenizer record (``acl_runtime.tokenization``; file names relative to OUT, no absolute path
 anywhere, so OUT can move), examples, label counts and token-length percentiles per split (lengths as the
 model sees them, with <s>/</s>), the unknown-token count, and ``over_max_positions``: examples longer than
 --max-positions, which fairseq-train must cut (``--shorten-method truncate``) or skip. The data itself is
@@ -30,12 +30,12 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from acl_fairseq.cli import console
-from acl_fairseq.io import atomic
 from acl_fairseq.preprocessing import glue_binarize as gb
 from acl_fairseq.preprocessing import glue_tokenizers
 from acl_fairseq.preprocessing import scl_protocols as scl
-from acl_fairseq.preprocessing.glue_tasks import TASKS, Example, GlueDataError, TaskSpec, get_task, read_split
+from acl_runtime import console
+from acl_runtime.glue_tasks import TASKS, Example, GlueDataError, TaskSpec, get_task, read_split
+from acl_runtime.io import atomic
 
 logger = logging.getLogger(__name__)
 

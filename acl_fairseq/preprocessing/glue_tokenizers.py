@@ -6,7 +6,7 @@ import os
 import shutil
 from typing import Dict, List, Optional
 
-from acl_fairseq.preprocessing.glue_tasks import Example, GlueDataError
+from acl_runtime.glue_tasks import Example, GlueDataError
 
 logger = logging.getLogger(__name__)
 
@@ -15,7 +15,7 @@ def setup_tokenizer(args, tmp: str, work: str, train_examples: List[Example]):
     """Returns ``(EncoderSpec, srcdict or None, info)``; None means fairseq builds the dict from the training tokens.
 
     The tokenizer's files are copied into the output, and ``info["tokenizer"]`` is their record
-    (:mod:`acl_fairseq.tokenization`), names relative to the output, so the folder alone can tokenize."""
+    (:mod:`acl_runtime.tokenization`), names relative to the output, so the folder alone can tokenize."""
     from acl_fairseq.preprocessing import text_encoders as te
 
     make = {"gpt2": _gpt2, "sentencepiece": _sentencepiece, "wordpiece": _wordpiece}[args.tokenizer]
@@ -32,7 +32,7 @@ def setup_tokenizer(args, tmp: str, work: str, train_examples: List[Example]):
 
 def _gpt2(args, tmp, work, train_examples, info):
     from acl_fairseq.preprocessing.gpt2_files import ensure_gpt2_bpe
-    from acl_fairseq.tokenization import make_record
+    from acl_runtime.tokenization import make_record
 
     paths = ensure_gpt2_bpe(args.bpe_dir, args.bpe_url)
     for name in ("encoder.json", "vocab.bpe"):
@@ -45,7 +45,7 @@ def _gpt2(args, tmp, work, train_examples, info):
 
 def _sentencepiece(args, tmp, work, train_examples, info):
     from acl_fairseq.preprocessing import text_encoders as te
-    from acl_fairseq.tokenization import make_record
+    from acl_runtime.tokenization import make_record
 
     model = os.path.join(tmp, "spm.model")  # kept in the output, to decode with
     if args.spm_model:
@@ -64,7 +64,7 @@ def _sentencepiece(args, tmp, work, train_examples, info):
 
 def _wordpiece(args, tmp, work, train_examples, info):
     from acl_fairseq.preprocessing import text_encoders as te
-    from acl_fairseq.tokenization import detect_lowercase, load_vocab, make_record
+    from acl_runtime.tokenization import detect_lowercase, load_vocab, make_record
 
     _require_file(args.vocab, "--vocab")
     lowercase = args.lowercase if args.lowercase is not None else detect_lowercase(args.vocab, load_vocab(args.vocab))

@@ -1,7 +1,7 @@
 """The GPT-2 BPE files RoBERTa needs (``encoder.json``, ``vocab.bpe``, ``dict.txt``): fetch or build.
 
 ``ensure_gpt2_bpe`` downloads any missing file from fairseq's server (as preprocess_GLUE_tasks.sh does
-with ``wget -N``), into ``--bpe-dir``, atomically (:mod:`acl_fairseq.io.atomic`: whole or absent, and what a killed
+with ``wget -N``), into ``--bpe-dir``, atomically (:mod:`acl_runtime.io.atomic`: whole or absent, and what a killed
 download left is removed by the next one); files already there are never fetched again.
 ``write_local_gpt2_bpe`` learns a small byte-level BPE from some text with the ``tokenizers`` trainer and
 writes it in the same three-file format, for tests and benchmarks on machines that cannot reach the
@@ -16,8 +16,8 @@ import urllib.request
 from collections import Counter
 from typing import Dict, Iterable, List, Tuple
 
-from acl_fairseq.io import atomic
-from acl_fairseq.preprocessing.glue_tasks import GlueDataError
+from acl_runtime.glue_tasks import GlueDataError
+from acl_runtime.io import atomic
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Tokenizing GLUE text in a process pool, and the fairseq ``dict.txt`` each tokenizer kind needs.
 
-The tokenizers themselves live in :mod:`acl_fairseq.tokenization` (one implementation per kind, shared
+The tokenizers themselves live in :mod:`acl_runtime.tokenization` (one implementation per kind, shared
 with prediction); an :class:`EncoderSpec` is the picklable ``(record, base_dir)`` that each worker process
 builds its tokenizer from, once. Chunks are kept in order.
 """
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from multiprocessing import Pool
 from typing import Callable, Iterator, List, Optional, Sequence
 
-from acl_fairseq import tokenization
-from acl_fairseq.preprocessing.glue_tasks import GlueDataError
+from acl_runtime import tokenization
+from acl_runtime.glue_tasks import GlueDataError
 
 logger = logging.getLogger(__name__)
 
@@ -19,7 +19,7 @@ FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
 
 @dataclass(frozen=True)
 class EncoderSpec:
-    """A tokenizer record (:mod:`acl_fairseq.tokenization`) and the folder its file names are relative to."""
+    """A tokenizer record (:mod:`acl_runtime.tokenization`) and the folder its file names are relative to."""
 
     record: dict
     base_dir: str

@@ -40,7 +40,9 @@ from fairseq.tasks import register_task
 from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask
 from omegaconf import II
 
-from .. import checkpoint_safety, conventions, glue_metrics, projector
+from acl_runtime import conventions
+
+from .. import checkpoint_safety, glue_metrics, projector
 
 logger = logging.getLogger(__name__)
 DEFAULT_RESTORE_FILE = "checkpoint_last.pt"  # fairseq's default, looked up in --save-dir

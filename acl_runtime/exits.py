@@ -27,6 +27,7 @@ and the hub call :func:`validate` on what a user gives.
 
 import functools
 import math
+import sys
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
@@ -46,6 +47,11 @@ def _is_torch(x) -> bool:
     return hasattr(x, "detach")  # duck typing: importing torch here would tie the runtime to it
 
 
+def _torch():
+    """The torch module a torch caller has already loaded (this package never imports it: it is torch-free)."""
+    return sys.modules["torch"]
+
+
 def _to_numpy(x) -> np.ndarray:
     """A float32 numpy array of ``x`` (a torch tensor is detached and copied to the CPU)."""
     if _is_torch(x):
@@ -57,9 +63,7 @@ def _like(value: np.ndarray, ref):
     """``value`` as a torch tensor on ``ref``'s device when ``ref`` is a tensor, else unchanged."""
     if not _is_torch(ref):
         return value
-    import torch
-
-    return torch.from_numpy(value).to(ref.device)
+    return _torch().from_numpy(value).to(ref.device)
 
 
 def _log_softmax(x, xp):
@@ -90,9 +94,7 @@ def prediction_entropy(logits: Array, normalized: bool = True) -> Array:
         (a softmax of exactly 0 multiplies a finite log-probability), unlike ``p * log p``.
     """
     if _is_torch(logits):
-        import torch
-
-        x, xp = logits.float(), torch
+        x, xp = logits.float(), _torch()
     else:
         x, xp = np.asarray(logits, dtype=np.float32), np
     num_classes = x.shape[-1]
@@ -128,9 +130,7 @@ def init_state(batch_size: int, device=None) -> Array:
     state[:, 0] = np.nan
     if device is None:
         return state
-    import torch
-
-    return torch.from_numpy(state).to(device)
+    return _torch().from_numpy(state).to(device)
 
 
 @step_function
@@ -308,8 +308,7 @@ def gather_exit_logits(per_exit_logits: List[Array], exit_index: Array) -> Array
     """The logits of the exit each example left at. per_exit_logits: M x (B, K); exit_index: (B,).
     Tensors stay tensors (dtype and device kept)."""
     if _is_torch(per_exit_logits[0]):
-        import torch
-
+        torch = _torch()
         stacked = torch.stack(per_exit_logits, dim=1)  # B x M x K
         return stacked[torch.arange(stacked.size(0), device=stacked.device), exit_index]
     stacked = np.stack(per_exit_logits, axis=1)  # B x M x K

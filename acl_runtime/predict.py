@@ -4,14 +4,14 @@
         [--policy entropy --threshold 0.3 | --exit-layer L] [--batch-size 32] [--output FILE|-] [--format jsonl|tsv]
 
 Input: a GLUE TSV (``--task``: the task's text columns, header and layout from
-``acl_fairseq.preprocessing.glue_tasks``), a TSV with ``--columns`` (1-based), JSONL (``{"text": ...,
+``acl_runtime.glue_tasks``), a TSV with ``--columns`` (1-based), JSONL (``{"text": ...,
 "text_pair": ..., "id": ...}``), or plain text, one sentence per line. Output, streamed in input order: one
 record per input with its id, label (or score), probabilities and exit layer. Without policy flags the
 calibrated policy decides when ``acl-evaluate --calibrate`` wrote an exit_policy.json for this checkpoint beside
 it (an OUT/onnx folder: its manifest's serving policy), and stderr says so; else, or with ``--policy none``, the
 last exit decides, like an ordinary classifier. A bad row (not UTF-8, empty, wrong column count, bad JSON, a null
 text) is reported with ``file:line`` and skipped, or stops the run with ``--strict``. The input is read as a
-stream (``acl_fairseq.cli.inputs``): a large file or a pipe needs no more memory than a chunk. Inputs longer
+stream (``acl_runtime.inputs``): a large file or a pipe needs no more memory than a chunk. Inputs longer
 than the model's positions are cut and counted. The decisions are those of the layer-by-layer engine
 acl-evaluate checks, on the same length-sorted batches (``--chunk-size`` inputs are sorted together; the
 default holds a GLUE dev set whole).
@@ -26,14 +26,12 @@ import textwrap
 import time
 from typing import List, Optional, Sequence
 
-from acl_fairseq import exits
-from acl_fairseq.cli import console, inputs
-from acl_fairseq.cli.console import UsageError, positive_int
-from acl_fairseq.cli.inputs import BadRow, Row
-from acl_fairseq.inference import calibration
-from acl_fairseq.io import atomic
+from acl_runtime import calibration, console, exits, inputs
+from acl_runtime.console import UsageError, positive_int
+from acl_runtime.inputs import BadRow, Row
+from acl_runtime.io import atomic
 
-logger = logging.getLogger("acl_fairseq.cli.predict")
+logger = logging.getLogger("acl_runtime.predict")
 FORMATS = ("jsonl", "tsv")
 EXIT_STATUSES = ("Exit status: 0 when every row was read (bad rows skipped are counted and listed on stderr); "
                  "1 with --strict at the first bad row; 2 for a usage or input error (a missing, binary or "
@@ -226,7 +224,7 @@ class _NoBar:
 
 
 def resolve_policy(args, hub):
-    """The :class:`acl_fairseq.runtime.loop.ExitRequest` to run, resolved once for the whole input: the flags,
+    """The :class:`acl_runtime.loop.ExitRequest` to run, resolved once for the whole input: the flags,
     else the model's calibrated (serving) policy, named on stderr, else the last exit; the threshold is the
     table's default when a policy is given without one."""
     request = hub.resolve_request(args.policy, args.threshold, args.exit_layer, source="flag")
@@ -237,28 +235,34 @@ def resolve_policy(args, hub):
     return request
 
 
+CHECKPOINT_READER = "acl_runtime.checkpoint_reader"  # entry-point group: the training install's checkpoint reader
+
+
+def checkpoint_reader():
+    """The module that reads a fairseq checkpoint (``acl_fairseq.inference.checkpoint_reader`` in a full install),
+    found through the :data:`CHECKPOINT_READER` entry point: this package never imports the plugin or torch."""
+    from importlib.metadata import entry_points
+
+    found = list(entry_points(group=CHECKPOINT_READER))
+    if not found:
+        raise UsageError("a checkpoint needs the training install (torch, fairseq and acl_fairseq); this one serves "
+                         "exported OUT/onnx folders only: pass such a folder, or install the project with torch")
+    try:
+        return found[0].load()
+    except ModuleNotFoundError as e:
+        raise UsageError(f"a checkpoint needs {e.name}, which is not installed here: pass an exported OUT/onnx "
+                         "folder (acl-export --format onnx), or install torch and fairseq (README, Set-up)") from None
+
+
 def load_hub(args):
     """The model behind ``args.checkpoint``, on ``--device``; a damaged file or a missing tokenizer is a
     :class:`UsageError`."""
-    from acl_fairseq import checkpoint_safety
-    from acl_fairseq.inference import hub as hub_mod
-
-    try:
-        hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(args.checkpoint)),
-                                      os.path.basename(args.checkpoint), os.path.abspath(args.data),
-                                      tokenizer_file=args.tokenizer)
-    except (hub_mod.TokenizerNotFound, checkpoint_safety.CheckpointError,
-            checkpoint_safety.DictionaryMismatch, calibration.RecordError) as e:
-        raise UsageError(str(e)) from None
-    hub.eval()
-    if console.resolve_device(args.device) == "cuda":
-        hub.cuda()
-    return hub
+    return checkpoint_reader().load(args.checkpoint, args.data, args.tokenizer, args.device)
 
 
 def load_engine(args):
     """An exported OUT/onnx folder in the ONNX Runtime engine (numpy, onnxruntime, tokenizers: no torch)."""
-    from acl_fairseq.runtime import engine
+    from acl_runtime import engine
 
     try:
         return engine.Engine(args.checkpoint, args.precision)
@@ -281,12 +285,7 @@ def check_files(args) -> None:
     if not os.path.isdir(os.path.join(args.data, "input0")):  # fairseq's error would be a traceback, after loading
         raise UsageError(f"--data {args.data}: not a binarized sentence_prediction folder (no input0/). Fix: pass "
                          "the folder the model was trained on (fairseq-preprocess or acl-preprocess output)")
-    from acl_fairseq import checkpoint_safety  # torch: only for a checkpoint, never for an OUT/onnx folder
-
-    try:
-        checkpoint_safety.check_readable(args.checkpoint)
-    except checkpoint_safety.CheckpointError as e:
-        raise UsageError(str(e)) from None
+    checkpoint_reader().check_readable(args.checkpoint)  # torch: only for a checkpoint, never for OUT/onnx
 
 
 def main(argv: Optional[List[str]] = None) -> dict:

@@ -1,6 +1,6 @@
 """A scheduler that refills: continuous batching across the layers of an early-exit model (numpy only).
 
-Batched early exit on its own (:func:`acl_fairseq.runtime.loop.run_batch`) lets exited rows leave a batch that then
+Batched early exit on its own (:func:`acl_runtime.loop.run_batch`) lets exited rows leave a batch that then
 only shrinks: a batch costs about what its slowest row's path costs. Here every row waits in the queue of the
 layer it needs next, with its own hidden states and its policy state (patience's counter travels with its row):
 
@@ -19,7 +19,7 @@ instead, a request at a time through its layers, cut batches small: on benchmark
 139 requests/s at saturation against 174, and its p99 at half that load was 105 ms against 63.) A batch starts with
 its queue's oldest row and takes the rows closest to it in length while the padding stays within ``max_padding`` of
 the real tokens. With ``refill=False`` the scheduler is today's batched early exit: up to ``max_batch`` queued rows,
-as they came, through :func:`~acl_fairseq.runtime.loop.run_batch` (the baseline of benchmarks/serve_load.py).
+as they came, through :func:`~acl_runtime.loop.run_batch` (the baseline of benchmarks/serve_load.py).
 
 One thread makes every backend call (one ONNX Runtime session set per worker); :meth:`Scheduler.submit` is safe
 from any thread and returns a :class:`concurrent.futures.Future`.
@@ -34,8 +34,7 @@ from typing import Callable, Deque, Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from acl_fairseq import exits
-from acl_fairseq.runtime import loop
+from acl_runtime import exits, loop
 
 
 class QueueFull(Exception):
@@ -82,7 +81,7 @@ class _Row:
 
 
 class Scheduler:
-    """Continuous batching across layers over a :class:`acl_fairseq.runtime.loop.Backend` with ``join``.
+    """Continuous batching across layers over a :class:`acl_runtime.loop.Backend` with ``join``.
 
     ``max_batch`` caps the rows of one backend call, ``max_queue`` the rows accepted and not yet answered (more is
     :class:`QueueFull`), ``max_padding`` the padded positions of a batch beyond its real tokens (0.5: at most 1.5x),

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from acl_fairseq.io import file_sha256
+from acl_runtime.io import file_sha256
 
 logger = logging.getLogger(__name__)
 MANIFEST = "manifest.json"

@@ -8,7 +8,7 @@ import signal
 import sys
 from typing import Dict, List, Optional
 
-from acl_fairseq import exits
+from acl_runtime import exits
 
 LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"  # fairseq's own
 DEVICES = ("auto", "cpu", "cuda")
@@ -37,17 +37,6 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: must be a positive whole number")
     return value
-
-
-def resolve_device(device: str) -> str:
-    """'cpu' or 'cuda' for a --device value; asking for CUDA where there is none is an error."""
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda, but CUDA is not available here: pass --device cpu or auto")
-    return device
 
 
 class UsageError(SystemExit):

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from acl_fairseq.cli.tables import read_tsv
+from acl_runtime.tables import read_tsv
 
 # The tasks' facts are one row per task of recipes/glue/hparams.tsv, which also holds the recipe's schedule. The
 # package carries that table as glue_tasks.tsv: a link to it in a checkout, a copy in an installed wheel (setup.py

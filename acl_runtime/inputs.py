@@ -19,8 +19,8 @@ import re
 import sys
 from typing import IO, Iterator, List, NamedTuple, Optional, Tuple
 
-from acl_fairseq import tokenization
-from acl_fairseq.cli.console import UsageError
+from acl_runtime import tokenization
+from acl_runtime.console import UsageError
 
 KINDS = ("auto", "tsv", "jsonl", "text")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -175,7 +175,7 @@ def glue_layout(task: str, first: List[str], name: str = "<input>"
     the fields ``first``: train/dev or test layout, told apart by the header (test files have no label column).
     A first line that is neither layout's is refused: read with another task's columns (or a header-less file's
     first row taken for a header) a file would be classified from its index or label column, without an error."""
-    from acl_fairseq.preprocessing.glue_tasks import GlueDataError, get_task
+    from acl_runtime.glue_tasks import GlueDataError, get_task
 
     try:
         spec = get_task(task)

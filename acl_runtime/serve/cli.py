@@ -21,10 +21,8 @@ import tempfile
 import time
 from typing import List, Optional
 
-from acl_fairseq import exits
-from acl_fairseq.cli import console
-from acl_fairseq.cli.console import UsageError, positive_int
-from acl_fairseq.inference import calibration
+from acl_runtime import calibration, console, exits
+from acl_runtime.console import UsageError, positive_int
 
 SETTINGS_ENV = "ACL_SERVE_SETTINGS"  # a worker process's Settings, as JSON (--workers N)
 EXIT_STATUSES = ("Exit status: 0 after SIGTERM or Ctrl-C once every accepted request is answered (the server stops "
@@ -74,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from(args):
-    from acl_fairseq.serve.app import Settings
+    from acl_runtime.serve.app import Settings
 
     max_queue = args.max_queue or 32 * args.max_batch
     if max_queue < args.max_batch:
@@ -85,9 +83,9 @@ def settings_from(args):
 
 
 def load_service(settings):
-    """The worker's :class:`~acl_fairseq.serve.app.Service`; a bad folder or flag is a :class:`UsageError`."""
-    from acl_fairseq.runtime import engine
-    from acl_fairseq.serve.app import Service
+    """The worker's :class:`~acl_runtime.serve.app.Service`; a bad folder or flag is a :class:`UsageError`."""
+    from acl_runtime import engine
+    from acl_runtime.serve.app import Service
 
     try:
         return Service(settings)
@@ -97,7 +95,7 @@ def load_service(settings):
 
 def worker_app():
     """The app of one ``--workers`` process (uvicorn's factory, in a fresh interpreter)."""
-    from acl_fairseq.serve.app import Settings, build_app
+    from acl_runtime.serve.app import Settings, build_app
 
     return build_app(load_service(Settings(**json.loads(os.environ[SETTINGS_ENV]))))
 
@@ -117,8 +115,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     settings = settings_from(args)
     import uvicorn
 
-    from acl_fairseq.serve.app import build_app
-    from acl_fairseq.serve.transport import NoDelayH11Protocol
+    from acl_runtime.serve.app import build_app
+    from acl_runtime.serve.transport import NoDelayH11Protocol
 
     # the worker processes load their own; this one checks the folder and flags first, so that a bad one is one
     # line and exit 2 rather than N workers failing
@@ -133,7 +131,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         os.environ[SETTINGS_ENV] = json.dumps(settings._asdict())
         # prometheus-client's multiprocess mode: each worker writes its values in this folder, /metrics sums them
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="acl-serve-metrics-")
-        config = uvicorn.Config("acl_fairseq.serve.cli:worker_app", factory=True, workers=args.workers, **config)
+        config = uvicorn.Config("acl_runtime.serve.cli:worker_app", factory=True, workers=args.workers, **config)
     else:
         config = uvicorn.Config(build_app(service), **config)
     policy = "last exit" if default.policy is None else f"{default.policy} {default.threshold:g} ({default.source})"

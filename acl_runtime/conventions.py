@@ -16,7 +16,7 @@ Schema (``SCHEMA``), every field required:
   ``</s>``, as the stock task passes no segment ids.
 - ``head_dropout``: dropout of the classification head (HF ``classifier_dropout``, else
   ``hidden_dropout_prob``); the default of ``--pooler-dropout``. null: fairseq's default 0.
-- ``tokenizer``: a :mod:`acl_fairseq.tokenization` record, ``{"kind": "wordpiece", "files": {"vocab":
+- ``tokenizer``: a :mod:`acl_runtime.tokenization` record, ``{"kind": "wordpiece", "files": {"vocab":
   "vocab.txt"}, "lowercase": bool}`` or ``{"kind": "hf_byte_bpe", "files": {"vocab": "vocab.json",
   "merges": "merges.txt"}, "lowercase": false}``; file names relative to the record's folder. The form
   written before (``{"kind": ..., "vocab": ..., "merges": ...}``, still inside older checkpoints) is read
@@ -39,7 +39,7 @@ import logging
 import os
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
-from acl_fairseq.io import atomic
+from acl_runtime.io import atomic
 
 SCHEMA = "acl_fairseq.conventions/1"
 FILE_NAME = "conventions.json"
@@ -87,7 +87,7 @@ def validate(record: dict, where: str = "conventions") -> dict:
 
 
 def _validate_tokenizer(record: dict, where: str) -> dict:
-    from acl_fairseq import tokenization
+    from acl_runtime import tokenization
 
     tokenizer = tokenization.upgrade_legacy(record["tokenizer"])
     try:

@@ -1,7 +1,7 @@
 """acl-serve's ASGI application (Starlette): one :class:`Service` (an ONNX Runtime engine and its refilling
 scheduler) behind the Open Inference Protocol v2 routes, TEI's ``/predict`` and ``/metrics``.
 
-Every backend call is made by the scheduler's thread (:class:`acl_fairseq.runtime.scheduler.Scheduler`); a request
+Every backend call is made by the scheduler's thread (:class:`acl_runtime.scheduler.Scheduler`); a request
 encodes its texts, submits the rows, and awaits their future, so the event loop never runs a model. A full queue is
 503 with ``Retry-After`` (the scheduler's estimate of when the queue will have drained). Bad input is a 4xx with one
 line and never reaches the model.
@@ -19,14 +19,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from acl_fairseq.runtime import loop
-from acl_fairseq.runtime.engine import Engine
-from acl_fairseq.runtime.scheduler import Closed, QueueFull, Scheduler
-from acl_fairseq.serve import protocol
-from acl_fairseq.serve.metrics import CONTENT_TYPE, Metrics
-from acl_fairseq.serve.protocol import BadRequest
+from acl_runtime import loop
+from acl_runtime.engine import Engine
+from acl_runtime.scheduler import Closed, QueueFull, Scheduler
+from acl_runtime.serve import protocol
+from acl_runtime.serve.metrics import CONTENT_TYPE, Metrics
+from acl_runtime.serve.protocol import BadRequest
 
-logger = logging.getLogger("acl_fairseq.serve")
+logger = logging.getLogger("acl_runtime.serve")
 VERSION = "1"  # the one model version served (OIP's /versions/{v} paths)
 CLOSE_SECONDS = 1.0  # the scheduler's own drain, after uvicorn's (see build_app's lifespan)
 
@@ -57,7 +57,7 @@ class Answered(NamedTuple):
 class Service:
     """One worker's model: the engine, the server's default exit request (its --policy flags, else the folder's
     serving policy), the scheduler and the metrics. Built before the server listens, so a bad folder or flag is
-    one line and exit 2 (:mod:`acl_fairseq.serve.cli`)."""
+    one line and exit 2 (:mod:`acl_runtime.serve.cli`)."""
 
     def __init__(self, settings: Settings):
         self.settings = s = settings

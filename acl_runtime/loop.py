@@ -4,8 +4,8 @@ A backend is a model cut at its layers (:class:`Backend`): ``embed(ids, mask) ->
 ``layer(i, state, mask) -> (state, logits or None)`` for layer ``i`` (1-based; logits (B, K) float32 where the
 layer has an exit), and ``take(state, rows, length)`` to keep some rows and cut the padding columns beyond
 ``length``. The torch model (:class:`acl_fairseq.inference.early_exit.TorchBackend`) and the exported ONNX
-graphs (:class:`acl_fairseq.runtime.engine.OrtBackend`) are the two backends; :func:`run_batch` is the one
-loop over them: at each exit the step of :mod:`acl_fairseq.exits` (the one policy table), and the rows that fire
+graphs (:class:`acl_runtime.engine.OrtBackend`) are the two backends; :func:`run_batch` is the one
+loop over them: at each exit the step of :mod:`acl_runtime.exits` (the one policy table), and the rows that fire
 leave the batch before the next layer. The loop keeps no state between calls: a row's answer depends on its
 ids and the request only, which a scheduler that calls ``layer`` on rows gathered from several batches needs.
 
@@ -20,8 +20,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tu
 
 import numpy as np
 
-from acl_fairseq import exits
-from acl_fairseq.inference import calibration
+from acl_runtime import calibration, exits
 
 Text = Union[str, Tuple[str, str], List[str]]
 State = Any  # a backend's hidden states (T x B x C): a numpy array, or a torch tensor on the model's device
@@ -51,7 +50,7 @@ class Backend(Protocol):
     def join(self, states: Sequence[State], width: int) -> State:
         """States of rows from several batches as one batch: each padded to ``width`` positions (the padding is
         masked, so its values do not matter), stacked along the batch. For the scheduler
-        (:mod:`acl_fairseq.runtime.scheduler`); ``run_batch`` does not need it."""
+        (:mod:`acl_runtime.scheduler`); ``run_batch`` does not need it."""
 
 
 class ExitRequest(NamedTuple):
@@ -180,7 +179,7 @@ def make_batches(token_lists: Sequence[Sequence[int]], batch_size: int, pad: int
     """Batches (:class:`Batch`): inputs sorted by (length, position), as acl-evaluate sorts a split, cut into batches
     and right-padded with ``pad``. A row holding ``pad`` is refused: the models' embeddings (fairseq's positions,
     the exported graph's mask) would take it for padding, whatever the lengths say; text never makes one
-    (:func:`acl_fairseq.tokenization.dictionary_ids`)."""
+    (:func:`acl_runtime.tokenization.dictionary_ids`)."""
     order = sorted(range(len(token_lists)), key=lambda i: (len(token_lists[i]), i))
     out = []
     for start in range(0, len(order), batch_size):

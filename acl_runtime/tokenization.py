@@ -225,10 +225,17 @@ def build_decoder(record: dict, base_dir: str) -> Callable[[Sequence[str]], str]
     return lambda toks: " ".join(toks)
 
 
-def _gpt2(paths):
-    from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
+# Tokenizers that live in the training stack, by record kind: fairseq's GPT-2 BPE ("gpt2"), which the plugin
+# registers when it imports (acl_fairseq/bpe.py). An exported OUT/onnx folder never needs them: its
+# tokenizer.json carries the same BPE for the ``tokenizers`` library.
+TRAINING_STACK: Dict[str, Callable[[Dict[str, str]], object]] = {}
 
-    return get_encoder(paths["encoder_json"], paths["vocab_bpe"])
+
+def _gpt2(paths):
+    if "gpt2" not in TRAINING_STACK:
+        raise ValueError("a gpt2 tokenizer record needs fairseq's GPT-2 BPE: import acl_fairseq in an install with "
+                         "torch and fairseq, or export the model (acl-export --format onnx) for a torch-free runtime")
+    return TRAINING_STACK["gpt2"](paths)
 
 
 def _sentencepiece(paths):

@@ -1,12 +1,12 @@
 """The early-exit engine on ONNX Runtime: an exported ``OUT/onnx`` folder, raw text in, predictions out.
 
-    from acl_fairseq.runtime import Engine
+    from acl_runtime.engine import Engine
     engine = Engine("OUT/onnx")                    # precision="int8" for the quantized copy
     engine.predict_early_exit(["a sentence", ("a premise", "a hypothesis")], policy="entropy", threshold=0.3)
 
 Needs onnxruntime, numpy and tokenizers only: neither torch nor fairseq is imported. It runs what acl-predict
-runs on a checkpoint, through the same code: the loop and the edge of :mod:`acl_fairseq.runtime.loop` (batches
-sorted by length, the policy step of :mod:`acl_fairseq.exits` at each exit, exited rows leaving the batch, one
+runs on a checkpoint, through the same code: the loop and the edge of :mod:`acl_runtime.loop` (batches
+sorted by length, the policy step of :mod:`acl_runtime.exits` at each exit, exited rows leaving the batch, one
 ``Prediction`` type), here over :class:`OrtBackend` (the embeddings graph and one graph per layer) instead of
 the torch model; the ids are the hub's (the manifest's input layout). Without a policy (and without an exit
 layer) the manifest's serving policy decides (acl-export's ``--policy``, else the ``exit_policy.json``
@@ -17,10 +17,9 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from acl_fairseq import conventions, exits, tokenization
-from acl_fairseq.runtime import loop
-from acl_fairseq.runtime import manifest as checks
-from acl_fairseq.runtime.loop import BatchOutput, Prediction, Text, softmax  # noqa: F401  (their home before the loop)
+from acl_runtime import conventions, exits, loop, tokenization
+from acl_runtime import manifest as checks
+from acl_runtime.loop import BatchOutput, Prediction, Text, softmax  # noqa: F401  (their home before the loop)
 
 MANIFEST = "manifest.json"
 SCHEMA = "acl_fairseq.onnx/1"
@@ -40,7 +39,7 @@ def _import(name: str):
 
 
 def read_manifest(folder: str) -> dict:
-    """``manifest.json``, parsed and its parts checked against each other (:mod:`acl_fairseq.runtime.manifest`)."""
+    """``manifest.json``, parsed and its parts checked against each other (:mod:`acl_runtime.manifest`)."""
     manifest = checks.read(folder)
     checks.check(folder, manifest)
     return manifest
@@ -56,7 +55,7 @@ def _listed_file(folder: str, name: str) -> str:
 
 
 class OrtBackend:
-    """The exported graphs as a backend of :func:`acl_fairseq.runtime.loop.run_batch`: ``embed.onnx``, then
+    """The exported graphs as a backend of :func:`acl_runtime.loop.run_batch`: ``embed.onnx``, then
     ``layerN.onnx`` (``(x, padding_mask) -> x``, and the exit's logits where the layer has one). States are
     numpy arrays T x B x C."""
 
@@ -86,7 +85,7 @@ class OrtBackend:
 
 class Engine(loop.EarlyExitPredictor):
     """An exported folder loaded into ONNX Runtime sessions (one per graph): the ONNX Runtime front end of
-    :class:`acl_fairseq.runtime.loop.EarlyExitPredictor` (``predict_early_exit``, ``run_batches``,
+    :class:`acl_runtime.loop.EarlyExitPredictor` (``predict_early_exit``, ``run_batches``,
     ``resolve_request``, ``check_policy``), the hub being the other."""
 
     def __init__(self, folder: str, precision: str = "fp32", threads: Optional[int] = None):
@@ -146,7 +145,7 @@ class Engine(loop.EarlyExitPredictor):
 
     def encode_with_info(self, a: str, b: Optional[str] = None) -> Tuple[List[int], bool]:
         """``(ids, truncated)`` built as the hub builds them: each text cut at its byte budget
-        (:func:`acl_fairseq.tokenization.clip`), then init token, A, ``</s>``, [separator, B, ``</s>``], cut at
+        (:func:`acl_runtime.tokenization.clip`), then init token, A, ``</s>``, [separator, B, ``</s>``], cut at
         the model's positions (ending with ``</s>``) when too long."""
         max_positions = self.layout["max_positions"]
         clipped = [tokenization.clip(x, max_positions) for x in ((a,) if b is None else (a, b))]
@@ -156,7 +155,7 @@ class Engine(loop.EarlyExitPredictor):
 
     def _text_ids(self, text: str) -> List[int]:
         """The tokenizer file's ids of ``text``, a special token's id read as ``<unk>``: a folder exported before
-        text was text (acl_fairseq.tokenization.dictionary_ids) maps a typed ``<pad>`` or ``</s>`` to its row."""
+        text was text (acl_runtime.tokenization.dictionary_ids) maps a typed ``<pad>`` or ``</s>`` to its row."""
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
         layout = self.input_layout
         specials = {self.pad, layout.eos, layout.init, layout.separator_token}
@@ -167,7 +166,7 @@ class Engine(loop.EarlyExitPredictor):
 
     def run_batch(self, src: np.ndarray, policy: Optional[str] = None, threshold: float = 0.0,
                   exit_layer: Optional[int] = None, delta: float = exits.DEFAULT_REGRESSION_DELTA) -> BatchOutput:
-        """:func:`acl_fairseq.runtime.loop.run_batch` on one right-padded batch (B, T) of ids."""
+        """:func:`acl_runtime.loop.run_batch` on one right-padded batch (B, T) of ids."""
         mask = loop.padding_mask(loop.right_padded_lengths(src, self.pad), src.shape[1])
         return loop.run_batch(self.backend, src, mask, loop.ExitRequest(policy, threshold, exit_layer),
                               self.regression, delta)

@@ -12,7 +12,7 @@ A budget no swept setting meets raises :class:`Unmet`, naming the closest one. T
 policy is given (:func:`resolve`), and only to the checkpoint it was calibrated on (file name and sha256,
 :func:`for_checkpoint`). ``policy="none"`` (:data:`NO_POLICY`) asks for the last exit whatever was calibrated.
 
-Standard library and :mod:`acl_fairseq.exits` only: the ONNX runtime resolves its serving policy here too.
+Standard library and :mod:`acl_runtime.exits` only: the ONNX runtime resolves its serving policy here too.
 """
 import datetime
 import errno
@@ -22,8 +22,8 @@ import math
 import os
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-from acl_fairseq import exits
-from acl_fairseq.io import atomic, file_sha256
+from acl_runtime import exits
+from acl_runtime.io import atomic, file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ def for_checkpoint(checkpoint: str) -> Optional[Dict]:
     """The record beside ``checkpoint`` when it was calibrated on this very file, else None (a record made for
     another file, or for an earlier version of this one, is named in a warning and not used). A record that
     cannot be read comes back as ``{"policy": None, "error", "source"}``: the error is raised where the record
-    would decide (:func:`acl_fairseq.runtime.loop.resolve_request`), never where an explicit policy is given."""
+    would decide (:func:`acl_runtime.loop.resolve_request`), never where an explicit policy is given."""
     path = path_beside(checkpoint)
     if not os.path.isfile(path):
         return None
