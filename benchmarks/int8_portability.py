@@ -58,12 +58,16 @@ def token_rows(folder: str, n: int, seed: int = 0) -> List[np.ndarray]:
     return rows
 
 
-def _sessions(folder: str, precision: str, layer_dir: str = None):
+def _sessions(folder: str, precision: str, layer_dir: str = None, exact: bool = False):
+    """``exact``: no graph optimization, so that a QDQ graph runs as written (QuantizeLinear, DequantizeLinear, float
+    MatMul): the quantized model's arithmetic without any CPU's integer kernel, which is what no kind may change."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    if exact:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     m = manifest(folder)
     files = {r["file"]: r["file"] for r in m["layers"]}
     if precision != "fp32":
@@ -76,10 +80,11 @@ def _sessions(folder: str, precision: str, layer_dir: str = None):
 
 
 def run_rows(folder: str, rows: List[np.ndarray], batch: int, precision: str = "fp32",
-             layer_dir: str = None) -> np.ndarray:
+             layer_dir: str = None, exact: bool = False) -> np.ndarray:
     """Every exit's logits (N, exits, K) of ``rows``, ``batch`` rows a call, padded to the longest of each call.
-    ``layer_dir``: take the layer graphs (by their fp32 file names) from there instead."""
-    m, embed, layers = _sessions(folder, precision, layer_dir)
+    ``layer_dir``: take the layer graphs (by their fp32 file names) from there instead; ``exact``: see
+    :func:`_sessions`."""
+    m, embed, layers = _sessions(folder, precision, layer_dir, exact)
     pad, out = m["input_layout"]["pad"], []
     for start in range(0, len(rows), batch):
         chunk = rows[start:start + batch]
