@@ -87,8 +87,8 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[2].removeprefix("Skipped: ")
         if helpers.skip_is_failure_here(reason):
             report.outcome = "failed"
-            report.longrepr = (f"{item.nodeid}: skipped for '{reason}', but CI=true: the real GLUE folder "
-                               "(../shared/glue beside the checkout, or GLUE_DIR) must be there in CI")
+            report.longrepr = (f"{item.nodeid}: skipped for '{reason}', but CI=true: .ci/run sets it up, so it "
+                               "must be there in CI")
     return report
 
 

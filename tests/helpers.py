@@ -6,6 +6,8 @@ import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(REPO, "acl_fairseq")
 
@@ -162,7 +164,6 @@ def _records(path: str):
 def unwritable_folder(tmp_path) -> str:
     """A folder in which this process cannot create files: a read-only folder under ``tmp_path``, or /sys when
     running as root (root ignores permission bits); skips the test where there is none."""
-    import pytest
 
     read_only = os.path.join(str(tmp_path), "read_only")
     os.makedirs(read_only, exist_ok=True)
@@ -177,12 +178,29 @@ def unwritable_folder(tmp_path) -> str:
     pytest.skip("no folder here refuses writes")
 
 
-# the reason test_preprocess.py and test_tokenization.py skip with when ../shared/glue (GLUE_DIR) is absent
-NO_REAL_GLUE = "no real GLUE data here"
+NEEDED = "needed here: "  # a skip reason that starts so is a failure under CI=true (conftest.py)
+# test_preprocess.py and test_tokenization.py skip with it when ../shared/glue (GLUE_DIR) is absent
+NO_REAL_GLUE = NEEDED + "the real GLUE folder (../shared/glue beside the checkout, or GLUE_DIR)"
+
+
+def skip_needed(what: str, install: str) -> None:
+    """Skip for something that .ci/run sets up (a Debian package, the real GLUE files, the packaged MiniLM):
+    a skip for ``what`` outside CI, a failure under CI=true, where its absence is a broken machine."""
+    pytest.skip(f"{NEEDED}{what} ({install})")
+
+
+def import_needed(module: str, install: str):
+    """``pytest.importorskip`` whose skip :func:`skip_needed` makes a failure under CI=true."""
+    try:
+        return __import__(module)
+    except ImportError:
+        skip_needed(f"the Python module {module}", install)
 
 
 def skip_is_failure_here(reason: str, environ=os.environ) -> bool:
     """Whether a test skipped for ``reason`` fails instead (conftest.py applies it to every test). Under
-    ``CI=true`` the real GLUE files are part of the set-up that .ci/run's slow tests read, so their absence
-    is a broken machine, and a skip would let the run pass green without ever reading them."""
-    return reason == NO_REAL_GLUE and environ.get("CI", "").strip().lower() in ("true", "1")
+    ``CI=true`` what .ci/run sets up (the real GLUE files, qemu-user, PostgreSQL, the packaged MiniLM) is part
+    of the machine, so a skip for its absence (a reason that starts with :data:`NEEDED`) would let the run pass
+    green without the check; other skips (a check that cannot apply here, such as a read-only folder for root)
+    stay skips."""
+    return reason.startswith(NEEDED) and environ.get("CI", "").strip().lower() in ("true", "1")

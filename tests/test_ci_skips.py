@@ -48,3 +48,24 @@ def test_a_pytest_run_under_ci_reports_the_skip_as_a_failure(tmp_path):
     assert "1 failed, 1 skipped, 1 error" in summaries["true"].stdout
     assert "must be there in CI" in summaries["true"].stdout
     assert summaries[""].returncode == 0 and "3 skipped" in summaries[""].stdout, summaries[""].stdout
+
+
+def test_every_skip_for_what_ci_sets_up_is_a_failure_under_ci(tmp_path):
+    """qemu-user, PostgreSQL, the packaged MiniLM (helpers.skip_needed / import_needed) fail under CI like the GLUE
+    files do; a skip that cannot apply on any machine CI runs on (root and a read-only folder) stays a skip."""
+    (tmp_path / "test_needs.py").write_text(
+        "import helpers\n\n\n"
+        "def test_qemu():\n    helpers.skip_needed('qemu-x86_64', 'apt-get install qemu-user')\n\n\n"
+        "def test_module():\n    helpers.import_needed('no_such_module_here', 'pip install it')\n\n\n"
+        "def test_root():\n    import pytest\n    pytest.skip('no folder here refuses writes')\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest", "-rfs",
+                           str(tmp_path)], capture_output=True, text=True, cwd=tmp_path,
+                          env=dict(os.environ, CI="true", PYTHONPATH=HERE))
+    assert "2 failed, 1 skipped" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_the_tune_tests_are_collected_and_not_skipped_when_optuna_is_pinned():
+    """A module-level importorskip('optuna') hid every tune test, under CI too: optuna is imported plainly."""
+    import test_tune
+
+    assert test_tune.optuna.__version__

@@ -70,7 +70,8 @@ def test_a_bare_encoder_follows_its_record_with_bos_first():
 
 
 def test_segment_ids_match_the_models_segment_mask():
-    torch = pytest.importorskip("torch")
+    import torch
+
     for layout in (input_layout(record("single")), input_layout()):
         rows = [layout.build(A, B), layout.build(A)]
         width = max(map(len, rows))

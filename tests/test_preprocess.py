@@ -12,6 +12,7 @@ from collections import Counter
 
 import pytest
 
+import helpers
 from acl_fairseq.preprocessing import glue
 from acl_fairseq.preprocessing.gpt2_files import write_local_gpt2_bpe
 from acl_runtime import tokenization
@@ -311,7 +312,7 @@ def test_reader_quirks(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.isdir(GLUE_REAL), reason="no real GLUE data here")
+@pytest.mark.skipif(not os.path.isdir(GLUE_REAL), reason=helpers.NO_REAL_GLUE)
 def test_real_rte_and_cola(tmp_path):
     rte = tmp_path / "RTE-bin"
     assert run_main("RTE", f"{GLUE_REAL}/RTE", rte, "--tokenizer", "sentencepiece", "--spm-vocab-size", "4000",

