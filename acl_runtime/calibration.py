@@ -9,8 +9,9 @@ policy's thresholds on the evaluated split as usual, then :func:`choose` picks o
 
 A budget no swept setting meets raises :class:`Unmet`, naming the closest one. The choice is written to
 ``exit_policy.json`` beside the checkpoint (:func:`write`); acl-predict, the hub and acl-export apply it when no
-policy is given (:func:`resolve`), and only to the checkpoint it was calibrated on (file name and sha256,
-:func:`for_checkpoint`). ``policy="none"`` (:data:`NO_POLICY`) asks for the last exit whatever was calibrated.
+policy is given (:func:`acl_runtime.request.resolve`), and only to the checkpoint it was calibrated on (file name
+and sha256, :func:`for_checkpoint`). ``policy="none"`` (:data:`NO_POLICY`) asks for the last exit whatever was
+calibrated.
 
 Standard library and :mod:`acl_runtime.exits` only: the ONNX runtime resolves its serving policy here too.
 """
@@ -20,16 +21,16 @@ import json
 import logging
 import math
 import os
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional
 
 from acl_runtime import exits
 from acl_runtime.io import atomic, file_sha256
+from acl_runtime.request import NO_POLICY  # noqa: F401  (the --policy value of the last exit)
 
 logger = logging.getLogger(__name__)
 
 FILE_NAME = "exit_policy.json"
 SCHEMA = "acl_fairseq.exit_policy/1"
-NO_POLICY = "none"  # a --policy value: the last exit decides, even where a policy was calibrated
 DEFAULT_POLICY = "entropy"  # METHOD.md "Quality against speed" compares methods along the entropy curve
 # budget key -> what it bounds, for --help and errors (the one list of budget kinds)
 BUDGETS = {
@@ -193,7 +194,7 @@ def for_checkpoint(checkpoint: str) -> Optional[Dict]:
     """The record beside ``checkpoint`` when it was calibrated on this very file, else None (a record made for
     another file, or for an earlier version of this one, is named in a warning and not used). A record that
     cannot be read comes back as ``{"policy": None, "error", "source"}``: the error is raised where the record
-    would decide (:func:`acl_runtime.loop.resolve_request`), never where an explicit policy is given."""
+    would decide (:func:`acl_runtime.request.resolve`), never where an explicit policy is given."""
     path = path_beside(checkpoint)
     if not os.path.isfile(path):
         return None
@@ -208,23 +209,6 @@ def for_checkpoint(checkpoint: str) -> Optional[Dict]:
                        str(record.get("checkpoint_sha256"))[:12], checkpoint)
         return None
     return dict(record, source=path)
-
-
-def resolve(policy: Optional[str], threshold: Optional[float], exit_layer: Optional[int],
-            default: Optional[Dict]) -> Tuple[Optional[str], Optional[float]]:
-    """The ``(policy, threshold)`` to run: the caller's policy; :data:`NO_POLICY` -> ``(None, None)``, the last
-    exit (or ``exit_layer``); no policy and no exit layer -> ``default``'s (a calibrated record or an export's
-    serving policy, ``{"policy", "threshold"}``), else the last exit. A threshold without a policy is refused:
-    which policy it is for would be a guess."""
-    if policy == NO_POLICY:
-        if threshold is not None:
-            raise ValueError(f"policy {NO_POLICY!r} (the last exit) takes no threshold")
-        return None, None
-    if policy is None and threshold is not None:
-        raise ValueError("a threshold needs its policy: name it (" + ", ".join(exits.POLICIES) + ")")
-    if policy is None and exit_layer is None and default is not None and default.get("policy"):
-        return default["policy"], default["threshold"]
-    return policy, threshold
 
 
 def policy_choices() -> List[str]:

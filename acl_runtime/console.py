@@ -8,7 +8,7 @@ import signal
 import sys
 from typing import Dict, List, Optional
 
-from acl_runtime import exits
+from acl_runtime import exits, request
 
 LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"  # fairseq's own
 DEVICES = ("auto", "cpu", "cuda")
@@ -100,12 +100,16 @@ def threshold_type(policy: str):
     return parse
 
 
-def check_threshold(parser: argparse.ArgumentParser, policy: str, threshold):
-    """``exits.validate`` for a threshold whose policy is another flag: parser.error (exit 2) when out of range."""
+def check_request_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--policy``, ``--threshold`` and ``--exit-layer`` (where the command has it) through
+    :func:`acl_runtime.request.resolve` before anything loads: parser.error (exit 2) for what the flags alone get
+    wrong; a threshold comes back range-checked."""
     try:
-        return exits.validate(policy, threshold)
+        resolved = request.resolve(None, args.policy, args.threshold, getattr(args, "exit_layer", None))
     except ValueError as e:
         parser.error(str(e))
+    if args.threshold is not None:
+        args.threshold = resolved.threshold
 
 
 def add_sweep_arguments(parser: argparse.ArgumentParser, default_text: Optional[Dict[str, str]] = None) -> None:

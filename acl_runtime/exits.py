@@ -245,22 +245,6 @@ def validate(policy: str, threshold: Optional[float] = None, regression: bool = 
 # ---- the two forms ------------------------------------------------------------------------------
 
 
-def check_request(exit_layers: List[int], policy: Optional[str], exit_layer: Optional[int],
-                  threshold: Optional[float] = None, regression: bool = False) -> Optional[Union[float, int]]:
-    """What a predictor (the torch hub, the ONNX runtime) checks before it runs: early exit needs more than one
-    exit, a fixed exit must be one of them, not both at once, and the threshold must be in the policy's range.
-    Returns the threshold to run with: the policy's default when ``threshold`` is None, None without a policy."""
-    if (policy is not None or exit_layer is not None) and len(exit_layers) == 1:
-        raise ValueError(
-            f"the model has a single exit (layer {exit_layers[0]}): early exit needs a multi-exit model "
-            "(multi_exit_roberta trained with several --exit-layers); drop the policy / exit-layer flags")
-    if policy is not None and exit_layer is not None:
-        raise ValueError("give either an early-exit policy or a fixed exit layer, not both")
-    if exit_layer is not None and exit_layer not in exit_layers:
-        raise ValueError(f"exit layer {exit_layer} is not one of the model's exits {exit_layers}")
-    return None if policy is None else validate(policy, threshold, regression=regression)
-
-
 def policy_step(
     policy: str,
     logits: Array,

@@ -11,16 +11,17 @@ ids and the request only, which a scheduler that calls ``layer`` on rows gathere
 
 What a user asks for (policy, threshold, exit layer, and where it came from: a flag, an argument, a request,
 ``exit_policy.json``, an export's manifest) is resolved and validated once, at the edge, into an
-:class:`ExitRequest` (:func:`resolve_request`); the loop runs it without checking it again.
+:class:`ExitRequest` (:func:`acl_runtime.request.resolve`); the loop runs it without checking it again.
 :class:`EarlyExitPredictor` is that edge and the rest both front ends share: length-sorted batches, results in
 input order, one :class:`Prediction` type.
 """
-import json
 from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Union
 
 import numpy as np
 
-from acl_runtime import calibration, exits
+from acl_runtime import exits
+from acl_runtime import request as request_rule
+from acl_runtime.request import LAST_EXIT, ExitRequest  # noqa: F401  (the loop's input)
 
 Text = Union[str, Tuple[str, str], List[str]]
 State = Any  # a backend's hidden states (T x B x C): a numpy array, or a torch tensor on the model's device
@@ -51,52 +52,6 @@ class Backend(Protocol):
         """States of rows from several batches as one batch: each padded to ``width`` positions (the padding is
         masked, so its values do not matter), stacked along the batch. For the scheduler
         (:mod:`acl_runtime.scheduler`); ``run_batch`` does not need it."""
-
-
-class ExitRequest(NamedTuple):
-    """What decides where rows exit, resolved and range-checked (:func:`resolve_request`)."""
-
-    policy: Optional[str] = None  # a key of exits.POLICIES; None: the last exit (or exit_layer) decides
-    threshold: Optional[Union[float, int]] = None  # the policy's threshold (None without a policy)
-    exit_layer: Optional[int] = None  # every row leaves at this exit
-    source: str = "default"  # who asked: "argument", "flag", "request", or the file of a serving policy
-
-
-LAST_EXIT = ExitRequest()
-
-
-def resolve_request(exit_layers: Sequence[int], policy: Optional[str] = None, threshold: Optional[float] = None,
-                    exit_layer: Optional[int] = None, default: Optional[Dict] = None, regression: bool = False,
-                    source: str = "argument") -> ExitRequest:
-    """The request to run: the caller's policy (``calibration.NO_POLICY``: the last exit), else ``default``'s (a
-    calibrated record or a manifest's serving policy, ``{"policy", "threshold", "source"}``) when neither a policy
-    nor an exit layer is given, else the last exit. Checked against the model's exits and ``exits.POLICIES``
-    (a ValueError naming the range); the threshold is the table's default when the policy comes without one.
-    ``default`` is checked only when it is used, so that a bad one never blocks an explicit policy; its error
-    names its file (``source``) and its own value. A record that could not be read (``{"error", "source"}``)
-    is that error, when it is used."""
-    if policy is None and exit_layer is None and default is not None:
-        if default.get("error"):
-            raise ValueError(default["error"])
-        if default.get("policy") is not None:
-            _check_default(exit_layers, default, regression)
-    chosen, value = calibration.resolve(policy, threshold, exit_layer, default)
-    value = exits.check_request(list(exit_layers), chosen, exit_layer, value, regression=regression)
-    if policy is None and exit_layer is None:
-        source = default["source"] if chosen is not None else "default"
-    return ExitRequest(chosen, value, exit_layer, source)
-
-
-def _check_default(exit_layers: Sequence[int], default: Dict, regression: bool) -> None:
-    source, policy, threshold = default.get("source", "the serving policy"), default["policy"], default.get("threshold")
-    try:
-        if threshold is not None:
-            calibration.json_number(threshold, "its threshold")
-        exits.check_request(list(exit_layers), policy, None, threshold, regression=regression)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"{source}: its serving policy {json.dumps(policy)} with threshold {json.dumps(threshold)} "
-                         f"cannot run: {e}; pass --policy (or --policy {calibration.NO_POLICY}), or write it "
-                         "again") from None
 
 
 class BatchOutput(NamedTuple):
@@ -208,16 +163,11 @@ class EarlyExitPredictor:
     ``{"policy", "threshold", "source"}`` or None), ``pad``, ``encode_with_info(a, b=None) -> (ids, truncated)``
     and ``label_names()``. The hub (torch) and the ONNX Runtime engine are two."""
 
-    def check_policy(self, policy: Optional[str], exit_layer: Optional[int],
-                     threshold: Optional[float] = None) -> Optional[Union[float, int]]:
-        """``exits.check_request`` for this model: the threshold to run with (the policy's default when None)."""
-        return exits.check_request(self.exit_layers, policy, exit_layer, threshold, regression=self.regression)
-
     def resolve_request(self, policy: Optional[str] = None, threshold: Optional[float] = None,
                         exit_layer: Optional[int] = None, source: str = "argument") -> ExitRequest:
-        """:func:`resolve_request` with this model's exits and serving policy."""
-        return resolve_request(self.exit_layers, policy, threshold, exit_layer, self.serving_policy,
-                               self.regression, source)
+        """:func:`acl_runtime.request.resolve` with this model's exits and serving policy."""
+        return request_rule.resolve(self.exit_layers, policy, threshold, exit_layer, self.serving_policy,
+                                    self.regression, source)
 
     def make_batches(self, token_lists: Sequence[Sequence[int]], batch_size: int = 32):
         return make_batches(token_lists, batch_size, self.pad)
@@ -237,8 +187,8 @@ class EarlyExitPredictor:
     def run_batches(self, batches, n: int, policy: Optional[str] = None, threshold: Optional[float] = None,
                     exit_layer: Optional[int] = None):
         """``(logits (n, K) of the deciding exit, exit layer (n,))`` in input order (no calibrated default)."""
-        threshold = self.check_policy(policy, exit_layer, threshold)
-        return self.run_request(batches, n, ExitRequest(policy, threshold, exit_layer))
+        return self.run_request(batches, n, request_rule.resolve(self.exit_layers, policy, threshold, exit_layer,
+                                                                 regression=self.regression))
 
     def predict_texts(self, inputs: Sequence[Text], request: ExitRequest, batch_size: int = 32) -> List[Prediction]:
         """One :class:`Prediction` per input (a string or an (a, b) pair) under a resolved ``request``."""

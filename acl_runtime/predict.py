@@ -291,11 +291,7 @@ def check_files(args) -> None:
 def main(argv: Optional[List[str]] = None) -> dict:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.threshold is not None and args.policy in (None, calibration.NO_POLICY):
-        parser.error(f"--threshold needs a --policy to apply to ({', '.join(exits.POLICIES)}); --policy "
-                     f"{calibration.NO_POLICY} takes none")
-    if args.policy is not None and args.threshold is not None:  # its range depends on --policy: checked here
-        args.threshold = console.check_threshold(parser, args.policy, args.threshold)
+    console.check_request_flags(parser, args)
     check_files(args)
     source = inputs.Input(args.input, args.input_format, args.task, args.columns, args.header)
     writer, ok = None, False

@@ -70,7 +70,8 @@ def measure(hub, sentences, batch_size, policy, threshold, repeats) -> List[Dict
             t_tok, encoded = clock(lambda: [hub.encode_with_info(s)[0] for s in sentences])
             t_batch, batches = clock(lambda encoded=encoded: hub.make_batches(encoded, batch_size))
             t_model, (_, exit_layers) = clock(lambda batches=batches, encoded=encoded, pol=pol:
-                                              hub.run_batches(batches, len(encoded), pol, threshold))
+                                              hub.run_batches(batches, len(encoded), pol,
+                                                              None if pol is None else threshold))
             for k, v in (("tokenize", t_tok), ("batch", t_batch), ("model", t_model)):
                 times[mode][k].append(v)
             layers[mode] = float(exit_layers.float().mean())
@@ -108,7 +109,7 @@ def main(argv=None) -> List[Dict]:
     R.add_json_flags(p, "write the rows here")
     args = p.parse_args(argv)
     R.refuse_existing(p, args.json, args.force)
-    args.threshold = console.check_threshold(p, args.policy, args.threshold)
+    console.check_request_flags(p, args)
     if args.checkpoint and not args.data:
         p.error("--checkpoint needs --data (the folder the model was trained on)")
     if args.threads:

@@ -222,11 +222,11 @@ def test_policy_checks_are_the_hubs(toy):
     for policy, threshold, exit_layer in [("entropy", 1.5, None), ("patience", 0, None), ("entropy", None, 2),
                                           (None, None, 7)]:
         with pytest.raises(ValueError) as ours:
-            eng.check_policy(policy, exit_layer, threshold)
+            eng.resolve_request(policy, threshold, exit_layer)
         with pytest.raises(ValueError) as theirs:
-            model.check_policy(policy, exit_layer, threshold)
+            model.resolve_request(policy, threshold, exit_layer)
         assert str(ours.value) == str(theirs.value)
-    assert eng.check_policy("confidence", None) == exits.POLICIES["confidence"].default
+    assert eng.resolve_request("confidence").threshold == exits.POLICIES["confidence"].default
 
 
 def test_int8_copy_is_selectable_and_close(toy):

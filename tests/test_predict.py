@@ -104,9 +104,10 @@ def test_hub_refuses_a_threshold_out_of_range_and_defaults_from_the_table(run, m
     for policy, threshold in BAD_THRESHOLDS:
         with pytest.raises(ValueError, match=f"{policy} threshold .*it takes {re.escape(RANGES[policy])}"):
             model.predict_early_exit(texts[:2], policy=policy, threshold=float(threshold))
-    assert {p: model.check_policy(p, None) for p in exits.POLICIES} == {p: r.default for p, r in
-                                                                       exits.POLICIES.items()}
-    assert model.check_policy("patience", None, 3.0) == 3 and model.check_policy(None, 2) is None
+    assert {p: model.resolve_request(p).threshold for p in exits.POLICIES} == {p: r.default for p, r in
+                                                                              exits.POLICIES.items()}
+    assert model.resolve_request("patience", 3.0).threshold == 3
+    assert model.resolve_request(None, None, 2).threshold is None
     by_default = model.predict_early_exit(texts[:8], policy="confidence")
     assert by_default == model.predict_early_exit(texts[:8], policy="confidence", threshold=0.9)
 

@@ -91,7 +91,7 @@ def test_a_bad_predict_request_is_a_4xx_in_teis_error_shape(server, body, status
                                                ("patience", 0)])
 def test_a_threshold_out_of_range_is_named_as_acl_predict_names_it(server, policy, threshold):
     url, _ = server
-    with pytest.raises(ValueError) as flag:  # what acl-predict --policy P --threshold T says (console.check_threshold)
+    with pytest.raises(ValueError) as flag:  # what acl-predict --policy P --threshold T says
         exits.validate(policy, threshold)
     status, _, answer = call(f"{url}/v2/models/acl/infer", oip_body(["good"], policy=policy, threshold=threshold))
     assert (status, answer["error"]) == (400, str(flag.value))

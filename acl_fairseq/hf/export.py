@@ -35,7 +35,7 @@ from typing import Callable, Dict, List, Optional
 
 from acl_fairseq.hf import export_tokenizer
 from acl_fairseq.hf.export_tokenizer import ExportError
-from acl_runtime import calibration, console, exits, tokenization
+from acl_runtime import calibration, console, request, tokenization
 from acl_runtime.io import atomic
 
 logger = logging.getLogger("acl_fairseq.hf.export")
@@ -164,13 +164,10 @@ def precheck(args) -> Dict:
         fail(f"checkpoint file not found: {args.checkpoint}")
     cfg = read_cfg(args.checkpoint)
     check_data(args, cfg)
-    if args.threshold is not None and args.policy in (None, calibration.NO_POLICY):
-        fail(f"--threshold needs a --policy to apply to ({', '.join(exits.POLICIES)})")
-    if args.policy not in (None, calibration.NO_POLICY):
-        try:  # the range of exits.POLICIES, before the model loads
-            args.threshold = exits.validate(args.policy, args.threshold)
-        except ValueError as e:
-            fail(str(e))
+    try:  # what the flags alone get wrong (acl_runtime.request), before the model loads
+        request.resolve(None, args.policy, args.threshold)
+    except ValueError as e:
+        fail(str(e))
     try:
         record = tokenization.read(args.data)
         if record is not None and "hf" in args.format:
@@ -224,7 +221,11 @@ def serving_policy(args, hub) -> None:
         args.calibration = {k: v for k, v in hub.calibrated.items() if k != "source"}
         print(f"{PROG}: recording the calibrated policy {hub.calibrated['policy']} {hub.calibrated['threshold']:g} "
               f"from {hub.calibrated['source']} (--policy {calibration.NO_POLICY}: the last exit)", file=sys.stderr)
-    args.policy, args.threshold = calibration.resolve(args.policy, args.threshold, None, hub.calibrated)
+    try:  # the one resolution of the run: the flags, else the calibrated record, checked against the model's exits
+        resolved = hub.resolve_request(args.policy, args.threshold, None, source="flag")
+    except ValueError as e:  # a policy on a single-exit model
+        fail(str(e))
+    args.policy, args.threshold = resolved.policy, resolved.threshold
 
 
 class _Terminated(Exception):
@@ -281,10 +282,6 @@ def export(args) -> Dict:
     cfg = precheck(args)
     hub = load_hub(args)
     serving_policy(args, hub)
-    try:
-        hub.check_policy(args.policy, None)
-    except ValueError as e:  # a policy on a single-exit model
-        fail(str(e))
     ctx = Context(args, hub, cfg)
     written: Dict[str, List[str]] = {}
 

@@ -42,7 +42,7 @@ def input_layout(hub, family: str, has_pairs: bool) -> Dict:
 
 def early_exit_record(ctx, exit_layers: List[int], labels, layout: Dict) -> Dict:
     args = ctx.args
-    threshold = exits.validate(args.policy, args.threshold) if args.policy else None  # the table's default if unset
+    threshold = args.threshold  # resolved once, by export.serving_policy
     return {
         "schema": SCHEMA,
         "exit_layers": exit_layers,

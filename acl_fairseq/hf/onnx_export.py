@@ -34,7 +34,7 @@ from acl_fairseq.heads import head_forward, pool_states
 from acl_fairseq.hf import onnx_quantize, onnx_tokenizer
 from acl_fairseq.hf.onnx_tokenizer import ExportError
 from acl_fairseq.inference import early_exit
-from acl_runtime import exits
+from acl_runtime import exits, request
 from acl_runtime import manifest as checks
 from acl_runtime.io import atomic
 
@@ -123,7 +123,8 @@ def serving_policy(hub, policy: Optional[str], threshold: Optional[float]) -> Di
     """The policy the runtime applies when none is given (none: the last exit decides), range-checked."""
     if policy is None:
         return {"policy": None, "threshold": None}
-    return {"policy": policy, "threshold": hub.check_policy(policy, None, threshold)}
+    resolved = request.resolve(hub.exit_layers, policy, threshold, regression=hub.regression)
+    return {"policy": resolved.policy, "threshold": resolved.threshold}
 
 
 def write_onnx(hub, out_dir: str, quantize: Optional[str] = None, policy: Optional[str] = None,

@@ -104,11 +104,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     started = time.perf_counter()
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.threshold is not None and args.policy in (None, calibration.NO_POLICY):
-        parser.error(f"--threshold needs a --policy to apply to ({', '.join(exits.POLICIES)}); --policy "
-                     f"{calibration.NO_POLICY} takes none")
-    if args.policy is not None and args.threshold is not None:
-        args.threshold = console.check_threshold(parser, args.policy, args.threshold)
+    console.check_request_flags(parser, args)
     if not os.path.isfile(os.path.join(args.folder, "manifest.json")):
         raise UsageError(f"{args.folder}: no manifest.json, not a folder that acl-export --format onnx wrote (give "
                          "OUT/onnx)")

@@ -1,0 +1,84 @@
+"""The one rule of what decides where rows exit, and its error messages: :func:`resolve`, called once at each
+command's edge (acl-predict, acl-serve and each of its requests, acl-export, the hub, the engines), and an
+:class:`ExitRequest` that the early-exit loop runs without checking it again.
+
+- a policy (a key of ``exits.POLICIES``) runs with its threshold, the table's default when none is given, checked
+  against the table's range (``exits.validate``);
+- a threshold needs its policy; :data:`NO_POLICY` (the last exit) takes none;
+- a policy and a fixed exit layer exclude each other; a fixed exit must be one of the model's exits, and a
+  single-exit model takes neither;
+- with neither a policy nor an exit layer, the model's serving policy decides (a calibrated ``exit_policy.json``
+  or an export's manifest), else the last exit. That default is checked only when it is used, so that a bad one
+  never blocks an explicit policy, and its error names its file.
+
+A command calls :func:`resolve` with ``exit_layers=None`` on its flags before the model loads (what the flags
+alone get wrong is then a usage error at once) and again with the model's exits once it is loaded.
+"""
+import json
+from typing import Dict, NamedTuple, Optional, Sequence, Union
+
+from acl_runtime import exits
+
+NO_POLICY = "none"  # a --policy value: the last exit decides, even where a policy was calibrated
+
+
+class ExitRequest(NamedTuple):
+    """What decides where rows exit, resolved and range-checked (:func:`resolve`)."""
+
+    policy: Optional[str] = None  # a key of exits.POLICIES; None: the last exit (or exit_layer) decides
+    threshold: Optional[Union[float, int]] = None  # the policy's threshold (None without a policy)
+    exit_layer: Optional[int] = None  # every row leaves at this exit
+    source: str = "default"  # who asked: "argument", "flag", "request", or the file of a serving policy
+
+
+LAST_EXIT = ExitRequest()
+
+
+def resolve(exit_layers: Optional[Sequence[int]], policy: Optional[str] = None, threshold: Optional[float] = None,
+            exit_layer: Optional[int] = None, default: Optional[Dict] = None, regression: bool = False,
+            source: str = "argument") -> ExitRequest:
+    """The request to run, or a ValueError that names what is wrong and the fix. ``exit_layers``: the model's
+    exits (1-based layers), or None before the model is loaded (then only what the arguments say alone is
+    checked, and ``default`` is not used). ``default``: the model's serving policy, ``{"policy", "threshold",
+    "source"}``, or ``{"error", "source"}`` for a record that could not be read (raised where it would decide)."""
+    asked_last = policy == NO_POLICY
+    if asked_last:
+        if threshold is not None:
+            raise ValueError(f"--policy {NO_POLICY} (the last exit) takes no threshold")
+        policy = None
+        default = None  # the last exit, whatever was calibrated
+    elif policy is None and threshold is not None:
+        raise ValueError(f"a threshold needs its policy: name it ({', '.join(exits.POLICIES)})")
+    if policy is not None and exit_layer is not None:
+        raise ValueError("give either an early-exit policy or a fixed exit layer, not both")
+    if exit_layers is None:
+        return ExitRequest(policy, None if policy is None else exits.validate(policy, threshold, regression),
+                           exit_layer, source)
+    if policy is None and exit_layer is None and default is not None:
+        if default.get("error"):
+            raise ValueError(default["error"])
+        if default.get("policy") is not None:
+            return _serving_default(list(exit_layers), default, regression)
+    if (policy is not None or exit_layer is not None) and len(exit_layers) == 1:
+        raise ValueError(
+            f"the model has a single exit (layer {exit_layers[0]}): early exit needs a multi-exit model "
+            "(multi_exit_roberta trained with several --exit-layers); drop the policy / exit-layer flags")
+    if exit_layer is not None and exit_layer not in exit_layers:
+        raise ValueError(f"exit layer {exit_layer} is not one of the model's exits {list(exit_layers)}")
+    if policy is None and exit_layer is None:
+        return ExitRequest(source=source) if asked_last else LAST_EXIT
+    return ExitRequest(policy, None if policy is None else exits.validate(policy, threshold, regression), exit_layer,
+                       source)
+
+
+def _serving_default(exit_layers, default: Dict, regression: bool) -> ExitRequest:
+    """The model's serving policy as the request, checked as an explicit one is; its error names its file."""
+    where, policy, threshold = default.get("source", "the serving policy"), default["policy"], default.get("threshold")
+    try:
+        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))):
+            raise ValueError(f"its threshold is {json.dumps(threshold)}, not a number")
+        checked = resolve(exit_layers, policy, threshold, regression=regression)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{where}: its serving policy {json.dumps(policy)} with threshold {json.dumps(threshold)} "
+                         f"cannot run: {e}; pass --policy (or --policy {NO_POLICY}), or write it again") from None
+    return checked._replace(source=where)
