@@ -43,7 +43,6 @@ from acl_runtime.io import atomic
 
 SCHEMA = "acl_fairseq.conventions/1"
 FILE_NAME = "conventions.json"
-FAMILIES = ("bert", "roberta")
 PAIR_FORMATS = ("single", "double")
 TOKENIZER_KINDS = ("wordpiece", "hf_byte_bpe")  # the kinds acl-convert-hf writes
 FIELDS = ("schema", "family", "pair_format", "segment_embedding", "head_dropout", "tokenizer", "dictionary_sha256")
@@ -52,6 +51,13 @@ EOS = 2  # fairseq Dictionary's </s>, what --separator-token names
 INIT_FLAG = "--init-token"
 SEPARATOR_FLAG = "--separator-token"  # the one spelling of the flag in the repository
 PAIR_LAYOUT = {"single": "<s> A </s> B </s>", "double": "<s> A </s></s> B </s>"}
+# family -> (the pair format its Hugging Face tokenizer builds, how it reads): the one pair table, read by
+# acl-convert-hf (what an imported encoder was pre-trained with) and acl-export --format hf (what HF would build)
+FAMILY_LAYOUT = {
+    "bert": ("single", "[CLS] A [SEP], pairs [CLS] A [SEP] B [SEP] with token type 1 on B [SEP]"),
+    "roberta": ("double", "<s> A </s>, pairs <s> A </s></s> B </s>"),
+}
+FAMILIES = tuple(FAMILY_LAYOUT)
 
 logger = logging.getLogger(__name__)
 

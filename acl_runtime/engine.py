@@ -21,9 +21,7 @@ from acl_runtime import conventions, exits, loop, tokenization
 from acl_runtime import manifest as checks
 from acl_runtime.loop import BatchOutput, Prediction, Text, softmax  # noqa: F401  (their home before the loop)
 
-MANIFEST = "manifest.json"
-SCHEMA = "acl_fairseq.onnx/1"
-PRECISIONS = ("fp32", "int8")
+MANIFEST, SCHEMA, PRECISIONS = checks.MANIFEST, checks.SCHEMA, checks.PRECISIONS  # the contract: acl_runtime.manifest
 
 
 class RuntimeMissing(ImportError):

@@ -19,8 +19,11 @@ import numpy as np
 from acl_runtime.io import file_sha256
 
 logger = logging.getLogger(__name__)
+# the exported folder's contract, imported by its writer (acl_fairseq.hf.onnx_export) and its readers (the engine,
+# acl-predict, acl-serve): the file's name, its schema, the precisions a folder can hold, its required fields
 MANIFEST = "manifest.json"
 SCHEMA = "acl_fairseq.onnx/1"
+PRECISIONS = ("fp32", "int8")  # fp32: the exported graphs; int8: the copy acl-export --quantize writes
 REQUIRED = ("embeddings", "layers", "exit_layers", "num_layers", "num_classes", "tokenizer", "labels",
             "regression", "regression_scale", "input_layout", "quantized")
 LAYOUT_KEYS = ("init", "separator_token", "eos", "segment_embedding", "pad", "unk", "max_positions")

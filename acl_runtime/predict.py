@@ -26,7 +26,7 @@ import textwrap
 import time
 from typing import List, Optional, Sequence
 
-from acl_runtime import calibration, console, exits, inputs
+from acl_runtime import calibration, console, exits, inputs, manifest
 from acl_runtime.console import UsageError, positive_int
 from acl_runtime.inputs import BadRow, Row
 from acl_runtime.io import atomic
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="the binarized folder the model was trained on (dictionaries and the tokenizer "
                    "record: preprocess/glue.py's stats.json, or a converted encoder's folder); required with a "
                    "checkpoint, not with an OUT/onnx folder (it carries its own)")
-    p.add_argument("--precision", choices=("fp32", "int8"), default="fp32", help="with an OUT/onnx folder: its fp32 "
+    p.add_argument("--precision", choices=manifest.PRECISIONS, default="fp32", help="with an OUT/onnx folder: its fp32 "
                    "graphs or the int8 copy that acl-export --quantize int8 wrote (default: %(default)s)")
     p.add_argument("--input", required=True, help="input file, or - for standard input")
     fmt = p.add_mutually_exclusive_group()

@@ -97,7 +97,7 @@ def test_the_layout_imports_and_builds_without_torch_or_fairseq():
     """``python -S``: no site-packages, so neither torch nor fairseq can be imported (a serving runtime's case,
     and how recipes/glue/finetune.sh runs acl_fairseq.cli.recipe)."""
     code = ("import sys\n"
-            "from acl_fairseq import conventions\n"
+            "from acl_runtime import conventions\n"
             "print(conventions.input_layout({'pair_format': 'single'}).build([5], [6]))\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'fairseq')))\n")
     proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,

@@ -74,7 +74,7 @@ def make_conventions(config: dict, hf_dir: str, dict_sha256: str) -> dict:
         tokenizer = tokenization.make_record("hf_byte_bpe", {"vocab": "vocab.json", "merges": "merges.txt"})
     return conventions.validate({
         "schema": conventions.SCHEMA, "family": config["model_type"],
-        "pair_format": "single" if config["model_type"] == "bert" else "double",
+        "pair_format": conventions.FAMILY_LAYOUT[config["model_type"]][0],
         "segment_embedding": has_segment(config), "head_dropout": head_dropout(config),
         "tokenizer": tokenizer, "dictionary_sha256": dict_sha256,
     })

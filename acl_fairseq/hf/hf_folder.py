@@ -19,10 +19,7 @@ SCHEMA = "acl_fairseq.early_exit/1"
 EARLY_EXIT_FILE = "early_exit.json"
 EXIT_HEADS_FILE = "exit_heads.safetensors"
 
-LAYOUTS = {  # family -> (pair format its HF tokenizer builds, how it reads)
-    "bert": ("single", "[CLS] A [SEP], pairs [CLS] A [SEP] B [SEP] with token type 1 on B [SEP]"),
-    "roberta": ("double", "<s> A </s>, pairs <s> A </s></s> B </s>"),
-}
+LAYOUTS = conventions.FAMILY_LAYOUT  # family -> (pair format its HF tokenizer builds, how it reads)
 
 
 def input_layout(hub, family: str, has_pairs: bool) -> Dict:

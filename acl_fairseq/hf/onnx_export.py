@@ -39,8 +39,7 @@ from acl_runtime import manifest as checks
 from acl_runtime.io import atomic
 
 logger = logging.getLogger(__name__)
-SCHEMA = "acl_fairseq.onnx/1"
-MANIFEST = "manifest.json"
+SCHEMA, MANIFEST = checks.SCHEMA, checks.MANIFEST  # the folder's contract: acl_runtime.manifest
 QUANTIZE = tuple(onnx_quantize.SCHEMES)  # --quantize choices
 OPSET = 18
 MAX_DIM = 1 << 16  # upper bound of the dynamic batch and length dimensions

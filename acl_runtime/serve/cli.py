@@ -21,7 +21,7 @@ import tempfile
 import time
 from typing import List, Optional
 
-from acl_runtime import calibration, console, exits
+from acl_runtime import calibration, console, exits, manifest
 from acl_runtime.console import UsageError, positive_int
 
 SETTINGS_ENV = "ACL_SERVE_SETTINGS"  # a worker process's Settings, as JSON (--workers N)
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "only; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=_port, default=8080, help="TCP port (default: %(default)s)")
     p.add_argument("--model-name", default="acl", help="the model's name in /v2/models/NAME (default: %(default)s)")
-    p.add_argument("--precision", choices=("fp32", "int8"), default="fp32", help="the folder's fp32 graphs or the "
+    p.add_argument("--precision", choices=manifest.PRECISIONS, default="fp32", help="the folder's fp32 graphs or the "
                    "int8 copy that acl-export --quantize int8 wrote (default: %(default)s)")
     p.add_argument("--policy", choices=calibration.policy_choices(), help="the default early-exit policy (a request "
                    "may name its own). Default: the folder's serving policy, else none (the last exit)")
@@ -105,7 +105,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     console.check_request_flags(parser, args)
-    if not os.path.isfile(os.path.join(args.folder, "manifest.json")):
+    if not os.path.isfile(os.path.join(args.folder, manifest.MANIFEST)):
         raise UsageError(f"{args.folder}: no manifest.json, not a folder that acl-export --format onnx wrote (give "
                          "OUT/onnx)")
     settings = settings_from(args)
