@@ -1,9 +1,9 @@
 """Shared plumbing of the real-data benchmarks (quality.py, fewshot.py): convert the encoder, binarize GLUE,
-run the recipe driver (recipes/glue/finetune.sh), score a checkpoint on a split with acl-evaluate.
+run the recipes' runner (acl_fairseq/recipes/runner.py, in-process), score a checkpoint on a split with acl-evaluate.
 
-Nothing here trains by itself: every fine-tuning run is the recipes' run plan (acl_fairseq/cli/plan.py) with
+Nothing here trains by itself: every fine-tuning run is the recipes' run plan (acl_fairseq/recipes/plan.py) with
 the settings the driver documents (ROBERTA_PATH, ARCH, MODEL_ARGS, DATA_BIN, OUT_ROOT, SEED, LR, BATCH_SIZE,
-MAX_EPOCH, TOTAL_UPDATES, DEVICE=cpu ...), run by ``recipes/glue/finetune.sh TASK METHOD``. A run with a
+MAX_EPOCH, TOTAL_UPDATES, DEVICE=cpu ...), run as ``recipes/glue/finetune.sh TASK METHOD`` runs it. A run with a
 result.json is skipped.
 
 Encoder sources (``Encoder``):
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 import _records as R
-from acl_fairseq.cli import plan as P
+from acl_fairseq.recipes import plan as P
+from acl_fairseq.recipes import runner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)  # the venv's console scripts (fairseq-train, acl-evaluate, ...)
@@ -190,7 +191,15 @@ def finetune(task: str, method: str, env: Dict[str, str], extra_flags: Sequence[
             return json.load(f)
     t0 = time.time()
     log(f"train: {task} {method} seed {plan.seed} -> {rd}")
-    run(plan.driver(), env={**env, **plan.environment()}, log_path=os.path.join(rd + ".driver.log"))
+    log_path = rd + ".driver.log"
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    with open(log_path, "wb") as f:  # the runner in-process; its steps' output and notes go to the log
+        status = runner.run(plan, {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), **env},
+                            stdout=f)
+    if status:
+        with open(log_path, errors="replace") as f:
+            raise RuntimeError(f"{task} {method} seed {plan.seed} failed ({status})\n--- {log_path} (tail) ---\n"
+                               f"{f.read()[-4000:]}")
     with open(res_path) as f:
         res = json.load(f)
     log(f"  done in {time.time() - t0:.0f}s: best valid {json.dumps(next(iter(res['best_valid'].values())))} "

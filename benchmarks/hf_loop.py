@@ -4,7 +4,7 @@
     python benchmarks/hf_loop.py --task RTE --seed 1 --lr 3e-5 --epochs 3 --out result.json
 
 hf_parity.py compares its quality with the plugin's fairseq runs; hf_speed.py times :func:`train_step`.
-Defaults are what the recipes' run plan gives fairseq-train (acl_fairseq/cli/plan.py's RECIPE and warm-up),
+Defaults are what the recipes' run plan gives fairseq-train (acl_fairseq/recipes/plan.py's RECIPE and warm-up),
 so that a gap is one of the framework:
 AdamW (0.9/0.98, eps 1e-6) decaying EVERY parameter by 0.1 (fairseq's adam exempts nothing, unlike HF's
 Trainer); fairseq's polynomial_decay (lr = peak * n / W while n <= W, then linear to 0 at T, n = finished
@@ -35,8 +35,8 @@ from torch import nn
 import _glue_runs as G
 import _records as R
 from acl_fairseq import glue_metrics
-from acl_fairseq.cli import plan
 from acl_fairseq.heads import POOLING_MODES, head_forward, pool_states
+from acl_fairseq.recipes import plan
 from acl_runtime.glue_tasks import TASKS, TaskSpec, get_task, read_split
 
 Text = Union[str, Tuple[str, str]]

@@ -53,7 +53,7 @@ from _quality_tables import (
     restored_markdown,
     training_minutes,
 )
-from acl_fairseq.cli import plan as P
+from acl_fairseq.recipes import plan as P
 from acl_runtime.tables import read_tsv
 
 SINGLE = ["ce", "scl", "acl_embed", "acl_grad"]

@@ -4,7 +4,7 @@
     acl-tune SST-2 scl --data-bin data-bin/SST-2-N20-seed{seed}-bin --evaluate-best --seeds 1 2 3 4 5
 
 A trial draws the method's hyperparameters from recipes/glue/search_spaces.tsv with a seeded TPE sampler,
-builds the run with acl_fairseq/cli/plan.py (``build_plan``) and runs it through the recipe driver; every
+builds the run with acl_fairseq/recipes/plan.py (``build_plan``) and runs it with the recipes' runner; every
 validation fairseq-train logs is reported to Optuna's median pruner, which stops the run when it trails. The
 objective is the best validation metric of the run (its ``result.json``), measured on a split that the results
 never report (acl_fairseq/cli/tune_data.py). The study lives in an Optuna storage: an SQLite file by default; any
@@ -26,8 +26,8 @@ from typing import Dict, List, Optional
 
 from acl_fairseq.cli import tune_data
 from acl_fairseq.cli import tune_space as S
-from acl_fairseq.cli.plan import REPO, build_plan, settings, tasks
-from acl_fairseq.cli.recipe import RecipeError
+from acl_fairseq.recipes.model_flags import RecipeError
+from acl_fairseq.recipes.plan import REPO, build_plan, settings, tasks
 
 log = logging.getLogger("acl_fairseq.tune")
 FINISHED = ("COMPLETE", "PRUNED")
@@ -188,7 +188,7 @@ class Objective:
         os.makedirs(plan.run_dir, exist_ok=True)
         reader = ValidationReader(os.path.join(plan.run_dir, "train.log"), self.metric, plan.task.valid_subsets[0])
         with open(os.path.join(root, "driver.log"), "ab") as out:
-            # run_plan's call, as a Popen: the trial reads the log while the run writes it and stops it when pruned
+            # the runner as a process: the trial reads the log while the run writes it and stops it when pruned
             proc = subprocess.Popen(plan.driver(), env={**child_env(self.args.threads), **plan.environment()},
                                     cwd=plan.repo, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         trial.set_user_attr("pgid", proc.pid)

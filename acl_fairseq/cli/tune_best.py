@@ -16,7 +16,8 @@ from typing import Dict, List, Optional
 
 from acl_fairseq.cli import tune_data
 from acl_fairseq.cli import tune_space as S
-from acl_fairseq.cli.plan import build_plan
+from acl_fairseq.recipes import runner
+from acl_fairseq.recipes.plan import build_plan
 from acl_runtime.io import atomic
 
 log = logging.getLogger("acl_fairseq.tune")
@@ -52,7 +53,9 @@ def score(plan, setting: str, metric: str, env: Dict[str, str], keep: bool) -> f
         raise SystemExit("acl-tune: " + "; ".join(plan.stops))
     if not plan.finished:
         log.info("training %s", rd)
-        _run(plan.driver(), {**env, **plan.environment()}, plan.repo, driver_log, "the run")
+        with open(driver_log, "ab") as out:  # the runner in-process, its output in driver.log
+            if runner.run(plan, env, stdout=out) != 0:
+                raise SystemExit(f"acl-tune: the run failed; see {driver_log}")
     if setting == "full":
         return float(tune_data.load_json(os.path.join(rd, "result.json"))["best_value"])
     path = os.path.join(rd, TEST_RESULT)

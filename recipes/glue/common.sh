@@ -1,25 +1,14 @@
 #!/usr/bin/env bash
-# Helpers shared by recipes/glue/finetune.sh and recipes/glue/sweep.sh (sourced, not run). Every decision
-# (the tables hparams.tsv and methods.tsv, the settings, the commands) is the run plan's,
-# acl_fairseq/cli/plan.py; these scripts run what it plans.
+# What recipes/glue/finetune.sh and sweep.sh share (sourced, not run): where the repository is, and the runner.
+# Every decision (the tables hparams.tsv and methods.tsv, the settings, the commands) is the run plan's,
+# acl_fairseq/recipes/plan.py, and the runner (acl_fairseq/recipes/runner.py) runs it.
 set -euo pipefail
 
 GLUE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"   # recipes/glue
 REPO="$(cd "$GLUE_DIR/../.." && pwd)"                        # the repository root
 
-# die MESSAGE [STATUS]: print "error: MESSAGE" on stderr and exit (1 unless STATUS is given).
-die() {
-  echo "error: $1" >&2
-  exit "${2:-1}"
-}
-
-# note MESSAGE: progress message on stderr (stdout of a dry run holds only commands).
-note() {
-  echo "[recipe] $*" >&2
-}
-
-# plan_shell finetune|sweep ARGS...: the run plan as shell code to evaluate (acl_fairseq/cli/plan_shell.py).
-# -S: the plan needs only the standard library, so importing the plugin does not load fairseq.
-plan_shell() {
-  PYTHONPATH="$REPO" "${PYTHON:-python3}" -S -m acl_fairseq.cli.plan_shell "$1" --repo "$REPO" "${@:2}"
+# runner finetune|sweep ARGS...: the runner in place of this shell. -S: it needs only the standard library, so
+# importing the plugin does not load fairseq (seconds per run); fairseq-train is the environment's.
+runner() {
+  PYTHONPATH="$REPO" exec "${PYTHON:-python3}" -S -m acl_fairseq.recipes.runner "$1" --repo "$REPO" "${@:2}"
 }

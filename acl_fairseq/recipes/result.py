@@ -1,12 +1,13 @@
-#!/usr/bin/env python3
 """Write RUN_DIR/result.json for one fine-tuning run: its identity, the best validation metrics parsed
 from fairseq's ``--log-format json`` log (RUN_DIR/train.log), and where its early-exit results are.
 
 The best validation is the one ``checkpoint_best.pt`` holds: the largest ``--best-checkpoint-metric`` on
 the first validation subset, the *last* one on ties (fairseq saves on ``>=``). Other subsets (MNLI's
-``valid1``) are reported at the same update. Standard library only; called by recipes/glue/finetune.sh.
+``valid1``) are reported at the same update. Standard library only: the runner's last step
+(acl_fairseq/recipes/runner.py), recorded in command.sh as
 
-    write_result.py RUN_DIR --task CoLA --method ce --seed 1 --best-metric mcc [--valid-subsets valid]
+    python3 -S -m acl_fairseq.recipes.result RUN_DIR --task CoLA --method ce --seed 1 --best-metric mcc
+        [--valid-subsets valid]
         [--early-exit valid=early_exit/early_exit.json ...]
 """
 import argparse
@@ -15,6 +16,8 @@ import os
 import re
 import sys
 from typing import Dict, List
+
+from acl_runtime.io import atomic
 
 # `2026-01-01 12:00:00 | INFO | valid | {"epoch": 1, "valid_loss": "0.99", ...}`
 LOG_LINE = re.compile(r"\|\s*(?P<tag>[\w.-]+)\s*\|\s*(?P<stats>\{.*\})\s*$")
@@ -129,10 +132,7 @@ def main(argv=None) -> int:
             result["git_head"] = f.read().split("\n")[0].strip()
 
     path = os.path.join(args.run_dir, "result.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(result, f, indent=2, sort_keys=False)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
+    atomic.write_text(path, json.dumps(result, indent=2, sort_keys=False) + "\n")
     print(
         f"[recipe] {args.task} / {args.method} / seed {args.seed}: best {subsets[0]} {args.best_metric} = "
         f"{result['best_value']:g} (epoch {result['best_epoch']}, update {result['best_num_updates']}) -> {path}",

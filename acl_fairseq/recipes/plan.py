@@ -4,14 +4,14 @@
     plan.train        # the fairseq-train argv (resuming from checkpoint_last.pt when the same command was killed)
     plan.evaluations  # one acl-evaluate argv per validation subset (multi-exit methods)
     plan.resume, plan.finished, plan.stops  # what a real run would do, or why it would stop
-    run_plan(plan)    # nothing runs, reads only, until this: the recipe driver runs the same plan
+    runner.run(plan)  # nothing runs, reads only, until this (acl_fairseq/recipes/runner.py)
 
 ``build_plan`` refuses settings that cannot work (:class:`RecipeError`; ``status`` 2 for a usage error)
 before it looks at the data or the run folder. It reads the tables (recipes/glue/hparams.tsv per task, methods.tsv per
-method), the checkpoint's folder (acl_fairseq/cli/recipe.py decides the architecture and layout), the data
+method), the checkpoint's folder (acl_fairseq/recipes/model_flags.py decides the architecture and layout), the data
 folder and the run folder; it writes nothing. The settings are the driver's environment variables
-(:data:`SETTINGS`), lower-cased as ``overrides`` keys. Standard library only: the driver runs it with
-``python -S`` (acl_fairseq/cli/plan_shell.py).
+(:data:`SETTINGS`), lower-cased as ``overrides`` keys. Standard library only: the runner runs it with
+``python -S`` (acl_fairseq/recipes/runner.py).
 """
 import os
 import re
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from acl_fairseq.cli.recipe import RecipeError, decide
+from acl_fairseq.recipes.model_flags import RecipeError, decide
 from acl_runtime.tables import read_tsv
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -61,7 +61,7 @@ SETTINGS = [
     ("FRESH", "0", "1 (or --fresh): start over, even where the same command left checkpoint_last.pt"),
     ("FAIRSEQ_TRAIN", "fairseq-train", "the fairseq-train executable"),
     ("ACL_EVALUATE", "acl-evaluate", "the early-exit evaluation executable"),
-    ("PYTHON", "python3", "runs write_result.py (standard library only)"),
+    ("PYTHON", "python3", "runs the runner and its result step (standard library only)"),
     ("HPARAMS_TABLE", "", "the per-task table; default recipes/glue/hparams.tsv"),
     ("METHODS_TABLE", "", "the per-method table; default recipes/glue/methods.tsv"),
 ]
@@ -254,20 +254,16 @@ class Plan:
             *(quote(e) for e in self.evaluations), quote(self.result)]
 
     def driver(self) -> List[str]:
-        """The recipe driver's command line for this plan (its settings go in the environment)."""
-        return [os.path.join(self.repo, "recipes", "glue", "finetune.sh"), self.task.name, self.method.name,
-                *self.extra]
+        """The runner's command line for this plan (its settings go in the environment, :meth:`environment`),
+        for a caller that runs it as a process of its own (acl-tune, to stop a pruned trial's whole group); run
+        in-process, it is ``runner.run(plan)``."""
+        return [self.settings["PYTHON"], "-S", "-m", "acl_fairseq.recipes.runner", "finetune", self.task.name,
+                self.method.name, *self.extra]
 
     def environment(self) -> Dict[str, str]:
-        """The settings as the driver's environment variables (a plan built as a dry run runs as one)."""
-        return dict(self.settings)
-
-
-def run_plan(plan: Plan, environ: Mapping[str, str] = os.environ, **kwargs) -> subprocess.CompletedProcess:
-    """Run the plan through the recipe driver, which builds the same plan from the same settings and runs it
-    (command.sh, logs, resume, the early-exit evaluation, result.json). ``kwargs`` go to subprocess.run."""
-    env = {**environ, **plan.environment()}
-    return subprocess.run(plan.driver(), env=env, cwd=plan.repo, **kwargs)
+        """The settings as the runner's environment variables (a plan built as a dry run runs as one), and the
+        path to this checkout's package."""
+        return {**self.settings, "PYTHONPATH": self.repo}
 
 
 def build_plan(task_name: str, method_name: str, seed: Optional[object] = None,
@@ -354,7 +350,7 @@ def build_plan(task_name: str, method_name: str, seed: Optional[object] = None,
                         "--predictions-dir", os.path.join(rd, "predictions")]
             evaluations.append(cmd + ["--device", device, *eval_extra])
             early_exit += ["--early-exit", f"{subset}={name}/early_exit.json"]
-    result = [s["PYTHON"], os.path.join(repo, "recipes", "glue", "write_result.py"), rd, "--task", task.name,
+    result = [s["PYTHON"], "-S", "-m", "acl_fairseq.recipes.result", rd, "--task", task.name,
               "--method", m.name, "--seed", s["SEED"], "--criterion", m.criterion, "--arch", d.arch,
               "--best-metric", task.best_metric, "--valid-subsets", ",".join(task.valid_subsets), *early_exit]
 
