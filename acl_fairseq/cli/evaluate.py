@@ -30,6 +30,7 @@ import torch
 from acl_fairseq import checkpoint_safety, glue_metrics
 from acl_fairseq.cli import calibrate, evaluate_checks, report
 from acl_fairseq.inference import checkpoint_reader, early_exit, flops, latency
+from acl_fairseq.inference.scoring import collect_exit_logits, make_batches, score
 from acl_runtime import console, exits, glue_tasks
 
 logger = logging.getLogger("acl_fairseq.cli.evaluate")
@@ -123,44 +124,6 @@ def infer_task_name(data_bin: str, task_name: Optional[str]) -> Optional[str]:
     stem = os.path.basename(os.path.normpath(data_bin))
     stem = stem[: -len("-bin")] if stem.endswith("-bin") else stem
     return stem if stem in glue_tasks.facts() else None
-
-
-def make_batches(dataset, ids: List[int], batch_size: int) -> List[Dict]:
-    """Collated batches of ``ids``, sorted by length to limit padding."""
-    order = sorted(ids, key=lambda i: (int(dataset.num_tokens(i)), i))
-    return [dataset.collater([dataset[i] for i in order[s : s + batch_size]]) for s in range(0, len(order), batch_size)]
-
-
-def _to(batch: Dict, device) -> torch.Tensor:
-    return batch["net_input"]["src_tokens"].to(device)
-
-
-# ---- scoring -----------------------------------------------------------------------------------
-
-
-def collect_exit_logits(model, batches: List[Dict], head_name: str):
-    """Every exit's logits over ``batches``: (ids (N,), logits (N, M, K), targets (N, ...) or None)."""
-    device = next(model.parameters()).device
-    ids, logits, targets = [], [], []
-    for batch in batches:
-        out = early_exit.early_exit_forward(model, _to(batch, device), head_name, policy=None)
-        ids.append(batch["id"])
-        logits.append(out.exit_logits.cpu())
-        targets.append(batch.get("target"))
-    has_target = all(t is not None for t in targets)
-    return torch.cat(ids), torch.cat(logits), (torch.cat(targets) if has_target else None)
-
-
-def score(logits: torch.Tensor, targets: torch.Tensor, ctx: Dict) -> Dict[str, float]:
-    """The task's GLUE metrics of (N, K) logits (classification: argmax; regression: the value)."""
-    if ctx["regression"]:
-        found = glue_metrics.regression_metrics(logits[:, 0].tolist(), targets.view(-1).tolist())
-    else:
-        found = glue_metrics.classification_metrics(
-            logits.argmax(-1).tolist(), targets.view(-1).tolist(), ctx["positive"]
-        )
-    known = glue_tasks.facts().get(ctx["task_name"])
-    return {k: found[k] for k in known.metrics if k in found} if known else found
 
 
 def sweep(args, num_exits: int, regression: bool) -> List[tuple]:

@@ -103,21 +103,6 @@ def _kill(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def child_env(threads: Optional[int], environ=os.environ) -> Dict[str, str]:
-    env = dict(environ)
-    if threads:
-        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-            env[name] = str(threads)
-    return env
-
-
-def drop_checkpoints(run_dir: str) -> None:
-    if os.path.isdir(run_dir):
-        for name in os.listdir(run_dir):
-            if name.startswith("checkpoint") and name.endswith(".pt"):
-                os.remove(os.path.join(run_dir, name))
-
-
 class Objective:
     """One trial: draw, plan, run, report every validation, return the run's best validation metric."""
 
@@ -189,7 +174,7 @@ class Objective:
         reader = ValidationReader(os.path.join(plan.run_dir, "train.log"), self.metric, plan.task.valid_subsets[0])
         with open(os.path.join(root, "driver.log"), "ab") as out:
             # the runner as a process: the trial reads the log while the run writes it and stops it when pruned
-            proc = subprocess.Popen(plan.driver(), env={**child_env(self.args.threads), **plan.environment()},
+            proc = subprocess.Popen(plan.driver(), env={**tune_data.child_env(self.args.threads), **plan.environment()},
                                     cwd=plan.repo, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         trial.set_user_attr("pgid", proc.pid)
         try:
@@ -211,7 +196,7 @@ class Objective:
         finally:
             _kill(proc)
             if not self.args.keep_checkpoints:
-                drop_checkpoints(plan.run_dir)
+                tune_data.drop_checkpoints(plan.run_dir)
 
 
 def run_worker(study, objective: Objective, n: int, poll: float, max_failures: int) -> int:

@@ -44,8 +44,6 @@ def _run(cmd: List[str], env: Dict[str, str], cwd: str, log_path: str, what: str
 
 def score(plan, setting: str, metric: str, env: Dict[str, str], keep: bool) -> float:
     """Train the plan unless its run finished, then its score where the results are reported."""
-    from acl_fairseq.cli.tune import drop_checkpoints
-
     rd = plan.run_dir
     os.makedirs(rd, exist_ok=True)
     driver_log = os.path.join(rd, "driver.log")
@@ -72,7 +70,7 @@ def score(plan, setting: str, metric: str, env: Dict[str, str], keep: bool) -> f
         atomic.write_text(path, json.dumps({"split": "test", "metric": metric, "value": float(metrics[metric]),
                                                  "metrics": metrics}, indent=1))
     if not keep:
-        drop_checkpoints(rd)
+        tune_data.drop_checkpoints(rd)
     return float(tune_data.load_json(path)["value"])
 
 
@@ -102,7 +100,6 @@ def markdown(summary: dict) -> str:
 def evaluate_best(args, study, space, template: str, setting: str, task) -> int:
     from optuna.trial import TrialState
 
-    from acl_fairseq.cli.tune import child_env
 
     trials = study.get_trials(deepcopy=False)
     finished = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
@@ -114,7 +111,7 @@ def evaluate_best(args, study, space, template: str, setting: str, task) -> int:
                     study.study_name, finished, args.trials)
     best = study.best_trial
     overrides, extra = S.plan_arguments(space, best.params)
-    env = child_env(args.threads)
+    env = tune_data.child_env(args.threads)
     values: Dict[str, Dict[str, float]] = {}
     for name, (ov, ex) in (("default", ({}, [])), ("tuned", (overrides, extra))):
         values[name] = {}

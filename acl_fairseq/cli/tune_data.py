@@ -9,7 +9,7 @@ import json
 import os
 import random
 import shutil
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from acl_fairseq.preprocessing.scl_protocols import stratified_sample
 from acl_runtime.io import atomic
@@ -116,3 +116,18 @@ def carve(data_bin: str, out: str, seed: int, fraction: float, valid_subsets: Se
     except FileExistsError:  # another worker carved it first: the same seed, the same split
         return carve(data_bin, out, seed, fraction, valid_subsets)
     return record
+
+
+def child_env(threads: Optional[int], environ=os.environ) -> Dict[str, str]:
+    env = dict(environ)
+    if threads:
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env[name] = str(threads)
+    return env
+
+
+def drop_checkpoints(run_dir: str) -> None:
+    if os.path.isdir(run_dir):
+        for name in os.listdir(run_dir):
+            if name.startswith("checkpoint") and name.endswith(".pt"):
+                os.remove(os.path.join(run_dir, name))

@@ -69,7 +69,7 @@ def exit_metrics(hub, split: str, batch_size: int = 32) -> Optional[Dict]:
     """``{"split", "examples", "per_exit": [{"layer", "metrics"}]}`` on ``split`` of the hub's data folder, with
     acl-evaluate's engine and scoring; None when the split or its labels are missing."""
     from acl_fairseq import glue_metrics
-    from acl_fairseq.cli import evaluate
+    from acl_fairseq.inference import scoring
 
     task, head = hub.task, hub.head_name
     try:
@@ -78,13 +78,13 @@ def exit_metrics(hub, split: str, batch_size: int = 32) -> Optional[Dict]:
         logger.warning("no per-exit metrics: %s", e)
         return None
     dataset = task.dataset(split)
-    batches = evaluate.make_batches(dataset, list(range(len(dataset))), batch_size)
-    _, logits, targets = evaluate.collect_exit_logits(hub.model, batches, head)
+    batches = scoring.make_batches(dataset, list(range(len(dataset))), batch_size)
+    _, logits, targets = scoring.collect_exit_logits(hub.model, batches, head)
     if targets is None:
         return None
     ctx = {"task_name": hub.task_name(), "regression": hub.regression,
            "positive": None if hub.regression else glue_metrics.positive_index(task.label_dictionary)}
-    per_exit = [{"layer": layer, "metrics": evaluate.score(logits[:, m], targets, ctx)}
+    per_exit = [{"layer": layer, "metrics": scoring.score(logits[:, m], targets, ctx)}
                 for m, layer in enumerate(hub.exit_layers)]
     return {"split": split, "examples": len(dataset), "task": ctx["task_name"], "per_exit": per_exit}
 

@@ -1,0 +1,85 @@
+"""The packages' layers, read from every import statement (function-level ones too): commands (``acl_fairseq.cli``)
+sit on top and nothing below imports them, and no two modules import each other, directly or round a circle."""
+import ast
+import pathlib
+
+import helpers
+
+PACKAGES = ("acl_fairseq", "acl_runtime")
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(helpers.REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: pathlib.Path, name: str):
+    """The project modules ``path`` imports (``from pkg import mod`` names ``pkg.mod`` when that is a module)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(up + ([node.module] if node.module else []))
+            yield base
+            yield from (f"{base}.{a.name}" for a in node.names)
+
+
+def graph():
+    files = {module_name(p): p for pkg in PACKAGES for p in pathlib.Path(helpers.REPO, pkg).rglob("*.py")}
+    edges = {}
+    for name, path in files.items():
+        edges[name] = sorted({m for m in imports_of(path, name) if m in files and m != name
+                              and not name.startswith(m + ".")})  # a module's own package's __init__ is no edge
+    return edges
+
+
+def test_no_module_below_the_commands_imports_them():
+    bad = [(a, b) for a, targets in graph().items() for b in targets
+           if b.startswith("acl_fairseq.cli") and not a.startswith("acl_fairseq.cli")]
+    assert not bad, bad
+
+
+def cycles(edges):
+    """One circle per strongly connected component of more than one module (Tarjan)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle():
+    edges = graph()
+    assert len(edges) > 60
+    assert cycles(edges) == []
+
+
+def test_the_circle_finder_finds_one():
+    assert cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]
