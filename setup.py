@@ -35,7 +35,6 @@ setup(
             "acl-preprocess=acl_fairseq.preprocessing.glue:cli_main",
             "acl-help=acl_fairseq.cli.help:cli_main",
             "acl-tune=acl_fairseq.cli.tune:cli_main",
-            "acl-fairseq-help=acl_fairseq.cli.help:cli_main",  # deprecated spelling of acl-help, kept working
         ],
         # how acl-predict (acl_runtime, torch-free) reaches a fairseq checkpoint without importing the plugin
         "acl_runtime.checkpoint_reader": ["fairseq=acl_fairseq.inference.checkpoint_reader"],

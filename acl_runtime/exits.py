@@ -299,17 +299,7 @@ def gather_exit_logits(per_exit_logits: List[Array], exit_index: Array) -> Array
     return stacked[np.arange(stacked.shape[0]), np.asarray(exit_index)]
 
 
-# ---- one policy by name (the older spellings) ---------------------------------------------------
-
-
-def entropy_exits(logits: Array, threshold: float) -> Array:
-    """(B,) bool: rows whose normalized entropy is below ``threshold``. logits: (B, K)."""
-    return entropy_step(logits, init_state(len(logits)), threshold)[0]
-
-
-def confidence_exits(logits: Array, threshold: float) -> Array:
-    """(B,) bool: rows whose top softmax probability is at least ``threshold``. logits: (B, K)."""
-    return confidence_step(logits, init_state(len(logits)), threshold)[0]
+# ---- one policy by name, over all exits (STYLE.md's names) -------------------------------------
 
 
 def entropy_exit_layer(per_exit_logits: List[Array], threshold: float) -> Array:

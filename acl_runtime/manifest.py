@@ -1,4 +1,4 @@
-"""The checks an exported ``OUT/onnx`` folder passes before anything runs (issue 40, item 2).
+"""The checks an exported ``OUT/onnx`` folder passes before anything runs.
 
 :func:`read` parses ``manifest.json``; :func:`check` checks its parts against each other (every key there, the
 layer list against the exits, the labels against ``num_classes``, paths inside the folder); :func:`verify_files`

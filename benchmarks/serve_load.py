@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Load on acl-serve: open-loop Poisson arrivals from a separate client process, at 25% to 125% of the measured
-saturation, for refill on and off, fp32 and int8, 1 and 2 workers (issue 38, part 5, and its targets).
+saturation, for refill on and off, fp32 and int8, 1 and 2 workers, with its targets.
 
     python benchmarks/serve_load.py [--refill on off] [--precision fp32 int8] [--workers 1 2] [--quick]
         [--json benchmarks/results/serve_load.json] [--plot benchmarks/results/serve_load.png]
@@ -217,7 +217,7 @@ def table_rows(results: List[Dict]) -> List[Dict]:
 
 
 def print_verdicts(found: List[Dict]) -> None:
-    print("# targets (issue 38)")
+    print("# targets")
     width = max(len(f"{v['config']}: {v['target']}") for v in found)
     for v in found:
         sign = ">=" if v["at_least"] else "<="

@@ -27,7 +27,7 @@ over repeats.
   the dev set with early exit at the batch size (benchmarks/_serve_child.py): for ORT it imports only the runtime
   (torch and fairseq unimportable), for torch the hub. ``rss_vs_torch``: that over the torch process's.
 
-The targets of issue 32 are printed beside the results with pass/miss. The threshold is ``--threshold``
+Its targets are printed beside the results with pass/miss. The threshold is ``--threshold``
 (default: the policy table's default for ``--policy``); the JSON records which. ``--toy`` trains a tiny model
 on the generated toy task (scripts/toy_data.py) in seconds, for the end-to-end test; it must write its own
 ``--json``, never into benchmarks/results.
@@ -295,7 +295,7 @@ def targets(rows: List[Dict], batch: int) -> List[Dict]:
 
 
 def print_targets(found: List[Dict]) -> None:
-    print("# targets (issue 32), on the wall clock; cpu: the same in process CPU time (steady under load)")
+    print("# targets, on the wall clock; cpu: the same in process CPU time (steady under load)")
     width = max(len(t["target"]) for t in found)
     for t in found:
         sign = ">=" if t["at_least"] else "<="

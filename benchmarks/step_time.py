@@ -54,7 +54,7 @@ FORMATS = {"median_step_s": "{:.4f}", "ratio_to_ce": "{:.3f}x", "median_step_cpu
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=sorted(common.MODEL_SIZES), default="minilm")
-    p.add_argument("--batch-size", "--batch", dest="batch", type=int, default=16,
+    p.add_argument("--batch-size", dest="batch", type=int, default=16,
                    help="sentences per step (--batch: deprecated spelling)")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--num-classes", type=int, default=2)

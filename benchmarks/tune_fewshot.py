@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The few-shot SST-2 tuning study (issue 39): each method tuned with acl-tune on the same trial budget, then its
+"""The few-shot SST-2 tuning study: each method tuned with acl-tune on the same trial budget, then its
 best setting beside its default on seeds, scored on the protocol's test half.
 
     python benchmarks/tune_fewshot.py [--ns 20 100] [--methods ce scl acl_embed] [--trials 24] [--workers 2]

@@ -65,9 +65,9 @@ def predict_model(predict_run):
 
 @pytest.fixture(scope="session")
 def predict_onnx(predict_run, tmp_path_factory):
-    """predict_run's checkpoint through ``acl-export --format onnx`` (fp32): the folder that test_text_is_text.py,
-    test_row_memory.py and test_manifest_checks.py only read (or copy before changing). Exported once: each
-    export took 5-10 s of make test."""
+    """predict_run's checkpoint through ``acl-export --format onnx`` (fp32): the folder that
+    test_tokenization_parity.py, test_row_memory.py and test_manifest_checks.py only read (or copy before
+    changing). Exported once: each export took 5-10 s of make test."""
     from acl_fairseq.hf import export
 
     _, data, ckpt = predict_run

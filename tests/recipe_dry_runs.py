@@ -160,7 +160,6 @@ def _variant_cases() -> List[Case]:
     ft = "finetune.sh"
     c = [
         Case("cuda", ft, ["RTE", "ce", "--dry-run"], {"DEVICE": "cuda"}),
-        Case("gpu, the old spelling", ft, ["RTE", "acl_cross_layer", "--dry-run"], {"DEVICE": "gpu"}),
         Case("cuda without fp16", ft, ["RTE", "ce", "--dry-run"], {"DEVICE": "cuda", "FP16": "0"}),
         Case("cuda, 2 GPUs", ft, ["MNLI", "multi_exit_ce", "--dry-run"], {"DEVICE": "cuda", "NUM_GPUS": "2"}),
         Case("auto without a visible GPU", ft, ["RTE", "ce", "--dry-run"],

@@ -1,7 +1,6 @@
-"""acl_runtime.io.atomic, the one home of atomic files and folders, and acl-export's use of it (issue 40,
-cases 4 and 5): a fault injected between every two steps of a replace (standing for a signal at that instant)
-leaves the old folder or the new one whole, never neither; temporaries of killed runs are removed by the next
-run, and a live run's are kept."""
+"""acl_runtime.io.atomic, the one home of atomic files and folders, and acl-export's use of it: a fault injected between
+every two steps of a replace (standing for a signal at that instant) leaves the old folder or the new one whole,
+never neither; temporaries of killed runs are removed by the next run, and a live run's are kept."""
 import ast
 import os
 import subprocess

@@ -1,4 +1,4 @@
-"""Every command writes through acl_runtime.io.atomic (issue 40, section 3), here the last writers that did not:
+"""Every command writes through acl_runtime.io.atomic, here the last writers that did not:
 acl-preprocess's GPT-2 BPE downloads and local BPE files, and acl-convert-hf's folder. A failure or a signal while
 writing leaves the previous file or none, never half of one, and what a killed run left is removed by the next. And
 acl-convert-hf refuses an OUT_DIR it cannot write, or a class count below 1, in one line before converting."""

@@ -1,4 +1,4 @@
-"""Every command writes through acl_runtime.io.atomic (issue 40, item 3): acl-evaluate's own outputs
+"""Every command writes through acl_runtime.io.atomic: acl-evaluate's own outputs
 (early_exit.json, .csv, .png, the test predictions) are whole or absent; a run that fails while writing one keeps
 the previous file, and leaves no temporary."""
 import json

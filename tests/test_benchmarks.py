@@ -54,7 +54,7 @@ def test_step_time_criteria_filter_keeps_the_baseline(tmp_path):
     import step_time
 
     out = tmp_path / "steps.json"
-    step_time.main(["--model", "tiny", "--batch", "4", "--seq-len", "8", "--repeats", "1", "--warmup", "0",
+    step_time.main(["--model", "tiny", "--batch-size", "4", "--seq-len", "8", "--repeats", "1", "--warmup", "0",
                     "--mem-repeats", "0", "--no-multi-exit", "--criteria", "acl_embed", "--json", str(out)])
     rows = json.loads(out.read_text())
     assert [r["criterion"] for r in rows] == ["sentence_ce", "acl_embed"]
@@ -84,7 +84,7 @@ def test_early_exit_latency_other_policies(tmp_path):
     import early_exit_latency
 
     out = tmp_path / "latency.json"
-    early_exit_latency.main(["--model", "tiny", "--seq-len", "8", "--examples", "4", "--batch", "2",
+    early_exit_latency.main(["--model", "tiny", "--seq-len", "8", "--examples", "4", "--batch-size", "2",
                              "--policy", "confidence", "patience", "--confidence-thresholds", "0.9",
                              "--patience-values", "1", "--repeats", "1", "--json", str(out)])
     rows = json.loads(out.read_text())

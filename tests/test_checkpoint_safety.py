@@ -1,4 +1,4 @@
-"""One home for checkpoint I/O (issue 40, section 3): acl-evaluate, acl-predict and the hub read checkpoints through
+"""One home for checkpoint I/O: acl-evaluate, acl-predict and the hub read checkpoints through
 checkpoint_safety's one loader (torch's safe loader with the allowlist), never fairseq's; a checkpoint holding a
 forbidden global is refused naming it, with exit status 2, by every command that reads one; and every data
 dictionary refusal (a checkpoint's record, a converted encoder's record, the dict.txt beside --restore-file) is one

@@ -153,7 +153,7 @@ def test_console_script_is_declared():
 
 
 def test_every_tool_is_an_acl_console_script():
-    """One prefix, one way to start each tool; acl-fairseq-help is the deprecated spelling of acl-help."""
+    """One prefix, one way to start each tool."""
     from importlib.metadata import distribution
 
     scripts = {e.name: e.value for e in distribution("acl_fairseq").entry_points if e.group == "console_scripts"}
@@ -166,7 +166,6 @@ def test_every_tool_is_an_acl_console_script():
         "acl-export": "acl_fairseq.hf.export:cli_main",
         "acl-preprocess": "acl_fairseq.preprocessing.glue:cli_main",
         "acl-help": "acl_fairseq.cli.help:cli_main",
-        "acl-fairseq-help": "acl_fairseq.cli.help:cli_main",
     }
 
 

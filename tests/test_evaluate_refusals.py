@@ -1,4 +1,4 @@
-"""acl-evaluate's refusals are one line with exit status 2 (issue 40, section 5), and those that the flags and the data
+"""acl-evaluate's refusals are one line with exit status 2, and those that the flags and the data
 folder decide come before the model loads: a split the folder lacks and an output folder that cannot be written were
 tracebacks (the latter after the whole sweep), a head the checkpoint lacks and an unlabeled --split tracebacks after
 loading."""

@@ -101,7 +101,7 @@ def test_entropy_exit_fires_on_the_finite_entropy_of_masked_minus_inf_logits():
     raw = exits.prediction_entropy(masked, normalized=False)
     torch.testing.assert_close(raw, torch.tensor([0.0, math.log(2), 0.0]))
     per_exit = [masked, torch.zeros(3, 3)]
-    assert exits.entropy_exits(masked, 0.1).tolist() == [True, False, True]
+    assert exits.entropy_step(masked, exits.init_state(3), 0.1)[0].tolist() == [True, False, True]
     assert exits.entropy_exit_layer(per_exit, 0.1).tolist() == [0, 1, 0]
     assert exits.exit_layer_indices(per_exit, "entropy", 0.7).tolist() == [0, 0, 0]
     fire, _ = exits.policy_step("entropy", masked, exits.init_state(3), 0.1)  # the engine's incremental form
@@ -122,7 +122,7 @@ def test_entropy_exit_is_decided_per_example():
 def test_confidence_exit_is_decided_per_example():
     per_exit = [torch.tensor([[3.0, 0.0], [0.2, 0.0]]), torch.tensor([[0.0, 0.0], [0.0, 3.0]])]
     assert exits.confidence_exit_layer(per_exit, 0.9).tolist() == [0, 1]
-    assert exits.confidence_exits(per_exit[0], 0.9).tolist() == [True, False]
+    assert exits.confidence_step(per_exit[0], exits.init_state(2), 0.9)[0].tolist() == [True, False]
 
 
 def test_patience_counts_consecutive_agreeing_exits():

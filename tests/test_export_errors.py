@@ -1,5 +1,5 @@
 """acl-export's refusals and failures: one line and exit status 2 (130 on Ctrl-C), never a traceback, and nothing
-left behind; a regression model and a legacy-format checkpoint are exported, not refused (issue 40, cases 7-9).
+left behind; a regression model and a legacy-format checkpoint are exported, not refused.
 
 Most cases run on the tiny toy model of conftest.py (whitespace tokens: ONNX only) with the format's writer
 replaced, so that the failure happens where a real export's would, after the model has loaded.

@@ -1,4 +1,4 @@
-"""An exported ONNX folder proves its parts (issue 40, item 2: cases 3, 10 and 13): the manifest records each
+"""An exported ONNX folder proves its parts: the manifest records each
 file's sha256 and the checkpoint's, and the runtime refuses a changed file, a path outside the folder, a
 manifest whose parts disagree and graphs that disagree with it, each in one line naming the file, exit status 2
 through acl-predict. A folder exported before the sha256 loads with one warning. A bad serving policy (the

@@ -1,4 +1,4 @@
-"""acl-predict's refusals name what was given (issue 40, section 5): a --data folder that is not binarized was a
+"""acl-predict's refusals name what was given: a --data folder that is not binarized was a
 traceback from fairseq's config after the model loaded, and a --tokenizer file that does not exist was reported as
 missing tokenizer information of the data folder."""
 import os

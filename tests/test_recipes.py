@@ -185,9 +185,10 @@ def test_environment_overrides(env, tmp_path):
 
 
 def test_gpu_uses_fp16_and_no_cpu_flag(env):
-    for device in ("cuda", "gpu"):  # gpu: the old spelling
-        argv = train_argv(run("RTE.sh", "ce", "--dry-run", env=dict(env, DEVICE=device)).stdout)
-        assert "--cpu" not in argv and "--fp16" in argv and flag(argv, "--fp16-init-scale") == "4"
+    argv = train_argv(run("RTE.sh", "ce", "--dry-run", env=dict(env, DEVICE="cuda")).stdout)
+    assert "--cpu" not in argv and "--fp16" in argv and flag(argv, "--fp16-init-scale") == "4"
+    refused = run("RTE.sh", "ce", "--dry-run", env=dict(env, DEVICE="gpu"))  # no second spelling of cuda
+    assert refused.returncode == 2 and "DEVICE must be auto, cuda or cpu, not 'gpu'" in refused.stderr
     argv = train_argv(run("RTE.sh", "ce", "--dry-run", env=dict(env, DEVICE="cuda", FP16="0")).stdout)
     assert "--fp16" not in argv
 

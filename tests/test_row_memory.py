@@ -1,4 +1,4 @@
-"""Bounded memory per row (issue 40, case 6): each text is cut at a byte budget derived from max_positions
+"""Bounded memory per row: each text is cut at a byte budget derived from max_positions
 before it is tokenized (acl_runtime.tokenization.clip), flagged as truncated, on the checkpoint and on its
 ONNX folder; acl-predict's reader never holds more of a line than that budget per text field (a plain line, a TSV
 field, a JSON string), skipping the rest and flagging the row; a 50 MB line peaks under 1 GB in acl-predict on
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import helpers
 from acl_runtime import inputs, tokenization
-from test_text_is_text import pair  # noqa: F401  (the checkpoint and its ONNX folder, built once per module)
+from test_tokenization_parity import pair  # noqa: F401  (the checkpoint and its ONNX folder, built once per module)
 
 PEAK_LIMIT_KB = 1024 * 1024  # 1 GiB, in ru_maxrss's unit
 

@@ -184,16 +184,6 @@ def test_plugin_help_lists_architectures():
         assert name in proc.stdout, name
 
 
-def test_the_deprecated_help_name_is_installed_as_the_same_entry_point():
-    """acl-fairseq-help, the old name, still works: its script is installed and starts acl-help's function
-    (a second subprocess of the same function cost make test 5 s)."""
-    from importlib.metadata import entry_points
-
-    scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
-    assert scripts["acl-fairseq-help"] == scripts["acl-help"] == "acl_fairseq.cli.help:cli_main"
-    assert os.access(helpers.tool("acl-fairseq-help"), os.X_OK)
-
-
 @pytest.mark.parametrize(
     "criterion,flags",
     [

@@ -49,7 +49,7 @@ SETTINGS = [
     ("MAX_POSITIONS", "512", "longest input in tokens (RoBERTa: 512)"),
     ("MAX_TOKENS", "4400", "fairseq's recipe: at most 4400 tokens per batch"),
     ("LOG_INTERVAL", "200", "updates between train_inner log lines"),
-    ("DEVICE", "auto", "auto | cuda | cpu (auto: cuda when nvidia-smi lists a GPU; gpu = cuda)"),
+    ("DEVICE", "auto", "auto | cuda | cpu (auto: cuda when nvidia-smi lists a GPU)"),
     ("OPTIMIZER", "adamw_torch", "adamw_torch (fused torch AdamW, the same update as fairseq's adam) | adam"),
     ("FP16", "auto", "auto (on when running on a GPU) | 1 | 0"),
     ("NUM_GPUS", "1", "GPUs per run; the recipe's batch sizes are for one GPU"),
@@ -283,7 +283,6 @@ def build_plan(task_name: str, method_name: str, seed: Optional[object] = None,
         raise RecipeError(why, 2)
     if s["MODEL"] not in ("base", "large"):
         raise RecipeError(f"MODEL must be base or large, not '{s['MODEL']}'", 2)
-    s["DEVICE"] = "cuda" if s["DEVICE"] == "gpu" else s["DEVICE"]  # the old spelling
     for name, allowed in (("DEVICE", ("auto", "cuda", "cpu")), ("FP16", ("auto", "0", "1"))):
         if s[name] not in allowed:
             raise RecipeError(f"{name} must be {', '.join(allowed[:-1])} or {allowed[-1]}, not '{s[name]}'", 2)

@@ -1,4 +1,4 @@
-"""What the code, the docs and the records say about each other (issue 40's "small debts"): no script patches
+"""What the code, the docs and the records say about each other: no script patches
 ``sys.path``, cited files exist, acl-help points fairseq at the plugin, a documented number is the records', the
 gradient-conflict benchmark names its scope and interval, and a results record names no folder of its machine."""
 import glob

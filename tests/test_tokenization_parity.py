@@ -1,7 +1,7 @@
-"""Tokenization is one function of the text, on the checkpoint and on its exported ONNX folder (issue 40,
-cases 1 and 2): the same ids for every string (control characters, Python-only whitespace U+001C-U+001F,
-special-token spellings, very long words, random Unicode), text that spells a special token encoded as text,
-and padding known from lengths, so a row's answer is the same at every batch size.
+"""Tokenization is one function of the text, on the checkpoint and on its exported ONNX folder: the same ids for every
+string (control characters, Python-only whitespace U+001C-U+001F, special-token spellings, very long words, random
+Unicode), text that spells a special token encoded as text, and padding known from lengths, so a row's answer is the
+same at every batch size.
 
 The model is conftest's ``predict_run`` (whitespace tokens, pairs, mean pooling, an exit on every layer), its
 ONNX folder conftest's ``predict_onnx``; WordPiece is checked on a dictionary made from a toy vocabulary (no
