@@ -267,7 +267,7 @@ def row_of(s: System, by_name: Dict[str, System], b: int, gold: List[str], num_l
 
 
 def targets(rows: List[Dict], batch: int) -> List[Dict]:
-    """Issue 32's targets, each with its measured value and pass/miss."""
+    """The targets, each with its measured value and pass/miss."""
     at = {(r["system"], r["batch"]): r for r in rows}
     out = []
 

@@ -132,15 +132,41 @@ def test_exported_file_maps_text_as_the_checkpoint(tmp_path, kind, lowercase):
 # ---- the same answer at every batch size --------------------------------------------------------------
 
 
-def _probabilities(model, inputs, batch_size, policy=None, threshold=0.5):
+SPREAD_TEXTS = ["the music was not bad", "the movie was very good", "bad", "the music was good , not bad at all",
+                "very very good", "the movie was not very good", "music", "not bad not good"]
+
+
+@pytest.fixture(scope="module")
+def spread(pair):
+    """Per model, an entropy threshold at which rows leave at different exits: the median normalized entropy of
+    the first exit over SPREAD_TEXTS (at a fixed 0.5 this barely trained model may let every row run to the end,
+    and the batch-size property would then never see a row leave early)."""
+    from acl_runtime import exits
+
+    out = []
+    for model in pair:
+        first = model.exit_layers[0]
+        probs, _ = _probabilities(model, SPREAD_TEXTS, 8, None, exit_layer=first)
+        entropy = exits.prediction_entropy(np.log(np.clip(probs, 1e-30, None)).astype(np.float32))
+        out.append(float(np.median(entropy)))
+    return out
+
+
+def test_the_property_threshold_spreads_rows_over_exits(pair, spread):
+    for model, threshold in zip(pair, spread):
+        _, layers = _probabilities(model, SPREAD_TEXTS, 8, "entropy", threshold)
+        assert len(set(layers)) >= 2, (threshold, layers)
+
+
+def _probabilities(model, inputs, batch_size, policy=None, threshold=0.5, exit_layer=None):
     preds = model.predict_early_exit(inputs, policy=policy, threshold=threshold if policy else None,
-                                     batch_size=batch_size)
+                                     exit_layer=exit_layer, batch_size=batch_size)
     return np.array([[p.probabilities[k] for k in sorted(p.probabilities)] for p in preds]), [p.exit_layer
                                                                                             for p in preds]
 
 
 def test_a_literal_pad_row_answers_alike_at_batch_size_1_and_2(pair):
-    """Issue 40's example: five "<pad>" words next to a longer line moved the row's probabilities by 0.18 once
+    """The case that once failed: five "<pad>" words next to a longer line moved the row's probabilities by 0.18 once
     the longer row exited and the loop cut the columns it thought were padding. Every confidence threshold
     from 0.5 to 1, so that some let the longer row leave first."""
     padded = "<pad> <pad> <pad> <pad> <pad> the music was not bad"
@@ -158,11 +184,11 @@ def test_a_literal_pad_row_answers_alike_at_batch_size_1_and_2(pair):
 
 @PROPERTY
 @given(inputs=st.lists(st.one_of(text, st.tuples(text, text)), min_size=2, max_size=6))
-def test_every_batch_size_gives_the_same_answer(pair, inputs):
-    for model in pair:
-        one, layers_one = _probabilities(model, inputs, 1, "entropy")
+def test_every_batch_size_gives_the_same_answer(pair, spread, inputs):
+    for model, threshold in zip(pair, spread):
+        one, layers_one = _probabilities(model, inputs, 1, "entropy", threshold)
         for batch_size in (2, len(inputs)):
-            many, layers_many = _probabilities(model, inputs, batch_size, "entropy")
+            many, layers_many = _probabilities(model, inputs, batch_size, "entropy", threshold)
             np.testing.assert_allclose(one, many, atol=1e-4)
             assert layers_one == layers_many
 
