@@ -110,6 +110,9 @@ def check_two_workers(tmp_path, env, url, n=5):
     assert all(t.user_attrs.get("surplus") for t in trials if t.state.name == "FAIL"), logs
     runs = [t for t in finished(trials) if "repeat_of" not in t.user_attrs]  # a setting drawn again is not rerun
     assert len({t.user_attrs["run_dir"] for t in runs}) == len(runs)
+    # both workers ran trials: the study was shared, not run twice over or by one worker alone
+    workers = {t.user_attrs.get("worker") for t in runs}
+    assert len(workers) == 2 and None not in workers, ([(t.number, t.user_attrs.get("worker")) for t in runs], logs)
     return trials
 
 

@@ -169,6 +169,7 @@ class Objective:
             raise TrialFailed("; ".join(plan.stops))
         trial.set_user_attr("run_dir", plan.run_dir)
         trial.set_user_attr("host", os.uname().nodename)
+        trial.set_user_attr("worker", f"{os.uname().nodename}:{os.getpid()}")  # which acl-tune process ran it
         log.info("trial %d: %s -> %s", trial.number, " ".join(f"{k}={v}" for k, v in values.items()), plan.run_dir)
         os.makedirs(plan.run_dir, exist_ok=True)
         reader = ValidationReader(os.path.join(plan.run_dir, "train.log"), self.metric, plan.task.valid_subsets[0])
