@@ -22,11 +22,12 @@ answered twice, or to the wrong caller.
 """
 import asyncio
 import json
-import os
 import random
 import sys
 import time
 from typing import Dict, List, Optional
+
+from acl_runtime.io import atomic  # noqa: E402
 
 
 def poisson_offsets(rate: float, n: int, max_seconds: float, seed: int) -> List[float]:
@@ -208,10 +209,7 @@ def main(argv=None) -> int:
     with open(argv[0], encoding="utf-8") as f:
         spec = json.load(f)
     out = asyncio.run(run(spec))
-    tmp = f"{argv[1]}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(out, f)
-    os.replace(tmp, argv[1])
+    atomic.write_text(argv[1], json.dumps(out))
     return 0
 
 

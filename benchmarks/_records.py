@@ -21,9 +21,10 @@ saying where its numbers come from.
 import json
 import os
 import re
-import shutil
 import sys
 from typing import Callable, Iterator, List, Optional, Tuple
+
+from acl_runtime.io import atomic  # noqa: E402
 
 KEPT_FILES = ("command.sh", "git_head.txt", "result.json")
 # The file that makes a run finished: the driver's result.json, unless a benchmark adds a step after training
@@ -75,10 +76,7 @@ def refuse_existing(p, path: Optional[str], force: bool) -> None:
 def write_atomic(path: str, text: str) -> None:
     """Write a table or a JSON file whole or not at all: a reader, or a run stopped halfway, never leaves half."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    atomic.write_text(path, text)
 
 
 def _write(path: str, data: bytes) -> None:
@@ -103,23 +101,18 @@ def save(run_dir: str, dest: str, result: str = RESULT) -> bool:
     nothing) when the run is not finished."""
     if load(run_dir, result) is None:
         return False
-    tmp = f"{dest}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     named = list(_named_files(load(run_dir) or {}))
-    for rel in dict.fromkeys(named + list(KEPT_FILES) + [result]):
-        if os.path.isfile(os.path.join(run_dir, rel)):
-            with open(os.path.join(run_dir, rel), "rb") as f:
-                _write(os.path.join(tmp, rel), f.read())
-    log = os.path.join(run_dir, "train.log")
-    if os.path.isfile(log):
-        with open(log, encoding="utf-8", errors="replace") as f:
-            kept = "".join(line for line in f if LOG_LINES.search(line))
-        _write(os.path.join(tmp, "train.log"), kept.encode("utf-8"))
-    old = f"{dest}.old{os.getpid()}"
-    if os.path.isdir(dest):
-        os.replace(dest, old)
-    os.replace(tmp, dest)
-    shutil.rmtree(old, ignore_errors=True)
+    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+    with atomic.staging_folder(dest) as tmp:  # built beside dest, then swapped in whole
+        for rel in dict.fromkeys(named + list(KEPT_FILES) + [result]):
+            if os.path.isfile(os.path.join(run_dir, rel)):
+                with open(os.path.join(run_dir, rel), "rb") as f:
+                    _write(os.path.join(tmp, rel), f.read())
+        log = os.path.join(run_dir, "train.log")
+        if os.path.isfile(log):
+            with open(log, encoding="utf-8", errors="replace") as f:
+                kept = "".join(line for line in f if LOG_LINES.search(line))
+            _write(os.path.join(tmp, "train.log"), kept.encode("utf-8"))
     return True
 
 

@@ -22,6 +22,7 @@ from typing import Dict, List
 
 import _paired as PD
 import _tune_report as TR
+from acl_runtime.io import atomic  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
@@ -304,10 +305,7 @@ def main(argv=None) -> int:
             print(f"claims: {path} differs from the tables; run python benchmarks/claims.py", file=sys.stderr)
             stale = 1
             continue
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(new)
-        os.replace(tmp, path)
+        atomic.write_text(path, new)
     if not args.check:
         print(bullets(args.results), end="")
     return stale

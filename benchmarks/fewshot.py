@@ -34,6 +34,7 @@ import _glue_runs as G
 import _paired as PD
 import _records as R
 from acl_fairseq.cli.report import mean_std  # noqa: E402
+from acl_runtime.io import atomic  # noqa: E402
 from acl_runtime.tables import read_tsv  # noqa: E402
 
 TASK = "SST-2"
@@ -288,9 +289,7 @@ def plot(summary: dict, path: str) -> None:
     ax.legend()
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    fig.savefig(tmp, dpi=120, format="png")
-    os.replace(tmp, path)
+    atomic.write_through(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
 
 

@@ -35,6 +35,7 @@ from typing import Dict, List
 
 import _glue_runs as G
 import _records as R
+from acl_runtime.io import atomic  # noqa: E402
 
 PAIRS = ("ce_vs_scl", "ce_vs_acl", "ce_vs_acl_samples")
 SCOPES = ("params", "encoder", "features")
@@ -212,10 +213,8 @@ def plot(results: Dict[str, dict], steps: Dict[str, List[dict]], path: str) -> N
         ax.set_ylabel("batches")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    tmp = f"{path}.tmp{os.getpid()}.png"
-    fig.savefig(tmp, dpi=110)
+    atomic.write_through(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def markdown(results: Dict[str, dict]) -> str:

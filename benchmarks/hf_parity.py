@@ -47,6 +47,7 @@ import _records as R
 import quality  # its binarized data and SST-2 subset rule
 from acl_fairseq.cli.report import mean_std
 from acl_fairseq.heads import POOLING_MODES
+from acl_runtime.io import atomic  # noqa: E402
 from hf_loop import BATCHING_MODES
 
 TASKS = ["RTE", "STS-B", "SST-2", "CoLA"]
@@ -103,8 +104,7 @@ def variant_encoder(enc: G.Encoder, args) -> G.Encoder:
             record["segment_embedding"] = False
             del state["model"]["segment_delta"]
         conventions.write(os.path.join(out, conventions.FILE_NAME), record)
-        torch.save(state, os.path.join(out, "model.pt.tmp"))
-        os.replace(os.path.join(out, "model.pt.tmp"), os.path.join(out, "model.pt"))
+        atomic.write_through(os.path.join(out, "model.pt"), lambda tmp: torch.save(state, tmp))
     return G.Encoder(out, pooling=enc.pooling)
 
 

@@ -40,6 +40,7 @@ import _glue_runs as G
 import _records as R
 import common
 import int8_portability as probe
+from acl_runtime.io import atomic  # noqa: E402
 
 BATCHES = (1, 8, 32)
 MAX_DROP = 0.5  # the budget the "calibrated" policy is chosen under
@@ -167,8 +168,7 @@ def fp32_decisions(folder: str, work: str, ids, policies) -> Dict:
     G.log("fp32: decisions at batch 1, 8, 32 (cached for the next run)")
     out = decisions(engine(folder), ids, policies)
     arrays = {f"{n}_{b}_{k}": v[k] for (n, b), v in out.items() for k in ("logits", "layers")}
-    np.savez(path + ".tmp.npz", **arrays)
-    os.replace(path + ".tmp.npz", path)
+    atomic.write_through(path, lambda tmp: np.savez(tmp, **arrays))
     return out
 
 

@@ -20,6 +20,7 @@ from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
 from acl_fairseq.cli.report import mean_std
+from acl_runtime.io import atomic  # noqa: E402
 from acl_runtime.tables import read_tsv
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -240,9 +241,7 @@ def main(argv=None) -> int:
     else:
         text = markdown(summary, plots, per_exit_markdown(per_exit))
     if args.out:
-        with open(args.out + ".tmp", "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(args.out + ".tmp", args.out)
+        atomic.write_text(args.out, text)
         print(f"[collect] {len(results)} runs -> {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)

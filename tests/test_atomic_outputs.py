@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+import helpers
 from acl_fairseq.cli import evaluate, report
 
 
@@ -47,3 +48,22 @@ def test_acl_evaluate_failing_while_writing_keeps_each_previous_output(predict_r
     with pytest.raises(Fault):
         _evaluate(predict_run, out)
     assert sorted(os.listdir(out)) == names and (out / "early_exit.png").read_bytes() == before["early_exit.png"]
+
+
+def test_the_only_rename_into_place_is_the_atomic_writers():
+    """A temporary file renamed over the result is acl_runtime.io.atomic's job alone (fsync, stale temporaries of
+    killed runs removed, the folder swap): no other module, script or benchmark renames files into place."""
+    import ast
+    import pathlib
+
+    home = pathlib.Path(helpers.REPO, "acl_runtime", "io", "atomic.py")
+    found = []
+    for folder in ("acl_runtime", "acl_fairseq", "benchmarks", "recipes", "scripts", "preprocess"):
+        for path in pathlib.Path(helpers.REPO, folder).rglob("*.py"):
+            if path == home:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                        node.func.attr in ("replace", "rename") and getattr(node.func.value, "id", "") == "os":
+                    found.append(f"{path.relative_to(helpers.REPO)}:{node.lineno}")
+    assert not found, found
