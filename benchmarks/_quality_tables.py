@@ -2,14 +2,17 @@
 methods against their baselines paired by seed, and the gated methods against their base (the ACL-Grad rule on
 SCL); every paired difference with its 95% interval (_paired.py)."""
 import glob
+import json
 import os
 import re
 import statistics
-from typing import Dict
+from typing import Dict, Optional
 
 import _glue_runs as G
 import _paired as PD
 import _records as R
+from acl_fairseq.cli import report
+from acl_fairseq.inference import flops
 
 TASKS = ["RTE", "CoLA", "SST-2", "STS-B"]
 # (method, baseline) compared seed by seed on the task's GLUE metric: the papers' claims (a contrastive term over
@@ -175,3 +178,37 @@ def restored_markdown(runs_dir: str) -> str:
     return "".join(f"\nRestored from {src} (their run folders were lost): {', '.join(runs)}. Values only: without "
                    f"their training logs they are not in the training time below (`git show {src.split()[-1]}:"
                    f"{src.split()[0].replace('.json', '.md')}` has it).\n" for src, runs in restored.items())
+
+
+# the GLUE dev sets' token lengths (benchmarks/dev_lengths.py writes it), for FLOPs from the run records
+LENGTHS_RECORD = os.path.join(G.REPO, "benchmarks", "results", "dev_lengths.json")
+
+
+def read_lengths(path: str = LENGTHS_RECORD) -> Optional[dict]:
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def flops_axis(ee: dict, lengths: dict, num_classes: int = 2) -> dict:
+    """A copy of an early-exit result whose settings' ``layer_speedup`` is the FLOPs speed-up (estimated as
+    benchmarks/dev_lengths.py's docstring says), so that report.speedup_profile reads the curve at fixed FLOPs
+    speed-ups."""
+    hist = {int(t): c for t, c in lengths["histogram"].items()}
+    shape = flops.Shape(num_classes=num_classes, exit_layers=ee["exit_layers"], **lengths["shape"])
+    count = sum(hist.values())
+    layer = sum(c * flops.layer_flops(t, shape.dim, shape.ffn_dim) for t, c in hist.items()) / count
+    head = flops.head_flops(shape)
+    full = shape.exit_layers[-1] * layer + head
+    settings = []
+    for s in ee["settings"]:
+        cost = sum(share * (lay * layer + (m + 1) * head)
+                   for m, (share, lay) in enumerate(zip(s["exit_fractions"], shape.exit_layers)))
+        settings.append({**s, "layer_speedup": full / cost})
+    return {**ee, "settings": settings}
+
+
+def flops_profile(ee: dict, lengths: dict) -> dict:
+    """report.speedup_profile on the FLOPs axis."""
+    return report.speedup_profile(flops_axis(ee, lengths), "entropy")

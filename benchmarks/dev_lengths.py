@@ -18,15 +18,13 @@ import csv
 import json
 import os
 import sys
-from typing import Dict, Optional
+from typing import Dict
 
 import _glue_runs as G
+import _quality_tables as Q
 import _records as R
-from acl_fairseq.cli import report
-from acl_fairseq.inference import flops
 from acl_runtime import tokenization
 
-RECORD = os.path.join(G.REPO, "benchmarks", "results", "dev_lengths.json")
 TEXT_COLUMN = {"SST-2": (True, 0), "CoLA": (False, 3)}  # (has a header, column of the sentence)
 
 
@@ -45,35 +43,6 @@ def encoder_shape(encoder: str) -> dict:
     return {"dim": dim, "ffn_dim": int(arg["--encoder-ffn-embed-dim"]), "head_dim": dim}
 
 
-def read(path: str = RECORD) -> Optional[dict]:
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
-def flops_axis(ee: dict, lengths: dict, num_classes: int = 2) -> dict:
-    """A copy of an early-exit result whose settings' ``layer_speedup`` is the FLOPs speed-up (estimated as the module
-    docstring says), so that report.speedup_profile reads the curve at fixed FLOPs speed-ups."""
-    hist = {int(t): c for t, c in lengths["histogram"].items()}
-    shape = flops.Shape(num_classes=num_classes, exit_layers=ee["exit_layers"], **lengths["shape"])
-    count = sum(hist.values())
-    layer = sum(c * flops.layer_flops(t, shape.dim, shape.ffn_dim) for t, c in hist.items()) / count
-    head = flops.head_flops(shape)
-    full = shape.exit_layers[-1] * layer + head
-    settings = []
-    for s in ee["settings"]:
-        cost = sum(share * (lay * layer + (m + 1) * head)
-                   for m, (share, lay) in enumerate(zip(s["exit_fractions"], shape.exit_layers)))
-        settings.append({**s, "layer_speedup": full / cost})
-    return {**ee, "settings": settings}
-
-
-def flops_profile(ee: dict, lengths: dict) -> dict:
-    """report.speedup_profile on the FLOPs axis."""
-    return report.speedup_profile(flops_axis(ee, lengths), "entropy")
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", nargs="+", default=list(TEXT_COLUMN), choices=list(TEXT_COLUMN))
@@ -81,7 +50,7 @@ def main(argv=None) -> int:
     p.add_argument("--encoder", default=os.path.join(G.REPO, "runs", "bench", "minilm"),
                    help="the converted encoder of benchmarks/quality.py (its conventions.json tokenizer record and "
                         "model_args.txt)")
-    p.add_argument("--out", default=RECORD)
+    p.add_argument("--out", default=Q.LENGTHS_RECORD)
     args = p.parse_args(argv)
     with open(os.path.join(args.encoder, "conventions.json"), encoding="utf-8") as f:
         record = json.load(f)["tokenizer"]  # the record acl-convert-hf wrote, the data's tokenizer

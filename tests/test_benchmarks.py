@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+import _converted
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/ is on the path: conftest.py
 
 STEP_FIELDS = {"criterion", "scope", "model", "batch", "seq_len", "median_step_s", "ratio_to_ce", "peak_mem_mb"}
@@ -109,27 +111,27 @@ def test_quality_schedule_is_the_converted_table_and_a_stale_run_stops_it(tmp_pa
     import _glue_runs as G
     import quality
 
-    assert set(quality.PROTOCOL) == set(quality.TASKS)
-    assert quality.PROTOCOL["SST-2"]["train_subset"] == 2000 and quality.PROTOCOL["RTE"]["train_subset"] is None
+    assert set(_converted.PROTOCOL) == set(quality.TASKS)
+    assert _converted.PROTOCOL["SST-2"]["train_subset"] == 2000 and _converted.PROTOCOL["RTE"]["train_subset"] is None
     rd = tmp_path / "RTE" / "ce" / "seed1"
     rd.mkdir(parents=True)
-    sch = dict(quality.PROTOCOL["RTE"])
+    sch = dict(_converted.PROTOCOL["RTE"])
     (rd / "command.sh").write_text(f"fairseq-train x --lr {sch['lr']:g} --exit-pooling {sch['pooling']} --max-epoch "
                                    f"{sch['epochs']} --adam-betas '(0.9,0.98)' --conventions c.json\n")
-    quality.check_finished(str(rd), sch)  # no result yet: nothing to check
+    _converted.check_finished(str(rd), sch)  # no result yet: nothing to check
     (rd / "result.json").write_text("{}")
-    quality.check_finished(str(rd), sch)  # the same schedule: it may be skipped
+    _converted.check_finished(str(rd), sch)  # the same schedule: it may be skipped
     assert G.trained_setting(str(rd))["conventions"] is True
     other = "mean" if sch["pooling"] == "cls" else "cls"
     with pytest.raises(SystemExit, match=f"trained with lr {sch['lr']:g}, {sch['pooling']} pooling.*now says lr "
                        f"{sch['lr']:g}, {other} pooling.*move the run away"):
-        quality.check_finished(str(rd), dict(sch, pooling=other))
+        _converted.check_finished(str(rd), dict(sch, pooling=other))
     with pytest.raises(SystemExit, match=f"{sch['epochs']} epochs, but"):
-        quality.check_finished(str(rd), dict(sch, epochs=sch["epochs"] + 1))
+        _converted.check_finished(str(rd), dict(sch, epochs=sch["epochs"] + 1))
     (rd / "command.sh").write_text(f"fairseq-train x --lr {sch['lr']:g} --exit-pooling {sch['pooling']} --max-epoch "
                                    f"{sch['epochs']}\n")  # the same schedule, from before the conventions record
     with pytest.raises(SystemExit, match="trained before the converted encoder carried its conventions record"):
-        quality.check_finished(str(rd), sch)
+        _converted.check_finished(str(rd), sch)
 
 
 def test_quality_cost_is_read_from_the_training_logs(tmp_path):
@@ -225,7 +227,7 @@ def test_hf_parity_summary_pairs_by_seed_and_names_settings():
                     "_hf_fold_token_types")
     assert hf_parity.plugin_setting(name) == "lr3e-05_mean_pair_format=double_clip_norm=1.0_no_segment"
     assert "| matched | RTE | 60.0, 62.0, 58.0 |" in hf_parity.markdown(hf_parity.summarize(runs), "cmd")
-    assert set(hf_parity.quality.PROTOCOL) >= {"RTE", "STS-B", "SST-2"}
+    assert set(_converted.PROTOCOL) >= {"RTE", "STS-B", "SST-2"}
 
 
 def test_hf_parity_hf_only_switches_pair_with_the_plugin_runs_without_them(tmp_path, monkeypatch):

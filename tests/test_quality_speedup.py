@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-import dev_lengths
+import _quality_tables
 import quality
 from acl_fairseq.inference import flops
 
@@ -101,7 +101,7 @@ def test_flops_axis_from_exit_shares_and_dev_lengths():
     shape = flops.Shape(4, 6, 4, 2, [1, 2])
     layer = (flops.layer_flops(5, 4, 6) + 3 * flops.layer_flops(9, 4, 6)) / 4  # the mean over the histogram
     head = flops.head_flops(shape)
-    got = [s["layer_speedup"] for s in dev_lengths.flops_axis(ee, lengths)["settings"]]
+    got = [s["layer_speedup"] for s in _quality_tables.flops_axis(ee, lengths)["settings"]]
     # every example at exit 1: one layer and one head, against two layers and one head
     assert got[0] == pytest.approx((2 * layer + head) / (layer + head))
     # half at exit 2, which also ran exit 1's head

@@ -5,6 +5,8 @@ import os
 
 import pytest
 
+import _converted
+
 TRAIN_LOG = (
     "2026-12-02 | INFO | fairseq_cli.train | Loaded checkpoint /enc/model.pt (epoch 1 @ 0 updates)\n"
     '2026-12-02 | INFO | train_inner | {"epoch": 1, "update": 0.5, "loss": "0.7"}\n'
@@ -94,13 +96,12 @@ def _encoder(tmp_path):
 def test_quality_skips_a_recorded_run_and_records_a_new_one(tmp_path, monkeypatch):
     import _glue_runs as G
     import _records as R
-    import quality
 
     work, records = str(tmp_path / "work"), str(tmp_path / "records")
-    sch = quality.PROTOCOL["RTE"]
+    sch = _converted.PROTOCOL["RTE"]
     command = (f"fairseq-train x --lr {sch['lr']:g} --exit-pooling {sch['pooling']} --max-epoch {sch['epochs']} "
                "--conventions c.json\n")
-    monkeypatch.setattr(quality, "binarize", lambda task, work, enc: "/data-bin")
+    monkeypatch.setattr(_converted, "binarize", lambda task, work, enc: "/data-bin")
     trained = []
 
     def finetune(task, method, env, extra):
@@ -114,10 +115,10 @@ def test_quality_skips_a_recorded_run_and_records_a_new_one(tmp_path, monkeypatc
     recorded = os.path.join(records, "quality", "runs", "RTE", "ce", "seed1")  # from another machine
     _finished_run(recorded, {"task": "RTE", "method": "ce", "seed": 1, "best_value": 56.0}, command=command)
 
-    rd, res = quality.run_one("RTE", "ce", 1, work, _encoder(tmp_path), records=records)
+    rd, res = _converted.run_one("RTE", "ce", 1, work, _encoder(tmp_path), records=records)
     assert (rd, res["best_value"], trained) == (recorded, 56.0, [])  # not trained again
 
-    rd, res = quality.run_one("RTE", "ce", 2, work, _encoder(tmp_path), records=records)
+    rd, res = _converted.run_one("RTE", "ce", 2, work, _encoder(tmp_path), records=records)
     assert trained == [("RTE", "ce", 2)] and rd == G.run_dir(os.path.join(work, "quality"), "RTE", "ce", 2)
     assert R.load(os.path.join(records, "quality", "runs", "RTE", "ce", "seed2"))["best_value"] == 57.0
 
@@ -125,13 +126,13 @@ def test_quality_skips_a_recorded_run_and_records_a_new_one(tmp_path, monkeypatc
     old_run = G.run_dir(os.path.join(work, "quality"), "RTE", "ce", 1)
     _finished_run(old_run, {"task": "RTE", "method": "ce", "seed": 1, "best_value": 50.0}, command=command)
     os.utime(os.path.join(old_run, "result.json"), (1e9, 1e9))
-    rd, res = quality.run_one("RTE", "ce", 1, work, _encoder(tmp_path), records=records)
+    rd, res = _converted.run_one("RTE", "ce", 1, work, _encoder(tmp_path), records=records)
     assert (rd, res["best_value"], R.load(recorded)["best_value"]) == (recorded, 56.0, 56.0)
 
     stale = os.path.join(records, "quality", "runs", "RTE", "ce", "seed3")  # a record of another schedule
     _finished_run(stale, {"task": "RTE"}, command=command.replace(f"--lr {sch['lr']:g}", "--lr 0.001"))
     with pytest.raises(SystemExit, match="seed3 was trained with lr 0.001"):
-        quality.run_one("RTE", "ce", 3, work, _encoder(tmp_path), records=records)
+        _converted.run_one("RTE", "ce", 3, work, _encoder(tmp_path), records=records)
 
 
 def test_hf_parity_does_not_train_a_recorded_hf_run_again(tmp_path, monkeypatch):
