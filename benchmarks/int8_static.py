@@ -267,20 +267,19 @@ def main(argv=None) -> Dict:
     args = parse_args(argv)
     import torch
 
-    import predict_speed
-    import serve_speed
+    import _serving
     from acl_fairseq.hf import onnx_quantize as Q
     from acl_fairseq.inference import hub as hub_mod
     from acl_runtime import calibration
 
     torch.set_num_threads(1)
-    ckpt, data = predict_speed.trained_checkpoint(args)
+    ckpt, data = _serving.trained_checkpoint(args)
     hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(ckpt)), os.path.basename(ckpt),
                                   os.path.abspath(data)).eval()
     work = os.path.join(args.work, "int8_static")
     folder = export(hub, ckpt, os.path.join(work, "onnx"))
     dirs = build_schemes(hub, folder, work, args.schemes)
-    sentences, gold_names = serve_speed.sst2_dev(args.examples)
+    sentences, gold_names = _serving.sst2_dev(args.examples)
     fp32 = engine(folder)
     ids = [fp32.encode_with_info(s)[0] for s in sentences]
     gold = np.array([fp32.label_names().index(g) for g in gold_names])

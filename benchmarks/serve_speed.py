@@ -36,13 +36,13 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from typing import Dict, List
 
 import _glue_runs as G
 import _records as R
 import _serve_child
+import _serving
 import common
 from acl_runtime import console, exits
 
@@ -55,82 +55,9 @@ FORMATS = {"p50_ms": "{:.2f}", "p95_ms": "{:.2f}", "tok_ms": "{:.3f}", "sent_per
            "mean_exit_layer": "{:.2f}", "layer_speedup": "{:.2f}x", "wall_speedup": "{:.2f}x",
            "efficiency": "{:.2f}", "cpu_efficiency": "{:.2f}", "vs_torch": "{:.2f}x",
            "cpu_vs_torch": "{:.2f}x", "peak_rss_mb": "{:.0f}", "rss_vs_torch": "{:.2f}"}
-TOY_MODEL = [*common.size_args("tiny", 64), "--dropout", "0.0", "--attention-dropout", "0.0"]
 
 
 # ---- model and data ------------------------------------------------------------------------------
-
-
-def toy_model(work: str):
-    """(checkpoint, data, sentences, gold labels): a tiny multi-exit model trained in seconds on the toy task."""
-    from acl_runtime import conventions
-
-    root = os.path.join(work, "serve_speed_toy")
-    data, save = os.path.join(root, "data"), os.path.join(root, "ckpt")
-    if not os.path.isfile(os.path.join(data, "label", "dict.txt")):  # the demo's generator, run as a script
-        G.run([sys.executable, os.path.join(G.REPO, "scripts", "toy_data.py"), data, "--n-train", "256",
-               "--n-valid", "64"])
-    ckpt = os.path.join(save, "checkpoint_best.pt")
-    if not os.path.isfile(ckpt):
-        G.log(f"train: the toy model -> {save}")
-        G.run([sys.executable, "-m", "fairseq_cli.train", data, "--user-dir", os.path.join(G.REPO, "acl_fairseq"),
-               "--task", "sentence_prediction_acl", *conventions.input_layout().fairseq_flags(), "--num-classes", "2",
-               "--arch", "multi_exit_roberta", *TOY_MODEL, "--criterion", "acl_cross_layer",
-               "--optimizer", "adamw_torch", "--lr", "3e-3", "--batch-size", "16",
-               "--required-batch-size-multiple", "1", "--max-epoch", "6", "--seed", "1", "--save-dir", save,
-               "--no-epoch-checkpoints", "--no-last-checkpoints", "--cpu", "--num-workers", "0",
-               "--best-checkpoint-metric", "accuracy", "--maximize-best-checkpoint-metric"],
-              env={"OMP_NUM_THREADS": "1"})
-    raw = os.path.join(data, "raw")
-    with open(os.path.join(raw, "valid.input0"), encoding="utf-8") as f:
-        sentences = f.read().splitlines()
-    with open(os.path.join(raw, "valid.label"), encoding="utf-8") as f:
-        gold = f.read().splitlines()
-    return ckpt, data, sentences, gold
-
-
-def sst2_dev(n: int):
-    """(sentences, gold labels) of SST-2 dev (GLUE_DIR or ../shared/glue), the first ``n`` (0: all)."""
-    path = os.path.join(G.GLUE_DIR, "SST-2", "dev.tsv")
-    if not os.path.isfile(path):
-        sys.exit(f"serve_speed: {path} not found; set GLUE_DIR to the folder that holds SST-2/dev.tsv")
-    with open(path, encoding="utf-8") as f:
-        rows = [line.rstrip("\n").split("\t") for line in f][1:]
-    rows = rows[:n] if n else rows
-    return [r[0] for r in rows], [r[1] for r in rows]
-
-
-def export_source(ckpt: str) -> Dict:
-    """What the cached export was made from: the checkpoint, and the exporter's own code (a change of the int8
-    scheme, dynamic to static, must export again; the checkpoint alone did not show it)."""
-    import hashlib
-
-    from acl_fairseq.hf import onnx_export, onnx_quantize
-
-    st = os.stat(ckpt)
-    code = hashlib.sha256(b"".join(open(m.__file__, "rb").read() for m in (onnx_export, onnx_quantize))).hexdigest()
-    return {"checkpoint": os.path.abspath(ckpt), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "schema": onnx_export.SCHEMA, "exporter_sha256": code}
-
-
-def exported(hub, ckpt: str, folder: str) -> str:
-    """``folder`` holding the ONNX export (fp32 and int8) of ``ckpt``; exported again when the checkpoint or the
-    exporter changed."""
-    from acl_fairseq.hf import onnx_export
-    from acl_runtime.io import atomic
-
-    source = export_source(ckpt)
-    stamp = os.path.join(folder, "source.json")
-    if os.path.isfile(stamp) and R.load(folder, "source.json") == source:
-        return folder
-    G.log(f"export: {ckpt} -> {folder} (ONNX fp32 + int8)")
-    parent = os.path.dirname(os.path.abspath(folder))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="onnx_", dir=parent)
-    onnx_export.write_onnx(hub, tmp, quantize="int8")
-    R.write_atomic(os.path.join(tmp, "source.json"), json.dumps(source))
-    atomic.replace_folder(tmp, folder)
-    return folder
 
 
 # ---- the systems ---------------------------------------------------------------------------------
@@ -338,20 +265,6 @@ def parse_args(argv=None):
     return args
 
 
-def load(args):
-    """(checkpoint, data, sentences, gold labels, ONNX folder) of the toy or the real setup."""
-    if args.toy:
-        ckpt, data, sentences, gold = toy_model(args.work)
-        if args.examples:
-            sentences, gold = sentences[: args.examples], gold[: args.examples]
-        return ckpt, data, sentences, gold, os.path.join(args.work, "serve_speed_toy", "onnx")
-    import predict_speed
-
-    ckpt, data = predict_speed.trained_checkpoint(args)
-    sentences, gold = sst2_dev(args.examples)
-    return ckpt, data, sentences, gold, os.path.join(args.work, "serve_speed", "onnx")
-
-
 def setup_record(args, ckpt: str, folder: str, n: int) -> Dict:
     """The run's settings; paths relative to ``--work``, the run folder, so that the record names no folder of the
     machine it ran on."""
@@ -373,12 +286,12 @@ def main(argv=None) -> Dict:
     from acl_fairseq.inference import hub as hub_mod
 
     torch.set_num_threads(args.threads)
-    ckpt, data, sentences, gold, folder = load(args)
+    ckpt, data, sentences, gold, folder = _serving.load(args)
     hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(ckpt)), os.path.basename(ckpt),
                                   os.path.abspath(data)).eval()
     if hub.regression:
         sys.exit("serve_speed: the checkpoint has a regression head; it measures accuracy, so give a classifier")
-    folder = exported(hub, ckpt, folder)
+    folder = _serving.exported(hub, ckpt, folder)
     systems = make_systems(hub, folder, args.policy, args.threshold, args.threads)
     by_name = {s.name: s for s in systems}
     for b in (1, args.batch_size):

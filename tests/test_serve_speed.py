@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+import _serving
 import serve_speed
 
 pytestmark = pytest.mark.slow  # the whole toy benchmark once per module (make test-slow, CI)
@@ -111,11 +112,11 @@ def test_the_cached_export_is_made_again_when_the_exporter_changes(tmp_path, mon
     monkeypatch.setattr(onnx_export, "write_onnx", write_onnx)
     ckpt, folder = tmp_path / "checkpoint.pt", str(tmp_path / "serve" / "onnx")
     ckpt.write_bytes(b"weights")
-    serve_speed.exported(None, str(ckpt), folder)
-    serve_speed.exported(None, str(ckpt), folder)
+    _serving.exported(None, str(ckpt), folder)
+    _serving.exported(None, str(ckpt), folder)
     assert len(made) == 1  # the same checkpoint and exporter: the cache is used
     stamp = json.load(open(os.path.join(folder, "source.json")))
-    monkeypatch.setattr(serve_speed, "export_source", lambda c: {**stamp, "exporter_sha256": "another exporter"})
-    serve_speed.exported(None, str(ckpt), folder)
+    monkeypatch.setattr(_serving, "export_source", lambda c: {**stamp, "exporter_sha256": "another exporter"})
+    _serving.exported(None, str(ckpt), folder)
     assert len(made) == 2 and open(os.path.join(folder, "model.onnx")).read() == "2"
     assert sorted(os.listdir(tmp_path / "serve")) == ["onnx"]  # no temporary or old folder left beside it

