@@ -1,9 +1,11 @@
 """acl-serve refuses bad requests with a 4xx and one line, and never dies of them; a full queue answers 503 with
 Retry-After, and every request gets exactly one answer."""
 import concurrent.futures
+import gzip
 import json
 import struct
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -51,6 +53,34 @@ OIP_ERRORS = [  # (path, body, status, words of the message)
     ("nope/infer", {"inputs": [_text()]}, 404, "unknown model 'nope': this server serves 'acl'"),
     ("acl/versions/2/infer", {"inputs": [_text()]}, 404, "unknown model 'acl' version '2'"),
     ("nope", None, 404, "unknown model 'nope'"),
+    # a non-object where an object goes (once 500 AttributeError), strings for booleans (once read as true)
+    ("acl/infer", {"inputs": [_text()], "parameters": ["policy"]}, 400, "\"parameters\" must be a JSON object"),
+    ("acl/infer", {"inputs": [{**_text(), "parameters": []}]}, 400, "input text's parameters must be a JSON object"),
+    ("acl/infer", {"inputs": [{**_text(), "parameters": "x"}]}, 400, "input text's parameters must be a JSON object"),
+    ("acl/infer", {"inputs": [_text()], "outputs": [{"name": "label", "parameters": [1]}]}, 400,
+     "output label's parameters must be a JSON object"),
+    ("acl/infer", {"inputs": [_text()], "parameters": {"binary_data_output": "false"}}, 400,
+     "binary_data_output \"false\": expected true or false"),
+    ("acl/infer", {"inputs": [_text()], "outputs": [{"name": "label", "parameters": {"binary_data": "no"}}]}, 400,
+     "binary_data \"no\", expected true or false"),
+    # unknown keys in an input's or output's parameters, refused by name
+    ("acl/infer", {"inputs": [{**_text(), "parameters": {"content_type": "str"}}]}, 400,
+     "unknown parameter of input text 'content_type'"),
+    ("acl/infer", {"inputs": [_text()], "outputs": [{"name": "label", "parameters": {"top_k": 1}}]}, 400,
+     "unknown parameter of output label 'top_k'"),
+    ("acl/infer", {"inputs": [_text()], "outputs": [{"name": "label", "parameters": {"classification": 2}}]}, 400,
+     "classification applies to the class scores only"),
+    ("acl/infer", {"inputs": [_text()], "outputs": [{"name": "probabilities", "parameters": {"classification": -1}}]},
+     400, "classification -1"),
+    ("acl/infer", {"inputs": [_text()], "inputs2": []}, 400, "unknown field 'inputs2'"),
+    # Triton's request parameters this server cannot honour, refused with the reason
+    ("acl/infer", {"inputs": [_text()], "parameters": {"priority": 1}}, 400, "'priority' is not supported: this "
+     "server has one queue"),
+    ("acl/infer", {"inputs": [_text()], "parameters": {"timeout": 1000}}, 400, "'timeout' is not supported"),
+    # an empty or blank text: acl-predict skips such a line, the server names it
+    ("acl/infer", {"inputs": [{**_text(2), "data": ["good", "  "]}]}, 400, "input text: element 1 is empty or only "
+     "spaces"),
+    ("acl/infer", oip_body([("good", "")]), 400, "input text_pair: element 0 is empty"),
 ]
 
 TEI_ERRORS = [  # (body, status, error_type, words of the message)
@@ -65,6 +95,15 @@ TEI_ERRORS = [  # (body, status, error_type, words of the message)
     ({"inputs": "a", "normalize": True}, 422, "Validation", "unknown field 'normalize'"),
     ({"inputs": "a", "policy": "confidence", "threshold": 2}, 400, "Validation", "out of range"),
     ({"inputs": [["good"]] * (MAX_QUEUE + 1)}, 413, "Validation", "--max-queue"),
+    ({"inputs": "a", "parameters": "top_k"}, 422, "Validation", "parameters must be a JSON object, got str"),
+    ({"inputs": "a", "parameters": [1]}, 422, "Validation", "parameters must be a JSON object, got list"),
+    ({"inputs": "a", "parameters": {"top_k": 0}}, 422, "Validation", "parameters.top_k 0"),
+    ({"inputs": "a", "parameters": {"function_to_apply": "relu"}}, 422, "Validation", "function_to_apply \"relu\""),
+    ({"inputs": "a", "parameters": {"truncation": True}}, 422, "Validation", "unknown key of parameters 'truncation'"),
+    ({"inputs": "a", "raw_scores": True, "parameters": {"function_to_apply": "softmax"}}, 422, "Validation",
+     "send one"),
+    ({"inputs": ""}, 422, "Validation", "inputs holds a text that is empty or only spaces"),
+    ({"inputs": [["good"], [" ", "b"]]}, 422, "Validation", "inputs[1] holds a text that is empty"),
 ]
 
 
@@ -122,7 +161,9 @@ def test_binary_text_that_is_not_utf8_is_400(server):
     assert status == 400 and "not UTF-8 text" in answer["error"], answer
 
 
-def test_a_model_failure_answers_500_for_its_request_and_the_server_goes_on(server):
+def test_a_model_failure_answers_500_with_a_request_id_only_and_logs_the_cause_under_it(server, caplog):
+    """The class, message and traceback of a failure go to the log line carrying the request id; the client sees
+    "internal error" and that id (they once read the exception's text)."""
     url, service = server
     backend = service.scheduler.backend
     layer = backend.layer
@@ -132,10 +173,17 @@ def test_a_model_failure_answers_500_for_its_request_and_the_server_goes_on(serv
 
     backend.layer = broken
     try:
-        status, _, answer = call(f"{url}/predict", {"inputs": "good"})
+        with caplog.at_level("ERROR", logger="acl_runtime.serve"):
+            status, head, answer = call(f"{url}/predict", {"inputs": "good"})
+            oip = call(f"{url}/v2/models/acl/infer", oip_body(["good"]))
     finally:
         backend.layer = layer
-    assert status == 500 and "the device went away" in answer["error"] and answer["error_type"] == "Backend"
+    rid = head["x-request-id"]
+    assert status == 500 and answer == {"error": f"internal error (request id {rid})", "error_type": "Backend"}
+    assert oip[0] == 500 and set(oip[2]) == {"error"} and oip[2]["error"].startswith("internal error (request id")
+    logged = [r for r in caplog.records if rid in r.getMessage()]
+    assert len(logged) == 1 and "the device went away" in caplog.text
+    assert "RuntimeError" in (logged[0].exc_text or "") and "the device went away" in logged[0].exc_text
     assert call(f"{url}/predict", {"inputs": "good"})[0] == 200
 
 
@@ -177,3 +225,49 @@ def test_a_full_queue_answers_503_with_retry_after_and_every_request_exactly_onc
                    for s in (200, 503)}
         assert counted == {200: statuses.count(200), 503: statuses.count(503)}
         assert service.scheduler.depth() == 0
+
+
+@pytest.mark.parametrize("path", ["/v2/models/acl/infer", "/predict"])
+def test_json_nested_thousands_deep_is_refused_not_a_500(server, path):
+    url, _ = server
+    status, _, answer = call(url + path, b'{"inputs": ' + b"[" * 20000 + b"]" * 20000 + b"}")
+    assert status in (400, 422) and "nested too deeply" in answer["error"], answer
+    assert call(f"{url}/v2/health/ready")[0] == 200
+
+
+def test_bytes_left_after_the_last_binary_tensor_are_refused(server):
+    url, _ = server
+    raw = struct.pack("<I", 4) + b"good"
+    head = json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
+                                   "parameters": {"binary_data_size": len(raw)}}]}).encode()
+    ok = call(f"{url}/v2/models/acl/infer", head + raw, headers={"Inference-Header-Content-Length": str(len(head))})
+    assert ok[0] == 200
+    status, _, answer = call(f"{url}/v2/models/acl/infer", head + raw + b"junk",
+                             headers={"Inference-Header-Content-Length": str(len(head))})
+    assert status == 400 and "4 bytes are left after the last binary tensor" in answer["error"], answer
+
+
+@pytest.mark.parametrize("method, path, status, words", [("GET", "/v3/models", 404, "no route /v3/models"),
+                                                         ("GET", "/predict", 405, "GET is not allowed on /predict"),
+                                                         ("PUT", "/v2/models/acl/infer", 405, "PUT is not allowed")])
+def test_unrouted_paths_and_methods_answer_json_errors(server, method, path, status, words):
+    url, _ = server
+    got, head, answer = call(url + path, b"{}" if method == "PUT" else None, method=method)
+    assert got == status and head["content-type"] == "application/json" and words in answer["error"], answer
+
+
+def test_a_compressed_body_is_held_to_the_limit_by_what_it_inflates_to(server):
+    """A gzip bomb (64 kB of zeros per 64 bytes sent) is 413, counted on the decompressed size; a corrupt or
+    unknown encoding is refused by name."""
+    url, _ = server
+    inner = json.dumps({"inputs": [{**_text(), "data": ["good" + " " * (4 * MAX_BODY)]}]}).encode()
+    bomb = gzip.compress(inner)
+    assert len(bomb) < MAX_BODY // 8
+    for body, encoding in ((bomb, "gzip"), (zlib.compress(inner), "deflate")):
+        status, _, answer = call(f"{url}/v2/models/acl/infer", body, headers={"Content-Encoding": encoding})
+        assert status == 413 and f"limit of {MAX_BODY} bytes (--max-body-bytes, decompressed)" in answer["error"]
+    status, _, answer = call(f"{url}/predict", gzip.compress(b'{"inputs": "good"}')[:-9],
+                             headers={"Content-Encoding": "gzip"})
+    assert status == 400 and "not valid gzip data" in answer["error"], answer
+    status, _, answer = call(f"{url}/predict", b'{"inputs": "good"}', headers={"Content-Encoding": "br"})
+    assert status == 415 and "Content-Encoding 'br' is not supported" in answer["error"], answer
