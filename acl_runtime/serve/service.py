@@ -83,7 +83,7 @@ class Service:
         self.stats = Statistics()
         self.scheduler = Scheduler(self.engine.backend, self.engine.regression, max_batch=s.max_batch,
                                    max_queue=s.max_queue, refill=s.refill, on_batch=self._on_batch,
-                                   pad=self.engine.pad)
+                                   pad=self.engine.pad, on_fault=self.metrics.on_fault)
         self.metrics.depth = self.scheduler.depth
         self.ready = False
 
