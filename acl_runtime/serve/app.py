@@ -1,6 +1,6 @@
 """acl-serve's ASGI application (Starlette): one handler a route, each over the worker's :class:`Service`
 (``request.app.state.service``), behind the Open Inference Protocol v2 routes, TEI's ``/predict`` (and ``/``,
-``/health``, ``/info``), ``/metrics`` and ``/openapi.json``.
+``/health``, ``/info``), ``/metrics`` and ``/openapi.json`` (the request schema, :mod:`acl_runtime.serve.schema`).
 
 A full queue is 503 with ``Retry-After`` (the scheduler's estimate of when the queue will have drained). Bad input
 is a 4xx with one line and never reaches the model. An unexpected failure is 500 with ``internal error`` and a
@@ -27,7 +27,7 @@ from starlette.routing import Route
 
 from acl_runtime import loop
 from acl_runtime.scheduler import Closed, QueueFull
-from acl_runtime.serve import protocol, tei
+from acl_runtime.serve import protocol, schema, tei
 from acl_runtime.serve.metrics import CONTENT_TYPE
 from acl_runtime.serve.protocol import BadRequest
 from acl_runtime.serve.service import VERSION, Answered, Service, Settings  # noqa: F401  (Settings: the API)
@@ -238,6 +238,11 @@ async def info(request: Request) -> Response:
     return JSONResponse(_service(request).info(_package_version()))
 
 
+async def openapi(request: Request) -> Response:
+    """Both inference routes and their request bodies, from the schema that validates them."""
+    return JSONResponse(schema.openapi(_package_version()))
+
+
 async def metrics(request: Request) -> Response:
     return Response(_service(request).metrics.exposition(), media_type=CONTENT_TYPE)
 
@@ -247,7 +252,7 @@ async def not_routed(request: Request, exc: HTTPException) -> Response:
     if exc.status_code == 405:
         message = f"{request.method} is not allowed on {request.url.path}"
     else:
-        message = f"no route {request.url.path} (OIP: /v2/..., TEI: /predict, /health, /info)"
+        message = f"no route {request.url.path}: see /openapi.json for the inference routes"
     return error(exc.status_code, message, headers=exc.headers)
 
 
@@ -272,6 +277,7 @@ ROUTES = [
     Route("/health", health),
     Route("/info", info),
     Route("/metrics", metrics),
+    Route("/openapi.json", openapi),
 ]
 
 

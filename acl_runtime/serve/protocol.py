@@ -1,5 +1,6 @@
 """The Open Inference Protocol v2 request and answer, parsed and built without a web framework (plain Python and
-numpy), and what both routes share (:class:`BadRequest`, JSON parsing, the exit parameters, empty texts).
+numpy), over the declared schema (:mod:`acl_runtime.serve.schema`), and what both routes share (the exit
+parameters, blank texts).
 
 ``POST /v2/models/{name}/infer`` takes input tensors ``text`` and optional ``text_pair`` (BYTES), per-request
 ``parameters`` (``policy``, ``threshold``, ``exit_layer``, ``binary_data_output``), and Triton's binary tensor
@@ -16,6 +17,9 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
+from acl_runtime.serve import schema
+from acl_runtime.serve.errors import BadRequest
+
 Pair = Tuple[str, Optional[str]]
 EXIT_PARAMETERS = ("policy", "threshold", "exit_layer")
 # Triton request parameters this server cannot honour, and why (refused rather than ignored)
@@ -24,69 +28,6 @@ UNSUPPORTED_PARAMETERS = {
     "timeout": "the server takes no per-request deadline (it answers or says 503 at once when the queue is full); "
                "set the timeout on the client instead",
 }
-INPUT_PARAMETERS = ("binary_data_size",)
-OUTPUT_PARAMETERS = ("binary_data", "classification")
-
-
-class BadRequest(Exception):
-    """A request refused: ``status`` (4xx) and a one-line ``message``; ``kind`` is TEI's ``error_type``."""
-
-    def __init__(self, status: int, message: str, kind: str = "Validation"):
-        super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
-
-
-def parse_json(body: bytes, status: int = 400):
-    try:
-        return json.loads(body)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise BadRequest(400, f"the body is not valid JSON ({e}); send a JSON object") from None
-    except RecursionError:  # Python's parser recurses once per level: a body of 100000 '[' exhausts the stack
-        raise BadRequest(status, "the body's JSON is nested too deeply; requests here are at most a few levels "
-                         "deep") from None
-
-
-def is_bool(value) -> bool:
-    return isinstance(value, bool)
-
-
-def is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def an_object(value, where: str, status: int = 400) -> Dict:
-    """``value`` if it is a JSON object (absent: empty), else a refusal naming ``where``."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise BadRequest(status, f"{where} must be a JSON object, got {type(value).__name__} "
-                         f"{json.dumps(value)[:40]}")
-    return value
-
-
-def refuse_unknown(keys, known: Sequence[str], where: str, status: int = 400) -> None:
-    unknown = sorted(set(keys) - set(known))
-    if unknown:
-        raise BadRequest(status, f"unknown {where} {unknown[0]!r}: it takes {', '.join(known)}")
-
-
-def exit_parameters(params, status: int = 400) -> Dict:
-    """``policy``, ``threshold`` and ``exit_layer`` of a request, type-checked (their ranges are the engine's
-    to check, as acl-predict's flags are)."""
-    out = {}
-    if params.get("policy") is not None:
-        if not isinstance(params["policy"], str):
-            raise BadRequest(status, f"parameter policy {json.dumps(params['policy'])}: expected a string such as "
-                             "\"entropy\"")
-        out["policy"] = params["policy"]
-    for name, kinds, example in (("threshold", (int, float), "0.3"), ("exit_layer", (int,), "2")):
-        value = params.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, kinds):
-            raise BadRequest(status, f"parameter {name} {json.dumps(value)}: expected a number such as {example}")
-        out[name] = value
-    return out
 
 
 def blank(text: str) -> bool:
@@ -144,69 +85,50 @@ def _utf8(raw: bytes, name: str) -> str:
         raise BadRequest(400, f"input {name}: an element is not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
-def _flat(data, name: str) -> list:
-    if not isinstance(data, list):
-        raise BadRequest(400, f"input {name}: data must be a list of strings, got {type(data).__name__}")
-    out = []
-    for x in data:
-        out.extend(_flat(x, name) if isinstance(x, list) else [x])
-    return out
+def _flat(data: list) -> List[str]:
+    return [x for item in data for x in (item if isinstance(item, list) else [item])]
 
 
-def _tensor(spec, tail: bytes, at: int, known: Sequence[str]) -> Tuple[str, List[str], int]:
-    """One input tensor: (name, its strings, bytes of the tail it used)."""
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise BadRequest(400, "each input must be an object with a name, datatype, shape and data")
-    name = spec["name"]
-    if name not in known:
-        raise BadRequest(400, f"unknown input {name!r}: this model takes {', '.join(known)}")
-    refuse_unknown(spec, ("name", "datatype", "shape", "data", "parameters"), f"field of input {name}")
-    if spec.get("datatype") != "BYTES":
-        raise BadRequest(400, f"input {name}: datatype {spec.get('datatype')!r}, expected \"BYTES\" (text)")
-    shape = spec.get("shape")
-    if (not isinstance(shape, list) or not shape or len(shape) > 2 or not all(is_int(d) and d >= 0 for d in shape)
-            or (len(shape) == 2 and shape[1] != 1)):
+def _tensor(spec: schema.InputTensor, tail: bytes, at: int) -> Tuple[List[str], int]:
+    """One input tensor: (its strings, bytes of the binary tail it used)."""
+    name, shape = spec.name, spec.shape
+    if len(shape) == 2 and shape[1] != 1:
         raise BadRequest(400, f"input {name}: shape {json.dumps(shape)}, expected [n] or [n, 1]")
-    params = an_object(spec.get("parameters"), f"input {name}'s parameters")
-    refuse_unknown(params, INPUT_PARAMETERS, f"parameter of input {name}")
-    size = params.get("binary_data_size")
+    size = spec.parameters.binary_data_size if spec.parameters is not None else None
     used = 0
     if size is not None:
-        if "data" in spec:
+        if spec.data is not None:
             raise BadRequest(400, f"input {name}: both data and binary_data_size; send one")
-        if not is_int(size) or size < 0 or at + size > len(tail):
-            raise BadRequest(400, f"input {name}: binary_data_size {json.dumps(size)} does not fit the "
-                             f"{len(tail) - at} binary bytes left")
+        if at + size > len(tail):
+            raise BadRequest(400, f"input {name}: binary_data_size {size} does not fit the {len(tail) - at} binary "
+                             "bytes left")
         values, used = _bytes_elements(tail[at: at + size], name), size
+    elif spec.data is None:
+        raise BadRequest(400, f"input {name}: no data and no binary_data_size")
     else:
-        values = _flat(spec.get("data"), name)
-        if not all(isinstance(v, str) for v in values):
-            raise BadRequest(400, f"input {name}: every element must be a string")
+        values = _flat(spec.data)
     if len(values) != shape[0]:
         raise BadRequest(400, f"input {name}: shape {json.dumps(shape)} but {len(values)} elements")
     for k, v in enumerate(values):
         if blank(v):
             raise BadRequest(400, f"input {name}: element {k} is empty or only spaces (acl-predict skips such a "
                              "line): send text")
-    return name, values, used
+    return values, used
 
 
 def parse_infer(body: bytes, header_length: Optional[str], output_names: Sequence[str]) -> InferRequest:
-    """An OIP v2 inference request (JSON, or JSON plus binary tensors)."""
+    """An OIP v2 inference request (JSON, or JSON plus binary tensors), decoded against
+    :class:`acl_runtime.serve.schema.InferRequest`, then checked for what a type cannot say."""
     head, tail = split_binary(body, header_length)
-    req = parse_json(head)
-    if not isinstance(req, dict):
-        raise BadRequest(400, "the body must be a JSON object with \"inputs\"")
-    refuse_unknown(req, ("id", "inputs", "outputs", "parameters"), "field")
-    inputs = req.get("inputs")
-    if not isinstance(inputs, list) or not inputs:
+    req = schema.decode(head, schema.InferRequest)
+    if not req.inputs:
         raise BadRequest(400, "\"inputs\" must be a non-empty list of tensors (a BYTES tensor named text)")
     tensors, at = {}, 0
-    for spec in inputs:
-        name, values, used = _tensor(spec, tail, at, ("text", "text_pair"))
-        if name in tensors:
-            raise BadRequest(400, f"input {name} is given twice")
-        tensors[name], at = values, at + used
+    for spec in req.inputs:
+        values, used = _tensor(spec, tail, at)
+        if spec.name in tensors:
+            raise BadRequest(400, f"input {spec.name} is given twice")
+        tensors[spec.name], at = values, at + used
     if at != len(tail):
         raise BadRequest(400, f"{len(tail) - at} bytes are left after the last binary tensor: each input's "
                          "binary_data_size must account for the whole binary part")
@@ -218,46 +140,31 @@ def parse_infer(body: bytes, header_length: Optional[str], output_names: Sequenc
     pairs = tensors.get("text_pair")
     if pairs is not None and len(pairs) != len(texts):
         raise BadRequest(400, f"text has {len(texts)} elements but text_pair {len(pairs)}: one pair per text")
-    params = an_object(req.get("parameters"), "\"parameters\"")
+    params = req.parameters or schema.InferParameters()
     for name, why in UNSUPPORTED_PARAMETERS.items():
-        if name in params:
+        if getattr(params, name) is not None:
             raise BadRequest(400, f"parameter {name!r} is not supported: {why}")
-    refuse_unknown(params, EXIT_PARAMETERS + ("binary_data_output",), "parameter")
-    binary = params.get("binary_data_output", False)
-    if not is_bool(binary):
-        raise BadRequest(400, f"parameter binary_data_output {json.dumps(binary)}: expected true or false (a JSON "
-                         "boolean)")
-    req_id = req.get("id")
-    if req_id is not None and not isinstance(req_id, str):
-        raise BadRequest(400, "\"id\" must be a string")
-    return InferRequest(req_id, list(zip(texts, pairs or [None] * len(texts))), exit_parameters(params),
-                        _outputs(req.get("outputs"), binary, output_names))
+    exit_params = {k: getattr(params, k) for k in EXIT_PARAMETERS if getattr(params, k) is not None}
+    return InferRequest(req.id, list(zip(texts, pairs or [None] * len(texts))), exit_params,
+                        _outputs(req.outputs, params.binary_data_output, output_names))
 
 
-def _outputs(specs, binary_default: bool, names: Sequence[str]) -> Dict[str, Output]:
+def _outputs(specs: Optional[List[schema.RequestedOutput]], binary_default: bool,
+             names: Sequence[str]) -> Dict[str, Output]:
     if specs is None:
         return {n: Output(binary_default, 0) for n in names}
-    if not isinstance(specs, list) or not specs:
+    if not specs:
         raise BadRequest(400, "\"outputs\", when given, must be a non-empty list of {\"name\": ...}")
     out = {}
     for spec in specs:
-        name = spec.get("name") if isinstance(spec, dict) else None
-        if name not in names:
-            raise BadRequest(400, f"unknown output {name!r}: this model gives {', '.join(names)}")
-        refuse_unknown(spec, ("name", "parameters"), f"field of output {name}")
-        params = an_object(spec.get("parameters"), f"output {name}'s parameters")
-        refuse_unknown(params, OUTPUT_PARAMETERS, f"parameter of output {name}")
-        binary = params.get("binary_data", binary_default)
-        if not is_bool(binary):
-            raise BadRequest(400, f"output {name}: binary_data {json.dumps(binary)}, expected true or false")
-        classes = params.get("classification", 0)
-        if not is_int(classes) or classes < 0:
-            raise BadRequest(400, f"output {name}: classification {json.dumps(classes)}, expected a whole number "
-                             "of classes >= 1")
-        if classes and name != "probabilities":
-            raise BadRequest(400, f"output {name}: classification applies to the class scores only; ask it on "
-                             "probabilities")
-        out[name] = Output(binary, classes)
+        if spec.name not in names:
+            raise BadRequest(400, f"unknown output {spec.name!r}: this model gives {', '.join(names)}")
+        params = spec.parameters or schema.OutputParameters()
+        binary = binary_default if params.binary_data is None else params.binary_data
+        if params.classification and spec.name != "probabilities":
+            raise BadRequest(400, f"output {spec.name}: classification applies to the class scores only; ask it "
+                             "on probabilities")
+        out[spec.name] = Output(binary, params.classification or 0)
     return out
 
 

@@ -10,26 +10,14 @@ parsed and answered without a web framework, with the Hugging Face Inference API
   when it names neither). Such a request is answered in that API's shape, a list per input even for one text,
   which is what the client reads.
 """
-import json
 from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from acl_runtime.serve.protocol import (
-    EXIT_PARAMETERS,
-    BadRequest,
-    Pair,
-    an_object,
-    blank,
-    exit_parameters,
-    is_int,
-    parse_json,
-    refuse_unknown,
-)
+from acl_runtime.serve import schema
+from acl_runtime.serve.errors import BadRequest
+from acl_runtime.serve.protocol import EXIT_PARAMETERS, Pair, blank
 
-FIELDS = ("inputs", "truncate", "raw_scores", "truncation_direction", "parameters") + EXIT_PARAMETERS
-TASK_PARAMETERS = ("top_k", "function_to_apply")
-FUNCTIONS = ("softmax", "sigmoid", "none")
 SHAPES = ('"text", ["premise", "hypothesis"] (one pair), or a batch [["text"], ["premise", "hypothesis"], '
           '...]')
 
@@ -65,42 +53,24 @@ def _inputs(inputs) -> tuple:
     raise BadRequest(422, f"inputs is {type(inputs).__name__}: it takes " + SHAPES)
 
 
-def _task(params: Dict, raw_scores: bool) -> tuple:
-    """(function, top_k) of the Inference API's text-classification parameters."""
-    refuse_unknown(params, TASK_PARAMETERS, "key of parameters", 422)
-    top_k = params.get("top_k")
-    if top_k is not None and (not is_int(top_k) or top_k < 1):
-        raise BadRequest(422, f"parameters.top_k {json.dumps(top_k)}: expected a whole number >= 1")
-    function = params.get("function_to_apply")
-    if function is not None and function not in FUNCTIONS:
-        raise BadRequest(422, f"parameters.function_to_apply {json.dumps(function)}: expected one of "
-                         + ", ".join(FUNCTIONS))
-    if function is not None and raw_scores:
-        raise BadRequest(422, "raw_scores and parameters.function_to_apply both say what the scores are: send one")
-    return function or ("none" if raw_scores else "softmax"), top_k
-
-
 def parse_predict(body: bytes) -> PredictRequest:
     """TEI's ``PredictRequest`` (``truncate`` is accepted and implied: a text over the model's positions is always
-    cut and flagged), this server's exit parameters, and the Inference API's ``parameters``."""
-    req = parse_json(body, 422)
-    if not isinstance(req, dict) or "inputs" not in req:
-        raise BadRequest(422, "the body must be a JSON object with \"inputs\": " + SHAPES)
-    refuse_unknown(req, FIELDS, "field", 422)
-    for flag in ("truncate", "raw_scores"):
-        if not isinstance(req.get(flag, False), bool):
-            raise BadRequest(422, f"{flag} must be true or false")
-    if req.get("truncation_direction", "right") not in ("right", "Right"):
-        raise BadRequest(422, "truncation_direction: only \"right\" (the end of the text is cut)")
-    texts, batch = _inputs(req["inputs"])
+    cut and flagged), this server's exit parameters, and the Inference API's ``parameters``: decoded against
+    :class:`acl_runtime.serve.schema.PredictRequest`, then TEI's reading of ``inputs``."""
+    req = schema.decode(body, schema.PredictRequest, 422)
+    texts, batch = _inputs(req.inputs)
     for k, pair in enumerate(texts):
         if any(t is not None and blank(t) for t in pair):
             where = f"inputs[{k}]" if batch else "inputs"
             raise BadRequest(422, f"{where} holds a text that is empty or only spaces (acl-predict skips such a "
                              "line): send text")
-    task = "parameters" in req
-    function, top_k = _task(an_object(req.get("parameters"), "parameters", 422), req.get("raw_scores", False))
-    return PredictRequest(texts, batch or task, function, top_k, exit_parameters(req, 422))
+    task = req.parameters
+    function = task.function_to_apply if task is not None else None
+    if function is not None and req.raw_scores:
+        raise BadRequest(422, "raw_scores and parameters.function_to_apply both say what the scores are: send one")
+    exit_params = {k: getattr(req, k) for k in EXIT_PARAMETERS if getattr(req, k) is not None}
+    return PredictRequest(texts, batch or task is not None, function or ("none" if req.raw_scores else "softmax"),
+                          task.top_k if task is not None else None, exit_params)
 
 
 def scores(request: PredictRequest, logits: np.ndarray) -> np.ndarray:
