@@ -21,7 +21,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.gzip import GZipMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -58,10 +58,10 @@ async def lifespan(app: Starlette):
 # ---- the request's edge: body, decoding, errors ---------------------------------------------------------------
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, timeout: Optional[float] = None) -> bytes:
     """The body, decoded from its ``Content-Encoding`` (gzip, deflate); refused with 413 past ``limit`` bytes, by
     its Content-Length, as it streams in, and again as it decompresses (a bomb is refused by what it inflates
-    to)."""
+    to); 408 when it has not all arrived within ``timeout`` seconds of its headers (``--read-timeout``)."""
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ENCODINGS:
         raise BadRequest(415, f"Content-Encoding {encoding!r} is not supported: send gzip, deflate or identity")
@@ -71,7 +71,7 @@ async def read_body(request: Request, limit: int) -> bytes:
                          "send fewer or shorter texts per request")
     inflate = None if ENCODINGS[encoding] is None else zlib.decompressobj(ENCODINGS[encoding])
     chunks, size = [], 0
-    async for chunk in request.stream():
+    async for chunk in _stream(request, timeout):
         if inflate is not None:
             try:
                 chunk = inflate.decompress(chunk, limit + 1 - size)
@@ -88,6 +88,27 @@ async def read_body(request: Request, limit: int) -> bytes:
     if inflate is not None and not inflate.eof:
         raise BadRequest(400, f"the body is not valid {encoding} data (it ends before the compressed stream does)")
     return b"".join(chunks)
+
+
+async def _stream(request: Request, timeout: Optional[float]):
+    """The body's chunks, the whole within ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    chunks = request.stream().__aiter__()
+    while True:
+        try:
+            if deadline is None:
+                chunk = await chunks.__anext__()
+            else:
+                chunk = await asyncio.wait_for(chunks.__anext__(), max(deadline - loop.time(), 0))
+        except StopAsyncIteration:
+            return
+        except asyncio.TimeoutError:
+            raise BadRequest(408, f"the request's body did not all arrive within {timeout:g} s (--read-timeout); "
+                             "send it at once") from None
+        except ClientDisconnect:
+            raise BadRequest(408, "the client closed the connection before its body was read") from None
+        yield chunk
 
 
 def error(status: int, message: str, tei_shape: bool = False, kind: str = "Validation",
@@ -107,7 +128,8 @@ def answers(route: str, tei_shape: bool = False):
             try:
                 response = await work(request, service)
             except BadRequest as e:
-                response = error(e.status, e.message, tei_shape, e.kind)
+                response = error(e.status, e.message, tei_shape, e.kind,
+                                 {"Connection": "close"} if e.status == 408 else None)
             except (QueueFull, Closed) as e:
                 retry = getattr(e, "retry_after", 1)
                 response = error(503, f"{e} (overloaded: the queue is full or the server is stopping)", tei_shape,
@@ -159,7 +181,7 @@ def _exit_parameters(request: loop.ExitRequest, truncated: List[bool]) -> Dict:
 @answers("infer")
 async def infer(request: Request, service: Service) -> Response:
     _check_model(service, request)
-    body = await read_body(request, service.settings.max_body_bytes)
+    body = await read_body(request, service.settings.max_body_bytes, service.settings.read_timeout)
     req = protocol.parse_infer(body, request.headers.get("inference-header-content-length"), service.output_names())
     answered = await service.predict(req.texts, req.params)
     truncated = [p.truncated for p in answered.predictions]
@@ -216,7 +238,7 @@ async def server_metadata(request: Request) -> Response:
 
 @answers("predict", tei_shape=True)
 async def predict(request: Request, service: Service) -> Response:
-    body = await read_body(request, service.settings.max_body_bytes)
+    body = await read_body(request, service.settings.max_body_bytes, service.settings.read_timeout)
     req = tei.parse_predict(body)
     answered = await service.predict(req.texts, req.params)
     if service.engine.regression:

@@ -36,6 +36,7 @@ class Settings(NamedTuple):
     refill: bool = True
     threads: int = 1
     drain_seconds: float = 30.0
+    read_timeout: float = 30.0  # seconds for a request's headers, and for its body once they came (408 past it)
 
 
 class Answered(NamedTuple):
