@@ -3,6 +3,8 @@ neither torch nor fairseq is imported where they are installed; bad flags are on
 listens; --workers 2 (slow)."""
 import concurrent.futures
 import http.client
+import json
+import shutil
 import signal
 import socket
 import statistics
@@ -105,6 +107,32 @@ def test_a_port_in_use_is_one_line_naming_it_and_exit_2_without_a_banner(exporte
         with pytest.raises(cli.UsageError) as refused:
             cli.main([exported["folder"], "--port", str(port)])
     assert f"port {port} on 127.0.0.1 is in use" in str(refused.value) and "\n" not in str(refused.value)
+    assert "acl-serve: acl from" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("pad", 3, "input_layout's pad 3 is not the padding id of embed.onnx"),
+    ("max_positions", 100, "input_layout's max_positions 100, but embed.onnx's position table holds fewer"),
+])
+def test_a_manifest_changed_against_its_graphs_is_one_line_naming_the_field_and_exit_2(exported, tmp_path,  # noqa
+                                                                                         capsys, monkeypatch, field,
+                                                                                         value, words):
+    """The files keep their sha256, so only the graphs can tell: the embeddings graph's padding id and position
+    table. A larger max_positions once loaded and failed later, on the first long text, with a 500."""
+    import uvicorn
+
+    def served(*args, **kwargs):
+        raise AssertionError("the changed folder was served")
+
+    monkeypatch.setattr(uvicorn.Server, "run", served)
+    folder = shutil.copytree(exported["folder"], tmp_path / "onnx")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["input_layout"][field] = value
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(cli.UsageError) as refused:
+        cli.main([str(folder), "--port", str(free_port())])
+    message = str(refused.value)
+    assert words in message and "\n" not in message and message.startswith(str(folder / "manifest.json")), message
     assert "acl-serve: acl from" not in capsys.readouterr().err
 
 
