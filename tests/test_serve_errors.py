@@ -285,3 +285,19 @@ def test_a_compressed_body_is_held_to_the_limit_by_what_it_inflates_to(server):
     assert status == 400 and "not valid gzip data" in answer["error"], answer
     status, _, answer = call(f"{url}/predict", b'{"inputs": "good"}', headers={"Content-Encoding": "br"})
     assert status == 415 and "Content-Encoding 'br' is not supported" in answer["error"], answer
+
+
+def test_a_failure_outside_the_inference_handlers_is_the_same_500_with_a_request_id(server, caplog, monkeypatch):
+    """Starlette's own last resort answered a plain-text "Internal Server Error"."""
+    url, service = server
+
+    def broken(version):
+        raise KeyError("a missing label")
+
+    monkeypatch.setattr(service, "info", broken)
+    with caplog.at_level("ERROR", logger="acl_runtime.serve"):
+        status, head, answer = call(f"{url}/info")
+    rid = head["x-request-id"]
+    assert status == 500 and answer == {"error": f"internal error (request id {rid})"}
+    assert any(rid in r.getMessage() and "a missing label" in (r.exc_text or "") for r in caplog.records)
+    assert call(f"{url}/v2/health/ready")[0] == 200

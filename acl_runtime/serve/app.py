@@ -135,14 +135,24 @@ def answers(route: str, tei_shape: bool = False):
                 response = error(503, f"{e} (overloaded: the queue is full or the server is stopping)", tei_shape,
                                  "Overloaded", {"Retry-After": str(int(retry))})
             except Exception:  # a backend failure answers its request; the server goes on
-                rid = uuid.uuid4().hex[:16]
-                logger.exception("acl-serve: request %s on %s failed", rid, route)
-                response = error(500, f"internal error (request id {rid})", tei_shape, "Backend",
-                                 {"X-Request-Id": rid})
+                response = internal_error(route, tei_shape)
             service.metrics.answered(route, response.status_code, time.perf_counter() - start)
             return response
         return endpoint
     return wrap
+
+
+def internal_error(route: str, tei_shape: bool = False) -> Response:
+    """500 with ``internal error`` and a request id only; the exception being handled goes to the log line that
+    carries the id."""
+    rid = uuid.uuid4().hex[:16]
+    logger.exception("acl-serve: request %s on %s failed", rid, route)
+    return error(500, f"internal error (request id {rid})", tei_shape, "Backend", {"X-Request-Id": rid})
+
+
+async def unexpected(request: Request, exc: Exception) -> Response:
+    """Starlette's last resort (a route without :func:`answers`, a middleware): the same 500 as the handlers'."""
+    return internal_error(request.url.path)
 
 
 def _check_model(service: Service, request: Request) -> None:
@@ -305,7 +315,8 @@ ROUTES = [
 
 def build_app(service: Service) -> Starlette:
     """The routes over ``service``; gzip answers for clients that accept them."""
-    app = Starlette(routes=ROUTES, lifespan=lifespan, exception_handlers={404: not_routed, 405: not_routed},
+    handlers = {404: not_routed, 405: not_routed, Exception: unexpected}
+    app = Starlette(routes=ROUTES, lifespan=lifespan, exception_handlers=handlers,
                     middleware=[Middleware(GZipMiddleware, minimum_size=1024, compresslevel=5)])
     app.state.service = service
     return app
