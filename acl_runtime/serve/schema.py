@@ -119,19 +119,26 @@ def _message(text: str, kind: type) -> str:
 
 
 def _type_at(kind, path: str):
-    """The declared type at ``path`` ("inputs[0].parameters") of ``kind``, Optional and lists unwrapped."""
+    """The declared type at ``path`` ("inputs[0].parameters") of ``kind``, Optional unwrapped."""
     current = kind
     for part in re.findall(r"[^.\[\]]+|\[\d+\]", path):
         current = _unwrap(current)
         if part.startswith("["):
-            args = [a for a in typing.get_args(current) if typing.get_origin(_unwrap(a)) in (list, List)
-                    or typing.get_origin(a) in (list, List)] if typing.get_origin(current) is Union else [current]
-            current = typing.get_args(_unwrap(args[0]))[0] if args and typing.get_args(_unwrap(args[0])) else None
+            current = _element(current)
         elif isinstance(current, type) and issubclass(current, Struct):
             current = typing.get_type_hints(current, include_extras=True).get(part)
         else:
             return None
     return _unwrap(current)
+
+
+def _element(t):
+    """The element type of a list type, or of the first list among a Union's options."""
+    for option in typing.get_args(t) if typing.get_origin(t) is Union else (t,):
+        option = _unwrap(option)
+        if typing.get_origin(option) is list:
+            return typing.get_args(option)[0]
+    return None
 
 
 def _unwrap(t):
