@@ -137,11 +137,13 @@ def test_gzip_and_deflate_request_bodies_are_decoded_and_answers_compressed_when
     texts = _singles(exported) * 10
     text = triton.InferInput("text", [len(texts)], "BYTES")
     text.set_data_from_numpy(np.asarray(texts, dtype=object))
-    want = [p.label for p in exported["engine"].predict_early_exit(texts)]
-    for algorithm in ("gzip", "deflate"):
-        result = client.infer("acl", [text], outputs=[triton.InferRequestedOutput("label")],
-                              request_compression_algorithm=algorithm, response_compression_algorithm="gzip")
+    predicted = exported["engine"].predict_early_exit(texts)
+    want = [p.label for p in predicted]
+    for algorithm in ("gzip", "deflate"):  # every output, binary: over 1 kB, so the answer is gzip too
+        result = client.infer("acl", [text], request_compression_algorithm=algorithm,
+                              response_compression_algorithm="gzip")
         assert [x.decode() for x in result.as_numpy("label")] == want
+        assert np.abs(result.as_numpy("probabilities")[:, 1] - [p.probabilities["1"] for p in predicted]).max() < ATOL
     client.close()
     body = gzip.compress(json.dumps(oip_body(texts)).encode())
     status, head, answer = call(f"{url}/v2/models/acl/infer", body, headers={"Content-Encoding": "gzip"})
