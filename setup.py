@@ -10,7 +10,7 @@ from setuptools import find_packages, setup
 # requirements.txt pins them, and numpy as scripts/setup_env.sh does (tests/test_serving_install.py checks that they
 # agree; scripts/check_serving_env.sh installs exactly these)
 SERVE_REQUIRES = ["numpy==1.26.4", "onnxruntime==1.30.0", "tokenizers==0.23.3", "starlette==1.10.0",
-                  "uvicorn==0.54.0", "prometheus-client==0.26.0"]
+                  "uvicorn==0.54.0", "prometheus-client==0.26.0", "msgspec==0.23.0"]
 
 setup(
     name="acl_fairseq",

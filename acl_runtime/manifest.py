@@ -4,8 +4,9 @@
 layer list against the exits, the labels against ``num_classes``, paths inside the folder); :func:`verify_files`
 checks every file the engine opens against the sha256 the export recorded (another export's ``tokenizer.json``,
 two words' ids swapped, swapped layer graphs, an ``embed.onnx`` of another model: each refused, naming the file);
-:func:`check_graphs` checks the graphs' own inputs and outputs (names, hidden size, ``num_classes``) and that the
-embeddings hold every id the tokenizer can give. Each refusal is a ValueError of one line naming
+:func:`check_graphs` checks the graphs' own inputs and outputs (names, hidden size, ``num_classes``), that the
+embeddings hold every id the tokenizer can give, and the layout the embeddings graph knows (its padding id, its
+position table against ``max_positions``). Each refusal is a ValueError of one line naming
 ``manifest.json`` or the file, which acl-predict prints with exit status 2. A folder exported before the sha256
 were recorded loads with one warning. numpy only (the engine hands the sessions and the tokenizer in).
 """
@@ -190,6 +191,24 @@ def check_graphs(folder: str, m: dict, names: Dict, embeddings, layers: List, to
         raise ValueError(f"{os.path.join(folder, names['embeddings'])} cannot embed id {top} of "
                          f"{m['tokenizer']} ({type(e).__name__}): the embeddings and the tokenizer come from "
                          "different models; export the folder again") from None
+    _check_layout(folder, m, names["embeddings"], embeddings, next(i for i in sorted(ids) if i != layout["pad"]))
+
+
+def _check_layout(folder: str, m: dict, embed_name: str, embeddings, token: int) -> None:
+    """What the embeddings graph knows of the input layout: its padding id (the ``padding_mask`` it computes) and
+    its position table (probed at ``max_positions`` real tokens); a manifest changed by hand disagrees."""
+    layout, path = m["input_layout"], os.path.join(folder, MANIFEST)
+    pad, positions = layout["pad"], layout["max_positions"]
+    (mask,) = embeddings.run(["padding_mask"], {"src_tokens": np.array([[token, pad]], dtype=np.int64)})
+    if np.asarray(mask).tolist() != [[False, True]]:
+        raise ValueError(f"{path}: input_layout's pad {pad} is not the padding id of {embed_name} (the graph does "
+                         "not mask it): the manifest was changed; export the folder again")
+    try:
+        embeddings.run(["x"], {"src_tokens": np.full((1, positions), token, dtype=np.int64)}, _quiet_run())
+    except Exception as e:  # onnxruntime's own error classes (pybind): the position table's Gather
+        raise ValueError(f"{path}: input_layout's max_positions {positions}, but {embed_name}'s position table holds "
+                         f"fewer ({type(e).__name__} at {positions} tokens): the manifest was changed; export the "
+                         "folder again") from None
 
 
 def _quiet_run():

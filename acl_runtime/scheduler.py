@@ -23,6 +23,10 @@ as they came, through :func:`~acl_runtime.loop.run_batch` (the baseline of bench
 
 One thread makes every backend call (one ONNX Runtime session set per worker); :meth:`Scheduler.submit` is safe
 from any thread and returns a :class:`concurrent.futures.Future`.
+
+A backend call that raises fails only the rows at fault (:meth:`Scheduler._isolate`): the batch is split in halves
+and each half run again, down to single rows, so that a row that raises alone fails its request and every other row
+is answered as if the bad one had never come (``on_fault(layer, rows_failed)`` counts each such isolation).
 """
 import collections
 import itertools
@@ -86,13 +90,14 @@ class Scheduler:
     ``max_batch`` caps the rows of one backend call, ``max_queue`` the rows accepted and not yet answered (more is
     :class:`QueueFull`), ``max_padding`` the padded positions of a batch beyond its real tokens (0.5: at most 1.5x),
     ``max_wait`` the steps a queue's oldest row may be passed over (default: twice the layers). ``on_batch(layer,
-    rows)`` is called after every backend call (layer 0: the embeddings), from the scheduler's thread. ``pad``:
-    the padding id (default: the backend's)."""
+    rows)`` is called after every backend call (layer 0: the embeddings), ``on_fault(layer, rows_failed)`` after
+    each failed call's rows at fault were found, both from the scheduler's thread. ``pad``: the padding id
+    (default: the backend's)."""
 
     def __init__(self, backend, regression: bool = False, max_batch: int = 32, max_queue: int = 1024,
                  refill: bool = True, max_padding: float = 0.5, max_wait: Optional[int] = None,
                  delta: float = exits.DEFAULT_REGRESSION_DELTA, on_batch: Optional[Callable[[int, int], None]] = None,
-                 pad: Optional[int] = None):
+                 pad: Optional[int] = None, on_fault: Optional[Callable[[int, int], None]] = None):
         if max_batch < 1 or max_queue < max_batch:
             raise ValueError(f"max_batch {max_batch} must be at least 1 and max_queue {max_queue} at least max_batch")
         self.backend, self.regression, self.delta = backend, regression, delta
@@ -100,7 +105,7 @@ class Scheduler:
         self.max_batch, self.max_queue, self.refill, self.max_padding = max_batch, max_queue, refill, max_padding
         self.layers = list(backend.exit_layers)
         self.max_wait = 2 * self.layers[-1] if max_wait is None else max_wait
-        self.on_batch = on_batch
+        self.on_batch, self.on_fault = on_batch, on_fault
         self.queues: List[Deque[_Row]] = [collections.deque() for _ in range(self.layers[-1] + 1)]
         self.steps, self._rows, self._seq = 0, 0, itertools.count()
         self._cond = threading.Condition()
@@ -182,10 +187,7 @@ class Scheduler:
                 rows = self._gather(self.queues[layer])
             self.steps += 1
         start = time.perf_counter()
-        try:
-            done = self._shrinking(rows) if not self.refill else self._advance(layer, rows)
-        except Exception as e:  # a backend error fails the requests of these rows, never the scheduler
-            done = self._fail(rows, e)
+        done = self._shrinking(rows) if not self.refill else self._isolate(layer, rows, self._advance)
         with self._cond:
             self._rows -= done
             if done:
@@ -250,18 +252,22 @@ class Scheduler:
         return len(rows) - len(going)
 
     def _decide(self, layer: int, rows: List[_Row], logits: np.ndarray) -> np.ndarray:
-        """Which rows leave at the exit of ``layer``: their last exit, or their policy's step on its own rows."""
+        """Which rows leave at the exit of ``layer``: their last exit, or their policy's step on its own rows. The
+        rows' policy states change only once every group's step has run (a failed call is run again)."""
         fire = np.asarray([layer == r.last for r in rows])
         groups: Dict[loop.ExitRequest, List[int]] = {}
         for k, r in enumerate(rows):
             if not fire[k] and r.request.policy is not None:
                 groups.setdefault(r.request, []).append(k)
+        states = {}
         for request, idx in groups.items():
             state = np.concatenate([rows[k].policy for k in idx])
             go, state = exits.policy_step(request.policy, logits[idx], state, request.threshold,
                                           regression=self.regression, delta=self.delta)
             for j, k in enumerate(idx):
-                fire[k], rows[k].policy = bool(go[j]), state[j: j + 1]
+                fire[k], states[k] = bool(go[j]), state[j: j + 1]
+        for k, state in states.items():
+            rows[k].policy = state
         return fire
 
     def _shrinking(self, rows: List[_Row]) -> int:
@@ -269,16 +275,39 @@ class Scheduler:
         by_request: Dict[loop.ExitRequest, List[_Row]] = {}
         for r in rows:
             by_request.setdefault(r.request, []).append(r)
-        for request, group in by_request.items():
-            for batch in loop.make_batches([r.ids for r in group], self.max_batch, self.pad):
-                positions, src = batch
-                out = loop.run_batch(self.backend, src, loop.padding_mask(batch.lengths, src.shape[1]), request,
-                                     self.regression, self.delta)
-                if self.on_batch is not None:
-                    self.on_batch(0, len(positions))
-                for k, p in enumerate(positions):
-                    group[p].job.answer(group[p].index, out.logits[k], int(out.exit_layer[k]))
+        for group in by_request.values():
+            for positions, _ in loop.make_batches([r.ids for r in group], self.max_batch, self.pad):
+                self._isolate(0, [group[p] for p in positions], self._run_whole)
         return len(rows)
+
+    def _run_whole(self, layer: int, rows: List[_Row]) -> int:
+        """``rows`` of one request through ``run_batch`` to their exits (without refill); the count answered."""
+        lengths = np.asarray([r.ids.size for r in rows], dtype=np.int64)
+        src = np.full((len(rows), int(lengths.max())), self.pad, dtype=np.int64)
+        for k, r in enumerate(rows):
+            src[k, : r.ids.size] = r.ids
+        out = loop.run_batch(self.backend, src, loop.padding_mask(lengths, src.shape[1]), rows[0].request,
+                             self.regression, self.delta)
+        if self.on_batch is not None:
+            self.on_batch(0, len(rows))
+        for k, r in enumerate(rows):
+            r.job.answer(r.index, out.logits[k], int(out.exit_layer[k]))
+        return len(rows)
+
+    def _isolate(self, layer: int, rows: List[_Row], run: Callable[[int, List[_Row]], int]) -> int:
+        """``run(layer, rows)``; when it raises, each half of ``rows`` again, down to single rows: a row that
+        raises alone fails its request, the others are answered (a backend error never stops the scheduler). The
+        count of rows done (answered, failed, or dropped with a failed request)."""
+        try:
+            return run(layer, rows)
+        except Exception as error:
+            if len(rows) == 1:
+                self._fail(rows, error)
+                if self.on_fault is not None:
+                    self.on_fault(layer, 1)
+                return 1
+        half = len(rows) // 2
+        return self._isolate(layer, rows[:half], run) + self._isolate(layer, rows[half:], run)
 
     def _fail(self, rows: List[_Row], error: Exception) -> int:
         for r in rows:

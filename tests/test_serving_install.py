@@ -19,7 +19,7 @@ def _serve_requires():
 def test_the_serve_extra_pins_what_the_full_environment_pins():
     """The runtime and acl-serve's web stack as requirements.txt, numpy as scripts/setup_env.sh (fairseq's numpy 1)."""
     pins = dict(p.split("==") for p in _serve_requires())
-    served = {"onnxruntime", "tokenizers", "starlette", "uvicorn", "prometheus-client"}
+    served = {"onnxruntime", "tokenizers", "starlette", "uvicorn", "prometheus-client", "msgspec"}
     assert set(pins) == {"numpy"} | served
     requirements = open(os.path.join(helpers.REPO, "requirements.txt")).read()
     for name in sorted(served):

@@ -2,7 +2,7 @@
 
     acl-serve OUT/onnx [--host 127.0.0.1] [--port 8080] [--model-name acl] [--precision fp32|int8]
         [--policy P --threshold T] [--max-batch 32] [--max-queue ROWS] [--workers N] [--threads 1]
-        [--max-body-bytes 1048576] [--refill | --no-refill] [--drain-seconds 30]
+        [--max-body-bytes 1048576] [--refill | --no-refill] [--drain-seconds 30] [--read-timeout 30]
 
 Routes: the Open Inference Protocol v2 (``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/NAME``,
 ``POST /v2/models/NAME/infer``), text-embeddings-inference's ``POST /predict``, and ``/metrics`` (Prometheus).
@@ -11,11 +11,13 @@ folder's serving policy, else the last exit. Needs onnxruntime, tokenizers, nump
 prometheus-client (``pip install .[serve]``), never torch or fairseq.
 """
 import argparse
+import errno
 import json
 import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -26,8 +28,9 @@ from acl_runtime.console import UsageError, positive_int
 
 SETTINGS_ENV = "ACL_SERVE_SETTINGS"  # a worker process's Settings, as JSON (--workers N)
 EXIT_STATUSES = ("Exit status: 0 after SIGTERM or Ctrl-C once every accepted request is answered (the server stops "
-                 "accepting at once and waits up to --drain-seconds); 2 for a bad flag or folder, before "
-                 "anything listens.")
+                 "accepting at once and waits up to --drain-seconds); 2 for a bad flag or folder, or a port in use, "
+                 "before anything listens.")
+MAX_READ_TIMEOUT = 60.0
 
 
 def _port(text: str) -> int:
@@ -68,7 +71,40 @@ def build_parser() -> argparse.ArgumentParser:
                    "across layers (--no-refill: each batch runs to its end, shrinking as rows exit; default: on)")
     p.add_argument("--drain-seconds", type=float, default=30.0, help="on SIGTERM, how long the accepted requests "
                    "may take to be answered before the server exits anyway (default: %(default)s)")
+    p.add_argument("--read-timeout", type=_read_timeout, default=30.0, help="seconds a request's headers may take "
+                   "to arrive, and then its body; past it the answer is 408 and the connection is closed (default: "
+                   f"%(default)s, at most {MAX_READ_TIMEOUT:g})")
     return p
+
+
+def _read_timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= MAX_READ_TIMEOUT:
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds above 0 and at most {MAX_READ_TIMEOUT:g} (a slow client "
+                                         "holds a connection that long)")
+    return value
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the model loads: a port in use is one line and exit 2, and no banner."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise UsageError(f"port {port} on {host} is in use (another acl-serve?): stop it or choose another "
+                             "--port") from None
+        raise UsageError(f"cannot listen on {host}:{port} ({e.strerror or e}): choose another --host or --port") \
+            from None
+    sock.set_inheritable(True)  # the --workers processes receive it
+    return sock
 
 
 def settings_from(args):
@@ -79,7 +115,8 @@ def settings_from(args):
         raise UsageError(f"--max-queue {max_queue} is below --max-batch {args.max_batch}: a batch could never fill; "
                          "raise --max-queue")
     return Settings(os.path.abspath(args.folder), args.model_name, args.precision, args.policy, args.threshold,
-                    args.max_batch, max_queue, args.max_body_bytes, args.refill, args.threads, args.drain_seconds)
+                    args.max_batch, max_queue, args.max_body_bytes, args.refill, args.threads, args.drain_seconds,
+                    args.read_timeout)
 
 
 def load_service(settings):
@@ -109,6 +146,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise UsageError(f"{args.folder}: no manifest.json, not a folder that acl-export --format onnx wrote (give "
                          "OUT/onnx)")
     settings = settings_from(args)
+    sock = bind(args.host, args.port)  # before the model loads: a port in use is one line, no banner
+    try:
+        return _serve(args, settings, sock, started)
+    finally:
+        sock.close()
+
+
+def _serve(args, settings, sock: socket.socket, started: float) -> int:
     import uvicorn
 
     from acl_runtime.serve.app import build_app
@@ -130,11 +175,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         config = uvicorn.Config("acl_runtime.serve.cli:worker_app", factory=True, workers=args.workers, **config)
     else:
         config = uvicorn.Config(build_app(service), **config)
+    config.acl_read_timeout = settings.read_timeout  # the headers' deadline (serve/transport.py); pickled to workers
     policy = "last exit" if default.policy is None else f"{default.policy} {default.threshold:g} ({default.source})"
+    # the socket listens already (bind): a client connecting once this line is out is served
     print(f"acl-serve: {settings.model_name} from {settings.folder} ({settings.precision}, {policy}; refill "
           f"{'on' if settings.refill else 'off'}, max batch {settings.max_batch}, max queue {settings.max_queue}) on "
-          f"http://{args.host}:{args.port} with {args.workers} worker(s); loaded in {loaded - started:.2f} s",
-          file=sys.stderr, flush=True)
+          f"http://{args.host}:{sock.getsockname()[1]} with {args.workers} worker(s); loaded in "
+          f"{loaded - started:.2f} s", file=sys.stderr, flush=True)
     # uvicorn handles SIGTERM and SIGINT while it serves, then re-raises the signal under the handler found before
     # it: this one, so that a drained server exits 0 instead of dying by the signal
     drained = []
@@ -144,14 +191,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         from uvicorn.supervisors import Multiprocess
 
         try:  # the supervisor passes SIGTERM to every worker, each drains, and it joins them
-            Multiprocess(config, sockets=[config.bind_socket()]).run()
+            Multiprocess(config, sockets=[sock]).run()
         finally:
             shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
         return 0
-    server = uvicorn.Server(config)
-    server.run()
-    if not server.started:
-        raise UsageError(f"cannot listen on {args.host}:{args.port} (see the line above): choose another --port")
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 

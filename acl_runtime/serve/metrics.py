@@ -4,7 +4,9 @@
 - ``acl_request_seconds{route}``: latency, from the whole body read to the answer built (a histogram);
 - ``acl_exit_layer``: the layer each answered input left at (a histogram with one bucket per exit);
 - ``acl_queue_depth``: inputs accepted and not yet answered (the scheduler's queue);
-- ``acl_batch_fill{layer}``: rows of each backend call over ``--max-batch`` (layer 0: the embeddings).
+- ``acl_batch_fill{layer}``: rows of each backend call over ``--max-batch`` (layer 0: the embeddings);
+- ``acl_isolated_failures_total{layer}``: inputs failed alone after a backend call on their batch raised and was
+  run again in halves (the other rows of the batch were answered).
 
 With ``--workers N`` every worker writes its values to ``PROMETHEUS_MULTIPROC_DIR`` (set by acl-serve before the
 workers start) and ``/metrics`` sums them over the workers, whichever answers.
@@ -46,6 +48,9 @@ class Metrics:
                                  multiprocess_mode="livesum")
         self.batch_fill = Histogram("acl_batch_fill", "rows of a backend call over --max-batch, by layer (0: the "
                                     "embeddings)", ["layer"], buckets=FILL_BUCKETS, registry=r)
+        self.isolated = Counter("acl_isolated_failures", "inputs failed alone after their batch's backend call "
+                                "raised (the batch was split and the other rows answered), by layer", ["layer"],
+                                registry=r)
         self.max_batch = max_batch
         self.depth = lambda: 0  # the scheduler's depth(), read at each scrape and after each answer
 
@@ -55,6 +60,10 @@ class Metrics:
     def on_batch(self, layer: int, rows: int) -> None:
         """The scheduler's ``on_batch``: called from its thread after every backend call."""
         self.batch_fill.labels(layer=str(layer)).observe(rows / self.max_batch)
+
+    def on_fault(self, layer: int, rows: int) -> None:
+        """The scheduler's ``on_fault``: ``rows`` inputs failed alone at ``layer``."""
+        self.isolated.labels(layer=str(layer)).inc(rows)
 
     def answered(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route=route, status=str(status)).inc()

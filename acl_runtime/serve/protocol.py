@@ -1,14 +1,15 @@
-"""The two request formats acl-serve speaks, parsed and answered without a web framework (plain Python and numpy).
+"""The Open Inference Protocol v2 request and answer, parsed and built without a web framework (plain Python and
+numpy), over the declared schema (:mod:`acl_runtime.serve.schema`), and what both routes share (the exit
+parameters, blank texts).
 
-- Open Inference Protocol v2 (KServe, Triton, Seldon): ``POST /v2/models/{name}/infer`` with input tensors ``text``
-  and optional ``text_pair`` (BYTES), per-request ``parameters`` (``policy``, ``threshold``, ``exit_layer``), and
-  Triton's binary tensor extension (what ``tritonclient.http`` sends by default): a JSON header of
-  ``Inference-Header-Content-Length`` bytes followed by the raw tensors, a BYTES element being a little-endian
-  uint32 length and its bytes.
-- text-embeddings-inference's ``POST /predict``: ``{"inputs": "text" | ["a", "b"] (one pair) | [["text"],
-  ["premise", "hypothesis"], ...] (a batch)}``, TEI's own reading (router/src/http/types.rs ``PredictInput``).
+``POST /v2/models/{name}/infer`` takes input tensors ``text`` and optional ``text_pair`` (BYTES), per-request
+``parameters`` (``policy``, ``threshold``, ``exit_layer``, ``binary_data_output``), and Triton's binary tensor
+extension (what ``tritonclient.http`` sends by default): a JSON header of ``Inference-Header-Content-Length`` bytes
+followed by the raw tensors, a BYTES element being a little-endian uint32 length and its bytes. An output may ask
+for Triton's classification extension (``"parameters": {"classification": N}``): its N best classes as
+``"score:index:label"`` strings. TEI's ``/predict`` is :mod:`acl_runtime.serve.tei`.
 
-Every problem is a :class:`BadRequest`: an HTTP status and one line naming what is wrong and the fix.
+Every problem is a :class:`BadRequest`: an HTTP status and one line naming the field at fault and the fix.
 """
 import json
 import struct
@@ -16,52 +17,37 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
+from acl_runtime.serve import schema
+from acl_runtime.serve.errors import BadRequest
+
 Pair = Tuple[str, Optional[str]]
 EXIT_PARAMETERS = ("policy", "threshold", "exit_layer")
+# Triton request parameters this server cannot honour, and why (refused rather than ignored)
+UNSUPPORTED_PARAMETERS = {
+    "priority": "this server has one queue, answered in arrival order with early exit; leave priority out",
+    "timeout": "the server takes no per-request deadline (it answers or says 503 at once when the queue is full); "
+               "set the timeout on the client instead",
+}
 
 
-class BadRequest(Exception):
-    """A request refused: ``status`` (4xx) and a one-line ``message``; ``kind`` is TEI's ``error_type``."""
-
-    def __init__(self, status: int, message: str, kind: str = "Validation"):
-        super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
-
-
-def parse_json(body: bytes):
-    try:
-        return json.loads(body)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise BadRequest(400, f"the body is not valid JSON ({e}); send a JSON object") from None
-
-
-def exit_parameters(params) -> Dict:
-    """``policy``, ``threshold`` and ``exit_layer`` of a request, type-checked (their ranges are the engine's
-    to check, as acl-predict's flags are)."""
-    out = {}
-    if params.get("policy") is not None:
-        if not isinstance(params["policy"], str):
-            raise BadRequest(400, f"parameter policy {json.dumps(params['policy'])}: expected a string such as "
-                             "\"entropy\"")
-        out["policy"] = params["policy"]
-    for name, kinds, example in (("threshold", (int, float), "0.3"), ("exit_layer", (int,), "2")):
-        value = params.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, kinds):
-            raise BadRequest(400, f"parameter {name} {json.dumps(value)}: expected a number such as {example}")
-        out[name] = value
-    return out
+def blank(text: str) -> bool:
+    """Empty or only spaces: acl-predict skips such a line (acl_runtime.inputs), so the server refuses it."""
+    return not text.strip()
 
 
 # ---- Open Inference Protocol v2 ------------------------------------------------------------------
+
+
+class Output(NamedTuple):
+    binary: bool  # answered as binary data after the JSON header
+    classes: int  # Triton's classification extension: the N best classes as "score:index:label"; 0: off
 
 
 class InferRequest(NamedTuple):
     id: Optional[str]
     texts: List[Pair]
     params: Dict  # policy / threshold / exit_layer, type-checked
-    outputs: Dict[str, bool]  # requested output -> as binary data (all outputs when the request names none)
+    outputs: Dict[str, Output]  # requested outputs (all when the request names none)
 
 
 def split_binary(body: bytes, header_length: Optional[str]) -> Tuple[bytes, bytes]:
@@ -99,60 +85,53 @@ def _utf8(raw: bytes, name: str) -> str:
         raise BadRequest(400, f"input {name}: an element is not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
-def _flat(data, name: str) -> list:
-    if not isinstance(data, list):
-        raise BadRequest(400, f"input {name}: data must be a list of strings, got {type(data).__name__}")
-    out = []
-    for x in data:
-        out.extend(_flat(x, name) if isinstance(x, list) else [x])
-    return out
+def _flat(data: list) -> List[str]:
+    return [x for item in data for x in (item if isinstance(item, list) else [item])]
 
 
-def _tensor(spec, tail: bytes, at: int, known: Sequence[str]) -> Tuple[str, List[str], int]:
-    """One input tensor: (name, its strings, bytes of the tail it used)."""
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise BadRequest(400, "each input must be an object with a name, datatype, shape and data")
-    name = spec["name"]
-    if name not in known:
-        raise BadRequest(400, f"unknown input {name!r}: this model takes {', '.join(known)}")
-    if spec.get("datatype") != "BYTES":
-        raise BadRequest(400, f"input {name}: datatype {spec.get('datatype')!r}, expected \"BYTES\" (text)")
-    shape = spec.get("shape")
-    if (not isinstance(shape, list) or not shape or len(shape) > 2 or
-            not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape) or
-            (len(shape) == 2 and shape[1] != 1)):
+def _tensor(spec: schema.InputTensor, tail: bytes, at: int) -> Tuple[List[str], int]:
+    """One input tensor: (its strings, bytes of the binary tail it used)."""
+    name, shape = spec.name, spec.shape
+    if len(shape) == 2 and shape[1] != 1:
         raise BadRequest(400, f"input {name}: shape {json.dumps(shape)}, expected [n] or [n, 1]")
-    size = (spec.get("parameters") or {}).get("binary_data_size")
+    size = spec.parameters.binary_data_size if spec.parameters is not None else None
     used = 0
     if size is not None:
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or at + size > len(tail):
-            raise BadRequest(400, f"input {name}: binary_data_size {json.dumps(size)} does not fit the "
-                             f"{len(tail) - at} binary bytes left")
+        if spec.data is not None:
+            raise BadRequest(400, f"input {name}: both data and binary_data_size; send one")
+        if at + size > len(tail):
+            raise BadRequest(400, f"input {name}: binary_data_size {size} does not fit the {len(tail) - at} binary "
+                             "bytes left")
         values, used = _bytes_elements(tail[at: at + size], name), size
+    elif spec.data is None:
+        raise BadRequest(400, f"input {name}: no data and no binary_data_size")
     else:
-        values = _flat(spec.get("data"), name)
-        if not all(isinstance(v, str) for v in values):
-            raise BadRequest(400, f"input {name}: every element must be a string")
+        values = _flat(spec.data)
     if len(values) != shape[0]:
         raise BadRequest(400, f"input {name}: shape {json.dumps(shape)} but {len(values)} elements")
-    return name, values, used
+    for k, v in enumerate(values):
+        if blank(v):
+            raise BadRequest(400, f"input {name}: element {k} is empty or only spaces (acl-predict skips such a "
+                             "line): send text")
+    return values, used
 
 
 def parse_infer(body: bytes, header_length: Optional[str], output_names: Sequence[str]) -> InferRequest:
-    """An OIP v2 inference request (JSON, or JSON plus binary tensors)."""
+    """An OIP v2 inference request (JSON, or JSON plus binary tensors), decoded against
+    :class:`acl_runtime.serve.schema.InferRequest`, then checked for what a type cannot say."""
     head, tail = split_binary(body, header_length)
-    req = parse_json(head)
-    if not isinstance(req, dict):
-        raise BadRequest(400, "the body must be a JSON object with \"inputs\"")
-    inputs = req.get("inputs")
-    if not isinstance(inputs, list) or not inputs:
+    req = schema.decode(head, schema.InferRequest)
+    if not req.inputs:
         raise BadRequest(400, "\"inputs\" must be a non-empty list of tensors (a BYTES tensor named text)")
     tensors, at = {}, 0
-    for spec in inputs:
-        name, values, used = _tensor(spec, tail, at, ("text", "text_pair"))
-        if name in tensors:
-            raise BadRequest(400, f"input {name} is given twice")
-        tensors[name], at = values, at + used
+    for spec in req.inputs:
+        values, used = _tensor(spec, tail, at)
+        if spec.name in tensors:
+            raise BadRequest(400, f"input {spec.name} is given twice")
+        tensors[spec.name], at = values, at + used
+    if at != len(tail):
+        raise BadRequest(400, f"{len(tail) - at} bytes are left after the last binary tensor: each input's "
+                         "binary_data_size must account for the whole binary part")
     if "text" not in tensors:
         raise BadRequest(400, "the input tensor \"text\" is missing (text_pair alone is not an input)")
     texts = tensors["text"]
@@ -161,31 +140,41 @@ def parse_infer(body: bytes, header_length: Optional[str], output_names: Sequenc
     pairs = tensors.get("text_pair")
     if pairs is not None and len(pairs) != len(texts):
         raise BadRequest(400, f"text has {len(texts)} elements but text_pair {len(pairs)}: one pair per text")
-    params = req.get("parameters") or {}
-    if not isinstance(params, dict):
-        raise BadRequest(400, "\"parameters\" must be an object")
-    unknown = sorted(set(params) - set(EXIT_PARAMETERS) - {"binary_data_output"})
-    if unknown:
-        raise BadRequest(400, f"unknown parameter {unknown[0]!r}: this model takes {', '.join(EXIT_PARAMETERS)}")
-    req_id = req.get("id")
-    if req_id is not None and not isinstance(req_id, str):
-        raise BadRequest(400, "\"id\" must be a string")
-    return InferRequest(req_id, list(zip(texts, pairs or [None] * len(texts))), exit_parameters(params),
-                        _outputs(req.get("outputs"), bool(params.get("binary_data_output")), output_names))
+    params = req.parameters or schema.InferParameters()
+    for name, why in UNSUPPORTED_PARAMETERS.items():
+        if getattr(params, name) is not None:
+            raise BadRequest(400, f"parameter {name!r} is not supported: {why}")
+    exit_params = {k: getattr(params, k) for k in EXIT_PARAMETERS if getattr(params, k) is not None}
+    return InferRequest(req.id, list(zip(texts, pairs or [None] * len(texts))), exit_params,
+                        _outputs(req.outputs, params.binary_data_output, output_names))
 
 
-def _outputs(specs, binary_default: bool, names: Sequence[str]) -> Dict[str, bool]:
+def _outputs(specs: Optional[List[schema.RequestedOutput]], binary_default: bool,
+             names: Sequence[str]) -> Dict[str, Output]:
     if specs is None:
-        return {n: binary_default for n in names}
-    if not isinstance(specs, list) or not specs:
+        return {n: Output(binary_default, 0) for n in names}
+    if not specs:
         raise BadRequest(400, "\"outputs\", when given, must be a non-empty list of {\"name\": ...}")
     out = {}
     for spec in specs:
-        name = spec.get("name") if isinstance(spec, dict) else None
-        if name not in names:
-            raise BadRequest(400, f"unknown output {name!r}: this model gives {', '.join(names)}")
-        out[name] = bool((spec.get("parameters") or {}).get("binary_data", binary_default))
+        if spec.name not in names:
+            raise BadRequest(400, f"unknown output {spec.name!r}: this model gives {', '.join(names)}")
+        params = spec.parameters or schema.OutputParameters()
+        binary = binary_default if params.binary_data is None else params.binary_data
+        if params.classification and spec.name != "probabilities":
+            raise BadRequest(400, f"output {spec.name}: classification applies to the class scores only; ask it "
+                             "on probabilities")
+        out[spec.name] = Output(binary, params.classification or 0)
     return out
+
+
+def classification(probabilities: np.ndarray, count: int, labels: Sequence[str]) -> np.ndarray:
+    """Triton's classification extension: per row its ``count`` best classes (at most K), best first, as
+    ``"score:index:label"`` (a BYTES tensor of shape (n, count))."""
+    count = min(count, probabilities.shape[1])
+    order = np.argsort(-probabilities, axis=1, kind="stable")[:, :count]
+    return np.asarray([[f"{row[i]:f}:{i}:{labels[i]}" for i in best] for row, best in zip(probabilities, order)],
+                      dtype=object).reshape(len(probabilities), count)
 
 
 def _binary(values: np.ndarray, datatype: str) -> bytes:
@@ -196,13 +185,15 @@ def _binary(values: np.ndarray, datatype: str) -> bytes:
 
 
 def infer_response(model: str, version: str, request: InferRequest, tensors: Dict[str, Tuple[str, np.ndarray]],
-                   parameters: Dict) -> Tuple[bytes, Optional[int]]:
+                   parameters: Dict, labels: Sequence[str] = ()) -> Tuple[bytes, Optional[int]]:
     """(body, JSON header length or None): the requested outputs, as JSON data or binary tensors after the JSON."""
     outputs, tail = [], []
-    for name, binary in request.outputs.items():
+    for name, spec in request.outputs.items():
         datatype, values = tensors[name]
+        if spec.classes:
+            datatype, values = "BYTES", classification(values, spec.classes, labels)
         out = {"name": name, "datatype": datatype, "shape": list(values.shape)}
-        if binary:
+        if spec.binary:
             raw = _binary(values, datatype)
             out["parameters"] = {"binary_data_size": len(raw)}
             tail.append(raw)
@@ -214,69 +205,3 @@ def infer_response(model: str, version: str, request: InferRequest, tensors: Dic
         answer["id"] = request.id
     head = json.dumps(answer).encode("utf-8")
     return (head + b"".join(tail), len(head)) if tail else (head, None)
-
-
-# ---- text-embeddings-inference's /predict ---------------------------------------------------------------------
-
-
-class PredictRequest(NamedTuple):
-    texts: List[Pair]
-    batch: bool  # answer a list of lists (TEI's batch form) or one list
-    raw_scores: bool
-    params: Dict
-
-
-TEI_SHAPES = ('"text", ["premise", "hypothesis"] (one pair), or a batch [["text"], ["premise", "hypothesis"], '
-              '...]')
-
-
-def _sequence(item, k: int) -> Pair:
-    if not isinstance(item, list) or not 1 <= len(item) <= 2 or not all(isinstance(s, str) for s in item):
-        raise BadRequest(422, f"inputs[{k}] must be [\"text\"] or [\"premise\", \"hypothesis\"]; inputs takes "
-                         + TEI_SHAPES)
-    return (item[0], item[1] if len(item) == 2 else None)
-
-
-def parse_predict(body: bytes) -> PredictRequest:
-    """TEI's ``PredictRequest``: ``inputs``, ``truncate`` and ``raw_scores`` (``truncate`` is accepted and
-    implied: a text over the model's positions is always cut and flagged), plus this server's exit parameters
-    (``policy``, ``threshold``, ``exit_layer``) at the top level."""
-    req = parse_json(body)
-    if not isinstance(req, dict) or "inputs" not in req:
-        raise BadRequest(422, "the body must be a JSON object with \"inputs\": " + TEI_SHAPES)
-    unknown = sorted(set(req) - {"inputs", "truncate", "raw_scores", "truncation_direction"} - set(EXIT_PARAMETERS))
-    if unknown:
-        raise BadRequest(422, f"unknown field {unknown[0]!r}: /predict takes inputs, truncate, raw_scores, "
-                         + ", ".join(EXIT_PARAMETERS))
-    for flag in ("truncate", "raw_scores"):
-        if not isinstance(req.get(flag, False), bool):
-            raise BadRequest(422, f"{flag} must be true or false")
-    if req.get("truncation_direction", "right") not in ("right", "Right"):
-        raise BadRequest(422, "truncation_direction: only \"right\" (the end of the text is cut)")
-    inputs = req["inputs"]
-    if isinstance(inputs, str):
-        texts, batch = [(inputs, None)], False
-    elif isinstance(inputs, list) and inputs and all(isinstance(s, str) for s in inputs):
-        if len(inputs) > 2:
-            raise BadRequest(422, f"inputs is a list of {len(inputs)} strings: a list of strings is one pair "
-                             "(TEI); send a batch as [[\"text\"], [\"text\"], ...]")
-        texts, batch = [_sequence(inputs, 0)], False
-    elif isinstance(inputs, list) and inputs:
-        texts, batch = [_sequence(item, k) for k, item in enumerate(inputs)], True
-    elif isinstance(inputs, list):
-        raise BadRequest(400, "inputs is an empty list: send at least one text", "Empty")
-    else:
-        raise BadRequest(422, f"inputs is {type(inputs).__name__}: it takes " + TEI_SHAPES)
-    return PredictRequest(texts, batch, req.get("raw_scores", False), exit_parameters(req))
-
-
-def predict_response(request: PredictRequest, label_names: Sequence[str], scores: np.ndarray,
-                     exit_layers: np.ndarray, truncated: Sequence[bool]) -> list:
-    """Per input, every label with its score, highest first (TEI's ``Prediction``), each entry also carrying the
-    input's ``exit_layer`` and ``truncated``; a list of those lists for a batch."""
-    answers = []
-    for row, layer, cut in zip(scores, exit_layers, truncated):
-        order = np.argsort(-row, kind="stable")
-        answers.append([{"label": label_names[int(i)], "score": float(row[i]), "exit_layer": int(layer),
-                         "truncated": bool(cut)} for i in order])
-    return answers if request.batch else answers[0]

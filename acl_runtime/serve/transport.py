@@ -1,12 +1,28 @@
-"""uvicorn's h11 HTTP protocol with TCP_NODELAY on every connection (a module of its own: ``--workers`` processes
-unpickle uvicorn's config, which names this class).
+"""uvicorn's h11 HTTP protocol as acl-serve runs it (a module of its own: ``--workers`` processes unpickle uvicorn's
+config, which names this class).
 
-asyncio sets TCP_NODELAY only on sockets whose ``proto`` is TCP, and the listening socket that uvicorn's workers
-receive is rebuilt with ``socket.fromfd`` and proto 0. Their answers (headers and body, two writes) then waited for
-Nagle's algorithm and the client's delayed ACK: 40 ms a request, so that 2 workers served half what 1 served."""
+- TCP_NODELAY on every connection. asyncio sets it only on sockets whose ``proto`` is TCP, and the listening socket
+  that uvicorn's workers receive is rebuilt with ``socket.fromfd`` and proto 0. Their answers (headers and body, two
+  writes) then waited for Nagle's algorithm and the client's delayed ACK: 40 ms a request, so that 2 workers
+  served half what 1 served.
+- A read timeout for request headers (``--read-timeout``, read from ``config.acl_read_timeout``): a connection
+  that opens, or starts a request, and has not completed its headers within it is answered 408 and closed (uvicorn
+  waits for ever; its keep-alive timer only runs between requests). The body's own timeout is the app's
+  (``app.read_body``).
+- At drain start (SIGTERM) a connection still sending its request body is closed: that request was never
+  accepted, and waiting for it would hold the drain for up to ``--drain-seconds``. uvicorn itself closes the idle
+  ones and those still sending headers.
+"""
+import json
 import socket
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+TIMEOUT_BODY = json.dumps({"error": "the request's headers did not arrive within --read-timeout; the connection is "
+                           "closed"}).encode()
+TIMEOUT_ANSWER = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                  b"content-length: " + str(len(TIMEOUT_BODY)).encode() + b"\r\n\r\n" + TIMEOUT_BODY)
 
 
 class NoDelayH11Protocol(H11Protocol):
@@ -14,4 +30,46 @@ class NoDelayH11Protocol(H11Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._headers_timer = None
         super().connection_made(transport)
+        self._arm()
+
+    def _waiting_for_headers(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
+
+    def _arm(self) -> None:
+        timeout = getattr(self.config, "acl_read_timeout", None)
+        if timeout and self._headers_timer is None:
+            self._headers_timer = self.loop.call_later(timeout, self._headers_timed_out)
+
+    def _disarm(self) -> None:
+        if self._headers_timer is not None:
+            self._headers_timer.cancel()
+            self._headers_timer = None
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._waiting_for_headers():
+            self._arm()  # bytes of a request whose headers are not complete: its deadline runs from the first
+        else:
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        self._disarm()  # idle until the next request's first byte: uvicorn's keep-alive timeout governs that
+        super().on_response_complete()
+
+    def _headers_timed_out(self) -> None:
+        self._headers_timer = None
+        if self._waiting_for_headers() and not self.transport.is_closing():
+            self.transport.write(TIMEOUT_ANSWER)
+            self.transport.close()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        if self.cycle is not None and not self.cycle.response_complete and self.conn.their_state is h11.SEND_BODY:
+            self.transport.close()  # still sending its body: never accepted, so nothing to answer
+            return
+        super().shutdown()

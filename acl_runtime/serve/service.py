@@ -1,0 +1,201 @@
+"""One acl-serve worker's model: :class:`Settings` (what the flags say), :class:`Service` (the engine, its
+refilling scheduler, the metrics and the statistics Triton's extension reads), and the model's descriptions
+(OIP metadata, Triton's model configuration and statistics, TEI's ``/info``).
+
+Every backend call is made by the scheduler's thread (:class:`acl_runtime.scheduler.Scheduler`); a request
+encodes its texts, submits the rows, and awaits their future, so the event loop never runs a model.
+"""
+import asyncio
+import threading
+import time
+from typing import Dict, List, NamedTuple, Optional
+
+import numpy as np
+
+from acl_runtime import loop
+from acl_runtime.engine import Engine
+from acl_runtime.scheduler import Scheduler
+from acl_runtime.serve import protocol
+from acl_runtime.serve.metrics import Metrics
+from acl_runtime.serve.protocol import BadRequest
+
+VERSION = "1"  # the one model version served (OIP's /versions/{v} paths)
+
+
+class Settings(NamedTuple):
+    """What acl-serve's flags say about one worker (JSON-serializable: passed to ``--workers`` processes)."""
+
+    folder: str
+    model_name: str = "acl"
+    precision: str = "fp32"
+    policy: Optional[str] = None
+    threshold: Optional[float] = None
+    max_batch: int = 32
+    max_queue: int = 1024
+    max_body_bytes: int = 1 << 20
+    refill: bool = True
+    threads: int = 1
+    drain_seconds: float = 30.0
+    read_timeout: float = 30.0  # seconds for a request's headers, and for its body once they came (408 past it)
+
+
+class Answered(NamedTuple):
+    predictions: list  # loop.Prediction per input
+    logits: np.ndarray  # (n, K) of the deciding exits
+    exit_layer: np.ndarray  # (n,)
+    request: loop.ExitRequest
+
+
+class Statistics:
+    """What Triton's statistics extension reports and this server measures: requests answered (success / fail,
+    with their total nanoseconds from submit to answer), inputs answered and backend calls made."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.success = [0, 0]  # count, ns
+        self.fail = [0, 0]
+        self.inferences = 0  # inputs answered
+        self.executions = 0  # backend calls
+        self.last_ms = 0  # ms since the epoch of the last answer
+
+    def answered(self, ok: bool, inputs: int, ns: int) -> None:
+        with self._lock:
+            bucket = self.success if ok else self.fail
+            bucket[0], bucket[1] = bucket[0] + 1, bucket[1] + ns
+            self.inferences += inputs if ok else 0
+            self.last_ms = int(time.time() * 1000)
+
+    def executed(self) -> None:
+        with self._lock:
+            self.executions += 1
+
+
+class Service:
+    """One worker's model: the engine, the server's default exit request (its --policy flags, else the folder's
+    serving policy), the scheduler and the metrics. Built before the server listens, so a bad folder or flag is
+    one line and exit 2 (:mod:`acl_runtime.serve.cli`)."""
+
+    def __init__(self, settings: Settings):
+        self.settings = s = settings
+        self.engine = Engine(s.folder, s.precision, threads=s.threads)
+        self.default = self.engine.resolve_request(s.policy, s.threshold, None, source="flag")
+        self.labels = [] if self.engine.regression else self.engine.label_names()
+        self.metrics = Metrics(self.engine.exit_layers, s.max_batch)
+        self.stats = Statistics()
+        self.scheduler = Scheduler(self.engine.backend, self.engine.regression, max_batch=s.max_batch,
+                                   max_queue=s.max_queue, refill=s.refill, on_batch=self._on_batch,
+                                   pad=self.engine.pad, on_fault=self.metrics.on_fault)
+        self.metrics.depth = self.scheduler.depth
+        self.ready = False
+
+    def _on_batch(self, layer: int, rows: int) -> None:
+        self.metrics.on_batch(layer, rows)
+        self.metrics.track_depth()
+        self.stats.executed()
+
+    def start(self) -> None:
+        self.scheduler.start()
+        self.ready = True
+
+    def close(self, timeout: Optional[float] = None) -> bool:
+        """Take nothing new and answer every accepted row (within ``timeout`` seconds); True when all were."""
+        self.ready = False
+        return self.scheduler.close(timeout)
+
+    def exit_request(self, params: Dict) -> loop.ExitRequest:
+        """The request's own policy / threshold / exit layer, range-checked as acl-predict checks its flags; the
+        server's default when it names none."""
+        if not params:
+            return self.default
+        try:
+            return self.engine.resolve_request(params.get("policy"), params.get("threshold"),
+                                               params.get("exit_layer"), source="request")
+        except ValueError as e:
+            raise BadRequest(400, str(e)) from None
+
+    async def predict(self, texts: List[protocol.Pair], params: Dict) -> Answered:
+        request = self.exit_request(params)
+        if len(texts) > self.settings.max_queue:
+            raise BadRequest(413, f"{len(texts)} inputs in one request, more than the queue holds (--max-queue "
+                             f"{self.settings.max_queue}): split the request")
+        encoded = [self.engine.encode_with_info(a, b) for a, b in texts]
+        try:
+            future = self.scheduler.submit([ids for ids, _ in encoded], request)
+        except ValueError as e:
+            raise BadRequest(400, str(e)) from None
+        self.metrics.track_depth()
+        start = time.perf_counter_ns()
+        try:
+            answer = await asyncio.wrap_future(future)
+        except BaseException:
+            self.stats.answered(False, len(texts), time.perf_counter_ns() - start)
+            raise
+        finally:
+            self.metrics.track_depth()
+        self.stats.answered(True, len(texts), time.perf_counter_ns() - start)
+        truncated = [cut for _, cut in encoded]
+        self.metrics.exits(answer.exit_layer)
+        return Answered(self.engine.to_predictions(answer.logits, answer.exit_layer, truncated), answer.logits,
+                        answer.exit_layer, request)
+
+    # ---- what the model is, in each protocol's words ----------------------------------------------
+
+    def output_names(self) -> List[str]:
+        return ["label", "exit_layer"] + ([] if self.engine.regression else ["probabilities"]) + ["truncated"]
+
+    def _outputs(self) -> List[tuple]:
+        """(name, OIP datatype, shape after the batch dimension) of each output."""
+        k = len(self.labels)
+        return [("label", "FP32" if self.engine.regression else "BYTES", []), ("exit_layer", "INT64", []),
+                *([] if self.engine.regression else [("probabilities", "FP32", [k])]), ("truncated", "BOOL", [])]
+
+    def metadata(self) -> Dict:
+        """OIP's model metadata, with this model's labels, exits, precision and default policy."""
+        default = self.default
+        return {"name": self.settings.model_name, "versions": [VERSION], "platform": "acl_fairseq_onnx_early_exit",
+                "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]},
+                           {"name": "text_pair", "datatype": "BYTES", "shape": [-1], "optional": True}],
+                "outputs": [{"name": n, "datatype": t, "shape": [-1] + dims} for n, t, dims in self._outputs()],
+                "parameters": {"labels": self.labels, "exit_layers": list(self.engine.exit_layers),
+                               "precision": self.settings.precision, "policy": default.policy or "none",
+                               "threshold": default.threshold}}
+
+    def config(self) -> Dict:
+        """Triton's model configuration (what ``tritonclient``'s ``get_model_config`` and perf_analyzer read): a
+        batched model whose batch is a request's inputs (``max_batch_size``: --max-queue); each text is one
+        element (dims [1] read as a scalar)."""
+        types = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "INT64": "TYPE_INT64", "BOOL": "TYPE_BOOL"}
+        scalar = {"dims": [1], "reshape": {"shape": []}}
+        return {"name": self.settings.model_name, "platform": "acl_fairseq_onnx_early_exit", "backend": "acl-serve",
+                "version_policy": {"specific": {"versions": [int(VERSION)]}},
+                "max_batch_size": self.settings.max_queue,
+                "input": [{"name": "text", "data_type": "TYPE_STRING", "format": "FORMAT_NONE", **scalar},
+                          {"name": "text_pair", "data_type": "TYPE_STRING", "format": "FORMAT_NONE",
+                           "optional": True, **scalar}],
+                "output": [{"name": n, "data_type": types[t], **({"dims": dims} if dims else scalar),
+                            **({"label_filename": ""} if n == "probabilities" else {})}
+                           for n, t, dims in self._outputs()],
+                "dynamic_batching": {"max_queue_delay_microseconds": 0},
+                "parameters": {"exit_layers": {"string_value": ",".join(map(str, self.engine.exit_layers))}}}
+
+    def statistics(self) -> Dict:
+        """Triton's statistics extension, for what this server measures (success, fail, counts); the queue and
+        compute split is not measured apart (the scheduler interleaves requests layer by layer) and is left out."""
+        s = self.stats
+        return {"model_stats": [{"name": self.settings.model_name, "version": VERSION, "last_inference": s.last_ms,
+                                 "inference_count": s.inferences, "execution_count": s.executions,
+                                 "inference_stats": {"success": {"count": s.success[0], "ns": s.success[1]},
+                                                     "fail": {"count": s.fail[0], "ns": s.fail[1]}}}]}
+
+    def info(self, version: str) -> Dict:
+        """TEI's ``/info`` (router/src/lib.rs ``Info``) for a classifier."""
+        names = self.labels or ["score"]
+        return {"model_id": self.settings.folder, "model_sha": None,
+                "model_dtype": "float32" if self.settings.precision == "fp32" else self.settings.precision,
+                "model_type": {"classifier": {"id2label": {str(i): n for i, n in enumerate(names)},
+                                              "label2id": {n: i for i, n in enumerate(names)}}},
+                "max_concurrent_requests": self.settings.max_queue,
+                "max_input_length": int(self.engine.layout["max_positions"]),
+                "max_batch_requests": self.settings.max_batch, "max_client_batch_size": self.settings.max_queue,
+                "auto_truncate": True, "tokenization_workers": 1, "version": version, "sha": None,
+                "docker_label": None}

@@ -1,0 +1,168 @@
+"""acl-serve with the clients people use, as shipped: huggingface_hub's InferenceClient (TEI's ``/`` and the
+Inference API's ``parameters``), tritonclient.http's model configuration, statistics, classification and
+compression; TEI's ``/health`` and ``/info``."""
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from acl_runtime import loop
+from serve_helpers import call, exported, oip_body, outputs, serving  # noqa: F401  (exported: a fixture)
+
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def server(exported):  # noqa: F811
+    with serving(exported["folder"], max_batch=8, max_queue=64) as running:
+        yield running
+
+
+def _singles(exported, n=6):  # noqa: F811
+    return [t if isinstance(t, str) else t[0] for t in exported["texts"]][:n]
+
+
+def _logits(exported, text):  # noqa: F811
+    """The deciding exit's logits of ``text`` under the server's default (the last exit), as the engine gives them."""
+    p = exported["engine"].predict_early_exit([text])[0]
+    return p, np.log([p.probabilities[k] for k in ("0", "1")])
+
+
+def test_huggingface_hubs_inference_client_classifies_through_teis_root_route(server, exported):  # noqa: F811
+    """InferenceClient(base_url).text_classification posts {"inputs": text, "parameters": {...}} to / and reads a
+    list per input; every label comes back, best first, with the engine's probabilities."""
+    from huggingface_hub import InferenceClient
+
+    url, _ = server
+    client = InferenceClient(base_url=url)
+    for text in _singles(exported):
+        want, _ = _logits(exported, text)
+        got = client.text_classification(text)
+        assert [e.label for e in got] == sorted(want.probabilities, key=want.probabilities.get, reverse=True)
+        assert {e.label: e.score for e in got} == pytest.approx(want.probabilities, abs=ATOL)
+
+
+def test_inference_client_top_k_and_function_to_apply_are_honoured(server, exported):  # noqa: F811
+    from huggingface_hub import InferenceClient
+
+    url, _ = server
+    client = InferenceClient(base_url=url)
+    text = _singles(exported)[0]
+    want, logits = _logits(exported, text)
+    best = max(want.probabilities, key=want.probabilities.get)
+    (top,) = client.text_classification(text, top_k=1)
+    assert top.label == best and top.score == pytest.approx(want.probabilities[best], abs=ATOL)
+    raw = {e.label: e.score for e in client.text_classification(text, function_to_apply="none")}
+    # logits are the probabilities' logs up to one shift: their differences match
+    assert raw["0"] - raw["1"] == pytest.approx(logits[0] - logits[1], abs=1e-4)
+    sig = {e.label: e.score for e in client.text_classification(text, function_to_apply="sigmoid")}
+    assert sig == pytest.approx({k: 1 / (1 + np.exp(-v)) for k, v in raw.items()}, abs=ATOL)
+
+
+def test_the_root_route_without_parameters_is_teis_predict(server, exported):  # noqa: F811
+    """A body without ``parameters`` is TEI's PredictRequest: one list for one text, as /predict answers."""
+    url, _ = server
+    text = _singles(exported)[0]
+    status, _, root = call(url + "/", {"inputs": text})
+    assert status == 200 and root == call(f"{url}/predict", {"inputs": text})[2]
+    assert isinstance(root[0], dict) and root[0]["label"] == exported["engine"].predict_early_exit([text])[0].label
+
+
+def test_teis_health_and_info_routes(server, exported):  # noqa: F811
+    url, service = server
+    assert call(url + "/health")[0] == 200 and call(url + "/", method="GET")[0] == 200
+    status, _, info = call(url + "/info")
+    assert status == 200 and info["model_type"]["classifier"]["id2label"] == {"0": "0", "1": "1"}
+    assert info["max_input_length"] == exported["engine"].layout["max_positions"]
+    assert info["max_client_batch_size"] == service.settings.max_queue
+
+
+def test_tritonclient_reads_the_model_configuration_and_statistics(server, exported):  # noqa: F811
+    """What perf_analyzer reads first (max_batch_size, the inputs and their types), and the statistics extension's
+    counts, which move with the requests answered."""
+    import tritonclient.http as triton
+
+    url, service = server
+    client = triton.InferenceServerClient(url.removeprefix("http://"))
+    config = client.get_model_config("acl")
+    assert config["name"] == "acl" and config["max_batch_size"] == service.settings.max_queue
+    assert [(i["name"], i["data_type"]) for i in config["input"]] == [("text", "TYPE_STRING"),
+                                                                       ("text_pair", "TYPE_STRING")]
+    assert {o["name"]: o["dims"] for o in config["output"]}["probabilities"] == [2]
+    before = client.get_inference_statistics("acl")["model_stats"][0]
+    assert call(f"{url}/v2/models/acl/infer", oip_body(_singles(exported, 3)))[0] == 200
+    assert call(f"{url}/v2/models/acl/infer", oip_body(["good"], policy="fast"))[0] == 400  # never reached the model
+    after = client.get_inference_statistics("acl")["model_stats"][0]
+    assert after["inference_count"] - before["inference_count"] == 3
+    success = after["inference_stats"]["success"]
+    assert success["count"] - before["inference_stats"]["success"]["count"] == 1
+    assert success["ns"] > before["inference_stats"]["success"]["ns"]
+    assert after["execution_count"] > before["execution_count"]
+    with pytest.raises(triton.InferenceServerException, match="unknown model 'nope'"):
+        client.get_model_config("nope")
+    client.close()
+
+
+def test_triton_classification_answers_score_index_label_strings(server, exported):  # noqa: F811
+    """class_count=N on probabilities answers each row's N best classes as "score:index:label", as Triton does."""
+    import tritonclient.http as triton
+
+    url, _ = server
+    client = triton.InferenceServerClient(url.removeprefix("http://"))
+    texts = _singles(exported, 4)
+    text = triton.InferInput("text", [len(texts)], "BYTES")
+    text.set_data_from_numpy(np.asarray(texts, dtype=object))
+    for binary in (True, False):
+        for count in (1, 2, 5):
+            asked = [triton.InferRequestedOutput("probabilities", binary_data=binary, class_count=count)]
+            got = client.infer("acl", [text], outputs=asked).as_numpy("probabilities")
+            assert got.shape == (len(texts), min(count, 2))
+            for row, t in zip(got, texts):
+                want = exported["engine"].predict_early_exit([t])[0].probabilities
+                fields = [(x.decode() if isinstance(x, bytes) else x).split(":") for x in row]
+                assert [f[2] for f in fields] == sorted(want, key=want.get, reverse=True)[: len(row)]
+                assert all(f[1] == f[2] for f in fields)  # labels "0" and "1" are their indices
+                assert all(abs(float(f[0]) - want[f[2]]) < 1e-5 for f in fields)
+    client.close()
+
+
+def test_gzip_and_deflate_request_bodies_are_decoded_and_answers_compressed_when_accepted(server, exported):  # noqa
+    """tritonclient's request_compression_algorithm sends a gzip or deflate body (Content-Encoding); an answer is
+    gzip when the client accepts it."""
+    import tritonclient.http as triton
+
+    url, _ = server
+    client = triton.InferenceServerClient(url.removeprefix("http://"))
+    texts = _singles(exported) * 10
+    text = triton.InferInput("text", [len(texts)], "BYTES")
+    text.set_data_from_numpy(np.asarray(texts, dtype=object))
+    predicted = exported["engine"].predict_early_exit(texts)
+    want = [p.label for p in predicted]
+    for algorithm in ("gzip", "deflate"):  # every output, binary: over 1 kB, so the answer is gzip too
+        result = client.infer("acl", [text], request_compression_algorithm=algorithm,
+                              response_compression_algorithm="gzip")
+        assert [x.decode() for x in result.as_numpy("label")] == want
+        assert np.abs(result.as_numpy("probabilities")[:, 1] - [p.probabilities["1"] for p in predicted]).max() < ATOL
+    client.close()
+    body = gzip.compress(json.dumps(oip_body(texts)).encode())
+    status, head, answer = call(f"{url}/v2/models/acl/infer", body, headers={"Content-Encoding": "gzip"})
+    assert status == 200 and outputs(answer)["label"] == want  # urllib does not decode: the answer was plain
+    assert "content-encoding" not in head
+    import urllib.request
+
+    req = urllib.request.Request(f"{url}/v2/models/acl/infer", body, headers={
+        "Content-Encoding": "gzip", "Accept-Encoding": "gzip", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.headers["Content-Encoding"] == "gzip"
+        assert outputs(json.loads(gzip.decompress(r.read())))["label"] == want
+
+
+def test_predict_probabilities_are_the_softmax_of_the_raw_scores(server, exported):  # noqa: F811
+    url, _ = server
+    text = _singles(exported)[0]
+    raw = call(f"{url}/predict", {"inputs": text, "raw_scores": True})[2]
+    probs = call(f"{url}/predict", {"inputs": text})[2]
+    logits = np.asarray([[e["score"] for e in sorted(raw, key=lambda e: e["label"])]])
+    assert [e["score"] for e in sorted(probs, key=lambda e: e["label"])] == pytest.approx(
+        loop.softmax(logits)[0].tolist(), abs=ATOL)
