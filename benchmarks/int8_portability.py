@@ -18,13 +18,13 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from typing import Dict, List
 
 import numpy as np
 
+import _int8_chain as chain
 import _records as R
 
 SCHEMES = {  # name -> (static?, activation type, reduce_range, per-channel weights)
@@ -38,84 +38,6 @@ SCHEMES = {  # name -> (static?, activation type, reduce_range, per-channel weig
 }
 
 
-def manifest(folder: str) -> Dict:
-    with open(os.path.join(folder, "manifest.json"), encoding="utf-8") as f:
-        return json.load(f)
-
-
-def token_rows(folder: str, n: int, seed: int = 0) -> List[np.ndarray]:
-    """``n`` rows ``<s> w ... </s>`` of random ordinary token ids (4-30 long) of the folder's vocabulary."""
-    m = manifest(folder)
-    with open(os.path.join(folder, m["tokenizer"]), encoding="utf-8") as f:
-        vocab = len(json.load(f)["model"]["vocab"])
-    layout, rng = m["input_layout"], np.random.default_rng(seed)
-    first = max(layout["pad"], layout["unk"], layout["eos"], layout["init"]) + 1
-    rows = []
-    for _ in range(n):
-        ids = rng.integers(first, vocab, int(rng.integers(4, 31)))
-        ids[0], ids[-1] = layout["init"], layout["eos"]
-        rows.append(ids.astype(np.int64))
-    return rows
-
-
-def _sessions(folder: str, precision: str, layer_dir: str = None, exact: bool = False):
-    """``exact``: no graph optimization, so that a QDQ graph runs as written (QuantizeLinear, DequantizeLinear, float
-    MatMul): the quantized model's arithmetic without any CPU's integer kernel, which is what no kind may change."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    if exact:
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    m = manifest(folder)
-    files = {r["file"]: r["file"] for r in m["layers"]}
-    if precision != "fp32":
-        files = m["quantized"][precision]["layers"]
-    embed = ort.InferenceSession(os.path.join(folder, m["embeddings"]), options)
-    base = layer_dir or folder
-    layers = [ort.InferenceSession(os.path.join(base, files[r["file"]] if layer_dir is None else r["file"]), options)
-              for r in m["layers"]]
-    return m, embed, layers
-
-
-def run_rows(folder: str, rows: List[np.ndarray], batch: int, precision: str = "fp32",
-             layer_dir: str = None, exact: bool = False) -> np.ndarray:
-    """Every exit's logits (N, exits, K) of ``rows``, ``batch`` rows a call, padded to the longest of each call.
-    ``layer_dir``: take the layer graphs (by their fp32 file names) from there instead; ``exact``: see
-    :func:`_sessions`."""
-    m, embed, layers = _sessions(folder, precision, layer_dir, exact)
-    pad, out = m["input_layout"]["pad"], []
-    for start in range(0, len(rows), batch):
-        chunk = rows[start:start + batch]
-        ids = np.full((len(chunk), max(len(r) for r in chunk)), pad, dtype=np.int64)
-        for i, r in enumerate(chunk):
-            ids[i, :len(r)] = r
-        x, mask = embed.run(None, {"src_tokens": ids})
-        logits = []
-        for rec, session in zip(m["layers"], layers):
-            result = session.run(None, {"x": x, "padding_mask": mask})
-            x = result[0]
-            if rec["exit"] is not None:
-                logits.append(result[1])
-        out.append(np.stack(logits, 1))
-    return np.concatenate(out)
-
-
-def run_emulated(folder: str, rows: List[np.ndarray], batch: int, precision: str = "fp32", cpu: str = "EPYC-Rome",
-                 layer_dir: str = None) -> np.ndarray:
-    """:func:`run_rows` in a child process under ``qemu-x86_64 -cpu CPU``."""
-    with tempfile.TemporaryDirectory() as tmp:
-        np.savez(os.path.join(tmp, "rows.npz"), *rows)
-        argv = ["qemu-x86_64", "-cpu", cpu, sys.executable, os.path.abspath(__file__), "--child", tmp, "--folder",
-                folder, "--precision", precision, "--batch", str(batch)] + (["--layer-dir", layer_dir] if layer_dir
-                                                                           else [])
-        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"emulated run failed ({done.returncode}): {done.stderr[-2000:]}")
-        return np.load(os.path.join(tmp, "logits.npy"))
-
-
 def quantize_schemes(folder: str, rows: List[np.ndarray], out: str) -> Dict[str, str]:
     """Each scheme's layer graphs in ``out/<i>``, static ones calibrated on ``rows``; returns name -> folder."""
     import onnx
@@ -127,7 +49,7 @@ def quantize_schemes(folder: str, rows: List[np.ndarray], out: str) -> Dict[str,
         quantize_static,
     )
 
-    m, embed, layers = _sessions(folder, "fp32")
+    m, embed, layers = chain.sessions(folder, "fp32")
     feeds = {r["file"]: [] for r in m["layers"]}
     for start in range(0, len(rows), 8):
         chunk = rows[start:start + 8]
@@ -172,15 +94,15 @@ def quantize_schemes(folder: str, rows: List[np.ndarray], out: str) -> Dict[str,
 
 
 def measure(folder: str, rows: List[np.ndarray], cpu: str) -> List[Dict]:
-    reference = run_rows(folder, rows, 1, "fp32")
+    reference = chain.run_rows(folder, rows, 1, "fp32")
     with tempfile.TemporaryDirectory() as tmp:
         systems = [(name, "fp32", layer_dir) for name, layer_dir in quantize_schemes(folder, rows, tmp).items()]
-        if "int8" in manifest(folder)["quantized"]:
+        if "int8" in chain.manifest(folder)["quantized"]:
             systems.append(("acl-export --quantize int8", "int8", None))
         table = []
         for name, precision, layer_dir in systems:
             row = {"scheme": name}
-            for where, runner in (("native", run_rows), (f"qemu {cpu}", run_emulated)):
+            for where, runner in (("native", chain.run_rows), (f"qemu {cpu}", chain.run_emulated)):
                 kw = {"layer_dir": layer_dir} if where == "native" else {"layer_dir": layer_dir, "cpu": cpu}
                 one, eight = (runner(folder, rows, b, precision, **kw) for b in (1, 8))
                 row[where] = {"err_b1": float(np.abs(one - reference).max()),
@@ -199,26 +121,16 @@ def main(argv=None) -> None:
     p.add_argument("--rows", type=int, default=32, help="random token rows run through every scheme")
     p.add_argument("--cpu", default="EPYC-Rome", help="qemu CPU model of the second machine kind (AVX2, no VNNI)")
     R.add_json_flags(p, "write the table here")
-    p.add_argument("--child", help=argparse.SUPPRESS)  # internal: run one chain (under qemu) and save its logits
-    p.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
-    p.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
-    p.add_argument("--layer-dir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.child:
-        data = np.load(os.path.join(args.child, "rows.npz"))
-        rows = [data[f"arr_{i}"] for i in range(len(data.files))]
-        np.save(os.path.join(args.child, "logits.npy"),
-                run_rows(args.folder, rows, args.batch, args.precision, args.layer_dir))
-        return
     R.refuse_existing(p, args.json, args.force)
     if shutil.which("qemu-x86_64") is None:
         sys.exit("int8_portability: qemu-x86_64 not found; install Debian's qemu-user (apt-get install qemu-user)")
-    rows = token_rows(args.folder, args.rows)
+    rows = chain.token_rows(args.folder, args.rows)
     print(f"{len(rows)} random rows, every exit's logits against fp32 at batch 1; native CPU and qemu {args.cpu}")
     table = measure(args.folder, rows, args.cpu)
     if args.json:
         record = {"folder": os.path.basename(os.path.normpath(args.folder)), "rows": len(rows), "cpu": args.cpu,
-                  "fp32_logit_scale": float(np.abs(run_rows(args.folder, rows, 1)).max()), "schemes": table}
+                  "fp32_logit_scale": float(np.abs(chain.run_rows(args.folder, rows, 1)).max()), "schemes": table}
         R.write_atomic(args.json, json.dumps(record, indent=1))
         print(f"wrote {args.json}")
 

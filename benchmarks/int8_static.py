@@ -20,7 +20,7 @@ largest last-exit logit error against fp32 at batch 32, the rows whose label or 
 1 and 32 (summed over the policies), the largest change of a row's last-exit logits between them, and the single
 batch-32 pass's time. The
 AVX2 columns run ``--avx2-rows`` sentences through every exit at batch 8 under ``qemu-x86_64 -cpu EPYC-Rome``
-(int8_portability.run_emulated) against the same on this CPU: the largest logit difference and the rows whose
+(_int8_chain.run_emulated) against the same on this CPU: the largest logit difference and the rows whose
 label at any exit differs (not for the calibration variants, whose kernels are the shipped scheme's). Speed:
 torch (the hub), ORT fp32, the shipped int8 and int8-dynamic at batch 32, all layers and early exit (entropy
 0.3), ``--repeats`` interleaved rounds, median ratio of engine time to torch's.
@@ -37,9 +37,9 @@ from typing import Dict, List
 import numpy as np
 
 import _glue_runs as G
+import _int8_chain as probe
 import _records as R
 import common
-import int8_portability as probe
 from acl_runtime.io import atomic  # noqa: E402
 
 BATCHES = (1, 8, 32)

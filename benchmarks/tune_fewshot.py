@@ -21,10 +21,10 @@ import subprocess
 import sys
 from typing import List
 
+import _fewshot as F
 import _glue_runs as G
 import _records as R
 import _tune_report as T
-import fewshot as F
 
 TASK = "SST-2"
 

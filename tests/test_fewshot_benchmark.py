@@ -116,27 +116,29 @@ def _fewshot_module():
 
 
 def test_fewshot_schedules_come_from_the_recipe_table_with_reasons():
-    fewshot = _fewshot_module()
-    table = fewshot.read_schedules()
+    import _fewshot
+
+    table = _fewshot.read_schedules()
     assert sorted(table) == [20, 100, 1000]  # the SCL paper's N
     for n, s in table.items():
         assert s["batch"] >= 2 and s["epochs"] >= 1 and 1 <= s["every"] <= s["epochs"] and 0 < s["lr"] < 1e-3
         assert len(s["reason"]) > 40, f"N={n}: every schedule carries its reason"
-        assert fewshot.schedule_for(n, toy=False) == s
+        assert _fewshot.schedule_for(n, toy=False) == s
     # N=20 trains on the whole set as one batch, so every anchor has same-label positives
     assert table[20]["batch"] == 20
 
 
 def test_fewshot_schedule_table_errors_name_the_file_and_the_problem(tmp_path):
-    fewshot = _fewshot_module()
+    import _fewshot
+
     bad_header = tmp_path / "h.tsv"
     bad_header.write_text("# comment\nn\tbatch\tepochs\n20\t20\t30\n")
     with pytest.raises(ValueError, match=r"h\.tsv:2: the header must be"):
-        fewshot.read_schedules(str(bad_header))
+        _fewshot.read_schedules(str(bad_header))
     short_row = tmp_path / "r.tsv"
     short_row.write_text("n\tbatch_size\tepochs\tvalidate_every\tlr\treason\n20 20 30 10 1e-4 spaces not tabs\n")
     with pytest.raises(ValueError, match=r"r\.tsv:2: 1 fields, the header has 6: separate the fields with tabs"):
-        fewshot.read_schedules(str(short_row))
+        _fewshot.read_schedules(str(short_row))
 
 
 def test_fewshot_keeps_a_table_it_cannot_rebuild_and_one_of_another_protocol(tmp_path):
@@ -160,13 +162,14 @@ def test_fewshot_keeps_a_table_it_cannot_rebuild_and_one_of_another_protocol(tmp
 
 
 def test_a_finished_fewshot_run_of_another_schedule_or_from_before_the_conventions_record_is_refused(tmp_path):
+    import _fewshot
     import _glue_runs as G
     fewshot = _fewshot_module()
 
     enc = tmp_path / "enc"
     enc.mkdir()
     (enc / "conventions.json").write_text("{}")
-    sch = fewshot.schedule_for(20, toy=False)
+    sch = _fewshot.schedule_for(20, toy=False)
     rd = tmp_path / "run"
     rd.mkdir()
     (rd / "fewshot_result.json").write_text(json.dumps({"schedule": sch}))

@@ -1,6 +1,6 @@
 """``acl-export --quantize int8``: a static int8 copy whose answers depend neither on the batch nor on the CPU kind.
 
-The exported graphs are run here with onnxruntime directly (``int8_portability.run_rows``), layer by layer over
+The exported graphs are run here with onnxruntime directly (``benchmarks/_int8_chain.py``), layer by layer over
 every exit, so that the checks see every exit's logits. The AVX2 check runs the same chain under
 ``qemu-x86_64 -cpu EPYC-Rome`` (an AMD EPYC with AVX2 and no AVX-512/VNNI), where onnxruntime picks its AVX2
 kernels; on this kind of CPU full-range int8 weights saturate (dynamic int8: logit error 2.66 against 0.03 on a VNNI
@@ -13,8 +13,8 @@ import shutil
 import numpy as np
 import pytest
 
+import _int8_chain as probe
 import helpers
-import int8_portability as probe
 
 
 @pytest.fixture(scope="module")
