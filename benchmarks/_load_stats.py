@@ -4,6 +4,8 @@ and the issue's verdicts."""
 import re
 from typing import Dict, List, Optional, Tuple
 
+import _harness as H
+
 REFILL_BOUND, MOONSHOT, P99_BOUND = 0.9, 0.95, 3.0
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)")
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -84,10 +86,8 @@ def verdicts(results: List[Dict], n_sentences: int) -> List[Dict]:
     """The issue's targets per configuration, each with its value, bound and pass (None: reported, no bound)."""
     out = []
 
-    def add(cfg, target, value, bound, at_least):
-        ok = None if bound is None else bool(value >= bound if at_least else value <= bound)
-        out.append({"config": cfg, "target": target, "value": value, "bound": bound, "at_least": at_least,
-                    "pass": ok})
+    def add(cfg, text, value, bound, at_least):
+        out.append(H.target(text, value, bound, at_least, config=cfg))
 
     for res in results:
         if res.get("failed"):

@@ -37,6 +37,7 @@ from typing import Dict, List
 import numpy as np
 
 import _glue_runs as G
+import _harness as H
 import _int8_chain as probe
 import _records as R
 import common
@@ -237,8 +238,7 @@ def targets(rows: List[Dict], shipped: str, speed_rows: List[Dict]) -> List[Dict
     for s in speed_rows:
         if s["system"].startswith("ort int8 "):
             found.append((f"{s['system']} >= 1.8x torch at batch 32", s["vs_torch"], 1.8, True))
-    return [{"target": t, "value": v, "bound": b, "pass": bool(v >= b if at_least else v <= b)}
-            for t, v, b, at_least in found]
+    return [H.target(t, v, b, at_least) for t, v, b, at_least in found]
 
 
 def parse_args(argv=None):
@@ -318,8 +318,7 @@ def main(argv=None) -> Dict:
         print(f"# speed at batch 32, {args.repeats} interleaved rounds (median ratio of torch's engine time)")
         common.print_table(speed_rows, ["system", "sent_per_s", "vs_torch", "cpu_vs_torch"],
                            {"sent_per_s": "{:.1f}", "vs_torch": "{:.2f}x", "cpu_vs_torch": "{:.2f}x"})
-    for t in found:
-        print(f"  {t['target']}: {t['value']:.3g} (bound {t['bound']}) {'pass' if t['pass'] else 'MISS'}")
+    H.print_targets(found)
     result = {"benchmark": "int8_static", "checkpoint": os.path.relpath(ckpt, args.work), "examples": len(ids),
               "policies": [[n, p, t] for n, p, t in policies], "fp32_accuracy": fp32_acc,
               "calibration_rows": Q.CALIBRATION_ROWS, "avx2_rows": len(sample) if args.avx2_rows else 0,

@@ -52,6 +52,7 @@ import time
 from typing import Dict, List, NamedTuple, Optional
 
 import _glue_runs as G
+import _harness as H
 import _load_client as C
 import _load_server as S
 import _load_stats as T
@@ -216,16 +217,6 @@ def table_rows(results: List[Dict]) -> List[Dict]:
     return rows
 
 
-def print_verdicts(found: List[Dict]) -> None:
-    print("# targets")
-    width = max(len(f"{v['config']}: {v['target']}") for v in found)
-    for v in found:
-        sign = ">=" if v["at_least"] else "<="
-        bound = "" if v["bound"] is None else f" {sign} {v['bound']}"
-        verdict = "-" if v["pass"] is None else ("pass" if v["pass"] else "MISS")
-        print(f"  {(v['config'] + ': ' + v['target']).ljust(width)}  {v['value']:8.3f}{bound:<8}  {verdict}")
-
-
 def plot(results: List[Dict], path: str) -> Optional[str]:
     """p50 and p99 latency against the offered load (fraction of saturation), one colour per configuration."""
     try:
@@ -380,7 +371,7 @@ def main(argv=None) -> Dict:
     print(f"# serve_load: {len(sentences)} sentences of {'the toy task' if args.toy else 'SST-2 dev'}, policy "
           f"{args.policy} {args.threshold}, max batch {args.max_batch}, one thread a worker, {os.cpu_count()} cpus")
     common.print_noted_table(table_rows(results), COLUMNS, FORMATS)
-    print_verdicts(found)
+    H.print_targets(found)
     atomic.write_json(args.json, record)
     print(plot(results, args.plot) or f"# plot: {args.plot}")
     return record

@@ -40,6 +40,7 @@ import time
 from typing import Dict, List
 
 import _glue_runs as G
+import _harness as H
 import _records as R
 import _serve_child
 import _serving
@@ -200,10 +201,8 @@ def targets(rows: List[Dict], batch: int) -> List[Dict]:
 
     def add(text, row, field, bound, at_least=True, value=None):
         value = row[field] if value is None else value
-        ok = value >= bound if at_least else value <= bound
-        cpu = row.get(f"cpu_{field}")  # the same measured in process CPU time, where there is one
-        out.append({"target": text, "value": value, "cpu_value": cpu, "bound": bound, "at_least": at_least,
-                    "pass": bool(ok)})
+        # cpu_value: the same measured in process CPU time, where there is one
+        out.append(H.target(text, value, bound, at_least, cpu_value=row.get(f"cpu_{field}")))
 
     for mode in MODES:
         add(f"ORT fp32 >= 1.3x torch, batch 1, {mode}", at[(f"ort-fp32 {mode}", 1)], "vs_torch", 1.3)
@@ -219,16 +218,6 @@ def targets(rows: List[Dict], batch: int) -> List[Dict]:
             add(f"ORT int8 accuracy within 1.0 point of fp32, batch {b}, {mode}", int8, "accuracy", 1.0,
                 at_least=False, value=100 * abs(fp32["accuracy"] - int8["accuracy"]))
     return out
-
-
-def print_targets(found: List[Dict]) -> None:
-    print("# targets, on the wall clock; cpu: the same in process CPU time (steady under load)")
-    width = max(len(t["target"]) for t in found)
-    for t in found:
-        sign = ">=" if t["at_least"] else "<="
-        cpu = "" if t["cpu_value"] is None else f"   (cpu {t['cpu_value']:.3f})"
-        print(f"  {t['target'].ljust(width)}  {t['value']:7.3f} {sign} {t['bound']:<4}  "
-              f"{'pass' if t['pass'] else 'MISS'}{cpu}")
 
 
 # ---- main ----------------------------------------------------------------------------------------
@@ -311,7 +300,7 @@ def main(argv=None) -> Dict:
     print(f"# serve_speed: {len(sentences)} sentences of {'the toy task' if args.toy else 'SST-2 dev'}, policy "
           f"{args.policy} {args.threshold}, threads={args.threads}, repeats={args.repeats}, checkpoint {ckpt}")
     common.print_noted_table(rows, COLUMNS, FORMATS)
-    print_targets(found)
+    H.print_targets(found, "# targets, on the wall clock; cpu: the same in process CPU time (steady under load)")
     if args.json:
         R.write_atomic(args.json, json.dumps(result, indent=1) + "\n")
     return result

@@ -1,0 +1,20 @@
+"""benchmarks/_harness.py: the one verdict type the benchmarks' targets share, and its printer."""
+import _harness as H
+
+
+def test_a_target_passes_on_its_side_of_the_bound_and_without_a_bound_has_no_verdict():
+    assert H.target("ratio", 1.8, 1.8)["pass"] is True and H.target("ratio", 1.79, 1.8)["pass"] is False
+    assert H.target("p99 / batch 1", 3.0, 3.0, at_least=False)["pass"] is True
+    assert H.target("p99 / batch 1", 3.01, 3.0, at_least=False)["pass"] is False
+    assert H.target("reported", 0.5, None)["pass"] is None
+    assert H.target("x", 2.0, 1.0, config="refill fp32 w1", cpu_value=2.5)["config"] == "refill fp32 w1"
+
+
+def test_the_printer_names_config_value_bound_and_verdict(capsys):
+    H.print_targets([H.target("ratio", 0.73, 0.9, config="refill fp32 w1"),
+                     H.target("p99", 2.0, 3.0, at_least=False, cpu_value=1.5), H.target("seen", 1.0, None)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "# targets"
+    assert "refill fp32 w1: ratio" in lines[1] and "0.730 >= 0.9" in lines[1] and lines[1].split()[-1] == "MISS"
+    assert "<= 3.0" in lines[2] and "pass   (cpu 1.500)" in lines[2]
+    assert lines[3].rstrip().endswith("-")
