@@ -1,7 +1,8 @@
-"""What every benchmark shares beyond its measurements: one verdict type for its targets and one way to print
-them. A target is a measured value held against a bound, ``at_least`` (value >= bound) or at most; a bound of
-None reports the value without a verdict."""
-from typing import Dict, List, Optional
+"""What every benchmark shares beyond its measurements: one clock (wall and CPU), one verdict type for its targets
+and one way to print them. A target is a measured value held against a bound, ``at_least`` (value >= bound) or
+at most; a bound of None reports the value without a verdict."""
+import time
+from typing import Callable, Dict, List, Optional, Tuple
 
 
 def target(text: str, value: float, bound: Optional[float], at_least: bool = True, **extra) -> Dict:
@@ -27,3 +28,23 @@ def print_targets(found: List[Dict], title: str = "# targets") -> None:
         bound = "" if t["bound"] is None else f"{'>=' if t['at_least'] else '<='} {t['bound']}"
         cpu = "" if t.get("cpu_value") is None else f"   (cpu {t['cpu_value']:.3f})"
         print(f"  {name.ljust(width)}  {t['value']:8.3f} {bound:<8}  {verdict(t)}{cpu}")
+
+
+def now() -> Tuple[float, float]:
+    """(wall, process CPU) seconds, the one clock: the CPU time hardly moves when other jobs share the cores, the
+    wall clock does, so the benchmarks keep both."""
+    return time.perf_counter(), time.process_time()
+
+
+def timed(fn: Callable):
+    """``(wall seconds, CPU seconds, fn())``."""
+    w, c = now()
+    out = fn()
+    w2, c2 = now()
+    return w2 - w, c2 - c, out
+
+
+def wall(fn: Callable):
+    """``(wall seconds, fn())``."""
+    seconds, _, out = timed(fn)
+    return seconds, out

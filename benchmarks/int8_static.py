@@ -216,10 +216,11 @@ def speed(hub, folder: str, dynamic_dir: str, sentences: List[str], repeats: int
         k = r % len(systems)
         for name, mode in systems[k:] + systems[:k]:
             e, policy = engines[name], ("entropy", 0.3) if mode == "exit" else (None, None)
-            w, c = time.perf_counter(), time.process_time()
+            w, c = H.now()
             e.run_batches(e.make_batches(ids[name], 32), len(sentences), *policy)
             if r:
-                times[(name, mode)].append((time.perf_counter() - w, time.process_time() - c))
+                w2, c2 = H.now()
+                times[(name, mode)].append((w2 - w, c2 - c))
     out = []
     for name, mode in systems:
         t, ref = times[(name, mode)], times[("torch", mode)]

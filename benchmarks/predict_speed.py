@@ -17,22 +17,16 @@ time.
 import argparse
 import os
 import statistics
-import time
 from typing import Dict, List
 
 import torch
 
 import _glue_runs as G
+import _harness as H
 import _records as R
 import _serving
 import common
 from acl_runtime import console, exits
-
-
-def clock(fn):
-    start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
 
 
 def measure(hub, sentences, batch_size, policy, threshold, repeats) -> List[Dict]:
@@ -41,9 +35,9 @@ def measure(hub, sentences, batch_size, policy, threshold, repeats) -> List[Dict
     layers = {}
     for _ in range(repeats):
         for mode, pol in (("all layers", None), ("early exit", policy)):
-            t_tok, encoded = clock(lambda: [hub.encode_with_info(s)[0] for s in sentences])
-            t_batch, batches = clock(lambda encoded=encoded: hub.make_batches(encoded, batch_size))
-            t_model, (_, exit_layers) = clock(lambda batches=batches, encoded=encoded, pol=pol:
+            t_tok, encoded = H.wall(lambda: [hub.encode_with_info(s)[0] for s in sentences])
+            t_batch, batches = H.wall(lambda encoded=encoded: hub.make_batches(encoded, batch_size))
+            t_model, (_, exit_layers) = H.wall(lambda batches=batches, encoded=encoded, pol=pol:
                                               hub.run_batches(batches, len(encoded), pol,
                                                               None if pol is None else threshold))
             for k, v in (("tokenize", t_tok), ("batch", t_batch), ("model", t_model)):

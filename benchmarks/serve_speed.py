@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from typing import Dict, List
 
 import _glue_runs as G
@@ -94,20 +93,15 @@ def make_systems(hub, folder: str, policy: str, threshold: float, threads: int) 
     return [System(e, m, runners[e], policy, threshold) for e in ENGINES for m in MODES]
 
 
-def clock():
-    """(wall, process CPU) seconds: the CPU time hardly moves when other jobs share the cores, the wall clock does."""
-    return time.perf_counter(), time.process_time()
-
-
 def pass_batch1(system: System, sentences: List[str]) -> Dict:
     """Every sentence alone: per-sentence tokenization and engine times (wall, and the engine's CPU), outputs."""
     tok, model, cpu, logits, layers = [], [], [], [], []
     for s in sentences:
-        t0, _ = clock()
+        t0, _ = H.now()
         ids = system.encode(s)
-        t1, c1 = clock()
+        t1, c1 = H.now()
         out = system.run([ids], 1)
-        t2, c2 = clock()
+        t2, c2 = H.now()
         tok.append(t1 - t0)
         model.append(t2 - t1)
         cpu.append(c2 - c1)
@@ -118,11 +112,11 @@ def pass_batch1(system: System, sentences: List[str]) -> Dict:
 
 
 def pass_batched(system: System, sentences: List[str], batch_size: int) -> Dict:
-    t0, _ = clock()
+    t0, _ = H.now()
     ids = [system.encode(s) for s in sentences]
-    t1, c1 = clock()
+    t1, c1 = H.now()
     out = system.run(ids, batch_size)
-    t2, c2 = clock()
+    t2, c2 = H.now()
     logits, layers = numpy_out(out)
     return {"tok": [t1 - t0], "model": [t2 - t1], "cpu": [c2 - c1], "logits": list(logits), "layers": list(layers)}
 

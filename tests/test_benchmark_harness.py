@@ -18,3 +18,12 @@ def test_the_printer_names_config_value_bound_and_verdict(capsys):
     assert "refill fp32 w1: ratio" in lines[1] and "0.730 >= 0.9" in lines[1] and lines[1].split()[-1] == "MISS"
     assert "<= 3.0" in lines[2] and "pass   (cpu 1.500)" in lines[2]
     assert lines[3].rstrip().endswith("-")
+
+
+def test_the_clock_keeps_wall_and_cpu_time_apart():
+    import time
+
+    wall, cpu, out = H.timed(lambda: time.sleep(0.05) or "done")
+    assert out == "done" and wall >= 0.05 and cpu < wall  # sleeping takes wall time, next to no CPU time
+    seconds, out = H.wall(lambda: sum(range(1000)))
+    assert out == 499500 and seconds >= 0
