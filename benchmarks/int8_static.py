@@ -73,38 +73,6 @@ def stamp_of(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def code_of(path: str) -> str:
-    """The module's code without its docstrings and comments: editing the figures in them reuses the export."""
-    import ast
-
-    tree = ast.parse(open(path, encoding="utf-8").read())
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
-                isinstance(getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
-            body[0] = ast.Pass()
-    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
-
-
-def export(hub, ckpt: str, folder: str) -> str:
-    """acl-export's ONNX folder (fp32 + the shipped int8) of ``ckpt``; made again when the checkpoint or the
-    quantizer's code changes."""
-    from acl_fairseq.hf import onnx_export, onnx_quantize
-
-    st = os.stat(ckpt)
-    stamp = stamp_of(os.path.abspath(ckpt), st.st_size, st.st_mtime_ns, code_of(onnx_quantize.__file__))
-    if R.load(folder, "source.json") == {"stamp": stamp}:
-        return folder
-    G.log(f"export: {ckpt} -> {folder} (acl-export's ONNX fp32 + int8)")
-    import shutil
-
-    shutil.rmtree(folder, ignore_errors=True)
-    os.makedirs(folder)
-    onnx_export.write_onnx(hub, folder, quantize="int8")
-    R.write_atomic(os.path.join(folder, "source.json"), json.dumps({"stamp": stamp}))
-    return folder
-
-
 def build_schemes(hub, folder: str, work: str, wanted: List[str]) -> Dict[str, str]:
     """Label -> folder of that scheme's layer graphs (fp32 file names); the shipped scheme is the export's own."""
     from acl_fairseq.hf import onnx_quantize as Q
@@ -278,7 +246,7 @@ def main(argv=None) -> Dict:
     hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(ckpt)), os.path.basename(ckpt),
                                   os.path.abspath(data)).eval()
     work = os.path.join(args.work, "int8_static")
-    folder = export(hub, ckpt, os.path.join(work, "onnx"))
+    folder = _serving.exported(hub, ckpt, os.path.join(work, "onnx"))
     dirs = build_schemes(hub, folder, work, args.schemes)
     sentences, gold_names = _serving.sst2_dev(args.examples)
     fp32 = engine(folder)
