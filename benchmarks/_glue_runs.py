@@ -225,3 +225,23 @@ def drop_checkpoints(rd: str) -> None:
         os.remove(p)
 
 
+
+
+def dev_rows(task: str, glue_dir: str = GLUE_DIR, n: int = 0):
+    """``(texts, labels)`` of a task's dev.tsv as the task table lays it out (``acl_runtime.glue_tasks``: its text
+    columns, its label column, whether it has a header): a text is a string, or a pair for a pair task; the first
+    ``n`` rows (0: all). The one reader of GLUE dev text for the benchmarks."""
+    import csv
+
+    from acl_runtime.glue_tasks import get_task
+
+    spec = get_task(task)
+    path = os.path.join(glue_dir, task, f"{spec.dev[0]}.tsv")
+    if not os.path.isfile(path):
+        sys.exit(f"{os.path.basename(sys.argv[0])}: {path} not found; set GLUE_DIR to the folder of the GLUE tasks")
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1 if spec.header else 0:]
+    rows = rows[:n] if n else rows
+    label = spec.label if spec.dev_label is None else spec.dev_label
+    texts = [r[spec.inputs[0]] if not spec.pair else (r[spec.inputs[0]], r[spec.inputs[1]]) for r in rows]
+    return texts, [r[label] for r in rows]

@@ -74,14 +74,7 @@ def toy_model(work: str):
 
 def sst2_dev(n: int):
     """(sentences, gold labels) of SST-2 dev (GLUE_DIR or ../shared/glue), the first ``n`` (0: all)."""
-    path = os.path.join(G.GLUE_DIR, "SST-2", "dev.tsv")
-    if not os.path.isfile(path):
-        sys.exit(f"{os.path.basename(sys.argv[0])}: {path} not found; set GLUE_DIR to the folder that holds "
-                 "SST-2/dev.tsv")
-    with open(path, encoding="utf-8") as f:
-        rows = [line.rstrip("\n").split("\t") for line in f][1:]
-    rows = rows[:n] if n else rows
-    return [r[0] for r in rows], [r[1] for r in rows]
+    return G.dev_rows("SST-2", n=n)
 
 
 def export_source(ckpt: str) -> Dict:

@@ -14,7 +14,6 @@ shape from its model_args.txt.
 """
 import argparse
 import collections
-import csv
 import json
 import os
 import sys
@@ -25,14 +24,12 @@ import _quality_tables as Q
 import _records as R
 from acl_runtime import tokenization
 
-TEXT_COLUMN = {"SST-2": (True, 0), "CoLA": (False, 3)}  # (has a header, column of the sentence)
+TASKS = ("SST-2", "CoLA")  # single-sentence tasks: their text columns and headers are the task table's
 
 
-def histogram(tsv: str, task: str, tokenize) -> Dict[int, int]:
-    header, col = TEXT_COLUMN[task]
-    with open(tsv, encoding="utf-8", newline="") as f:
-        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1 if header else 0:]
-    return dict(sorted(collections.Counter(len(tokenize(r[col])) + 2 for r in rows).items()))
+def histogram(glue_dir: str, task: str, tokenize) -> Dict[int, int]:
+    texts, _ = G.dev_rows(task, glue_dir)
+    return dict(sorted(collections.Counter(len(tokenize(text)) + 2 for text in texts).items()))
 
 
 def encoder_shape(encoder: str) -> dict:
@@ -45,7 +42,7 @@ def encoder_shape(encoder: str) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tasks", nargs="+", default=list(TEXT_COLUMN), choices=list(TEXT_COLUMN))
+    p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     p.add_argument("--glue-dir", default=G.GLUE_DIR)
     p.add_argument("--encoder", default=os.path.join(G.REPO, "runs", "bench", "minilm"),
                    help="the converted encoder of benchmarks/quality.py (its conventions.json tokenizer record and "
@@ -56,7 +53,7 @@ def main(argv=None) -> int:
         record = json.load(f)["tokenizer"]  # the record acl-convert-hf wrote, the data's tokenizer
     tokenize = tokenization.build(record, args.encoder)
     out = {t: {"source": f"{t}/dev.tsv, word pieces of the encoder + 2", "shape": encoder_shape(args.encoder),
-               "histogram": histogram(os.path.join(args.glue_dir, t, "dev.tsv"), t, tokenize)} for t in args.tasks}
+               "histogram": histogram(args.glue_dir, t, tokenize)} for t in args.tasks}
     R.write_atomic(args.out, json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out}: " + ", ".join(f"{t} {sum(v['histogram'].values())} examples" for t, v in out.items()))
     return 0
