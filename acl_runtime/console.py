@@ -48,20 +48,27 @@ class UsageError(SystemExit):
         self.code = 2
 
 
-def run(prog: str, main) -> None:
-    """Call ``main()`` as the command ``prog``: a :class:`UsageError` becomes ``prog: error: ...`` and exit status
-    2, SIGTERM cleans up like Ctrl-C does (see :func:`exit_on_sigterm`), and a reader that goes away
-    (``acl-predict ... | head``) ends the command quietly with a shell's SIGPIPE status, 141, as Unix filters end."""
+def run(prog: str, main, refusals: tuple = ()) -> None:
+    """Call ``main()`` as the command ``prog``, every command's one start-up and exit-code policy: a
+    :class:`UsageError` (or an exception of ``refusals``: the command's own bad-input errors) becomes
+    ``prog: error: ...`` and exit status 2; Ctrl-C exits 130 and SIGTERM 143, both after the ``finally`` clean-ups
+    (:func:`exit_on_sigterm`); a reader that goes away (``acl-predict ... | head``) ends the command quietly with a
+    shell's SIGPIPE status, 141, as Unix filters end; an int that ``main`` returns is the exit status."""
     exit_on_sigterm()
     try:
-        main()
-    except UsageError as e:
+        status = main()
+    except (UsageError, *refusals) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        sys.exit(130)
     except BrokenPipeError:
         # Python's recipe: point stdout at devnull so that the interpreter's final flush cannot fail again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(128 + signal.SIGPIPE)
+    if isinstance(status, int) and status:
+        sys.exit(status)
 
 
 def exit_on_sigterm() -> None:

@@ -46,3 +46,36 @@ def test_setup_logging_reads_loglevel_and_replaces_an_earlier_configuration(monk
         assert root.level == logging.WARNING and logging.getLogger("hydra").level == logging.WARNING
     finally:
         root.handlers[:], root.level = saved[0], saved[1]
+
+
+def test_one_exit_policy_bad_input_2_interrupt_130_a_returned_status_kept(capsys):
+    def interrupted():
+        raise KeyboardInterrupt
+
+    def refused():
+        raise FileNotFoundError("x.pt not found")
+
+    for main, refusals, code in [(interrupted, (), 130), (refused, (FileNotFoundError,), 2), (lambda: 3, (), 3)]:
+        with pytest.raises(SystemExit) as e:
+            console.run("acl-x", main, refusals)
+        assert e.value.code == code
+    assert "acl-x: interrupted" in capsys.readouterr().err
+    console.run("acl-x", lambda: 0)  # 0 and None: a normal end
+    with pytest.raises(FileNotFoundError):  # not one of the command's refusals: a traceback, as a bug should
+        console.run("acl-x", refused)
+
+
+def test_every_command_starts_through_the_one_policy():
+    """Each console script's cli_main calls console.run (acl-serve's and acl-predict's included)."""
+    import ast
+    import importlib
+    from importlib.metadata import entry_points
+
+    scripts = [e for e in entry_points(group="console_scripts") if e.value.startswith(("acl_fairseq", "acl_runtime"))]
+    assert len(scripts) >= 8
+    for e in scripts:
+        module = importlib.import_module(e.value.split(":")[0])
+        tree = ast.parse(open(module.__file__).read())
+        fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == e.value.split(":")[1])
+        calls = {ast.unparse(c.func) for c in ast.walk(fn) if isinstance(c, ast.Call)}
+        assert "console.run" in calls, (e.name, calls)

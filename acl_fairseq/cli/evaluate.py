@@ -333,14 +333,9 @@ def main(argv: Optional[List[str]] = None) -> Dict:
 
 def cli_main() -> None:
     console.setup_logging()
-    console.exit_on_sigterm()
-    try:
-        main()
-    # a wrong path, a damaged file, data of another dictionary, an unmet --calibrate budget: one line
-    except (FileNotFoundError, checkpoint_safety.CheckpointError, checkpoint_safety.DictionaryMismatch,
-            console.UsageError) as e:
-        print(f"acl-evaluate: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    # a wrong path, a damaged file, data of another dictionary, an unmet --calibrate budget: one line, exit 2
+    console.run("acl-evaluate", main, (FileNotFoundError, checkpoint_safety.CheckpointError,
+                                       checkpoint_safety.DictionaryMismatch))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import sys
 from typing import List
 
 from acl_fairseq import criterions, models
+from acl_runtime import console
 
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # acl_fairseq/, not acl_fairseq/cli/
 
@@ -67,7 +68,7 @@ def main(argv=None) -> None:
 
 
 def cli_main() -> None:
-    main()
+    console.run("acl-help", main)
 
 
 if __name__ == "__main__":

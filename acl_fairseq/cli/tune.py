@@ -28,6 +28,7 @@ from acl_fairseq.cli import tune_data
 from acl_fairseq.cli import tune_space as S
 from acl_fairseq.recipes.model_flags import RecipeError
 from acl_fairseq.recipes.plan import REPO, build_plan, settings, tasks
+from acl_runtime import console
 
 log = logging.getLogger("acl_fairseq.tune")
 FINISHED = ("COMPLETE", "PRUNED")
@@ -356,11 +357,7 @@ def main(argv=None) -> int:
 
 
 def cli_main() -> None:
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("acl-tune: interrupted; the study resumes on the next run", file=sys.stderr)
-        sys.exit(130)
+    console.run("acl-tune", main)  # Ctrl-C: 130; the study resumes on the next run
 
 
 if __name__ == "__main__":

@@ -350,5 +350,4 @@ def main(argv=None) -> int:
 
 def cli_main() -> None:
     """``acl-preprocess`` (and ``python preprocess/glue.py``)."""
-    console.exit_on_sigterm()  # the hidden temporary folder is removed on SIGTERM as on Ctrl-C
-    sys.exit(main())
+    console.run("acl-preprocess", main)  # the hidden temporary folder is removed on SIGTERM as on Ctrl-C
