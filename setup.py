@@ -21,7 +21,7 @@ setup(
     python_requires=">=3.8",
     # the torch-free runtime (acl_runtime: acl-predict on OUT/onnx, acl-serve) and the plugin that imports it
     packages=find_packages(include=["acl_runtime", "acl_runtime.*", "acl_fairseq", "acl_fairseq.*"]),
-    # the GLUE task table (recipes/glue/hparams.tsv; in the package a link, which the wheel holds as a copy)
+    # the GLUE task table (recipes/glue/hparams.tsv is a link to it)
     package_data={"acl_runtime": ["glue_tasks.tsv"]},
     install_requires=["numpy", "sentencepiece", "tensorboardX", "tokenizers"],
     extras_require={"serve": SERVE_REQUIRES},

@@ -15,10 +15,20 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from acl_runtime.tables import read_tsv
 
-# The tasks' facts are one row per task of recipes/glue/hparams.tsv, which also holds the recipe's schedule. The
-# package carries that table as glue_tasks.tsv: a link to it in a checkout, a copy in an installed wheel (setup.py
-# package_data), so that acl-predict --task and acl-evaluate read the same row without the recipes folder.
+# The task table: one row per task, its facts and the recipe's schedule. It lives here, shipped in the wheel (setup.py
+# package_data); recipes/glue/hparams.tsv is a link to it, and every reader (this module, the run plan,
+# collect_results.py) goes through rows().
 TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "glue_tasks.tsv")
+
+
+def rows(table: Optional[str] = None) -> List[Dict[str, str]]:
+    """The task table's rows (``table``: another file of its format; default ``TABLE``), in order: the one reader."""
+    return list(_read_rows(table or TABLE))
+
+
+@functools.lru_cache(maxsize=None)
+def _read_rows(table: str) -> Tuple[Dict[str, str], ...]:
+    return tuple(read_tsv(table))
 
 
 class Facts(NamedTuple):
@@ -40,7 +50,7 @@ def _read_facts(table: str) -> Dict[str, Facts]:
 
     return {r["task"]: Facts(r["metrics"].split(","), None if r["regression_scale"] in ("", "-")
                              else float(r["regression_scale"]), listed(r["leaderboard"]), listed(r["test_files"]))
-            for r in read_tsv(table)}
+            for r in _read_rows(table)}
 
 
 def regression_scale(task_name: Optional[str]) -> float:

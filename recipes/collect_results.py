@@ -20,11 +20,12 @@ from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
 from acl_fairseq.cli.report import mean_std
+from acl_runtime import glue_tasks
 from acl_runtime.io import atomic  # noqa: E402
 from acl_runtime.tables import read_tsv
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-HPARAMS = os.path.join(HERE, "glue", "hparams.tsv")
+HPARAMS = glue_tasks.TABLE  # the task table (recipes/glue/hparams.tsv links to it)
 METHODS = os.path.join(HERE, "glue", "methods.tsv")
 
 METRIC_NAMES = {"mcc": "MCC", "accuracy": "Acc", "f1": "F1", "pearson": "Pearson", "spearman": "Spearman"}
@@ -230,7 +231,7 @@ def main(argv=None) -> int:
         print(f"error: no result.json under {args.runs_dir}", file=sys.stderr)
         return 1
     method_order = [row["method"] for row in read_tsv(METHODS)] if os.path.isfile(METHODS) else []
-    summary = summarize(results, read_tsv(args.hparams), list(OrderedDict.fromkeys(method_order)))
+    summary = summarize(results, glue_tasks.rows(args.hparams), list(OrderedDict.fromkeys(method_order)))
 
     link_dir = os.path.dirname(os.path.abspath(args.out)) if args.out else os.path.abspath(args.runs_dir)
     groups = early_exit_groups(results)

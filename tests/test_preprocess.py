@@ -344,3 +344,21 @@ def test_real_rte_and_cola(tmp_path):
     st = stats_of(few)
     assert {k: v["examples"] for k, v in st["splits"].items()} == {"train": 100, "valid": 139, "test": 138}
     assert st["protocol"]["label_noise"]["changed"] == 10
+
+
+def test_the_regression_scale_is_the_task_rows(tmp_path, assets, monkeypatch):
+    """STS-B's labels are divided by its row's regression_scale (5), not by a literal: edit the row, and the
+    binarized labels and stats.json follow it."""
+    from acl_runtime import glue_tasks
+
+    rows = open(glue_tasks.TABLE).read().replace("\tpearson,spearman\t5\tSTS-B.tsv", "\tpearson,spearman\t4\tSTS-B.tsv")
+    table = tmp_path / "tasks.tsv"
+    table.write_text(rows)
+    monkeypatch.setattr(glue_tasks, "TABLE", str(table))
+    folder, data = make_task(tmp_path, "STS-B")
+    out = tmp_path / "bin"
+    assert run_main("STS-B", folder, out, *tok_args("wordpiece", assets)) == 0
+    with open(out / "label" / "train.label") as f:
+        assert [float(x) for x in f.read().split()] == pytest.approx([float(y) / 4 for _, _, y in data["train"]],
+                                                                     abs=1e-6)
+    assert stats_of(out)["labels"] == "regression: label/<split>.label holds score / 4"

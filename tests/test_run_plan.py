@@ -194,8 +194,8 @@ def test_dictionaries_compared_byte_for_byte(tmp_path):
 
 
 def test_the_package_reads_the_task_row_that_the_plan_reads():
-    """glue_tasks.tsv, the package's link to recipes/glue/hparams.tsv, gives acl-preprocess, acl-evaluate and
-    acl-export the same facts as the run plan."""
+    """The package's table (acl_runtime/glue_tasks.tsv; recipes/glue/hparams.tsv links to it) gives acl-preprocess,
+    acl-evaluate and acl-export the same facts as the run plan."""
     from acl_runtime import glue_tasks
 
     assert os.path.samefile(glue_tasks.TABLE, os.path.join(GLUE, "hparams.tsv"))

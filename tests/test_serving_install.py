@@ -36,8 +36,8 @@ def test_ci_builds_the_serving_environment_before_the_slow_tests():
 
 
 def test_the_wheel_carries_the_task_table(tmp_path):
-    """acl-predict --task and acl-evaluate read the task rows from the package (glue_tasks.tsv, a link to
-    recipes/glue/hparams.tsv in a checkout): a wheel must hold the table itself, not a dangling link."""
+    """acl-predict --task and acl-evaluate read the task rows from the package (acl_runtime/glue_tasks.tsv, which
+    recipes/glue/hparams.tsv links to): a wheel must hold the table."""
     import zipfile
 
     build = tmp_path / "src"

@@ -34,7 +34,7 @@ from acl_fairseq.preprocessing import glue_binarize as gb
 from acl_fairseq.preprocessing import glue_tokenizers
 from acl_fairseq.preprocessing import scl_protocols as scl
 from acl_runtime import console
-from acl_runtime.glue_tasks import TASKS, Example, GlueDataError, TaskSpec, get_task, read_split
+from acl_runtime.glue_tasks import TASKS, Example, GlueDataError, TaskSpec, get_task, read_split, regression_scale
 from acl_runtime.io import atomic
 
 logger = logging.getLogger(__name__)
@@ -226,10 +226,11 @@ def binarize(splits: List[OutSplit], n_inputs: int, spec: TaskSpec, srcdict: Opt
                               [pref(s) for s in test], srcdict, bw)
     labelled = [s for s in splits if s.labelled]
     if spec.regression:  # fairseq: awk '{print $1 / 5.0}' into label/<split>.label, not binarized
+        scale = regression_scale(spec.name)  # the task row's (STS-B: 5)
         os.makedirs(os.path.join(tmp, "label"))
         for s in labelled:
             with open(os.path.join(tmp, "label", f"{s.name}.label"), "w") as f:
-                f.writelines("%.6g\n" % (float(e.label) / 5.0) for e in s.examples)
+                f.writelines("%.6g\n" % (float(e.label) / scale) for e in s.examples)
         return
     for s in labelled:
         with open(os.path.join(work, f"{s.name}.label"), "w", encoding="utf-8") as f:
@@ -248,7 +249,7 @@ def collect_stats(splits: List[OutSplit], n_inputs: int, spec: TaskSpec, tmp: st
     dict_size = len(Dictionary.load(os.path.join(tmp, "input0", "dict.txt")))
     stats: Dict = {"task": spec.name, **info, "dict_size": dict_size, "max_positions": args.max_positions}
     if spec.regression:
-        stats["labels"] = "regression: label/<split>.label holds score / 5"
+        stats["labels"] = f"regression: label/<split>.label holds score / {regression_scale(spec.name):g}"
     else:
         stats["label_dictionary"] = gb.label_dictionary_order(os.path.join(tmp, "label", "dict.txt"))
     if "filtered_malformed_rows" in record:  # QQP, as fairseq's awk NF==6 filter

@@ -22,6 +22,7 @@ from fractions import Fraction
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from acl_fairseq.recipes.model_flags import RecipeError, decide
+from acl_runtime import glue_tasks
 from acl_runtime.tables import read_tsv
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -62,7 +63,7 @@ SETTINGS = [
     ("FAIRSEQ_TRAIN", "fairseq-train", "the fairseq-train executable"),
     ("ACL_EVALUATE", "acl-evaluate", "the early-exit evaluation executable"),
     ("PYTHON", "python3", "runs the runner and its result step (standard library only)"),
-    ("HPARAMS_TABLE", "", "the per-task table; default recipes/glue/hparams.tsv"),
+    ("HPARAMS_TABLE", "", "the per-task table; default the package's (recipes/glue/hparams.tsv links to it)"),
     ("METHODS_TABLE", "", "the per-method table; default recipes/glue/methods.tsv"),
 ]
 WHOLE_NUMBERS = ("SEED", "MAX_EPOCH", "TOTAL_UPDATES", "WARMUP_UPDATES", "BATCH_SIZE", "NUM_GPUS")
@@ -126,10 +127,15 @@ def _table(path: str, default: str) -> str:  # the driver's HPARAMS_TABLE / METH
     return path or os.path.join(REPO, "recipes", "glue", default)
 
 
+def task_rows(table: str = "") -> List[Dict[str, str]]:
+    """The task table's rows: the runner's HPARAMS_TABLE, else the package's (``acl_runtime.glue_tasks``)."""
+    return glue_tasks.rows(table or None)
+
+
 def tasks(table: str = "") -> Dict[str, Task]:
     """Every row of the task table (hparams.tsv), in order."""
     out = {}
-    for r in read_tsv(_table(table, "hparams.tsv")):
+    for r in task_rows(table):
         scale = r.get("regression_scale", "-")
         out[r["task"]] = Task(
             r["task"], r["num_classes"], r["lr"], r["batch_size"], r["total_updates"], r["warmup_updates"],
