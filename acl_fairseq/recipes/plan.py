@@ -278,6 +278,43 @@ def build_plan(task_name: str, method_name: str, seed: Optional[object] = None,
     """The plan of one run. ``overrides`` (driver variables, any case) win over ``environ``; ``extra`` are
     fairseq-train flags that go last; ``seed`` is SEED."""
     s = settings(environ, {**(overrides or {}), **({"SEED": seed} if seed is not None else {})})
+    task, m = _checked(s, task_name, method_name)
+    model_dir = s["MODEL_DIR"] or os.path.join(
+        environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME", ""), ".cache"), "acl_fairseq")
+    default_checkpoint = os.path.join(model_dir, f"roberta.{s['MODEL']}", "model.pt")
+    checkpoint = "" if s["RESTORE"] == "none" else s["ROBERTA_PATH"] or default_checkpoint
+    d = decide(s["MODEL"], m.exits, m.name, s["ARCH"], s["MODEL_ARGS"], checkpoint or None, s["EXIT_LAYERS"],
+               s["EXIT_POOLING"])
+    device = s["DEVICE"] if s["DEVICE"] != "auto" else "cuda" if has_gpu(environ) else "cpu"
+    fp16 = s["FP16"] if s["FP16"] != "auto" else "1" if device == "cuda" else "0"
+    if device == "cpu" and fp16 == "1":
+        raise RecipeError("FP16=1 needs a GPU (DEVICE=cpu)", 2)
+    data_bin = s["DATA_BIN"] or os.path.join(s["DATA_ROOT"] or os.path.join(repo, "data-bin"), f"{task.name}-bin")
+    out_root = s["OUT_ROOT"] or os.path.join(repo, "runs", "glue")
+    rd = run_dir(out_root, task.name, m.name, s["SEED"])
+    tb = os.path.join(out_root, "tb", task.name, m.name, f"seed{s['SEED']}")
+    head = [s["FAIRSEQ_TRAIN"], data_bin, "--user-dir", os.path.join(repo, "acl_fairseq")]
+    restore = ["--restore-file", checkpoint, "--reset-optimizer", "--reset-dataloader", "--reset-meters"]
+    rest = _train_flags(s, task, m, d, rd, tb, device, fp16, extra)
+    train = head + (restore if checkpoint else []) + rest
+    train_line = f"{quote(train)} 2>&1 | tee {quote([os.path.join(rd, 'train.log')])}"
+    evaluations, early_exit = _evaluations(s, task, m, rd, tb, data_bin, device)
+    result = [s["PYTHON"], "-S", "-m", "acl_fairseq.recipes.result", rd, "--task", task.name,
+              "--method", m.name, "--seed", s["SEED"], "--criterion", m.criterion, "--arch", d.arch,
+              "--best-metric", task.best_metric, "--valid-subsets", ",".join(task.valid_subsets), *early_exit]
+    download, missing_checkpoint = _pretrained(s, checkpoint, default_checkpoint, model_dir, repo)
+    finished = os.path.isfile(os.path.join(rd, "result.json"))
+    resume = s["FRESH"] != "1" and os.path.isfile(os.path.join(rd, "checkpoint_last.pt")) and not finished and (
+        _records(os.path.join(rd, "command.sh"), train_line))
+    if resume:  # fairseq continues exactly (weights, optimizer, schedule, data order): nothing is reset
+        train = head + ["--restore-file", os.path.join(rd, "checkpoint_last.pt")] + rest
+    return Plan(task, m, s, list(extra), repo, d.arch, device, data_bin, rd, tb, checkpoint, default_checkpoint,
+                train, train_line, evaluations, result, download, resume, finished and s["FORCE"] != "1",
+                _missing_data(data_bin, task), missing_checkpoint)
+
+
+def _checked(s: Dict[str, str], task_name: str, method_name: str):
+    """``(task, method)`` of the tables, after every refusal that the settings alone decide (a usage error, 2)."""
     task = tasks(s["HPARAMS_TABLE"]).get(task_name)
     if task is None:
         raise RecipeError(f"unknown task '{task_name}'", 2)
@@ -298,30 +335,19 @@ def build_plan(task_name: str, method_name: str, seed: Optional[object] = None,
     if s["RESTORE"] not in ("", "none"):
         raise RecipeError(f"RESTORE must be empty or 'none', not '{s['RESTORE']}' (set ROBERTA_PATH to choose a "
                           "checkpoint)", 2)
-    model_dir = s["MODEL_DIR"] or os.path.join(
-        environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME", ""), ".cache"), "acl_fairseq")
-    default_checkpoint = os.path.join(model_dir, f"roberta.{s['MODEL']}", "model.pt")
-    checkpoint = "" if s["RESTORE"] == "none" else s["ROBERTA_PATH"] or default_checkpoint
-    d = decide(s["MODEL"], m.exits, m.name, s["ARCH"], s["MODEL_ARGS"], checkpoint or None, s["EXIT_LAYERS"],
-               s["EXIT_POOLING"])
-    device = s["DEVICE"] if s["DEVICE"] != "auto" else "cuda" if has_gpu(environ) else "cpu"
-    fp16 = s["FP16"] if s["FP16"] != "auto" else "1" if device == "cuda" else "0"
-    if device == "cpu" and fp16 == "1":
-        raise RecipeError("FP16=1 needs a GPU (DEVICE=cpu)", 2)
+    return task, m
 
+
+def _train_flags(s, task: Task, m: Method, d, rd: str, tb: str, device: str, fp16: str, extra) -> List[str]:
+    """fairseq-train's flags after the data and the checkpoint: fairseq's GLUE recipe, the task's row, the method's
+    row, the schedule (TOTAL_UPDATES and its 6 % warm-up, or the row's), the device, then ``extra``."""
     if s["TOTAL_UPDATES"]:
         total, warmup = s["TOTAL_UPDATES"], s["WARMUP_UPDATES"] or str(warmup_updates(int(s["TOTAL_UPDATES"])))
     else:
         total, warmup = task.total_updates, s["WARMUP_UPDATES"] or task.warmup_updates
-    data_bin = s["DATA_BIN"] or os.path.join(s["DATA_ROOT"] or os.path.join(repo, "data-bin"), f"{task.name}-bin")
-    out_root = s["OUT_ROOT"] or os.path.join(repo, "runs", "glue")
-    rd = run_dir(out_root, task.name, m.name, s["SEED"])
-    tb = os.path.join(out_root, "tb", task.name, m.name, f"seed{s['SEED']}")
     device_flags = ["--distributed-world-size", s["NUM_GPUS"]] if device != "cpu" else [
         "--cpu", "--distributed-world-size", "1"]
-    head = [s["FAIRSEQ_TRAIN"], data_bin, "--user-dir", os.path.join(repo, "acl_fairseq")]
-    restore = ["--restore-file", checkpoint, "--reset-optimizer", "--reset-dataloader", "--reset-meters"]
-    rest = [
+    return [
         "--task", "sentence_prediction_acl", *d.task_flags, "--num-classes", task.num_classes,
         *(["--regression-target"] if task.regression else []),
         "--max-positions", s["MAX_POSITIONS"], "--batch-size", s["BATCH_SIZE"] or task.batch_size,
@@ -339,43 +365,38 @@ def build_plan(task_name: str, method_name: str, seed: Optional[object] = None,
         "--save-dir", rd, "--no-epoch-checkpoints",
         "--tensorboard-logdir", tb, "--log-format", "json", "--log-interval", s["LOG_INTERVAL"],
         *device_flags, *(FP16_FLAGS if fp16 == "1" else []), *extra]
-    train = head + (restore if checkpoint else []) + rest
-    train_line = f"{quote(train)} 2>&1 | tee {quote([os.path.join(rd, 'train.log')])}"
 
+
+def _evaluations(s, task: Task, m: Method, rd: str, tb: str, data_bin: str, device: str):
+    """``(acl-evaluate argvs, result.py's --early-exit flags)``: one evaluation per validation subset of a
+    multi-exit method (the first also predicts the test splits with PREDICT_TEST=1); none for a single exit."""
     evaluations, early_exit = [], []
-    if m.exits == "multi":
-        eval_extra = (s["EVAL_ARGS"].splitlines() or [""])[0].split()
-        for i, subset in enumerate(task.valid_subsets):
-            name = "early_exit" if i == 0 else f"early_exit_{subset}"
-            cmd = [s["ACL_EVALUATE"], os.path.join(rd, "checkpoint_best.pt"), data_bin, "--out-dir",
-                   os.path.join(rd, name), "--split", subset, "--task-name", task.name, "--tensorboard-logdir",
-                   os.path.join(tb, f"early_exit_{subset}")]
-            if s["PREDICT_TEST"] == "1" and i == 0:  # test splits pair with the valid ones: test, test1, ...
-                cmd += ["--test-split", *(re.sub("^valid", "test", v) for v in task.valid_subsets),
-                        "--predictions-dir", os.path.join(rd, "predictions")]
-            evaluations.append(cmd + ["--device", device, *eval_extra])
-            early_exit += ["--early-exit", f"{subset}={name}/early_exit.json"]
-    result = [s["PYTHON"], "-S", "-m", "acl_fairseq.recipes.result", rd, "--task", task.name,
-              "--method", m.name, "--seed", s["SEED"], "--criterion", m.criterion, "--arch", d.arch,
-              "--best-metric", task.best_metric, "--valid-subsets", ",".join(task.valid_subsets), *early_exit]
+    if m.exits != "multi":
+        return evaluations, early_exit
+    eval_extra = (s["EVAL_ARGS"].splitlines() or [""])[0].split()
+    for i, subset in enumerate(task.valid_subsets):
+        name = "early_exit" if i == 0 else f"early_exit_{subset}"
+        cmd = [s["ACL_EVALUATE"], os.path.join(rd, "checkpoint_best.pt"), data_bin, "--out-dir",
+               os.path.join(rd, name), "--split", subset, "--task-name", task.name, "--tensorboard-logdir",
+               os.path.join(tb, f"early_exit_{subset}")]
+        if s["PREDICT_TEST"] == "1" and i == 0:  # test splits pair with the valid ones: test, test1, ...
+            cmd += ["--test-split", *(re.sub("^valid", "test", v) for v in task.valid_subsets),
+                    "--predictions-dir", os.path.join(rd, "predictions")]
+        evaluations.append(cmd + ["--device", device, *eval_extra])
+        early_exit += ["--early-exit", f"{subset}={name}/early_exit.json"]
+    return evaluations, early_exit
 
-    missing_checkpoint, download = "", []
-    if checkpoint and not os.path.isfile(checkpoint):
-        if checkpoint == default_checkpoint and s["DOWNLOAD"] == "1":
-            download = [os.path.join(repo, "recipes", "download_roberta.sh"), s["MODEL"], model_dir]
-        else:
-            missing_checkpoint = (
-                f"checkpoint not found: {checkpoint} (fairseq would silently train from random weights). Set "
+
+def _pretrained(s, checkpoint: str, default_checkpoint: str, model_dir: str, repo: str):
+    """``(download argv, why a real run would stop)`` for the pretrained checkpoint: fetched when it is the default
+    one and missing (DOWNLOAD=1), else a missing one stops the run (fairseq would train from random weights)."""
+    if not checkpoint or os.path.isfile(checkpoint):
+        return [], ""
+    if checkpoint == default_checkpoint and s["DOWNLOAD"] == "1":
+        return [os.path.join(repo, "recipes", "download_roberta.sh"), s["MODEL"], model_dir], ""
+    return [], (f"checkpoint not found: {checkpoint} (fairseq would silently train from random weights). Set "
                 f"ROBERTA_PATH to an existing model.pt, unset it to download roberta.{s['MODEL']} into MODEL_DIR, or "
                 "set RESTORE=none to train from scratch on purpose.")
-    finished = os.path.isfile(os.path.join(rd, "result.json"))
-    resume = s["FRESH"] != "1" and os.path.isfile(os.path.join(rd, "checkpoint_last.pt")) and not finished and (
-        _records(os.path.join(rd, "command.sh"), train_line))
-    if resume:  # fairseq continues exactly (weights, optimizer, schedule, data order): nothing is reset
-        train = head + ["--restore-file", os.path.join(rd, "checkpoint_last.pt")] + rest
-    return Plan(task, m, s, list(extra), repo, d.arch, device, data_bin, rd, tb, checkpoint, default_checkpoint,
-                train, train_line, evaluations, result, download, resume, finished and s["FORCE"] != "1",
-                _missing_data(data_bin, task), missing_checkpoint)
 
 
 def _records(path: str, line: str) -> bool:
