@@ -11,8 +11,7 @@ from typing import Dict, Optional
 import _glue_runs as G
 import _paired as PD
 import _records as R
-from acl_fairseq.cli import report
-from acl_fairseq.inference import flops
+from acl_fairseq.inference import flops, report
 
 TASKS = ["RTE", "CoLA", "SST-2", "STS-B"]
 # (method, baseline) compared seed by seed on the task's GLUE metric: the papers' claims (a contrastive term over

@@ -34,7 +34,7 @@ import _fewshot as FS
 import _glue_runs as G
 import _paired as PD
 import _records as R
-from acl_fairseq.cli.report import mean_std  # noqa: E402
+from acl_fairseq.inference.report import mean_std  # noqa: E402
 from acl_runtime.io import atomic  # noqa: E402
 
 RESULT = "fewshot_result.json"  # a run is finished once its best checkpoint is scored on the test half

@@ -45,8 +45,8 @@ import _converted
 import _glue_runs as G
 import _paired as PD
 import _records as R
-from acl_fairseq.cli.report import mean_std
 from acl_fairseq.heads import POOLING_MODES
+from acl_fairseq.inference.report import mean_std
 from acl_runtime.io import atomic  # noqa: E402
 from hf_loop import BATCHING_MODES
 

@@ -89,7 +89,7 @@ def early_exit_result(run_dir: str) -> dict:
 def speedup_profiles(runs_dir: str, task: str, methods=MULTI, axis: str = "layers") -> Dict[str, Dict[int, dict]]:
     """method -> seed -> {"1.5", "2", "3", "area", "metric"} of every multi-exit run of TASK with early-exit results;
     AXIS "flops" reads the curve at FLOPs speed-ups (dev_lengths.py: the records' exit shares and the dev lengths)."""
-    from acl_fairseq.cli.report import speedup_profile
+    from acl_fairseq.inference.report import speedup_profile
 
     lengths = (Q.read_lengths() or {}).get(task) if axis == "flops" else None
     if axis == "flops" and not lengths:
@@ -108,7 +108,7 @@ def speedup_profiles(runs_dir: str, task: str, methods=MULTI, axis: str = "layer
 def speedup_markdown(runs_dir: str, task: str, methods=MULTI, base: str = "multi_exit_ce", axis: str = "layers") -> str:
     """Each multi-exit method's metric at 1.5x, 2x and 3x fewer layers (or FLOPs) and its mean over 1x-3x (the entropy
     curve, report.speedup_profile), mean ± std over seeds, then each method minus BASE paired by seed."""
-    from acl_fairseq.cli.report import SPEEDUPS
+    from acl_fairseq.inference.report import SPEEDUPS
 
     keys = [f"{x:g}" for x in SPEEDUPS] + ["area"]
     profiles = speedup_profiles(runs_dir, task, methods, axis)

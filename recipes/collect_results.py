@@ -7,7 +7,7 @@ One row per method, one column per (task, GLUE metric) as recipes/glue/hparams.t
 lists them (CoLA MCC, MRPC F1 and accuracy, STS-B Pearson and Spearman, MNLI matched and mismatched, ...).
 A cell is ``mean ± std (n=N)`` over seeds: the sample standard deviation, at each run's best checkpoint.
 For multi-exit runs (result.json names an early_exit.json) it also draws, per task, the overlay of the
-quality-vs-speed-up curves of every method (``acl_fairseq.cli.report.plot_overlay``), links it, and tabulates
+quality-vs-speed-up curves of every method (``acl_fairseq.inference.report.plot_overlay``), links it, and tabulates
 each exit's primary metric over seeds.
 ``--format json`` (the default for an --out ending in .json) writes the same numbers as JSON instead of
 markdown. The table is generated: paste it into the README rather than typing numbers.
@@ -19,7 +19,7 @@ import sys
 from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
-from acl_fairseq.cli.report import mean_std
+from acl_fairseq.inference.report import mean_std
 from acl_runtime import glue_tasks
 from acl_runtime.io import atomic  # noqa: E402
 from acl_runtime.tables import read_tsv
@@ -195,10 +195,10 @@ def plot_early_exit(groups: Dict[str, Dict[str, List[dict]]], plot_dir: str, lin
     if not groups:
         return {}
     try:
-        from acl_fairseq.cli.report import plot_overlay
+        from acl_fairseq.inference.report import plot_overlay
     except ImportError as e:
         print(
-            f"warning: multi-exit results found but acl_fairseq.cli.report.plot_overlay is unavailable ({e}); "
+            f"warning: multi-exit results found but acl_fairseq.inference.report.plot_overlay is unavailable ({e}); "
             "no early-exit overlay plot was written (install the package: pip install -e .)",
             file=sys.stderr,
         )

@@ -7,7 +7,8 @@ import os
 import pytest
 
 import helpers
-from acl_fairseq.cli import evaluate, report
+from acl_fairseq.cli import evaluate
+from acl_fairseq.inference import report
 
 
 def _evaluate(predict_run, out):

@@ -72,9 +72,9 @@ def test_collector_plots_multi_exit_runs(tmp_path, monkeypatch):
     fake_result(runs, "RTE", "acl_cross_layer", 2, {"accuracy": 72.0}, early_exit=ee)
     fake_result(runs, "RTE", "ce", 1, {"accuracy": 71.0})
     calls = []
-    fake_report = type(sys)("acl_fairseq.cli.report")
+    fake_report = type(sys)("acl_fairseq.inference.report")
     fake_report.plot_overlay = lambda groups, path: calls.append((groups, path)) or open(path, "w").close()
-    monkeypatch.setitem(sys.modules, "acl_fairseq.cli.report", fake_report)
+    monkeypatch.setitem(sys.modules, "acl_fairseq.inference.report", fake_report)
     assert collector.main([runs, "--out", str(tmp_path / "results.md")]) == 0
     assert len(calls) == 1
     groups, path = calls[0]
@@ -87,7 +87,7 @@ def test_collector_says_so_when_the_plot_function_is_missing(tmp_path, monkeypat
     collector = load_collector()
     runs = str(tmp_path / "runs")
     fake_result(runs, "RTE", "multi_exit_ce", 1, {"accuracy": 70.0}, early_exit={"settings": []})
-    monkeypatch.setitem(sys.modules, "acl_fairseq.cli.report", None)  # makes the import fail
+    monkeypatch.setitem(sys.modules, "acl_fairseq.inference.report", None)  # makes the import fail
     assert collector.main([runs]) == 0
     captured = capsys.readouterr()
     assert "plot_overlay is unavailable" in captured.err and "| multi_exit_ce | 70.00 (n=1) |" in captured.out
@@ -105,7 +105,7 @@ def test_collector_tabulates_every_exit_over_seeds(tmp_path, monkeypatch):
     fake_result(runs, "SST-2", "multi_exit_ce", 2, {"accuracy": 82.0}, early_exit=ee(72.0, 82.0))
     fake_result(runs, "SST-2", "acl_cross_layer", 1, {"accuracy": 81.0}, early_exit=ee(75.0, 81.0))
     fake_result(runs, "SST-2", "ce", 1, {"accuracy": 83.0})  # single exit: no early_exit.json, no row
-    monkeypatch.setitem(sys.modules, "acl_fairseq.cli.report", None)  # no plot needed here
+    monkeypatch.setitem(sys.modules, "acl_fairseq.inference.report", None)  # no plot needed here
     out = tmp_path / "results.md"
     assert collector.main([runs, "--out", str(out)]) == 0
     text = out.read_text()

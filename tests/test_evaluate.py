@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import helpers
-from acl_fairseq.cli import evaluate, report
-from acl_fairseq.inference import early_exit
+from acl_fairseq.cli import evaluate
+from acl_fairseq.inference import early_exit, report
 from acl_runtime import exits
 from test_models import HEAD, TINY_MULTI, build, one_thread  # noqa: F401  (autouse fixture, per module)
 

@@ -1,6 +1,6 @@
 """Monitoring: validation alignment scalars and projector snapshots in TensorBoard (task
 ``sentence_prediction_acl``), the alignment metric on a known geometry, and the early-exit overlay
-figure (``acl_fairseq.cli.report.plot_overlay``) as a valid PNG."""
+figure (``acl_fairseq.inference.report.plot_overlay``) as a valid PNG."""
 import json
 import math
 import os
@@ -11,7 +11,7 @@ import torch
 
 import helpers
 from acl_fairseq import alignment, projector
-from acl_fairseq.cli import report
+from acl_fairseq.inference import report
 
 SAMPLES = 10
 TINY = ["--task", "sentence_prediction_acl", "--projector-samples", str(SAMPLES)]

@@ -83,3 +83,17 @@ def test_no_import_circle():
 
 def test_the_circle_finder_finds_one():
     assert cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]
+
+
+def test_cli_holds_commands_and_their_helpers_only():
+    """Each module of acl_fairseq/cli/ is a console script's or imported by one there only (the tuner's internals,
+    the report tables and plots, the run plan live elsewhere)."""
+    from importlib.metadata import entry_points
+
+    commands = {e.value.split(":")[0] for e in entry_points(group="console_scripts")}
+    edges = graph()
+    cli = sorted(m for m in edges if m.startswith("acl_fairseq.cli.") and m != "acl_fairseq.cli")
+    helpers_of = {m for c in commands for m in edges.get(c, ()) if m.startswith("acl_fairseq.cli.")}
+    helpers_of |= {m for h in list(helpers_of) for m in edges.get(h, ()) if m.startswith("acl_fairseq.cli.")}
+    assert set(cli) <= commands | helpers_of, sorted(set(cli) - commands - helpers_of)
+    assert len(cli) <= 6, cli

@@ -1,7 +1,7 @@
 """Quality at fixed layer speed-ups and the area under the curve (METHOD.md "Quality against speed")."""
 import pytest
 
-from acl_fairseq.cli import report
+from acl_fairseq.inference import report
 
 
 def result(points, last=90.0):

@@ -17,8 +17,9 @@ import optuna  # noqa: E402  (pinned in requirements.txt: a missing optuna is a 
 import pytest
 
 import helpers
-from acl_fairseq.cli import tune_data, tune_space  # noqa: E402
 from acl_fairseq.cli.tune import ValidationReader  # noqa: E402
+from acl_fairseq.tuning import data as tune_data  # noqa: E402
+from acl_fairseq.tuning import space as tune_space
 from recipe_helpers import REPO, fake_data, recipe_env, write_exe
 
 # fake fairseq-train: validation accuracy 50 + 40 x --scl-weight + the validation's index, one record every

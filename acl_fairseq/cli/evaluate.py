@@ -28,8 +28,8 @@ from typing import Dict, List, Optional
 import torch
 
 from acl_fairseq import checkpoint_safety, glue_metrics
-from acl_fairseq.cli import calibrate, evaluate_checks, report
-from acl_fairseq.inference import checkpoint_reader, early_exit, flops, latency
+from acl_fairseq.cli import calibrate, evaluate_checks
+from acl_fairseq.inference import checkpoint_reader, early_exit, flops, latency, report
 from acl_fairseq.inference.scoring import collect_exit_logits, make_batches, score
 from acl_runtime import console, exits, glue_tasks
 

@@ -7,7 +7,7 @@ A trial draws the method's hyperparameters from recipes/glue/search_spaces.tsv w
 builds the run with acl_fairseq/recipes/plan.py (``build_plan``) and runs it with the recipes' runner; every
 validation fairseq-train logs is reported to Optuna's median pruner, which stops the run when it trails. The
 objective is the best validation metric of the run (its ``result.json``), measured on a split that the results
-never report (acl_fairseq/cli/tune_data.py). The study lives in an Optuna storage: an SQLite file by default; any
+never report (acl_fairseq/tuning/data.py). The study lives in an Optuna storage: an SQLite file by default; any
 database URL (postgresql://...) lets workers on many machines share it, each running this same command. A study
 resumes where it stopped; a worker that dies mid-trial stops its heartbeat, and the next worker marks that trial
 FAIL and enqueues its parameters once more. Workers stop when the study holds --trials finished (complete or
@@ -24,10 +24,10 @@ import time
 import warnings
 from typing import Dict, List, Optional
 
-from acl_fairseq.cli import tune_data
-from acl_fairseq.cli import tune_space as S
 from acl_fairseq.recipes.model_flags import RecipeError
 from acl_fairseq.recipes.plan import REPO, build_plan, settings, tasks
+from acl_fairseq.tuning import data as tune_data
+from acl_fairseq.tuning import space as S
 from acl_runtime import console
 
 log = logging.getLogger("acl_fairseq.tune")

@@ -14,10 +14,10 @@ import statistics
 import subprocess
 from typing import Dict, List, Optional
 
-from acl_fairseq.cli import tune_data
-from acl_fairseq.cli import tune_space as S
 from acl_fairseq.recipes import runner
 from acl_fairseq.recipes.plan import build_plan
+from acl_fairseq.tuning import data as tune_data
+from acl_fairseq.tuning import space as S
 from acl_runtime.io import atomic
 
 log = logging.getLogger("acl_fairseq.tune")
