@@ -81,6 +81,14 @@ for path, rows in zip(sys.argv[2:], theirs):
 print(f"[serving-env] same ids, labels and exit layers as {len(theirs)} reference run(s)")
 PY
 
+if [[ -n "$CKPT" ]]; then  # a checkpoint needs the training install: one line that says so, exit 2
+  status=0
+  "$WORK/serve/bin/acl-predict" "$CKPT" --data "$WORK/data" "${flags[@]}" 2>"$WORK/ckpt.err" >/dev/null || status=$?
+  grep -q "a checkpoint needs torch" "$WORK/ckpt.err" && [[ $status -eq 2 ]] ||
+    { cat "$WORK/ckpt.err"; echo "acl-predict CHECKPOINT without torch: expected exit 2 naming torch, got $status" >&2; exit 1; }
+  say "acl-predict CHECKPOINT without torch: $(tail -1 "$WORK/ckpt.err")"
+fi
+
 port="$("$WORK/serve/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 url="http://127.0.0.1:$port"
 t0=$SECONDS
