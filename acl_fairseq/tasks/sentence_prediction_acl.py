@@ -94,8 +94,9 @@ class SentencePredictionAclConfig(SentencePredictionConfig):
         metadata={
             "help": "torch.compile the encoder (with multi_exit_roberta, the whole model with its exit heads) "
             "for training; checkpoints are unchanged. Probed at start-up: where it cannot compile it says so "
-            "in one line and trains eagerly. The first steps pay the compile time (see docs/benchmarks.md for "
-            "the figures and after how many updates it pays off; on a small model it may never)"
+            "in one line and trains eagerly. The first steps pay the compile time (~30-40 s on MiniLM), and it may "
+            "never pay: on an AMD EPYC (AVX-512 + avx512_bf16, no AMX, 1 thread) a MiniLM 16x128 step took 3.38 s "
+            "compiled vs 3.14 s eager in fp32, and 2.54 s vs 1.39 s with --autocast-bf16 (docs/benchmarks.md)"
         },
     )
     compile_backend: str = field(
