@@ -329,8 +329,10 @@ def main(argv=None) -> List[Dict]:
                    "peak_frac": "{:.2f}", "peak_mem_mb": "{:.1f}"}, args.json)
     for line in verdicts(rows, "python benchmarks/hf_speed.py --criteria sentence_ce --shapes 16x128 32x64"):
         print("# " + line)
-    print(f"# peak: {acceleration.peak_gflops(acceleration.read_cpu_kind(), torch.float32)[1]}; "
-          f"{acceleration.peak_gflops(acceleration.read_cpu_kind(), torch.bfloat16)[1]}")
+    kind = acceleration.read_cpu_kind()
+    for threads in sorted({r["threads"] for r in rows}):
+        print(f"# peak: {acceleration.peak_gflops(kind, torch.float32, threads)[1]}; "
+              f"{acceleration.peak_gflops(kind, torch.bfloat16, threads)[1]}")
     return rows
 
 
