@@ -247,3 +247,20 @@ def test_two_rank_fairseq_train_with_bf16_or_compiled(tmp_path, flags):
     assert proc.returncode == 0, out[-5000:]
     assert "all 2 ranks finished" in proc.stderr and '"num_updates": "2"' in out
     assert ("bf16 autocast on the CPU" in out) if "--autocast-bf16" in flags else ("graph(s) compiled by update" in out)
+
+
+def test_a_checkpoint_saved_before_these_flags_loads_for_use(tmp_path, data):
+    """A checkpoint whose task config lacks autocast_bf16, compile, compile_backend and cpu (saved before they
+    existed) loads with the task's defaults: nothing compiled, no autocast."""
+    from fairseq import checkpoint_utils
+
+    helpers.train(data, str(tmp_path / "ckpt"), task="sentence_prediction_acl", arch="multi_exit_roberta",
+                  extra=["--max-update", "1"])
+    path = str(tmp_path / "ckpt" / "checkpoint_last.pt")
+    state = torch.load(path, weights_only=False)
+    for key in ("autocast_bf16", "compile", "compile_backend", "cpu"):
+        del state["cfg"]["task"][key]
+    torch.save(state, path)
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": data})
+    assert task.compiled is None and task._precision("crit") == "crit" and task.device_type == "cpu"
+    assert not hasattr(models[0], "_compiled_call_impl") or models[0]._compiled_call_impl is None
