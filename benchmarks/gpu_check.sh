@@ -84,7 +84,7 @@ else
   step=(--batch-size 32 --mem-repeats 1 --warmup 2)
   latency=(--examples 64 --points 4)
   tests=()
-  hf=(--shapes 16x128 32x64 --repeats 5 --mem-repeats 1)
+  hf=(--shapes 16x128 32x64 --repeats 5 --mem-repeats 1 --modes eager bf16 --hf-modes eager bf16)  # 5/5 compiles
   small=(--encoder-layers 4 --encoder-embed-dim 256 --encoder-ffn-embed-dim 1024 --encoder-attention-heads 4)
   backend=inductor
 fi

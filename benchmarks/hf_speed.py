@@ -310,6 +310,13 @@ def main(argv=None) -> List[Dict]:
         raise SystemExit("--device cuda: CUDA is not available here")
     if any(MODES[m][1] for m in args.modes + args.hf_modes):
         print(f"# {acceleration.check_bf16(torch.device(args.device).type)}")  # refuses where bf16 is emulated
+    problem = acceleration.compile_problem(args.compile_backend) if any(
+        MODES[m][0] for m in args.modes + args.hf_modes) else None
+    if problem:  # as the plugin's --compile would: say so once, time the rest
+        print(f"# compiled modes left out: torch.compile (backend {args.compile_backend}) does not work here "
+              f"({problem})")
+        args.modes = [m for m in args.modes if not MODES[m][0]] or ["eager"]
+        args.hf_modes = [m for m in args.hf_modes if not MODES[m][0]]
     rows = []
     for threads in args.threads:
         if threads:

@@ -215,6 +215,14 @@ def test_hf_speed_times_every_mode_side_by_side(tmp_path):
     assert all(r["ratio_to_ce"] > 0 for r in rows if r["system"].startswith("plugin/"))
 
 
+@pytest.mark.slow  # model loads
+def test_hf_speed_leaves_compiled_modes_out_in_one_line_where_compiling_fails(tmp_path, capsys):
+    rows = _hf_speed(tmp_path, "--criteria", "sentence_ce", "--modes", "eager", "compiled", "--hf-modes", "eager",
+                     "compiled", "--compile-backend", "no_such_backend")
+    assert {(r["system"], r["mode"]) for r in rows} == {("hf", "eager"), ("plugin/sentence_ce", "eager")}
+    assert capsys.readouterr().out.count("compiled modes left out: torch.compile (backend no_such_backend)") == 1
+
+
 def test_hf_speed_verdicts_claim_nothing_about_amx_on_another_cpu():
     import hf_speed
 
