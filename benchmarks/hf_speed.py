@@ -3,7 +3,20 @@
 ``train_step``, BERT from the packaged MiniLM) against the plugin's ``Trainer.train_step`` work
 (benchmarks/step_time.py's ``Variant.step``) for each criterion, in one process, interleaved.
 
-    python benchmarks/hf_speed.py [--shapes 16x128 32x64] [--repeats 7] [--device cpu|cuda] [--json PATH]
+    python benchmarks/hf_speed.py [--shapes 16x128 32x64] [--threads 1 2] [--modes eager compiled bf16 compiled-bf16]
+        [--hf-modes eager compiled bf16] [--repeats 7] [--device cpu|cuda] [--json PATH]
+
+Modes: ``eager`` (fp32), ``compiled`` (``torch.compile``; the plugin's ``--compile``), ``bf16`` (forward in bf16
+autocast, fp32 weights and optimizer; the plugin's ``--autocast-bf16``, HF's Trainer ``bf16=True``) and
+``compiled-bf16``. Each (system, mode) is one system of the interleaved rounds. Before the warm-up, every
+system runs one step alone: ``compile_s`` is that first step's time over the median (the first system of a
+compiled model carries its encoder's compile), and ``pays_after`` the updates after which compiling has paid
+for itself against the same system eager in the same precision (None: never). ``gflops`` is
+``3 x`` the forward's matrix-product FLOPs (:mod:`acl_fairseq.inference.flops`; the same count for every
+system, so extra work, e.g. ACL-Grad's second backward, shows as fewer GFLOP/s) over the median step time, and
+``peak_frac`` its fraction of the cores' peak in the mode's dtype (:func:`acl_fairseq.acceleration.peak_gflops`:
+FMA pipes and vector width from the CPU flags, times the reported clock and the threads). Every row names the
+CPU kind; the targets' verdicts follow the table.
 
 Both sides train the same encoder shape on the same batch: random word pieces, one sentence pair per row
 (``[CLS] A [SEP] B [SEP]``, token type 1 on B; the plugin adds its segment embedding after the first
@@ -20,7 +33,7 @@ import argparse
 import json
 import os
 import platform
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
@@ -29,7 +42,9 @@ import _records as R
 import common
 import hf_loop
 import step_time
+from acl_fairseq import acceleration
 from acl_fairseq.heads import POOLING_MODES
+from acl_fairseq.inference import flops
 from acl_runtime import conventions
 
 # (criterion, scope, exits, extra flags)
@@ -40,6 +55,7 @@ PLUGIN = [
     ("acl_grad", "params", "top", ["--acl-grad-scope", "params"]),
     ("acl_cross_layer", "features", "all", ["--acl-grad-scope", "features"]),
 ]
+MODES = {"eager": (False, False), "compiled": (True, False), "bf16": (False, True), "compiled-bf16": (True, True)}
 OPTIM = ["--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-6", "--weight-decay", "0.1", "--dropout", "0.1",
          "--attention-dropout", "0.1"]
 
@@ -69,50 +85,82 @@ def write_conventions(data_dir: str) -> str:
 
 
 class HFSystem:
-    """HF's step on the MiniLM weights (the timing does not depend on them, but HF loads them this way)."""
+    """HF's step on the MiniLM weights (the timing does not depend on them, but HF loads them this way), in one
+    mode: compiled in place (``nn.Module.compile``), and/or its forward and loss under bf16 autocast (what HF's
+    Trainer does with ``bf16=True``; the backward and AdamW outside it)."""
 
-    label = "hf"
-
-    def __init__(self, hf_dir: str, batch: Dict, device: str, pooling: str):
+    def __init__(self, hf_dir: str, batch: Dict, device: str, pooling: str, mode: str, backend: str):
         self.cfg = hf_loop.HFConfig(task="RTE", hf_dir=hf_dir, pooling=pooling, lr=2e-5)
+        self.mode, (compiled, self.bf16) = mode, MODES[mode]
+        self.label_text = "hf"
         torch.manual_seed(0)
         self.model = hf_loop.HFClassifier(hf_dir, 2, pooling).to(device)
         self.optimizer, self.scheduler = hf_loop.make_optimizer_and_schedule(self.model, self.cfg, 10 ** 6)
+        if compiled:
+            self.model.compile(backend=backend)
+        self.device_type = torch.device(device).type
         self.batch = {k: v.to(device) for k, v in batch.items()}
         self.times, self.cpu_times, self.mem = [], [], []
 
     def step(self):
-        hf_loop.train_step(self.model, self.batch, self.optimizer, self.scheduler, self.cfg, regression=False)
+        model = _Autocast(self.model, self.device_type) if self.bf16 else self.model
+        hf_loop.train_step(model, self.batch, self.optimizer, self.scheduler, self.cfg, regression=False)
+
+
+class _Autocast(torch.nn.Module):
+    """HF's forward under bf16 autocast, logits back in fp32 for the loss (as inside HF's autocast context)."""
+
+    def __init__(self, inner, device_type):
+        super().__init__()
+        self.inner, self.device_type = inner, device_type
+
+    def forward(self, *args):
+        with acceleration.autocast_bf16(self.device_type):
+            return self.inner(*args).float()
 
 
 def build_plugin(args, data_dir, record, sample, layers, pooling) -> List[step_time.Variant]:
+    """Every criterion in every plugin mode, through the task sentence_prediction_acl's own flags
+    (--compile, --autocast-bf16). A mode's bf16 twin shares its model: autocast is per call."""
     from fairseq import optim
 
     out, shared = [], {}
-    for name, scope, exits, extra in PLUGIN:
-        if args.criteria and name not in args.criteria and name != "sentence_ce":
-            continue
-        exit_flags = ["--exit-layers", str(layers)] if exits == "top" else []
-        argv = common.train_argv(data_dir, name, "multi_exit_roberta", "hf", args.seq_len, 2, args.batch,
-                                 args.device, extra + OPTIM + exit_flags + ["--exit-pooling", pooling,
-                                                                           "--conventions", record],
-                                 record=conventions.read(record))  # BERT's layout: one separator
-        if exits not in shared:
-            torch.manual_seed(0)
-            cfg, task, model, criterion = common.build(argv)
-            model = model.to(args.device).train()
-            shared[exits] = (model, optim.build_optimizer(cfg.optimizer, [p for p in model.parameters()
-                                                                           if p.requires_grad]))
-        else:
-            _, task, criterion = common.build_criterion(argv)
-        model, opt = shared[exits]
-        v = step_time.Variant(name, scope, "multi" if exits == "all" else "single", task, model,
-                              criterion.to(args.device), opt, {**sample, "net_input": {
-                                  k: t.to(args.device) for k, t in sample["net_input"].items()},
-                                  "target": sample["target"].to(args.device)})
-        v.label_text = f"plugin/{name}" + (f"/{scope}" if scope else "") + ("/all exits" if exits == "all" else "")
-        out.append(v)
+    device_sample = {**sample, "net_input": {k: t.to(args.device) for k, t in sample["net_input"].items()},
+                     "target": sample["target"].to(args.device)}
+    for mode in args.modes:
+        compiled, bf16 = MODES[mode]
+        flags = ["--task", "sentence_prediction_acl"] + (["--compile", "--compile-backend", args.compile_backend]
+                                                          if compiled else []) + (["--autocast-bf16"] if bf16 else [])
+        for name, scope, exits, extra in PLUGIN:
+            if args.criteria and name not in args.criteria and name != "sentence_ce":
+                continue
+            exit_flags = ["--exit-layers", str(layers)] if exits == "top" else []
+            argv = common.train_argv(data_dir, name, "multi_exit_roberta", "hf", args.seq_len, 2, args.batch,
+                                     args.device, extra + OPTIM + exit_flags + flags + [
+                                         "--exit-pooling", pooling, "--conventions", record],
+                                     record=conventions.read(record))  # BERT's layout: one separator
+            key = (exits, compiled)
+            if key not in shared:
+                torch.manual_seed(0)
+                cfg, task, model, criterion = common.build(argv)
+                model = model.to(args.device).train()
+                shared[key] = (model, optim.build_optimizer(cfg.optimizer, [p for p in model.parameters()
+                                                                             if p.requires_grad]))
+            else:
+                _, task, criterion = common.build_criterion(argv)
+            model, opt = shared[key]
+            v = step_time.Variant(name, scope, "multi" if exits == "all" else "single", task, model,
+                                  criterion.to(args.device), opt, device_sample)
+            v.mode, v.bf16 = mode, bf16
+            v.label_text = f"plugin/{name}" + (f"/{scope}" if scope else "") + ("/all exits" if exits == "all" else "")
+            out.append(v)
     return out
+
+
+def step_flops(size: Dict, batch: int, seq_len: int, exits: int) -> int:
+    """A training step's matrix-product FLOPs: forward x 3 (the backward takes twice the forward's)."""
+    head = 2 * (size["dim"] * size["dim"] + size["dim"] * 2)
+    return 3 * batch * (size["layers"] * flops.layer_flops(seq_len, size["dim"], size["ffn"]) + exits * head)
 
 
 def run_shape(args, batch: int, seq_len: int) -> List[Dict]:
@@ -131,76 +179,168 @@ def run_shape(args, batch: int, seq_len: int) -> List[Dict]:
     with common.temp_dir("acl_hf_speed_") as tmp:
         data_dir = common.make_dict_dir(tmp, size["vocab"], 2)
         plugin = build_plugin(args, data_dir, write_conventions(data_dir), sample, size["layers"], args.pooling)
-    hf = HFSystem(hf_dir, hf_batch, args.device, args.pooling)
-    systems = [hf] + plugin
+    hf = [HFSystem(hf_dir, hf_batch, args.device, args.pooling, m, args.compile_backend) for m in args.hf_modes]
+    systems = hf + plugin
     if args.profile:
-        profile(systems[:2], args.profile)
+        profile(systems, args.profile, args.profile_systems)
     if args.repeats < 1:  # a profile only
         return []
     timer = common.Timer(args.device)
+    first = {id(s): timer(s.step)[0] for s in systems}  # one step each, alone: the compiles happen here
     run_shape.memory_method = common.interleaved_rounds(systems, lambda s: timer(s.step), args.repeats,
                                                         args.warmup, args.mem_repeats, args.device, args.seed)
+    return rows_of(args, systems, first, size, batch, seq_len)
+
+
+def rows_of(args, systems, first, size, batch, seq_len) -> List[Dict]:
+    kind = acceleration.read_cpu_kind()
+    threads = torch.get_num_threads()
+    base = systems[0]  # HF eager fp32
+    by_key = {(s.label_text, s.mode): s for s in systems}
+    ce = {s.mode: s for s in systems if s.label_text == "plugin/sentence_ce"}
     rows = []
     for s in systems:
-        ratios = [h / t for h, t in zip(hf.times, s.times)]
+        med = common.median(s.times)
+        compiled, bf16 = MODES[s.mode]
+        eager_twin = by_key.get((s.label_text, "bf16" if bf16 else "eager"))
+        compile_s = max(first[id(s)] - med, 0.0) if compiled else None
+        pays_after = None
+        if compiled and eager_twin is not None and common.median(eager_twin.times) > med:
+            pays_after = compile_s / (common.median(eager_twin.times) - med)
+        exits = size["layers"] if s.label_text.endswith("all exits") else 1
+        gflops = step_flops(size, batch, seq_len, exits) / med / 1e9
+        peak, _ = acceleration.peak_gflops(kind, torch.bfloat16 if bf16 else torch.float32, threads)
         rows.append({
-            "system": getattr(s, "label_text", s.label), "batch": batch, "seq_len": seq_len,
-            "median_step_s": common.median(s.times), "samples_per_s": batch / common.median(s.times),
-            "ratio_to_hf": common.median(ratios),
-            "ratio_to_hf_cpu": common.median([h / t for h, t in zip(hf.cpu_times, s.cpu_times)]),
+            "system": s.label_text, "mode": s.mode, "batch": batch, "seq_len": seq_len,
+            "median_step_s": med, "samples_per_s": batch / med,
+            "ratio_to_hf": common.median([h / t for h, t in zip(base.times, s.times)]),
+            "ratio_to_hf_cpu": common.median([h / t for h, t in zip(base.cpu_times, s.cpu_times)]),
+            "ratio_to_ce": (common.median([t / c for t, c in zip(s.times, ce[s.mode].times)])
+                            if s.mode in ce and s.label_text.startswith("plugin/") else None),
+            "compile_s": compile_s, "pays_after": pays_after,
+            "gflops": gflops, "peak_frac": gflops / peak if peak else None,
             "peak_mem_mb": common.median(s.mem) if s.mem else None,
-            "mem_ratio_to_hf": (common.median(s.mem) / common.median(hf.mem)) if s.mem and hf.mem else None,
-            "device": args.device, "threads": torch.get_num_threads(), "repeats": args.repeats,
+            "mem_ratio_to_hf": (common.median(s.mem) / common.median(base.mem)) if s.mem and base.mem and
+            common.median(base.mem) > 0 else None,
+            "device": args.device, "threads": threads, "repeats": args.repeats, "cpu_kind": kind.describe(),
+            "bf16_unit": kind.bf16_unit,
         })
     return rows
 
 
-def profile(systems, top: int) -> None:
-    """torch.profiler over one step of each system (after a warm-up step): the ops that take the time."""
+def verdicts(rows: List[Dict], command: str) -> List[str]:
+    """The issue's targets, one line each, per shape and thread count."""
+    out = []
+    groups = sorted({(r["batch"], r["seq_len"], r["threads"]) for r in rows})
+    for b, t, th in groups:
+        g = [r for r in rows if (r["batch"], r["seq_len"], r["threads"]) == (b, t, th)]
+        at = f"{b}x{t}, {th} thread(s), {g[0]['cpu_kind']}"
+        hf = {r["mode"]: r["median_step_s"] for r in g if r["system"] == "hf"}
+        ce = {r["mode"]: r["median_step_s"] for r in g if r["system"] == "plugin/sentence_ce"}
+        fp32_hf = [hf[m] for m in ("eager", "compiled") if m in hf]
+        fp32_ce = [ce[m] for m in ("eager", "compiled") if m in ce]
+        if fp32_hf and fp32_ce:
+            x = min(fp32_hf) / min(fp32_ce)
+            out.append(f"{'MET ' if x >= 1.0 else 'MISSED'} fp32: plugin sentence_ce {x:.2f}x the better of HF "
+                       f"eager/compiled (target >= 1.0x) [{at}]")
+        if g[0]["bf16_unit"] != "amx":
+            out.append(f"NOT MEASURED on AMX: fastest step >= 1.5x HF eager fp32 and >= 1.0x HF bf16; run "
+                       f"`{command}` on a CPU with amx_bf16 [{at}]")
+        elif ce and "eager" in hf and "bf16" in hf:
+            best = min(ce.values())
+            for name, ref, goal in (("HF eager fp32", hf["eager"], 1.5), ("HF bf16", hf["bf16"], 1.0)):
+                out.append(f"{'MET ' if ref / best >= goal else 'MISSED'} AMX: fastest plugin sentence_ce "
+                           f"{ref / best:.2f}x {name} (target >= {goal}x; bf16 accuracy not checked here) [{at}]")
+        for r in g:
+            if r["ratio_to_ce"] is None or r["system"] in ("plugin/sentence_ce",) or "all exits" in r["system"]:
+                continue
+            goal = 1.8 if r["system"].endswith("/params") else 1.1
+            out.append(f"{'MET ' if r['ratio_to_ce'] <= goal else 'MISSED'} cost over CE: {r['system']} "
+                       f"{r['mode']} {r['ratio_to_ce']:.2f}x (target <= {goal}x) [{at}]")
+    return out
+
+
+def profile(systems, top: int, labels: Optional[List[str]] = None) -> None:
+    """torch.profiler over one step of each system (after a warm-up step): the ops that take the time.
+    ``labels``: "system:mode" of the systems to profile (default: the first HF and the first plugin one)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    for s in systems:
+    chosen = [s for s in systems if f"{s.label_text}:{s.mode}" in labels] if labels else [
+        next(s for s in systems if s.label_text == "hf"), next(s for s in systems if s.label_text != "hf")]
+    for s in chosen:
         s.step()
         with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
             s.step()
-        print(f"\n# profile of one step: {getattr(s, 'label_text', s.label)}")
+        print(f"\n# profile of one step: {s.label_text} ({s.mode})")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top))
 
 
-def main(argv=None) -> List[Dict]:
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", nargs="+", default=["16x128", "32x64"], help="BATCHxSEQ_LEN shapes to time")
     p.add_argument("--repeats", type=int, default=7, help="timed rounds (each runs every system once)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     p.add_argument("--mem-repeats", type=int, default=2, help="steps per system measuring peak memory (0: skip)")
     p.add_argument("--criteria", nargs="+", help="only these plugin criteria (sentence_ce is always kept)")
+    p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES), help="the plugin's modes")
+    p.add_argument("--hf-modes", nargs="+", choices=list(MODES), default=["eager", "compiled", "bf16"],
+                   help="HF's modes (eager is always kept: the ratios' base)")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled modes")
     p.add_argument("--pooling", choices=POOLING_MODES, default="cls", help="what the head reads, both sides")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: torch's default)")
+    p.add_argument("--threads", type=int, nargs="+", default=[1],
+                   help="torch.set_num_threads, one run each (0: torch's default)")
     p.add_argument("--hf-dir", help="HF BERT folder (default: the packaged MiniLM)")
     p.add_argument("--profile", type=int, default=0, metavar="N",
-                   help="first print torch.profiler's N most expensive ops of one HF and one plugin sentence_ce step")
+                   help="first print torch.profiler's N most expensive ops of one step of some systems")
+    p.add_argument("--profile-systems", nargs="+", metavar="SYSTEM:MODE",
+                   help="which systems --profile profiles, e.g. plugin/sentence_ce:bf16 (default: HF eager and the "
+                   "first plugin system)")
     p.add_argument("--seed", type=int, default=0)
     R.add_json_flags(p, "write the rows here")
     args = p.parse_args(argv)
     R.refuse_existing(p, args.json, args.force)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args.hf_modes = ["eager"] + [m for m in args.hf_modes if m != "eager"]
+    return args
+
+
+def main(argv=None) -> List[Dict]:
+    args = parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("--device cuda: CUDA is not available here")
+    if any(MODES[m][1] for m in args.modes + args.hf_modes):
+        print(f"# {acceleration.check_bf16(torch.device(args.device).type)}")  # refuses where bf16 is emulated
+    problem = acceleration.compile_problem(args.compile_backend) if any(
+        MODES[m][0] for m in args.modes + args.hf_modes) else None
+    if problem:  # as the plugin's --compile would: say so once, time the rest
+        print(f"# compiled modes left out: torch.compile (backend {args.compile_backend}) does not work here "
+              f"({problem})")
+        args.modes = [m for m in args.modes if not MODES[m][0]] or ["eager"]
+        args.hf_modes = [m for m in args.hf_modes if not MODES[m][0]]
     rows = []
-    for shape in args.shapes:
-        b, t = (int(x) for x in shape.lower().split("x"))
-        rows += run_shape(args, b, t)
-    print(f"# hf_speed: device={args.device} threads={torch.get_num_threads()} torch={torch.__version__} "
-          f"cpu={platform.processor() or platform.machine()} repeats={args.repeats} pooling={args.pooling}")
+    for threads in args.threads:
+        if threads:
+            torch.set_num_threads(threads)
+        for shape in args.shapes:
+            b, t = (int(x) for x in shape.lower().split("x"))
+            rows += run_shape(args, b, t)
+    print(f"# hf_speed: device={args.device} torch={torch.__version__} cpu={acceleration.read_cpu_kind().describe()} "
+          f"({platform.machine()}) repeats={args.repeats} pooling={args.pooling} backend={args.compile_backend}")
     if rows:
         print(f"# {common.describe_memory(run_shape.memory_method)}")
-    common.report(rows, ["system", "batch", "seq_len", "median_step_s", "samples_per_s", "ratio_to_hf",
-                         "ratio_to_hf_cpu", "peak_mem_mb", "mem_ratio_to_hf"],
-                  {"median_step_s": "{:.4f}", "samples_per_s": "{:.1f}", "ratio_to_hf": "{:.3f}x",
-                   "ratio_to_hf_cpu": "{:.3f}x", "peak_mem_mb": "{:.1f}", "mem_ratio_to_hf": "{:.2f}x"}, args.json)
+    common.report(rows, ["system", "mode", "batch", "seq_len", "threads", "median_step_s", "ratio_to_hf",
+                         "ratio_to_hf_cpu", "ratio_to_ce", "compile_s", "pays_after", "gflops", "peak_frac",
+                         "peak_mem_mb"],
+                  {"median_step_s": "{:.4f}", "ratio_to_hf": "{:.3f}x", "ratio_to_hf_cpu": "{:.3f}x",
+                   "ratio_to_ce": "{:.3f}x", "compile_s": "{:.1f}", "pays_after": "{:.0f}", "gflops": "{:.1f}",
+                   "peak_frac": "{:.2f}", "peak_mem_mb": "{:.1f}"}, args.json)
+    for line in verdicts(rows, "python benchmarks/hf_speed.py --criteria sentence_ce --shapes 16x128 32x64"):
+        print("# " + line)
+    kind = acceleration.read_cpu_kind()
+    for threads in sorted({r["threads"] for r in rows}):
+        print(f"# peak: {acceleration.peak_gflops(kind, torch.float32, threads)[1]}; "
+              f"{acceleration.peak_gflops(kind, torch.bfloat16, threads)[1]}")
     return rows
 
 

@@ -177,9 +177,7 @@ def test_quality_pairs_the_multi_exit_methods_by_seed(tmp_path):
     assert quality.paired_exit_markdown(str(tmp_path), "RTE") == ""
 
 
-@pytest.mark.slow  # fairseq-train runs / model loads: kept out of make test's 10 minutes
-def test_hf_speed_at_toy_size(tmp_path):
-    """The HF-vs-plugin step benchmark on a tiny random BERT: every system timed, ratios against HF."""
+def _hf_speed(tmp_path, *flags):
     import importlib.util
 
     from tiny_hf import write_bert
@@ -188,12 +186,67 @@ def test_hf_speed_at_toy_size(tmp_path):
     spec = importlib.util.spec_from_file_location("hf_speed", os.path.join(REPO, "benchmarks", "hf_speed.py"))
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    rows = bench.main(["--hf-dir", str(tmp_path / "hf"), "--shapes", "2x8", "--repeats", "2", "--mem-repeats", "1",
-                       "--json", str(tmp_path / "s.json")])
+    return bench.main(["--hf-dir", str(tmp_path / "hf"), "--shapes", "2x8", "--repeats", "2", "--mem-repeats", "1",
+                       "--json", str(tmp_path / "s.json"), *flags])
+
+
+@pytest.mark.slow  # fairseq-train runs / model loads: kept out of make test's 10 minutes
+def test_hf_speed_at_toy_size(tmp_path):
+    """The HF-vs-plugin step benchmark on a tiny random BERT: every system timed, ratios against HF."""
+    rows = _hf_speed(tmp_path, "--modes", "eager", "--hf-modes", "eager")
     assert [r["system"] for r in rows] == ["hf", "plugin/sentence_ce", "plugin/acl_embed", "plugin/acl_grad/features",
                                            "plugin/acl_grad/params", "plugin/acl_cross_layer/features/all exits"]
     assert rows[0]["ratio_to_hf"] == 1.0 and all(r["ratio_to_hf"] > 0 and r["peak_mem_mb"] is not None for r in rows)
     assert len(json.load(open(tmp_path / "s.json"))) == 6
+
+
+@pytest.mark.slow  # compiles (aot_eager: traced, no code generated) every mode of both sides: about 90 s
+def test_hf_speed_times_every_mode_side_by_side(tmp_path):
+    from acl_fairseq import acceleration
+
+    if acceleration.read_cpu_kind().bf16_unit is None:
+        with pytest.raises(ValueError, match="no native bf16"):
+            _hf_speed(tmp_path, "--criteria", "acl_embed", "--compile-backend", "aot_eager")
+        return
+    rows = _hf_speed(tmp_path, "--criteria", "acl_embed", "--compile-backend", "aot_eager")
+    modes = [(r["system"], r["mode"]) for r in rows]
+    assert modes[:3] == [("hf", "eager"), ("hf", "compiled"), ("hf", "bf16")]
+    assert {m for s, m in modes if s == "plugin/acl_embed"} == {"eager", "compiled", "bf16", "compiled-bf16"}
+    assert all(r["cpu_kind"] == acceleration.read_cpu_kind().describe() and r["gflops"] > 0 for r in rows)
+    assert all((r["compile_s"] is None) == ("compiled" not in r["mode"]) for r in rows)
+    assert all(r["ratio_to_ce"] > 0 for r in rows if r["system"].startswith("plugin/"))
+
+
+@pytest.mark.slow  # model loads
+def test_hf_speed_leaves_compiled_modes_out_in_one_line_where_compiling_fails(tmp_path, capsys):
+    rows = _hf_speed(tmp_path, "--criteria", "sentence_ce", "--modes", "eager", "compiled", "--hf-modes", "eager",
+                     "compiled", "--compile-backend", "no_such_backend")
+    assert {(r["system"], r["mode"]) for r in rows} == {("hf", "eager"), ("plugin/sentence_ce", "eager")}
+    assert capsys.readouterr().out.count("compiled modes left out: torch.compile (backend no_such_backend)") == 1
+
+
+def test_hf_speed_verdicts_claim_nothing_about_amx_on_another_cpu():
+    import hf_speed
+
+    def row(system, mode, t, unit, ratio_to_ce=None):
+        return {"system": system, "mode": mode, "batch": 16, "seq_len": 128, "threads": 1, "median_step_s": t,
+                "ratio_to_ce": ratio_to_ce, "cpu_kind": "X", "bf16_unit": unit}
+
+    def rows(unit):
+        return [row("hf", "eager", 2.0, unit), row("hf", "compiled", 1.8, unit), row("hf", "bf16", 1.0, unit),
+                row("plugin/sentence_ce", "eager", 1.9, unit, 1.0), row("plugin/sentence_ce", "bf16", 0.9, unit, 1.0),
+                row("plugin/acl_grad/params", "eager", 3.5, unit, 1.84),
+                row("plugin/acl_embed", "bf16", 0.95, unit, 1.05)]
+
+    zen = hf_speed.verdicts(rows("avx512_bf16"), "CMD")
+    assert any(v.startswith("NOT MEASURED on AMX") and "`CMD`" in v for v in zen)
+    assert not any(v.startswith(("MET  AMX", "MISSED AMX")) for v in zen)
+    assert any(v.startswith("MISSED fp32") and "0.95x" in v for v in zen)  # 1.8 / 1.9: behind HF compiled
+    assert any(v.startswith("MISSED cost over CE: plugin/acl_grad/params") for v in zen)
+    assert any(v.startswith("MET  cost over CE: plugin/acl_embed bf16") for v in zen)
+    amx = hf_speed.verdicts(rows("amx"), "CMD")
+    assert any(v.startswith("MET  AMX") and "2.22x HF eager fp32" in v for v in amx)  # 2.0 / 0.9
+    assert any(v.startswith("MET  AMX") and "1.11x HF bf16" in v for v in amx)
 
 
 def test_optimizer_time_at_toy_size(tmp_path):
