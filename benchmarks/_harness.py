@@ -1,6 +1,7 @@
 """What every benchmark shares beyond its measurements: one clock (wall and CPU), one verdict type for its targets
 and one way to print them. A target is a measured value held against a bound, ``at_least`` (value >= bound) or
 at most; a bound of None reports the value without a verdict."""
+import os
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -48,3 +49,16 @@ def wall(fn: Callable):
     """``(wall seconds, fn())``."""
     seconds, _, out = timed(fn)
     return seconds, out
+
+
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")  # what decides the kernels
+
+
+def machine() -> Dict:
+    """The machine a result was measured on, for every setup record: the CPU kind in words
+    (``acl_runtime.machine``), the flags that decide which kernels run, the cores and the load when it started."""
+    from acl_runtime.machine import read_cpu_kind
+
+    kind = read_cpu_kind()
+    return {"cpu_kind": kind.describe(), "cpu_flags": [f for f in CPU_FLAGS if f in kind.flags],
+            "cpus": os.cpu_count(), "load_average": os.getloadavg()[0]}

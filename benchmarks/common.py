@@ -301,12 +301,16 @@ def print_noted_table(rows: List[Dict], columns: Sequence[str], formats: Dict[st
 
 
 def report(rows: List[Dict], columns: Sequence[str], formats: Dict[str, str], json_path: Optional[str]) -> None:
-    """The benchmarks' common ending: the optional note, the table, and the rows as JSON (written atomically)."""
+    """The benchmarks' common ending: the optional note, the table, and the rows as JSON (written atomically), each
+    row naming the CPU kind it was measured on."""
     from acl_runtime.io import atomic
+    from acl_runtime.machine import read_cpu_kind
 
+    kind = read_cpu_kind().describe()
+    print(f"# cpu: {kind}")
     print_noted_table(rows, columns, formats)
     if json_path:
-        atomic.write_json(json_path, rows)
+        atomic.write_json(json_path, [{**r, "cpu_kind": r.get("cpu_kind", kind)} for r in rows])
 
 
 def interleaved_rounds(systems, timed, repeats: int, warmup: int, mem_repeats: int, device, seed: int) -> str:

@@ -46,6 +46,7 @@ from acl_fairseq import acceleration
 from acl_fairseq.heads import POOLING_MODES
 from acl_fairseq.inference import flops
 from acl_runtime import conventions
+from acl_runtime.machine import read_cpu_kind
 
 # (criterion, scope, exits, extra flags)
 PLUGIN = [
@@ -193,7 +194,7 @@ def run_shape(args, batch: int, seq_len: int) -> List[Dict]:
 
 
 def rows_of(args, systems, first, size, batch, seq_len) -> List[Dict]:
-    kind = acceleration.read_cpu_kind()
+    kind = read_cpu_kind()
     threads = torch.get_num_threads()
     base = systems[0]  # HF eager fp32
     by_key = {(s.label_text, s.mode): s for s in systems}
@@ -325,7 +326,7 @@ def main(argv=None) -> List[Dict]:
         for shape in args.shapes:
             b, t = (int(x) for x in shape.lower().split("x"))
             rows += run_shape(args, b, t)
-    print(f"# hf_speed: device={args.device} torch={torch.__version__} cpu={acceleration.read_cpu_kind().describe()} "
+    print(f"# hf_speed: device={args.device} torch={torch.__version__} cpu={read_cpu_kind().describe()} "
           f"({platform.machine()}) repeats={args.repeats} pooling={args.pooling} backend={args.compile_backend}")
     if rows:
         print(f"# {common.describe_memory(run_shape.memory_method)}")
@@ -337,7 +338,7 @@ def main(argv=None) -> List[Dict]:
                    "peak_frac": "{:.2f}", "peak_mem_mb": "{:.1f}"}, args.json)
     for line in verdicts(rows, "python benchmarks/hf_speed.py --criteria sentence_ce --shapes 16x128 32x64"):
         print("# " + line)
-    kind = acceleration.read_cpu_kind()
+    kind = read_cpu_kind()
     for threads in sorted({r["threads"] for r in rows}):
         print(f"# peak: {acceleration.peak_gflops(kind, torch.float32, threads)[1]}; "
               f"{acceleration.peak_gflops(kind, torch.bfloat16, threads)[1]}")

@@ -343,8 +343,8 @@ def setup_record(args, folder: str, n: int) -> Dict:
             "max_batch": args.max_batch, "max_queue": args.max_queue, "rates": args.rates, "requests": args.requests,
             "max_seconds": args.max_seconds,
             "concurrency": args.concurrency or f"{SATURATION_BATCHES} x max_batch x workers",
-            "seed": args.seed, "atol": args.atol, "threads_per_worker": 1, "cpus": os.cpu_count(),
-            "load_average": os.getloadavg()[0], "onnxruntime": onnxruntime.__version__}
+            "seed": args.seed, "atol": args.atol, "threads_per_worker": 1, **H.machine(),
+            "onnxruntime": onnxruntime.__version__}
 
 
 def main(argv=None) -> Dict:

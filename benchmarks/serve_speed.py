@@ -258,7 +258,7 @@ def setup_record(args, ckpt: str, folder: str, n: int) -> Dict:
             "examples": n, "toy": args.toy, "policy": args.policy,
             "threshold": args.threshold, "threshold_source": args.threshold_source,
             "batch_sizes": [1, args.batch_size], "repeats": args.repeats, "threads": args.threads,
-            "cpus": os.cpu_count(), "load_average": os.getloadavg()[0], "torch": torch.__version__,
+            **H.machine(), "torch": torch.__version__,
             "onnxruntime": onnxruntime.__version__}
 
 

@@ -27,3 +27,23 @@ def test_the_clock_keeps_wall_and_cpu_time_apart():
     assert out == "done" and wall >= 0.05 and cpu < wall  # sleeping takes wall time, next to no CPU time
     seconds, out = H.wall(lambda: sum(range(1000)))
     assert out == 499500 and seconds >= 0
+
+
+def test_the_machine_record_names_the_cpu_kind_and_the_flags_that_decide_the_kernels():
+    from acl_runtime.machine import read_cpu_kind
+
+    got = H.machine()
+    kind = read_cpu_kind()
+    assert got["cpu_kind"] == kind.describe() and got["cpus"] >= 1
+    assert set(got["cpu_flags"]) == {f for f in H.CPU_FLAGS if f in kind.flags}
+
+
+def test_every_common_report_row_names_the_cpu_kind(tmp_path, capsys):
+    import json
+
+    import common
+
+    out = tmp_path / "rows.json"
+    common.report([{"system": "a", "ms": 1.0}], ["system", "ms"], {"ms": "{:.1f}"}, str(out))
+    assert capsys.readouterr().out.startswith("# cpu: ")
+    assert json.loads(out.read_text())[0]["cpu_kind"] == H.machine()["cpu_kind"]
