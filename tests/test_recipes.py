@@ -366,3 +366,14 @@ def test_missing_checkpoint_is_refused_before_training(how, env, stub_trainer, t
     assert proc.returncode == 1
     assert "checkpoint not found" in proc.stderr and "random weights" in proc.stderr
     assert not marker.exists()
+
+
+def test_bf16_and_compile_are_one_variable_each(env):
+    argv = train_argv(run("RTE.sh", "acl_embed", "--dry-run", env=dict(env, BF16="1", COMPILE="1")).stdout)
+    assert "--autocast-bf16" in argv and "--compile" in argv and "--fp16" not in argv
+    argv = train_argv(run("RTE.sh", "acl_embed", "--dry-run", env=env).stdout)
+    assert "--autocast-bf16" not in argv and "--compile" not in argv
+    for bad, words in [(dict(BF16="yes"), "BF16 must be 0 or 1, not 'yes'"),
+                       (dict(BF16="1", DEVICE="cuda"), "choose one precision")]:
+        refused = run("RTE.sh", "ce", "--dry-run", env=dict(env, **bad))
+        assert refused.returncode == 2 and words in refused.stderr, refused.stderr

@@ -53,6 +53,8 @@ SETTINGS = [
     ("DEVICE", "auto", "auto | cuda | cpu (auto: cuda when nvidia-smi lists a GPU)"),
     ("OPTIMIZER", "adamw_torch", "adamw_torch (fused torch AdamW, the same update as fairseq's adam) | adam"),
     ("FP16", "auto", "auto (on when running on a GPU) | 1 | 0"),
+    ("BF16", "0", "1: forward passes in bf16 autocast (--autocast-bf16; refused where the CPU has no native bf16)"),
+    ("COMPILE", "0", "1: torch.compile the model (--compile; on CPU slower than eager here: docs/mixed_precision.md)"),
     ("NUM_GPUS", "1", "GPUs per run; the recipe's batch sizes are for one GPU"),
     ("EVAL_ARGS", "", "extra acl-evaluate flags (multi-exit methods)"),
     ("PREDICT_TEST", "0", "1: acl-evaluate also writes GLUE test-set predictions"),
@@ -289,6 +291,8 @@ def build_plan(task_name: str, method_name: str, seed: Optional[object] = None,
     fp16 = s["FP16"] if s["FP16"] != "auto" else "1" if device == "cuda" else "0"
     if device == "cpu" and fp16 == "1":
         raise RecipeError("FP16=1 needs a GPU (DEVICE=cpu)", 2)
+    if fp16 == "1" and s["BF16"] == "1":
+        raise RecipeError("BF16=1 and FP16 on: choose one precision (FP16=0 for bf16)", 2)
     data_bin = s["DATA_BIN"] or os.path.join(s["DATA_ROOT"] or os.path.join(repo, "data-bin"), f"{task.name}-bin")
     out_root = s["OUT_ROOT"] or os.path.join(repo, "runs", "glue")
     rd = run_dir(out_root, task.name, m.name, s["SEED"])
@@ -326,7 +330,8 @@ def _checked(s: Dict[str, str], task_name: str, method_name: str):
         raise RecipeError(why, 2)
     if s["MODEL"] not in ("base", "large"):
         raise RecipeError(f"MODEL must be base or large, not '{s['MODEL']}'", 2)
-    for name, allowed in (("DEVICE", ("auto", "cuda", "cpu")), ("FP16", ("auto", "0", "1"))):
+    for name, allowed in (("DEVICE", ("auto", "cuda", "cpu")), ("FP16", ("auto", "0", "1")), ("BF16", ("0", "1")),
+                          ("COMPILE", ("0", "1"))):
         if s[name] not in allowed:
             raise RecipeError(f"{name} must be {', '.join(allowed[:-1])} or {allowed[-1]}, not '{s[name]}'", 2)
     for name in WHOLE_NUMBERS:
@@ -364,7 +369,8 @@ def _train_flags(s, task: Task, m: Method, d, rd: str, tb: str, device: str, fp1
         "--best-checkpoint-metric", task.best_metric, "--maximize-best-checkpoint-metric",
         "--save-dir", rd, "--no-epoch-checkpoints",
         "--tensorboard-logdir", tb, "--log-format", "json", "--log-interval", s["LOG_INTERVAL"],
-        *device_flags, *(FP16_FLAGS if fp16 == "1" else []), *extra]
+        *device_flags, *(FP16_FLAGS if fp16 == "1" else []), *(["--autocast-bf16"] if s["BF16"] == "1" else []),
+        *(["--compile"] if s["COMPILE"] == "1" else []), *extra]
 
 
 def _evaluations(s, task: Task, m: Method, rd: str, tb: str, data_bin: str, device: str):
