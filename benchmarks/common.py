@@ -333,3 +333,40 @@ def interleaved_rounds(systems, timed, repeats: int, warmup: int, mem_repeats: i
         for s in systems:
             s.mem.append(mem.measure(s.step))
     return mem.method
+
+
+class Variant:
+    def __init__(self, name, scope, kind, task, model, criterion, optimizer, sample):
+        self.name, self.scope, self.kind = name, scope, kind
+        self.task, self.model, self.criterion, self.optimizer, self.sample = task, model, criterion, optimizer, sample
+        self.updates = 0
+        self.overflows = 0  # fp16 steps skipped by the loss scaler
+        self.times: List[float] = []  # wall seconds per step
+        self.cpu_times: List[float] = []  # process CPU seconds per step
+        self.mem: List[float] = []
+
+    @property
+    def label(self):
+        return f"{self.kind}/{self.name}" + (f"/{self.scope}" if self.scope else "")
+
+    def step(self):
+        """One fairseq training step (Trainer.train_step's work on one worker)."""
+        from fairseq.logging import metrics
+
+        opt = self.optimizer
+        opt.zero_grad()
+        loss, sample_size, log = self.task.train_step(self.sample, self.model, self.criterion, opt, self.updates)
+        opt.multiply_grads(1.0 / float(sample_size or 1.0))
+        try:
+            grad_norm = opt.clip_grad_norm(0.0)
+        except OverflowError:  # fp16: the scaler lowered its scale; fairseq skips the step
+            self.overflows += 1
+            opt.zero_grad()
+            return
+        if not torch.isfinite(grad_norm).all():
+            raise FloatingPointError(f"{self.label}: non-finite gradient norm")
+        opt.step()
+        self.updates += 1
+        with metrics.aggregate(new_root=True):
+            self.task.reduce_metrics([log], self.criterion)
+        opt.zero_grad()

@@ -38,10 +38,9 @@ from typing import Dict, List, Optional
 import torch
 
 import _glue_runs as G
+import _hf_loop as hf_loop
 import _records as R
 import common
-import hf_loop
-import step_time
 from acl_fairseq import acceleration
 from acl_fairseq.heads import POOLING_MODES
 from acl_fairseq.inference import flops
@@ -120,7 +119,7 @@ class _Autocast(torch.nn.Module):
             return self.inner(*args).float()
 
 
-def build_plugin(args, data_dir, record, sample, layers, pooling) -> List[step_time.Variant]:
+def build_plugin(args, data_dir, record, sample, layers, pooling) -> List[common.Variant]:
     """Every criterion in every plugin mode, through the task sentence_prediction_acl's own flags
     (--compile, --autocast-bf16). A mode's bf16 twin shares its model: autocast is per call."""
     from fairseq import optim
@@ -150,7 +149,7 @@ def build_plugin(args, data_dir, record, sample, layers, pooling) -> List[step_t
             else:
                 _, task, criterion = common.build_criterion(argv)
             model, opt = shared[key]
-            v = step_time.Variant(name, scope, "multi" if exits == "all" else "single", task, model,
+            v = common.Variant(name, scope, "multi" if exits == "all" else "single", task, model,
                                   criterion.to(args.device), opt, device_sample)
             v.mode, v.bf16 = mode, bf16
             v.label_text = f"plugin/{name}" + (f"/{scope}" if scope else "") + ("/all exits" if exits == "all" else "")

@@ -90,44 +90,7 @@ def selected_variants(args) -> List[tuple]:
     return out
 
 
-class Variant:
-    def __init__(self, name, scope, kind, task, model, criterion, optimizer, sample):
-        self.name, self.scope, self.kind = name, scope, kind
-        self.task, self.model, self.criterion, self.optimizer, self.sample = task, model, criterion, optimizer, sample
-        self.updates = 0
-        self.overflows = 0  # fp16 steps skipped by the loss scaler
-        self.times: List[float] = []  # wall seconds per step
-        self.cpu_times: List[float] = []  # process CPU seconds per step
-        self.mem: List[float] = []
-
-    @property
-    def label(self):
-        return f"{self.kind}/{self.name}" + (f"/{self.scope}" if self.scope else "")
-
-    def step(self):
-        """One fairseq training step (Trainer.train_step's work on one worker)."""
-        from fairseq.logging import metrics
-
-        opt = self.optimizer
-        opt.zero_grad()
-        loss, sample_size, log = self.task.train_step(self.sample, self.model, self.criterion, opt, self.updates)
-        opt.multiply_grads(1.0 / float(sample_size or 1.0))
-        try:
-            grad_norm = opt.clip_grad_norm(0.0)
-        except OverflowError:  # fp16: the scaler lowered its scale; fairseq skips the step
-            self.overflows += 1
-            opt.zero_grad()
-            return
-        if not torch.isfinite(grad_norm).all():
-            raise FloatingPointError(f"{self.label}: non-finite gradient norm")
-        opt.step()
-        self.updates += 1
-        with metrics.aggregate(new_root=True):
-            self.task.reduce_metrics([log], self.criterion)
-        opt.zero_grad()
-
-
-def build_variants(args, data_dir) -> List[Variant]:
+def build_variants(args, data_dir) -> List[common.Variant]:
     from fairseq import optim
 
     size = common.MODEL_SIZES[args.model]
@@ -155,7 +118,7 @@ def build_variants(args, data_dir) -> List[Variant]:
         else:
             cfg, task, criterion = common.build_criterion(argv)
         model, optimizer = shared[kind]
-        variants.append(Variant(name, scope, kind, task, model, criterion.to(args.device), optimizer, sample))
+        variants.append(common.Variant(name, scope, kind, task, model, criterion.to(args.device), optimizer, sample))
     return variants
 
 

@@ -97,3 +97,12 @@ def test_cli_holds_commands_and_their_helpers_only():
     helpers_of |= {m for h in list(helpers_of) for m in edges.get(h, ()) if m.startswith("acl_fairseq.cli.")}
     assert set(cli) <= commands | helpers_of, sorted(set(cli) - commands - helpers_of)
     assert len(cli) <= 6, cli
+
+
+def test_no_benchmark_entry_script_imports_another():
+    """benchmarks/*.py each measure one thing; what they share lives in the harness modules (``_*.py``, common.py)."""
+    folder = pathlib.Path(helpers.REPO, "benchmarks")
+    entries = {p.stem for p in folder.glob("*.py") if not p.stem.startswith("_") and p.stem != "common"}
+    assert len(entries) >= 15
+    bad = [(p.stem, m) for p in folder.glob("*.py") for m in imports_of(p, p.stem) if m in entries]
+    assert not bad, bad

@@ -236,7 +236,7 @@ def test_a_changed_task_row_changes_what_the_tools_write(tmp_path, monkeypatch):
 
 
 def test_task_table_is_what_the_plan_and_the_hf_loop_read(tmp_path, env):
-    import hf_loop
+    import _hf_loop as hf_loop
 
     rows = open(os.path.join(GLUE, "hparams.tsv")).read().replace("\nRTE\t2\t2e-05\t16\t", "\nRTE\t2\t4e-05\t8\t")
     (tmp_path / "hparams.tsv").write_text(rows)

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import hf_loop as H  # benchmarks/hf_loop.py (benchmarks/ is on the path: conftest.py)
+import _hf_loop as H  # benchmarks/_hf_loop.py (benchmarks/ is on the path: conftest.py)
 from acl_fairseq.hf import convert as convert_hf
 from tiny_hf import BERT_VOCAB, batch, bert_pairs, fairseq_ids, load_fairseq, write_bert
 
