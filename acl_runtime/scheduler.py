@@ -147,6 +147,23 @@ class Scheduler:
         """Rows accepted and not yet answered."""
         return self._rows
 
+    def cancel(self, future: Future) -> int:
+        """Give up a :meth:`submit` (its client went away, or the drain ran out of time): the future is cancelled
+        and its rows still queued leave their queues at once; a row inside the backend call now running is dropped
+        when the call returns. The count of rows freed now."""
+        future.cancel()
+        with self._cond:
+            freed = 0
+            for queue in self.queues:
+                kept = [r for r in queue if r.job.future is not future]
+                freed += len(queue) - len(kept)
+                if len(kept) != len(queue):
+                    queue.clear()
+                    queue.extend(kept)
+            self._rows -= freed
+            self._cond.notify_all()
+        return freed
+
     def start(self) -> "Scheduler":
         self._thread = threading.Thread(target=self._run, name="acl-scheduler", daemon=True)
         self._thread.start()
