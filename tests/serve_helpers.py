@@ -2,9 +2,11 @@
 a plain-JSON client (urllib: no client library of ours between the test and the server)."""
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -128,16 +130,23 @@ SLOW_LAYER = slow_layer(0.02)
 
 
 def start(folder: str, *flags: str, prelude: str = ""):
-    """acl-serve FOLDER FLAGS in a fresh interpreter (``prelude`` first), and its URL once ready."""
+    """acl-serve FOLDER FLAGS in a fresh interpreter, and its URL once ready. ``prelude`` runs first in it and in
+    each ``--workers`` process (spawned: a fresh interpreter too), as a ``sitecustomize`` module."""
     port = free_port()
+    env = dict(os.environ)
+    if prelude:
+        site = tempfile.mkdtemp(prefix="acl_serve_prelude_")
+        with open(os.path.join(site, "sitecustomize.py"), "w") as f:
+            f.write(prelude)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (site, helpers.REPO, env.get("PYTHONPATH")) if p)
     argv = ["acl-serve", folder, "--port", str(port), *flags]
     code = (f"import sys\nsys.argv = {argv!r}\n"  # before acl_fairseq is imported: what the command line gives
             "import atexit\n"
             "atexit.register(lambda: print('LOADED', sorted({m.split('.')[0] for m in sys.modules} & {'torch', "
-            "'fairseq'}), file=sys.stderr))\n" + prelude +
+            "'fairseq'}), file=sys.stderr))\n"
             "from acl_runtime.serve.cli import cli_main\ncli_main()\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=helpers.REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=env)
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
     while True:
         try:

@@ -4,12 +4,14 @@ listens; --workers 2 (slow)."""
 import concurrent.futures
 import http.client
 import json
+import os
 import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 
@@ -17,7 +19,17 @@ import pytest
 
 import helpers
 from acl_runtime.serve import cli
-from serve_helpers import SLOW_LAYER, assert_oip_equals_engine, call, exported, free_port, metric, oip_body, start  # noqa: F401
+from serve_helpers import (  # noqa: F401
+    SLOW_LAYER,
+    assert_oip_equals_engine,
+    call,
+    exported,
+    free_port,
+    metric,
+    oip_body,
+    slow_layer,
+    start,
+)
 
 
 def test_sigterm_stops_accepting_answers_every_accepted_request_and_exits_0(exported):  # noqa: F811
@@ -158,6 +170,7 @@ def test_two_workers_share_the_port_sum_their_metrics_and_stop_on_sigterm(export
         assert answer[0][0]["label"] == exported["engine"].predict_early_exit([texts[k % len(texts)]])[0].label
     metrics = call(f"{url}/metrics")[2].decode()
     assert float(metrics.split('acl_requests_total{route="predict",status="200"} ')[1].split()[0]) == 40
+    assert metric(metrics, "acl_queue_depth") == 0  # each worker's gauge fell with its last answer, scraped or not
     assert _median_latency(url) < 0.03  # 40 ms and more without TCP_NODELAY (acl_runtime/serve/transport.py)
     workers = _children(proc.pid)  # the supervisor's: uvicorn's workers (and multiprocessing's resource tracker)
     assert len(workers) >= 2
@@ -185,3 +198,74 @@ def _median_latency(url: str, n: int = 20) -> float:
         times.append(time.perf_counter() - start)
     conn.close()
     return statistics.median(times)
+
+
+def _workers(pid: int):
+    """The supervisor's uvicorn workers (not multiprocessing's resource tracker)."""
+    def cmdline(child):
+        with open(f"/proc/{child}/cmdline", "rb") as f:
+            return f.read()
+    return [c for c in _children(pid) if b"spawn_main" in cmdline(c) and b"resource_tracker" not in cmdline(c)]
+
+
+def _gauge_of(folder: str, pid: int) -> float:
+    """acl_queue_depth as one worker's own file in the metrics folder holds it (0 when it has none)."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    path = os.path.join(folder, f"gauge_livesum_{pid}.db")
+    if not os.path.exists(path):
+        return 0.0
+    alone = tempfile.mkdtemp()
+    shutil.copy(path, alone)
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=alone)  # reads the folder at each collection
+    value = registry.get_sample_value("acl_queue_depth") or 0.0
+    shutil.rmtree(alone)
+    return value
+
+
+def test_a_worker_that_dies_is_replaced_and_its_queue_depth_leaves_the_metrics(exported):  # noqa: F811
+    """uvicorn's supervisor replaced a dead worker, but prometheus-client's file of the dead worker's live gauge
+    stayed, so /metrics added the rows it held when it died to acl_queue_depth for ever."""
+    proc, url = start(exported["folder"], "--workers", "2", "--max-batch", "2", prelude=slow_layer(0.05))
+    environ = open(f"/proc/{_workers(proc.pid)[0]}/environ", "rb").read().split(b"\0")  # set after the start
+    folder = next(e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"PROMETHEUS_MULTIPROC_DIR="))
+    texts = [t if isinstance(t, str) else t[0] for t in exported["texts"]]
+    groups = [[texts[(3 * k + j) % len(texts)] for j in range(3)] for k in range(16)]
+
+    def ask(group):
+        try:
+            return call(f"{url}/predict", {"inputs": [[t] for t in group]})[0]
+        except (urllib.error.URLError, ConnectionError):
+            return "dropped"  # the killed worker's own clients
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:
+            futures = [pool.submit(ask, g) for g in groups]
+            deadline, victim = time.monotonic() + 30, None
+            while victim is None:
+                assert time.monotonic() < deadline, ("no worker ever held queued rows", folder, os.listdir(folder),
+                                                     _workers(proc.pid))
+                time.sleep(0.01)
+                for pid in _workers(proc.pid):
+                    os.kill(pid, signal.SIGSTOP)  # its gauge holds still while it is read
+                    if _gauge_of(folder, pid) > 0:
+                        victim = pid
+                        os.kill(pid, signal.SIGKILL)
+                        break
+                    os.kill(pid, signal.SIGCONT)
+            statuses = [f.result() for f in futures]
+        while len(set(_workers(proc.pid)) - {victim}) < 2:  # replaced
+            assert time.monotonic() < deadline + 30, _workers(proc.pid)
+            time.sleep(0.1)
+        while metric(call(f"{url}/metrics")[2].decode(), "acl_queue_depth") != 0:
+            assert time.monotonic() < deadline + 40, "the dead worker's queue depth stayed in /metrics"
+            time.sleep(0.1)
+        assert not os.path.exists(os.path.join(folder, f"gauge_livesum_{victim}.db"))
+        assert set(statuses) <= {200, "dropped"}, statuses  # the kernel may have given every one to the victim
+        assert call(f"{url}/predict", {"inputs": "good"})[0] == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]

@@ -103,7 +103,8 @@ class Service:
         self.stats = Statistics()
         self.scheduler = Scheduler(self.engine.backend, self.engine.regression, max_batch=s.max_batch,
                                    max_queue=s.max_queue, refill=s.refill, on_batch=self._on_batch,
-                                   pad=self.engine.pad, on_fault=self.metrics.on_fault)
+                                   pad=self.engine.pad, on_fault=self.metrics.on_fault,
+                                   on_depth=lambda rows: self.metrics.track_depth())
         self.metrics.depth = self.scheduler.depth
         self.ready = False
 
