@@ -106,7 +106,11 @@ class NoDelayH11Protocol(H11Protocol):
             return
         self.transport.write(STOPPING_ANSWER)
         if self.transport.can_write_eof():
-            self.transport.write_eof()
+            try:
+                self.transport.write_eof()
+            except OSError:  # the client reset the connection already: nothing to answer
+                self.transport.close()
+                return
         self.flow.resume_reading()
         self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
