@@ -5,6 +5,7 @@ are queued frees them (in-process)."""
 import asyncio
 import concurrent.futures
 import errno
+import json
 import signal
 import socket
 import threading
@@ -224,3 +225,19 @@ def test_a_connection_reset_just_before_the_drain_does_not_stop_it():
 
     transport = asyncio.run(scenario())
     assert transport.closed and transport.written.startswith(b"HTTP/1.1 503")
+
+
+def test_serve_stop_measures_a_stop_with_every_connection_taken_answered(exported, tmp_path):  # noqa: F811
+    """benchmarks/serve_stop.py at its smallest: one run, two clients; its JSON, and no replacing it."""
+    import serve_stop
+
+    out = tmp_path / "stop.json"
+    argv = ["--folder", exported["folder"], "--workers", "1", "--runs", "1", "--clients", "2", "--before-seconds",
+            "0.5", "--after-seconds", "0.3", "--json", str(out)]
+    (row,) = serve_stop.main(argv)
+    assert row["exit_code"] == 0 and row["before_200"] > 0 and row["after_refused"] > 0
+    assert row["before_dropped"] == row["after_dropped"] == 0
+    assert json.loads(out.read_text())["rows"][0]["after"] == row["after"]
+    with pytest.raises(SystemExit) as refused:
+        serve_stop.main(argv)
+    assert refused.value.code == 2
