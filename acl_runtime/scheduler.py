@@ -91,13 +91,15 @@ class Scheduler:
     :class:`QueueFull`), ``max_padding`` the padded positions of a batch beyond its real tokens (0.5: at most 1.5x),
     ``max_wait`` the steps a queue's oldest row may be passed over (default: twice the layers). ``on_batch(layer,
     rows)`` is called after every backend call (layer 0: the embeddings), ``on_fault(layer, rows_failed)`` after
-    each failed call's rows at fault were found, both from the scheduler's thread. ``pad``: the padding id
+    each failed call's rows at fault were found, ``on_depth(rows)`` whenever rows left (answered, failed or
+    cancelled), from the scheduler's thread (or :meth:`cancel`'s caller). ``pad``: the padding id
     (default: the backend's)."""
 
     def __init__(self, backend, regression: bool = False, max_batch: int = 32, max_queue: int = 1024,
                  refill: bool = True, max_padding: float = 0.5, max_wait: Optional[int] = None,
                  delta: float = exits.DEFAULT_REGRESSION_DELTA, on_batch: Optional[Callable[[int, int], None]] = None,
-                 pad: Optional[int] = None, on_fault: Optional[Callable[[int, int], None]] = None):
+                 pad: Optional[int] = None, on_fault: Optional[Callable[[int, int], None]] = None,
+                 on_depth: Optional[Callable[[int], None]] = None):
         if max_batch < 1 or max_queue < max_batch:
             raise ValueError(f"max_batch {max_batch} must be at least 1 and max_queue {max_queue} at least max_batch")
         self.backend, self.regression, self.delta = backend, regression, delta
@@ -105,7 +107,7 @@ class Scheduler:
         self.max_batch, self.max_queue, self.refill, self.max_padding = max_batch, max_queue, refill, max_padding
         self.layers = list(backend.exit_layers)
         self.max_wait = 2 * self.layers[-1] if max_wait is None else max_wait
-        self.on_batch, self.on_fault = on_batch, on_fault
+        self.on_batch, self.on_fault, self.on_depth = on_batch, on_fault, on_depth
         self.queues: List[Deque[_Row]] = [collections.deque() for _ in range(self.layers[-1] + 1)]
         self.steps, self._rows, self._seq = 0, 0, itertools.count()
         self._cond = threading.Condition()
@@ -146,6 +148,25 @@ class Scheduler:
     def depth(self) -> int:
         """Rows accepted and not yet answered."""
         return self._rows
+
+    def cancel(self, future: Future) -> int:
+        """Give up a :meth:`submit` (its client went away, or the drain ran out of time): the future is cancelled
+        and its rows still queued leave their queues at once; a row inside the backend call now running is dropped
+        when the call returns. The count of rows freed now."""
+        future.cancel()
+        with self._cond:
+            freed = 0
+            for queue in self.queues:
+                kept = [r for r in queue if r.job.future is not future]
+                freed += len(queue) - len(kept)
+                if len(kept) != len(queue):
+                    queue.clear()
+                    queue.extend(kept)
+            self._rows -= freed
+            self._cond.notify_all()
+        if freed and self.on_depth is not None:
+            self.on_depth(self._rows)
+        return freed
 
     def start(self) -> "Scheduler":
         self._thread = threading.Thread(target=self._run, name="acl-scheduler", daemon=True)
@@ -193,6 +214,8 @@ class Scheduler:
             if done:
                 rate = done / max(time.perf_counter() - start, 1e-6)
                 self._rate = rate if self._rate == 0 else 0.9 * self._rate + 0.1 * rate
+        if done and self.on_depth is not None:
+            self.on_depth(self._rows)  # after the count fell: a request's own answer comes before it
         return True
 
     def _pick(self) -> int:

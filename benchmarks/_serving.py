@@ -1,4 +1,4 @@
-"""The model and data the serving benchmarks share (predict_speed.py, serve_speed.py, serve_load.py,
+"""The model and data the serving benchmarks share (predict_speed.py, serve_speed.py, serve_load.py, serve_hey.py,
 int8_static.py): a trained MiniLM checkpoint made once (or the toy model), SST-2 dev, and the ONNX export cached
 on what it was made from."""
 import json
@@ -135,3 +135,18 @@ def code_of(path: str) -> str:
                 isinstance(getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
             body[0] = ast.Pass()
     return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+
+
+def model_and_sentences(args):
+    """(ONNX folder with its int8 copy, sentences): serve_speed.py's model and data, exported again when the
+    checkpoint or the exporter changed, or with ``--export`` (the hub loads only then)."""
+    ckpt, data, sentences, _, folder = load(args)
+    if args.export or R.load(folder, "source.json") != export_source(ckpt):
+        from acl_fairseq.inference import hub as hub_mod
+
+        if args.export and os.path.isfile(os.path.join(folder, "source.json")):
+            os.remove(os.path.join(folder, "source.json"))  # exported() exports again without its stamp
+        hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(ckpt)), os.path.basename(ckpt),
+                                      os.path.abspath(data)).eval()
+        exported(hub, ckpt, folder)
+    return folder, sentences

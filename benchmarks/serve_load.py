@@ -58,6 +58,7 @@ import _load_server as S
 import _load_stats as T
 import _records as R
 import common
+from _serving import model_and_sentences
 from acl_runtime import console, exits
 from acl_runtime.io import atomic
 
@@ -306,22 +307,6 @@ def parse_args(argv=None):
     if not os.path.exists(args.server):
         p.error(f"--server {args.server}: not found; install acl-serve (pip install -e .[serve]) or name it")
     return args
-
-
-def model_and_sentences(args):
-    """(ONNX folder with its int8 copy, sentences): serve_speed.py's model and data, exported again when the
-    checkpoint or the exporter changed, or with ``--export`` (the hub loads only then)."""
-    import _serving
-    ckpt, data, sentences, _, folder = _serving.load(args)
-    if args.export or R.load(folder, "source.json") != _serving.export_source(ckpt):
-        from acl_fairseq.inference import hub as hub_mod
-
-        if args.export and os.path.isfile(os.path.join(folder, "source.json")):
-            os.remove(os.path.join(folder, "source.json"))  # _serving.exported exports again without its stamp
-        hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(ckpt)), os.path.basename(ckpt),
-                                      os.path.abspath(data)).eval()
-        _serving.exported(hub, ckpt, folder)
-    return folder, sentences
 
 
 def int8_method(folder: str) -> Optional[Dict]:

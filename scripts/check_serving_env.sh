@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The serving install, checked: a fresh virtual environment with the serve extra's pins only (numpy, onnxruntime,
 # tokenizers, starlette, uvicorn, prometheus-client; setup.py SERVE_REQUIRES) and this package installed with
-# --no-deps, so that torch and fairseq are absent (not blocked). acl-predict OUT/onnx must classify in it, with the
-# labels and exit layers that the full environment gives on the same folder (and on the checkpoint it was exported
-# from, when built here); acl-serve must start on the folder, answer /v2/health/ready, one /predict and one Open
-# Inference Protocol infer with those same labels and exit layers, and exit 0 on SIGTERM.
+# --no-deps, so that torch and fairseq are absent (not blocked). For fp32, and int8 where the folder has it,
+# acl-predict OUT/onnx must classify in it with the labels, exit layers and probabilities (to 1e-5) that the full
+# environment gives on the same folder (and, fp32, on the checkpoint it was exported from, when built here, to
+# 1e-4); acl-serve --precision P must start on the folder, answer /v2/health/ready, one /predict and one Open
+# Inference Protocol infer with those same labels, exit layers and probabilities (to 1e-5), and exit 0 on SIGTERM.
 #
 # Usage: scripts/check_serving_env.sh [OUT/onnx]
 #   OUT/onnx: a folder acl-export wrote (e.g. make demo's demo_out/export/onnx). Without it, a tiny model is
-#   trained and exported with the full environment ($VENV, default .venv) first; nothing is exported in the
-#   serving environment itself. Everything else lives in a temporary folder, removed at the end.
+#   trained and exported (fp32 and int8) with the full environment ($VENV, default .venv) first; nothing is
+#   exported in the serving environment itself. Everything else lives in a temporary folder, removed at the end.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,7 +35,8 @@ if [[ -z "$FOLDER" ]]; then
     --optimizer adam --lr 1e-3 --batch-size 16 --max-epoch 1 --cpu --num-workers 0 --no-progress-bar \
     --save-dir "$WORK/ckpt" --no-epoch-checkpoints >"$WORK/train.log" 2>&1 || { tail -20 "$WORK/train.log"; exit 1; }
   CKPT="$WORK/ckpt/checkpoint_best.pt"
-  "$VENV/bin/acl-export" "$CKPT" --data "$WORK/data" --out "$WORK/export" --format onnx --metrics-split none >/dev/null
+  "$VENV/bin/acl-export" "$CKPT" --data "$WORK/data" --out "$WORK/export" --format onnx --quantize int8 \
+    --metrics-split none >/dev/null
   FOLDER="$WORK/export/onnx"
 fi
 [[ -f "$FOLDER/manifest.json" ]] || { echo "$FOLDER/manifest.json not found: pass an OUT/onnx folder" >&2; exit 2; }
@@ -60,27 +62,41 @@ PY
 say "installed: $pins; torch and fairseq absent"
 
 printf '%s\n' "the music was really brilliant" "the plot was not clever , honestly" >"$WORK/two.txt"
-flags=(--input "$WORK/two.txt" --format tsv --policy entropy --threshold 0.3)
-t0=$SECONDS
-"$WORK/serve/bin/acl-predict" "$FOLDER" "${flags[@]}" --output "$WORK/serve.tsv"
-say "acl-predict OUT/onnx in the serving environment: $((SECONDS - t0))s"
-cat "$WORK/serve.tsv"
-"$VENV/bin/acl-predict" "$FOLDER" "${flags[@]}" --output "$WORK/full.tsv" 2>/dev/null
-refs=("$WORK/full.tsv")
-if [[ -n "$CKPT" ]]; then
-  "$VENV/bin/acl-predict" "$CKPT" --data "$WORK/data" "${flags[@]}" --device cpu --output "$WORK/ckpt.tsv" 2>/dev/null
-  refs+=("$WORK/ckpt.tsv")
-fi
-"$VENV/bin/python" - "$WORK/serve.tsv" "${refs[@]}" <<'PY'
+precisions=(fp32)
+"$VENV/bin/python" -c 'import json, sys; sys.exit("int8" not in (json.load(open(sys.argv[1])).get("quantized") or {}))' \
+  "$FOLDER/manifest.json" && precisions+=(int8)
+say "precisions in the folder: ${precisions[*]}"
+
+# same ids, labels and exit layers; probabilities within TOL: compare.py OURS TOL REFERENCE...
+cat >"$WORK/compare.py" <<'PY'
 import csv, sys
-ours, *theirs = ([(r["id"], r["label"], r["exit_layer"]) for r in csv.DictReader(open(p), delimiter="\t")]
-                 for p in sys.argv[1:])
-assert len(ours) == 2, ours
-for path, rows in zip(sys.argv[2:], theirs):
-    assert rows == ours, f"{path}: {rows} != {ours}"
-print(f"[serving-env] same ids, labels and exit layers as {len(theirs)} reference run(s)")
+def rows(path):
+    return [(r["id"], r["label"], int(r["exit_layer"]), [float(r[k]) for k in r if k.startswith("p_")])
+            for r in csv.DictReader(open(path), delimiter="\t")]
+ours, tol = rows(sys.argv[1]), float(sys.argv[2])
+assert len(ours) == 2 and all(len(r[3]) > 1 for r in ours), ours
+for path in sys.argv[3:]:
+    theirs = rows(path)
+    assert [r[:3] for r in theirs] == [r[:3] for r in ours], f"{path}: {theirs} != {ours}"
+    gap = max(abs(a - b) for x, y in zip(ours, theirs) for a, b in zip(x[3], y[3]))
+    assert gap <= tol, f"{path}: probabilities differ by {gap:.2e} > {tol:g}"
+    print(f"[serving-env] {path}: same ids, labels, exit layers; probabilities within {gap:.1e}")
 PY
 
+flags=(--input "$WORK/two.txt" --format tsv --policy entropy --threshold 0.3)
+for precision in "${precisions[@]}"; do
+  t0=$SECONDS
+  "$WORK/serve/bin/acl-predict" "$FOLDER" "${flags[@]}" --precision "$precision" --output "$WORK/serve.$precision.tsv"
+  say "acl-predict OUT/onnx --precision $precision in the serving environment: $((SECONDS - t0))s"
+  cat "$WORK/serve.$precision.tsv"
+  "$VENV/bin/acl-predict" "$FOLDER" "${flags[@]}" --precision "$precision" --output "$WORK/full.$precision.tsv" \
+    2>/dev/null
+  "$VENV/bin/python" "$WORK/compare.py" "$WORK/serve.$precision.tsv" 1e-5 "$WORK/full.$precision.tsv"
+done
+if [[ -n "$CKPT" ]]; then  # the checkpoint in torch against the fp32 graphs: float reduction order only
+  "$VENV/bin/acl-predict" "$CKPT" --data "$WORK/data" "${flags[@]}" --device cpu --output "$WORK/ckpt.tsv" 2>/dev/null
+  "$VENV/bin/python" "$WORK/compare.py" "$WORK/serve.fp32.tsv" 1e-4 "$WORK/ckpt.tsv"
+fi
 if [[ -n "$CKPT" ]]; then  # a checkpoint needs the training install: one line that says so, exit 2
   status=0
   "$WORK/serve/bin/acl-predict" "$CKPT" --data "$WORK/data" "${flags[@]}" 2>"$WORK/ckpt.err" >/dev/null || status=$?
@@ -89,34 +105,51 @@ if [[ -n "$CKPT" ]]; then  # a checkpoint needs the training install: one line t
   say "acl-predict CHECKPOINT without torch: $(tail -1 "$WORK/ckpt.err")"
 fi
 
-port="$("$WORK/serve/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-url="http://127.0.0.1:$port"
-t0=$SECONDS
-"$WORK/serve/bin/acl-serve" "$FOLDER" --port "$port" --policy entropy --threshold 0.3 2>"$WORK/serve.log" &
-SERVER=$!
-until curl -sf -o /dev/null "$url/v2/health/ready"; do
-  kill -0 "$SERVER" 2>/dev/null || { cat "$WORK/serve.log"; echo "acl-serve did not start" >&2; exit 1; }
-  sleep 0.1
-done
-say "acl-serve ready in the serving environment: $((SECONDS - t0))s"
-mapfile -t two <"$WORK/two.txt"
-curl -sf "$url/predict" -H 'Content-Type: application/json' \
-  -d "{\"inputs\": [[\"${two[0]}\"], [\"${two[1]}\"]]}" >"$WORK/predict.json"
-curl -sf "$url/v2/models/acl/infer" -H 'Content-Type: application/json' -d "{\"inputs\": [{\"name\": \"text\", \
+
+serve_check() {  # serve_check PRECISION: acl-serve --precision PRECISION against acl-predict's answers
+  local precision="$1" port url status t0
+  port="$("$WORK/serve/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  url="http://127.0.0.1:$port"
+  t0=$SECONDS
+  "$WORK/serve/bin/acl-serve" "$FOLDER" --port "$port" --precision "$precision" --policy entropy --threshold 0.3 \
+    2>"$WORK/serve.log" &
+  SERVER=$!
+  until curl -sf -o /dev/null "$url/v2/health/ready"; do
+    kill -0 "$SERVER" 2>/dev/null || { cat "$WORK/serve.log"; echo "acl-serve did not start" >&2; exit 1; }
+    sleep 0.1
+  done
+  say "acl-serve --precision $precision ready in the serving environment: $((SECONDS - t0))s"
+  mapfile -t two <"$WORK/two.txt"
+  curl -sf "$url/predict" -H 'Content-Type: application/json' \
+    -d "{\"inputs\": [[\"${two[0]}\"], [\"${two[1]}\"]]}" >"$WORK/predict.json"
+  curl -sf "$url/v2/models/acl/infer" -H 'Content-Type: application/json' -d "{\"inputs\": [{\"name\": \"text\", \
 \"shape\": [2], \"datatype\": \"BYTES\", \"data\": [\"${two[0]}\", \"${two[1]}\"]}]}" >"$WORK/infer.json"
-cat "$WORK/predict.json"; echo; cat "$WORK/infer.json"; echo
-kill -TERM "$SERVER"
-status=0
-wait "$SERVER" || status=$?
-SERVER=""
-[[ $status -eq 0 ]] || { cat "$WORK/serve.log"; echo "acl-serve exited $status on SIGTERM, not 0" >&2; exit 1; }
-"$VENV/bin/python" - "$WORK/serve.tsv" "$WORK/predict.json" "$WORK/infer.json" <<'PY'
+  cat "$WORK/predict.json"; echo; cat "$WORK/infer.json"; echo
+  kill -TERM "$SERVER"
+  status=0
+  wait "$SERVER" || status=$?
+  SERVER=""
+  [[ $status -eq 0 ]] || { cat "$WORK/serve.log"; echo "acl-serve exited $status on SIGTERM, not 0" >&2; exit 1; }
+  "$VENV/bin/python" - "$WORK/serve.$precision.tsv" "$WORK/predict.json" "$WORK/infer.json" "$precision" <<'PY'
 import csv, json, sys
-ours = [(r["label"], int(r["exit_layer"])) for r in csv.DictReader(open(sys.argv[1]), delimiter="\t")]
-tei = [(entries[0]["label"], entries[0]["exit_layer"]) for entries in json.load(open(sys.argv[2]))]
+rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
+labels = [k[2:] for k in rows[0] if k.startswith("p_")]
+ours = [(r["label"], int(r["exit_layer"]), [float(r["p_" + n]) for n in labels]) for r in rows]
+tei = [(max(e, key=lambda x: x["score"])["label"], e[0]["exit_layer"], [next(x["score"] for x in e if x["label"] == n)
+        for n in labels]) for e in json.load(open(sys.argv[2]))]
 out = {o["name"]: o["data"] for o in json.load(open(sys.argv[3]))["outputs"]}
-assert tei == ours, f"/predict {tei} != acl-predict {ours}"
-assert list(zip(out["label"], out["exit_layer"])) == ours, f"infer {out} != acl-predict {ours}"
-print("[serving-env] acl-serve's /predict and OIP infer give acl-predict's labels and exit layers; exit 0 on SIGTERM")
+k = len(labels)
+oip = [(lab, layer, out["probabilities"][i * k: (i + 1) * k])
+       for i, (lab, layer) in enumerate(zip(out["label"], out["exit_layer"]))]
+for name, got in [("/predict", tei), ("infer", oip)]:
+    assert [g[:2] for g in got] == [o[:2] for o in ours], f"{name} {got} != acl-predict {ours}"
+    gap = max(abs(a - b) for g, o in zip(got, ours) for a, b in zip(g[2], o[2]))
+    assert gap <= 1e-5, f"{name}: probabilities differ from acl-predict's by {gap:.2e}"
+print(f"[serving-env] acl-serve --precision {sys.argv[4]}: /predict and OIP infer give acl-predict's labels, exit "
+      "layers and probabilities (to 1e-5); exit 0 on SIGTERM")
 PY
+}
+for precision in "${precisions[@]}"; do
+  serve_check "$precision"
+done
 say "ok"

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Debian packages that the slow tests use, installed only where their command is missing (root, apt-get):
+# Debian packages that the tests use, installed only where their command is missing (root, apt-get):
 #   qemu-user   qemu-x86_64 runs the int8 graphs on an emulated AVX2-only CPU (tests/test_int8.py)
 #   postgresql  a throwaway server for two acl-tune workers sharing one study (tests/test_tune.py)
-# Usage: scripts/system_packages.sh      (CI runs it before make test-slow; idempotent, seconds when present)
+#   hey         an HTTP load generator nobody here wrote, driving acl-serve (benchmarks/serve_hey.py,
+#               tests/test_serve_hey.py, which runs in make test)
+# Usage: scripts/system_packages.sh      (CI runs it before make test; idempotent, seconds when present)
 set -euo pipefail
 
 # command that shows the package is there -> Debian package
-declare -A PACKAGES=([qemu-x86_64]=qemu-user [pg_ctlcluster]=postgresql)
+declare -A PACKAGES=([qemu-x86_64]=qemu-user [pg_ctlcluster]=postgresql [hey]=hey)
 
 missing=()
 for cmd in "${!PACKAGES[@]}"; do

@@ -2,7 +2,11 @@
 a plain-JSON client (urllib: no client library of ours between the test and the server)."""
 import contextlib
 import json
+import os
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -108,3 +112,69 @@ def oip_body(texts, **parameters):
 
 def outputs(answer) -> dict:
     return {o["name"]: o["data"] for o in answer["outputs"]}
+
+
+def slow_layer(seconds: float) -> str:
+    """A prelude for :func:`start`: every encoder layer takes ``seconds`` more (a model big enough that requests
+    are still queued when the test acts)."""
+    return ("import time\n"
+            "from acl_runtime.engine import OrtBackend\n"
+            "_layer = OrtBackend.layer\n"
+            "def layer(self, i, x, mask):\n"
+            f"    time.sleep({seconds!r})\n"
+            "    return _layer(self, i, x, mask)\n"
+            "OrtBackend.layer = layer\n")
+
+
+SLOW_LAYER = slow_layer(0.02)
+
+
+def start(folder: str, *flags: str, prelude: str = ""):
+    """acl-serve FOLDER FLAGS in a fresh interpreter, and its URL once ready. ``prelude`` runs first in it and in
+    each ``--workers`` process (spawned: a fresh interpreter too), as a ``sitecustomize`` module."""
+    port = free_port()
+    env = dict(os.environ)
+    if prelude:
+        site = tempfile.mkdtemp(prefix="acl_serve_prelude_")
+        with open(os.path.join(site, "sitecustomize.py"), "w") as f:
+            f.write(prelude)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (site, helpers.REPO, env.get("PYTHONPATH")) if p)
+    argv = ["acl-serve", folder, "--port", str(port), *flags]
+    code = (f"import sys\nsys.argv = {argv!r}\n"  # before acl_fairseq is imported: what the command line gives
+            "import atexit\n"
+            "atexit.register(lambda: print('LOADED', sorted({m.split('.')[0] for m in sys.modules} & {'torch', "
+            "'fairseq'}), file=sys.stderr))\n"
+            "from acl_runtime.serve.cli import cli_main\ncli_main()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=helpers.REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
+    while True:
+        try:
+            if call(f"{url}/v2/health/ready", timeout=5)[0] == 200:
+                return proc, url
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"acl-serve did not start: {proc.communicate()[1][-3000:]}")
+        time.sleep(0.1)
+
+
+def metric(text: str, name: str) -> float:
+    """The value of one sample line of a /metrics exposition (``name`` with its labels), 0 when absent."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def assert_oip_equals_engine(answer: dict, want: list, abs_tol: float = 1e-5) -> None:
+    """An OIP answer's labels, exit layers and probabilities (to ``abs_tol``) against the engine's predictions."""
+    got = outputs(answer)
+    assert got["label"] == [p.label for p in want]
+    assert got["exit_layer"] == [p.exit_layer for p in want]
+    names = list(want[0].probabilities)
+    probs = got["probabilities"]
+    for k, p in enumerate(want):
+        row = probs[k * len(names): (k + 1) * len(names)]
+        assert max(abs(a - p.probabilities[n]) for a, n in zip(row, names)) < abs_tol, (row, p)

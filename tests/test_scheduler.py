@@ -236,3 +236,22 @@ def test_served_rows_equal_acl_predict_on_a_real_model(exported, side):
             assert (g.label, g.exit_layer) == (w.label, w.exit_layer), (request, texts[i])
             for name in w.probabilities:
                 assert g.probabilities[name] == pytest.approx(w.probabilities[name], abs=1e-5)
+
+
+@pytest.mark.parametrize("refill", [True, False])
+def test_a_cancelled_request_frees_its_queued_rows_and_the_others_are_answered(refill):
+    """A client that goes away (or a drain out of time) gives up its request: its rows leave the queues at once,
+    so they are neither computed nor counted against --max-queue, and every other request is answered."""
+    backend = MeanBackend()
+    sched = Scheduler(backend, max_batch=3, max_queue=40, refill=refill)
+    jobs = _jobs(21, 4)
+    futures = [sched.submit(*jobs[0])]
+    sched.step()  # the first request is under way
+    futures += [sched.submit(*job) for job in jobs[1:]]
+    gone = futures.pop(1)
+    queued = sched.depth()
+    freed = sched.cancel(gone)
+    assert gone.cancelled() and freed == len(jobs[1][0]) and sched.depth() == queued - freed
+    assert sched.close() and sched.depth() == 0
+    _check(backend, jobs[:1] + jobs[2:], futures)
+    assert sched.cancel(futures[0]) == 0 and not futures[0].cancelled()  # an answered request stays answered

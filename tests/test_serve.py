@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from acl_runtime import loop
-from serve_helpers import call, exported, oip_body, outputs, serving  # noqa: F401  (exported: a fixture)
+from serve_helpers import call, exported, metric, oip_body, outputs, serving  # noqa: F401  (exported: a fixture)
 
 ATOL = 1e-5
 
@@ -151,19 +151,36 @@ def test_a_text_over_the_models_positions_is_cut_and_flagged(server, exported): 
     assert entries[0]["label"] == expected(exported, [long], {})[0].label
 
 
-def test_metrics_count_requests_exits_queue_and_batch_fill(server, exported):  # noqa: F811
-    url, _ = server
-    call(f"{url}/predict", {"inputs": [["good"], ["bad"]]})
-    call(f"{url}/v2/models/nope/infer", oip_body(["good"]))
-    status, head, text = call(f"{url}/metrics")
-    text = text.decode() if isinstance(text, bytes) else str(text)
+def test_metrics_counts_equal_the_requests_rows_and_backend_calls_answered(exported):  # noqa: F811
+    """Each histogram's count against what was answered, on a server of its own: a request per status and route
+    in the latency histogram, a row per input in the exit-layer one (its buckets the engine's exit layers), and
+    the batch-fill one per backend call (Triton's execution_count) and per row through each layer."""
+    texts = ["good", "bad", "the plot was not clever , honestly"]
+    want = exported["engine"].predict_early_exit(texts)
+    with serving(exported["folder"], max_batch=4) as (url, _):
+        call(f"{url}/predict", {"inputs": [[t] for t in texts[:2]]})
+        call(f"{url}/v2/models/acl/infer", oip_body(texts[2:]))
+        call(f"{url}/v2/models/nope/infer", oip_body(["good"]))
+        executions = call(f"{url}/v2/models/acl/stats")[2]["model_stats"][0]["execution_count"]
+        status, head, text = call(f"{url}/metrics")
+    text = text.decode()
     assert status == 200 and head["content-type"].startswith("text/plain")
-    assert 'acl_requests_total{route="predict",status="200"}' in text
-    assert 'acl_requests_total{route="infer",status="404"}' in text
-    assert 'acl_request_seconds_bucket{le="0.001",route="predict"}' in text
-    assert 'acl_exit_layer_bucket{le="3.0"}' in text and "acl_queue_depth 0.0" in text
-    fill = [line for line in text.splitlines() if line.startswith("acl_batch_fill_count")]
-    assert {line.split('"')[1] for line in fill} == {"0", "1", "2", "3"}  # the embeddings and every layer
+    for route, code in [("predict", "200"), ("infer", "200"), ("infer", "404")]:
+        assert metric(text, f'acl_requests_total{{route="{route}",status="{code}"}}') == 1
+    assert metric(text, 'acl_request_seconds_count{route="predict"}') == 1
+    assert metric(text, 'acl_request_seconds_count{route="infer"}') == 2
+    assert metric(text, "acl_exit_layer_count") == len(texts)
+    for layer in exported["engine"].exit_layers:
+        assert metric(text, f'acl_exit_layer_bucket{{le="{float(layer)}"}}') == sum(p.exit_layer <= layer
+                                                                                   for p in want)
+    assert metric(text, "acl_queue_depth") == 0
+    layers = ["0"] + [str(x) for x in exported["engine"].exit_layers]
+    calls = [metric(text, f'acl_batch_fill_count{{layer="{x}"}}') for x in layers]
+    assert sum(calls) == executions and all(calls)  # the embeddings and every layer ran
+    rows = {x: round(metric(text, f'acl_batch_fill_sum{{layer="{x}"}}') * 4) for x in layers}
+    assert rows["0"] == len(texts)  # every row embedded once
+    for layer in exported["engine"].exit_layers:  # a row runs layer L unless it left at an earlier exit
+        assert rows[str(layer)] == sum(p.exit_layer >= layer for p in want)
 
 
 def test_precision_int8_serves_the_int8_copy(exported):  # noqa: F811

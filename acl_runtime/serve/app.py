@@ -30,7 +30,8 @@ from acl_runtime.scheduler import Closed, QueueFull
 from acl_runtime.serve import protocol, schema, tei
 from acl_runtime.serve.metrics import CONTENT_TYPE
 from acl_runtime.serve.protocol import BadRequest
-from acl_runtime.serve.service import VERSION, Answered, Service, Settings  # noqa: F401  (Settings: the API)
+from acl_runtime.serve.service import VERSION, Answered, ClientGone, Service, Settings  # noqa: F401  (Settings: the API)
+from acl_runtime.serve.transport import STOPPING
 
 logger = logging.getLogger("acl_runtime.serve")
 CLOSE_SECONDS = 1.0  # the scheduler's own drain, after uvicorn's (see lifespan)
@@ -48,8 +49,8 @@ async def lifespan(app: Starlette):
     service: Service = app.state.service
     service.start()
     yield
-    # uvicorn has waited (up to --drain-seconds) for every request in flight: rows still queued now belong to
-    # requests it cancelled at that bound, which no one waits for
+    # uvicorn has waited (up to --drain-seconds) for every request in flight, and the handlers it cancelled at that
+    # bound freed their rows: a row still queued now is a fault
     if not await asyncio.get_running_loop().run_in_executor(None, service.close, CLOSE_SECONDS):
         logger.error("acl-serve: %d inputs were still queued after --drain-seconds %g", service.scheduler.depth(),
                      service.settings.drain_seconds)
@@ -107,8 +108,16 @@ async def _stream(request: Request, timeout: Optional[float]):
             raise BadRequest(408, f"the request's body did not all arrive within {timeout:g} s (--read-timeout); "
                              "send it at once") from None
         except ClientDisconnect:
+            if request.scope.get(STOPPING):  # the drain started: the connection was answered 503 (transport.py)
+                raise Closed("the server is stopping: the request's body was still arriving") from None
             raise BadRequest(408, "the client closed the connection before its body was read") from None
         yield chunk
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has closed its connection (its whole body already read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def error(status: int, message: str, tei_shape: bool = False, kind: str = "Validation",
@@ -130,6 +139,11 @@ def answers(route: str, tei_shape: bool = False):
             except BadRequest as e:
                 response = error(e.status, e.message, tei_shape, e.kind,
                                  {"Connection": "close"} if e.status == 408 else None)
+            except asyncio.CancelledError:  # uvicorn's drain ran out of --drain-seconds: the rows were freed
+                response = error(503, "the server stopped before this request was answered (--drain-seconds ran "
+                                 "out): retry it", tei_shape, "Overloaded", {"Retry-After": "1", "Connection": "close"})
+            except ClientGone:  # no one to answer; counted as nginx counts it, 499 "client closed request"
+                response = Response(status_code=499)
             except (QueueFull, Closed) as e:
                 retry = getattr(e, "retry_after", 1)
                 response = error(503, f"{e} (overloaded: the queue is full or the server is stopping)", tei_shape,
@@ -193,7 +207,7 @@ async def infer(request: Request, service: Service) -> Response:
     _check_model(service, request)
     body = await read_body(request, service.settings.max_body_bytes, service.settings.read_timeout)
     req = protocol.parse_infer(body, request.headers.get("inference-header-content-length"), service.output_names())
-    answered = await service.predict(req.texts, req.params)
+    answered = await service.predict(req.texts, req.params, functools.partial(_disconnected, request))
     truncated = [p.truncated for p in answered.predictions]
     content, header = protocol.infer_response(service.settings.model_name, VERSION, req,
                                               _tensors(service, answered, truncated),
@@ -250,7 +264,7 @@ async def server_metadata(request: Request) -> Response:
 async def predict(request: Request, service: Service) -> Response:
     body = await read_body(request, service.settings.max_body_bytes, service.settings.read_timeout)
     req = tei.parse_predict(body)
-    answered = await service.predict(req.texts, req.params)
+    answered = await service.predict(req.texts, req.params, functools.partial(_disconnected, request))
     if service.engine.regression:
         names, scores = ["score"], np.asarray([[p.label] for p in answered.predictions], dtype=np.float32)
     else:

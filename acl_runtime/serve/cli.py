@@ -28,7 +28,8 @@ from acl_runtime.console import UsageError, positive_int
 
 SETTINGS_ENV = "ACL_SERVE_SETTINGS"  # a worker process's Settings, as JSON (--workers N)
 EXIT_STATUSES = ("Exit status: 0 after SIGTERM or Ctrl-C once every accepted request is answered (the server stops "
-                 "accepting at once and waits up to --drain-seconds); 2 for a bad flag or folder, or a port in use, "
+                 "accepting at once, answers a connection without a request 503, and waits up to --drain-seconds, "
+                 "past which the rest are answered 503); 2 for a bad flag or folder, or a port in use, "
                  "before anything listens.")
 MAX_READ_TIMEOUT = 60.0
 
@@ -157,6 +158,7 @@ def _serve(args, settings, sock: socket.socket, started: float) -> int:
     import uvicorn
 
     from acl_runtime.serve.app import build_app
+    from acl_runtime.serve.stopping import Server, Supervisor
     from acl_runtime.serve.transport import NoDelayH11Protocol
 
     # the worker processes load their own; this one checks the folder and flags first, so that a bad one is one
@@ -188,14 +190,12 @@ def _serve(args, settings, sock: socket.socket, started: float) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: drained.append(signum))
     signal.signal(signal.SIGINT, lambda signum, frame: drained.append(signum))
     if args.workers > 1:
-        from uvicorn.supervisors import Multiprocess
-
-        try:  # the supervisor passes SIGTERM to every worker, each drains, and it joins them
-            Multiprocess(config, sockets=[sock]).run()
+        try:  # the supervisor passes SIGTERM to every worker at once, each drains, and it joins them
+            Supervisor(config, sockets=[sock]).run()
         finally:
             shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
         return 0
-    uvicorn.Server(config).run(sockets=[sock])
+    Server(config).run(sockets=[sock])  # stops accepting the moment SIGTERM comes (serve/stopping.py)
     return 0
 
 

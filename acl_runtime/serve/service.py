@@ -8,7 +8,7 @@ encodes its texts, submits the rows, and awaits their future, so the event loop 
 import asyncio
 import threading
 import time
-from typing import Dict, List, NamedTuple, Optional
+from typing import Awaitable, Callable, Dict, List, NamedTuple, Optional
 
 import numpy as np
 
@@ -70,6 +70,25 @@ class Statistics:
             self.executions += 1
 
 
+class ClientGone(Exception):
+    """The client disconnected before its answer: the request was given up."""
+
+
+async def _first(answer: asyncio.Future, gone: Optional[Callable[[], Awaitable]]):
+    """``answer``'s result, or :class:`ClientGone` when ``gone()`` returns first."""
+    if gone is None:
+        return await answer
+    watch = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait([answer, watch], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not answer.done():
+        answer.cancel()
+        raise ClientGone("the client disconnected before its answer")
+    return answer.result()
+
+
 class Service:
     """One worker's model: the engine, the server's default exit request (its --policy flags, else the folder's
     serving policy), the scheduler and the metrics. Built before the server listens, so a bad folder or flag is
@@ -84,7 +103,8 @@ class Service:
         self.stats = Statistics()
         self.scheduler = Scheduler(self.engine.backend, self.engine.regression, max_batch=s.max_batch,
                                    max_queue=s.max_queue, refill=s.refill, on_batch=self._on_batch,
-                                   pad=self.engine.pad, on_fault=self.metrics.on_fault)
+                                   pad=self.engine.pad, on_fault=self.metrics.on_fault,
+                                   on_depth=lambda rows: self.metrics.track_depth())
         self.metrics.depth = self.scheduler.depth
         self.ready = False
 
@@ -113,7 +133,11 @@ class Service:
         except ValueError as e:
             raise BadRequest(400, str(e)) from None
 
-    async def predict(self, texts: List[protocol.Pair], params: Dict) -> Answered:
+    async def predict(self, texts: List[protocol.Pair], params: Dict,
+                      gone: Optional[Callable[[], Awaitable]] = None) -> Answered:
+        """The inputs' answers. ``gone()``, when given, returns once the client has disconnected: the request is
+        then given up and its queued rows freed (:meth:`Scheduler.cancel`), as they are when this is cancelled
+        (the drain ran out of time)."""
         request = self.exit_request(params)
         if len(texts) > self.settings.max_queue:
             raise BadRequest(413, f"{len(texts)} inputs in one request, more than the queue holds (--max-queue "
@@ -126,8 +150,9 @@ class Service:
         self.metrics.track_depth()
         start = time.perf_counter_ns()
         try:
-            answer = await asyncio.wrap_future(future)
+            answer = await _first(asyncio.wrap_future(future), gone)
         except BaseException:
+            self.scheduler.cancel(future)
             self.stats.answered(False, len(texts), time.perf_counter_ns() - start)
             raise
         finally:

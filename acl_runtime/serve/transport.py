@@ -9,9 +9,12 @@ config, which names this class).
   that opens, or starts a request, and has not completed its headers within it is answered 408 and closed (uvicorn
   waits for ever; its keep-alive timer only runs between requests). The body's own timeout is the app's
   (``app.read_body``).
-- At drain start (SIGTERM) a connection still sending its request body is closed: that request was never
-  accepted, and waiting for it would hold the drain for up to ``--drain-seconds``. uvicorn itself closes the idle
-  ones and those still sending headers.
+- At drain start (SIGTERM) a connection with no request under way (idle, or not yet sent), or still sending its
+  request's headers or body, is answered 503 with ``Retry-After`` and ``Connection: close`` (uvicorn closed it
+  unanswered, and a request already sent was lost). Waiting for a body would hold the drain for up to
+  ``--drain-seconds``. The close is gentle: the connection's write side is shut, what the client still sends is
+  read and dropped for up to ``LINGER_SECONDS`` (closing with unread bytes resets it, and a reset can destroy the
+  503 before the client reads it).
 """
 import json
 import socket
@@ -21,6 +24,13 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 TIMEOUT_BODY = json.dumps({"error": "the request's headers did not arrive within --read-timeout; the connection is "
                            "closed"}).encode()
+STOPPING_BODY = json.dumps({"error": "the server is stopping (SIGTERM): this request was not taken; retry it",
+                            "error_type": "Overloaded"}).encode()
+STOPPING_ANSWER = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+                   b"connection: close\r\ncontent-length: " + str(len(STOPPING_BODY)).encode() + b"\r\n\r\n" +
+                   STOPPING_BODY)
+STOPPING = "acl.stopping"  # set in a request's scope when the drain answered it 503 (the app counts a 503)
+LINGER_SECONDS = 1.0
 TIMEOUT_ANSWER = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
                   b"content-length: " + str(len(TIMEOUT_BODY)).encode() + b"\r\n\r\n" + TIMEOUT_BODY)
 
@@ -30,7 +40,7 @@ class NoDelayH11Protocol(H11Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._headers_timer = None
+        self._headers_timer, self._refused = None, False
         super().connection_made(transport)
         self._arm()
 
@@ -48,6 +58,8 @@ class NoDelayH11Protocol(H11Protocol):
             self._headers_timer = None
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # answered 503 at shutdown: read and dropped until the client closes
         super().data_received(data)
         if self._waiting_for_headers():
             self._arm()  # bytes of a request whose headers are not complete: its deadline runs from the first
@@ -69,7 +81,41 @@ class NoDelayH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def shutdown(self) -> None:
-        if self.cycle is not None and not self.cycle.response_complete and self.conn.their_state is h11.SEND_BODY:
-            self.transport.close()  # still sending its body: never accepted, so nothing to answer
+        """uvicorn's drain start: a request in flight is answered and the connection then closed; any other
+        connection is answered 503 (:meth:`refuse`)."""
+        if self._refused:
             return
-        super().shutdown()
+        if self.cycle is not None and not self.cycle.response_complete and self.conn.their_state is h11.SEND_BODY:
+            # still sending its body: never accepted; its handler sees a disconnect and counts a 503 (STOPPING)
+            self.cycle.scope[STOPPING] = True
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+            self.refuse()
+        elif self.cycle is None or self.cycle.response_complete:
+            self.refuse()
+        else:
+            super().shutdown()
+
+    def refuse(self) -> None:
+        """503 with Retry-After, the write side shut, the client's bytes dropped until it closes (at most
+        LINGER_SECONDS), then the close."""
+        self._refused = True
+        self._disarm()
+        self._unset_keepalive_if_required()
+        if self.transport.is_closing():
+            return
+        self.transport.write(STOPPING_ANSWER)
+        if self.transport.can_write_eof():
+            try:
+                self.transport.write_eof()
+            except OSError:  # the client reset the connection already: nothing to answer
+                self.transport.close()
+                return
+        self.flow.resume_reading()
+        self.loop.call_later(LINGER_SECONDS, self.transport.close)
+
+    def eof_received(self) -> None:
+        if self._refused:
+            self.transport.close()
+            return None
+        return super().eof_received()

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""acl-serve under a load generator nobody here wrote: ``hey`` (Debian's package) sends one sentence to ``/predict``
+at a fixed rate; beside it, serve_load's own client (benchmarks/_load_client.py) at the same rate on the same
+server (the OIP infer route), so that each generator checks the other's latency.
+
+    python benchmarks/serve_hey.py --toy --rate 50 --seconds 10 --json /tmp/hey.json [--force]
+    python benchmarks/serve_hey.py --folder OUT/onnx --rate 20 --seconds 2 --json /tmp/hey.json
+
+How each paces: hey runs ``--connections`` workers, each sending at ``rate / connections`` per second on its own
+kept-alive connection and waiting for the answer before its next send (closed loop: a slow answer delays that
+worker's next request, so its latencies leave out the wait a late request would have had); serve_load's client
+sends on a fixed schedule (``i / rate`` s) whatever the answers do, and counts latency from the scheduled time.
+Every answer counts: hey's 200s must equal what the server's /metrics counted on ``/predict`` (none lost), and
+acl-serve must exit 0 on SIGTERM. perf_analyzer (2.48.0, the last that runs on Debian 12's C library) installs
+but cannot drive this server: "unable to set shape for the input" for a BYTES input whose rows are scalars.
+
+Model: ``--folder`` (an acl-export OUT/onnx), else serve_speed.py's (``--toy``: its toy model). ``--rounds``
+alternates the two generators (hey first) that many times.
+"""
+import argparse
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Dict, List
+
+import _glue_runs as G
+import _load_server as S
+import _load_stats as T
+import _records as R
+import common
+
+COLUMNS = ["generator", "route", "round", "rate_per_s", "sent", "ok", "n_503", "errors", "throughput_per_s",
+           "p50_ms", "p99_ms"]
+FORMATS = {"rate_per_s": "{:.1f}", "throughput_per_s": "{:.1f}", "p50_ms": "{:.2f}", "p99_ms": "{:.2f}"}
+
+
+def hey_row(csv_text: str, rate: float) -> Dict:
+    """A row from hey's ``-o csv`` dump: one line per request (response-time s, ..., status-code, offset s)."""
+    rows = list(csv.DictReader(io.StringIO(csv_text)))
+    ok = [r for r in rows if r["status-code"] == "200"]
+    latency = [1000 * float(r["response-time"]) for r in ok]
+    span = max((float(r["offset"]) + float(r["response-time"]) for r in ok), default=0.0) - \
+        min((float(r["offset"]) for r in rows), default=0.0)
+    statuses = [r["status-code"] for r in rows]
+    return {"generator": "hey", "route": "/predict", "rate_per_s": rate, "sent": len(rows), "ok": len(ok),
+            "n_503": statuses.count("503"), "errors": sum(1 for s in statuses if s not in ("200", "503")),
+            "throughput_per_s": len(ok) / span if span > 0 else 0.0, "p50_ms": T.percentile(latency, 50),
+            "p99_ms": T.percentile(latency, 99)}
+
+
+def run_hey(hey: str, port: int, text: str, args) -> Dict:
+    body = json.dumps({"inputs": text})
+    cmd = [hey, "-z", f"{args.seconds:g}s", "-c", str(args.connections), "-q", f"{args.rate / args.connections:g}",
+           "-m", "POST", "-T", "application/json", "-d", body, "-o", "csv", f"http://127.0.0.1:{port}/predict"]
+    before = _answered(port)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.seconds + 60)
+    if proc.returncode:
+        raise RuntimeError(f"serve_hey: hey failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    row = hey_row(proc.stdout, args.rate)
+    row["server_counted"] = _answered(port) - before
+    return row
+
+
+def run_client(port: int, text: str, args, tmp: str) -> Dict:
+    n = int(args.rate * args.seconds)
+    spec = {"host": "127.0.0.1", "port": port, "model": "acl", "texts": [text], "order": [0] * n, "tag": "hey-ref",
+            "max_seconds": args.seconds + 1, "drain_seconds": 30.0, "mode": "open",
+            "offsets": [i / args.rate for i in range(n)]}
+    summary = T.summarize(S.drive(spec, tmp), args.rate, n)
+    return {"generator": "serve_load client", "route": "/v2/models/acl/infer", "rate_per_s": args.rate,
+            **{k: summary[k] for k in ("sent", "ok", "n_503", "errors", "throughput_per_s", "p50_ms", "p99_ms")}}
+
+
+def _answered(port: int) -> float:
+    """/predict's 200s as the server counts them."""
+    status, body = S.get(port, "/metrics")
+    for line in body.decode().splitlines():
+        if line.startswith('acl_requests_total{route="predict",status="200"} '):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--folder", help="an acl-export OUT/onnx folder to serve (default: serve_speed.py's model)")
+    p.add_argument("--toy", action="store_true", help="serve_speed.py's toy model (without --folder)")
+    p.add_argument("--rate", type=float, default=50.0, help="requests per second, both generators")
+    p.add_argument("--seconds", type=float, default=10.0, help="how long each generator sends")
+    p.add_argument("--connections", type=int, default=4, help="hey's workers (-c), each at rate / connections")
+    p.add_argument("--rounds", type=int, default=1, help="hey then the client, this many times")
+    p.add_argument("--text", help="the sentence sent (default: the model's first dev sentence)")
+    p.add_argument("--workers", type=int, default=1, help="acl-serve --workers")
+    p.add_argument("--precision", choices=["fp32", "int8"], default="fp32")
+    p.add_argument("--server", default=S.tool("acl-serve"), help="the acl-serve executable (default: %(default)s)")
+    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="model cache (%(default)s)")
+    p.add_argument("--examples", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--checkpoint", help=argparse.SUPPRESS)
+    p.add_argument("--data", help=argparse.SUPPRESS)
+    p.add_argument("--hf-dir", help=argparse.SUPPRESS)
+    p.add_argument("--updates", type=int, default=300, help=argparse.SUPPRESS)
+    p.add_argument("--export", action="store_true", help=argparse.SUPPRESS)
+    R.add_json_flags(p)
+    args = p.parse_args(argv)
+    if not args.json:
+        p.error("--json PATH is required (the table is printed; the JSON keeps every row and the setup)")
+    R.refuse_existing(p, args.json, args.force)
+    if args.rate <= 0 or args.seconds <= 0 or args.connections < 1 or args.rounds < 1:
+        p.error("--rate and --seconds must be above 0, --connections and --rounds at least 1")
+    if args.rate * args.seconds < 1:
+        p.error(f"--rate {args.rate:g} x --seconds {args.seconds:g} is under one request")
+    return args
+
+
+def main(argv=None) -> Dict:
+    args = parse_args(argv)
+    hey = shutil.which("hey")
+    if hey is None:
+        sys.exit("serve_hey: hey is not installed (Debian: apt-get install hey; scripts/system_packages.sh)")
+    if args.folder:
+        folder, sentences = args.folder, []
+    else:
+        from _serving import model_and_sentences
+
+        folder, sentences = model_and_sentences(args)
+    text = args.text or (sentences[0] if sentences else "the movie was good")
+    rows: List[Dict] = []
+    with tempfile.TemporaryDirectory(prefix="serve_hey_") as tmp:
+        port, log = S.free_port(), os.path.join(tmp, "server.log")
+        cmd = [args.server, folder, "--port", str(port), "--precision", args.precision, "--workers",
+               str(args.workers), "--threads", "1"]
+        proc = S.start_server(cmd, log, port, 120.0)
+        try:
+            for k in range(args.rounds):
+                rows.append({**run_hey(hey, port, text, args), "round": k + 1})
+                rows.append({**run_client(port, text, args, tmp), "round": k + 1})
+        finally:
+            stopped = S.stop_server(proc, 30.0)
+    lost = [r for r in rows if r["generator"] == "hey" and r["server_counted"] != r["ok"]]
+    record = {"benchmark": "serve_hey", "setup": {"folder": folder, "text": text, "rate_per_s": args.rate,
+              "seconds": args.seconds, "connections": args.connections, "workers": args.workers,
+              "precision": args.precision, "cpus": os.cpu_count(), "load_average": os.getloadavg()[0],
+              "hey": hey}, "rows": rows, "server": stopped,
+              "checks": {"exit_0": stopped["exit_code"] == 0, "hey_answers_counted_by_server": not lost}}
+    print(f"# serve_hey: {args.rate:g} requests/s for {args.seconds:g} s, one sentence, {args.workers} worker(s), "
+          f"{args.precision}, {os.cpu_count()} cpus")
+    common.print_noted_table(rows, COLUMNS, FORMATS)
+    R.write_atomic(args.json, json.dumps(record, indent=1))
+    if not all(record["checks"].values()):
+        sys.exit(f"serve_hey: a check failed: {record['checks']} (server exit {stopped['exit_code']})")
+    return record
+
+
+if __name__ == "__main__":
+    main()
