@@ -67,7 +67,8 @@ def test_tools_refuse_an_empty_or_cut_short_checkpoint_in_one_line(tmp_path, dat
             "predict": ["--data", data, "--input", os.path.join(data, "raw", "valid.input0"), "--output",
                         str(tmp_path / "p.jsonl")]}[tool]
     for path in _damaged(tmp_path):
-        proc = subprocess.run([sys.executable, "-m", f"acl_fairseq.cli.{tool}", path, *args], capture_output=True,
+        module = {"evaluate": "acl_fairseq.cli.evaluate", "predict": "acl_runtime.predict"}[tool]
+        proc = subprocess.run([sys.executable, "-m", module, path, *args], capture_output=True,
                               text=True, env=env, cwd=helpers.REPO)
         _one_line_exit_2(proc, path)
     assert not os.path.exists(tmp_path / "p.jsonl") and not os.path.exists(tmp_path / "out")
