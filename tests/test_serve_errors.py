@@ -301,3 +301,12 @@ def test_a_failure_outside_the_inference_handlers_is_the_same_500_with_a_request
     assert status == 500 and answer == {"error": f"internal error (request id {rid})"}
     assert any(rid in r.getMessage() and "a missing label" in (r.exc_text or "") for r in caplog.records)
     assert call(f"{url}/v2/health/ready")[0] == 200
+
+
+@pytest.mark.parametrize("route", ["predict", "v2/models/acl/infer"])
+def test_a_field_name_with_a_newline_is_quoted_on_one_line(server, route):
+    """What the slow fuzz found: an unknown field named "\\n" was echoed raw, a two-line error."""
+    url, _ = server
+    body = {"inputs": "good", "\n": 1} if route == "predict" else {"inputs": [], "a\nb": 1}
+    got, _, answer = call(f"{url}/{route}", body)
+    assert got in (400, 422) and _one_line(answer["error"]) and "\\n" in answer["error"], answer
