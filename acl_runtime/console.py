@@ -107,15 +107,16 @@ def threshold_type(policy: str):
     return parse
 
 
-def check_request_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def check_request_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, fill_default: bool = False) -> None:
     """``--policy``, ``--threshold`` and ``--exit-layer`` (where the command has it) through
     :func:`acl_runtime.request.resolve` before anything loads: parser.error (exit 2) for what the flags alone get
-    wrong; a threshold comes back range-checked."""
+    wrong; a threshold comes back range-checked (``fill_default``: the policy's default when none was given, for a
+    benchmark that records the threshold it ran)."""
     try:
         resolved = request.resolve(None, args.policy, args.threshold, getattr(args, "exit_layer", None))
     except ValueError as e:
         parser.error(str(e))
-    if args.threshold is not None:
+    if args.threshold is not None or fill_default:
         args.threshold = resolved.threshold
 
 

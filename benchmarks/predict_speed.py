@@ -77,7 +77,7 @@ def main(argv=None) -> List[Dict]:
     R.add_json_flags(p, "write the rows here")
     args = p.parse_args(argv)
     R.refuse_existing(p, args.json, args.force)
-    console.check_request_flags(p, args)
+    console.check_request_flags(p, args, fill_default=True)
     if args.checkpoint and not args.data:
         p.error("--checkpoint needs --data (the folder the model was trained on)")
     if args.threads:

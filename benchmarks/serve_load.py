@@ -283,7 +283,7 @@ def parse_args(argv=None):
     p.add_argument("--plot", help="default: the --json path with .png")
     p.add_argument("--force", action="store_true", help="replace an existing --json")
     args = p.parse_args(argv)
-    console.check_request_flags(p, args)
+    console.check_request_flags(p, args, fill_default=True)
     if args.quick:
         args.examples = args.examples or 128
         args.requests, args.batch1_sentences = min(args.requests, 48), min(args.batch1_sentences, 16)

@@ -236,7 +236,7 @@ def parse_args(argv=None):
     R.add_json_flags(p, "write the setup, rows and targets here")
     args = p.parse_args(argv)
     args.threshold_source = "--threshold" if args.threshold is not None else "policy default"
-    console.check_request_flags(p, args)
+    console.check_request_flags(p, args, fill_default=True)
     if args.checkpoint and not args.data:
         p.error("--checkpoint needs --data (the folder the model was trained on)")
     if args.threads < 1 or args.repeats < 1 or args.batch_size < 2:
