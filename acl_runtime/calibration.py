@@ -25,7 +25,7 @@ from typing import Dict, List, NamedTuple, Optional
 
 from acl_runtime import exits
 from acl_runtime.io import atomic, file_sha256
-from acl_runtime.request import NO_POLICY  # noqa: F401  (the --policy value of the last exit)
+from acl_runtime.request import NO_POLICY, json_number  # noqa: F401  (NO_POLICY: the last exit's --policy)
 
 logger = logging.getLogger(__name__)
 
@@ -165,14 +165,6 @@ def check_writable(path: str) -> None:
     if os.path.isdir(path):
         raise IsADirectoryError(errno.EISDIR, "a folder is in the way", path)
     atomic.probe_writable(path)
-
-
-def json_number(value, what: str):
-    """``value`` read from a JSON file where a number is expected, else a ValueError: ``true`` is not 1 (Python
-    counts a bool as an int), nor is ``"0.3"`` or ``null`` a threshold."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{what} is {json.dumps(value)}, not a number")
-    return value
 
 
 def read(path: str) -> Dict:

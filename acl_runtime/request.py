@@ -75,10 +75,18 @@ def _serving_default(exit_layers, default: Dict, regression: bool) -> ExitReques
     """The model's serving policy as the request, checked as an explicit one is; its error names its file."""
     where, policy, threshold = default.get("source", "the serving policy"), default["policy"], default.get("threshold")
     try:
-        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))):
-            raise ValueError(f"its threshold is {json.dumps(threshold)}, not a number")
+        if threshold is not None:
+            json_number(threshold, "its threshold")
         checked = resolve(exit_layers, policy, threshold, regression=regression)
     except (ValueError, TypeError) as e:
         raise ValueError(f"{where}: its serving policy {json.dumps(policy)} with threshold {json.dumps(threshold)} "
                          f"cannot run: {e}; pass --policy (or --policy {NO_POLICY}), or write it again") from None
     return checked._replace(source=where)
+
+
+def json_number(value, what: str):
+    """``value`` read from a JSON file where a number is expected, else a ValueError: ``true`` is not 1 (Python
+    counts a bool as an int), nor is ``"0.3"`` or ``null`` a threshold."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} is {json.dumps(value)}, not a number")
+    return value
