@@ -168,6 +168,20 @@ def metric(text: str, name: str) -> float:
     return 0.0
 
 
+def all_accepted(url: str, rows: int, futures=()) -> None:
+    """Wait until every one of ``rows`` inputs sent is accepted (queued or answered) and some are still queued: a
+    request whose connection the server has not yet taken when the test acts is refused, rightly."""
+    deadline = time.monotonic() + 30
+    while True:
+        text = call(f"{url}/metrics")[2].decode()
+        queued = metric(text, "acl_queue_depth")
+        if queued and queued + metric(text, "acl_exit_layer_count") == rows:
+            return
+        assert time.monotonic() < deadline, f"{queued:g} of {rows} rows queued"
+        assert not any(f.done() and f.result()[0] != 200 for f in futures)
+        time.sleep(0.005)
+
+
 def assert_oip_equals_engine(answer: dict, want: list, abs_tol: float = 1e-5) -> None:
     """An OIP answer's labels, exit layers and probabilities (to ``abs_tol``) against the engine's predictions."""
     got = outputs(answer)

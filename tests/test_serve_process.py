@@ -21,6 +21,7 @@ import helpers
 from acl_runtime.serve import cli
 from serve_helpers import (  # noqa: F401
     SLOW_LAYER,
+    all_accepted,
     assert_oip_equals_engine,
     call,
     exported,
@@ -38,14 +39,7 @@ def test_sigterm_stops_accepting_answers_every_accepted_request_and_exits_0(expo
     groups = [texts[k: k + 3] for k in range(0, 36, 3)]
     with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:
         futures = [pool.submit(call, f"{url}/v2/models/acl/infer", oip_body(g)) for g in groups]
-        deadline, rows = time.monotonic() + 30, sum(map(len, groups))
-        while True:  # every request accepted (queued or answered), some still queued: then SIGTERM
-            text = call(f"{url}/metrics")[2].decode()
-            queued = metric(text, "acl_queue_depth")
-            if queued and queued + metric(text, "acl_exit_layer_count") == rows:
-                break
-            assert time.monotonic() < deadline and not any(f.done() and f.result()[0] != 200 for f in futures)
-            time.sleep(0.005)
+        all_accepted(url, sum(map(len, groups)), futures)  # then SIGTERM
         proc.send_signal(signal.SIGTERM)
         stopped = time.monotonic()
         time.sleep(0.3)

@@ -14,7 +14,15 @@ import urllib.error
 
 import pytest
 
-from serve_helpers import call, exported, oip_body, serving, slow_layer, start  # noqa: F401  (exported: a fixture)
+from serve_helpers import (  # noqa: F401  (exported: a fixture)
+    all_accepted,
+    call,
+    exported,
+    oip_body,
+    serving,
+    slow_layer,
+    start,
+)
 
 REQUEST = (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 28\r\n\r\n"
            b'{"inputs": "the movie was"}')
@@ -48,13 +56,6 @@ def _probe(port: int, since: float, until: float, out: list) -> None:
         time.sleep(0.003)
 
 
-def _queued(url: str) -> None:
-    deadline = time.monotonic() + 30
-    while "acl_queue_depth 0.0" in call(f"{url}/metrics")[2].decode():
-        assert time.monotonic() < deadline, "no rows were ever queued"
-        time.sleep(0.005)
-
-
 def _status(answer: bytes) -> int:
     return int(answer[9:12]) if isinstance(answer, bytes) and answer.startswith(b"HTTP/1.1 ") else 0
 
@@ -71,7 +72,7 @@ def test_after_sigterm_new_connections_are_refused_and_every_taken_one_is_answer
     idle = socket.create_connection(("127.0.0.1", port))  # taken before SIGTERM, its request sent after
     with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:
         futures = [pool.submit(call, f"{url}/v2/models/acl/infer", oip_body(g)) for g in groups]
-        _queued(url)
+        all_accepted(url, sum(map(len, groups)), futures)
         proc.send_signal(signal.SIGTERM)
         stopped, probes = time.monotonic(), []
         time.sleep(0.01)  # a handshake completing in the microseconds between the server's last accept() and its
@@ -104,7 +105,7 @@ def test_a_drain_out_of_time_answers_what_is_left_503_and_exits_0(exported):  # 
     groups = [texts[k: k + 3] for k in range(0, 36, 3)]
     with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:
         futures = [pool.submit(call, f"{url}/predict", {"inputs": [[t] for t in g]}) for g in groups]
-        _queued(url)
+        all_accepted(url, sum(map(len, groups)), futures)
         proc.send_signal(signal.SIGTERM)
         stopped = time.monotonic()
         answers = [f.result() for f in futures]
