@@ -12,14 +12,26 @@ layer it needs next, with its own hidden states and its policy state (patience's
 
 So layer 1 keeps taking new requests while deeper layers finish older ones.
 
-Which layer runs (:meth:`Scheduler._pick`): a queue whose oldest row has been passed over ``max_wait`` steps goes
-first (no row waits for ever); else the deepest queue holding a full batch (finishing work in flight bounds the
-memory held in queues); else the queue holding the most rows, the deeper on a tie. (Running the oldest row's queue
-instead, a request at a time through its layers, cut batches small: on benchmarks/serve_load.py's MiniLM it served
-139 requests/s at saturation against 174, and its p99 at half that load was 105 ms against 63.) A batch starts with
-its queue's oldest row and takes the rows closest to it in length while the padding stays within ``max_padding`` of
-the real tokens. With ``refill=False`` the scheduler is today's batched early exit: up to ``max_batch`` queued rows,
-as they came, through :func:`~acl_runtime.loop.run_batch` (the baseline of benchmarks/serve_load.py).
+Which layer runs (:meth:`Scheduler._pick`), in order:
+
+1. a deadline: the queue whose oldest row has the least slack, once that slack is gone (its deadline, less the
+   layers it may still need at the measured cost of a call, is now). A row's deadline is its submit time plus its
+   request's own ``deadline`` or the scheduler's ``slo`` (acl-serve: a Triton ``timeout``, else ``--slo-ms``);
+   with neither there is none;
+2. a queue whose oldest row has been passed over ``max_wait`` steps (no row waits for ever);
+3. a light load (at most ``max_batch`` rows in all): the deepest queue, so that the rows in flight run through to
+   their exits as one wave and a request costs about what it costs alone;
+4. else the deepest queue holding a full batch (finishing work in flight bounds the memory held in queues);
+5. else the queue holding the most rows, the deeper on a tie.
+
+Rules tried (benchmarks/serve_load.py, MiniLM, SST-2 dev, entropy 0.3, one thread): running the oldest row's queue
+always, a request at a time through its layers, cut batches small: it served 139 requests/s at saturation against
+174, and its p99 at half that load was 105 ms against 63.
+
+A batch starts with its queue's oldest row and takes the rows closest to it in length while the padding stays
+within ``max_padding`` of the real tokens. With ``refill=False`` the scheduler is today's batched early exit: up to
+``max_batch`` queued rows, as they came, through :func:`~acl_runtime.loop.run_batch` (the baseline of
+benchmarks/serve_load.py).
 
 One thread makes every backend call (one ONNX Runtime session set per worker); :meth:`Scheduler.submit` is safe
 from any thread and returns a :class:`concurrent.futures.Future`.
@@ -56,32 +68,43 @@ class Closed(Exception):
 class Answer(NamedTuple):
     logits: np.ndarray  # (n, K) float32: the exit each row left at
     exit_layer: np.ndarray  # (n,) int64: 1-based layer of that exit
+    waits: np.ndarray  # (n, layers + 1) float64: seconds each row waited in each queue (0: the embeddings')
+    model: np.ndarray  # (n,) float64: seconds of the backend calls each row was in
+    done_at: float  # time.perf_counter() when the last row was answered
 
 
 class _Job:
     """One :meth:`Scheduler.submit`: its future and the answers of its rows so far."""
 
-    def __init__(self, n: int, num_classes: int):
+    def __init__(self, n: int, num_classes: int, queues: int):
         self.future: Future = Future()
         self.logits = np.zeros((n, num_classes), dtype=np.float32)
         self.layers = np.zeros(n, dtype=np.int64)
+        self.waits = np.zeros((n, queues), dtype=np.float64)
+        self.model = np.zeros(n, dtype=np.float64)
         self.left = n
 
-    def answer(self, index: int, logits: np.ndarray, layer: int) -> None:
-        self.logits[index], self.layers[index] = logits, layer
+    def answer(self, row: "_Row", logits: np.ndarray, layer: int) -> None:
+        k = row.index
+        self.logits[k], self.layers[k], self.model[k] = logits, layer, row.model
         self.left -= 1
         if self.left == 0 and not self.future.done():
-            self.future.set_result(Answer(self.logits, self.layers))
+            self.future.set_result(Answer(self.logits, self.layers, self.waits, self.model, time.perf_counter()))
 
 
 class _Row:
-    __slots__ = ("job", "index", "ids", "request", "last", "state", "policy", "since", "seq")
+    __slots__ = ("job", "index", "ids", "request", "last", "state", "policy", "since", "seq", "queued_at", "model",
+                 "deadline")
 
-    def __init__(self, job: _Job, index: int, ids: np.ndarray, request: loop.ExitRequest, last: int, seq: int):
+    def __init__(self, job: _Job, index: int, ids: np.ndarray, request: loop.ExitRequest, last: int, seq: int,
+                 now: float, deadline: float):
         self.job, self.index, self.ids, self.request, self.last, self.seq = job, index, ids, request, last, seq
+        self.deadline = deadline  # time.perf_counter() by which it should be answered (inf: none)
         self.state = None  # T x 1 x C hidden states after the layers run so far
         self.policy = exits.init_state(1)  # (1, 2): [previous prediction, run]
         self.since = 0  # the step count when the row joined its queue
+        self.queued_at = now  # time.perf_counter() when it joined its queue
+        self.model = 0.0  # seconds of the backend calls it was in
 
 
 class Scheduler:
@@ -89,16 +112,18 @@ class Scheduler:
 
     ``max_batch`` caps the rows of one backend call, ``max_queue`` the rows accepted and not yet answered (more is
     :class:`QueueFull`), ``max_padding`` the padded positions of a batch beyond its real tokens (0.5: at most 1.5x),
-    ``max_wait`` the steps a queue's oldest row may be passed over (default: twice the layers). ``on_batch(layer,
-    rows)`` is called after every backend call (layer 0: the embeddings), ``on_fault(layer, rows_failed)`` after
-    each failed call's rows at fault were found, ``on_depth(rows)`` whenever rows left (answered, failed or
-    cancelled), from the scheduler's thread (or :meth:`cancel`'s caller). ``pad``: the padding id
-    (default: the backend's)."""
+    ``max_wait`` the steps a queue's oldest row may be passed over (default: twice the layers), ``slo`` the seconds
+    from a request's submit to its answer that :meth:`_pick` aims at (None: no objective; a request's own
+    ``deadline`` overrides it). ``on_batch(layer, rows, seconds)`` is called after every backend call (layer 0: the
+    embeddings; ``seconds``: the call's), ``on_fault(layer, rows_failed)`` after each failed call's rows at fault
+    were found, ``on_depth(rows)`` whenever rows left (answered, failed or cancelled), from the scheduler's thread
+    (or :meth:`cancel`'s caller). ``pad``: the padding id (default: the backend's)."""
 
     def __init__(self, backend, regression: bool = False, max_batch: int = 32, max_queue: int = 1024,
                  refill: bool = True, max_padding: float = 0.5, max_wait: Optional[int] = None,
-                 delta: float = exits.DEFAULT_REGRESSION_DELTA, on_batch: Optional[Callable[[int, int], None]] = None,
-                 pad: Optional[int] = None, on_fault: Optional[Callable[[int, int], None]] = None,
+                 delta: float = exits.DEFAULT_REGRESSION_DELTA, slo: Optional[float] = None,
+                 on_batch: Optional[Callable[[int, int, float], None]] = None, pad: Optional[int] = None,
+                 on_fault: Optional[Callable[[int, int], None]] = None,
                  on_depth: Optional[Callable[[int], None]] = None):
         if max_batch < 1 or max_queue < max_batch:
             raise ValueError(f"max_batch {max_batch} must be at least 1 and max_queue {max_queue} at least max_batch")
@@ -108,6 +133,10 @@ class Scheduler:
         self.layers = list(backend.exit_layers)
         self.max_wait = 2 * self.layers[-1] if max_wait is None else max_wait
         self.on_batch, self.on_fault, self.on_depth = on_batch, on_fault, on_depth
+        if slo is not None and not slo > 0:
+            raise ValueError(f"slo {slo} must be a positive number of seconds")
+        self.slo = slo
+        self._call = 0.0  # seconds a backend call takes, smoothed: what a row's remaining layers will cost
         self.queues: List[Deque[_Row]] = [collections.deque() for _ in range(self.layers[-1] + 1)]
         self.steps, self._rows, self._seq = 0, 0, itertools.count()
         self._cond = threading.Condition()
@@ -117,9 +146,11 @@ class Scheduler:
 
     # ---- the outside -----------------------------------------------------------------------------
 
-    def submit(self, token_lists: Sequence[Sequence[int]], request: loop.ExitRequest = loop.LAST_EXIT) -> Future:
+    def submit(self, token_lists: Sequence[Sequence[int]], request: loop.ExitRequest = loop.LAST_EXIT,
+               deadline: Optional[float] = None) -> Future:
         """Queue the rows (id lists, as ``encode_with_info`` makes them) under a resolved ``request``; the future's
-        result is an :class:`Answer`, rows in input order."""
+        result is an :class:`Answer`, rows in input order. ``deadline``: seconds from now by which the rows should
+        be answered (default: ``slo``); a late row is still answered."""
         if len(token_lists) == 0:
             raise ValueError("no inputs: send at least one")
         if request.exit_layer is not None and request.exit_layer not in self.layers:
@@ -130,7 +161,10 @@ class Scheduler:
                 raise ValueError(f"input {k} is empty or holds the padding id {self.pad}: encode text with "
                                  "encode_with_info(), which never makes one")
         last = request.exit_layer or self.layers[-1]
-        job = _Job(len(rows_ids), self.backend.num_classes)
+        job = _Job(len(rows_ids), self.backend.num_classes, len(self.queues))
+        now = time.perf_counter()
+        budget = self.slo if deadline is None else deadline
+        due = now + budget if budget is not None else math.inf
         with self._cond:
             if self._closing:
                 raise Closed("the scheduler is closing: it takes no new requests")
@@ -138,7 +172,7 @@ class Scheduler:
                 wait = max(1, math.ceil(self._rows / self._rate)) if self._rate > 0 else 1
                 raise QueueFull(f"the queue holds {self._rows} rows of at most {self.max_queue}: retry later", wait)
             for k, ids in enumerate(rows_ids):
-                row = _Row(job, k, ids, request, last, next(self._seq))
+                row = _Row(job, k, ids, request, last, next(self._seq), now, due)
                 row.since = self.steps
                 self.queues[0].append(row)
             self._rows += len(rows_ids)
@@ -204,10 +238,12 @@ class Scheduler:
             if not self.refill:
                 layer, rows = 0, [self.queues[0].popleft() for _ in range(min(self.max_batch, len(self.queues[0])))]
             else:
-                layer = self._pick()
+                layer = self._pick(time.perf_counter())
                 rows = self._gather(self.queues[layer])
             self.steps += 1
         start = time.perf_counter()
+        for r in rows:
+            r.job.waits[r.index, layer] += start - r.queued_at
         done = self._shrinking(rows) if not self.refill else self._isolate(layer, rows, self._advance)
         with self._cond:
             self._rows -= done
@@ -218,11 +254,18 @@ class Scheduler:
             self.on_depth(self._rows)  # after the count fell: a request's own answer comes before it
         return True
 
-    def _pick(self) -> int:
+    def _pick(self, now: float) -> int:
         waiting = [i for i, q in enumerate(self.queues) if q]
+        slack = {i: self.queues[i][0].deadline - now - (self.queues[i][0].last + 1 - i) * self._call
+                 for i in waiting}
+        due = [i for i in waiting if slack[i] <= 0]
+        if due:
+            return min(due, key=slack.__getitem__)
         late = [i for i in waiting if self.steps - self.queues[i][0].since >= self.max_wait]
         if late:
             return min(late, key=lambda i: self.queues[i][0].seq)
+        if self._rows <= self.max_batch:
+            return waiting[-1]
         full = [i for i in waiting if len(self.queues[i]) >= self.max_batch]
         if full:
             return full[-1]
@@ -251,6 +294,7 @@ class Scheduler:
         lengths = np.asarray([r.ids.size for r in rows], dtype=np.int64)
         width = int(lengths.max())
         mask = loop.padding_mask(lengths, width)
+        started = time.perf_counter()
         if layer == 0:
             ids = np.full((len(rows), width), self.pad, dtype=np.int64)
             for k, r in enumerate(rows):
@@ -258,19 +302,24 @@ class Scheduler:
             state, logits = self.backend.embed(ids, mask), None
         else:
             state, logits = self.backend.layer(layer, self.backend.join([r.state for r in rows], width), mask)
+        took = time.perf_counter() - started
+        self._call = took if self._call == 0 else 0.9 * self._call + 0.1 * took
+        for r in rows:
+            r.model += took
         if self.on_batch is not None:
-            self.on_batch(layer, len(rows))
+            self.on_batch(layer, len(rows), took)
         fire = self._decide(layer, rows, logits) if logits is not None else np.zeros(len(rows), dtype=bool)
         going = []
         for k, r in enumerate(rows):
             if fire[k]:
-                r.job.answer(r.index, logits[k], layer)
+                r.job.answer(r, logits[k], layer)
             elif not r.job.future.done():  # a failed request's other rows stop here
                 r.state = self.backend.take(state, np.asarray([k]), int(lengths[k]))
                 going.append(r)
         with self._cond:
+            now = time.perf_counter()
             for r in going:
-                r.since = self.steps
+                r.since, r.queued_at = self.steps, now
                 self.queues[layer + 1].append(r)
         return len(rows) - len(going)
 
@@ -309,12 +358,15 @@ class Scheduler:
         src = np.full((len(rows), int(lengths.max())), self.pad, dtype=np.int64)
         for k, r in enumerate(rows):
             src[k, : r.ids.size] = r.ids
+        started = time.perf_counter()
         out = loop.run_batch(self.backend, src, loop.padding_mask(lengths, src.shape[1]), rows[0].request,
                              self.regression, self.delta)
+        took = time.perf_counter() - started
         if self.on_batch is not None:
-            self.on_batch(0, len(rows))
+            self.on_batch(0, len(rows), took)
         for k, r in enumerate(rows):
-            r.job.answer(r.index, out.logits[k], int(out.exit_layer[k]))
+            r.model += took
+            r.job.answer(r, out.logits[k], int(out.exit_layer[k]))
         return len(rows)
 
     def _isolate(self, layer: int, rows: List[_Row], run: Callable[[int, List[_Row]], int]) -> int:

@@ -127,9 +127,11 @@ class Pool:
             conn.close()
 
 
-def oip_body(text: str, request_id: str) -> bytes:
-    return json.dumps({"id": request_id, "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
-                                                     "data": [text]}]}).encode("utf-8")
+def oip_body(text: str, request_id: str, parameters: Optional[Dict] = None) -> bytes:
+    body = {"id": request_id, "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [text]}]}
+    if parameters:
+        body["parameters"] = parameters
+    return json.dumps(body).encode("utf-8")
 
 
 def read_answer(data: bytes) -> Dict:
@@ -151,7 +153,8 @@ async def one(pool: Pool, spec: Dict, i: int, rec: Dict, clock) -> None:
     request_id = f"{spec['tag']}-{i}"
     try:
         status, headers, data = await pool.call(f"/v2/models/{spec['model']}/infer",
-                                                oip_body(spec["texts"][rec["text"]], request_id))
+                                                oip_body(spec["texts"][rec["text"]], request_id,
+                                                         spec.get("parameters")))
         rec["done"], rec["status"] = clock(), status
         rec["retry_after"] = headers.get("retry-after")
         if status == 200:

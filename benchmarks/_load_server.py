@@ -131,6 +131,21 @@ def worker_rss(root: int, workers: int) -> Dict:
     return {"per_worker_mb": peaks[:workers], "supervisor_mb": vmhwm_mb(root), "processes": len(pids)}
 
 
+def cpu_seconds(root: int, workers: int) -> Optional[float]:
+    """User and system CPU seconds of the worker processes so far (one worker: the server's own process), from
+    /proc; None when one cannot be read."""
+    pids = [root] if workers == 1 else [p for p in process_tree(root)[1:] if "resource_tracker" not in cmdline(p)]
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def drive(spec: Dict, tmp: str) -> Dict:
     """The client process on ``spec``; its records."""
     path, out = os.path.join(tmp, "spec.json"), os.path.join(tmp, "client.json")

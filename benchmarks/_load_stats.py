@@ -7,6 +7,7 @@ from typing import Dict, List, Optional, Tuple
 import _harness as H
 
 REFILL_BOUND, MOONSHOT, P99_BOUND = 0.9, 0.95, 3.0
+SERVED_BOUND = 0.95  # saturated / (layer speed-up x the same server at full depth): the scheduler alone
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)")
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -96,18 +97,29 @@ def verdicts(results: List[Dict], n_sentences: int) -> List[Dict]:
         name, sat, ref = res["config"], res["saturation"], res["reference"]
         ratio = refill_ratio(sat["throughput_per_s"], res["layer_speedup"], ref["full_batched_per_s"],
                              res["workers"])
-        if res["refill"]:
-            add(name, "saturated / (layer speed-up x full-depth batched x workers)", ratio, REFILL_BOUND, True)
+        served = res.get("full_depth_served")
+        if served and served["throughput_per_s"] > 0:  # the same HTTP, JSON and tokenization: the scheduler alone
+            add(name, "saturated / (layer speed-up x the same server at full depth)" + ("" if res["refill"] else
+                ", no refill"), sat["throughput_per_s"] / (res["layer_speedup"] * served["throughput_per_s"]),
+                SERVED_BOUND if res["refill"] else None, True)
+        if res["refill"]:  # the whole service against the bare engine
+            add(name, "saturated / (layer speed-up x full-depth batched engine x workers)", ratio, REFILL_BOUND,
+                True)
             add(name, "the same, moonshot", ratio, MOONSHOT, True)
         else:
-            add(name, "saturated / (layer speed-up x full-depth batched x workers), no refill", ratio, None, True)
+            add(name, "saturated / (layer speed-up x full-depth batched engine x workers), no refill", ratio, None,
+                True)
+        split = sat.get("split") or {}
+        if split.get("cpu_share_outside_model") is not None:
+            add(name, "share of the workers' CPU time outside the model at saturation",
+                split["cpu_share_outside_model"], None, False)
         half = next((r for r in res["rates"] if r["fraction"] == 0.5), None)
         if half is not None and half["p99_ms"] is not None:
             add(name, "p99 at 50% / full-depth batch-1 latency", half["p99_ms"] / ref["batch1_ms"], P99_BOUND, False)
         ans = res["answers"]
         add(name, f"answers differing from acl-predict's ({ans['sentences']} of {n_sentences} sentences)",
             ans["mismatches"], 0, False)
-        phases = [sat] + res["rates"]
+        phases = [sat] + res["rates"] + ([served] if served else [])
         add(name, "requests lost or answered twice", sum(p["lost"] + p["wrong_id"] for p in phases), 0, False)
         if res.get("metrics"):
             served = sum(v for k, v in res["metrics"]["answered"].items() if k.startswith("infer "))
@@ -134,17 +146,47 @@ def parse_metrics(text: str) -> List[Tuple[str, Dict[str, str], float]]:
 
 
 def server_side(samples: List[Tuple[str, Dict[str, str], float]]) -> Dict:
-    """From acl-serve's /metrics: requests answered by route and status, and each layer's backend calls and the sum
-    of their batch fills (rows over --max-batch; layer 0: the embeddings)."""
+    """From acl-serve's /metrics: requests answered by route and status; each layer's backend calls and the sum
+    of their batch fills (rows over --max-batch; layer 0: the embeddings); each request phase's and each queue's
+    seconds and counts; the backend calls' seconds."""
     answered: Dict[str, float] = {}
-    fill: Dict[str, Dict[str, float]] = {}
+    sums: Dict[str, Dict[str, Dict[str, float]]] = {"fill": {}, "phases": {}, "waits": {}}
+    histograms = {"acl_batch_fill": ("fill", "layer"), "acl_request_phase_seconds": ("phases", "phase"),
+                  "acl_queue_wait_seconds": ("waits", "layer")}
+    model = 0.0
     for name, labels, value in samples:
+        base, _, part = name.rpartition("_")
         if name == "acl_requests_total":
             key = f"{labels.get('route')} {labels.get('status')}"
             answered[key] = answered.get(key, 0) + value
-        elif name in ("acl_batch_fill_sum", "acl_batch_fill_count"):
-            fill.setdefault(labels.get("layer", "?"), {"sum": 0.0, "count": 0.0})[name.rsplit("_", 1)[1]] += value
-    return {"answered": answered, "fill": fill}
+        elif name == "acl_model_seconds_total":
+            model += value
+        elif base in histograms and part in ("sum", "count"):
+            kind, label = histograms[base]
+            sums[kind].setdefault(labels.get(label, "?"), {"sum": 0.0, "count": 0.0})[part] += value
+    return {"answered": answered, **sums, "model_seconds": model}
+
+
+def split_between(before: Optional[Dict], after: Optional[Dict]) -> Optional[Dict]:
+    """Where the answered requests' time went between two :func:`server_side` readings: each phase's mean ms a
+    request and its share of their latency, each queue's mean wait an input, and the backend calls' seconds."""
+    if not after or not after["phases"]:
+        return None
+    old = before or {"phases": {}, "waits": {}, "model_seconds": 0.0}
+
+    def delta(kind, key):
+        now, then = after[kind][key], old[kind].get(key, {"sum": 0.0, "count": 0.0})
+        return now["sum"] - then["sum"], now["count"] - then["count"]
+
+    phases = {k: delta("phases", k) for k in after["phases"]}
+    total = sum(s for s, _ in phases.values())
+    requests = max((c for _, c in phases.values()), default=0)
+    waits = {k: delta("waits", k) for k in sorted(after["waits"], key=lambda k: int(k) if k.isdigit() else -1)}
+    return {"requests": int(requests),
+            "per_request_ms": {k: 1000 * s / c if c else None for k, (s, c) in phases.items()},
+            "share": {k: s / total if total else None for k, (s, _) in phases.items()},
+            "queue_wait_ms": {k: 1000 * s / c if c else None for k, (s, c) in waits.items()},
+            "model_seconds": after["model_seconds"] - old["model_seconds"]}
 
 
 def fill_between(before: Optional[Dict], after: Optional[Dict]) -> Optional[Dict]:

@@ -5,6 +5,7 @@ saturation, for refill on and off, fp32 and int8, 1 and 2 workers, with its targ
     python benchmarks/serve_load.py [--refill on off] [--precision fp32 int8] [--workers 1 2] [--quick]
         [--json benchmarks/results/serve_load.json] [--plot benchmarks/results/serve_load.png]
     python benchmarks/serve_load.py --quick --refill on --precision fp32 --workers 1 --json /tmp/load.json
+    python benchmarks/serve_load.py --calibrate max-drop=1.0 --json benchmarks/results/serve_load_calibrated.json
 
 Model and data: serve_speed.py's (the predict_speed MiniLM acl_cross_layer model, exported once with its int8
 copy into WORK/serve_speed/onnx; ``--toy``: the toy model, for the test), the 872 SST-2 dev sentences, policy
@@ -19,6 +20,8 @@ client (benchmarks/_load_client.py, its own process, asyncio and a connection po
   and one more, to keep every layer's batch full) over the sentences in a
   seeded order; throughput counted between the ``concurrency``-th answer and the ``concurrency``-th last, so the
   ramp and the drain are left out;
+- the same closed loop with ``"policy": "none"`` on every request: the same server at full depth (same HTTP, JSON
+  and tokenization), the reference that measures the scheduler alone;
 - each rate of ``--rates`` x saturation: ``--requests`` Poisson arrivals (send times drawn up front, seeded; the
   same schedule stretched for every rate), sending stopped at ``--max-seconds``. Latency counts from the scheduled
   send time.
@@ -30,11 +33,18 @@ at batch 1; the reference is the mean of the two rounds (the JSON keeps each). I
 tokenized up front), the server's HTTP, JSON and tokenization count against it. The layer speed-up is layers / the
 mean exit layer of the answers served at saturation.
 
-Targets (printed with pass/miss): saturated throughput with refill >= 0.9 x layer speed-up x full-depth batched
-throughput x workers (0.95: the moonshot), the same ratio without refill (reported); p99 at 50% of saturation <= 3 x
-the full-depth batch-1 latency (its median); every answer equal to acl-predict's (label, exit layer, probabilities
-within ``--atol``); no request lost or answered twice (each answer carries its request's id, and the server's
-/metrics count of answers equals the client's); no 5xx but 503, no 4xx; SIGTERM ends the server with exit code 0.
+Where the time goes: before and after the saturation phase and each rate, /metrics' ``acl_request_phase_seconds``
+(read, tokenize, queue, model, schedule, answer, other) gives each phase's mean ms a request and its share, and
+``acl_model_seconds_total`` against the workers' CPU seconds (/proc) the share of their CPU time outside the model
+(``split`` in the JSON). The client's own CPU share is ``client_cpu_share`` (it shares the cores with the server).
+
+Targets (printed with pass/miss): saturated throughput with refill >= 0.95 x layer speed-up x the same server's
+full-depth throughput (the scheduler alone), and >= 0.9 x layer speed-up x the bare engine's full-depth batched
+throughput x workers (the whole service; 0.95: the moonshot), both ratios reported without refill; p99 at 50% of
+saturation <= 3 x the full-depth batch-1 latency (its median); every answer equal to acl-predict's (label, exit
+layer, probabilities within ``--atol``); no request lost or answered twice (each answer carries its request's id,
+and the server's /metrics count of answers equals the client's); no 5xx but 503, no 4xx; SIGTERM ends the server
+with exit code 0.
 ``peak_rss_mb``: the largest worker's VmHWM (/proc) before the server stops; the JSON has each worker's, and with
 several workers the supervisor's; also each layer's batch fill during saturation (/metrics).
 
@@ -58,8 +68,8 @@ import _load_server as S
 import _load_stats as T
 import _records as R
 import common
-from _serving import model_and_sentences
-from acl_runtime import console, exits
+from _serving import load, model_and_sentences
+from acl_runtime import calibration, console, exits
 from acl_runtime.io import atomic
 
 MODEL = "acl"
@@ -128,7 +138,8 @@ def server_command(args, cfg: Config, folder: str, port: int) -> List[str]:
     return [args.server, folder, "--host", "127.0.0.1", "--port", str(port), "--model-name", MODEL,
             "--precision", cfg.precision, "--policy", args.policy, "--threshold", str(args.threshold),
             "--max-batch", str(args.max_batch), "--max-queue", str(args.max_queue), "--workers", str(cfg.workers),
-            "--refill" if cfg.refill else "--no-refill", "--threads", "1"]
+            "--refill" if cfg.refill else "--no-refill", "--threads", "1",
+            *(["--slo-ms", str(args.slo_ms)] if args.slo_ms else [])]
 
 
 def phase_spec(args, port: int, texts: List[str], order: List[int], tag: str, **kw) -> Dict:
@@ -157,15 +168,20 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
         warm = S.drive(phase_spec(args, port, sentences, cycle(args.max_batch), f"{cfg.name}/warm", mode="closed",
                                   concurrency=args.max_batch), tmp)
         ref.round()
-        before = S.metrics(port)
+        before, cpu_before = S.metrics(port), S.cpu_seconds(proc.pid, cfg.workers)
         n_sat = args.saturation_requests or max(2 * len(sentences), 4 * concurrency)
         out = S.drive(phase_spec(args, port, sentences, cycle(n_sat), f"{cfg.name}/sat", mode="closed",
                                  concurrency=concurrency), tmp)
-        after = S.metrics(port)
-        ref.round()
+        after, cpu_after = S.metrics(port), S.cpu_seconds(proc.pid, cfg.workers)
         records += out["records"]
         saturation = {**T.summarize(out, None, n_sat), "throughput_per_s": T.steady_throughput(out, concurrency),
-                      "concurrency": concurrency}
+                      "concurrency": concurrency,
+                      "split": outside_model(T.split_between(before, after), cpu_before, cpu_after)}
+        # the same server at full depth ("policy": "none" on each request): the scheduler's own reference
+        full = S.drive(phase_spec(args, port, sentences, cycle(n_sat), f"{cfg.name}/full", mode="closed",
+                                  concurrency=concurrency, parameters={"policy": "none"}), tmp)
+        ref.round()
+        full_depth = {**T.summarize(full, None, n_sat), "throughput_per_s": T.steady_throughput(full, concurrency)}
         if saturation["throughput_per_s"] <= 0:
             raise RuntimeError(f"serve_load: {cfg.name}: no answer at saturation; the server's log ends:\n"
                                f"{S.tail(log)}")
@@ -175,10 +191,12 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
             rate = fraction * saturation["throughput_per_s"]
             offsets = [t / rate for t in unit if t / rate < args.max_seconds]
             G.log(f"{cfg.name}: {fraction:.0%} of saturation, {rate:.1f}/s, {len(offsets)} requests")
+            before = S.metrics(port)
             out = S.drive(phase_spec(args, port, sentences, cycle(len(offsets)), f"{cfg.name}/{fraction}",
                                      mode="open", offsets=offsets), tmp)
             records += out["records"]
-            rates.append({"fraction": fraction, **T.summarize(out, rate, len(unit))})
+            rates.append({"fraction": fraction, **T.summarize(out, rate, len(unit)),
+                          "split": T.split_between(before, S.metrics(port))})
         server = S.metrics(port)
         rss = S.worker_rss(proc.pid, cfg.workers)
     finally:
@@ -190,7 +208,8 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
     metrics = None if server is None else {"answered": server["answered"],
                                            "fill_saturation": T.fill_between(before, after),
                                            "fill_all_phases": T.fill_between(None, server)}
-    return {"config": cfg.name, **cfg._asdict(), "saturation": saturation, "rates": rates,
+    return {"config": cfg.name, **cfg._asdict(), "saturation": saturation, "full_depth_served": full_depth,
+            "rates": rates,
             "reference": ref.summary(), "mean_exit_layer": saturation["mean_exit_layer"],
             "layer_speedup": ref.engine.num_layers / saturation["mean_exit_layer"],
             "all_phases_mean_exit_layer": sum(r["exit_layer"] for r in answered) / max(1, len(answered)),
@@ -199,6 +218,16 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
             "answers": T.compare_answers(records, expected, labels, args.atol),
             "client_answered": sum(1 for r in warm["records"] + records if r["status"]),
             "wall_s": time.perf_counter() - started}
+
+
+def outside_model(split: Optional[Dict], cpu_before: Optional[float], cpu_after: Optional[float]) -> Optional[Dict]:
+    """The saturation phase's split, with the workers' CPU seconds and the share of them spent outside the
+    backend calls (HTTP, JSON, tokenization, scheduling: everything but the model)."""
+    if split is None:
+        return None
+    cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
+    outside = None if not cpu else max(0.0, 1 - split["model_seconds"] / cpu)
+    return {**split, "worker_cpu_seconds": cpu, "cpu_share_outside_model": outside}
 
 
 # ---- report --------------------------------------------------------------------------------------
@@ -211,7 +240,8 @@ def table_rows(results: List[Dict]) -> List[Dict]:
             rows.append({"config": res["config"], "phase": "failed"})
             continue
         rss = max(res["peak_rss_mb_per_worker"], default=None)
-        phases = [("saturation", res["saturation"])] + [(f"{r['fraction']:.0%}", r) for r in res["rates"]]
+        full = [("full depth", res["full_depth_served"])] if "full_depth_served" in res else []
+        phases = [("saturation", res["saturation"])] + full + [(f"{r['fraction']:.0%}", r) for r in res["rates"]]
         for phase, p in phases:
             rows.append({"config": res["config"], "phase": phase, **{k: p.get(k) for k in COLUMNS[2:-1]},
                          "peak_rss_mb": rss})
@@ -258,7 +288,11 @@ def parse_args(argv=None):
     p.add_argument("--server", default=S.tool("acl-serve"), help="the acl-serve executable (default: %(default)s)")
     p.add_argument("--policy", default="entropy", choices=list(exits.POLICIES), help="early-exit policy")
     p.add_argument("--threshold", type=float, help="its threshold (default: the policy table's, 0.3 for entropy)")
+    p.add_argument("--calibrate", type=_budget, metavar="BUDGET", help="serve at the --policy threshold that "
+                   "acl-evaluate --calibrate BUDGET picks from the checkpoint's sweep (e.g. max-drop=1.0), in place "
+                   "of --threshold")
     p.add_argument("--max-batch", type=int, default=32, help="the server's --max-batch and the reference's batch")
+    p.add_argument("--slo-ms", type=float, help="the server's --slo-ms (default: none)")
     p.add_argument("--max-queue", type=int, default=512, help="the server's --max-queue (rows; default %(default)s)")
     p.add_argument("--rates", type=float, nargs="+", default=list(RATES), help="offered loads, x saturation")
     p.add_argument("--requests", type=int, default=872, help="Poisson arrivals per rate (bounded by --max-seconds)")
@@ -283,6 +317,8 @@ def parse_args(argv=None):
     p.add_argument("--plot", help="default: the --json path with .png")
     p.add_argument("--force", action="store_true", help="replace an existing --json")
     args = p.parse_args(argv)
+    if args.calibrate and args.threshold is not None:
+        p.error("--calibrate chooses the threshold: leave --threshold out")
     console.check_request_flags(p, args, fill_default=True)
     if args.quick:
         args.examples = args.examples or 128
@@ -309,6 +345,30 @@ def parse_args(argv=None):
     return args
 
 
+def _budget(text: str):
+    try:
+        return calibration.parse_budget(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def calibrated(args) -> Dict:
+    """The setting that ``--calibrate`` picks from the acl-evaluate sweep beside the checkpoint (the recipes
+    runner writes it); args.threshold becomes its threshold."""
+    sweep = os.path.join(os.path.dirname(os.path.abspath(load(args)[0])), "early_exit", "early_exit.json")
+    if not os.path.isfile(sweep):
+        raise SystemExit(f"serve_load: --calibrate: no acl-evaluate sweep at {sweep}: run acl-evaluate on the "
+                         "checkpoint first")
+    with open(sweep, encoding="utf-8") as f:
+        try:
+            chosen = calibration.choose(json.load(f), args.calibrate, args.policy)
+        except calibration.Unmet as e:
+            raise SystemExit(f"serve_load: --calibrate {args.calibrate}: {e}") from None
+    args.threshold = chosen["threshold"]
+    return {"budget": str(args.calibrate), "sweep": os.path.relpath(sweep, args.work), "policy": chosen["policy"],
+            "threshold": chosen["threshold"], "layer_speedup": chosen["layer_speedup"], "metrics": chosen["metrics"]}
+
+
 def int8_method(folder: str) -> Optional[Dict]:
     """How the folder's int8 copy was made (its manifest's record), with a warning when its answers depend on the
     batch: the served ones then cannot all equal acl-predict's."""
@@ -325,7 +385,9 @@ def setup_record(args, folder: str, n: int) -> Dict:
 
     return {"onnx": os.path.relpath(folder, args.work), "int8_method": args.int8_method, "sentences": n,
             "toy": args.toy, "quick": args.quick, "policy": args.policy, "threshold": args.threshold,
-            "max_batch": args.max_batch, "max_queue": args.max_queue, "rates": args.rates, "requests": args.requests,
+            "calibrated": args.calibrated, "max_batch": args.max_batch, "max_queue": args.max_queue,
+            "slo_ms": args.slo_ms, "rates": args.rates,
+            "requests": args.requests,
             "max_seconds": args.max_seconds,
             "concurrency": args.concurrency or f"{SATURATION_BATCHES} x max_batch x workers",
             "seed": args.seed, "atol": args.atol, "threads_per_worker": 1, **H.machine(),
@@ -335,6 +397,7 @@ def setup_record(args, folder: str, n: int) -> Dict:
 def main(argv=None) -> Dict:
     args = parse_args(argv)
     folder, sentences = model_and_sentences(args)
+    args.calibrated = calibrated(args) if args.calibrate else None
     args.int8_method = int8_method(folder) if "int8" in args.precision else None
     configs = [Config(r == "on", p, w) for r in args.refill for p in args.precision for w in args.workers]
     results = []

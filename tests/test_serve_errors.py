@@ -82,10 +82,10 @@ OIP_ERRORS = [  # (path, body, status, words of the message)
     ("acl/infer", {"inputs": [_text()], "outputs": [{"name": "probabilities", "parameters": {"classification": -1}}]},
      400, "outputs[0].parameters.classification: expected 'int' >= 1"),
     ("acl/infer", {"inputs": [_text()], "inputs2": []}, 400, "unknown field 'inputs2'"),
-    # Triton's request parameters this server cannot honour, refused with the reason
+    # Triton's request parameters: priority is refused with the reason; timeout is microseconds, at least 1
     ("acl/infer", {"inputs": [_text()], "parameters": {"priority": 1}}, 400, "'priority' is not supported: this "
-     "server has one queue"),
-    ("acl/infer", {"inputs": [_text()], "parameters": {"timeout": 1000}}, 400, "'timeout' is not supported"),
+     "server orders its queues by deadline"),
+    ("acl/infer", {"inputs": [_text()], "parameters": {"timeout": 0}}, 400, "parameters.timeout: expected 'int' >= 1"),
     # an empty or blank text: acl-predict skips such a line, the server names it
     ("acl/infer", {"inputs": [{**_text(2), "data": ["good", "  "]}]}, 400, "input text: element 1 is empty or only "
      "spaces"),

@@ -249,7 +249,7 @@ def test_verdicts_hold_the_issues_bounds():
     found = T.verdicts([_result(True, 1, 90.0, 60.0, 1.5, 29.0, 10.0),
                         _result(True, 2, 90.0, 60.0, 1.5, 31.0, 10.0, mismatches=1, lost=2, errors=1, code=-15),
                         _result(False, 1, 45.0, 60.0, 1.5, 5.0, 10.0)], n_sentences=10)
-    ratio = "saturated / (layer speed-up x full-depth batched x workers)"
+    ratio = "saturated / (layer speed-up x full-depth batched engine x workers)"
     assert _pick(found, "cTrue1", ratio)["value"] == pytest.approx(1.0)
     assert _pick(found, "cTrue1", "p99 at 50%")["value"] == pytest.approx(2.9)
     assert [v["pass"] for v in found if v["config"] == "cTrue1"] == [True] * 7
@@ -263,6 +263,18 @@ def test_verdicts_hold_the_issues_bounds():
     json.dumps(found)  # the record takes them as they are
 
 
+def test_the_scheduler_alone_is_judged_against_the_same_server_at_full_depth():
+    res = _result(True, 1, 90.0, 60.0, 1.5, 29.0, 10.0)
+    res["full_depth_served"] = {"throughput_per_s": 62.0, "lost": 1, "wrong_id": 0, "errors": 0}
+    res["saturation"]["split"] = {"cpu_share_outside_model": 0.4}
+    found = T.verdicts([res], n_sentences=10)
+    served = _pick(found, "cTrue1", "saturated / (layer speed-up x the same server at full depth)")
+    assert served["value"] == pytest.approx(90.0 / (1.5 * 62.0)) and served["bound"] == T.SERVED_BOUND
+    assert served["pass"] is True
+    assert _pick(found, "cTrue1", "share of the workers' CPU")["value"] == 0.4
+    assert _pick(found, "cTrue1", "requests lost")["value"] == 1  # the full-depth phase is counted too
+
+
 # ---- the command line and the record -------------------------------------------------------------
 
 
@@ -271,6 +283,8 @@ def test_verdicts_hold_the_issues_bounds():
     (["--toy", "--json", os.path.join(REPO, "benchmarks", "results", "x.json")], "need their own --json"),
     (["--concurrency", "300", "--max-queue", "256", "--json", "TMP"], "--max-queue 256"),
     (["--server", "/nonexistent/acl-serve", "--json", "TMP"], "not found"),
+    (["--calibrate", "max-drop=1", "--threshold", "0.2", "--json", "TMP"], "leave --threshold out"),
+    (["--calibrate", "max-drop", "--json", "TMP"], "budget 'max-drop' has no '='"),
 ])
 def test_bad_flags_are_refused_with_a_line_naming_the_fix(flags, message, tmp_path, capsys):
     import serve_load
@@ -319,6 +333,28 @@ def test_the_record_holds_setup_results_and_verdicts_and_is_written_whole(tmp_pa
     assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]
     with pytest.raises(SystemExit):  # and is not replaced without --force
         serve_load.parse_args(["--server", __file__, "--json", str(out)])
+
+
+def test_calibrate_serves_at_the_threshold_the_sweep_picks(tmp_path, monkeypatch):
+    import serve_load
+
+    ckpt = tmp_path / "run" / "checkpoint_best.pt"
+    (ckpt.parent / "early_exit").mkdir(parents=True)
+    setting = lambda t, acc, speed: {"policy": "entropy", "threshold": t, "layer_speedup": speed,  # noqa: E731
+                                     "metrics": {"accuracy": acc}}
+    sweep = {"primary_metric": "accuracy", "per_exit": [{"metrics": {"accuracy": 80.0}}] * 2 + [
+        {"metrics": {"accuracy": 90.0}}], "settings": [setting(0.1, 89.9, 1.2), setting(0.4, 89.2, 2.5),
+                                                     setting(0.6, 88.0, 3.0)]}
+    (ckpt.parent / "early_exit" / "early_exit.json").write_text(json.dumps(sweep))
+    monkeypatch.setattr(serve_load, "load", lambda args: (str(ckpt), None, [], [], None))
+    args = serve_load.parse_args(["--server", __file__, "--json", str(tmp_path / "x.json"), "--calibrate",
+                                  "max-drop=1.0", "--work", str(tmp_path)])
+    got = serve_load.calibrated(args)
+    assert args.threshold == 0.4 and got["threshold"] == 0.4 and got["budget"] == "max-drop=1"
+    assert got["sweep"] == os.path.join("run", "early_exit", "early_exit.json")
+    args.calibrate = serve_load._budget("max-drop=0.01")
+    with pytest.raises(SystemExit, match="no entropy threshold keeps accuracy within 0.01"):
+        serve_load.calibrated(args)
 
 
 # ---- end to end ----------------------------------------------------------------------------------

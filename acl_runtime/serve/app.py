@@ -134,6 +134,7 @@ def answers(route: str, tei_shape: bool = False):
         @functools.wraps(work)
         async def endpoint(request: Request) -> Response:
             service, start = _service(request), time.perf_counter()
+            request.state.phases, request.state.started = (phases := {}), start
             try:
                 response = await work(request, service)
             except BadRequest as e:
@@ -150,7 +151,11 @@ def answers(route: str, tei_shape: bool = False):
                                  "Overloaded", {"Retry-After": str(int(retry))})
             except Exception:  # a backend failure answers its request; the server goes on
                 response = internal_error(route, tei_shape)
-            service.metrics.answered(route, response.status_code, time.perf_counter() - start)
+            took = time.perf_counter() - start
+            service.metrics.answered(route, response.status_code, took)
+            if response.status_code == 200 and "answer" in phases:
+                waits = phases.pop("waits")
+                service.metrics.phases({**phases, "other": took - sum(phases.values())}, waits)
             return response
         return endpoint
     return wrap
@@ -175,6 +180,19 @@ def _check_model(service: Service, request: Request) -> None:
         served = f"{service.settings.model_name!r} version {VERSION}"
         raise BadRequest(404, f"unknown model {name!r}" + (f" version {version!r}" if version != VERSION else "") +
                          f": this server serves {served}")
+
+
+def _phase(request: Request, name: str) -> None:
+    """Records the phase ``name`` as the time since the handler started (for "read": the body read and parsed)."""
+    request.state.phases[name] = time.perf_counter() - request.state.started
+
+
+def _answered(request: Request, answered: Answered, back: float) -> None:
+    """The phases :meth:`Service.predict` measured, and the answer's build since it returned."""
+    phases = request.state.phases
+    phases.update(answered.phases)
+    phases["answer"] += time.perf_counter() - back
+    phases["waits"] = answered.waits
 
 
 # ---- Open Inference Protocol v2 --------------------------------------------------------------------------------
@@ -207,11 +225,14 @@ async def infer(request: Request, service: Service) -> Response:
     _check_model(service, request)
     body = await read_body(request, service.settings.max_body_bytes, service.settings.read_timeout)
     req = protocol.parse_infer(body, request.headers.get("inference-header-content-length"), service.output_names())
-    answered = await service.predict(req.texts, req.params, functools.partial(_disconnected, request))
+    _phase(request, "read")
+    answered = await service.predict(req.texts, req.params, functools.partial(_disconnected, request), req.deadline)
+    back = time.perf_counter()
     truncated = [p.truncated for p in answered.predictions]
     content, header = protocol.infer_response(service.settings.model_name, VERSION, req,
                                               _tensors(service, answered, truncated),
                                               _exit_parameters(answered.request, truncated), service.labels)
+    _answered(request, answered, back)
     if header is None:
         return Response(content, media_type="application/json")
     return Response(content, media_type="application/octet-stream",
@@ -264,13 +285,17 @@ async def server_metadata(request: Request) -> Response:
 async def predict(request: Request, service: Service) -> Response:
     body = await read_body(request, service.settings.max_body_bytes, service.settings.read_timeout)
     req = tei.parse_predict(body)
+    _phase(request, "read")
     answered = await service.predict(req.texts, req.params, functools.partial(_disconnected, request))
+    back = time.perf_counter()
     if service.engine.regression:
         names, scores = ["score"], np.asarray([[p.label] for p in answered.predictions], dtype=np.float32)
     else:
         names, scores = service.labels, tei.scores(req, answered.logits)
-    return JSONResponse(tei.predict_response(req, names, scores, answered.exit_layer,
-                                             [p.truncated for p in answered.predictions]))
+    response = JSONResponse(tei.predict_response(req, names, scores, answered.exit_layer,
+                                                 [p.truncated for p in answered.predictions]))
+    _answered(request, answered, back)
+    return response
 
 
 async def health(request: Request) -> Response:

@@ -70,12 +70,26 @@ def build_parser() -> argparse.ArgumentParser:
                    "refused with 413 (default: %(default)s)")
     p.add_argument("--refill", action=argparse.BooleanOptionalAction, default=True, help="continuous batching "
                    "across layers (--no-refill: each batch runs to its end, shrinking as rows exit; default: on)")
+    p.add_argument("--slo-ms", type=_slo_ms, help="a latency objective in milliseconds, from a request's "
+                   "tokenized rows to its answer: the scheduler runs first the layer whose waiting row would "
+                   "otherwise miss it (a late row is still answered; a Triton request's own \"timeout\" parameter, "
+                   "in microseconds, sets its own). Default: none, batches as the load allows")
     p.add_argument("--drain-seconds", type=float, default=30.0, help="on SIGTERM, how long the accepted requests "
                    "may take to be answered before the server exits anyway (default: %(default)s)")
     p.add_argument("--read-timeout", type=_read_timeout, default=30.0, help="seconds a request's headers may take "
                    "to arrive, and then its body; past it the answer is 408 and the connection is closed (default: "
                    f"%(default)s, at most {MAX_READ_TIMEOUT:g})")
     return p
+
+
+def _slo_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: milliseconds above 0, e.g. 20")
+    return value
 
 
 def _read_timeout(text: str) -> float:
@@ -117,7 +131,7 @@ def settings_from(args):
                          "raise --max-queue")
     return Settings(os.path.abspath(args.folder), args.model_name, args.precision, args.policy, args.threshold,
                     args.max_batch, max_queue, args.max_body_bytes, args.refill, args.threads, args.drain_seconds,
-                    args.read_timeout)
+                    args.read_timeout, args.slo_ms)
 
 
 def load_service(settings):

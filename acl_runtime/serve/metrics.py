@@ -6,7 +6,12 @@
 - ``acl_queue_depth``: inputs accepted and not yet answered (the scheduler's queue);
 - ``acl_batch_fill{layer}``: rows of each backend call over ``--max-batch`` (layer 0: the embeddings);
 - ``acl_isolated_failures_total{layer}``: inputs failed alone after a backend call on their batch raised and was
-  run again in halves (the other rows of the batch were answered).
+  run again in halves (the other rows of the batch were answered);
+- ``acl_request_phase_seconds{phase}``: where each answered request's time went (a histogram per phase, ``PHASES``;
+  the phases of one request add up to its ``acl_request_seconds``);
+- ``acl_queue_wait_seconds{layer}``: each answered input's wait in each queue it passed (layer 0: the embeddings');
+- ``acl_model_seconds_total``: seconds the scheduler's thread spent in backend calls (the model), for the share
+  of a worker's CPU time spent outside it.
 
 With ``--workers N`` every worker writes its values to ``PROMETHEUS_MULTIPROC_DIR`` (set by acl-serve before the
 workers start) and ``/metrics`` sums them over the workers, whichever answers.
@@ -26,6 +31,17 @@ from prometheus_client import (
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 FILL_BUCKETS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
+PHASE_BUCKETS = (0.0001, 0.00025, 0.0005) + LATENCY_BUCKETS
+# a request's phases, in order; they add up to its latency (acl_request_seconds)
+PHASES = {
+    "read": "the body read, decoded and parsed",
+    "tokenize": "its texts encoded",
+    "queue": "its slowest input's waits in the layers' queues",
+    "model": "the backend calls that input was in",
+    "schedule": "the rest of the scheduler's time to its last answer: batching, the policy, the hand-back",
+    "answer": "the answer built and serialized",
+    "other": "the rest: routing and the handler's own work",
+}
 
 
 def shared() -> bool:
@@ -51,15 +67,33 @@ class Metrics:
         self.isolated = Counter("acl_isolated_failures", "inputs failed alone after their batch's backend call "
                                 "raised (the batch was split and the other rows answered), by layer", ["layer"],
                                 registry=r)
+        self.phase = Histogram("acl_request_phase_seconds", "seconds of each answered request's phases: "
+                               + "; ".join(f"{k}: {v}" for k, v in PHASES.items()), ["phase"],
+                               buckets=PHASE_BUCKETS, registry=r)
+        self.queue_wait = Histogram("acl_queue_wait_seconds", "seconds each answered input waited in each queue it "
+                                    "passed (0: the embeddings')", ["layer"], buckets=PHASE_BUCKETS, registry=r)
+        self.model_seconds = Counter("acl_model_seconds", "seconds the scheduler's thread spent in backend calls",
+                                     registry=r)
         self.max_batch = max_batch
         self.depth = lambda: 0  # the scheduler's depth(), read at each scrape and after each answer
 
     def track_depth(self) -> None:
         self.queue_depth.set(self.depth())
 
-    def on_batch(self, layer: int, rows: int) -> None:
+    def on_batch(self, layer: int, rows: int, seconds: float) -> None:
         """The scheduler's ``on_batch``: called from its thread after every backend call."""
         self.batch_fill.labels(layer=str(layer)).observe(rows / self.max_batch)
+        self.model_seconds.inc(seconds)
+
+    def phases(self, seconds: dict, waits) -> None:
+        """One answered request's phases (``PHASES``' names to seconds), and the waits of its inputs (an inputs x
+        queues array; a queue an input never passed holds 0 and is left out)."""
+        for name, value in seconds.items():
+            self.phase.labels(phase=name).observe(value)
+        for layer in range(waits.shape[1]):
+            column = waits[:, layer]
+            for value in column[column > 0]:
+                self.queue_wait.labels(layer=str(layer)).observe(float(value))
 
     def on_fault(self, layer: int, rows: int) -> None:
         """The scheduler's ``on_fault``: ``rows`` inputs failed alone at ``layer``."""

@@ -24,9 +24,8 @@ Pair = Tuple[str, Optional[str]]
 EXIT_PARAMETERS = ("policy", "threshold", "exit_layer")
 # Triton request parameters this server cannot honour, and why (refused rather than ignored)
 UNSUPPORTED_PARAMETERS = {
-    "priority": "this server has one queue, answered in arrival order with early exit; leave priority out",
-    "timeout": "the server takes no per-request deadline (it answers or says 503 at once when the queue is full); "
-               "set the timeout on the client instead",
+    "priority": "this server orders its queues by deadline, not by priority: send \"timeout\" (microseconds) "
+                "instead",
 }
 
 
@@ -48,6 +47,7 @@ class InferRequest(NamedTuple):
     texts: List[Pair]
     params: Dict  # policy / threshold / exit_layer, type-checked
     outputs: Dict[str, Output]  # requested outputs (all when the request names none)
+    deadline: Optional[float] = None  # seconds: Triton's "timeout" parameter (microseconds), else the server's
 
 
 def split_binary(body: bytes, header_length: Optional[str]) -> Tuple[bytes, bytes]:
@@ -146,7 +146,8 @@ def parse_infer(body: bytes, header_length: Optional[str], output_names: Sequenc
             raise BadRequest(400, f"parameter {name!r} is not supported: {why}")
     exit_params = {k: getattr(params, k) for k in EXIT_PARAMETERS if getattr(params, k) is not None}
     return InferRequest(req.id, list(zip(texts, pairs or [None] * len(texts))), exit_params,
-                        _outputs(req.outputs, params.binary_data_output, output_names))
+                        _outputs(req.outputs, params.binary_data_output, output_names),
+                        None if params.timeout is None else params.timeout / 1e6)
 
 
 def _outputs(specs: Optional[List[schema.RequestedOutput]], binary_default: bool,

@@ -18,7 +18,7 @@ from acl_runtime.serve.errors import BadRequest
 Count = typing.Annotated[int, Meta(ge=0)]
 Positive = typing.Annotated[int, Meta(ge=1)]
 OUTPUTS = ("label", "exit_layer", "probabilities", "truncated")
-REFUSED = ("priority", "timeout")  # declared so that their refusal can say why (protocol.UNSUPPORTED_PARAMETERS)
+REFUSED = ("priority",)  # declared so that its refusal can say why (protocol.UNSUPPORTED_PARAMETERS)
 
 
 class _Strict(Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -56,7 +56,7 @@ class InferParameters(_Strict):
     exit_layer: Optional[int] = None
     binary_data_output: bool = False
     priority: Optional[int] = None  # Triton's; declared so that the refusal can say why (protocol.py)
-    timeout: Optional[int] = None
+    timeout: Optional[Positive] = None  # Triton's: microseconds, the request's deadline for the scheduler
 
 
 class InferRequest(_Strict):

@@ -37,6 +37,7 @@ class Settings(NamedTuple):
     threads: int = 1
     drain_seconds: float = 30.0
     read_timeout: float = 30.0  # seconds for a request's headers, and for its body once they came (408 past it)
+    slo_ms: Optional[float] = None  # the scheduler's latency objective (--slo-ms)
 
 
 class Answered(NamedTuple):
@@ -44,24 +45,32 @@ class Answered(NamedTuple):
     logits: np.ndarray  # (n, K) of the deciding exits
     exit_layer: np.ndarray  # (n,)
     request: loop.ExitRequest
+    phases: Dict[str, float]  # seconds of the phases spent here (metrics.PHASES: tokenize ... answer so far)
+    waits: np.ndarray  # (n, layers + 1): each input's seconds in each queue
 
 
 class Statistics:
     """What Triton's statistics extension reports and this server measures: requests answered (success / fail,
-    with their total nanoseconds from submit to answer), inputs answered and backend calls made."""
+    with their total nanoseconds from submit to answer; of a success, its slowest input's queue waits and the
+    backend calls it was in), inputs answered and backend calls made."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self.success = [0, 0]  # count, ns
         self.fail = [0, 0]
+        self.queue = [0, 0]
+        self.compute = [0, 0]
         self.inferences = 0  # inputs answered
         self.executions = 0  # backend calls
         self.last_ms = 0  # ms since the epoch of the last answer
 
-    def answered(self, ok: bool, inputs: int, ns: int) -> None:
+    def answered(self, ok: bool, inputs: int, ns: int, queue_ns: int = 0, compute_ns: int = 0) -> None:
         with self._lock:
             bucket = self.success if ok else self.fail
             bucket[0], bucket[1] = bucket[0] + 1, bucket[1] + ns
+            if ok:
+                self.queue = [self.queue[0] + 1, self.queue[1] + queue_ns]
+                self.compute = [self.compute[0] + 1, self.compute[1] + compute_ns]
             self.inferences += inputs if ok else 0
             self.last_ms = int(time.time() * 1000)
 
@@ -103,13 +112,14 @@ class Service:
         self.stats = Statistics()
         self.scheduler = Scheduler(self.engine.backend, self.engine.regression, max_batch=s.max_batch,
                                    max_queue=s.max_queue, refill=s.refill, on_batch=self._on_batch,
+                                   slo=None if s.slo_ms is None else s.slo_ms / 1000,
                                    pad=self.engine.pad, on_fault=self.metrics.on_fault,
                                    on_depth=lambda rows: self.metrics.track_depth())
         self.metrics.depth = self.scheduler.depth
         self.ready = False
 
-    def _on_batch(self, layer: int, rows: int) -> None:
-        self.metrics.on_batch(layer, rows)
+    def _on_batch(self, layer: int, rows: int, seconds: float) -> None:
+        self.metrics.on_batch(layer, rows, seconds)
         self.metrics.track_depth()
         self.stats.executed()
 
@@ -134,34 +144,41 @@ class Service:
             raise BadRequest(400, str(e)) from None
 
     async def predict(self, texts: List[protocol.Pair], params: Dict,
-                      gone: Optional[Callable[[], Awaitable]] = None) -> Answered:
+                      gone: Optional[Callable[[], Awaitable]] = None, deadline: Optional[float] = None) -> Answered:
         """The inputs' answers. ``gone()``, when given, returns once the client has disconnected: the request is
         then given up and its queued rows freed (:meth:`Scheduler.cancel`), as they are when this is cancelled
-        (the drain ran out of time)."""
+        (the drain ran out of time). ``deadline``: seconds the scheduler aims to answer within (default:
+        --slo-ms)."""
         request = self.exit_request(params)
         if len(texts) > self.settings.max_queue:
             raise BadRequest(413, f"{len(texts)} inputs in one request, more than the queue holds (--max-queue "
                              f"{self.settings.max_queue}): split the request")
+        began = time.perf_counter()
         encoded = [self.engine.encode_with_info(a, b) for a, b in texts]
+        start = time.perf_counter()  # before the rows' queue waits start
         try:
-            future = self.scheduler.submit([ids for ids, _ in encoded], request)
+            future = self.scheduler.submit([ids for ids, _ in encoded], request, deadline)
         except ValueError as e:
             raise BadRequest(400, str(e)) from None
         self.metrics.track_depth()
-        start = time.perf_counter_ns()
         try:
             answer = await _first(asyncio.wrap_future(future), gone)
         except BaseException:
             self.scheduler.cancel(future)
-            self.stats.answered(False, len(texts), time.perf_counter_ns() - start)
+            self.stats.answered(False, len(texts), int(1e9 * (time.perf_counter() - start)))
             raise
         finally:
             self.metrics.track_depth()
-        self.stats.answered(True, len(texts), time.perf_counter_ns() - start)
+        answered = time.perf_counter()
+        slowest = int(np.argmax(answer.waits.sum(axis=1) + answer.model))
+        queue, model = float(answer.waits[slowest].sum()), float(answer.model[slowest])
+        self.stats.answered(True, len(texts), int(1e9 * (answered - start)), int(1e9 * queue), int(1e9 * model))
         truncated = [cut for _, cut in encoded]
         self.metrics.exits(answer.exit_layer)
-        return Answered(self.engine.to_predictions(answer.logits, answer.exit_layer, truncated), answer.logits,
-                        answer.exit_layer, request)
+        predictions = self.engine.to_predictions(answer.logits, answer.exit_layer, truncated)
+        phases = {"tokenize": start - began, "queue": queue, "model": model,
+                  "schedule": answered - start - queue - model, "answer": time.perf_counter() - answered}
+        return Answered(predictions, answer.logits, answer.exit_layer, request, phases, answer.waits)
 
     # ---- what the model is, in each protocol's words ----------------------------------------------
 
@@ -204,13 +221,17 @@ class Service:
                 "parameters": {"exit_layers": {"string_value": ",".join(map(str, self.engine.exit_layers))}}}
 
     def statistics(self) -> Dict:
-        """Triton's statistics extension, for what this server measures (success, fail, counts); the queue and
-        compute split is not measured apart (the scheduler interleaves requests layer by layer) and is left out."""
+        """Triton's statistics extension, for what this server measures: success, fail, counts, and of each
+        success its slowest input's queue waits (``queue``) and the backend calls it was in (``compute_infer``);
+        the scheduler interleaves requests layer by layer, so a backend call counts for every request in it."""
         s = self.stats
         return {"model_stats": [{"name": self.settings.model_name, "version": VERSION, "last_inference": s.last_ms,
                                  "inference_count": s.inferences, "execution_count": s.executions,
                                  "inference_stats": {"success": {"count": s.success[0], "ns": s.success[1]},
-                                                     "fail": {"count": s.fail[0], "ns": s.fail[1]}}}]}
+                                                     "fail": {"count": s.fail[0], "ns": s.fail[1]},
+                                                     "queue": {"count": s.queue[0], "ns": s.queue[1]},
+                                                     "compute_infer": {"count": s.compute[0],
+                                                                       "ns": s.compute[1]}}}]}
 
     def info(self, version: str) -> Dict:
         """TEI's ``/info`` (router/src/lib.rs ``Info``) for a classifier."""

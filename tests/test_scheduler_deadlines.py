@@ -1,0 +1,112 @@
+"""The scheduler's latency rules (acl_runtime.scheduler, ``Scheduler._pick``): a row that would miss its deadline
+runs before a fuller queue; a light load runs through as one wave, the deepest queue first; with deadlines the
+answers still do not depend on arrival or batch-mates; acl-serve's --slo-ms and Triton's ``timeout`` parameter
+set them."""
+import random
+import time
+
+import numpy as np
+import pytest
+
+from acl_runtime.scheduler import Scheduler
+from acl_runtime.serve import cli, protocol
+from test_loop import MeanBackend, _inputs
+from test_scheduler import _check, _jobs
+
+
+def _calls(**kw):
+    calls = []
+    sched = Scheduler(MeanBackend(exit_layers=(4,)), on_batch=lambda layer, n, s: calls.append((layer, n)), **kw)
+    return sched, calls
+
+
+def _old_row_at_layer_two(sched, deadline=None):
+    old = sched.submit(_inputs(1, 1), deadline=deadline)
+    for _ in range(3):  # the embeddings, layer 1, layer 2: it waits for layer 3
+        sched.step()
+    return old
+
+
+def test_a_row_that_would_miss_its_deadline_runs_before_a_full_queue():
+    sched, calls = _calls(max_batch=4, max_queue=64)
+    _old_row_at_layer_two(sched, deadline=0.002)
+    sched.submit(_inputs(8, 2), deadline=100.0)  # two full batches for the embeddings
+    time.sleep(0.003)  # the old row is now late
+    sched.step()
+    assert calls[-1] == (3, 1)
+
+
+def test_without_a_deadline_the_full_queue_goes_first():
+    """The same queues with no deadline: the rule above is what moved the late row."""
+    sched, calls = _calls(max_batch=4, max_queue=64)
+    _old_row_at_layer_two(sched)
+    sched.submit(_inputs(8, 2))
+    time.sleep(0.003)
+    sched.step()
+    assert calls[-1] == (0, 4)
+
+
+def test_a_row_with_time_left_waits_for_the_full_queue():
+    sched, calls = _calls(max_batch=4, max_queue=64, slo=100.0)
+    _old_row_at_layer_two(sched)
+    sched.submit(_inputs(8, 2))
+    sched.step()
+    assert calls[-1] == (0, 4)
+
+
+def test_a_light_load_runs_as_one_wave_deepest_queue_first():
+    """Up to --max-batch rows waiting: the deeper rows finish before new ones start (the fullest-queue rule ran the
+    two new rows' embeddings first and kept the old row waiting)."""
+    sched, calls = _calls(max_batch=4, max_queue=64)
+    old = _old_row_at_layer_two(sched)
+    sched.submit(_inputs(2, 2))
+    sched.step()
+    sched.step()
+    assert calls[-2:] == [(3, 1), (4, 1)] and old.done()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_with_deadlines_answers_do_not_depend_on_arrival_order_or_batch_mates(seed):
+    backend = MeanBackend()
+    sched = Scheduler(backend, max_batch=5, max_queue=400, slo=0.0005)
+    rng = random.Random(seed)
+    jobs, futures = _jobs(seed), []
+    for job in jobs:
+        futures.append(sched.submit(*job, deadline=rng.choice([None, 1e-6, 0.01, 10.0])))
+        for _ in range(rng.randint(0, 3)):
+            sched.step()
+    assert sched.close() and sched.depth() == 0
+    _check(backend, jobs, futures)
+
+
+def test_an_answer_says_where_its_rows_time_went():
+    sched = Scheduler(MeanBackend(exit_layers=(4,)), max_batch=4, max_queue=64)
+    future = sched.submit(_inputs(3, 4))
+    time.sleep(0.002)
+    assert sched.close()
+    answer = future.result()
+    assert answer.waits.shape == (3, 5) and (answer.waits[:, 0] >= 0.002).all()
+    assert (answer.model > 0).all() and answer.done_at <= time.perf_counter()
+    np.testing.assert_array_equal(answer.exit_layer, [4, 4, 4])
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "nan", "inf", "soon"])
+def test_slo_ms_takes_positive_milliseconds(value, capsys):
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["folder", "--slo-ms", value])
+    assert "--slo-ms" in capsys.readouterr().err
+
+
+def test_slo_ms_reaches_the_scheduler_in_seconds():
+    args = cli.build_parser().parse_args(["folder", "--slo-ms", "25"])
+    assert cli.settings_from(args).slo_ms == 25.0
+    with pytest.raises(ValueError, match="slo"):
+        Scheduler(MeanBackend(), slo=0.0)
+
+
+def test_a_triton_timeout_is_the_requests_deadline_in_seconds():
+    body = b'{"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}], ' \
+           b'"parameters": {"timeout": 25000}}'
+    assert protocol.parse_infer(body, None, ["label"]).deadline == 0.025
+    assert protocol.parse_infer(body.replace(b', "parameters": {"timeout": 25000}', b""), None,
+                                ["label"]).deadline is None
