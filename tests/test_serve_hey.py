@@ -68,6 +68,7 @@ def test_perf_analyzer_drives_the_server_at_a_fixed_rate_and_gets_every_answer(e
                              "--json", str(tmp_path / "hey.json")])
     pa = {r["generator"]: r for r in record["rows"]}["perf_analyzer"]
     assert (pa["sent"], pa["ok"], pa["errors"], pa["server_counted"]) == (20, 20, 0, 20)
+    assert pa["reported_p50_ms"] is not None and pa["reported_p99_ms"] is not None  # its own summary, read too
     assert record["checks"]["perf_analyzer_answers_counted_by_server"] and all(record["checks"].values())
 
 
