@@ -99,12 +99,13 @@ def perf_analyzer_row(export: bytes, rate: float) -> Dict:
 
 
 def find_perf_analyzer(path: Optional[str]) -> Tuple[Optional[str], str]:
-    """(perf_analyzer's path or None, a one-line note when it is not found: --perf-analyzer, else PATH)."""
-    found = path or shutil.which("perf_analyzer")
+    """(perf_analyzer's path or None, a one-line note when it is not found: --perf-analyzer, else this
+    environment's (scripts/setup_env.sh installs it), else PATH)."""
+    found = path or shutil.which(S.tool("perf_analyzer"))
     if found:
         return found, ""
-    return None, ("serve_hey: perf_analyzer not found (--perf-analyzer PATH or on PATH; pip install "
-                  "'tritonclient[http]==2.48.0' nvidia-cuda-runtime-cu12): its rows are left out")
+    return None, ("serve_hey: perf_analyzer not found (--perf-analyzer PATH, make env, or on PATH; pip install "
+                  "--no-deps 'tritonclient==2.48.0' nvidia-cuda-runtime-cu12): its rows are left out")
 
 
 def _perf_analyzer_env(binary: str) -> Dict[str, str]:

@@ -49,6 +49,7 @@ def test_perf_analyzer_not_found_is_a_one_line_note_and_a_wrong_path_refused(tmp
     import serve_hey
 
     monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(serve_hey.S, "tool", lambda name: name)  # not beside this Python either
     found, note = serve_hey.find_perf_analyzer(None)
     assert found is None and "\n" not in note and note.startswith("serve_hey: perf_analyzer not found")
     assert serve_hey.find_perf_analyzer("/opt/pa/bin/perf_analyzer") == ("/opt/pa/bin/perf_analyzer", "")
@@ -58,11 +59,12 @@ def test_perf_analyzer_not_found_is_a_one_line_note_and_a_wrong_path_refused(tmp
 
 
 def test_perf_analyzer_drives_the_server_at_a_fixed_rate_and_gets_every_answer(exported, tmp_path):  # noqa: F811
-    """Where perf_analyzer is on PATH (pip's tritonclient[http]==2.48.0 with nvidia-cuda-runtime-cu12; .ci/run
-    does not install it): its requests, [1, 1] BYTES tensors shaped from the metadata, all answered 200."""
-    if shutil.which("perf_analyzer") is None:
-        pytest.skip("perf_analyzer is not on PATH (pip install 'tritonclient[http]==2.48.0' nvidia-cuda-runtime-cu12)")
+    """perf_analyzer (scripts/setup_env.sh installs it beside the venv's Python): its requests, [1, 1] BYTES
+    tensors shaped from the metadata, all answered 200."""
     import serve_hey
+
+    if serve_hey.find_perf_analyzer(None)[0] is None:
+        helpers.skip_needed("perf_analyzer", "make env installs it (scripts/setup_env.sh)")
 
     record = serve_hey.main(["--folder", exported["folder"], "--rate", "20", "--seconds", "1", "--connections", "2",
                              "--json", str(tmp_path / "hey.json")])
