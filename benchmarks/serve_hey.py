@@ -6,14 +6,14 @@ PATH; none: a one-line note and no rows), so that each generator checks the othe
 
     python benchmarks/serve_hey.py --toy --rate 50 --seconds 10 --json /tmp/hey.json [--force]
     python benchmarks/serve_hey.py --folder OUT/onnx --rate 20 --seconds 2 --json /tmp/hey.json
-    python benchmarks/serve_hey.py --toy --json /tmp/hey.json --perf-analyzer /tmp/pa/bin/perf_analyzer
+    python benchmarks/serve_hey.py --toy --json /tmp/hey.json [--perf-analyzer PATH]
 
 How each paces: hey runs ``--connections`` workers, each sending at ``rate / connections`` per second on its own
 kept-alive connection and waiting for the answer before its next send (closed loop: a slow answer delays that
 worker's next request, so its latencies leave out the wait a late request would have had); serve_load's client
 sends on a fixed schedule (``i / rate`` s) whatever the answers do, and counts latency from the scheduled time.
-perf_analyzer (2.48.0, the last that runs on Debian 12's C library: ``pip install --target /tmp/pa
-'tritonclient[http]==2.48.0' nvidia-cuda-runtime-cu12``; the CUDA runtime beside it goes on LD_LIBRARY_PATH here)
+perf_analyzer (2.48.0, the last that runs on Debian 12's C library; ``make env`` installs it beside the venv's
+Python with pip's CUDA runtime, which goes on LD_LIBRARY_PATH here)
 runs ``--request-rate-range RATE --request-count RATE x SECONDS`` with ``--max-threads`` ``--connections`` (its
 threads send on a fixed schedule, each waiting for its answer: a late answer delays the next send) and the
 sentence as ``--input-data`` (its default, random 128-character strings in text and text_pair, would be a pair);
@@ -121,8 +121,8 @@ def _perf_analyzer_env(binary: str) -> Dict[str, str]:
 def run_perf_analyzer(binary: str, port: int, text: str, args, tmp: str, k: int) -> Dict:
     """perf_analyzer at ``--rate`` for rate x seconds requests (``--request-count``: one measurement, no
     stabilising windows), the sentence as ``--input-data`` (text only, so the optional text_pair is not sent),
-    version 1 named (``-x 1``: without it perf_analyzer picks the version whose statistics' queue count grew,
-    which this server leaves out)."""
+    version 1 named (``-x 1``: without it perf_analyzer picks the version whose statistics' queue count grew, and
+    stopped while this server left the queue count out)."""
     n = int(args.rate * args.seconds)
     data, export = os.path.join(tmp, "perf_analyzer_input.json"), os.path.join(tmp, f"perf_analyzer_{k}.json")
     with open(data, "w", encoding="utf-8") as f:
