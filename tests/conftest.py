@@ -19,6 +19,18 @@ def pytest_configure(config):
                             "run with -m slow")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread():
+    """In-process torch on one thread, for every test: the tiny models run fastest on one, and on a busy 2-core
+    machine a second intra-op thread waits for a core at every op (measured: a 12-wide linear layer took 16 ms
+    on two threads, 6 us on one), which made the in-process criterion tests several times slower. The
+    subprocesses the tests start get OMP_NUM_THREADS=1 (helpers._run) or set their own."""
+    import torch
+
+    torch.set_num_threads(1)
+    yield
+
+
 @pytest.fixture(scope="session")
 def predict_run(tmp_path_factory):
     """(root, data, checkpoint): a tiny multi-exit model (mean pooling, every layer an exit) trained 2 epochs

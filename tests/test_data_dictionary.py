@@ -17,7 +17,6 @@ from acl_fairseq.cli import evaluate
 from acl_fairseq.inference import hub
 from acl_fairseq.tasks import sentence_prediction_acl
 from acl_runtime import conventions, predict
-from test_models import one_thread  # noqa: F401  (autouse fixture, per module)
 
 # run name -> how it was trained: the plugin task records for a plain roberta, multi_exit_roberta's build
 # records under the stock task
