@@ -58,6 +58,23 @@ def cls_pair_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def regression_run(tmp_path_factory):
+    """(checkpoint, data): a tiny multi-exit model trained 2 epochs on the toy task's [0, 1] scores (no
+    label/dict.txt). Trained once for test_export_errors.py and test_serve_models.py, which only read it (each
+    exports its own ONNX folder)."""
+    import os
+
+    import helpers
+
+    root = tmp_path_factory.mktemp("regression")
+    data = helpers.make_data(str(root / "data"), regression=True)["data"]
+    assert not os.path.exists(os.path.join(data, "label", "dict.txt"))
+    helpers.train(data, str(root / "ckpt"), criterion="sentence_ce", arch="multi_exit_roberta", num_classes=1,
+                  extra=["--regression-target", "--best-checkpoint-metric", "loss"], max_epoch=2)
+    return str(root / "ckpt" / "checkpoint_best.pt"), data
+
+
+@pytest.fixture(scope="session")
 def tiny_bert_rte(tmp_path_factory):
     """tiny_hf.bert_on_toy_rte's converted BERT, toy RTE folder and two-update run, built once for
     test_predict.py (which only reads it) and test_export.py (which changes a copy)."""
