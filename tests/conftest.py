@@ -75,6 +75,19 @@ def regression_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def plugin_task_run(tmp_path_factory):
+    """(data, run folder): a tiny roberta trained one epoch under the plugin task sentence_prediction_acl on the
+    toy data. Trained once for test_data_dictionary.py and test_acceleration.py, which only read it (each copies
+    what it changes)."""
+    import helpers
+
+    root = tmp_path_factory.mktemp("plugin_task_run")
+    data = helpers.make_data(str(root / "data"))["data"]
+    helpers.train(data, str(root / "run"), task="sentence_prediction_acl")
+    return data, root / "run"
+
+
+@pytest.fixture(scope="session")
 def tiny_bert_rte(tmp_path_factory):
     """tiny_hf.bert_on_toy_rte's converted BERT, toy RTE folder and two-update run, built once for
     test_predict.py (which only reads it) and test_export.py (which changes a copy)."""
