@@ -19,6 +19,18 @@ def pytest_configure(config):
                             "run with -m slow")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread():
+    """In-process torch on one thread, for every test: the tiny models run fastest on one, and on a busy 2-core
+    machine a second intra-op thread waits for a core at every op (measured: a 12-wide linear layer took 16 ms
+    on two threads, 6 us on one), which made the in-process criterion tests several times slower. The
+    subprocesses the tests start get OMP_NUM_THREADS=1 (helpers._run) or set their own."""
+    import torch
+
+    torch.set_num_threads(1)
+    yield
+
+
 @pytest.fixture(scope="session")
 def predict_run(tmp_path_factory):
     """(root, data, checkpoint): a tiny multi-exit model (mean pooling, every layer an exit) trained 2 epochs
@@ -43,6 +55,36 @@ def cls_pair_run(tmp_path_factory):
     helpers.train(data, str(root / "ckpt"), criterion="sentence_prediction", arch="multi_exit_roberta",
                   model_args=helpers.TINY_ROBERTA, max_epoch=2)
     return data, str(root / "ckpt" / "checkpoint_best.pt")
+
+
+@pytest.fixture(scope="session")
+def regression_run(tmp_path_factory):
+    """(checkpoint, data): a tiny multi-exit model trained 2 epochs on the toy task's [0, 1] scores (no
+    label/dict.txt). Trained once for test_export_errors.py and test_serve_models.py, which only read it (each
+    exports its own ONNX folder)."""
+    import os
+
+    import helpers
+
+    root = tmp_path_factory.mktemp("regression")
+    data = helpers.make_data(str(root / "data"), regression=True)["data"]
+    assert not os.path.exists(os.path.join(data, "label", "dict.txt"))
+    helpers.train(data, str(root / "ckpt"), criterion="sentence_ce", arch="multi_exit_roberta", num_classes=1,
+                  extra=["--regression-target", "--best-checkpoint-metric", "loss"], max_epoch=2)
+    return str(root / "ckpt" / "checkpoint_best.pt"), data
+
+
+@pytest.fixture(scope="session")
+def plugin_task_run(tmp_path_factory):
+    """(data, run folder): a tiny roberta trained one epoch under the plugin task sentence_prediction_acl on the
+    toy data. Trained once for test_data_dictionary.py and test_acceleration.py, which only read it (each copies
+    what it changes)."""
+    import helpers
+
+    root = tmp_path_factory.mktemp("plugin_task_run")
+    data = helpers.make_data(str(root / "data"))["data"]
+    helpers.train(data, str(root / "run"), task="sentence_prediction_acl")
+    return data, root / "run"
 
 
 @pytest.fixture(scope="session")

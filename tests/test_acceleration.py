@@ -249,14 +249,17 @@ def test_two_rank_fairseq_train_with_bf16_or_compiled(tmp_path, flags):
     assert ("bf16 autocast on the CPU" in out) if "--autocast-bf16" in flags else ("graph(s) compiled by update" in out)
 
 
-def test_a_checkpoint_saved_before_these_flags_loads_for_use(tmp_path, data):
+def test_a_checkpoint_saved_before_these_flags_loads_for_use(tmp_path, plugin_task_run):
     """A checkpoint whose task config lacks autocast_bf16, compile, compile_backend and cpu (saved before they
-    existed) loads with the task's defaults: nothing compiled, no autocast."""
+    existed) loads with the task's defaults: nothing compiled, no autocast. (A copy of conftest's run under the
+    plugin task, whose config has those fields.)"""
+    import shutil
+
     from fairseq import checkpoint_utils
 
-    helpers.train(data, str(tmp_path / "ckpt"), task="sentence_prediction_acl", arch="multi_exit_roberta",
-                  extra=["--max-update", "1"])
-    path = str(tmp_path / "ckpt" / "checkpoint_last.pt")
+    data, run = plugin_task_run
+    path = str(tmp_path / "checkpoint_last.pt")
+    shutil.copy(run / "checkpoint_last.pt", path)
     state = torch.load(path, weights_only=True)  # the plugin allowlists what fairseq checkpoints pickle
     for key in ("autocast_bf16", "compile", "compile_backend", "cpu"):
         del state["cfg"]["task"][key]

@@ -14,7 +14,7 @@ from acl_fairseq.cli import evaluate
 from acl_fairseq.inference import hub
 from acl_runtime import calibration, exits, predict
 from acl_runtime.calibration import Budget
-from test_models import HEAD, one_thread  # noqa: F401  (autouse fixture, per module)
+from test_models import HEAD
 
 # ---- the choice on synthetic per-exit logits, through the offline policy code acl-evaluate runs ----------
 

@@ -17,22 +17,22 @@ from acl_fairseq.cli import evaluate
 from acl_fairseq.inference import hub
 from acl_fairseq.tasks import sentence_prediction_acl
 from acl_runtime import conventions, predict
-from test_models import one_thread  # noqa: F401  (autouse fixture, per module)
 
-# run name -> how it was trained: the plugin task records for a plain roberta, multi_exit_roberta's build
-# records under the stock task
+# run name -> how it was trained: the plugin task records for a plain roberta (conftest's plugin_task_run),
+# multi_exit_roberta's build records under the stock task
 RUNS = {"plugin": dict(task="sentence_prediction_acl"), "stock": dict(arch="multi_exit_roberta")}
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """(root, data, other): a tiny model per RUNS entry trained on ``data``; ``other`` is the same toy task
-    binarized from another sample (seed 7): the same words, counted and so ordered differently."""
+def runs(plugin_task_run, tmp_path_factory):
+    """(root, data, other): a tiny model per RUNS entry trained on ``data`` (the plugin run is conftest's
+    plugin_task_run, copied here); ``other`` is the same toy task binarized from another sample (seed 7): the same
+    words, counted and so ordered differently."""
     root = tmp_path_factory.mktemp("dictionary")
-    data = helpers.make_data(str(root / "data"))["data"]
+    data, plugin_run = plugin_task_run
+    shutil.copytree(plugin_run, root / "plugin")
     other = helpers.make_data(str(root / "other"), seed=7)["data"]
-    for name, kw in RUNS.items():
-        helpers.train(data, str(root / name), **kw)
+    helpers.train(data, str(root / "stock"), **RUNS["stock"])
     return root, data, other
 
 

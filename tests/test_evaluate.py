@@ -12,7 +12,7 @@ import helpers
 from acl_fairseq.cli import evaluate
 from acl_fairseq.inference import early_exit, report
 from acl_runtime import exits
-from test_models import HEAD, TINY_MULTI, build, one_thread  # noqa: F401  (autouse fixture, per module)
+from test_models import HEAD, TINY_MULTI, build
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SETTING_FIELDS = [

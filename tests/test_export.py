@@ -21,7 +21,6 @@ from acl_fairseq.hf import convert as convert_hf
 from acl_fairseq.hf import export
 from acl_fairseq.inference import early_exit, hub
 from acl_runtime import predict
-from test_models import one_thread  # noqa: F401  (autouse fixture, per module)
 
 HEAD = "sentence_classification_head"
 

@@ -141,17 +141,6 @@ def test_a_legacy_format_checkpoint_passes_the_precheck(model, tmp_path, capsys)
     assert cfg["model"].arch == "multi_exit_roberta" and capsys.readouterr().err == ""
 
 
-@pytest.fixture(scope="module")
-def regression_run(tmp_path_factory):
-    """(checkpoint, data): a tiny multi-exit model trained on the toy task's [0, 1] scores (no label/dict.txt)."""
-    root = tmp_path_factory.mktemp("regression")
-    data = helpers.make_data(str(root / "data"), regression=True)["data"]
-    assert not os.path.exists(os.path.join(data, "label", "dict.txt"))
-    helpers.train(data, str(root / "ckpt"), criterion="sentence_ce", arch="multi_exit_roberta", num_classes=1,
-                  extra=["--regression-target", "--best-checkpoint-metric", "loss"], max_epoch=2)
-    return str(root / "ckpt" / "checkpoint_best.pt"), data
-
-
 def test_a_regression_model_exports_and_serves_its_values(regression_run, tmp_path):
     from acl_fairseq.inference import hub
     from acl_runtime import engine

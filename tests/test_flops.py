@@ -11,7 +11,7 @@ from torch.utils import flop_counter
 import helpers
 from acl_fairseq.cli import evaluate
 from acl_fairseq.inference import early_exit, flops
-from test_models import HEAD, build, one_thread  # noqa: F401  (autouse fixture, per module)
+from test_models import HEAD, build
 
 SHAPE = flops.Shape(dim=4, ffn_dim=6, head_dim=4, num_classes=3, exit_layers=[1, 3])
 

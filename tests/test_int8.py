@@ -15,29 +15,28 @@ import pytest
 
 import _int8_chain as probe
 import helpers
+from serve_helpers import exported as serve_export  # noqa: F401  (a fixture: the serving tests' int8 export)
 
 
 @pytest.fixture(scope="module")
-def exported(predict_run, predict_model, tmp_path_factory):
-    """predict_run's tiny multi-exit model through acl-export --format onnx --quantize int8, and a dynamic copy of
-    the same fp32 graphs (``--quantize int8-dynamic``'s scheme) beside it, for contrast."""
-    from acl_fairseq.hf import export
+def exported(predict_run, predict_model, serve_export, tmp_path_factory):  # noqa: F811
+    """predict_run's tiny multi-exit model through acl-export --format onnx --quantize int8 --metrics-split none
+    (the folder the acl-serve tests serve, exported once for both: an export took 10-20 s of make test; read
+    only here), and a dynamic copy of the same fp32 graphs (``--quantize int8-dynamic``'s scheme), for contrast."""
     from acl_fairseq.hf import onnx_quantize as Q
 
     _, data, ckpt = predict_run
-    out = tmp_path_factory.mktemp("int8") / "out"
-    export.main([ckpt, "--data", data, "--out", str(out), "--format", "onnx", "--quantize", "int8",
-                 "--metrics-split", "none"])
-    folder = str(out / "onnx")
+    folder = serve_export["folder"]
     m = json.load(open(os.path.join(folder, "manifest.json")))
-    dynamic = str(out / "dynamic")
+    assert "int8" in m["quantized"]  # the serving tests' folder is the int8 export this file checks
+    dynamic = str(tmp_path_factory.mktemp("int8") / "dynamic")
     os.makedirs(dynamic)
     for rec in m["layers"]:
         Q.quantize_graph(os.path.join(folder, rec["file"]), os.path.join(dynamic, rec["file"]),
                          Q.SCHEMES["int8-dynamic"])
     texts, _ = helpers.raw_split(data)
     return {"folder": folder, "data": data, "ckpt": ckpt, "texts": texts, "rows": valid_rows(data),
-            "dynamic": dynamic, "manifest": m, "hub": predict_model, "out": out}
+            "dynamic": dynamic, "manifest": m, "hub": predict_model}
 
 
 def valid_rows(data: str):

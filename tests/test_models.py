@@ -52,15 +52,6 @@ def padded_batch(task, n=8):
     return batch
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest, and steadiest on a busy 2-core machine, on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return helpers.make_data(str(tmp_path_factory.mktemp("data")))["data"]

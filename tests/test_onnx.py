@@ -21,7 +21,6 @@ from acl_fairseq.hf import onnx_export, onnx_tokenizer
 from acl_fairseq.inference import early_exit, hub
 from acl_runtime import engine as runtime
 from acl_runtime import exits
-from test_models import one_thread  # noqa: F401  (autouse fixture, per module)
 
 SHARPEN = 8.0
 ATOL = 1e-5

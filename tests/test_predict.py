@@ -13,7 +13,7 @@ import helpers
 from acl_fairseq.cli import evaluate
 from acl_fairseq.inference import early_exit, hub
 from acl_runtime import exits, predict
-from test_models import HEAD, TINY_MULTI, one_thread  # noqa: F401  (autouse fixture, per module)
+from test_models import HEAD
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import pytest
 import helpers
 from acl_fairseq.inference import hub
 from acl_runtime import predict
-from test_models import HEAD, TINY_MULTI, one_thread  # noqa: F401  (autouse fixture, per module)
 
 # ---- real-world input: bad bytes, pipes, ids, fatal errors, SIGTERM -------------------------------------
 

@@ -52,17 +52,14 @@ def _count(metrics: str, bucket_line: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def regression_folder(tmp_path_factory):
-    """A tiny multi-exit model trained on the toy task's [0, 1] scores, exported to ONNX; its validation texts."""
+def regression_folder(regression_run, tmp_path_factory):
+    """conftest's tiny multi-exit model trained on the toy task's [0, 1] scores (shared with
+    test_export_errors.py), exported to ONNX; its validation texts."""
     from acl_fairseq.hf import export
 
-    root = tmp_path_factory.mktemp("serve_regression")
-    data = helpers.make_data(str(root / "data"), regression=True)["data"]
-    helpers.train(data, str(root / "ckpt"), criterion="sentence_ce", arch="multi_exit_roberta", num_classes=1,
-                  extra=["--regression-target", "--best-checkpoint-metric", "loss"], max_epoch=2)
-    out = root / "out"
-    export.main([str(root / "ckpt" / "checkpoint_best.pt"), "--data", data, "--out", str(out), "--format", "onnx",
-                 "--metrics-split", "none"])
+    ckpt, data = regression_run
+    out = tmp_path_factory.mktemp("serve_regression") / "out"
+    export.main([ckpt, "--data", data, "--out", str(out), "--format", "onnx", "--metrics-split", "none"])
     return os.path.join(str(out), "onnx"), helpers.raw_split(data)[0][:12]
 
 
