@@ -114,15 +114,16 @@ class Scheduler:
     :class:`QueueFull`), ``max_padding`` the padded positions of a batch beyond its real tokens (0.5: at most 1.5x),
     ``max_wait`` the steps a queue's oldest row may be passed over (default: twice the layers), ``slo`` the seconds
     from a request's submit to its answer that :meth:`_pick` aims at (None: no objective; a request's own
-    ``deadline`` overrides it). ``on_batch(layer, rows, seconds)`` is called after every backend call (layer 0: the
-    embeddings; ``seconds``: the call's), ``on_fault(layer, rows_failed)`` after each failed call's rows at fault
-    were found, ``on_depth(rows)`` whenever rows left (answered, failed or cancelled), from the scheduler's thread
-    (or :meth:`cancel`'s caller). ``pad``: the padding id (default: the backend's)."""
+    ``deadline`` overrides it). ``on_batch(layer, rows, seconds, cpu_seconds)`` is called after every backend call
+    (layer 0: the embeddings; the call's wall and thread CPU seconds), ``on_fault(layer, rows_failed)`` after
+    each failed call's rows at fault were found, ``on_depth(rows)`` whenever rows left (answered, failed or
+    cancelled), from the scheduler's thread (or :meth:`cancel`'s caller). ``pad``: the padding id (default: the
+    backend's)."""
 
     def __init__(self, backend, regression: bool = False, max_batch: int = 32, max_queue: int = 1024,
                  refill: bool = True, max_padding: float = 0.5, max_wait: Optional[int] = None,
                  delta: float = exits.DEFAULT_REGRESSION_DELTA, slo: Optional[float] = None,
-                 on_batch: Optional[Callable[[int, int, float], None]] = None, pad: Optional[int] = None,
+                 on_batch: Optional[Callable[[int, int, float, float], None]] = None, pad: Optional[int] = None,
                  on_fault: Optional[Callable[[int, int], None]] = None,
                  on_depth: Optional[Callable[[int], None]] = None):
         if max_batch < 1 or max_queue < max_batch:
@@ -294,7 +295,7 @@ class Scheduler:
         lengths = np.asarray([r.ids.size for r in rows], dtype=np.int64)
         width = int(lengths.max())
         mask = loop.padding_mask(lengths, width)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         if layer == 0:
             ids = np.full((len(rows), width), self.pad, dtype=np.int64)
             for k, r in enumerate(rows):
@@ -302,12 +303,12 @@ class Scheduler:
             state, logits = self.backend.embed(ids, mask), None
         else:
             state, logits = self.backend.layer(layer, self.backend.join([r.state for r in rows], width), mask)
-        took = time.perf_counter() - started
+        took, cpu = time.perf_counter() - started, time.thread_time() - cpu
         self._call = took if self._call == 0 else 0.9 * self._call + 0.1 * took
         for r in rows:
             r.model += took
         if self.on_batch is not None:
-            self.on_batch(layer, len(rows), took)
+            self.on_batch(layer, len(rows), took, cpu)
         fire = self._decide(layer, rows, logits) if logits is not None else np.zeros(len(rows), dtype=bool)
         going = []
         for k, r in enumerate(rows):
@@ -358,12 +359,12 @@ class Scheduler:
         src = np.full((len(rows), int(lengths.max())), self.pad, dtype=np.int64)
         for k, r in enumerate(rows):
             src[k, : r.ids.size] = r.ids
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         out = loop.run_batch(self.backend, src, loop.padding_mask(lengths, src.shape[1]), rows[0].request,
                              self.regression, self.delta)
-        took = time.perf_counter() - started
+        took, cpu = time.perf_counter() - started, time.thread_time() - cpu
         if self.on_batch is not None:
-            self.on_batch(0, len(rows), took)
+            self.on_batch(0, len(rows), took, cpu)
         for k, r in enumerate(rows):
             r.model += took
             r.job.answer(r, out.logits[k], int(out.exit_layer[k]))

@@ -153,7 +153,7 @@ def server_side(samples: List[Tuple[str, Dict[str, str], float]]) -> Dict:
     sums: Dict[str, Dict[str, Dict[str, float]]] = {"fill": {}, "phases": {}, "waits": {}}
     histograms = {"acl_batch_fill": ("fill", "layer"), "acl_request_phase_seconds": ("phases", "phase"),
                   "acl_queue_wait_seconds": ("waits", "layer")}
-    model = 0.0
+    model, model_cpu = 0.0, 0.0
     for name, labels, value in samples:
         base, _, part = name.rpartition("_")
         if name == "acl_requests_total":
@@ -161,10 +161,12 @@ def server_side(samples: List[Tuple[str, Dict[str, str], float]]) -> Dict:
             answered[key] = answered.get(key, 0) + value
         elif name == "acl_model_seconds_total":
             model += value
+        elif name == "acl_model_cpu_seconds_total":
+            model_cpu += value
         elif base in histograms and part in ("sum", "count"):
             kind, label = histograms[base]
             sums[kind].setdefault(labels.get(label, "?"), {"sum": 0.0, "count": 0.0})[part] += value
-    return {"answered": answered, **sums, "model_seconds": model}
+    return {"answered": answered, **sums, "model_seconds": model, "model_cpu_seconds": model_cpu}
 
 
 def split_between(before: Optional[Dict], after: Optional[Dict]) -> Optional[Dict]:
@@ -172,7 +174,7 @@ def split_between(before: Optional[Dict], after: Optional[Dict]) -> Optional[Dic
     request and its share of their latency, each queue's mean wait an input, and the backend calls' seconds."""
     if not after or not after["phases"]:
         return None
-    old = before or {"phases": {}, "waits": {}, "model_seconds": 0.0}
+    old = before or {"phases": {}, "waits": {}, "model_seconds": 0.0, "model_cpu_seconds": 0.0}
 
     def delta(kind, key):
         now, then = after[kind][key], old[kind].get(key, {"sum": 0.0, "count": 0.0})
@@ -186,7 +188,8 @@ def split_between(before: Optional[Dict], after: Optional[Dict]) -> Optional[Dic
             "per_request_ms": {k: 1000 * s / c if c else None for k, (s, c) in phases.items()},
             "share": {k: s / total if total else None for k, (s, _) in phases.items()},
             "queue_wait_ms": {k: 1000 * s / c if c else None for k, (s, c) in waits.items()},
-            "model_seconds": after["model_seconds"] - old["model_seconds"]}
+            "model_seconds": after["model_seconds"] - old["model_seconds"],
+            "model_cpu_seconds": after["model_cpu_seconds"] - old["model_cpu_seconds"]}
 
 
 def fill_between(before: Optional[Dict], after: Optional[Dict]) -> Optional[Dict]:

@@ -191,12 +191,12 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
             rate = fraction * saturation["throughput_per_s"]
             offsets = [t / rate for t in unit if t / rate < args.max_seconds]
             G.log(f"{cfg.name}: {fraction:.0%} of saturation, {rate:.1f}/s, {len(offsets)} requests")
-            before = S.metrics(port)
+            start = S.metrics(port)
             out = S.drive(phase_spec(args, port, sentences, cycle(len(offsets)), f"{cfg.name}/{fraction}",
                                      mode="open", offsets=offsets), tmp)
             records += out["records"]
             rates.append({"fraction": fraction, **T.summarize(out, rate, len(unit)),
-                          "split": T.split_between(before, S.metrics(port))})
+                          "split": T.split_between(start, S.metrics(port))})
         server = S.metrics(port)
         rss = S.worker_rss(proc.pid, cfg.workers)
     finally:
@@ -216,17 +216,18 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
             "peak_rss_mb_per_worker": rss["per_worker_mb"], "peak_rss_mb_supervisor": rss["supervisor_mb"],
             "server_processes": rss["processes"], "server": stopped, "metrics": metrics,
             "answers": T.compare_answers(records, expected, labels, args.atol),
-            "client_answered": sum(1 for r in warm["records"] + records if r["status"]),
+            "client_answered": sum(1 for r in warm["records"] + full["records"] + records if r["status"]),
             "wall_s": time.perf_counter() - started}
 
 
 def outside_model(split: Optional[Dict], cpu_before: Optional[float], cpu_after: Optional[float]) -> Optional[Dict]:
     """The saturation phase's split, with the workers' CPU seconds and the share of them spent outside the
-    backend calls (HTTP, JSON, tokenization, scheduling: everything but the model)."""
+    backend calls (HTTP, JSON, tokenization, scheduling: everything but the model; CPU against CPU, so that a
+    loaded machine's waits count on neither side)."""
     if split is None:
         return None
     cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
-    outside = None if not cpu else max(0.0, 1 - split["model_seconds"] / cpu)
+    outside = None if not cpu else 1 - split["model_cpu_seconds"] / cpu
     return {**split, "worker_cpu_seconds": cpu, "cpu_share_outside_model": outside}
 
 

@@ -61,7 +61,7 @@ def test_answers_do_not_depend_on_arrival_order_or_batch_mates(seed, refill):
 def test_layer_one_takes_new_rows_while_deeper_layers_finish_older_ones():
     backend = MeanBackend()
     calls = []
-    sched = Scheduler(backend, max_batch=4, max_queue=400, on_batch=lambda layer, n, s: calls.append((layer, n)))
+    sched = Scheduler(backend, max_batch=4, max_queue=400, on_batch=lambda layer, n, s, c: calls.append((layer, n)))
     texts = _inputs(40, 3)
     first = sched.submit(texts[:8])
     for _ in range(4):

@@ -16,7 +16,7 @@ from test_scheduler import _check, _jobs
 
 def _calls(**kw):
     calls = []
-    sched = Scheduler(MeanBackend(exit_layers=(4,)), on_batch=lambda layer, n, s: calls.append((layer, n)), **kw)
+    sched = Scheduler(MeanBackend(exit_layers=(4,)), on_batch=lambda layer, n, s, c: calls.append((layer, n)), **kw)
     return sched, calls
 
 

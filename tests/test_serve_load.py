@@ -263,6 +263,14 @@ def test_verdicts_hold_the_issues_bounds():
     json.dumps(found)  # the record takes them as they are
 
 
+def test_the_share_outside_the_model_is_cpu_against_cpu():
+    import serve_load
+
+    got = serve_load.outside_model({"model_seconds": 9.0, "model_cpu_seconds": 3.0}, 10.0, 14.0)
+    assert got["worker_cpu_seconds"] == 4.0 and got["cpu_share_outside_model"] == pytest.approx(0.25)
+    assert serve_load.outside_model({"model_cpu_seconds": 3.0}, None, 14.0)["cpu_share_outside_model"] is None
+
+
 def test_the_scheduler_alone_is_judged_against_the_same_server_at_full_depth():
     res = _result(True, 1, 90.0, 60.0, 1.5, 29.0, 10.0)
     res["full_depth_served"] = {"throughput_per_s": 62.0, "lost": 1, "wrong_id": 0, "errors": 0}

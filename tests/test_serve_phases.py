@@ -61,6 +61,8 @@ def test_queue_waits_are_counted_per_queue_and_the_model_seconds_in_all(served):
     assert sum(metric(text, f'acl_queue_wait_seconds_count{{layer="{k}"}}') for k in range(layers + 1)) > inputs
     calls = sum(metric(text, f'acl_batch_fill_count{{layer="{k}"}}') for k in range(1, layers + 1))
     assert metric(text, "acl_model_seconds_total") >= calls * 0.005
+    # the thread's CPU in those calls: some, and less than their wall time, which holds the layers' 5 ms sleeps
+    assert 0 < metric(text, "acl_model_cpu_seconds_total") < metric(text, "acl_model_seconds_total") - calls * 0.004
 
 
 def test_triton_statistics_split_queue_and_compute(served):
@@ -78,6 +80,7 @@ def test_serve_load_reads_the_split_between_two_scrapes(served):
     assert split["requests"] == 5 and set(split["per_request_ms"]) == set(PHASES)
     assert sum(split["share"].values()) == pytest.approx(1.0)
     assert split["model_seconds"] == pytest.approx(metric(text, "acl_model_seconds_total"))
+    assert split["model_cpu_seconds"] == pytest.approx(metric(text, "acl_model_cpu_seconds_total"))
     assert T.split_between(after, after)["requests"] == 0
 
 

@@ -10,8 +10,8 @@
 - ``acl_request_phase_seconds{phase}``: where each answered request's time went (a histogram per phase, ``PHASES``;
   the phases of one request add up to its ``acl_request_seconds``);
 - ``acl_queue_wait_seconds{layer}``: each answered input's wait in each queue it passed (layer 0: the embeddings');
-- ``acl_model_seconds_total``: seconds the scheduler's thread spent in backend calls (the model), for the share
-  of a worker's CPU time spent outside it.
+- ``acl_model_seconds_total``, ``acl_model_cpu_seconds_total``: wall and CPU seconds the scheduler's thread
+  spent in backend calls (the model; its CPU against the worker's: the share of its CPU time spent outside it).
 
 With ``--workers N`` every worker writes its values to ``PROMETHEUS_MULTIPROC_DIR`` (set by acl-serve before the
 workers start) and ``/metrics`` sums them over the workers, whichever answers.
@@ -74,16 +74,19 @@ class Metrics:
                                     "passed (0: the embeddings')", ["layer"], buckets=PHASE_BUCKETS, registry=r)
         self.model_seconds = Counter("acl_model_seconds", "seconds the scheduler's thread spent in backend calls",
                                      registry=r)
+        self.model_cpu = Counter("acl_model_cpu_seconds", "CPU seconds of the scheduler's thread in backend calls "
+                                 "(ONNX Runtime's own threads beyond --threads 1 not counted)", registry=r)
         self.max_batch = max_batch
         self.depth = lambda: 0  # the scheduler's depth(), read at each scrape and after each answer
 
     def track_depth(self) -> None:
         self.queue_depth.set(self.depth())
 
-    def on_batch(self, layer: int, rows: int, seconds: float) -> None:
+    def on_batch(self, layer: int, rows: int, seconds: float, cpu: float) -> None:
         """The scheduler's ``on_batch``: called from its thread after every backend call."""
         self.batch_fill.labels(layer=str(layer)).observe(rows / self.max_batch)
         self.model_seconds.inc(seconds)
+        self.model_cpu.inc(cpu)
 
     def phases(self, seconds: dict, waits) -> None:
         """One answered request's phases (``PHASES``' names to seconds), and the waits of its inputs (an inputs x

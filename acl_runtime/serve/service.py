@@ -118,8 +118,8 @@ class Service:
         self.metrics.depth = self.scheduler.depth
         self.ready = False
 
-    def _on_batch(self, layer: int, rows: int, seconds: float) -> None:
-        self.metrics.on_batch(layer, rows, seconds)
+    def _on_batch(self, layer: int, rows: int, seconds: float, cpu: float) -> None:
+        self.metrics.on_batch(layer, rows, seconds, cpu)
         self.metrics.track_depth()
         self.stats.executed()
 
