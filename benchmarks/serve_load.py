@@ -34,7 +34,7 @@ tokenized up front), the server's HTTP, JSON and tokenization count against it. 
 mean exit layer of the answers served at saturation.
 
 Where the time goes: before and after the saturation phase and each rate, /metrics' ``acl_request_phase_seconds``
-(read, tokenize, queue, model, schedule, answer, other) gives each phase's mean ms a request and its share, and
+(read, tokenize, queue, model, schedule, handoff, answer, other) gives each phase's mean ms a request and its share, and
 ``acl_model_seconds_total`` against the workers' CPU seconds (/proc) the share of their CPU time outside the model
 (``split`` in the JSON). The client's own CPU share is ``client_cpu_share`` (it shares the cores with the server).
 

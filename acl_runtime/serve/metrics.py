@@ -38,7 +38,8 @@ PHASES = {
     "tokenize": "its texts encoded",
     "queue": "its slowest input's waits in the layers' queues",
     "model": "the backend calls that input was in",
-    "schedule": "the rest of the scheduler's time to its last answer: batching, the policy, the hand-back",
+    "schedule": "the rest of the scheduler's time to its last answer: batching, the policy, the states' copies",
+    "handoff": "from its last answer in the scheduler's thread to the event loop taking it up",
     "answer": "the answer built and serialized",
     "other": "the rest: routing and the handler's own work",
 }

@@ -177,7 +177,8 @@ class Service:
         self.metrics.exits(answer.exit_layer)
         predictions = self.engine.to_predictions(answer.logits, answer.exit_layer, truncated)
         phases = {"tokenize": start - began, "queue": queue, "model": model,
-                  "schedule": answered - start - queue - model, "answer": time.perf_counter() - answered}
+                  "schedule": answer.done_at - start - queue - model, "handoff": answered - answer.done_at,
+                  "answer": time.perf_counter() - answered}
         return Answered(predictions, answer.logits, answer.exit_layer, request, phases, answer.waits)
 
     # ---- what the model is, in each protocol's words ----------------------------------------------
