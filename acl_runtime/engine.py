@@ -24,7 +24,7 @@ from acl_runtime.loop import BatchOutput, Prediction, Text, softmax  # noqa: F40
 MANIFEST, SCHEMA, PRECISIONS = checks.MANIFEST, checks.SCHEMA, checks.PRECISIONS  # the contract: acl_runtime.manifest
 # onnxruntime's graph optimizations every session runs without, at its default level (all) otherwise.
 # SkipLayerNormFusion joins each residual Add and the LayerNormalization after it into one SkipLayerNormalization,
-# whose CPU kernel took longer than the two ops it replaces: unfused, a MiniLM layer is 8 to 11% faster at batch 1
+# whose CPU kernel took longer than the two ops it replaces: unfused, a MiniLM layer is 5 to 11% faster at batch 1
 # and 32, fp32 and int8, its probabilities within 1.2e-7 (benchmarks/ort_fusions.py; docs/serve.md)
 DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
 

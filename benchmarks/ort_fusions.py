@@ -17,7 +17,9 @@ Systems, each a one-thread session (``intra_op_num_threads=1``, as acl-serve run
   ``onnxruntime.transformers.optimizer.optimize_model(model_type="bert")`` (its fusions that fire are listed);
 - int8: the layer quantized here by the shipped scheme (static QDQ, calibrated on the layer's inputs of the last
   ``--calibration`` dev sentences, so that both copies share their scales), without and with the GELU fusion
-  the export applies (``onnx_quantize.fuse_gelu``), at the session levels; dynamic int8 without and with it.
+  the export applies (``onnx_quantize.fuse_gelu``), at the session levels; dynamic int8 without and with it;
+- the engine's sessions: level all without onnxruntime's ``SkipLayerNormFusion`` (``engine.DISABLED_OPTIMIZERS``),
+  fp32 and the fused static copy (the shipped int8).
 
 Columns: milliseconds per pass (all batch-1 feeds, or all batch-32 feeds), ``vs_base``: the median over rounds of
 the reference's time over this system's in the same round (the reference: fp32 at level all for fp32, the unfused
@@ -56,7 +58,8 @@ FORMATS = {"call_us": "{:.0f}", "b1_ms": "{:.1f}", "b32_ms": "{:.1f}", "b1_vs_ba
            "b32_vs_base": "{:.3f}x", "d_prob": "{:.1e}", "b1_vs_b32": "{:.1e}"}
 
 
-def session(path: str, level: str = "all", profile: str = None):
+def session(path: str, level: str = "all", profile: str = None, disabled=()):
+    """A one-thread session at ``level``, without the optimizers named in ``disabled``."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -65,10 +68,10 @@ def session(path: str, level: str = "all", profile: str = None):
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[level])
     if profile:
         options.enable_profiling, options.profile_file_prefix = True, profile
-    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled))
 
 
-def session_ops(path: str, level: str) -> Counter:
+def session_ops(path: str, level: str, disabled=()) -> Counter:
     """The op types of the graph the session runs, after its optimizer (saved once to a temporary file)."""
     import onnx
     import onnxruntime as ort
@@ -78,7 +81,7 @@ def session_ops(path: str, level: str) -> Counter:
         options.log_severity_level = 3
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[level])
         options.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
-        ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        ort.InferenceSession(path, options, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled))
         return Counter(n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node)
 
 
@@ -129,16 +132,21 @@ def build_graphs(folder: str, layer_file: str, work: str, feeds: List[Dict], hea
     return {"paths": paths, "bert_optimizer_fusions": fired}
 
 
-def systems(paths: Dict[str, str]) -> List[Dict]:
-    """The systems: (name, graph, session level, reference name)."""
+def systems() -> List[Dict]:
+    """The systems: name, graph, session level, optimizers disabled, reference name."""
+    off = ["SkipLayerNormFusion"]
     out = [{"name": f"fp32, level {lv}", "graph": "fp32", "level": lv, "base": "fp32, level all"} for lv in LEVELS]
     out.append({"name": "fp32 bert-optimizer, level all", "graph": "fp32 bert-optimizer", "level": "all",
                 "base": "fp32, level all"})
+    out.append({"name": "fp32, level all, no SkipLayerNorm (engine)", "graph": "fp32", "level": "all",
+                "disabled": off, "base": "fp32, level all"})
     base = "int8 static, level all"
     out += [{"name": f"int8 static, level {lv}", "graph": "int8 static", "level": lv, "base": base}
             for lv in ("basic", "extended", "all")]
     out += [{"name": f"{g}, level all", "graph": g, "level": "all", "base": base}
             for g in ("int8 static+BiasGelu", "int8 dynamic", "int8 dynamic+BiasGelu")]
+    out.append({"name": "int8 static+BiasGelu, level all, no SkipLayerNorm (engine)", "graph": "int8 static+BiasGelu",
+                "level": "all", "disabled": off, "base": base})
     return out
 
 
@@ -212,16 +220,18 @@ def layer_profile(path: str, feeds: List[Dict], work: str) -> Dict:
 
 
 def served_profile(folder: str, precision: str, sentences: List[str], work: str) -> Dict:
-    """One batch-32 pass of ``runtime.Engine`` over ``sentences``, all layers, every session profiled."""
-    from acl_runtime.engine import Engine, OrtBackend
+    """One batch-32 pass of ``runtime.Engine`` over ``sentences``, all layers, every session profiled (and set as
+    the engine sets its own)."""
+    from acl_runtime.engine import DISABLED_OPTIMIZERS, Engine, OrtBackend
 
     eng = Engine(folder, precision, threads=1)
     m = eng.manifest
     files = m["quantized"][precision] if precision != "fp32" else \
         {"embeddings": m["embeddings"], "layers": {r["file"]: r["file"] for r in m["layers"]}}
     prefix = os.path.join(work, f"served_{precision}")
-    embed = session(os.path.join(folder, files["embeddings"]), profile=prefix)
-    layers = [session(os.path.join(folder, files["layers"][r["file"]]), profile=prefix) for r in m["layers"]]
+    embed = session(os.path.join(folder, files["embeddings"]), profile=prefix, disabled=DISABLED_OPTIMIZERS)
+    layers = [session(os.path.join(folder, files["layers"][r["file"]]), profile=prefix, disabled=DISABLED_OPTIMIZERS)
+              for r in m["layers"]]
     eng.backend = OrtBackend(embed, layers, eng.exit_layers, m["num_classes"], eng.pad)
     batches = eng.make_batches([eng.encode_with_info(s)[0] for s in sentences], 32)
     seconds, _ = H.wall(lambda: eng.run_batches(batches, len(sentences)))
@@ -297,9 +307,9 @@ def main(argv=None) -> Dict:
     inputs = layer_inputs(folder, sentences, args.layer, args.batch1, args.calibration)
     with tempfile.TemporaryDirectory(prefix="ort_fusions_") as work:
         built = build_graphs(folder, layer_file, work, inputs["calibration"], heads, hidden)
-        paths, specs = built["paths"], systems(built["paths"])
-        sessions = {s["name"]: session(paths[s["graph"]], s["level"]) for s in specs}
-        ops = {s["name"]: session_ops(paths[s["graph"]], s["level"]) for s in specs}
+        paths, specs = built["paths"], systems()
+        sessions = {s["name"]: session(paths[s["graph"]], s["level"], disabled=s.get("disabled", ())) for s in specs}
+        ops = {s["name"]: session_ops(paths[s["graph"]], s["level"], s.get("disabled", ())) for s in specs}
         ops["plain"] = {g: Counter(n.op_type for n in onnx.load(p).graph.node) for g, p in paths.items()}
         out = {n: {b: outputs(sess, inputs[b]) for b in ("b1", "b32")} for n, sess in sessions.items()}
         checks = {s["name"]: {**row_checks(out[s["name"]], out[s["base"]], inputs),

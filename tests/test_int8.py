@@ -95,7 +95,7 @@ def test_layernorm_softmax_gelu_and_the_exit_heads_stay_float(exported):
 def test_the_int8_gelu_is_one_biasgelu_op_with_the_unfused_copys_answers(exported, tmp_path):
     """The export fuses each layer's float GELU chain and fc1's bias Add (Add, Div, Erf, Add, Mul, Mul: six passes
     over the FFN activation between two integer MatMuls) into one com.microsoft ``BiasGelu``, which onnxruntime's
-    session optimizer does not do (benchmarks/ort_fusions.py: 5% of a static MiniLM layer at batch 32). The same
+    session optimizer does not do (benchmarks/ort_fusions.py: 2 to 5% of a static MiniLM layer at batch 32). The same
     scheme and calibration without the fusion gives the same logits at every exit, to float rounding."""
     import onnx
 

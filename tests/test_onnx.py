@@ -252,7 +252,7 @@ def test_int8_copy_is_selectable_and_close(toy):
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_the_engines_sessions_keep_the_residual_add_and_layernorm_apart(toy, precision, tmp_path, monkeypatch):
     """onnxruntime's SkipLayerNormalization, its fusion of the two, was slower on a MiniLM layer than the ops it
-    replaces (benchmarks/ort_fusions.py: 8 to 11%): the engine's sessions run without that fusion, and with the
+    replaces (benchmarks/ort_fusions.py: 5 to 11%): the engine's sessions run without that fusion, and with the
     others of their level (the q/k scale folded into FusedMatMul, int8's QDQ into integer MatMuls)."""
     import onnx
     import onnxruntime

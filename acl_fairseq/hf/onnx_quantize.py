@@ -6,7 +6,7 @@ x86 CPU kind.
   range). A row's answer is then the same whichever rows share its batch. MatMul and Gemm are quantized (inputs
   only: their outputs, the bias and residual Adds, LayerNorm, Softmax, GELU, the exit heads and the embedding
   graph stay in float, as Optimum's and onnxruntime's guidance leave them). The float GELU and fc1's bias are then
-  one onnxruntime ``BiasGelu`` op (:func:`fuse_gelu`): the same outputs, 4 to 5% faster at batch 32.
+  one onnxruntime ``BiasGelu`` op (:func:`fuse_gelu`): the same outputs, 2 to 5% faster at batch 32.
 - **Dynamic** (``int8-dynamic``): activations scaled by each call's own range, so **a row's answer depends on the
   rows that share its batch**. Kept for data without a training split.
 
@@ -159,7 +159,7 @@ def fuse_gelu(model) -> None:
     ``Gelu`` where the MatMul holds the bias, as dynamic int8's does), in place, by onnxruntime's own transformer
     fusions. onnxruntime's session optimizer fuses neither this GELU form nor its bias, and in the int8 copy each of
     the six float ops reads and writes the whole FFN activation (B x T x 1536 for MiniLM) between two integer
-    MatMuls: one op makes a static MiniLM layer 4 to 5% faster at batch 32, with the same outputs
+    MatMuls: one op makes a static MiniLM layer 2 to 5% faster at batch 32, with the same outputs
     (``benchmarks/ort_fusions.py``, docs/serve.md). A graph without the pattern is left as it is."""
     import onnx
     from onnxruntime.transformers.fusion_biasgelu import FusionBiasGelu
