@@ -22,6 +22,11 @@ from acl_runtime import manifest as checks
 from acl_runtime.loop import BatchOutput, Prediction, Text, softmax  # noqa: F401  (their home before the loop)
 
 MANIFEST, SCHEMA, PRECISIONS = checks.MANIFEST, checks.SCHEMA, checks.PRECISIONS  # the contract: acl_runtime.manifest
+# onnxruntime's graph optimizations every session runs without, at its default level (all) otherwise.
+# SkipLayerNormFusion joins each residual Add and the LayerNormalization after it into one SkipLayerNormalization,
+# whose CPU kernel took longer than the two ops it replaces: unfused, a MiniLM layer is 5 to 11% faster at batch 1
+# and 32, fp32 and int8, its probabilities within 1.2e-7 (benchmarks/ort_fusions.py; docs/serve.md)
+DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
 
 
 class RuntimeMissing(ImportError):
@@ -107,7 +112,8 @@ class Engine(loop.EarlyExitPredictor):
         def session(name):
             path = _listed_file(folder, name)
             try:
-                return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+                return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"],
+                                            disabled_optimizers=DISABLED_OPTIMIZERS)
             except Exception as e:  # onnxruntime's own errors (pybind classes: InvalidProtobuf, Fail, ...)
                 raise ValueError(f"{path}: ONNX Runtime cannot load it ({type(e).__name__}: "
                                  f"{str(e).splitlines()[0] if str(e) else ''}); export the folder again") from None

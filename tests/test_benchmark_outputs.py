@@ -7,7 +7,7 @@ import pytest
 # the script, and the arguments it needs besides --json to get past its parser
 SCRIPTS = {"early_exit_latency": [], "hf_speed": [], "int8_portability": ["--folder", "x"], "optimizer_time": [],
            "predict_speed": [], "preprocess_speed": [], "step_time": [], "int8_static": [], "serve_speed": [],
-           "serve_load": []}
+           "serve_load": [], "ort_fusions": []}
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))

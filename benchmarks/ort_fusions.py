@@ -1,0 +1,352 @@
+#!/usr/bin/env python3
+"""ONNX Runtime at its speed: which graph fusions and session settings pay on one exported layer graph, fp32 and
+int8, at batch 1 and 32, and where a batch-32 pass of the whole served path spends its time (ORT's profiler).
+
+    python benchmarks/ort_fusions.py [--checkpoint CKPT --data DATA_BIN] [--layer 3] [--repeats 7]
+        [--json benchmarks/results/ort_fusions.json]
+    python benchmarks/ort_fusions.py --toy --json /tmp/ort_fusions_toy.json     # a tiny model, seconds
+
+Model: serve_speed.py's (the 300-update acl_cross_layer MiniLM and its export in WORK/serve_speed/onnx, made again
+when the checkpoint or the exporter changed). Inputs: SST-2 dev sentences (25 tokens on average), the layer's
+fp32 inputs made by the embeddings graph and the fp32 layers before it; batch 1: the first ``--batch1`` sentences
+alone; batch 32: all of them, sorted by length and cut as the engine cuts them.
+
+Systems, each a one-thread session (``intra_op_num_threads=1``, as acl-serve runs) on layer ``--layer``:
+
+- fp32 at each ``graph_optimization_level`` (none, basic, extended, all: the engine's), and fp32 rewritten by
+  ``onnxruntime.transformers.optimizer.optimize_model(model_type="bert")`` (its fusions that fire are listed);
+- int8: the layer quantized here by the shipped scheme (static QDQ, calibrated on the layer's inputs of the last
+  ``--calibration`` dev sentences, so that both copies share their scales), without and with the GELU fusion
+  the export applies (``onnx_quantize.fuse_gelu``), at the session levels; dynamic int8 without and with it;
+- the engine's sessions: level all without onnxruntime's ``SkipLayerNormFusion`` (``engine.DISABLED_OPTIMIZERS``),
+  fp32 and the fused static copy (the shipped int8).
+
+Columns: milliseconds per pass (all batch-1 feeds, or all batch-32 feeds), ``vs_base``: the median over rounds of
+the reference's time over this system's in the same round (the reference: fp32 at level all for fp32, the unfused
+static copy at level all for int8); ``d_prob``: the largest change of an exit probability against the reference;
+``b1_vs_b32``: the largest change of a row's logits between batch 1 and batch 32 (the batch-invariance of its
+answers); ``new_ops``: the ops the session runs that the plain fp32 graph does not have (quantize and dequantize
+ops aside); ``call_us``: one call on a single token, the floor of a layer call (no profiler). ``--repeats``
+rounds, the order rotated by one each round, medians.
+
+Profiles (``enable_profiling``), one batch-32 pass each: the layer's kernel time by op type for the fp32, the
+static and the dynamic copies; and the served path (``runtime.Engine``, all layers, its sessions rebuilt with
+profiling): kernel time by op type, ORT's per-call overhead (a ``model_run`` less its kernels) and the Python
+between calls (the pass's wall clock less its ``model_run`` events), per call. ``--toy`` runs the tiny toy model;
+it must write its own ``--json``, never into benchmarks/results.
+"""
+import argparse
+import json
+import os
+import tempfile
+from collections import Counter
+from typing import Dict, List
+
+import numpy as np
+
+import _glue_runs as G
+import _harness as H
+import _records as R
+import _serving
+import common
+
+LEVELS = {"none": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+          "all": "ORT_ENABLE_ALL"}
+QDQ = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
+COLUMNS = ["system", "b1_ms", "b1_vs_base", "b32_ms", "b32_vs_base", "call_us", "d_prob", "b1_vs_b32", "new_ops"]
+FORMATS = {"call_us": "{:.0f}", "b1_ms": "{:.1f}", "b32_ms": "{:.1f}", "b1_vs_base": "{:.3f}x",
+           "b32_vs_base": "{:.3f}x", "d_prob": "{:.1e}", "b1_vs_b32": "{:.1e}"}
+
+
+def session(path: str, level: str = "all", profile: str = None, disabled=()):
+    """A one-thread session at ``level``, without the optimizers named in ``disabled``."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[level])
+    if profile:
+        options.enable_profiling, options.profile_file_prefix = True, profile
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled))
+
+
+def session_ops(path: str, level: str, disabled=()) -> Counter:
+    """The op types of the graph the session runs, after its optimizer (saved once to a temporary file)."""
+    import onnx
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix="ort_fusions_") as tmp:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[level])
+        options.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
+        ort.InferenceSession(path, options, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled))
+        return Counter(n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node)
+
+
+# ---- inputs ----------------------------------------------------------------------------------------
+
+
+def layer_inputs(folder: str, sentences: List[str], layer: int, batch1: int, calibration: int) -> Dict:
+    """The layer's fp32 inputs: ``b1`` (the first ``batch1`` sentences alone), ``b32`` (all, the engine's
+    batches), ``calibration`` (the last ``calibration`` sentences alone) and ``b32_rows`` (each batch's sentence
+    positions)."""
+    from acl_runtime.engine import Engine
+
+    eng = Engine(folder, "fp32", threads=1)
+    ids = [eng.encode_with_info(s)[0] for s in sentences]
+
+    def feed(src):
+        x, mask = eng.backend.embeddings.run(None, {"src_tokens": np.ascontiguousarray(src, dtype=np.int64)})
+        for i in range(1, layer):
+            x = eng.layers[i - 1].run(None, {"x": x, "padding_mask": mask})[0]
+        return {"x": x, "padding_mask": mask}
+
+    batches = eng.make_batches(ids, 32)
+    return {"b1": [feed(np.array([i])) for i in ids[:batch1]], "b32": [feed(src) for _, src in batches],
+            "calibration": [feed(np.array([i])) for i in ids[-calibration:]], "b32_rows": [r for r, _ in batches],
+            "lengths": [len(i) for i in ids]}
+
+
+# ---- the graphs ------------------------------------------------------------------------------------
+
+
+def build_graphs(folder: str, layer_file: str, work: str, feeds: List[Dict], heads: int, hidden: int) -> Dict:
+    """Name -> path of each graph measured, and the transformer optimizer's fusion statistics."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    from acl_fairseq.hf import onnx_quantize as Q
+
+    fp32 = os.path.join(folder, layer_file)
+    paths = {"fp32": fp32}
+    optimized = optimize_model(fp32, model_type="bert", num_heads=heads, hidden_size=hidden, opt_level=0)
+    fired = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
+    paths["fp32 bert-optimizer"] = os.path.join(work, "fp32_bert_optimizer.onnx")
+    optimized.save_model_to_file(paths["fp32 bert-optimizer"])
+    for name, scheme, fuse in (("int8 static", "int8", False), ("int8 static+BiasGelu", "int8", True),
+                               ("int8 dynamic", "int8-dynamic", False),
+                               ("int8 dynamic+BiasGelu", "int8-dynamic", True)):
+        paths[name] = os.path.join(work, name.replace(" ", "_").replace("+", "_") + ".onnx")
+        Q.quantize_graph(fp32, paths[name], Q.SCHEMES[scheme], feeds if scheme == "int8" else None, fuse=fuse)
+    return {"paths": paths, "bert_optimizer_fusions": fired}
+
+
+def systems() -> List[Dict]:
+    """The systems: name, graph, session level, optimizers disabled, reference name."""
+    off = ["SkipLayerNormFusion"]
+    out = [{"name": f"fp32, level {lv}", "graph": "fp32", "level": lv, "base": "fp32, level all"} for lv in LEVELS]
+    out.append({"name": "fp32 bert-optimizer, level all", "graph": "fp32 bert-optimizer", "level": "all",
+                "base": "fp32, level all"})
+    out.append({"name": "fp32, level all, no SkipLayerNorm (engine)", "graph": "fp32", "level": "all",
+                "disabled": off, "base": "fp32, level all"})
+    base = "int8 static, level all"
+    out += [{"name": f"int8 static, level {lv}", "graph": "int8 static", "level": lv, "base": base}
+            for lv in ("basic", "extended", "all")]
+    out += [{"name": f"{g}, level all", "graph": g, "level": "all", "base": base}
+            for g in ("int8 static+BiasGelu", "int8 dynamic", "int8 dynamic+BiasGelu")]
+    out.append({"name": "int8 static+BiasGelu, level all, no SkipLayerNorm (engine)", "graph": "int8 static+BiasGelu",
+                "level": "all", "disabled": off, "base": base})
+    return out
+
+
+# ---- measures --------------------------------------------------------------------------------------
+
+
+def outputs(sess, feeds: List[Dict]) -> List[List[np.ndarray]]:
+    return [sess.run(None, f) for f in feeds]
+
+
+def softmax(z):
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def row_checks(out: Dict, ref: Dict, inputs: Dict) -> Dict:
+    """``d_prob`` against the reference (both batch sizes), ``b1_vs_b32``: a row's logits alone and in its batch."""
+    d = max(float(np.abs(softmax(a[1]) - softmax(b[1])).max()) for k in ("b1", "b32")
+            for a, b in zip(out[k], ref[k]))
+    where = {row: (k, j) for k, rows in enumerate(inputs["b32_rows"]) for j, row in enumerate(rows)}
+    moved = max(float(np.abs(out["b1"][i][1][0] - out["b32"][where[i][0]][1][where[i][1]]).max())
+                for i in range(len(inputs["b1"])))
+    return {"d_prob": d, "b1_vs_b32": moved}
+
+
+def time_rounds(sessions: Dict, inputs: Dict, repeats: int) -> Dict[str, Dict[str, List[float]]]:
+    """Seconds of each system's pass over each feed set, per round (one untimed round first)."""
+    import gc
+
+    names, times = list(sessions), {n: {"b1": [], "b32": []} for n in sessions}
+    for r in range(repeats + 1):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            for b in ("b1", "b32"):
+                gc.collect()
+                gc.disable()
+                sess, feeds = sessions[name], inputs[b]
+                seconds, _ = H.wall(lambda: [sess.run(None, f) for f in feeds])  # noqa: B023 (called at once)
+                gc.enable()
+                if r:
+                    times[name][b].append(seconds)
+    return times
+
+
+def call_floor(sess, feed: Dict, calls: int = 200) -> float:
+    """Median microseconds of one call on a single token (its first row's first position): what a layer call
+    costs beyond its arithmetic."""
+    one = {k: np.ascontiguousarray(v[:1, :1]) for k, v in feed.items()}  # x: T x B x C, the mask B x T
+    sess.run(None, one)
+    return 1e6 * common.median([H.wall(lambda: sess.run(None, one))[0] for _ in range(calls)])
+
+
+def kernel_profile(path: str) -> Dict:
+    """An ORT profile file: kernel microseconds by op type, the number and microseconds of ``model_run`` events."""
+    with open(path, encoding="utf-8") as f:
+        events = json.load(f)
+    os.remove(path)
+    ops, runs, run_us = Counter(), 0, 0
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            ops[e["args"]["op_name"]] += e["dur"]
+        elif e.get("cat") == "Session" and e["name"] == "model_run":
+            runs, run_us = runs + 1, run_us + e["dur"]
+    return {"ops_us": dict(ops.most_common()), "runs": runs, "run_us": run_us}
+
+
+def layer_profile(path: str, feeds: List[Dict], work: str) -> Dict:
+    sess = session(path, profile=os.path.join(work, "profile"))
+    outputs(sess, feeds)
+    return kernel_profile(sess.end_profiling())
+
+
+def served_profile(folder: str, precision: str, sentences: List[str], work: str) -> Dict:
+    """One batch-32 pass of ``runtime.Engine`` over ``sentences``, all layers, every session profiled (and set as
+    the engine sets its own)."""
+    from acl_runtime.engine import DISABLED_OPTIMIZERS, Engine, OrtBackend
+
+    eng = Engine(folder, precision, threads=1)
+    m = eng.manifest
+    files = m["quantized"][precision] if precision != "fp32" else \
+        {"embeddings": m["embeddings"], "layers": {r["file"]: r["file"] for r in m["layers"]}}
+    prefix = os.path.join(work, f"served_{precision}")
+    embed = session(os.path.join(folder, files["embeddings"]), profile=prefix, disabled=DISABLED_OPTIMIZERS)
+    layers = [session(os.path.join(folder, files["layers"][r["file"]]), profile=prefix, disabled=DISABLED_OPTIMIZERS)
+              for r in m["layers"]]
+    eng.backend = OrtBackend(embed, layers, eng.exit_layers, m["num_classes"], eng.pad)
+    batches = eng.make_batches([eng.encode_with_info(s)[0] for s in sentences], 32)
+    seconds, _ = H.wall(lambda: eng.run_batches(batches, len(sentences)))
+    parts = [kernel_profile(s.end_profiling()) for s in [embed] + layers]
+    ops = Counter()
+    for p in parts:
+        ops.update(p["ops_us"])
+    runs, run_us, kernel_us = sum(p["runs"] for p in parts), sum(p["run_us"] for p in parts), sum(ops.values())
+    return {"precision": precision, "wall_s": seconds, "calls": runs, "model_run_s": run_us / 1e6,
+            "kernel_s": kernel_us / 1e6, "ort_overhead_us_per_call": (run_us - kernel_us) / runs,
+            "python_us_per_call": (seconds * 1e6 - run_us) / runs,
+            "ops_s": {k: v / 1e6 for k, v in ops.most_common()}}
+
+
+# ---- main ------------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", help="a trained multi-exit checkpoint (default: predict_speed.py's, cached in WORK)")
+    p.add_argument("--data", help="its binarized data folder; needed with --checkpoint")
+    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="cache (default: %(default)s)")
+    p.add_argument("--hf-dir", help="HF BERT folder to train from (default: the packaged MiniLM)")
+    p.add_argument("--updates", type=int, default=300, help="updates of the cached training run")
+    p.add_argument("--export", action="store_true", help="export the cached model again")
+    p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all 872)")
+    p.add_argument("--layer", type=int, default=3, help="the layer graph measured (1-based)")
+    p.add_argument("--heads", type=int, help="attention heads, for the bert optimizer (default: MiniLM's, the toy's)")
+    p.add_argument("--batch1", type=int, default=150, help="sentences run alone (the batch-1 pass)")
+    p.add_argument("--calibration", type=int, default=128, help="sentences calibrating the int8 copies made here")
+    p.add_argument("--repeats", type=int, default=7, help="timed rounds, each running every system once")
+    p.add_argument("--toy", action="store_true", help="a tiny model on generated data (tests); needs its own --json")
+    R.add_json_flags(p, "write the setup, rows and profiles here (default: benchmarks/results/ort_fusions.json)")
+    args = p.parse_args(argv)
+    if args.checkpoint and not args.data:
+        p.error("--checkpoint needs --data (the folder the model was trained on)")
+    if min(args.layer, args.batch1, args.calibration, args.repeats) < 1:
+        p.error("--layer, --batch1, --calibration and --repeats must be >= 1")
+    results = os.path.abspath(os.path.join(G.REPO, "benchmarks", "results"))
+    if args.toy and (not args.json or os.path.abspath(args.json).startswith(results + os.sep)):
+        p.error("--toy needs its own --json outside benchmarks/results: its numbers must not sit beside the real ones")
+    args.json = args.json or os.path.join(results, "ort_fusions.json")
+    R.refuse_existing(p, args.json, args.force)
+    return args
+
+
+def rows_of(specs: List[Dict], times: Dict, checks: Dict, ops: Dict) -> List[Dict]:
+    rows = []
+    for s in specs:
+        t, base = times[s["name"]], times[s["base"]]
+        plain = ops["plain"]["fp32"]
+        rows.append({"system": s["name"], "base": s["base"], **checks[s["name"]],
+                     "b1_ms": 1000 * common.median(t["b1"]), "b32_ms": 1000 * common.median(t["b32"]),
+                     "b1_vs_base": common.median([a / b for a, b in zip(base["b1"], t["b1"])]),
+                     "b32_vs_base": common.median([a / b for a, b in zip(base["b32"], t["b32"])]),
+                     "ops": dict(ops[s["name"]]),
+                     "new_ops": " ".join(sorted(k for k in ops[s["name"]] if k not in plain and k not in QDQ)) or None})
+    return rows
+
+
+def main(argv=None) -> Dict:
+    args = parse_args(argv)
+    import onnx
+    import onnxruntime
+
+    folder, sentences = _serving.model_and_sentences(args)
+    manifest = json.load(open(os.path.join(folder, "manifest.json"), encoding="utf-8"))
+    layer_file = manifest["layers"][args.layer - 1]["file"]
+    heads = args.heads or common.MODEL_SIZES["tiny" if args.toy else "minilm"]["heads"]
+    hidden = onnx.load(os.path.join(folder, layer_file)).graph.input[0].type.tensor_type.shape.dim[2].dim_value
+    G.log(f"inputs: layer {args.layer}, {len(sentences)} sentences")
+    inputs = layer_inputs(folder, sentences, args.layer, args.batch1, args.calibration)
+    with tempfile.TemporaryDirectory(prefix="ort_fusions_") as work:
+        built = build_graphs(folder, layer_file, work, inputs["calibration"], heads, hidden)
+        paths, specs = built["paths"], systems()
+        sessions = {s["name"]: session(paths[s["graph"]], s["level"], disabled=s.get("disabled", ())) for s in specs}
+        ops = {s["name"]: session_ops(paths[s["graph"]], s["level"], s.get("disabled", ())) for s in specs}
+        ops["plain"] = {g: Counter(n.op_type for n in onnx.load(p).graph.node) for g, p in paths.items()}
+        out = {n: {b: outputs(sess, inputs[b]) for b in ("b1", "b32")} for n, sess in sessions.items()}
+        checks = {s["name"]: {**row_checks(out[s["name"]], out[s["base"]], inputs),
+                              "call_us": call_floor(sessions[s["name"]], inputs["b1"][0])} for s in specs}
+        G.log(f"timing: {len(specs)} systems, {args.repeats} rounds")
+        times = time_rounds(sessions, inputs, args.repeats)
+        G.log("profiling: the layer's copies, then the served path at batch 32")
+        layer_prof = {g: layer_profile(paths[g], inputs["b32"], work)
+                      for g in ("fp32", "int8 static", "int8 static+BiasGelu", "int8 dynamic")}
+        served = [served_profile(folder, p, sentences, work) for p in ("fp32", "int8")]
+    rows = rows_of(specs, times, checks, ops)
+    result = {"benchmark": "ort_fusions",
+              "setup": {"onnx": os.path.relpath(folder, args.work), "layer": args.layer, "toy": args.toy,
+                        "examples": len(sentences), "batch1_sentences": args.batch1,
+                        "mean_tokens": float(np.mean(inputs["lengths"])), "batch32_passes": len(inputs["b32"]),
+                        "calibration_sentences": args.calibration, "repeats": args.repeats, "threads": 1,
+                        "heads": heads, "hidden": hidden, "onnxruntime": onnxruntime.__version__, **H.machine()},
+              "bert_optimizer_fusions": built["bert_optimizer_fusions"], "rows": rows,
+              "layer_profiles": layer_prof, "served_profiles": served}
+    print(f"# ort_fusions: layer {args.layer} of {folder}, {len(sentences)} {'toy' if args.toy else 'SST-2 dev'} "
+          f"sentences ({result['setup']['mean_tokens']:.1f} tokens on average), batch 1: {len(inputs['b1'])} alone, "
+          f"batch 32: {len(inputs['b32'])} batches; 1 thread; {args.repeats} rounds, medians")
+    print(f"# bert optimizer fusions that fired: {built['bert_optimizer_fusions'] or 'none'}")
+    common.print_noted_table(rows, COLUMNS, FORMATS)
+    for g, prof in layer_prof.items():
+        total = sum(prof["ops_us"].values())
+        top = ", ".join(f"{k} {v / total:.0%}" for k, v in list(prof["ops_us"].items())[:6])
+        print(f"# layer profile, {g}, batch 32: {total / 1e3:.0f} ms in kernels: {top}")
+    for s in served:
+        top = ", ".join(f"{k} {v / s['kernel_s']:.0%}" for k, v in list(s["ops_s"].items())[:6])
+        print(f"# served path, {s['precision']}, batch 32, all layers: {s['wall_s']:.2f} s wall, {s['calls']} calls, "
+              f"{s['kernel_s']:.2f} s in kernels ({top}); per call: ORT {s['ort_overhead_us_per_call']:.0f} us "
+              f"beyond its kernels, Python {s['python_us_per_call']:.0f} us between calls")
+    R.write_atomic(args.json, json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    common.quiet()
+    main()
