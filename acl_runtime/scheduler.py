@@ -20,7 +20,9 @@ Which layer runs (:meth:`Scheduler._pick`), in order:
    with neither there is none;
 2. a queue whose oldest row has been passed over ``max_wait`` steps (no row waits for ever);
 3. a light load (at most ``max_batch`` rows in all): the deepest queue, so that the rows in flight run through to
-   their exits as one wave and a request costs about what it costs alone;
+   their exits as one wave and a request costs about what it costs alone; when all of them wait for the
+   embeddings (nothing in flight), they run through every layer in one go, as without refill (``run_batch``: no
+   step between layers to pay for);
 4. else the deepest queue holding a full batch (finishing work in flight bounds the memory held in queues);
 5. else the queue holding the most rows, the deeper on a tie.
 
@@ -114,6 +116,30 @@ class _Row:
         self.since = 0  # the step count when the row joined its queue
         self.queued_at = now  # time.perf_counter() when it joined its queue
         self.model = 0.0  # seconds of the backend calls it was in
+
+
+class _Timed:
+    """A backend whose ``embed`` and ``layer`` calls are timed and reported, ``report(layer, rows, seconds,
+    cpu_seconds)`` (layer 0: the embeddings), for ``run_batch`` inside the scheduler."""
+
+    def __init__(self, backend, report: Callable[[int, int, float, float], None]):
+        self.backend, self.report = backend, report
+        self.exit_layers, self.num_classes, self.take = backend.exit_layers, backend.num_classes, backend.take
+        self.seconds: List[float] = []  # per call, in order: the embeddings, layer 1, 2, ...
+
+    def _timed(self, layer: int, rows: int, call, *args):
+        started, cpu = time.perf_counter(), time.thread_time()
+        out = call(*args)
+        took = time.perf_counter() - started
+        self.seconds.append(took)
+        self.report(layer, rows, took, time.thread_time() - cpu)
+        return out
+
+    def embed(self, ids, mask):
+        return self._timed(0, len(mask), self.backend.embed, ids, mask)
+
+    def layer(self, i, x, mask):
+        return self._timed(i, len(mask), self.backend.layer, i, x, mask)
 
 
 class Scheduler:
@@ -245,8 +271,11 @@ class Scheduler:
         with self._cond:
             if self._rows == 0:
                 return False
+            whole = not self.refill or self._rows <= self.max_batch and len(self.queues[0]) == self._rows
             if not self.refill:
                 layer, rows = 0, [self.queues[0].popleft() for _ in range(min(self.max_batch, len(self.queues[0])))]
+            elif whole:  # a light load with nothing in flight: one wave through every layer (max_padding holds)
+                layer, rows = 0, self._gather(self.queues[0])
             else:
                 layer = self._pick(time.perf_counter())
                 rows = self._gather(self.queues[layer])
@@ -254,7 +283,7 @@ class Scheduler:
         start = time.perf_counter()
         for r in rows:
             r.job.waits[r.index, layer] += start - r.queued_at
-        done = self._shrinking(rows) if not self.refill else self._isolate(layer, rows, self._advance)
+        done = self._shrinking(rows) if whole else self._isolate(layer, rows, self._advance)
         with self._cond:
             self._rows -= done
             if done:
@@ -313,11 +342,9 @@ class Scheduler:
         else:
             state, logits = self.backend.layer(layer, self.backend.join([r.state for r in rows], width), mask)
         took, cpu = time.perf_counter() - started, time.thread_time() - cpu
-        self._call = took if self._call == 0 else 0.9 * self._call + 0.1 * took
+        self._called(layer, len(rows), took, cpu)
         for r in rows:
             r.model += took
-        if self.on_batch is not None:
-            self.on_batch(layer, len(rows), took, cpu)
         fire = self._decide(layer, rows, logits) if logits is not None else np.zeros(len(rows), dtype=bool)
         going = []
         for k, r in enumerate(rows):
@@ -332,6 +359,12 @@ class Scheduler:
                 r.since, r.queued_at = self.steps, now
                 self.queues[layer + 1].append(r)
         return len(rows) - len(going)
+
+    def _called(self, layer: int, rows: int, seconds: float, cpu: float) -> None:
+        """After each backend call: the smoothed cost of a call, and ``on_batch``."""
+        self._call = seconds if self._call == 0 else 0.9 * self._call + 0.1 * seconds
+        if self.on_batch is not None:
+            self.on_batch(layer, rows, seconds, cpu)
 
     def _decide(self, layer: int, rows: List[_Row], logits: np.ndarray) -> np.ndarray:
         """Which rows leave at the exit of ``layer``: their last exit, or their policy's step on its own rows. The
@@ -353,7 +386,8 @@ class Scheduler:
         return fire
 
     def _shrinking(self, rows: List[_Row]) -> int:
-        """Without refill: the rows of each request through ``run_batch``, sorted by length, as acl-predict runs."""
+        """Without refill, or a light load's wave: the rows of each request through ``run_batch``, sorted by
+        length, as acl-predict runs."""
         by_request: Dict[loop.ExitRequest, List[_Row]] = {}
         for r in rows:
             by_request.setdefault(r.request, []).append(r)
@@ -368,14 +402,12 @@ class Scheduler:
         src = np.full((len(rows), int(lengths.max())), self.pad, dtype=np.int64)
         for k, r in enumerate(rows):
             src[k, : r.ids.size] = r.ids
-        started, cpu = time.perf_counter(), time.thread_time()
-        out = loop.run_batch(self.backend, src, loop.padding_mask(lengths, src.shape[1]), rows[0].request,
+        timed = _Timed(self.backend, self._called)
+        out = loop.run_batch(timed, src, loop.padding_mask(lengths, src.shape[1]), rows[0].request,
                              self.regression, self.delta)
-        took, cpu = time.perf_counter() - started, time.thread_time() - cpu
-        if self.on_batch is not None:
-            self.on_batch(0, len(rows), took, cpu)
+        spent = np.cumsum(timed.seconds)  # the embeddings, then each layer: a row was in the calls up to its exit
         for k, r in enumerate(rows):
-            r.model += took
+            r.model += float(spent[int(out.layers_computed[k])])
             r.job.answer(r, out.logits[k], int(out.exit_layer[k]))
         return len(rows)
 

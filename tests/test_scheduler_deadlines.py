@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 
+from acl_runtime.loop import ExitRequest
 from acl_runtime.scheduler import Scheduler
 from acl_runtime.serve import cli, protocol
 from test_loop import MeanBackend, _inputs
@@ -16,21 +17,26 @@ from test_scheduler import _check, _jobs
 
 def _calls(**kw):
     calls = []
-    sched = Scheduler(MeanBackend(exit_layers=(4,)), on_batch=lambda layer, n, s, c: calls.append((layer, n)), **kw)
+    sched = Scheduler(MeanBackend(exit_layers=(2, 4)), on_batch=lambda layer, n, s, c: calls.append((layer, n)),
+                      max_batch=3, max_queue=64, **kw)
     return sched, calls
 
 
-def _old_row_at_layer_two(sched, deadline=None):
+def _old_row_at_layer_three(sched, deadline=None):
+    """One row waiting for layer 3 and one for the embeddings: the old row came with three that left at layer 2
+    (four rows, over --max-batch: layer by layer)."""
     old = sched.submit(_inputs(1, 1), deadline=deadline)
-    for _ in range(3):  # the embeddings, layer 1, layer 2: it waits for layer 3
+    sched.submit(_inputs(3, 3), ExitRequest(exit_layer=2), deadline=100.0)
+    for _ in range(3):  # the embeddings, layer 1, layer 2 on a full batch each
         sched.step()
+    assert [len(q) for q in sched.queues] == [1, 0, 0, 1, 0] and sched.queues[3][0].job.future is old
     return old
 
 
 def test_a_row_that_would_miss_its_deadline_runs_before_a_full_queue():
-    sched, calls = _calls(max_batch=4, max_queue=64)
-    _old_row_at_layer_two(sched, deadline=0.002)
-    sched.submit(_inputs(8, 2), deadline=100.0)  # two full batches for the embeddings
+    sched, calls = _calls()
+    _old_row_at_layer_three(sched, deadline=0.002)
+    sched.submit(_inputs(8, 2), deadline=100.0)  # full batches for the embeddings
     time.sleep(0.003)  # the old row is now late
     sched.step()
     assert calls[-1] == (3, 1)
@@ -38,31 +44,44 @@ def test_a_row_that_would_miss_its_deadline_runs_before_a_full_queue():
 
 def test_without_a_deadline_the_full_queue_goes_first():
     """The same queues with no deadline: the rule above is what moved the late row."""
-    sched, calls = _calls(max_batch=4, max_queue=64)
-    _old_row_at_layer_two(sched)
+    sched, calls = _calls()
+    _old_row_at_layer_three(sched)
     sched.submit(_inputs(8, 2))
     time.sleep(0.003)
     sched.step()
-    assert calls[-1] == (0, 4)
+    assert calls[-1] == (0, 3)
 
 
 def test_a_row_with_time_left_waits_for_the_full_queue():
-    sched, calls = _calls(max_batch=4, max_queue=64, slo=100.0)
-    _old_row_at_layer_two(sched)
+    sched, calls = _calls(slo=100.0)
+    _old_row_at_layer_three(sched)
     sched.submit(_inputs(8, 2))
     sched.step()
-    assert calls[-1] == (0, 4)
+    assert calls[-1] == (0, 3)
 
 
 def test_a_light_load_runs_as_one_wave_deepest_queue_first():
     """Up to --max-batch rows waiting: the deeper rows finish before new ones start (the fullest-queue rule ran the
     two new rows' embeddings first and kept the old row waiting)."""
-    sched, calls = _calls(max_batch=4, max_queue=64)
-    old = _old_row_at_layer_two(sched)
-    sched.submit(_inputs(2, 2))
+    sched, calls = _calls()
+    old = _old_row_at_layer_three(sched)
+    sched.submit(_inputs(1, 2))
     sched.step()
     sched.step()
     assert calls[-2:] == [(3, 1), (4, 1)] and old.done()
+
+
+def test_a_light_load_with_nothing_in_flight_runs_through_in_one_go():
+    """All rows waiting for the embeddings and no more than --max-batch: one step runs them to their exits
+    (run_batch, a request at a time), not a step per layer; each backend call is still reported; the answers are
+    those of each row alone (test_scheduler.py's _check)."""
+    sched, calls = _calls()
+    backend = sched.backend
+    jobs = [(_inputs(2, 5), ExitRequest()), (_inputs(1, 6), ExitRequest("entropy", 0.6))]
+    futures = [sched.submit(*job) for job in jobs]
+    assert sched.step() and all(f.done() for f in futures) and sched.depth() == 0
+    assert calls[:5] == [(0, 2), (1, 2), (2, 2), (3, 2), (4, 2)] and calls[5][0] == 0  # then the second request
+    _check(backend, jobs, futures)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -88,6 +107,11 @@ def test_an_answer_says_where_its_rows_time_went():
     assert answer.waits.shape == (3, 5) and (answer.waits[:, 0] >= 0.002).all()
     assert (answer.model > 0).all() and answer.done_at <= time.perf_counter()
     np.testing.assert_array_equal(answer.exit_layer, [4, 4, 4])
+    sched = Scheduler(MeanBackend(exit_layers=(4,)), max_batch=2, max_queue=64)  # over --max-batch: layer by layer
+    future = sched.submit(_inputs(5, 4))
+    assert sched.close()
+    waits = future.result().waits
+    assert (waits[:, 0] > 0).all() and (waits[:, 1:] > 0).sum() > 0 and (waits >= 0).all()
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "nan", "inf", "soon"])

@@ -57,8 +57,9 @@ def test_each_answered_request_has_every_phase_and_they_add_up_to_its_latency(se
 def test_queue_waits_are_counted_per_queue_and_the_model_seconds_in_all(served):
     text, layers = served["text"], served["layers"]
     inputs = 3 * 2 + 2 * 3
-    assert metric(text, 'acl_queue_wait_seconds_count{layer="0"}') <= inputs  # a wait of 0.0 is left out
-    assert sum(metric(text, f'acl_queue_wait_seconds_count{{layer="{k}"}}') for k in range(layers + 1)) > inputs
+    # one request at a time, a light load: each input waited for the embeddings, then ran through in one go
+    assert metric(text, 'acl_queue_wait_seconds_count{layer="0"}') == inputs
+    assert sum(metric(text, f'acl_queue_wait_seconds_count{{layer="{k}"}}') for k in range(layers + 1)) == inputs
     calls = sum(metric(text, f'acl_batch_fill_count{{layer="{k}"}}') for k in range(1, layers + 1))
     assert metric(text, "acl_model_seconds_total") >= calls * 0.005
     # the thread's CPU in those calls: some, and less than their wall time, which holds the layers' 5 ms sleeps
@@ -68,8 +69,9 @@ def test_queue_waits_are_counted_per_queue_and_the_model_seconds_in_all(served):
 def test_triton_statistics_split_queue_and_compute(served):
     stats = served["stats"]["model_stats"][0]["inference_stats"]
     success, queue, compute = stats["success"], stats["queue"], stats["compute_infer"]
-    assert queue["count"] == compute["count"] == success["count"] == 5
-    assert compute["ns"] >= 5 * 5_000_000 and queue["ns"] >= 0
+    parts = [stats[k] for k in ("queue", "compute_input", "compute_infer", "compute_output")]
+    assert [p["count"] for p in parts] == [success["count"]] * 4 == [5] * 4  # perf_analyzer requires them equal
+    assert compute["ns"] >= 5 * 5_000_000 and min(p["ns"] for p in parts) > 0
     assert queue["ns"] + compute["ns"] <= success["ns"]
 
 

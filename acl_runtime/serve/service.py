@@ -20,6 +20,7 @@ from acl_runtime.serve.metrics import Metrics
 from acl_runtime.serve.protocol import BadRequest
 
 VERSION = "1"  # the one model version served (OIP's /versions/{v} paths)
+SPLIT = ("queue", "compute_input", "compute_infer", "compute_output")  # Triton's statistics of a success
 
 
 class Settings(NamedTuple):
@@ -51,26 +52,28 @@ class Answered(NamedTuple):
 
 class Statistics:
     """What Triton's statistics extension reports and this server measures: requests answered (success / fail,
-    with their total nanoseconds from submit to answer; of a success, its slowest input's queue waits and the
-    backend calls it was in), inputs answered and backend calls made."""
+    with their total nanoseconds from submit to answer), inputs answered and backend calls made; and of each
+    success, in Triton's names (perf_analyzer requires the three compute counts equal): ``queue`` its slowest
+    input's queue waits, ``compute_input`` its tokenization, ``compute_infer`` the backend calls that input was
+    in, ``compute_output`` its predictions built."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self.success = [0, 0]  # count, ns
         self.fail = [0, 0]
-        self.queue = [0, 0]
-        self.compute = [0, 0]
+        self.split = {k: [0, 0] for k in SPLIT}
         self.inferences = 0  # inputs answered
         self.executions = 0  # backend calls
         self.last_ms = 0  # ms since the epoch of the last answer
 
-    def answered(self, ok: bool, inputs: int, ns: int, queue_ns: int = 0, compute_ns: int = 0) -> None:
+    def answered(self, ok: bool, inputs: int, ns: int, split: Optional[Dict[str, float]] = None) -> None:
+        """``split``: a success's seconds under ``SPLIT``'s names."""
         with self._lock:
             bucket = self.success if ok else self.fail
             bucket[0], bucket[1] = bucket[0] + 1, bucket[1] + ns
-            if ok:
-                self.queue = [self.queue[0] + 1, self.queue[1] + queue_ns]
-                self.compute = [self.compute[0] + 1, self.compute[1] + compute_ns]
+            for name, seconds in (split or {}).items():
+                self.split[name][0] += 1
+                self.split[name][1] += int(1e9 * seconds)
             self.inferences += inputs if ok else 0
             self.last_ms = int(time.time() * 1000)
 
@@ -172,13 +175,15 @@ class Service:
         answered = time.perf_counter()
         slowest = int(np.argmax(answer.waits.sum(axis=1) + answer.model))
         queue, model = float(answer.waits[slowest].sum()), float(answer.model[slowest])
-        self.stats.answered(True, len(texts), int(1e9 * (answered - start)), int(1e9 * queue), int(1e9 * model))
         truncated = [cut for _, cut in encoded]
         self.metrics.exits(answer.exit_layer)
         predictions = self.engine.to_predictions(answer.logits, answer.exit_layer, truncated)
+        built = time.perf_counter()
+        self.stats.answered(True, len(texts), int(1e9 * (answered - start)), {
+            "queue": queue, "compute_input": start - began, "compute_infer": model, "compute_output": built - answered})
         phases = {"tokenize": start - began, "queue": queue, "model": model,
                   "schedule": answer.done_at - start - queue - model, "handoff": answered - answer.done_at,
-                  "answer": time.perf_counter() - answered}
+                  "answer": built - answered}
         return Answered(predictions, answer.logits, answer.exit_layer, request, phases, answer.waits)
 
     # ---- what the model is, in each protocol's words ----------------------------------------------
@@ -224,17 +229,15 @@ class Service:
                 "parameters": {"exit_layers": {"string_value": ",".join(map(str, self.engine.exit_layers))}}}
 
     def statistics(self) -> Dict:
-        """Triton's statistics extension, for what this server measures: success, fail, counts, and of each
-        success its slowest input's queue waits (``queue``) and the backend calls it was in (``compute_infer``);
-        the scheduler interleaves requests layer by layer, so a backend call counts for every request in it."""
+        """Triton's statistics extension, for what this server measures (:class:`Statistics`); the scheduler
+        interleaves requests layer by layer, so a backend call counts for every request in it."""
         s = self.stats
         return {"model_stats": [{"name": self.settings.model_name, "version": VERSION, "last_inference": s.last_ms,
                                  "inference_count": s.inferences, "execution_count": s.executions,
                                  "inference_stats": {"success": {"count": s.success[0], "ns": s.success[1]},
                                                      "fail": {"count": s.fail[0], "ns": s.fail[1]},
-                                                     "queue": {"count": s.queue[0], "ns": s.queue[1]},
-                                                     "compute_infer": {"count": s.compute[0],
-                                                                       "ns": s.compute[1]}}}]}
+                                                     **{k: {"count": c, "ns": ns} for k, (c, ns) in
+                                                        s.split.items()}}}]}
 
     def info(self, version: str) -> Dict:
         """TEI's ``/info`` (router/src/lib.rs ``Info``) for a classifier."""
