@@ -9,7 +9,9 @@
   socket listening in every process that shares it.
 - **Every connection accepted gets an answer**: a request in flight is answered; a connection with no request under
   way, or one still sending its request, is answered 503 with ``Retry-After`` and closed gently
-  (:mod:`acl_runtime.serve.transport`): uvicorn alone closed it unanswered.
+  (:mod:`acl_runtime.serve.transport`): uvicorn alone closed it unanswered. uvicorn tells each connection once;
+  one made after that (taken from the backlog when uvicorn's tick came before the signal's stop, or accepted by the
+  loop an instant earlier) is answered 503 as it is made, rather than served and held open.
 - **A dead worker's gauges go with it**: its prometheus-client files of live gauges (the queue depth) are removed,
   so that /metrics does not keep adding what it held when it died.
 """
@@ -45,6 +47,9 @@ class Server(uvicorn.Server):
 
     async def shutdown(self, sockets: Optional[List[socket.socket]] = None) -> None:
         self.stop_accepting()  # uvicorn's tick may come first: its close() of the socket would reset the backlog
+        # uvicorn's shutdown() of each connection comes next, once: a connection whose connection_made() comes
+        # later (taken just now, or accepted by the loop an instant ago) answers itself (transport.py)
+        self.server_state.acl_draining = True
         await super().shutdown(sockets=sockets)
 
     def stop_accepting(self) -> None:
