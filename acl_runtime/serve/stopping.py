@@ -8,7 +8,8 @@
   and treated as the others (below), rather than reset when the socket closes; ``shutdown(SHUT_RD)`` then stops the
   socket listening in every process that shares it. A worker that has the signal while it is still starting (loading
   the app: the first worker ready lets clients in) never starts: its ``listen()`` would open the socket that another
-  worker had shut, and take connections after the signal.
+  worker had shut, and take connections after the signal. A worker the signal killed before it could handle it is
+  not replaced.
 - **Every connection accepted gets an answer**: a request in flight is answered; a connection with no request under
   way, or one still sending its request, is answered 503 with ``Retry-After`` and closed gently
   (:mod:`acl_runtime.serve.transport`): uvicorn alone closed it unanswered. uvicorn tells each connection once;
@@ -133,6 +134,8 @@ class Supervisor(Multiprocess):
                 logger.error("acl-serve: worker %s failed to start; stopping", process.pid)
                 self.should_exit.set()
                 return
+            if self.should_exit.is_set():
+                return  # the stop signal killed it before it could handle it (it was starting): not replaced
             logger.warning("acl-serve: worker %s died (exit %s); starting another", process.pid, process.exitcode)
             self.processes[idx] = _Worker(self.config, self.sockets)
             self.processes[idx].start()
