@@ -97,6 +97,91 @@ def test_after_sigterm_new_connections_are_refused_and_every_taken_one_is_answer
     assert len(probes) > 10
 
 
+def _second_worker_loads_slowly(marks: str, seconds: float) -> str:
+    """A prelude for :func:`start`: the second ``--workers`` process to load its app takes ``seconds`` more (it
+    writes ``marks``/loading first), and every event loop runs late by 0.5 s once it listens (a loaded machine)."""
+    return ("import asyncio, os, time\n"
+            "from acl_runtime.serve import cli\n"
+            "_app = cli.worker_app\n"
+            "def worker_app():\n"
+            "    try:\n"
+            f"        os.close(os.open(os.path.join({marks!r}, 'first'), os.O_CREAT | os.O_EXCL))\n"
+            "    except FileExistsError:\n"
+            f"        open(os.path.join({marks!r}, 'loading'), 'w').close()\n"
+            f"        time.sleep({seconds!r})\n"
+            "    return _app()\n"
+            "cli.worker_app = worker_app\n"
+            "_start_serving = asyncio.base_events.Server._start_serving\n"
+            "def _late(self):\n"
+            "    _start_serving(self)\n"
+            "    time.sleep(0.5)\n"
+            "asyncio.base_events.Server._start_serving = _late\n")
+
+
+def test_a_worker_still_loading_at_sigterm_never_listens(exported, tmp_path):  # noqa: F811
+    """A worker that had the signal while it loaded went on to start: its listen() opened the socket that the
+    other worker had just shut, and it took connections after the signal (one of them was held for all of
+    --drain-seconds)."""
+    proc, url = start(exported["folder"], "--workers", "2", "--drain-seconds", "20",
+                      prelude=_second_worker_loads_slowly(str(tmp_path), 3.0))
+    port = int(url.rsplit(":", 1)[1])
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "loading").exists():
+        assert time.monotonic() < deadline, "the second worker did not start loading"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    stopped, probes = time.monotonic(), []
+    _probe(port, stopped, stopped + 4.5, probes)  # past the second worker's load
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    taken = [(round(at, 3), _status(outcome) or outcome) for at, outcome in probes if outcome != "refused"]
+    assert all(at < 0.05 for at, _ in taken), taken[:12]  # the first worker's stop: at once
+
+
+def test_a_connection_made_after_the_drain_began_is_answered_503_at_once():
+    """uvicorn's tick can come before the signal's stop (stopping.Server): the connections that the stop then
+    took from the backlog were made after uvicorn's shutdown() of every connection, so no one answered them 503;
+    a request sent on one was served and the connection held open (keep-alive), or held for all of
+    --drain-seconds when its body was incomplete."""
+    import uvicorn
+
+    from acl_runtime.serve.stopping import Server
+    from acl_runtime.serve.transport import NoDelayH11Protocol
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"served"})
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    config = uvicorn.Config(app, lifespan="off", log_level="warning", http=NoDelayH11Protocol,
+                            timeout_keep_alive=30, timeout_graceful_shutdown=30)
+    server = Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    paused, loop = threading.Event(), server._acl_loop
+    loop.call_soon_threadsafe(lambda: (loop.remove_reader(sock.fileno()), paused.set()))  # a loop busy elsewhere
+    assert paused.wait(10)
+    conn = socket.create_connection(sock.getsockname(), timeout=5)  # in the backlog, not accepted
+    conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    server.should_exit = True  # what the signal's handler does first; uvicorn's tick then runs the drain
+    started = time.monotonic()
+    try:
+        answer = _answer(conn)
+    except socket.timeout:
+        answer = None
+    took = time.monotonic() - started
+    conn.close()
+    thread.join(30)
+    assert _status(answer) == 503 and b"retry-after: 1" in answer.lower(), (answer, took)
+    assert took < 2, took
+
+
 def test_a_drain_out_of_time_answers_what_is_left_503_and_exits_0(exported):  # noqa: F811
     """Past --drain-seconds uvicorn cancels the handlers still waiting: each answers 503 with Retry-After (it
     sent nothing) and its rows leave the queue (they were computed for no one, and logged as left queued)."""

@@ -6,10 +6,15 @@
   handler schedules :meth:`Server.stop_accepting` on the event loop at once, and the supervisor passes the signal
   on at once. Connections the kernel had already completed but nobody had accepted (the backlog) are taken then
   and treated as the others (below), rather than reset when the socket closes; ``shutdown(SHUT_RD)`` then stops the
-  socket listening in every process that shares it.
+  socket listening in every process that shares it. A worker that has the signal while it is still starting (loading
+  the app: the first worker ready lets clients in) never starts: its ``listen()`` would open the socket that another
+  worker had shut, and take connections after the signal. A worker the signal killed before it could handle it is
+  not replaced.
 - **Every connection accepted gets an answer**: a request in flight is answered; a connection with no request under
   way, or one still sending its request, is answered 503 with ``Retry-After`` and closed gently
-  (:mod:`acl_runtime.serve.transport`): uvicorn alone closed it unanswered.
+  (:mod:`acl_runtime.serve.transport`): uvicorn alone closed it unanswered. uvicorn tells each connection once;
+  one made after that (taken from the backlog when uvicorn's tick came before the signal's stop, or accepted by the
+  loop an instant earlier) is answered 503 as it is made, rather than served and held open.
 - **A dead worker's gauges go with it**: its prometheus-client files of live gauges (the queue depth) are removed,
   so that /metrics does not keep adding what it held when it died.
 """
@@ -35,6 +40,10 @@ class Server(uvicorn.Server):
 
     async def startup(self, sockets: Optional[List[socket.socket]] = None) -> None:
         self._acl_loop, self._acl_listeners, self._acl_stopped = asyncio.get_running_loop(), sockets or [], False
+        if self.should_exit:
+            # the signal came while the app loaded: starting would listen() on the shared socket again, which
+            # another worker has shut already, and take connections after the signal
+            return
         await super().startup(sockets=sockets)
 
     def handle_exit(self, sig, frame) -> None:
@@ -45,13 +54,16 @@ class Server(uvicorn.Server):
 
     async def shutdown(self, sockets: Optional[List[socket.socket]] = None) -> None:
         self.stop_accepting()  # uvicorn's tick may come first: its close() of the socket would reset the backlog
+        # uvicorn's shutdown() of each connection comes next, once: a connection whose connection_made() comes
+        # later (taken just now, or accepted by the loop an instant ago) answers itself (transport.py)
+        self.server_state.acl_draining = True
         await super().shutdown(sockets=sockets)
 
     def stop_accepting(self) -> None:
         """Take the backlog's connections, stop the listening sockets, and hand those connections to the HTTP
         protocol (uvicorn's shutdown then answers any without a request 503)."""
-        if self._acl_stopped:
-            return
+        if self._acl_stopped or not self.started:
+            return  # not serving yet (the signal came during startup): shutdown(), which follows, stops it
         self._acl_stopped = True
         taken, interval = [], sys.getswitchinterval()
         # a connection the kernel completes between the last accept() and shutdown() is reset: after each accept()
@@ -122,6 +134,8 @@ class Supervisor(Multiprocess):
                 logger.error("acl-serve: worker %s failed to start; stopping", process.pid)
                 self.should_exit.set()
                 return
+            if self.should_exit.is_set():
+                return  # the stop signal killed it before it could handle it (it was starting): not replaced
             logger.warning("acl-serve: worker %s died (exit %s); starting another", process.pid, process.exitcode)
             self.processes[idx] = _Worker(self.config, self.sockets)
             self.processes[idx].start()

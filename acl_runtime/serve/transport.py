@@ -14,7 +14,8 @@ config, which names this class).
   unanswered, and a request already sent was lost). Waiting for a body would hold the drain for up to
   ``--drain-seconds``. The close is gentle: the connection's write side is shut, what the client still sends is
   read and dropped for up to ``LINGER_SECONDS`` (closing with unread bytes resets it, and a reset can destroy the
-  503 before the client reads it).
+  503 before the client reads it). A connection made after the drain started (``server_state.acl_draining``, set by
+  :class:`acl_runtime.serve.stopping.Server`) is answered so at once: uvicorn tells each connection once.
 """
 import json
 import socket
@@ -42,6 +43,11 @@ class NoDelayH11Protocol(H11Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._headers_timer, self._refused = None, False
         super().connection_made(transport)
+        if getattr(self.server_state, "acl_draining", False):
+            # made after the drain's shutdown() of every connection (stopping.Server.shutdown): no one else
+            # answers it, and a request it sends would be served and the connection then held open
+            self.refuse()
+            return
         self._arm()
 
     def _waiting_for_headers(self) -> bool:
