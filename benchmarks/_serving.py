@@ -1,6 +1,7 @@
 """The model and data the serving benchmarks share (predict_speed.py, serve_speed.py, serve_load.py, serve_hey.py,
-int8_static.py): a trained MiniLM checkpoint made once (or the toy model), SST-2 dev, and the ONNX export cached
-on what it was made from."""
+int8_static.py, ort_fusions.py): a trained MiniLM checkpoint made once (or the toy model), its flags, SST-2 dev,
+and the ONNX export cached on what it was made from."""
+import argparse
 import json
 import os
 import sys
@@ -13,6 +14,27 @@ import _records as R
 import common
 
 TASK = "SST-2"
+
+
+def add_model_flags(p: argparse.ArgumentParser, hidden: bool = False, work: bool = True) -> None:
+    """The flags :func:`trained_checkpoint` reads (``hidden``: left out of --help; ``work``: with --work)."""
+    def say(text):
+        return argparse.SUPPRESS if hidden else text
+
+    p.add_argument("--checkpoint", help=say("a trained multi-exit checkpoint (default: a short acl_cross_layer run of "
+                                            "the packaged MiniLM, made once and cached in WORK)"))
+    p.add_argument("--data", help=say("its binarized data folder (with the training split and the tokenizer "
+                                      "record); needed with --checkpoint"))
+    if work:
+        p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"),
+                       help=say("cache of the trained model and of its ONNX export (default: %(default)s)"))
+    p.add_argument("--hf-dir", help=say("HF BERT folder to train from (default: the packaged MiniLM)"))
+    p.add_argument("--updates", type=int, default=300, help=say("updates of the cached training run"))
+
+
+def check_model_flags(p: argparse.ArgumentParser, args) -> None:
+    if args.checkpoint and not args.data:
+        p.error("--checkpoint needs --data (the folder the model was trained on)")
 
 
 def trained_checkpoint(args) -> tuple:

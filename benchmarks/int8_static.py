@@ -40,6 +40,7 @@ import _glue_runs as G
 import _harness as H
 import _int8_chain as probe
 import _records as R
+import _serving
 import common
 from acl_runtime.io import atomic  # noqa: E402
 
@@ -213,11 +214,7 @@ def targets(rows: List[Dict], shipped: str, speed_rows: List[Dict]) -> List[Dict
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", help="a trained multi-exit checkpoint (default: predict_speed.py's, cached in WORK)")
-    p.add_argument("--data", help="its binarized data folder, with the training split; needed with --checkpoint")
-    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="cache (default: %(default)s)")
-    p.add_argument("--hf-dir", help="HF BERT folder to train from (default: the packaged MiniLM)")
-    p.add_argument("--updates", type=int, default=300, help="updates of the cached training run")
+    _serving.add_model_flags(p)
     p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all 872)")
     p.add_argument("--schemes", nargs="*", help="measure only the labels starting with these (default: all)")
     p.add_argument("--avx2-rows", type=int, default=12, help="sentences run under qemu per scheme (0: skip; "
@@ -226,8 +223,7 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=5, help="interleaved speed rounds (0: skip the speed part)")
     R.add_json_flags(p, "write the setup, rows and targets here")
     args = p.parse_args(argv)
-    if args.checkpoint and not args.data:
-        p.error("--checkpoint needs --data (the folder the model was trained on)")
+    _serving.check_model_flags(p, args)
     R.refuse_existing(p, args.json, args.force)
     return args
 
@@ -236,7 +232,6 @@ def main(argv=None) -> Dict:
     args = parse_args(argv)
     import torch
 
-    import _serving
     from acl_fairseq.hf import onnx_quantize as Q
     from acl_fairseq.inference import hub as hub_mod
     from acl_runtime import calibration

@@ -252,11 +252,7 @@ def served_profile(folder: str, precision: str, sentences: List[str], work: str)
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", help="a trained multi-exit checkpoint (default: predict_speed.py's, cached in WORK)")
-    p.add_argument("--data", help="its binarized data folder; needed with --checkpoint")
-    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="cache (default: %(default)s)")
-    p.add_argument("--hf-dir", help="HF BERT folder to train from (default: the packaged MiniLM)")
-    p.add_argument("--updates", type=int, default=300, help="updates of the cached training run")
+    _serving.add_model_flags(p)
     p.add_argument("--export", action="store_true", help="export the cached model again")
     p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all 872)")
     p.add_argument("--layer", type=int, default=3, help="the layer graph measured (1-based)")
@@ -267,8 +263,7 @@ def parse_args(argv=None):
     p.add_argument("--toy", action="store_true", help="a tiny model on generated data (tests); needs its own --json")
     R.add_json_flags(p, "write the setup, rows and profiles here (default: benchmarks/results/ort_fusions.json)")
     args = p.parse_args(argv)
-    if args.checkpoint and not args.data:
-        p.error("--checkpoint needs --data (the folder the model was trained on)")
+    _serving.check_model_flags(p, args)
     if min(args.layer, args.batch1, args.calibration, args.repeats) < 1:
         p.error("--layer, --batch1, --calibration and --repeats must be >= 1")
     results = os.path.abspath(os.path.join(G.REPO, "benchmarks", "results"))

@@ -21,7 +21,6 @@ from typing import Dict, List
 
 import torch
 
-import _glue_runs as G
 import _harness as H
 import _records as R
 import _serving
@@ -61,11 +60,7 @@ def measure(hub, sentences, batch_size, policy, threshold, repeats) -> List[Dict
 
 def main(argv=None) -> List[Dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", help="a trained multi-exit checkpoint (default: train one, cached in WORK)")
-    p.add_argument("--data", help="its binarized data folder (with the tokenizer record); needed with --checkpoint")
-    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="cache of the trained model")
-    p.add_argument("--hf-dir", help="HF BERT folder (default: the packaged MiniLM)")
-    p.add_argument("--updates", type=int, default=300, help="updates of the cached training run")
+    _serving.add_model_flags(p)
     p.add_argument("--policy", default="entropy", choices=list(exits.POLICIES), help="early-exit policy")
     p.add_argument("--threshold", type=float, help="its threshold (entropy/confidence level or patience count; "
                    "default: the policy's, 0.3 for entropy)")
@@ -78,8 +73,7 @@ def main(argv=None) -> List[Dict]:
     args = p.parse_args(argv)
     R.refuse_existing(p, args.json, args.force)
     console.check_request_flags(p, args, fill_default=True)
-    if args.checkpoint and not args.data:
-        p.error("--checkpoint needs --data (the folder the model was trained on)")
+    _serving.check_model_flags(p, args)
     if args.threads:
         torch.set_num_threads(args.threads)
     ckpt, data = _serving.trained_checkpoint(args)

@@ -47,6 +47,7 @@ import _glue_runs as G
 import _load_server as S
 import _load_stats as T
 import _records as R
+import _serving
 import common
 
 COLUMNS = ["generator", "route", "round", "rate_per_s", "sent", "ok", "n_503", "errors", "throughput_per_s",
@@ -180,10 +181,7 @@ def parse_args(argv=None):
     p.add_argument("--server", default=S.tool("acl-serve"), help="the acl-serve executable (default: %(default)s)")
     p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="model cache (%(default)s)")
     p.add_argument("--examples", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--checkpoint", help=argparse.SUPPRESS)
-    p.add_argument("--data", help=argparse.SUPPRESS)
-    p.add_argument("--hf-dir", help=argparse.SUPPRESS)
-    p.add_argument("--updates", type=int, default=300, help=argparse.SUPPRESS)
+    _serving.add_model_flags(p, hidden=True, work=False)
     p.add_argument("--export", action="store_true", help=argparse.SUPPRESS)
     R.add_json_flags(p)
     args = p.parse_args(argv)
@@ -210,9 +208,8 @@ def main(argv=None) -> Dict:
     if args.folder:
         folder, sentences = args.folder, []
     else:
-        from _serving import model_and_sentences
 
-        folder, sentences = model_and_sentences(args)
+        folder, sentences = _serving.model_and_sentences(args)
     text = args.text or (sentences[0] if sentences else "the movie was good")
     rows: List[Dict] = []
     with tempfile.TemporaryDirectory(prefix="serve_hey_") as tmp:

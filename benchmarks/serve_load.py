@@ -68,7 +68,7 @@ import _load_server as S
 import _load_stats as T
 import _records as R
 import common
-from _serving import load, model_and_sentences
+from _serving import add_model_flags, check_model_flags, load, model_and_sentences
 from acl_runtime import calibration, console, exits
 from acl_runtime.io import atomic
 
@@ -307,11 +307,7 @@ def parse_args(argv=None):
     p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all; --quick: 128)")
     p.add_argument("--ready-seconds", type=float, default=120.0, help="start-up bound of the server")
     p.add_argument("--stop-seconds", type=float, default=30.0, help="SIGTERM bound of the server")
-    p.add_argument("--checkpoint", help="a trained multi-exit checkpoint (default: predict_speed.py's)")
-    p.add_argument("--data", help="its binarized data folder; needed with --checkpoint")
-    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="model cache (%(default)s)")
-    p.add_argument("--hf-dir", help="HF BERT folder to train from (default: the packaged MiniLM)")
-    p.add_argument("--updates", type=int, default=300, help="updates of the cached training run")
+    add_model_flags(p)
     p.add_argument("--export", action="store_true", help="export the model again (fp32 and int8) even if "
                    "neither the checkpoint nor the exporter's code has changed")
     p.add_argument("--json", help="default: benchmarks/results/serve_load.json (--quick, --toy: required)")
@@ -332,8 +328,7 @@ def parse_args(argv=None):
     args.json = args.json or os.path.join(results, "serve_load.json")
     args.plot = args.plot or os.path.splitext(args.json)[0] + ".png"
     R.refuse_existing(p, args.json, args.force)
-    if args.checkpoint and not args.data:
-        p.error("--checkpoint needs --data (the folder the model was trained on)")
+    check_model_flags(p, args)
     if min(args.workers) < 1 or args.max_batch < 1 or args.requests < 1 or min(args.rates) <= 0:
         p.error("--workers, --max-batch and --requests must be >= 1, --rates > 0")
     for w in args.workers:

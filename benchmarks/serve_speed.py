@@ -219,12 +219,7 @@ def targets(rows: List[Dict], batch: int) -> List[Dict]:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", help="a trained multi-exit checkpoint (default: predict_speed.py's, cached in WORK)")
-    p.add_argument("--data", help="its binarized data folder (with the tokenizer record); needed with --checkpoint")
-    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"),
-                   help="cache of the trained model and of its ONNX export (default: %(default)s)")
-    p.add_argument("--hf-dir", help="HF BERT folder to train from (default: the packaged MiniLM)")
-    p.add_argument("--updates", type=int, default=300, help="updates of the cached training run")
+    _serving.add_model_flags(p)
     p.add_argument("--policy", default="entropy", choices=list(exits.POLICIES), help="early-exit policy")
     p.add_argument("--threshold", type=float, help="its threshold (default: the policy table's, 0.3 for entropy)")
     p.add_argument("--batch-size", type=int, default=32, help="the batched setting (batch 1 always runs)")
@@ -237,8 +232,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.threshold_source = "--threshold" if args.threshold is not None else "policy default"
     console.check_request_flags(p, args, fill_default=True)
-    if args.checkpoint and not args.data:
-        p.error("--checkpoint needs --data (the folder the model was trained on)")
+    _serving.check_model_flags(p, args)
     if args.threads < 1 or args.repeats < 1 or args.batch_size < 2:
         p.error("--threads and --repeats must be >= 1, --batch-size >= 2 (batch 1 always runs)")
     results = os.path.abspath(os.path.join(G.REPO, "benchmarks", "results"))
