@@ -1,6 +1,8 @@
 """benchmarks/serve_hey.py: hey's CSV dump read into a row (counts, throughput, percentiles), and a tiny run end to
 end: hey and serve_load's client at the same fixed rate against acl-serve on the tiny exported model, every answer
 200, hey's counted by the server, the JSON written and not replaced without --force."""
+import contextlib
+import io
 import json
 import shutil
 
@@ -58,40 +60,49 @@ def test_perf_analyzer_not_found_is_a_one_line_note_and_a_wrong_path_refused(tmp
     assert refused.value.code == 2 and "--perf-analyzer" in capsys.readouterr().err
 
 
-def test_perf_analyzer_drives_the_server_at_a_fixed_rate_and_gets_every_answer(exported, tmp_path):  # noqa: F811
+@pytest.fixture(scope="module")
+def driven(exported, tmp_path_factory):  # noqa: F811
+    """One serve_hey run (1 s at 20/s from each generator) that both tests below read."""
+    if shutil.which("hey") is None:
+        helpers.skip_needed("hey", "scripts/system_packages.sh installs Debian's hey")
+    import serve_hey
+
+    out = tmp_path_factory.mktemp("serve_hey") / "hey.json"
+    argv = ["--folder", exported["folder"], "--rate", "20", "--seconds", "1", "--connections", "2", "--json",
+            str(out)]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        record = serve_hey.main(argv)
+    return {"record": record, "out": out, "argv": argv, "printed": printed.getvalue()}
+
+
+def test_perf_analyzer_drives_the_server_at_a_fixed_rate_and_gets_every_answer(driven):
     """perf_analyzer (scripts/setup_env.sh installs it beside the venv's Python): its requests, [1, 1] BYTES
     tensors shaped from the metadata, all answered 200."""
     import serve_hey
 
     if serve_hey.find_perf_analyzer(None)[0] is None:
         helpers.skip_needed("perf_analyzer", "make env installs it (scripts/setup_env.sh)")
-
-    record = serve_hey.main(["--folder", exported["folder"], "--rate", "20", "--seconds", "1", "--connections", "2",
-                             "--json", str(tmp_path / "hey.json")])
+    record = driven["record"]
     pa = {r["generator"]: r for r in record["rows"]}["perf_analyzer"]
     assert (pa["sent"], pa["ok"], pa["errors"], pa["server_counted"]) == (20, 20, 0, 20)
     assert pa["reported_p50_ms"] is not None and pa["reported_p99_ms"] is not None  # its own summary, read too
     assert record["checks"]["perf_analyzer_answers_counted_by_server"] and all(record["checks"].values())
 
 
-def test_hey_and_the_load_client_at_a_fixed_rate_get_every_answer(exported, tmp_path, capsys):  # noqa: F811
-    if shutil.which("hey") is None:
-        helpers.skip_needed("hey", "scripts/system_packages.sh installs Debian's hey")
+def test_hey_and_the_load_client_at_a_fixed_rate_get_every_answer(driven):
     import serve_hey
 
-    out = tmp_path / "hey.json"
-    argv = ["--folder", exported["folder"], "--rate", "20", "--seconds", "1", "--connections", "2", "--json",
-            str(out)]
-    record = serve_hey.main(argv)
+    record, out = driven["record"], driven["out"]
     assert json.loads(out.read_text()) == json.loads(json.dumps(record))
-    rows = {r["generator"]: r for r in record["rows"]}  # and perf_analyzer's where it is on PATH (below)
+    rows = {r["generator"]: r for r in record["rows"]}  # and perf_analyzer's (above)
     hey, client = rows["hey"], rows["serve_load client"]
     assert hey["generator"] == "hey" and 10 <= hey["sent"] <= 22  # hey's ticks: about 20 in its second
     assert hey["ok"] == hey["sent"] == hey["server_counted"]  # every one answered 200 and counted once
     assert (client["sent"], client["ok"], client["errors"]) == (20, 20, 0)
     assert all(r["p50_ms"] <= r["p99_ms"] for r in record["rows"])
     assert record["checks"]["exit_0"] and all(record["checks"].values()), record["checks"]
-    assert "serve_load client" in capsys.readouterr().out
+    assert "serve_load client" in driven["printed"]
     with pytest.raises(SystemExit) as refused:
-        serve_hey.main(argv)
+        serve_hey.main(driven["argv"])
     assert refused.value.code == 2
