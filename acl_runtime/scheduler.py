@@ -120,7 +120,8 @@ class _Row:
 
 class _Timed:
     """A backend whose ``embed`` and ``layer`` calls are timed and reported, ``report(layer, rows, seconds,
-    cpu_seconds)`` (layer 0: the embeddings), for ``run_batch`` inside the scheduler."""
+    cpu_seconds)`` (layer 0: the embeddings): every backend call the scheduler makes, a step's or ``run_batch``'s
+    (the states' ``join`` before a call is not counted in it)."""
 
     def __init__(self, backend, report: Callable[[int, int, float, float], None]):
         self.backend, self.report = backend, report
@@ -333,18 +334,16 @@ class Scheduler:
         lengths = np.asarray([r.ids.size for r in rows], dtype=np.int64)
         width = int(lengths.max())
         mask = loop.padding_mask(lengths, width)
-        started, cpu = time.perf_counter(), time.thread_time()
+        timed = _Timed(self.backend, self._called)
         if layer == 0:
             ids = np.full((len(rows), width), self.pad, dtype=np.int64)
             for k, r in enumerate(rows):
                 ids[k, : r.ids.size] = r.ids
-            state, logits = self.backend.embed(ids, mask), None
+            state, logits = timed.embed(ids, mask), None
         else:
-            state, logits = self.backend.layer(layer, self.backend.join([r.state for r in rows], width), mask)
-        took, cpu = time.perf_counter() - started, time.thread_time() - cpu
-        self._called(layer, len(rows), took, cpu)
+            state, logits = timed.layer(layer, self.backend.join([r.state for r in rows], width), mask)
         for r in rows:
-            r.model += took
+            r.model += timed.seconds[0]
         fire = self._decide(layer, rows, logits) if logits is not None else np.zeros(len(rows), dtype=bool)
         going = []
         for k, r in enumerate(rows):

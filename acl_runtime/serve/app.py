@@ -154,8 +154,7 @@ def answers(route: str, tei_shape: bool = False):
             took = time.perf_counter() - start
             service.metrics.answered(route, response.status_code, took)
             if response.status_code == 200 and "answer" in phases:
-                waits = phases.pop("waits")
-                service.metrics.phases({**phases, "other": took - sum(phases.values())}, waits)
+                service.metrics.phases({**phases, "other": took - sum(phases.values())}, request.state.waits)
             return response
         return endpoint
     return wrap
@@ -192,7 +191,7 @@ def _answered(request: Request, answered: Answered, back: float) -> None:
     phases = request.state.phases
     phases.update(answered.phases)
     phases["answer"] += time.perf_counter() - back
-    phases["waits"] = answered.waits
+    request.state.waits = answered.waits
 
 
 # ---- Open Inference Protocol v2 --------------------------------------------------------------------------------
