@@ -50,10 +50,13 @@ from acl_runtime.machine import read_cpu_kind
 # (criterion, scope, exits, extra flags)
 PLUGIN = [
     ("sentence_ce", None, "top", []),
+    ("sentence_ce", None, "all", ["--exit-weighting", "layer"]),  # the all-exit criteria's CE reference
+    ("sentence_scl", None, "top", ["--scl-weight", "0.9", "--scl-temperature", "0.3", "--scl-feature", "encoder"]),
     ("acl_embed", None, "top", []),
     ("acl_grad", "features", "top", ["--acl-grad-scope", "features"]),
     ("acl_grad", "params", "top", ["--acl-grad-scope", "params"]),
     ("acl_cross_layer", "features", "all", ["--acl-grad-scope", "features"]),
+    ("multi_exit_kd", None, "all", ["--kd-weight", "1.0", "--kd-temperature", "2.0", "--exit-weighting", "layer"]),
 ]
 MODES = {"eager": (False, False), "compiled": (True, False), "bf16": (False, True), "compiled-bf16": (True, True)}
 OPTIM = ["--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-6", "--weight-decay", "0.1", "--dropout", "0.1",
@@ -119,6 +122,13 @@ class _Autocast(torch.nn.Module):
             return self.inner(*args).float()
 
 
+def chosen(criteria: Optional[List[str]]) -> List[tuple]:
+    """PLUGIN's rows for ``--criteria`` (all without it): CE always, with all exits only beside an all-exit one."""
+    rows = [r for r in PLUGIN if not criteria or r[0] in criteria or r[0] == "sentence_ce"]
+    multi = any(exits == "all" and name != "sentence_ce" for name, _, exits, _ in rows)
+    return [r for r in rows if multi or not (r[0] == "sentence_ce" and r[2] == "all")]
+
+
 def build_plugin(args, data_dir, record, sample, layers, pooling) -> List[common.Variant]:
     """Every criterion in every plugin mode, through the task sentence_prediction_acl's own flags
     (--compile, --autocast-bf16). A mode's bf16 twin shares its model: autocast is per call."""
@@ -131,9 +141,7 @@ def build_plugin(args, data_dir, record, sample, layers, pooling) -> List[common
         compiled, bf16 = MODES[mode]
         flags = ["--task", "sentence_prediction_acl"] + (["--compile", "--compile-backend", args.compile_backend]
                                                           if compiled else []) + (["--autocast-bf16"] if bf16 else [])
-        for name, scope, exits, extra in PLUGIN:
-            if args.criteria and name not in args.criteria and name != "sentence_ce":
-                continue
+        for name, scope, exits, extra in chosen(args.criteria):
             exit_flags = ["--exit-layers", str(layers)] if exits == "top" else []
             argv = common.train_argv(data_dir, name, "multi_exit_roberta", "hf", args.seq_len, 2, args.batch,
                                      args.device, extra + OPTIM + exit_flags + flags + [
@@ -197,7 +205,7 @@ def rows_of(args, systems, first, size, batch, seq_len) -> List[Dict]:
     threads = torch.get_num_threads()
     base = systems[0]  # HF eager fp32
     by_key = {(s.label_text, s.mode): s for s in systems}
-    ce = {s.mode: s for s in systems if s.label_text == "plugin/sentence_ce"}
+    ce = {(s.mode, all_exits(s.label_text)): s for s in systems if s.label_text.startswith("plugin/sentence_ce")}
     rows = []
     for s in systems:
         med = common.median(s.times)
@@ -207,7 +215,7 @@ def rows_of(args, systems, first, size, batch, seq_len) -> List[Dict]:
         pays_after = None
         if compiled and eager_twin is not None and common.median(eager_twin.times) > med:
             pays_after = compile_s / (common.median(eager_twin.times) - med)
-        exits = size["layers"] if s.label_text.endswith("all exits") else 1
+        exits = size["layers"] if all_exits(s.label_text) else 1
         gflops = step_flops(size, batch, seq_len, exits) / med / 1e9
         peak, _ = acceleration.peak_gflops(kind, torch.bfloat16 if bf16 else torch.float32, threads)
         rows.append({
@@ -215,8 +223,9 @@ def rows_of(args, systems, first, size, batch, seq_len) -> List[Dict]:
             "median_step_s": med, "samples_per_s": batch / med,
             "ratio_to_hf": common.median([h / t for h, t in zip(base.times, s.times)]),
             "ratio_to_hf_cpu": common.median([h / t for h, t in zip(base.cpu_times, s.cpu_times)]),
-            "ratio_to_ce": (common.median([t / c for t, c in zip(s.times, ce[s.mode].times)])
-                            if s.mode in ce and s.label_text.startswith("plugin/") else None),
+            "ratio_to_ce": (common.median([t / c for t, c in zip(s.times, ce[key].times)])
+                            if (key := (s.mode, all_exits(s.label_text))) in ce and s.label_text.startswith("plugin/")
+                            else None),
             "compile_s": compile_s, "pays_after": pays_after,
             "gflops": gflops, "peak_frac": gflops / peak if peak else None,
             "peak_mem_mb": common.median(s.mem) if s.mem else None,
@@ -226,6 +235,11 @@ def rows_of(args, systems, first, size, batch, seq_len) -> List[Dict]:
             "bf16_unit": kind.bf16_unit,
         })
     return rows
+
+
+def all_exits(label: str) -> bool:
+    """A system trained with an exit after every layer (its cost over CE is against CE with the same exits)."""
+    return label.endswith("all exits")
 
 
 def verdicts(rows: List[Dict], command: str) -> List[str]:
@@ -252,7 +266,7 @@ def verdicts(rows: List[Dict], command: str) -> List[str]:
                 out.append(f"{'MET ' if ref / best >= goal else 'MISSED'} AMX: fastest plugin sentence_ce "
                            f"{ref / best:.2f}x {name} (target >= {goal}x; bf16 accuracy not checked here) [{at}]")
         for r in g:
-            if r["ratio_to_ce"] is None or r["system"] in ("plugin/sentence_ce",) or "all exits" in r["system"]:
+            if r["ratio_to_ce"] is None or r["system"].startswith("plugin/sentence_ce"):
                 continue
             goal = 1.8 if r["system"].endswith("/params") else 1.1
             out.append(f"{'MET ' if r['ratio_to_ce'] <= goal else 'MISSED'} cost over CE: {r['system']} "

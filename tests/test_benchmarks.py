@@ -194,10 +194,15 @@ def _hf_speed(tmp_path, *flags):
 def test_hf_speed_at_toy_size(tmp_path):
     """The HF-vs-plugin step benchmark on a tiny random BERT: every system timed, ratios against HF."""
     rows = _hf_speed(tmp_path, "--modes", "eager", "--hf-modes", "eager")
-    assert [r["system"] for r in rows] == ["hf", "plugin/sentence_ce", "plugin/acl_embed", "plugin/acl_grad/features",
-                                           "plugin/acl_grad/params", "plugin/acl_cross_layer/features/all exits"]
+    assert [r["system"] for r in rows] == [
+        "hf", "plugin/sentence_ce", "plugin/sentence_ce/all exits", "plugin/sentence_scl", "plugin/acl_embed",
+        "plugin/acl_grad/features", "plugin/acl_grad/params", "plugin/acl_cross_layer/features/all exits",
+        "plugin/multi_exit_kd/all exits"]
     assert rows[0]["ratio_to_hf"] == 1.0 and all(r["ratio_to_hf"] > 0 and r["peak_mem_mb"] is not None for r in rows)
-    assert len(json.load(open(tmp_path / "s.json"))) == 6
+    assert len(json.load(open(tmp_path / "s.json"))) == 9
+    ce = {r["system"]: r["ratio_to_ce"] for r in rows}  # each against CE with the same exits
+    assert ce["plugin/sentence_ce"] == 1.0 and ce["plugin/sentence_ce/all exits"] == 1.0
+    assert all(ce[s] > 0 for s in ce if s != "hf")
 
 
 @pytest.mark.slow  # compiles (aot_eager: traced, no code generated) every mode of both sides: about 90 s
@@ -247,6 +252,23 @@ def test_hf_speed_verdicts_claim_nothing_about_amx_on_another_cpu():
     amx = hf_speed.verdicts(rows("amx"), "CMD")
     assert any(v.startswith("MET  AMX") and "2.22x HF eager fp32" in v for v in amx)  # 2.0 / 0.9
     assert any(v.startswith("MET  AMX") and "1.11x HF bf16" in v for v in amx)
+
+
+def test_hf_speed_holds_an_all_exit_criterion_against_ce_with_all_exits():
+    import hf_speed
+
+    labels = [r[0] + "/" + r[2] for r in hf_speed.chosen(["acl_cross_layer"])]
+    assert labels == ["sentence_ce/top", "sentence_ce/all", "acl_cross_layer/all"]
+    assert [r[0] + "/" + r[2] for r in hf_speed.chosen(["acl_embed"])] == ["sentence_ce/top", "acl_embed/top"]
+    assert {r[0] for r in hf_speed.chosen(None)} >= {"sentence_scl", "acl_cross_layer", "multi_exit_kd"}
+    rows = [{"system": s, "mode": "eager", "batch": 16, "seq_len": 128, "threads": 1, "median_step_s": 1.0,
+             "ratio_to_ce": r, "cpu_kind": "X", "bf16_unit": None}
+            for s, r in (("plugin/sentence_ce/all exits", 1.0), ("plugin/acl_cross_layer/features/all exits", 1.05),
+                         ("plugin/multi_exit_kd/all exits", 1.2))]
+    got = hf_speed.verdicts(rows, "CMD")
+    assert any(v.startswith("MET  cost over CE: plugin/acl_cross_layer/features/all exits eager 1.05x") for v in got)
+    assert any(v.startswith("MISSED cost over CE: plugin/multi_exit_kd/all exits eager 1.20x") for v in got)
+    assert not any("cost over CE: plugin/sentence_ce" in v for v in got)
 
 
 def test_optimizer_time_at_toy_size(tmp_path):
