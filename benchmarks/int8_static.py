@@ -37,11 +37,11 @@ from typing import Dict, List
 import numpy as np
 
 import _glue_runs as G
-import _harness as H
 import _int8_chain as probe
 import _records as R
 import _serving
 import common
+import harness as H
 from acl_runtime.io import atomic  # noqa: E402
 
 BATCHES = (1, 8, 32)

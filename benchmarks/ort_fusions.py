@@ -45,10 +45,10 @@ from typing import Dict, List
 import numpy as np
 
 import _glue_runs as G
-import _harness as H
 import _records as R
 import _serving
 import common
+import harness as H
 
 LEVELS = {"none": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
           "all": "ORT_ENABLE_ALL"}

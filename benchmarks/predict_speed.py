@@ -21,10 +21,10 @@ from typing import Dict, List
 
 import torch
 
-import _harness as H
 import _records as R
 import _serving
 import common
+import harness as H
 from acl_runtime import console, exits
 
 

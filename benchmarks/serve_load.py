@@ -62,12 +62,12 @@ import time
 from typing import Dict, List, NamedTuple, Optional
 
 import _glue_runs as G
-import _harness as H
 import _load_client as C
 import _load_server as S
 import _load_stats as T
 import _records as R
 import common
+import harness as H
 from _serving import add_model_flags, check_model_flags, load, model_and_sentences
 from acl_runtime import calibration, console, exits
 from acl_runtime.io import atomic

@@ -39,11 +39,11 @@ import sys
 from typing import Dict, List
 
 import _glue_runs as G
-import _harness as H
 import _records as R
 import _serve_child
 import _serving
 import common
+import harness as H
 from acl_runtime import console, exits
 
 ENGINES = ("torch", "ort-fp32", "ort-int8")

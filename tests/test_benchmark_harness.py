@@ -1,5 +1,5 @@
-"""benchmarks/_harness.py: the one verdict type the benchmarks' targets share, and its printer."""
-import _harness as H
+"""benchmarks/harness/: the one verdict type the benchmarks' targets share, its printer, the clock and the machine record."""
+import harness as H
 
 
 def test_a_target_passes_on_its_side_of_the_bound_and_without_a_bound_has_no_verdict():
