@@ -29,7 +29,6 @@ system once in a shuffled order; a row's ``ratio_to_hf`` is the median over roun
 divided by its own (above 1: faster than HF). Peak memory is the per-step rise, measured the same way
 for both (``common.PeakMemory``).
 """
-import argparse
 import json
 import os
 import platform
@@ -39,8 +38,8 @@ import torch
 
 import _glue_runs as G
 import _hf_loop as hf_loop
-import _records as R
 import common
+import harness as H
 from acl_fairseq import acceleration
 from acl_fairseq.heads import POOLING_MODES
 from acl_fairseq.inference import flops
@@ -277,7 +276,7 @@ def profile(systems, top: int, labels: Optional[List[str]] = None) -> None:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = H.parser(__doc__, json="write the rows here", threads=[1])
     p.add_argument("--shapes", nargs="+", default=["16x128", "32x64"], help="BATCHxSEQ_LEN shapes to time")
     p.add_argument("--repeats", type=int, default=7, help="timed rounds (each runs every system once)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
@@ -289,8 +288,6 @@ def parse_args(argv=None):
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled modes")
     p.add_argument("--pooling", choices=POOLING_MODES, default="cls", help="what the head reads, both sides")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--threads", type=int, nargs="+", default=[1],
-                   help="torch.set_num_threads, one run each (0: torch's default)")
     p.add_argument("--hf-dir", help="HF BERT folder (default: the packaged MiniLM)")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="first print torch.profiler's N most expensive ops of one step of some systems")
@@ -298,9 +295,7 @@ def parse_args(argv=None):
                    help="which systems --profile profiles, e.g. plugin/sentence_ce:bf16 (default: HF eager and the "
                    "first plugin system)")
     p.add_argument("--seed", type=int, default=0)
-    R.add_json_flags(p, "write the rows here")
     args = p.parse_args(argv)
-    R.refuse_existing(p, args.json, args.force)
     args.hf_modes = ["eager"] + [m for m in args.hf_modes if m != "eager"]
     return args
 
@@ -320,8 +315,7 @@ def main(argv=None) -> List[Dict]:
         args.hf_modes = [m for m in args.hf_modes if not MODES[m][0]]
     rows = []
     for threads in args.threads:
-        if threads:
-            torch.set_num_threads(threads)
+        H.set_threads(threads)
         for shape in args.shapes:
             b, t = (int(x) for x in shape.lower().split("x"))
             rows += run_shape(args, b, t)

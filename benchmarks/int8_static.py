@@ -26,7 +26,6 @@ torch (the hub), ORT fp32, the shipped int8 and int8-dynamic at batch 32, all la
 0.3), ``--repeats`` interleaved rounds, median ratio of engine time to torch's.
 The fp32 decisions are cached in WORK/int8_static.
 """
-import argparse
 import hashlib
 import json
 import os
@@ -212,8 +211,7 @@ def targets(rows: List[Dict], shipped: str, speed_rows: List[Dict]) -> List[Dict
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = H.parser(__doc__, json="write the setup, rows and targets here", epilog=True)
     _serving.add_model_flags(p)
     p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all 872)")
     p.add_argument("--schemes", nargs="*", help="measure only the labels starting with these (default: all)")
@@ -221,10 +219,8 @@ def parse_args(argv=None):
                    "the S8S8 schemes take minutes a row there)")
     p.add_argument("--cpu", default="EPYC-Rome", help="qemu CPU model: AVX2 without AVX-512 or VNNI")
     p.add_argument("--repeats", type=int, default=5, help="interleaved speed rounds (0: skip the speed part)")
-    R.add_json_flags(p, "write the setup, rows and targets here")
     args = p.parse_args(argv)
     _serving.check_model_flags(p, args)
-    R.refuse_existing(p, args.json, args.force)
     return args
 
 

@@ -35,7 +35,6 @@ profiling): kernel time by op type, ORT's per-call overhead (a ``model_run`` les
 between calls (the pass's wall clock less its ``model_run`` events), per call. ``--toy`` runs the tiny toy model;
 it must write its own ``--json``, never into benchmarks/results.
 """
-import argparse
 import json
 import os
 import tempfile
@@ -250,8 +249,8 @@ def served_profile(folder: str, precision: str, sentences: List[str], work: str)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = H.parser(__doc__, json="write the setup, rows and profiles here (default: benchmarks/results/ort_fusions.json)",
+                 epilog=True)
     _serving.add_model_flags(p)
     p.add_argument("--export", action="store_true", help="export the cached model again")
     p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all 872)")
@@ -261,7 +260,6 @@ def parse_args(argv=None):
     p.add_argument("--calibration", type=int, default=128, help="sentences calibrating the int8 copies made here")
     p.add_argument("--repeats", type=int, default=7, help="timed rounds, each running every system once")
     p.add_argument("--toy", action="store_true", help="a tiny model on generated data (tests); needs its own --json")
-    R.add_json_flags(p, "write the setup, rows and profiles here (default: benchmarks/results/ort_fusions.json)")
     args = p.parse_args(argv)
     _serving.check_model_flags(p, args)
     if min(args.layer, args.batch1, args.calibration, args.repeats) < 1:
@@ -270,7 +268,7 @@ def parse_args(argv=None):
     if args.toy and (not args.json or os.path.abspath(args.json).startswith(results + os.sep)):
         p.error("--toy needs its own --json outside benchmarks/results: its numbers must not sit beside the real ones")
     args.json = args.json or os.path.join(results, "ort_fusions.json")
-    R.refuse_existing(p, args.json, args.force)
+    p.refuse_existing(args)
     return args
 
 

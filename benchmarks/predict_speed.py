@@ -14,14 +14,12 @@ early-exit model time; ``layer_speedup`` = layers / mean exit layer; their ratio
 saved layers that turns into saved time. ``prep_share``: tokenization plus batching over the end-to-end
 time.
 """
-import argparse
 import os
 import statistics
 from typing import Dict, List
 
 import torch
 
-import _records as R
 import _serving
 import common
 import harness as H
@@ -59,7 +57,7 @@ def measure(hub, sentences, batch_size, policy, threshold, repeats) -> List[Dict
 
 
 def main(argv=None) -> List[Dict]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = H.parser(__doc__, json="write the rows here", threads=1)
     _serving.add_model_flags(p)
     p.add_argument("--policy", default="entropy", choices=list(exits.POLICIES), help="early-exit policy")
     p.add_argument("--threshold", type=float, help="its threshold (entropy/confidence level or patience count; "
@@ -68,14 +66,10 @@ def main(argv=None) -> List[Dict]:
     p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all 872)")
     p.add_argument("--input", help="sentences, one per line, instead of SST-2 dev")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: torch's default)")
-    R.add_json_flags(p, "write the rows here")
     args = p.parse_args(argv)
-    R.refuse_existing(p, args.json, args.force)
     console.check_request_flags(p, args, fill_default=True)
     _serving.check_model_flags(p, args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    H.set_threads(args.threads)
     ckpt, data = _serving.trained_checkpoint(args)
     from acl_fairseq.inference import hub as hub_mod
 

@@ -32,7 +32,6 @@ Its targets are printed beside the results with pass/miss. The threshold is ``--
 on the generated toy task (scripts/toy_data.py) in seconds, for the end-to-end test; it must write its own
 ``--json``, never into benchmarks/results.
 """
-import argparse
 import json
 import os
 import sys
@@ -218,17 +217,15 @@ def targets(rows: List[Dict], batch: int) -> List[Dict]:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = H.parser(__doc__, json="write the setup, rows and targets here", threads=1)
     _serving.add_model_flags(p)
     p.add_argument("--policy", default="entropy", choices=list(exits.POLICIES), help="early-exit policy")
     p.add_argument("--threshold", type=float, help="its threshold (default: the policy table's, 0.3 for entropy)")
     p.add_argument("--batch-size", type=int, default=32, help="the batched setting (batch 1 always runs)")
     p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all 872)")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds, each running every system once")
-    p.add_argument("--threads", type=int, default=1, help="threads of every engine, torch and ORT alike")
     p.add_argument("--no-rss", action="store_true", help="skip the peak-memory processes")
     p.add_argument("--toy", action="store_true", help="a tiny model on generated data (tests); needs its own --json")
-    R.add_json_flags(p, "write the setup, rows and targets here")
     args = p.parse_args(argv)
     args.threshold_source = "--threshold" if args.threshold is not None else "policy default"
     console.check_request_flags(p, args, fill_default=True)
@@ -238,7 +235,6 @@ def parse_args(argv=None):
     results = os.path.abspath(os.path.join(G.REPO, "benchmarks", "results"))
     if args.toy and (not args.json or os.path.abspath(args.json).startswith(results + os.sep)):
         p.error("--toy needs its own --json outside benchmarks/results: its numbers must not sit beside the real ones")
-    R.refuse_existing(p, args.json, args.force)
     return args
 
 

@@ -1,4 +1,5 @@
-"""benchmarks/harness/: the one verdict type the benchmarks' targets share, its printer, the clock and the machine record."""
+"""benchmarks/harness/: what the benchmark scripts share: the clock, the targets' verdict and its printer, the parent
+parser and the setup record."""
 import harness as H
 
 
@@ -47,3 +48,49 @@ def test_every_common_report_row_names_the_cpu_kind(tmp_path, capsys):
     common.report([{"system": "a", "ms": 1.0}], ["system", "ms"], {"ms": "{:.1f}"}, str(out))
     assert capsys.readouterr().out.startswith("# cpu: ")
     assert json.loads(out.read_text())[0]["cpu_kind"] == H.machine()["cpu_kind"]
+
+
+def test_the_parent_parser_refuses_an_existing_json_without_force_naming_the_fix(tmp_path, capsys):
+    import pytest
+
+    path = tmp_path / "out.json"
+    assert H.parser("doc", json=True).parse_args(["--json", str(path)]).json == str(path)  # not there yet: taken
+    path.write_text("earlier")
+    with pytest.raises(SystemExit) as e:
+        H.parser("doc", json=True).parse_args(["--json", str(path)])
+    assert e.value.code == 2 and f"{path} exists: pass --force to replace it" in capsys.readouterr().err
+    assert H.parser("doc", json=True).parse_args(["--json", str(path), "--force"]).force
+    # a script that fills in a default --json after parsing asks again
+    p = H.parser("doc", json="default: out.json")
+    args = p.parse_args([])
+    args.json = str(path)
+    with pytest.raises(SystemExit):
+        p.refuse_existing(args)
+    assert path.read_text() == "earlier"
+    # a --force of a parser without --json (fewshot.py's own) refuses nothing
+    p = H.parser("doc")
+    p.add_argument("--json")
+    assert p.parse_args(["--json", str(path)]).json == str(path)
+
+
+def test_the_parent_parser_gives_threads_one_spelling_with_the_scripts_default():
+    assert H.parser("Doc line.\n\nmore").description == "Doc line."
+    assert H.parser("doc", threads=2).parse_args([]).threads == 2
+    assert H.parser("doc", threads=[1]).parse_args(["--threads", "1", "2"]).threads == [1, 2]
+    assert not hasattr(H.parser("doc").parse_args([]), "threads")
+    helps = {a.help for t in (1, 2, [1]) for a in H.parser("doc", threads=t)._actions
+             if "--threads" in a.option_strings}
+    assert len({h.split(". Several")[0] for h in helps}) == 1
+
+
+def test_no_entry_script_builds_its_own_parser_or_imports_the_old_harness_module():
+    import pathlib
+
+    folder = pathlib.Path(__file__).parents[1] / "benchmarks"
+    assert not (folder / "_harness.py").exists()
+    entries = [p for p in folder.glob("*.py") if not p.stem.startswith("_") and p.stem != "common"]
+    assert len(entries) >= 20
+    own = [p.stem for p in entries if "argparse.ArgumentParser(" in p.read_text()]
+    old = [p.stem for p in folder.glob("*.py") if "import _harness" in p.read_text()]
+    unparented = [p.stem for p in entries if "H.parser(__doc__" not in p.read_text()]
+    assert (own, old, unparented) == ([], [], [])

@@ -13,3 +13,12 @@ def machine() -> Dict:
     kind = read_cpu_kind()
     return {"cpu_kind": kind.describe(), "cpu_flags": [f for f in CPU_FLAGS if f in kind.flags],
             "cpus": os.cpu_count(), "load_average": os.getloadavg()[0]}
+
+
+def set_threads(n: int) -> int:
+    """``torch.set_num_threads(n)``, unless ``n`` is 0 (torch's default); returns the threads torch runs on."""
+    import torch
+
+    if n:
+        torch.set_num_threads(n)
+    return torch.get_num_threads()
