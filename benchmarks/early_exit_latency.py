@@ -263,10 +263,10 @@ def run(args) -> List[Dict]:
 def main(argv=None) -> List[Dict]:
     args = parse_args(argv)
     rows = run(args)
-    source = f"data={args.data}:{args.split}" if args.checkpoint else f"seq_len={args.seq_len}"
-    print(f"# early_exit_latency: model={rows[0]['model'] if rows else '-'} {source} "
-          f"examples={args.examples} batch=1,{args.batch} device={args.device} threads={torch.get_num_threads()} "
-          f"repeats={args.repeats}; efficiency = wallclock_speedup / layer_speedup")
+    source = {"data": f"{args.data}:{args.split}"} if args.checkpoint else {"seq_len": args.seq_len}
+    H.header("early_exit_latency", model=rows[0]["model"] if rows else "-", **source, examples=args.examples,
+             batch=f"1,{args.batch}", device=args.device, repeats=args.repeats)
+    print("# efficiency = wallclock_speedup / layer_speedup")
     common.report(rows, COLUMNS, FORMATS, args.json)
     return rows
 

@@ -31,7 +31,6 @@ for both (``common.PeakMemory``).
 """
 import json
 import os
-import platform
 from typing import Dict, List, Optional
 
 import torch
@@ -319,8 +318,8 @@ def main(argv=None) -> List[Dict]:
         for shape in args.shapes:
             b, t = (int(x) for x in shape.lower().split("x"))
             rows += run_shape(args, b, t)
-    print(f"# hf_speed: device={args.device} torch={torch.__version__} cpu={read_cpu_kind().describe()} "
-          f"({platform.machine()}) repeats={args.repeats} pooling={args.pooling} backend={args.compile_backend}")
+    H.header("hf_speed", device=args.device, repeats=args.repeats, pooling=args.pooling,
+             backend=args.compile_backend, threads=args.threads)
     if rows:
         print(f"# {common.describe_memory(run_shape.memory_method)}")
     common.report(rows, ["system", "mode", "batch", "seq_len", "threads", "median_step_s", "ratio_to_hf",

@@ -282,7 +282,7 @@ def main(argv=None) -> Dict:
     result = {"benchmark": "int8_static", "checkpoint": os.path.relpath(ckpt, args.work), "examples": len(ids),
               "policies": [[n, p, t] for n, p, t in policies], "fp32_accuracy": fp32_acc,
               "calibration_rows": Q.CALIBRATION_ROWS, "avx2_rows": len(sample) if args.avx2_rows else 0,
-              "cpu": args.cpu, **H.machine(), "schemes": rows, "speed": speed_rows, "targets": found}
+              "cpu": args.cpu, **H.record(threads=1), "schemes": rows, "speed": speed_rows, "targets": found}
     if args.json:
         R.write_atomic(args.json, json.dumps(result, indent=1) + "\n")
         if os.path.exists(args.json + ".partial"):

@@ -66,8 +66,7 @@ def main(argv=None):
                      "params_m": numel / 1e6, "median_step_ms": 1e3 * common.median(times),
                      "speedup_vs_adam": common.median([b / t for b, t in zip(base, times)]),
                      "threads": torch.get_num_threads(), "repeats": args.repeats})
-    print(f"# optimizer_time: {args.model}, {len(shapes)} tensors, {numel / 1e6:.1f}M parameters, "
-          f"threads={torch.get_num_threads()}, torch={torch.__version__}")
+    H.header("optimizer_time", model=args.model, tensors=len(shapes), parameters=f"{numel / 1e6:.1f}M")
     common.report(rows, ["layout", "optimizer", "tensors", "median_step_ms", "speedup_vs_adam"],
                   {"median_step_ms": "{:.1f}", "speedup_vs_adam": "{:.2f}x"}, args.json)
     return rows

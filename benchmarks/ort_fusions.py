@@ -289,7 +289,6 @@ def rows_of(specs: List[Dict], times: Dict, checks: Dict, ops: Dict) -> List[Dic
 def main(argv=None) -> Dict:
     args = parse_args(argv)
     import onnx
-    import onnxruntime
 
     folder, sentences = _serving.model_and_sentences(args)
     manifest = json.load(open(os.path.join(folder, "manifest.json"), encoding="utf-8"))
@@ -318,8 +317,8 @@ def main(argv=None) -> Dict:
               "setup": {"onnx": os.path.relpath(folder, args.work), "layer": args.layer, "toy": args.toy,
                         "examples": len(sentences), "batch1_sentences": args.batch1,
                         "mean_tokens": float(np.mean(inputs["lengths"])), "batch32_passes": len(inputs["b32"]),
-                        "calibration_sentences": args.calibration, "repeats": args.repeats, "threads": 1,
-                        "heads": heads, "hidden": hidden, "onnxruntime": onnxruntime.__version__, **H.machine()},
+                        "calibration_sentences": args.calibration, "repeats": args.repeats,
+                        "heads": heads, "hidden": hidden, **H.record(threads=1)},
               "bert_optimizer_fusions": built["bert_optimizer_fusions"], "rows": rows,
               "layer_profiles": layer_prof, "served_profiles": served}
     print(f"# ort_fusions: layer {args.layer} of {folder}, {len(sentences)} {'toy' if args.toy else 'SST-2 dev'} "

@@ -18,8 +18,6 @@ import os
 import statistics
 from typing import Dict, List
 
-import torch
-
 import _serving
 import common
 import harness as H
@@ -79,8 +77,8 @@ def main(argv=None) -> List[Dict]:
     rows = []
     for b in args.batch_sizes:
         rows += measure(hub, sentences, b, args.policy, args.threshold, args.repeats)
-    print(f"# predict_speed: {len(sentences)} sentences of {args.input or 'SST-2 dev'}, "
-          f"policy {args.policy} {args.threshold}, threads={torch.get_num_threads()}, checkpoint {ckpt}")
+    H.header("predict_speed", sentences=f"{len(sentences)} of {args.input or 'SST-2 dev'}", policy=args.policy,
+             threshold=args.threshold, checkpoint=ckpt)
     common.report(rows, ["batch_size", "mode", "sentences_per_s", "tokenize_s", "batch_s", "model_s", "prep_share",
                          "mean_exit_layer", "layer_speedup", "wall_speedup", "wall_over_layer_speedup"],
                   {"sentences_per_s": "{:.1f}", "tokenize_s": "{:.3f}", "batch_s": "{:.3f}", "model_s": "{:.3f}",

@@ -150,7 +150,7 @@ def main(argv=None):
     stages = {s: statistics.median(x[s] for x in runs["fairseq"]) for s in ("extract", "bpe", "binarize")}
     result = {
         "task": "SST-2", "examples": n, "bpe": bpe_kind, "workers": args.workers, "repeats": args.repeats,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": {**H.record(), "platform": platform.platform()},
         "seconds": {k: [round(x["total"], 2) for x in v] for k, v in runs.items()},
         "median_seconds": {k: round(v, 2) for k, v in med.items()},
         "median_cpu_seconds": {k: round(v, 2) for k, v in cpu.items()},  # user+sys, less sensitive to a busy machine

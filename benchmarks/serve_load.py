@@ -374,7 +374,6 @@ def int8_method(folder: str) -> Optional[Dict]:
 
 
 def setup_record(args, folder: str, n: int) -> Dict:
-    import onnxruntime
 
     return {"onnx": os.path.relpath(folder, args.work), "int8_method": args.int8_method, "sentences": n,
             "toy": args.toy, "quick": args.quick, "policy": args.policy, "threshold": args.threshold,
@@ -383,8 +382,7 @@ def setup_record(args, folder: str, n: int) -> Dict:
             "requests": args.requests,
             "max_seconds": args.max_seconds,
             "concurrency": args.concurrency or f"{SATURATION_BATCHES} x max_batch x workers",
-            "seed": args.seed, "atol": args.atol, "threads_per_worker": 1, **H.machine(),
-            "onnxruntime": onnxruntime.__version__}
+            "seed": args.seed, "atol": args.atol, "threads_per_worker": 1, **H.record(threads=1)}
 
 
 def main(argv=None) -> Dict:

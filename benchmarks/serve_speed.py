@@ -241,15 +241,9 @@ def parse_args(argv=None):
 def setup_record(args, ckpt: str, folder: str, n: int) -> Dict:
     """The run's settings; paths relative to ``--work``, the run folder, so that the record names no folder of the
     machine it ran on."""
-    import onnxruntime
-    import torch
-
-    return {"checkpoint": os.path.relpath(ckpt, args.work), "onnx": os.path.relpath(folder, args.work),
-            "examples": n, "toy": args.toy, "policy": args.policy,
-            "threshold": args.threshold, "threshold_source": args.threshold_source,
-            "batch_sizes": [1, args.batch_size], "repeats": args.repeats, "threads": args.threads,
-            **H.machine(), "torch": torch.__version__,
-            "onnxruntime": onnxruntime.__version__}
+    return H.record(args.threads, checkpoint=os.path.relpath(ckpt, args.work), onnx=os.path.relpath(folder, args.work),
+                    examples=n, toy=args.toy, policy=args.policy, threshold=args.threshold,
+                    threshold_source=args.threshold_source, batch_sizes=[1, args.batch_size], repeats=args.repeats)
 
 
 def main(argv=None) -> Dict:
@@ -281,8 +275,8 @@ def main(argv=None) -> Dict:
     result = {"benchmark": "serve_speed", "setup": setup_record(args, ckpt, folder, len(sentences)),
               "rows": rows, "rss": {k: {f: v for f, v in r.items() if f != "labels"} for k, r in rss.items()},
               "targets": found}
-    print(f"# serve_speed: {len(sentences)} sentences of {'the toy task' if args.toy else 'SST-2 dev'}, policy "
-          f"{args.policy} {args.threshold}, threads={args.threads}, repeats={args.repeats}, checkpoint {ckpt}")
+    H.header("serve_speed", sentences=f"{len(sentences)} of {'the toy task' if args.toy else 'SST-2 dev'}",
+             policy=args.policy, threshold=args.threshold, repeats=args.repeats, checkpoint=ckpt, threads=args.threads)
     common.print_noted_table(rows, COLUMNS, FORMATS)
     H.print_targets(found, "# targets, on the wall clock; cpu: the same in process CPU time (steady under load)")
     if args.json:

@@ -22,7 +22,6 @@ resident high-water mark over one step, on CUDA ``max_memory_allocated``).
 
     python benchmarks/step_time.py --model minilm --batch-size 16 --seq-len 128 --json step_time.json
 """
-import platform
 from typing import Dict, List
 
 import torch
@@ -161,11 +160,8 @@ def run(args) -> List[Dict]:
 def main(argv=None):
     args = parse_args(argv)
     rows = run(args)
-    print(f"# step_time: model={args.model} batch={args.batch} seq_len={args.seq_len} device={args.device} "
-          f"precision={'fp16' if args.fp16 else 'fp32'} "
-          f"threads={torch.get_num_threads()} torch={torch.__version__} "
-          f"cpu={platform.processor() or platform.machine()} "
-          f"repeats={args.repeats} warmup={args.warmup} inner={args.inner}")
+    H.header("step_time", model=args.model, batch=args.batch, seq_len=args.seq_len, device=args.device,
+             precision="fp16" if args.fp16 else "fp32", repeats=args.repeats, warmup=args.warmup, inner=args.inner)
     print(f"# {common.describe_memory(run.memory_method)}")
     common.report(rows, COLUMNS, FORMATS, args.json)
     return rows

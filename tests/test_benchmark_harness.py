@@ -94,3 +94,32 @@ def test_no_entry_script_builds_its_own_parser_or_imports_the_old_harness_module
     old = [p.stem for p in folder.glob("*.py") if "import _harness" in p.read_text()]
     unparented = [p.stem for p in entries if "H.parser(__doc__" not in p.read_text()]
     assert (own, old, unparented) == ([], [], [])
+
+
+def test_the_setup_record_names_cpu_kind_flags_threads_and_versions_and_the_header_prints_it(tmp_path, capsys):
+    import platform
+
+    H.parser("doc", json=True).parse_args(["--json", str(tmp_path / "a b.json")])
+    got = H.header("demo", model="minilm", threads=3)
+    line = capsys.readouterr().out
+    assert got["model"] == "minilm" and got["threads"] == 3 and got["python"] == platform.python_version()
+    assert {k: got[k] for k in ("cpu_kind", "cpu_flags")} == {k: H.machine()[k] for k in ("cpu_kind", "cpu_flags")}
+    assert "torch" in got and "onnxruntime" in got  # both installed here
+    assert line.count("\n") == 1 and line.startswith("# demo: model=minilm; cpu " + got["cpu_kind"])
+    assert "threads=3" in line and f"python={got['python']}" in line and f"torch={got['torch']}" in line
+    assert line.rstrip().endswith(f"python benchmarks/{__file__.rsplit('/', 1)[-1]} --json '{tmp_path / 'a b.json'}'")
+    import torch
+
+    assert H.record()["threads"] == torch.get_num_threads() and H.record(1, toy=True)["toy"] is True
+
+
+def test_the_setup_record_reads_the_versions_without_importing_torch():
+    import pathlib
+    import subprocess
+    import sys
+
+    code = ("import sys, harness; r = harness.record(); "
+            "assert 'torch' not in sys.modules and r['threads'] is None and r['torch'], r")
+    benchmarks = pathlib.Path(__file__).parents[1] / "benchmarks"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=str(benchmarks), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -18,6 +18,11 @@ THREADS_HELP = ("threads of each measured engine or run: torch.set_num_threads, 
 _last = {"command": None}
 
 
+def last_command() -> Optional[str]:
+    """``python benchmarks/SCRIPT.py ARGS`` as the parent parser last read it (None before any parse)."""
+    return _last["command"]
+
+
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser that refuses an existing ``--json`` without ``--force`` as it parses (when it was made with
     them) and keeps the command line for the run header."""
