@@ -267,7 +267,7 @@ def main(argv=None) -> List[Dict]:
     H.header("early_exit_latency", model=rows[0]["model"] if rows else "-", **source, examples=args.examples,
              batch=f"1,{args.batch}", device=args.device, repeats=args.repeats)
     print("# efficiency = wallclock_speedup / layer_speedup")
-    common.report(rows, COLUMNS, FORMATS, args.json)
+    H.report(rows, COLUMNS, FORMATS, args.json)
     return rows
 
 

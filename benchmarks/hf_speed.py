@@ -322,12 +322,12 @@ def main(argv=None) -> List[Dict]:
              backend=args.compile_backend, threads=args.threads)
     if rows:
         print(f"# {common.describe_memory(run_shape.memory_method)}")
-    common.report(rows, ["system", "mode", "batch", "seq_len", "threads", "median_step_s", "ratio_to_hf",
-                         "ratio_to_hf_cpu", "ratio_to_ce", "compile_s", "pays_after", "gflops", "peak_frac",
-                         "peak_mem_mb"],
-                  {"median_step_s": "{:.4f}", "ratio_to_hf": "{:.3f}x", "ratio_to_hf_cpu": "{:.3f}x",
-                   "ratio_to_ce": "{:.3f}x", "compile_s": "{:.1f}", "pays_after": "{:.0f}", "gflops": "{:.1f}",
-                   "peak_frac": "{:.2f}", "peak_mem_mb": "{:.1f}"}, args.json)
+    H.report(rows, ["system", "mode", "batch", "seq_len", "threads", "median_step_s", "ratio_to_hf",
+                    "ratio_to_hf_cpu", "ratio_to_ce", "compile_s", "pays_after", "gflops", "peak_frac",
+                    "peak_mem_mb"],
+             {"median_step_s": "{:.4f}", "ratio_to_hf": "{:.3f}x", "ratio_to_hf_cpu": "{:.3f}x",
+              "ratio_to_ce": "{:.3f}x", "compile_s": "{:.1f}", "pays_after": "{:.0f}", "gflops": "{:.1f}",
+              "peak_frac": "{:.2f}", "peak_mem_mb": "{:.1f}"}, args.json)
     for line in verdicts(rows, "python benchmarks/hf_speed.py --criteria sentence_ce --shapes 16x128 32x64"):
         print("# " + line)
     kind = read_cpu_kind()

@@ -273,11 +273,11 @@ def main(argv=None) -> Dict:
     print(f"# int8_static: {len(sentences)} SST-2 dev sentences, checkpoint {ckpt}; policies: last exit, entropy "
           f"0.3, calibrated {chosen['policy']} {chosen['threshold']:g} (max-drop={MAX_DROP}); fp32 accuracy "
           + ", ".join(f"{k} {v:.2f}" for k, v in fp32_acc.items() if k.endswith("b32")))
-    common.print_noted_table(rows, COLUMNS, FORMATS)
+    H.print_noted_table(rows, COLUMNS, FORMATS)
     if speed_rows:
         print(f"# speed at batch 32, {args.repeats} interleaved rounds (median ratio of torch's engine time)")
-        common.print_table(speed_rows, ["system", "sent_per_s", "vs_torch", "cpu_vs_torch"],
-                           {"sent_per_s": "{:.1f}", "vs_torch": "{:.2f}x", "cpu_vs_torch": "{:.2f}x"})
+        H.print_table(speed_rows, ["system", "sent_per_s", "vs_torch", "cpu_vs_torch"],
+                      {"sent_per_s": "{:.1f}", "vs_torch": "{:.2f}x", "cpu_vs_torch": "{:.2f}x"})
     H.print_targets(found)
     result = {"benchmark": "int8_static", "checkpoint": os.path.relpath(ckpt, args.work), "examples": len(ids),
               "policies": [[n, p, t] for n, p, t in policies], "fp32_accuracy": fp32_acc,

@@ -67,8 +67,8 @@ def main(argv=None):
                      "speedup_vs_adam": common.median([b / t for b, t in zip(base, times)]),
                      "threads": torch.get_num_threads(), "repeats": args.repeats})
     H.header("optimizer_time", model=args.model, tensors=len(shapes), parameters=f"{numel / 1e6:.1f}M")
-    common.report(rows, ["layout", "optimizer", "tensors", "median_step_ms", "speedup_vs_adam"],
-                  {"median_step_ms": "{:.1f}", "speedup_vs_adam": "{:.2f}x"}, args.json)
+    H.report(rows, ["layout", "optimizer", "tensors", "median_step_ms", "speedup_vs_adam"],
+             {"median_step_ms": "{:.1f}", "speedup_vs_adam": "{:.2f}x"}, args.json)
     return rows
 
 

@@ -325,7 +325,7 @@ def main(argv=None) -> Dict:
           f"sentences ({result['setup']['mean_tokens']:.1f} tokens on average), batch 1: {len(inputs['b1'])} alone, "
           f"batch 32: {len(inputs['b32'])} batches; 1 thread; {args.repeats} rounds, medians")
     print(f"# bert optimizer fusions that fired: {built['bert_optimizer_fusions'] or 'none'}")
-    common.print_noted_table(rows, COLUMNS, FORMATS)
+    H.print_noted_table(rows, COLUMNS, FORMATS)
     for g, prof in layer_prof.items():
         total = sum(prof["ops_us"].values())
         top = ", ".join(f"{k} {v / total:.0%}" for k, v in list(prof["ops_us"].items())[:6])

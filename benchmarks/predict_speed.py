@@ -79,11 +79,11 @@ def main(argv=None) -> List[Dict]:
         rows += measure(hub, sentences, b, args.policy, args.threshold, args.repeats)
     H.header("predict_speed", sentences=f"{len(sentences)} of {args.input or 'SST-2 dev'}", policy=args.policy,
              threshold=args.threshold, checkpoint=ckpt)
-    common.report(rows, ["batch_size", "mode", "sentences_per_s", "tokenize_s", "batch_s", "model_s", "prep_share",
-                         "mean_exit_layer", "layer_speedup", "wall_speedup", "wall_over_layer_speedup"],
-                  {"sentences_per_s": "{:.1f}", "tokenize_s": "{:.3f}", "batch_s": "{:.3f}", "model_s": "{:.3f}",
-                   "prep_share": "{:.1%}", "mean_exit_layer": "{:.2f}", "layer_speedup": "{:.2f}x",
-                   "wall_speedup": "{:.2f}x", "wall_over_layer_speedup": "{:.2f}"}, args.json)
+    H.report(rows, ["batch_size", "mode", "sentences_per_s", "tokenize_s", "batch_s", "model_s", "prep_share",
+                    "mean_exit_layer", "layer_speedup", "wall_speedup", "wall_over_layer_speedup"],
+             {"sentences_per_s": "{:.1f}", "tokenize_s": "{:.3f}", "batch_s": "{:.3f}", "model_s": "{:.3f}",
+              "prep_share": "{:.1%}", "mean_exit_layer": "{:.2f}", "layer_speedup": "{:.2f}x",
+              "wall_speedup": "{:.2f}x", "wall_over_layer_speedup": "{:.2f}"}, args.json)
     return rows
 
 

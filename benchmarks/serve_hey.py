@@ -48,7 +48,6 @@ import _load_server as S
 import _load_stats as T
 import _records as R
 import _serving
-import common
 import harness as H
 
 COLUMNS = ["generator", "route", "round", "rate_per_s", "sent", "ok", "n_503", "errors", "throughput_per_s",
@@ -235,7 +234,7 @@ def main(argv=None) -> Dict:
                             if perf_analyzer else {})}}
     print(f"# serve_hey: {args.rate:g} requests/s for {args.seconds:g} s, one sentence, {args.workers} worker(s), "
           f"{args.precision}, {os.cpu_count()} cpus")
-    common.print_noted_table(rows, COLUMNS, FORMATS)
+    H.print_noted_table(rows, COLUMNS, FORMATS)
     R.write_atomic(args.json, json.dumps(record, indent=1))
     if not all(record["checks"].values()):
         sys.exit(f"serve_hey: a check failed: {record['checks']} (server exit {stopped['exit_code']})")

@@ -409,7 +409,7 @@ def main(argv=None) -> Dict:
               "verdicts": found}
     print(f"# serve_load: {len(sentences)} sentences of {'the toy task' if args.toy else 'SST-2 dev'}, policy "
           f"{args.policy} {args.threshold}, max batch {args.max_batch}, one thread a worker, {os.cpu_count()} cpus")
-    common.print_noted_table(table_rows(results), COLUMNS, FORMATS)
+    H.print_noted_table(table_rows(results), COLUMNS, FORMATS)
     H.print_targets(found)
     atomic.write_json(args.json, record)
     print(plot(results, args.plot) or f"# plot: {args.plot}")

@@ -277,7 +277,7 @@ def main(argv=None) -> Dict:
               "targets": found}
     H.header("serve_speed", sentences=f"{len(sentences)} of {'the toy task' if args.toy else 'SST-2 dev'}",
              policy=args.policy, threshold=args.threshold, repeats=args.repeats, checkpoint=ckpt, threads=args.threads)
-    common.print_noted_table(rows, COLUMNS, FORMATS)
+    H.print_noted_table(rows, COLUMNS, FORMATS)
     H.print_targets(found, "# targets, on the wall clock; cpu: the same in process CPU time (steady under load)")
     if args.json:
         R.write_atomic(args.json, json.dumps(result, indent=1) + "\n")

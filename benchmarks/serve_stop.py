@@ -22,7 +22,6 @@ from typing import Dict, List
 
 import _load_server as S
 import _records as R
-import common
 import harness as H
 
 COLUMNS = ["workers", "run", "before_200", "before_dropped", "after_refused", "after_taken", "after_dropped",
@@ -109,7 +108,7 @@ def main(argv=None) -> List[Dict]:
         rows = [one_run(args, w, k + 1, tmp) for w in args.workers for k in range(args.runs)]
     print(f"# serve_stop: {args.clients} clients, a new connection per /predict, SIGTERM after "
           f"{args.before_seconds:g} s, {os.cpu_count()} cpus")
-    common.print_noted_table(rows, COLUMNS, FORMATS)
+    H.print_noted_table(rows, COLUMNS, FORMATS)
     R.write_atomic(args.json, json.dumps({"benchmark": "serve_stop", "server": args.server, "folder": args.folder,
                                           "load_average": os.getloadavg()[0], "rows": rows}, indent=1))
     return rows

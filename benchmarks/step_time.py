@@ -163,7 +163,7 @@ def main(argv=None):
     H.header("step_time", model=args.model, batch=args.batch, seq_len=args.seq_len, device=args.device,
              precision="fp16" if args.fp16 else "fp32", repeats=args.repeats, warmup=args.warmup, inner=args.inner)
     print(f"# {common.describe_memory(run.memory_method)}")
-    common.report(rows, COLUMNS, FORMATS, args.json)
+    H.report(rows, COLUMNS, FORMATS, args.json)
     return rows
 
 

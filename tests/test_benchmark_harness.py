@@ -39,13 +39,11 @@ def test_the_machine_record_names_the_cpu_kind_and_the_flags_that_decide_the_ker
     assert set(got["cpu_flags"]) == {f for f in H.CPU_FLAGS if f in kind.flags}
 
 
-def test_every_common_report_row_names_the_cpu_kind(tmp_path, capsys):
+def test_every_report_row_names_the_cpu_kind(tmp_path, capsys):
     import json
 
-    import common
-
     out = tmp_path / "rows.json"
-    common.report([{"system": "a", "ms": 1.0}], ["system", "ms"], {"ms": "{:.1f}"}, str(out))
+    H.report([{"system": "a", "ms": 1.0}], ["system", "ms"], {"ms": "{:.1f}"}, str(out))
     assert capsys.readouterr().out.startswith("# cpu: ")
     assert json.loads(out.read_text())[0]["cpu_kind"] == H.machine()["cpu_kind"]
 
