@@ -4,7 +4,7 @@ and the issue's verdicts."""
 import re
 from typing import Dict, List, Optional, Tuple
 
-import _harness as H
+import harness as H
 
 REFILL_BOUND, MOONSHOT, P99_BOUND = 0.9, 0.95, 3.0
 SERVED_BOUND = 0.95  # saturated / (layer speed-up x the same server at full depth): the scheduler alone

@@ -61,18 +61,6 @@ def load(folder: str, result: str = RESULT) -> Optional[dict]:
         return json.load(f)
 
 
-def add_json_flags(p, help: str = "write the results here") -> None:
-    """``--json PATH`` and ``--force``: every benchmark's output flag, with :func:`refuse_existing`."""
-    p.add_argument("--json", help=help)
-    p.add_argument("--force", action="store_true", help="replace an existing --json")
-
-
-def refuse_existing(p, path: Optional[str], force: bool) -> None:
-    """Stop before any work, as the argument error it is, when ``path`` holds earlier results and no ``--force``."""
-    if path and os.path.exists(path) and not force:
-        p.error(f"{path} exists: pass --force to replace it")
-
-
 def write_atomic(path: str, text: str) -> None:
     """Write a table or a JSON file whole or not at all: a reader, or a run stopped halfway, never leaves half."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -13,7 +13,6 @@ between the ``<!-- claims:begin -->`` and ``<!-- claims:end -->`` lines of the R
 and the headline cell of the README results table's paired rows (:data:`ROWS`). ``--check`` writes nothing and
 exits 1 when either file differs.
 """
-import argparse
 import json
 import os
 import sys
@@ -22,6 +21,7 @@ from typing import Dict, List
 
 import _paired as PD
 import _tune_report as TR
+import harness as H
 from acl_runtime.io import atomic  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -288,7 +288,7 @@ def regenerated(path: str, results: str, readme: bool) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = H.parser(__doc__)
     p.add_argument("--results", default=os.path.join(REPO, "benchmarks", "results"))
     p.add_argument("--readme", default=os.path.join(REPO, "README.md"))
     p.add_argument("--docs", default=os.path.join(REPO, "docs", "benchmarks.md"),

@@ -12,7 +12,6 @@ Lengths: the encoder's word pieces of dev.tsv plus <s> and </s> (equal, example 
 dev set the runs read). Writes benchmarks/results/dev_lengths.json: per task the length histogram, and the encoder's
 shape from its model_args.txt.
 """
-import argparse
 import collections
 import json
 import os
@@ -22,6 +21,7 @@ from typing import Dict
 import _glue_runs as G
 import _quality_tables as Q
 import _records as R
+import harness as H
 from acl_runtime import tokenization
 
 TASKS = ("SST-2", "CoLA")  # single-sentence tasks: their text columns and headers are the task table's
@@ -41,7 +41,7 @@ def encoder_shape(encoder: str) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = H.parser(__doc__)
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     p.add_argument("--glue-dir", default=G.GLUE_DIR)
     p.add_argument("--encoder", default=os.path.join(G.REPO, "runs", "bench", "minilm"),

@@ -22,14 +22,13 @@ examples are random tokens of ``--seq-len`` (no padding) for random weights.
 
     python benchmarks/early_exit_latency.py --model minilm --seq-len 128 --batch-size 32 --json latency.json
 """
-import argparse
 import os
 from typing import Dict, List
 
 import torch
 
-import _records as R
 import common
+import harness as H
 from acl_runtime import console, exits
 
 HEAD = "sentence_classification_head"
@@ -42,7 +41,7 @@ FORMATS = {"threshold": "{:.6g}", "avg_exit_layer": "{:.2f}", "layer_speedup": "
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = H.parser(__doc__, json="write the rows here", threads=1)
     p.add_argument("--model", choices=sorted(common.MODEL_SIZES), default="minilm",
                    help="size of the random-weight multi-exit model (ignored with --checkpoint)")
     p.add_argument("--checkpoint", help="trained (multi-exit) checkpoint instead of random weights; needs --data")
@@ -59,13 +58,8 @@ def parse_args(argv=None):
     p.add_argument("--points", type=int, default=6, help="automatic entropy thresholds: how many settings")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds per setting (median reported)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch.set_num_threads; 0 = torch's default. Default 1: on a CPU shared with other "
-                   "jobs, idle OpenMP threads stall (steps 10-100x slower at random), which ruins ratios")
     p.add_argument("--seed", type=int, default=0)
-    R.add_json_flags(p, "write the rows here")
     args = p.parse_args(argv)
-    R.refuse_existing(p, args.json, args.force)
     return args
 
 
@@ -225,8 +219,7 @@ def settings(args, logits: torch.Tensor, layers: List[int]) -> List[tuple]:
 def run(args) -> List[Dict]:
     from acl_fairseq.inference import early_exit
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    H.set_threads(args.threads)
     with common.temp_dir("acl_bench_") as tmp:
         if args.checkpoint:
             model, single, batched = checkpoint_model(args)
@@ -270,11 +263,11 @@ def run(args) -> List[Dict]:
 def main(argv=None) -> List[Dict]:
     args = parse_args(argv)
     rows = run(args)
-    source = f"data={args.data}:{args.split}" if args.checkpoint else f"seq_len={args.seq_len}"
-    print(f"# early_exit_latency: model={rows[0]['model'] if rows else '-'} {source} "
-          f"examples={args.examples} batch=1,{args.batch} device={args.device} threads={torch.get_num_threads()} "
-          f"repeats={args.repeats}; efficiency = wallclock_speedup / layer_speedup")
-    common.report(rows, COLUMNS, FORMATS, args.json)
+    source = {"data": f"{args.data}:{args.split}"} if args.checkpoint else {"seq_len": args.seq_len}
+    H.header("early_exit_latency", model=rows[0]["model"] if rows else "-", **source, examples=args.examples,
+             batch=f"1,{args.batch}", device=args.device, repeats=args.repeats)
+    print("# efficiency = wallclock_speedup / layer_speedup")
+    H.report(rows, COLUMNS, FORMATS, args.json)
     return rows
 
 

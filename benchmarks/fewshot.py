@@ -22,7 +22,6 @@ fewshot.json (mean, std, per-seed values per cell), fewshot.md (table next to th
 ``--toy``: N=8, 2 seeds, a 2-epoch schedule, for the end-to-end test (pass a tiny encoder with
 ``--encoder-dir`` and a tiny GLUE-format folder with ``--glue-dir``).
 """
-import argparse
 import json
 import math
 import os
@@ -34,6 +33,7 @@ import _fewshot as FS
 import _glue_runs as G
 import _paired as PD
 import _records as R
+import harness as H
 from acl_fairseq.inference.report import mean_std  # noqa: E402
 from acl_runtime.io import atomic  # noqa: E402
 
@@ -262,7 +262,7 @@ def plot(summary: dict, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = H.parser(__doc__, threads=2)
     p.add_argument("--ns", type=int, nargs="+", default=[20, 100, 1000])
     p.add_argument("--methods", nargs="+", default=FS.METHODS, choices=FS.METHODS)
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
@@ -279,7 +279,6 @@ def main(argv=None) -> int:
     p.add_argument("--encoder-dir", default=None, help="an already converted encoder (acl-convert-hf output)")
     p.add_argument("--toy", action="store_true", help="N=8, seeds 1 2, a 2-epoch schedule (tests)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep checkpoint_best.pt of every run")
-    p.add_argument("--threads", type=int, default=2, help="threads per run (1 when two benchmarks share 2 cores)")
     p.add_argument("--collect-only", action="store_true", help="only rebuild fewshot.json/.md/.png from finished runs")
     p.add_argument("--force", action="store_true",
                    help="replace a fewshot.json of another encoder or of the toy protocol in --results")

@@ -24,7 +24,6 @@ its first and second half (``frac_conflict``: the share of batches with cos < 0;
 RESULTS/grad_conflict.png shows the distributions. About 30 minutes a run on one thread. ``--toy`` runs a tiny
 random model on generated data in seconds (for the tests); it needs its own --results.
 """
-import argparse
 import json
 import math
 import os
@@ -35,6 +34,7 @@ from typing import Dict, List
 
 import _glue_runs as G
 import _records as R
+import harness as H
 from acl_runtime.io import atomic  # noqa: E402
 
 PAIRS = ("ce_vs_scl", "ce_vs_acl", "ce_vs_acl_samples")
@@ -260,11 +260,10 @@ def prepare(args):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = H.parser(__doc__, threads=1)
     p.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS), help="what each run trains with")
     p.add_argument("--seeds", type=int, nargs="+", default=[1], help="training seeds (default: %(default)s)")
     p.add_argument("--epochs", type=int, default=2, help="epochs over RTE's 2490 examples (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
     p.add_argument("--measure-every", type=int, default=1, help="measure before every N-th update (default: "
                    "%(default)s, every update; each measurement costs four extra backward passes)")
     p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="converted encoder and data")
@@ -277,9 +276,8 @@ def main(argv=None) -> int:
         p.error(f"--measure-every must be a positive whole number, got {args.measure_every}")
     if args.toy and os.path.abspath(args.results) == os.path.abspath(os.path.join(G.REPO, "benchmarks", "results")):
         p.error("--toy writes its own tables: pass --results DIR (it would replace the committed ones)")
-    import torch
 
-    torch.set_num_threads(args.threads)
+    H.set_threads(args.threads)
     records = os.path.join(args.results, "runs", "grad_conflict")
     if not args.collect_only:
         data, enc, updates = prepare(args)

@@ -25,12 +25,12 @@ from dataclasses import MISSING
 
 import _glue_runs as G
 import _records as R
+import harness as H
 from _hf_loop import HFConfig, train_hf
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = H.parser(__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in dataclasses.fields(HFConfig):
         kw = dict(f.metadata, **({"required": True} if f.default is MISSING else {"default": f.default}))
         if isinstance(f.default, bool):

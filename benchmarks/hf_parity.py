@@ -45,6 +45,7 @@ import _converted
 import _glue_runs as G
 import _paired as PD
 import _records as R
+import harness as H
 from _hf_loop import BATCHING_MODES
 from acl_fairseq.heads import POOLING_MODES
 from acl_fairseq.inference.report import mean_std
@@ -342,8 +343,7 @@ def write_results(work: str, results: str, command: str) -> Dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = H.parser(__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", nargs="+", default=["RTE", "STS-B", "SST-2"], choices=TASKS)
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--systems", nargs="+", default=["plugin", "hf"], choices=["plugin", "hf"])

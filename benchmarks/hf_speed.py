@@ -29,18 +29,16 @@ system once in a shuffled order; a row's ``ratio_to_hf`` is the median over roun
 divided by its own (above 1: faster than HF). Peak memory is the per-step rise, measured the same way
 for both (``common.PeakMemory``).
 """
-import argparse
 import json
 import os
-import platform
 from typing import Dict, List, Optional
 
 import torch
 
 import _glue_runs as G
 import _hf_loop as hf_loop
-import _records as R
 import common
+import harness as H
 from acl_fairseq import acceleration
 from acl_fairseq.heads import POOLING_MODES
 from acl_fairseq.inference import flops
@@ -291,7 +289,7 @@ def profile(systems, top: int, labels: Optional[List[str]] = None) -> None:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = H.parser(__doc__, json="write the rows here", threads=[1])
     p.add_argument("--shapes", nargs="+", default=["16x128", "32x64"], help="BATCHxSEQ_LEN shapes to time")
     p.add_argument("--repeats", type=int, default=7, help="timed rounds (each runs every system once)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
@@ -303,8 +301,6 @@ def parse_args(argv=None):
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled modes")
     p.add_argument("--pooling", choices=POOLING_MODES, default="cls", help="what the head reads, both sides")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--threads", type=int, nargs="+", default=[1],
-                   help="torch.set_num_threads, one run each (0: torch's default)")
     p.add_argument("--hf-dir", help="HF BERT folder (default: the packaged MiniLM)")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="first print torch.profiler's N most expensive ops of one step of some systems")
@@ -312,9 +308,7 @@ def parse_args(argv=None):
                    help="which systems --profile profiles, e.g. plugin/sentence_ce:bf16 (default: HF eager and the "
                    "first plugin system)")
     p.add_argument("--seed", type=int, default=0)
-    R.add_json_flags(p, "write the rows here")
     args = p.parse_args(argv)
-    R.refuse_existing(p, args.json, args.force)
     args.hf_modes = ["eager"] + [m for m in args.hf_modes if m != "eager"]
     return args
 
@@ -334,21 +328,20 @@ def main(argv=None) -> List[Dict]:
         args.hf_modes = [m for m in args.hf_modes if not MODES[m][0]]
     rows = []
     for threads in args.threads:
-        if threads:
-            torch.set_num_threads(threads)
+        H.set_threads(threads)
         for shape in args.shapes:
             b, t = (int(x) for x in shape.lower().split("x"))
             rows += run_shape(args, b, t)
-    print(f"# hf_speed: device={args.device} torch={torch.__version__} cpu={read_cpu_kind().describe()} "
-          f"({platform.machine()}) repeats={args.repeats} pooling={args.pooling} backend={args.compile_backend}")
+    H.header("hf_speed", device=args.device, repeats=args.repeats, pooling=args.pooling,
+             backend=args.compile_backend, threads=args.threads)
     if rows:
         print(f"# {common.describe_memory(run_shape.memory_method)}")
-    common.report(rows, ["system", "mode", "batch", "seq_len", "threads", "median_step_s", "ratio_to_hf",
-                         "ratio_to_hf_cpu", "ratio_to_ce", "compile_s", "pays_after", "gflops", "peak_frac",
-                         "peak_mem_mb"],
-                  {"median_step_s": "{:.4f}", "ratio_to_hf": "{:.3f}x", "ratio_to_hf_cpu": "{:.3f}x",
-                   "ratio_to_ce": "{:.3f}x", "compile_s": "{:.1f}", "pays_after": "{:.0f}", "gflops": "{:.1f}",
-                   "peak_frac": "{:.2f}", "peak_mem_mb": "{:.1f}"}, args.json)
+    H.report(rows, ["system", "mode", "batch", "seq_len", "threads", "median_step_s", "ratio_to_hf",
+                    "ratio_to_hf_cpu", "ratio_to_ce", "compile_s", "pays_after", "gflops", "peak_frac",
+                    "peak_mem_mb"],
+             {"median_step_s": "{:.4f}", "ratio_to_hf": "{:.3f}x", "ratio_to_hf_cpu": "{:.3f}x",
+              "ratio_to_ce": "{:.3f}x", "compile_s": "{:.1f}", "pays_after": "{:.0f}", "gflops": "{:.1f}",
+              "peak_frac": "{:.2f}", "peak_mem_mb": "{:.1f}"}, args.json)
     for line in verdicts(rows, "python benchmarks/hf_speed.py --criteria sentence_ce --shapes 16x128 32x64"):
         print("# " + line)
     kind = read_cpu_kind()

@@ -13,7 +13,6 @@ Debian's qemu-user), where onnxruntime takes its AVX2 kernels. Columns: the larg
 exit at batch 1 and 8, and the largest change of a row's logits between batch 1 and batch 8. Emulation is slow
 (about a minute a scheme); the numbers are exact either way: this measures arithmetic, not speed.
 """
-import argparse
 import json
 import logging
 import os
@@ -26,6 +25,7 @@ import numpy as np
 
 import _int8_chain as chain
 import _records as R
+import harness as H
 
 SCHEMES = {  # name -> (static?, activation type, reduce_range, per-channel weights)
     "dynamic u8/s8": (False, "QUInt8", False, False),
@@ -115,14 +115,11 @@ def measure(folder: str, rows: List[np.ndarray], cpu: str) -> List[Dict]:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n\n", 2)[2],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = H.parser(__doc__, json="write the table here", epilog=True)
     p.add_argument("--folder", required=True, help="an OUT/onnx folder written by acl-export --format onnx")
     p.add_argument("--rows", type=int, default=32, help="random token rows run through every scheme")
     p.add_argument("--cpu", default="EPYC-Rome", help="qemu CPU model of the second machine kind (AVX2, no VNNI)")
-    R.add_json_flags(p, "write the table here")
     args = p.parse_args(argv)
-    R.refuse_existing(p, args.json, args.force)
     if shutil.which("qemu-x86_64") is None:
         sys.exit("int8_portability: qemu-x86_64 not found; install Debian's qemu-user (apt-get install qemu-user)")
     rows = chain.token_rows(args.folder, args.rows)

@@ -26,7 +26,6 @@ torch (the hub), ORT fp32, the shipped int8 and int8-dynamic at batch 32, all la
 0.3), ``--repeats`` interleaved rounds, median ratio of engine time to torch's.
 The fp32 decisions are cached in WORK/int8_static.
 """
-import argparse
 import hashlib
 import json
 import os
@@ -37,11 +36,11 @@ from typing import Dict, List
 import numpy as np
 
 import _glue_runs as G
-import _harness as H
 import _int8_chain as probe
 import _records as R
 import _serving
 import common
+import harness as H
 from acl_runtime.io import atomic  # noqa: E402
 
 BATCHES = (1, 8, 32)
@@ -212,8 +211,7 @@ def targets(rows: List[Dict], shipped: str, speed_rows: List[Dict]) -> List[Dict
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = H.parser(__doc__, json="write the setup, rows and targets here", epilog=True)
     _serving.add_model_flags(p)
     p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all 872)")
     p.add_argument("--schemes", nargs="*", help="measure only the labels starting with these (default: all)")
@@ -221,10 +219,8 @@ def parse_args(argv=None):
                    "the S8S8 schemes take minutes a row there)")
     p.add_argument("--cpu", default="EPYC-Rome", help="qemu CPU model: AVX2 without AVX-512 or VNNI")
     p.add_argument("--repeats", type=int, default=5, help="interleaved speed rounds (0: skip the speed part)")
-    R.add_json_flags(p, "write the setup, rows and targets here")
     args = p.parse_args(argv)
     _serving.check_model_flags(p, args)
-    R.refuse_existing(p, args.json, args.force)
     return args
 
 
@@ -277,16 +273,16 @@ def main(argv=None) -> Dict:
     print(f"# int8_static: {len(sentences)} SST-2 dev sentences, checkpoint {ckpt}; policies: last exit, entropy "
           f"0.3, calibrated {chosen['policy']} {chosen['threshold']:g} (max-drop={MAX_DROP}); fp32 accuracy "
           + ", ".join(f"{k} {v:.2f}" for k, v in fp32_acc.items() if k.endswith("b32")))
-    common.print_noted_table(rows, COLUMNS, FORMATS)
+    H.print_noted_table(rows, COLUMNS, FORMATS)
     if speed_rows:
         print(f"# speed at batch 32, {args.repeats} interleaved rounds (median ratio of torch's engine time)")
-        common.print_table(speed_rows, ["system", "sent_per_s", "vs_torch", "cpu_vs_torch"],
-                           {"sent_per_s": "{:.1f}", "vs_torch": "{:.2f}x", "cpu_vs_torch": "{:.2f}x"})
+        H.print_table(speed_rows, ["system", "sent_per_s", "vs_torch", "cpu_vs_torch"],
+                      {"sent_per_s": "{:.1f}", "vs_torch": "{:.2f}x", "cpu_vs_torch": "{:.2f}x"})
     H.print_targets(found)
     result = {"benchmark": "int8_static", "checkpoint": os.path.relpath(ckpt, args.work), "examples": len(ids),
               "policies": [[n, p, t] for n, p, t in policies], "fp32_accuracy": fp32_acc,
               "calibration_rows": Q.CALIBRATION_ROWS, "avx2_rows": len(sample) if args.avx2_rows else 0,
-              "cpu": args.cpu, **H.machine(), "schemes": rows, "speed": speed_rows, "targets": found}
+              "cpu": args.cpu, **H.record(threads=1), "schemes": rows, "speed": speed_rows, "targets": found}
     if args.json:
         R.write_atomic(args.json, json.dumps(result, indent=1) + "\n")
         if os.path.exists(args.json + ".partial"):

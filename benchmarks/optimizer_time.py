@@ -7,28 +7,23 @@ kernel), on the parameters of a model as fairseq-train builds it, interleaved ro
 Gradients are random and fixed; each round steps every optimizer once in a shuffled order. The flat
 row is what ``--fp16`` hands the optimizer: all parameters as one fp32 tensor.
 """
-import argparse
 import random
 import time
 
 import torch
 
-import _records as R
 import common
+import harness as H
 
 KW = dict(lr=1e-5, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.1)
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = H.parser(__doc__, json="write the rows here", threads=1)
     p.add_argument("--model", choices=sorted(common.MODEL_SIZES), default="minilm")
     p.add_argument("--repeats", type=int, default=9)
-    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: torch's default)")
-    R.add_json_flags(p, "write the rows here")
     args = p.parse_args(argv)
-    R.refuse_existing(p, args.json, args.force)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    H.set_threads(args.threads)
     from fairseq.optim.adam import Adam
 
     from acl_fairseq.optim.adamw_torch import BiasCorrectedEpsAdamW
@@ -71,10 +66,9 @@ def main(argv=None):
                      "params_m": numel / 1e6, "median_step_ms": 1e3 * common.median(times),
                      "speedup_vs_adam": common.median([b / t for b, t in zip(base, times)]),
                      "threads": torch.get_num_threads(), "repeats": args.repeats})
-    print(f"# optimizer_time: {args.model}, {len(shapes)} tensors, {numel / 1e6:.1f}M parameters, "
-          f"threads={torch.get_num_threads()}, torch={torch.__version__}")
-    common.report(rows, ["layout", "optimizer", "tensors", "median_step_ms", "speedup_vs_adam"],
-                  {"median_step_ms": "{:.1f}", "speedup_vs_adam": "{:.2f}x"}, args.json)
+    H.header("optimizer_time", model=args.model, tensors=len(shapes), parameters=f"{numel / 1e6:.1f}M")
+    H.report(rows, ["layout", "optimizer", "tensors", "median_step_ms", "speedup_vs_adam"],
+             {"median_step_ms": "{:.1f}", "speedup_vs_adam": "{:.2f}x"}, args.json)
     return rows
 
 

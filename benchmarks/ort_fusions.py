@@ -35,7 +35,6 @@ profiling): kernel time by op type, ORT's per-call overhead (a ``model_run`` les
 between calls (the pass's wall clock less its ``model_run`` events), per call. ``--toy`` runs the tiny toy model;
 it must write its own ``--json``, never into benchmarks/results.
 """
-import argparse
 import json
 import os
 import tempfile
@@ -45,10 +44,10 @@ from typing import Dict, List
 import numpy as np
 
 import _glue_runs as G
-import _harness as H
 import _records as R
 import _serving
 import common
+import harness as H
 
 LEVELS = {"none": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
           "all": "ORT_ENABLE_ALL"}
@@ -250,8 +249,8 @@ def served_profile(folder: str, precision: str, sentences: List[str], work: str)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = H.parser(__doc__, json="write the setup, rows and profiles here (default: benchmarks/results/ort_fusions.json)",
+                 epilog=True)
     _serving.add_model_flags(p)
     p.add_argument("--export", action="store_true", help="export the cached model again")
     p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all 872)")
@@ -261,7 +260,6 @@ def parse_args(argv=None):
     p.add_argument("--calibration", type=int, default=128, help="sentences calibrating the int8 copies made here")
     p.add_argument("--repeats", type=int, default=7, help="timed rounds, each running every system once")
     p.add_argument("--toy", action="store_true", help="a tiny model on generated data (tests); needs its own --json")
-    R.add_json_flags(p, "write the setup, rows and profiles here (default: benchmarks/results/ort_fusions.json)")
     args = p.parse_args(argv)
     _serving.check_model_flags(p, args)
     if min(args.layer, args.batch1, args.calibration, args.repeats) < 1:
@@ -270,7 +268,7 @@ def parse_args(argv=None):
     if args.toy and (not args.json or os.path.abspath(args.json).startswith(results + os.sep)):
         p.error("--toy needs its own --json outside benchmarks/results: its numbers must not sit beside the real ones")
     args.json = args.json or os.path.join(results, "ort_fusions.json")
-    R.refuse_existing(p, args.json, args.force)
+    p.refuse_existing(args)
     return args
 
 
@@ -291,7 +289,6 @@ def rows_of(specs: List[Dict], times: Dict, checks: Dict, ops: Dict) -> List[Dic
 def main(argv=None) -> Dict:
     args = parse_args(argv)
     import onnx
-    import onnxruntime
 
     folder, sentences = _serving.model_and_sentences(args)
     manifest = json.load(open(os.path.join(folder, "manifest.json"), encoding="utf-8"))
@@ -320,15 +317,15 @@ def main(argv=None) -> Dict:
               "setup": {"onnx": os.path.relpath(folder, args.work), "layer": args.layer, "toy": args.toy,
                         "examples": len(sentences), "batch1_sentences": args.batch1,
                         "mean_tokens": float(np.mean(inputs["lengths"])), "batch32_passes": len(inputs["b32"]),
-                        "calibration_sentences": args.calibration, "repeats": args.repeats, "threads": 1,
-                        "heads": heads, "hidden": hidden, "onnxruntime": onnxruntime.__version__, **H.machine()},
+                        "calibration_sentences": args.calibration, "repeats": args.repeats,
+                        "heads": heads, "hidden": hidden, **H.record(threads=1)},
               "bert_optimizer_fusions": built["bert_optimizer_fusions"], "rows": rows,
               "layer_profiles": layer_prof, "served_profiles": served}
     print(f"# ort_fusions: layer {args.layer} of {folder}, {len(sentences)} {'toy' if args.toy else 'SST-2 dev'} "
           f"sentences ({result['setup']['mean_tokens']:.1f} tokens on average), batch 1: {len(inputs['b1'])} alone, "
           f"batch 32: {len(inputs['b32'])} batches; 1 thread; {args.repeats} rounds, medians")
     print(f"# bert optimizer fusions that fired: {built['bert_optimizer_fusions'] or 'none'}")
-    common.print_noted_table(rows, COLUMNS, FORMATS)
+    H.print_noted_table(rows, COLUMNS, FORMATS)
     for g, prof in layer_prof.items():
         total = sum(prof["ops_us"].values())
         top = ", ".join(f"{k} {v / total:.0%}" for k, v in list(prof["ops_us"].items())[:6])

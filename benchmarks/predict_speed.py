@@ -14,17 +14,13 @@ early-exit model time; ``layer_speedup`` = layers / mean exit layer; their ratio
 saved layers that turns into saved time. ``prep_share``: tokenization plus batching over the end-to-end
 time.
 """
-import argparse
 import os
 import statistics
 from typing import Dict, List
 
-import torch
-
-import _harness as H
-import _records as R
 import _serving
 import common
+import harness as H
 from acl_runtime import console, exits
 
 
@@ -59,7 +55,7 @@ def measure(hub, sentences, batch_size, policy, threshold, repeats) -> List[Dict
 
 
 def main(argv=None) -> List[Dict]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = H.parser(__doc__, json="write the rows here", threads=1)
     _serving.add_model_flags(p)
     p.add_argument("--policy", default="entropy", choices=list(exits.POLICIES), help="early-exit policy")
     p.add_argument("--threshold", type=float, help="its threshold (entropy/confidence level or patience count; "
@@ -68,14 +64,10 @@ def main(argv=None) -> List[Dict]:
     p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all 872)")
     p.add_argument("--input", help="sentences, one per line, instead of SST-2 dev")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: torch's default)")
-    R.add_json_flags(p, "write the rows here")
     args = p.parse_args(argv)
-    R.refuse_existing(p, args.json, args.force)
     console.check_request_flags(p, args, fill_default=True)
     _serving.check_model_flags(p, args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    H.set_threads(args.threads)
     ckpt, data = _serving.trained_checkpoint(args)
     from acl_fairseq.inference import hub as hub_mod
 
@@ -85,13 +77,13 @@ def main(argv=None) -> List[Dict]:
     rows = []
     for b in args.batch_sizes:
         rows += measure(hub, sentences, b, args.policy, args.threshold, args.repeats)
-    print(f"# predict_speed: {len(sentences)} sentences of {args.input or 'SST-2 dev'}, "
-          f"policy {args.policy} {args.threshold}, threads={torch.get_num_threads()}, checkpoint {ckpt}")
-    common.report(rows, ["batch_size", "mode", "sentences_per_s", "tokenize_s", "batch_s", "model_s", "prep_share",
-                         "mean_exit_layer", "layer_speedup", "wall_speedup", "wall_over_layer_speedup"],
-                  {"sentences_per_s": "{:.1f}", "tokenize_s": "{:.3f}", "batch_s": "{:.3f}", "model_s": "{:.3f}",
-                   "prep_share": "{:.1%}", "mean_exit_layer": "{:.2f}", "layer_speedup": "{:.2f}x",
-                   "wall_speedup": "{:.2f}x", "wall_over_layer_speedup": "{:.2f}"}, args.json)
+    H.header("predict_speed", sentences=f"{len(sentences)} of {args.input or 'SST-2 dev'}", policy=args.policy,
+             threshold=args.threshold, checkpoint=ckpt)
+    H.report(rows, ["batch_size", "mode", "sentences_per_s", "tokenize_s", "batch_s", "model_s", "prep_share",
+                    "mean_exit_layer", "layer_speedup", "wall_speedup", "wall_over_layer_speedup"],
+             {"sentences_per_s": "{:.1f}", "tokenize_s": "{:.3f}", "batch_s": "{:.3f}", "model_s": "{:.3f}",
+              "prep_share": "{:.1%}", "mean_exit_layer": "{:.2f}", "layer_speedup": "{:.2f}x",
+              "wall_speedup": "{:.2f}x", "wall_over_layer_speedup": "{:.2f}"}, args.json)
     return rows
 
 

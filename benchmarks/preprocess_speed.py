@@ -11,7 +11,6 @@ the two outputs are checked to be byte-identical.
 
     python benchmarks/preprocess_speed.py --json bench.json
 """
-import argparse
 import json
 import os
 import platform
@@ -24,6 +23,7 @@ import tempfile
 import time
 
 import _records as R
+import harness as H
 from acl_fairseq.preprocessing.gpt2_files import GPT2_FILES, write_local_gpt2_bpe
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -111,7 +111,7 @@ def identical(a, b):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = H.parser(__doc__, json="write the results here")
     p.add_argument(
         "--glue-dir",
         default=os.path.join(os.environ.get("GLUE_DIR", os.path.join(REPO, "..", "shared", "glue")), "SST-2"),
@@ -124,9 +124,7 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="workers for both pipelines")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--work-dir", help="scratch folder (default: a temporary one, removed afterwards)")
-    R.add_json_flags(p, "write the results here")
     args = p.parse_args(argv)
-    R.refuse_existing(p, args.json, args.force)
 
     work = args.work_dir or tempfile.mkdtemp(prefix="preprocess_bench_")
     os.makedirs(work, exist_ok=True)
@@ -152,7 +150,7 @@ def main(argv=None):
     stages = {s: statistics.median(x[s] for x in runs["fairseq"]) for s in ("extract", "bpe", "binarize")}
     result = {
         "task": "SST-2", "examples": n, "bpe": bpe_kind, "workers": args.workers, "repeats": args.repeats,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": {**H.record(), "platform": platform.platform()},
         "seconds": {k: [round(x["total"], 2) for x in v] for k, v in runs.items()},
         "median_seconds": {k: round(v, 2) for k, v in med.items()},
         "median_cpu_seconds": {k: round(v, 2) for k, v in cpu.items()},  # user+sys, less sensitive to a busy machine

@@ -26,7 +26,6 @@ table's setting is this benchmark's ``ce`` run, trained once. A finished run who
 another lr or pooling than the table stops the benchmark, naming the run: move it away or pass another --work.
 RESULTS/quality.md lists every run's training minutes (two runs at a time on 2 cores, one thread each).
 """
-import argparse
 import glob
 import json
 import os
@@ -39,6 +38,7 @@ import _glue_runs as G
 import _paired as PD
 import _quality_tables as Q
 import _records as R
+import harness as H
 from _quality_tables import (
     TASKS,
     _cell,
@@ -164,7 +164,7 @@ def paired_exit_markdown(runs_dir: str, task: str, method: str = "acl_cross_laye
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = H.parser(__doc__, threads=2)
     p.add_argument("--tasks", nargs="+", default=TASKS, choices=TASKS)
     p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=SINGLE + list(GATED) + MULTI,
                    help="methods to run (default: %(default)s)")
@@ -175,7 +175,6 @@ def main(argv=None) -> int:
     p.add_argument("--results", default=os.path.join(G.REPO, "benchmarks", "results"))
     p.add_argument("--hf-dir", default=None, help="HF BERT folder (default: the packaged MiniLM)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep checkpoint_best.pt of every run (90 MB each)")
-    p.add_argument("--threads", type=int, default=2, help="threads per run (1 when two benchmarks share 2 cores)")
     p.add_argument("--collect-only", action="store_true", help="only rebuild the tables from finished runs")
     args = p.parse_args(argv)
 

@@ -48,7 +48,7 @@ import _load_server as S
 import _load_stats as T
 import _records as R
 import _serving
-import common
+import harness as H
 
 COLUMNS = ["generator", "route", "round", "rate_per_s", "sent", "ok", "n_503", "errors", "throughput_per_s",
            "p50_ms", "p99_ms"]
@@ -166,7 +166,7 @@ def _answered(port: int, route: str = "predict") -> float:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = H.parser(__doc__, json=True)
     p.add_argument("--folder", help="an acl-export OUT/onnx folder to serve (default: serve_speed.py's model)")
     p.add_argument("--toy", action="store_true", help="serve_speed.py's toy model (without --folder)")
     p.add_argument("--rate", type=float, default=50.0, help="requests per second, both generators")
@@ -183,11 +183,9 @@ def parse_args(argv=None):
     p.add_argument("--examples", type=int, default=0, help=argparse.SUPPRESS)
     _serving.add_model_flags(p, hidden=True, work=False)
     p.add_argument("--export", action="store_true", help=argparse.SUPPRESS)
-    R.add_json_flags(p)
     args = p.parse_args(argv)
     if not args.json:
         p.error("--json PATH is required (the table is printed; the JSON keeps every row and the setup)")
-    R.refuse_existing(p, args.json, args.force)
     if args.rate <= 0 or args.seconds <= 0 or args.connections < 1 or args.rounds < 1:
         p.error("--rate and --seconds must be above 0, --connections and --rounds at least 1")
     if args.perf_analyzer and not os.access(args.perf_analyzer, os.X_OK):
@@ -236,7 +234,7 @@ def main(argv=None) -> Dict:
                             if perf_analyzer else {})}}
     print(f"# serve_hey: {args.rate:g} requests/s for {args.seconds:g} s, one sentence, {args.workers} worker(s), "
           f"{args.precision}, {os.cpu_count()} cpus")
-    common.print_noted_table(rows, COLUMNS, FORMATS)
+    H.print_noted_table(rows, COLUMNS, FORMATS)
     R.write_atomic(args.json, json.dumps(record, indent=1))
     if not all(record["checks"].values()):
         sys.exit(f"serve_hey: a check failed: {record['checks']} (server exit {stopped['exit_code']})")

@@ -62,12 +62,11 @@ import time
 from typing import Dict, List, NamedTuple, Optional
 
 import _glue_runs as G
-import _harness as H
 import _load_client as C
 import _load_server as S
 import _load_stats as T
-import _records as R
 import common
+import harness as H
 from _serving import add_model_flags, check_model_flags, load, model_and_sentences
 from acl_runtime import calibration, console, exits
 from acl_runtime.io import atomic
@@ -279,7 +278,7 @@ def plot(results: List[Dict], path: str) -> Optional[str]:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = H.parser(__doc__, json="default: benchmarks/results/serve_load.json (--quick, --toy: required)")
     p.add_argument("--refill", nargs="+", choices=["on", "off"], default=["on", "off"], help="scheduler refill")
     p.add_argument("--precision", nargs="+", choices=["fp32", "int8"], default=["fp32", "int8"])
     p.add_argument("--workers", nargs="+", type=int, default=[1, 2], help="server worker processes")
@@ -310,9 +309,7 @@ def parse_args(argv=None):
     add_model_flags(p)
     p.add_argument("--export", action="store_true", help="export the model again (fp32 and int8) even if "
                    "neither the checkpoint nor the exporter's code has changed")
-    p.add_argument("--json", help="default: benchmarks/results/serve_load.json (--quick, --toy: required)")
     p.add_argument("--plot", help="default: the --json path with .png")
-    p.add_argument("--force", action="store_true", help="replace an existing --json")
     args = p.parse_args(argv)
     if args.calibrate and args.threshold is not None:
         p.error("--calibrate chooses the threshold: leave --threshold out")
@@ -327,7 +324,7 @@ def parse_args(argv=None):
                     "not replace the real ones")
     args.json = args.json or os.path.join(results, "serve_load.json")
     args.plot = args.plot or os.path.splitext(args.json)[0] + ".png"
-    R.refuse_existing(p, args.json, args.force)
+    p.refuse_existing(args)
     check_model_flags(p, args)
     if min(args.workers) < 1 or args.max_batch < 1 or args.requests < 1 or min(args.rates) <= 0:
         p.error("--workers, --max-batch and --requests must be >= 1, --rates > 0")
@@ -377,7 +374,6 @@ def int8_method(folder: str) -> Optional[Dict]:
 
 
 def setup_record(args, folder: str, n: int) -> Dict:
-    import onnxruntime
 
     return {"onnx": os.path.relpath(folder, args.work), "int8_method": args.int8_method, "sentences": n,
             "toy": args.toy, "quick": args.quick, "policy": args.policy, "threshold": args.threshold,
@@ -386,8 +382,7 @@ def setup_record(args, folder: str, n: int) -> Dict:
             "requests": args.requests,
             "max_seconds": args.max_seconds,
             "concurrency": args.concurrency or f"{SATURATION_BATCHES} x max_batch x workers",
-            "seed": args.seed, "atol": args.atol, "threads_per_worker": 1, **H.machine(),
-            "onnxruntime": onnxruntime.__version__}
+            "seed": args.seed, "atol": args.atol, "threads_per_worker": 1, **H.record(threads=1)}
 
 
 def main(argv=None) -> Dict:
@@ -414,7 +409,7 @@ def main(argv=None) -> Dict:
               "verdicts": found}
     print(f"# serve_load: {len(sentences)} sentences of {'the toy task' if args.toy else 'SST-2 dev'}, policy "
           f"{args.policy} {args.threshold}, max batch {args.max_batch}, one thread a worker, {os.cpu_count()} cpus")
-    common.print_noted_table(table_rows(results), COLUMNS, FORMATS)
+    H.print_noted_table(table_rows(results), COLUMNS, FORMATS)
     H.print_targets(found)
     atomic.write_json(args.json, record)
     print(plot(results, args.plot) or f"# plot: {args.plot}")

@@ -32,18 +32,17 @@ Its targets are printed beside the results with pass/miss. The threshold is ``--
 on the generated toy task (scripts/toy_data.py) in seconds, for the end-to-end test; it must write its own
 ``--json``, never into benchmarks/results.
 """
-import argparse
 import json
 import os
 import sys
 from typing import Dict, List
 
 import _glue_runs as G
-import _harness as H
 import _records as R
 import _serve_child
 import _serving
 import common
+import harness as H
 from acl_runtime import console, exits
 
 ENGINES = ("torch", "ort-fp32", "ort-int8")
@@ -218,17 +217,15 @@ def targets(rows: List[Dict], batch: int) -> List[Dict]:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = H.parser(__doc__, json="write the setup, rows and targets here", threads=1)
     _serving.add_model_flags(p)
     p.add_argument("--policy", default="entropy", choices=list(exits.POLICIES), help="early-exit policy")
     p.add_argument("--threshold", type=float, help="its threshold (default: the policy table's, 0.3 for entropy)")
     p.add_argument("--batch-size", type=int, default=32, help="the batched setting (batch 1 always runs)")
     p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all 872)")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds, each running every system once")
-    p.add_argument("--threads", type=int, default=1, help="threads of every engine, torch and ORT alike")
     p.add_argument("--no-rss", action="store_true", help="skip the peak-memory processes")
     p.add_argument("--toy", action="store_true", help="a tiny model on generated data (tests); needs its own --json")
-    R.add_json_flags(p, "write the setup, rows and targets here")
     args = p.parse_args(argv)
     args.threshold_source = "--threshold" if args.threshold is not None else "policy default"
     console.check_request_flags(p, args, fill_default=True)
@@ -238,22 +235,15 @@ def parse_args(argv=None):
     results = os.path.abspath(os.path.join(G.REPO, "benchmarks", "results"))
     if args.toy and (not args.json or os.path.abspath(args.json).startswith(results + os.sep)):
         p.error("--toy needs its own --json outside benchmarks/results: its numbers must not sit beside the real ones")
-    R.refuse_existing(p, args.json, args.force)
     return args
 
 
 def setup_record(args, ckpt: str, folder: str, n: int) -> Dict:
     """The run's settings; paths relative to ``--work``, the run folder, so that the record names no folder of the
     machine it ran on."""
-    import onnxruntime
-    import torch
-
-    return {"checkpoint": os.path.relpath(ckpt, args.work), "onnx": os.path.relpath(folder, args.work),
-            "examples": n, "toy": args.toy, "policy": args.policy,
-            "threshold": args.threshold, "threshold_source": args.threshold_source,
-            "batch_sizes": [1, args.batch_size], "repeats": args.repeats, "threads": args.threads,
-            **H.machine(), "torch": torch.__version__,
-            "onnxruntime": onnxruntime.__version__}
+    return H.record(args.threads, checkpoint=os.path.relpath(ckpt, args.work), onnx=os.path.relpath(folder, args.work),
+                    examples=n, toy=args.toy, policy=args.policy, threshold=args.threshold,
+                    threshold_source=args.threshold_source, batch_sizes=[1, args.batch_size], repeats=args.repeats)
 
 
 def main(argv=None) -> Dict:
@@ -285,9 +275,9 @@ def main(argv=None) -> Dict:
     result = {"benchmark": "serve_speed", "setup": setup_record(args, ckpt, folder, len(sentences)),
               "rows": rows, "rss": {k: {f: v for f, v in r.items() if f != "labels"} for k, r in rss.items()},
               "targets": found}
-    print(f"# serve_speed: {len(sentences)} sentences of {'the toy task' if args.toy else 'SST-2 dev'}, policy "
-          f"{args.policy} {args.threshold}, threads={args.threads}, repeats={args.repeats}, checkpoint {ckpt}")
-    common.print_noted_table(rows, COLUMNS, FORMATS)
+    H.header("serve_speed", sentences=f"{len(sentences)} of {'the toy task' if args.toy else 'SST-2 dev'}",
+             policy=args.policy, threshold=args.threshold, repeats=args.repeats, checkpoint=ckpt, threads=args.threads)
+    H.print_noted_table(rows, COLUMNS, FORMATS)
     H.print_targets(found, "# targets, on the wall clock; cpu: the same in process CPU time (steady under load)")
     if args.json:
         R.write_atomic(args.json, json.dumps(result, indent=1) + "\n")

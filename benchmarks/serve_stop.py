@@ -9,7 +9,6 @@ with no answer).
 Promised (docs/serve.md, SIGTERM): no connection is taken after the signal has been handled, and every connection
 taken gets an answer. ``last_taken_ms``: the latest start, after SIGTERM was sent, of an attempt that was taken.
 """
-import argparse
 import json
 import os
 import signal
@@ -23,7 +22,7 @@ from typing import Dict, List
 
 import _load_server as S
 import _records as R
-import common
+import harness as H
 
 COLUMNS = ["workers", "run", "before_200", "before_dropped", "after_refused", "after_taken", "after_dropped",
            "after_503", "last_taken_ms", "exit_code"]
@@ -94,7 +93,7 @@ def one_run(args, workers: int, run: int, tmp: str) -> Dict:
 
 
 def main(argv=None) -> List[Dict]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = H.parser(__doc__, json=True)
     p.add_argument("--folder", required=True, help="an acl-export OUT/onnx folder")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="acl-serve --workers")
     p.add_argument("--runs", type=int, default=3, help="runs per worker count")
@@ -102,16 +101,14 @@ def main(argv=None) -> List[Dict]:
     p.add_argument("--before-seconds", type=float, default=1.5, help="load before SIGTERM")
     p.add_argument("--after-seconds", type=float, default=1.0, help="attempts go on this long after it")
     p.add_argument("--server", default=S.tool("acl-serve"), help="the acl-serve executable (default: %(default)s)")
-    R.add_json_flags(p)
     args = p.parse_args(argv)
     if not args.json:
         p.error("--json PATH is required")
-    R.refuse_existing(p, args.json, args.force)
     with tempfile.TemporaryDirectory(prefix="serve_stop_") as tmp:
         rows = [one_run(args, w, k + 1, tmp) for w in args.workers for k in range(args.runs)]
     print(f"# serve_stop: {args.clients} clients, a new connection per /predict, SIGTERM after "
           f"{args.before_seconds:g} s, {os.cpu_count()} cpus")
-    common.print_noted_table(rows, COLUMNS, FORMATS)
+    H.print_noted_table(rows, COLUMNS, FORMATS)
     R.write_atomic(args.json, json.dumps({"benchmark": "serve_stop", "server": args.server, "folder": args.folder,
                                           "load_average": os.getloadavg()[0], "rows": rows}, indent=1))
     return rows

@@ -22,14 +22,12 @@ resident high-water mark over one step, on CUDA ``max_memory_allocated``).
 
     python benchmarks/step_time.py --model minilm --batch-size 16 --seq-len 128 --json step_time.json
 """
-import argparse
-import platform
 from typing import Dict, List
 
 import torch
 
-import _records as R
 import common
+import harness as H
 
 # (criterion, scope, kind, extra flags); scope None = ungated, "off" = --no-acl-grad
 VARIANTS = [
@@ -52,7 +50,7 @@ FORMATS = {"median_step_s": "{:.4f}", "ratio_to_ce": "{:.3f}x", "median_step_cpu
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = H.parser(__doc__, json="write the rows here", threads=1)
     p.add_argument("--model", choices=sorted(common.MODEL_SIZES), default="minilm")
     p.add_argument("--batch-size", dest="batch", type=int, default=16,
                    help="sentences per step (--batch: deprecated spelling)")
@@ -69,13 +67,8 @@ def parse_args(argv=None):
                    help="train as fairseq-train --fp16 does: fp16 weights, fairseq's FP16Optimizer with its "
                    "dynamic loss scale (an overflowed step is skipped and counted in 'overflows'); on CPU "
                    "with --fp16-no-flatten-grads, since flat fp16 gradients need CUDA")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch.set_num_threads; 0 = torch's default. Default 1: on a CPU shared with other "
-                   "jobs, idle OpenMP threads stall (steps 10-100x slower at random), which ruins ratios")
     p.add_argument("--seed", type=int, default=0, help="order shuffling and data")
-    R.add_json_flags(p, "write the rows here")
     args = p.parse_args(argv)
-    R.refuse_existing(p, args.json, args.force)
     return args
 
 
@@ -123,8 +116,7 @@ def build_variants(args, data_dir) -> List[common.Variant]:
 
 
 def run(args) -> List[Dict]:
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    H.set_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("--device cuda: CUDA is not available here")
     with common.temp_dir("acl_bench_") as tmp:
@@ -168,13 +160,10 @@ def run(args) -> List[Dict]:
 def main(argv=None):
     args = parse_args(argv)
     rows = run(args)
-    print(f"# step_time: model={args.model} batch={args.batch} seq_len={args.seq_len} device={args.device} "
-          f"precision={'fp16' if args.fp16 else 'fp32'} "
-          f"threads={torch.get_num_threads()} torch={torch.__version__} "
-          f"cpu={platform.processor() or platform.machine()} "
-          f"repeats={args.repeats} warmup={args.warmup} inner={args.inner}")
+    H.header("step_time", model=args.model, batch=args.batch, seq_len=args.seq_len, device=args.device,
+             precision="fp16" if args.fp16 else "fp32", repeats=args.repeats, warmup=args.warmup, inner=args.inner)
     print(f"# {common.describe_memory(run.memory_method)}")
-    common.report(rows, COLUMNS, FORMATS, args.json)
+    H.report(rows, COLUMNS, FORMATS, args.json)
     return rows
 
 

@@ -12,7 +12,6 @@ tunes on seed 1's data, its objective on the protocol's valid split; ``--workers
 its SQLite study, each with one thread. Then ``acl-tune --evaluate-best`` writes OUT/N<N>/<method>/best.md.
 Everything resumes: run the same command again.
 """
-import argparse
 import json
 import math
 import os
@@ -25,6 +24,7 @@ import _fewshot as F
 import _glue_runs as G
 import _records as R
 import _tune_report as T
+import harness as H
 
 TASK = "SST-2"
 
@@ -46,7 +46,7 @@ def tune_command(args, n: int, method: str, enc: G.Encoder) -> List[str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = H.parser(__doc__)
     p.add_argument("--ns", type=int, nargs="+", default=[20, 100])
     p.add_argument("--methods", nargs="+", default=["ce", "scl", "acl_embed"], choices=F.METHODS)
     p.add_argument("--trials", type=int, default=24, help="finished trials per study (default %(default)s)")

@@ -347,13 +347,13 @@ def test_hf_parity_samples_per_s_uses_each_epochs_train_wall(tmp_path):
 
 def test_report_keeps_the_earlier_json_when_the_rows_cannot_be_written(tmp_path, capsys):
     """A row that json cannot encode must not leave a truncated file where the earlier results were."""
-    import common
+    import harness as H
 
     path = tmp_path / "rows.json"
-    common.report([{"a": 1}], ["a"], {}, str(path))
+    H.report([{"a": 1}], ["a"], {}, str(path))
     first = json.loads(path.read_text())
     assert [r["a"] for r in first] == [1]
     with pytest.raises(TypeError):
-        common.report([{"a": object()}], ["a"], {}, str(path))
+        H.report([{"a": object()}], ["a"], {}, str(path))
     assert json.loads(path.read_text()) == first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.json"]
