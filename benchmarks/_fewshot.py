@@ -2,9 +2,11 @@
 (recipes/glue/fewshot.tsv) and where a draw's binarized data lives."""
 import math
 import os
-from typing import Dict
+import statistics
+from typing import Dict, List
 
 import _glue_runs as G
+import _paired as PD
 from acl_runtime.tables import read_tsv
 
 TASK = "SST-2"
@@ -40,3 +42,38 @@ def schedule_for(n: int, toy: bool) -> Dict[str, object]:
 
 def data_bin(work: str, n: int, seed: int) -> str:
     return os.path.join(work, "data", "fewshot", f"{TASK}-N{n}-seed{seed}-bin")
+
+
+BF16_BOUND = 0.3  # points of test accuracy: bf16 training must stay this close to fp32, seed by seed
+
+
+def study(bf16: bool) -> str:
+    """The runs' folder below the work folder and the records: fp32 and bf16 runs never share one."""
+    return "fewshot_bf16" if bf16 else "fewshot"
+
+
+def precision_pairs(bf16: List[dict], fp32: List[dict]) -> Dict[str, list]:
+    """Each bf16 run beside the fp32 run of the same N, method and seed (the same sample, split and initial head),
+    and per (N, method) the paired test-accuracy differences, bf16 minus fp32, held against ``BF16_BOUND``. A bf16
+    run without its fp32 twin is left out and named in ``unpaired``."""
+    twin = {(r["n"], r["method"], r["seed"]): r for r in fp32}
+    rows, unpaired = [], []
+    for r in bf16:
+        f = twin.get((r["n"], r["method"], r["seed"]))
+        if f is None:
+            unpaired.append(f"N={r['n']} {r['method']} seed {r['seed']}")
+            continue
+        for precision, x in (("bf16", r), ("fp32", f)):
+            rows.append({"precision": precision, "n": x["n"], "method": x["method"], "seed": x["seed"],
+                         "test_accuracy": x["test_accuracy"], "valid_accuracy": x["valid_accuracy"],
+                         "best_num_updates": x.get("best_num_updates"), "seconds": x.get("seconds")})
+    paired = []
+    for n, method in dict.fromkeys((r["n"], r["method"]) for r in rows):
+        acc = {(r["precision"], r["seed"]): r["test_accuracy"] for r in rows if (r["n"], r["method"]) == (n, method)}
+        seeds = sorted({seed for _, seed in acc})
+        d = [acc["bf16", s] - acc["fp32", s] for s in seeds]
+        iv = PD.interval(d)
+        paired.append({"n": n, "method": method, "seeds": seeds, "bf16_minus_fp32_per_seed": d,
+                       "mean": statistics.mean(d), "max_abs": max(map(abs, d)), "ci95": [iv["lo"], iv["hi"]],
+                       f"within_{BF16_BOUND}_points": max(map(abs, d)) <= BF16_BOUND})
+    return {"rows": rows, "paired": paired, "unpaired": unpaired}

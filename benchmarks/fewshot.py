@@ -47,8 +47,8 @@ PAPER = (
 )
 
 
-def out_root(work: str, n: int) -> str:
-    return os.path.join(work, "fewshot", f"N{n}")
+def out_root(work: str, n: int, bf16: bool = False) -> str:
+    return os.path.join(work, FS.study(bf16), f"N{n}")
 
 
 def _conventions(enc: G.Encoder):
@@ -77,7 +77,7 @@ def check_finished(folder: str, sch: Dict[str, object], enc: G.Encoder) -> None:
 def one_run(args, enc: G.Encoder, n: int, method: str, seed: int, records: str) -> dict:
     """Preprocess (once per N, seed), train through the driver, score the best checkpoint on test; skipped when the
     run folder or its record (RESULTS/runs/fewshot/...) holds fewshot_result.json."""
-    root = out_root(args.work, n)
+    root = out_root(args.work, n, args.bf16)
     rd = G.run_dir(root, FS.TASK, method, seed)
     sch = FS.schedule_for(n, args.toy)
 
@@ -90,6 +90,8 @@ def one_run(args, enc: G.Encoder, n: int, method: str, seed: int, records: str) 
             LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"], TOTAL_UPDATES=updates,
             LOG_INTERVAL=max(1, per_epoch)))
         env["OMP_NUM_THREADS"] = str(args.threads)
+        if args.bf16:
+            env["BF16"] = "1"  # the recipes' switch: --autocast-bf16 on every fairseq-train run
         t0 = time.time()
         res = G.finetune(FS.TASK, method, env, ["--validate-interval", str(sch["every"]), "--save-interval",
                                              str(sch["every"]), "--no-last-checkpoints", "--no-save-optimizer-state"])
@@ -120,12 +122,13 @@ def one_run(args, enc: G.Encoder, n: int, method: str, seed: int, records: str) 
     return R.result_or_train(rd, args.work, records, train, check, result=RESULT)[1]
 
 
-def collect(work: str, records: str) -> List[dict]:
+def collect(work: str, records: str, bf16: bool = False) -> List[dict]:
     """Every finished run: the work folder's are recorded first, then all are read from the records."""
-    G.log(f"records: {R.sync(work, 'fewshot', records, result=RESULT)} written from {os.path.join(work, 'fewshot')} "
+    name = FS.study(bf16)
+    G.log(f"records: {R.sync(work, name, records, result=RESULT)} written from {os.path.join(work, name)} "
           f"into {records}")
     runs = []
-    for root, _, files in os.walk(os.path.join(records, "fewshot")):
+    for root, _, files in os.walk(os.path.join(records, name)):
         if RESULT in files:
             with open(os.path.join(root, RESULT)) as f:
                 runs.append(json.load(f))
@@ -261,6 +264,29 @@ def plot(summary: dict, path: str) -> None:
     plt.close(fig)
 
 
+def write_precision_pairs(args, encoder: str, records: str) -> int:
+    """bf16_fewshot_accuracy.json: every bf16 run beside its fp32 twin, and the paired differences per cell."""
+    out = FS.precision_pairs(collect(args.work, records, bf16=True), collect(args.work, records))
+    for missing in out["unpaired"]:
+        G.log(f"no fp32 run for {missing}: run the same command without --bf16 to pair it")
+    if not out["paired"]:
+        G.log("no bf16 run has its fp32 twin: nothing written")
+        return 1
+    out = {"protocol": f"few-shot {FS.TASK} (benchmarks/fewshot.py's protocol and schedules), encoder {encoder}; "
+                       "test = the half of dev not used to select the checkpoint; bf16 = BF16=1 on every run "
+                       "(--autocast-bf16), otherwise the same command, data, seed and schedule",
+           "command": H.cli.last_command(),
+           **H.record(args.threads), "bound_points": FS.BF16_BOUND, **out}
+    path = os.path.join(args.results, "bf16_fewshot_accuracy.json")
+    R.write_atomic(path, json.dumps(out, indent=2))
+    for c in out["paired"]:
+        per_seed = ", ".join(f"s{s}: {d:+.2f}" for s, d in zip(c["seeds"], c["bf16_minus_fp32_per_seed"]))
+        print(f"N={c['n']} {c['method']}: bf16 - fp32 mean {c['mean']:+.2f}, max |d| {c['max_abs']:.2f} ({per_seed}): "
+              f"{'within' if c[f'within_{FS.BF16_BOUND}_points'] else 'NOT within'} {FS.BF16_BOUND} points")
+    G.log(f"wrote {path}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = H.parser(__doc__, threads=2)
     p.add_argument("--ns", type=int, nargs="+", default=[20, 100, 1000])
@@ -280,6 +306,11 @@ def main(argv=None) -> int:
     p.add_argument("--toy", action="store_true", help="N=8, seeds 1 2, a 2-epoch schedule (tests)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep checkpoint_best.pt of every run")
     p.add_argument("--collect-only", action="store_true", help="only rebuild fewshot.json/.md/.png from finished runs")
+    p.add_argument("--bf16", action="store_true",
+                   help="train in bf16 autocast (the recipes' BF16=1; refused where the CPU has no native bf16), runs "
+                        "and records under fewshot_bf16/; writes bf16_fewshot_accuracy.json in --results, each run "
+                        "paired with the fp32 run of the same N, method and seed (run without --bf16 first), in "
+                        "place of fewshot.json/.md/.png")
     p.add_argument("--force", action="store_true",
                    help="replace a fewshot.json of another encoder or of the toy protocol in --results")
     args = p.parse_args(argv)
@@ -324,6 +355,8 @@ def main(argv=None) -> int:
             G.log(f"[{i}/{len(plan)}] N={n} {m} seed {s} (elapsed {time.time() - t0:.0f}s)")
             one_run(args, enc, n, m, s, records)
 
+    if args.bf16:
+        return write_precision_pairs(args, name, records)
     runs = collect(args.work, records)
     if not runs:
         G.log(f"no finished runs in {os.path.join(args.work, 'fewshot')} or {os.path.join(records, 'fewshot')}: "

@@ -109,6 +109,47 @@ def test_fewshot_benchmark_toy_end_to_end(tmp_path):
     with open(results / "fewshot.json") as f:
         assert json.load(f)["cells"] == summary["cells"]
 
+    # --bf16: the same run in bf16 autocast, in its own folder and records, paired with its fp32 record
+    bf16 = [c for c in cmd if c not in METHODS[1:]]
+    bf16[bf16.index("--methods") + 1:bf16.index("--methods") + 2] = ["ce", "--seeds", "1", "--bf16"]
+    proc4 = subprocess.run(bf16, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    from acl_fairseq import acceleration
+
+    if acceleration.read_cpu_kind().bf16_unit is None:  # an AVX2-only CPU: refused, not 40x slower
+        assert proc4.returncode != 0 and "no native bf16" in proc4.stdout + proc4.stderr
+        return
+    assert proc4.returncode == 0, proc4.stdout[-3000:] + proc4.stderr[-5000:]
+    record = results / "runs" / "fewshot_bf16" / "N8" / "runs" / "SST-2" / "ce" / "seed1"
+    assert "--autocast-bf16" in (record / "command.sh").read_text()
+    assert "--autocast-bf16" not in (results / "runs" / "fewshot" / "N8" / "runs" / "SST-2" / "ce" / "seed1" /
+                                     "command.sh").read_text()
+    pairs = json.loads((results / "bf16_fewshot_accuracy.json").read_text())
+    assert [(c["n"], c["method"], c["seeds"]) for c in pairs["paired"]] == [(8, "ce", [1])]
+    assert pairs["rows"][1]["test_accuracy"] == cells[8, "ce"]["test_accuracy"][0]  # the fp32 twin, from its record
+    assert "--bf16" in pairs["command"] and pairs["cpu_kind"] and pairs["threads"] == 2
+    with open(results / "fewshot.json") as f:
+        assert json.load(f)["cells"] == summary["cells"]  # the fp32 table stays
+
+
+def test_bf16_runs_are_paired_with_the_fp32_run_of_the_same_cell_and_seed():
+    import _fewshot as FS
+
+    def run(method, seed, acc, n=1000):
+        return {"n": n, "method": method, "seed": seed, "test_accuracy": acc, "valid_accuracy": 80.0}
+
+    fp32 = [run("ce", 1, 80.0), run("ce", 2, 79.0), run("acl_embed", 1, 81.0), run("ce", 1, 70.0, n=100)]
+    bf16 = [run("ce", 2, 79.5), run("ce", 1, 80.0), run("acl_embed", 1, 80.5), run("acl_embed", 3, 82.0)]
+    out = FS.precision_pairs(bf16, fp32)
+    by = {(c["n"], c["method"]): c for c in out["paired"]}
+    assert set(by) == {(1000, "ce"), (1000, "acl_embed")}
+    assert by[1000, "ce"]["seeds"] == [1, 2] and by[1000, "ce"]["bf16_minus_fp32_per_seed"] == [0.0, 0.5]
+    assert by[1000, "ce"]["max_abs"] == 0.5 and by[1000, "ce"]["within_0.3_points"] is False
+    assert by[1000, "acl_embed"]["bf16_minus_fp32_per_seed"] == [-0.5] and by[1000, "acl_embed"]["ci95"] == [None, None]
+    assert out["unpaired"] == ["N=1000 acl_embed seed 3"]  # no fp32 twin: left out, and named
+    assert {(r["precision"], r["seed"]) for r in out["rows"] if r["method"] == "ce"} == {
+        ("bf16", 1), ("fp32", 1), ("bf16", 2), ("fp32", 2)}
+    assert FS.study(True) != FS.study(False)  # the two precisions never share a run folder or a record
+
 
 def _fewshot_module():
     import fewshot  # benchmarks/fewshot.py (benchmarks/ is on the path: conftest.py)
