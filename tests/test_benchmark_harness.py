@@ -1,5 +1,7 @@
 """benchmarks/harness/: what the benchmark scripts share: the clock, the targets' verdict and its printer, the parent
-parser and the setup record."""
+parser, the setup record and the study pipeline."""
+import os
+
 import harness as H
 
 
@@ -121,3 +123,141 @@ def test_the_setup_record_reads_the_versions_without_importing_torch():
     benchmarks = pathlib.Path(__file__).parents[1] / "benchmarks"
     proc = subprocess.run([sys.executable, "-c", code], cwd=str(benchmarks), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+# ---- the study pipeline (harness/study.py), on tiny fake run functions: no training ------------------------------
+
+def test_the_study_grid_runs_seed_major_or_cell_major_one_block_after_the_other():
+    import pytest
+
+    cells = [(20, "ce"), (20, "scl"), (100, "ce"), (100, "scl")]
+    assert H.grid(cells[:2], [1, 2]) == [((20, "ce"), 1), ((20, "scl"), 1), ((20, "ce"), 2), ((20, "scl"), 2)]
+    assert H.grid(cells[:2], [1, 2], "cell-major") == [((20, "ce"), 1), ((20, "ce"), 2), ((20, "scl"), 1),
+                                                       ((20, "scl"), 2)]
+    by_n = H.grid(cells, [1, 2], "seed-major", block=lambda c: c[0])
+    assert [(c[0], s) for c, s in by_n] == [(20, 1), (20, 1), (20, 2), (20, 2), (100, 1), (100, 1), (100, 2), (100, 2)]
+    assert [c for c, s in by_n][:2] == [(20, "ce"), (20, "scl")]
+    assert H.grid(cells, [1, 2], "seed-major")[:4] == [((20, "ce"), 1), ((20, "scl"), 1), ((100, "ce"), 1),
+                                                      ((100, "scl"), 1)]
+    with pytest.raises(ValueError, match="seed-major"):
+        H.grid(cells, [1], "random")
+
+
+def _fake_study(tmp_path, lines=None):
+    """A study of fake runs: each writes score.json = {cell, seed, acc} into WORK/toy/<cell>/seed<s>."""
+    import json
+
+    study = H.Study("toy", str(tmp_path / "work"), str(tmp_path / "results" / "runs"), result="score.json",
+                    log=(lines.append if lines is not None else lambda m: None))
+    trained = []
+
+    def run_one(cell, seed):
+        rd = study.root(cell, f"seed{seed}")
+
+        def train():
+            trained.append((cell, seed))
+            os.makedirs(rd, exist_ok=True)
+            with open(os.path.join(rd, "score.json"), "w") as f:
+                json.dump({"cell": cell, "seed": seed, "acc": 10.0 * seed + len(cell)}, f)
+        return study.result_or_train(rd, train)[1]
+    return study, run_one, trained
+
+
+def test_a_study_runs_every_cell_and_seed_once_with_progress_lines_and_skips_a_recorded_run(tmp_path):
+    import shutil
+
+    lines = []
+    study, run_one, trained = _fake_study(tmp_path, lines)
+    plan = H.grid(["a", "bb"], [1, 2])
+    got = study.run(plan, run_one, label=lambda c, s: f"{c} seed {s}")
+    assert trained == [("a", 1), ("bb", 1), ("a", 2), ("bb", 2)] and [g["acc"] for g in got] == [11, 12, 21, 22]
+    assert [line.split(" (elapsed")[0] for line in lines] == ["[1/4] a seed 1", "[2/4] bb seed 1", "[3/4] a seed 2",
+                                                              "[4/4] bb seed 2"]
+    assert all(line.endswith("s)") for line in lines)
+    # every finished run has its record; with the work folder gone, a second pass trains nothing
+    assert (tmp_path / "results" / "runs" / "toy" / "bb" / "seed2" / "score.json").is_file()
+    shutil.rmtree(tmp_path / "work")
+    trained.clear()
+    assert [g["acc"] for g in study.run(plan + [("a", 3)], run_one)] == [11, 12, 21, 22, 31]
+    assert trained == [("a", 3)]
+
+
+def test_a_study_collects_every_result_from_the_records_after_the_work_folder_is_gone(tmp_path):
+    import shutil
+
+    study, run_one, _ = _fake_study(tmp_path)
+    for cell, seed in H.grid(["a", "bb"], [2, 1]):
+        run_one(cell, seed)
+    # a run finished in the work folder but never recorded (stopped before its record): collect records it first
+    lines = []
+    study.log = lines.append
+    shutil.rmtree(tmp_path / "results" / "runs" / "toy" / "a" / "seed2")
+    assert len(study.collect()) == 4 and lines[0].startswith("records: 1 written from ")
+    shutil.rmtree(tmp_path / "work")
+    runs = study.collect(key=lambda r: (r["cell"], r["seed"]))
+    assert [(r["cell"], r["seed"]) for r in runs] == [("a", 1), ("a", 2), ("bb", 1), ("bb", 2)]
+
+
+def test_the_paired_summary_takes_the_seeds_both_cells_have_and_leaves_a_cell_without_base_out():
+    import pytest
+
+    def run(n, method, seed, acc):
+        return {"n": n, "method": method, "seed": seed, "acc": acc, "steps": seed * 10}
+
+    runs = [run(8, "ce", 1, 50.0), run(8, "ce", 2, 60.0), run(8, "ce", 3, 70.0),
+            run(8, "scl", 2, 61.0), run(8, "scl", 3, 73.0), run(8, "scl", 4, 99.0),
+            run(16, "scl", 1, 80.0), run(8, "acl", 3, 75.0)]
+    declared = [(n, m) for n in (8, 16) for m in ("ce", "scl", "acl", "none")]
+    cells = H.summarize_cells(runs, ("n", "method"), declared, ["acc"], lists=["steps"])
+    assert [(c["n"], c["method"]) for c in cells] == [(8, "ce"), (8, "scl"), (8, "acl"), (16, "scl")]
+    ce = cells[0]
+    assert list(ce) == ["n", "method", "num_seeds", "seeds", "acc_mean", "acc_std", "acc", "steps"]
+    assert ce["seeds"] == [1, 2, 3] and ce["acc_mean"] == 60.0 and ce["acc_std"] == pytest.approx(10.0)
+    assert cells[3]["acc_std"] is None  # one seed: no spread
+    pairs = H.paired_cells(cells, ("n", "method"), "method", "ce", "acc", diffs="delta_vs_ce")
+    assert [(p["n"], p["method"], p["base"]) for p in pairs] == [(8, "scl", "ce"), (8, "acl", "ce")]  # N=16: no ce
+    scl = pairs[0]
+    assert scl["seeds"] == [2, 3] and scl["delta_vs_ce"] == [1.0, 3.0]  # seed 1 (ce only) and 4 (scl only) left out
+    assert scl["mean"] == 2.0 and scl["ahead"] == 2 and scl["ci95"][0] < 2.0 < scl["ci95"][1]
+    assert scl["verdict"] == "within noise (n = 2)" and "diffs" not in scl
+    assert pairs[1]["seeds"] == [3] and pairs[1]["ci95"] == [None, None] and pairs[1]["std"] is None
+    only = H.paired_cells(cells, ("n", "method"), "method", "scl", "acc", only=["acl"], diffs="delta")
+    assert [(p["method"], p["base"], p["seeds"], p["delta"]) for p in only] == [("acl", "scl", [3], [2.0])]
+    assert H.paired(cells[0], {"seeds": [9], "acc": [1.0]}, "acc") is None
+
+
+def test_the_study_outputs_are_written_whole_or_not_at_all(tmp_path):
+    import json
+
+    import matplotlib
+    import pytest
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def plot(summary, path):
+        fig, ax = plt.subplots()
+        ax.plot(summary["x"], summary["x"])
+        H.save_figure(fig, path)
+
+    paths = H.write_outputs(str(tmp_path / "out"), "toy", {"x": [1, 2]}, "| a |\n", plot)
+    assert [os.path.basename(p) for p in paths] == ["toy.json", "toy.md", "toy.png"]
+    assert json.loads((tmp_path / "out" / "toy.json").read_text()) == {"x": [1, 2]}
+    assert (tmp_path / "out" / "toy.md").read_text() == "| a |\n"
+    assert (tmp_path / "out" / "toy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    def broken(summary, path):  # a plot that fails halfway leaves the earlier PNG, and no partial file beside it
+        fig, _ = plt.subplots()
+
+        def half(tmp, **kw):
+            open(tmp, "wb").write(b"\x89PNG half")
+            raise RuntimeError("disk full")
+        fig.savefig = half
+        H.save_figure(fig, path)
+
+    before = (tmp_path / "out" / "toy.png").read_bytes()
+    with pytest.raises(RuntimeError, match="disk full"):
+        H.write_outputs(str(tmp_path / "out"), "toy", {"x": [3]}, "| b |\n", broken)
+    assert (tmp_path / "out" / "toy.png").read_bytes() == before
+    assert sorted(os.listdir(tmp_path / "out")) == ["toy.json", "toy.md", "toy.png"]
+    assert json.loads((tmp_path / "out" / "toy.json").read_text()) == {"x": [3]}

@@ -8,7 +8,11 @@
 - the one clock, wall and CPU time read together (``now``, ``timed``, ``wall``);
 - the one verdict type of a benchmark's targets and its printer (``target``, ``verdict``, ``print_targets``);
 - the outputs: the table a script prints, after a note when other processes compete for the cores, and its rows
-  as JSON written whole or not at all (``print_table``, ``print_noted_table``, ``report``).
+  as JSON written whole or not at all (``print_table``, ``print_noted_table``, ``report``);
+- the one study pipeline of the training studies (``study``): the grid of cells x seeds in a declared order
+  (``grid``), each run through the script's run function and skipped when its record exists, every result collected
+  from the records (``Study``), the per-cell summary over seeds and the paired differences (``summarize_cells``,
+  ``paired_cells``), and the JSON, markdown and PNG written whole (``write_outputs``, ``save_figure``).
 
 The scripts import it by name (``import harness as H``): the script's folder is on sys.path when it runs by path,
 and tests/conftest.py puts it there for the tests. What builds fairseq models for a benchmark stays in common.py.
@@ -17,7 +21,9 @@ from .cli import Parser, parser
 from .clock import now, timed, wall
 from .outputs import load_note, print_noted_table, print_table, report
 from .setup_record import CPU_FLAGS, header, machine, record, set_threads, versions
+from .study import Study, grid, paired, paired_cells, save_figure, summarize_cells, write_outputs
 from .targets import print_targets, target, verdict
 
-__all__ = ["CPU_FLAGS", "Parser", "header", "load_note", "machine", "now", "parser", "print_noted_table", "print_table",
-           "print_targets", "record", "report", "set_threads", "target", "timed", "verdict", "versions", "wall"]
+__all__ = ["CPU_FLAGS", "Parser", "Study", "grid", "header", "load_note", "machine", "now", "paired", "paired_cells",
+           "parser", "print_noted_table", "print_table", "print_targets", "record", "report", "save_figure",
+           "set_threads", "summarize_cells", "target", "timed", "verdict", "versions", "wall", "write_outputs"]
