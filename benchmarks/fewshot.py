@@ -27,15 +27,13 @@ import math
 import os
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import _fewshot as FS
 import _glue_runs as G
 import _paired as PD
 import _records as R
 import harness as H
-from acl_fairseq.inference.report import mean_std  # noqa: E402
-from acl_runtime.io import atomic  # noqa: E402
 
 RESULT = "fewshot_result.json"  # a run is finished once its best checkpoint is scored on the test half
 
@@ -47,8 +45,10 @@ PAPER = (
 )
 
 
-def out_root(work: str, n: int, bf16: bool = False) -> str:
-    return os.path.join(work, FS.study(bf16), f"N{n}")
+def study(work: str, records: str, bf16: bool = False) -> H.Study:
+    """The runs: WORK/fewshot[_bf16]/N<n>/runs/SST-2/<method>/seed<s>, recorded under RECORDS/fewshot[_bf16]/...,
+    finished once fewshot_result.json is written."""
+    return H.Study(FS.study(bf16), work, records, result=RESULT, log=G.log)
 
 
 def _conventions(enc: G.Encoder):
@@ -74,10 +74,10 @@ def check_finished(folder: str, sch: Dict[str, object], enc: G.Encoder) -> None:
                  "--results) so that it is trained again")
 
 
-def one_run(args, enc: G.Encoder, n: int, method: str, seed: int, records: str) -> dict:
+def one_run(args, enc: G.Encoder, n: int, method: str, seed: int, runs: H.Study) -> dict:
     """Preprocess (once per N, seed), train through the driver, score the best checkpoint on test; skipped when the
     run folder or its record (RESULTS/runs/fewshot/...) holds fewshot_result.json."""
-    root = out_root(args.work, n, args.bf16)
+    root = runs.root(f"N{n}")
     rd = G.run_dir(root, FS.TASK, method, seed)
     sch = FS.schedule_for(n, args.toy)
 
@@ -119,63 +119,26 @@ def one_run(args, enc: G.Encoder, n: int, method: str, seed: int, records: str) 
         if done != rd:
             G.log(f"recorded: N={n} {method} seed {seed} ({done})")
 
-    return R.result_or_train(rd, args.work, records, train, check, result=RESULT)[1]
+    return runs.result_or_train(rd, train, check)[1]
 
 
 def collect(work: str, records: str, bf16: bool = False) -> List[dict]:
     """Every finished run: the work folder's are recorded first, then all are read from the records."""
-    name = FS.study(bf16)
-    G.log(f"records: {R.sync(work, name, records, result=RESULT)} written from {os.path.join(work, name)} "
-          f"into {records}")
-    runs = []
-    for root, _, files in os.walk(os.path.join(records, name)):
-        if RESULT in files:
-            with open(os.path.join(root, RESULT)) as f:
-                runs.append(json.load(f))
     order = {m: i for i, m in enumerate(FS.METHODS)}
-    return sorted(runs, key=lambda r: (r["n"], order.get(r["method"], 99), r["seed"]))
+    return study(work, records, bf16).collect(key=lambda r: (r["n"], order.get(r["method"], 99), r["seed"]))
+
+
+KEYS = ("n", "method")
 
 
 def summarize(runs: List[dict], protocol: dict) -> dict:
-    cells = []
-    for n in sorted({r["n"] for r in runs}):
-        for method in [m for m in FS.METHODS if any(r["method"] == m for r in runs)]:
-            rs = [r for r in runs if r["n"] == n and r["method"] == method]
-            if not rs:
-                continue
-            acc = [r["test_accuracy"] for r in rs]
-            val = [r["valid_accuracy"] for r in rs]
-            mean, std = mean_std(acc)
-            vmean, vstd = mean_std(val)
-            cells.append({
-                "n": n, "method": method, "num_seeds": len(rs), "seeds": [r["seed"] for r in rs],
-                "test_accuracy_mean": mean, "test_accuracy_std": std, "test_accuracy": acc,
-                "valid_accuracy_mean": vmean, "valid_accuracy_std": vstd, "valid_accuracy": val,
-                "best_num_updates": [r["best_num_updates"] for r in rs],
-            })
+    declared = [(n, m) for n in sorted({r["n"] for r in runs}) for m in FS.METHODS]
+    cells = H.summarize_cells(runs, KEYS, declared, ["test_accuracy", "valid_accuracy"], lists=["best_num_updates"])
     # paired differences (same seeds = same training sample and test half): every method to CE, and ACL-Embed to SCL
-    deltas = [d for c in cells if c["method"] != "ce" for d in [_paired(cells, c, "ce")] if d]
-    others = [d for c in cells if c["method"] == "acl_embed" for d in [_paired(cells, c, "scl")] if d]
+    deltas = H.paired_cells(cells, KEYS, "method", "ce", "test_accuracy", diffs="delta_vs_ce")
+    others = H.paired_cells(cells, KEYS, "method", "scl", "test_accuracy", only=["acl_embed"], diffs="delta")
     return {"protocol": protocol, "paper": PAPER, "cells": cells, "paired_delta_vs_ce": deltas,
             "paired_other": others, "runs": runs}
-
-
-def _paired(cells: List[dict], c: dict, base: str) -> Optional[dict]:
-    """Cell C minus the BASE method's cell at the same N over the seeds both have, with its 95% interval."""
-    b = next((x for x in cells if x["n"] == c["n"] and x["method"] == base), None)
-    common = sorted(set(c["seeds"]) & set(b["seeds"])) if b else []
-    if not common:
-        return None
-    d = [c["test_accuracy"][c["seeds"].index(s)] - b["test_accuracy"][b["seeds"].index(s)] for s in common]
-    m, sd = mean_std(d)
-    iv = PD.interval(d)
-    out = {"n": c["n"], "method": c["method"], "base": base, "seeds": common, "mean": m, "std": sd,
-           "ci95": [iv["lo"], iv["hi"]], "ahead": iv["ahead"], "verdict": PD.verdict(iv)}
-    if base == "ce":
-        out["delta_vs_ce"] = d
-    else:
-        out["delta"] = d
-    return out
 
 
 def _fmt(mean, std, n):
@@ -259,9 +222,7 @@ def plot(summary: dict, path: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    atomic.write_through(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)
+    H.save_figure(fig, path)
 
 
 def write_precision_pairs(args, encoder: str, records: str) -> int:
@@ -345,15 +306,11 @@ def main(argv=None) -> int:
                     "another --results, or --force to replace it (the records under RESULTS/runs/fewshot stay)")
 
     if not args.collect_only:
-        plan = [(n, m, s) for n in args.ns for s in args.seeds for m in args.methods]
-        if args.order == "cell-major":
-            plan = [(n, m, s) for n in args.ns for m in args.methods for s in args.seeds]
+        runs = study(args.work, records, args.bf16)
+        plan = H.grid([(n, m) for n in args.ns for m in args.methods], args.seeds, args.order, block=lambda c: c[0])
         G.log(f"few-shot {FS.TASK}: {len(plan)} runs (N {args.ns}, methods {args.methods}, seeds {args.seeds}); "
               f"schedules {json.dumps(schedules)}")
-        t0 = time.time()
-        for i, (n, m, s) in enumerate(plan, 1):
-            G.log(f"[{i}/{len(plan)}] N={n} {m} seed {s} (elapsed {time.time() - t0:.0f}s)")
-            one_run(args, enc, n, m, s, records)
+        runs.run(plan, lambda c, s: one_run(args, enc, *c, s, runs), label=lambda c, s: f"N={c[0]} {c[1]} seed {s}")
 
     if args.bf16:
         return write_precision_pairs(args, name, records)
@@ -373,10 +330,8 @@ def main(argv=None) -> int:
         "conventions": _conventions(enc),
     }
     summary = summarize(runs, protocol)
-    R.write_atomic(table, json.dumps(summary, indent=2))
     md = markdown(summary)
-    R.write_atomic(os.path.join(args.results, "fewshot.md"), md)
-    plot(summary, os.path.join(args.results, "fewshot.png"))
+    H.write_outputs(args.results, "fewshot", summary, md, plot)
     print(md)
     G.log(f"wrote {args.results}/fewshot.json, fewshot.md, fewshot.png")
     return 0
