@@ -1,7 +1,10 @@
 """The recipe tables (recipes/glue/*.tsv): tab-separated, '#' comment lines, blank lines ignored, a header line.
 
 The one Python reader of them (recipes/glue/common.sh has the one shell reader). Errors name the file and line.
+And the one mean and sample standard deviation over seeds that every results table prints (here, beside the
+reader, so that a table's collector needs neither torch nor fairseq).
 """
+import statistics
 from typing import Dict, List, Optional, Sequence
 
 
@@ -27,3 +30,10 @@ def read_tsv(path: str, columns: Optional[Sequence[str]] = None) -> List[Dict[st
     if header is None:
         raise ValueError(f"{path}: no header line")
     return rows
+
+
+def mean_std(values: List[float]):
+    """Mean and sample standard deviation over seeds: (None, None) for no values, std None for one."""
+    if not values:
+        return None, None
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else None)

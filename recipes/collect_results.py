@@ -19,10 +19,9 @@ import sys
 from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
-from acl_fairseq.inference.report import mean_std
 from acl_runtime import glue_tasks
 from acl_runtime.io import atomic  # noqa: E402
-from acl_runtime.tables import read_tsv
+from acl_runtime.tables import mean_std, read_tsv
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HPARAMS = glue_tasks.TABLE  # the task table (recipes/glue/hparams.tsv links to it)

@@ -30,6 +30,17 @@ def fake_result(runs, task, method, seed, valid, valid1=None, early_exit=None):
         json.dump(res, f)
 
 
+def test_the_collector_imports_neither_torch_nor_fairseq():
+    """A table of finished runs needs no training stack (its subprocess took 7 s of make test for their imports)."""
+    code = (f"import sys; sys.argv = ['collect_results.py', '--help']; sys.path.insert(0, {RECIPES!r})\n"
+            "try:\n    import runpy; runpy.run_path(sys.path[0] + '/collect_results.py', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'fairseq', 'acl_fairseq') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_collector_table(tmp_path, capsys):
     runs = str(tmp_path / "runs")
     fake_result(runs, "CoLA", "ce", 1, {"mcc": 60.0, "accuracy": 80.0})

@@ -4,8 +4,7 @@ import os
 
 import pytest
 
-from acl_fairseq.inference.report import mean_std
-from acl_runtime.tables import read_tsv
+from acl_runtime.tables import mean_std, read_tsv
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -11,6 +11,8 @@ import math
 import statistics
 from typing import Dict, List, Optional
 
+from acl_runtime.tables import mean_std
+
 TIMING_FIELDS = [
     "latency_full_batch1_s",
     "latency_exit_batch1_s",
@@ -173,13 +175,6 @@ def speedup_profile(result: Dict, policy: str = "entropy", metric: Optional[str]
         ys = [interpolate(curve, x) for x in xs]
         area = sum((x1 - x0) * (y0 + y1) / 2 for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:])) / (AREA_UPTO - 1.0)
     return {"policy": policy, "metric": metric, "at": at, "area": area}
-
-
-def mean_std(values: List[float]):
-    """Mean and sample standard deviation over seeds: (None, None) for no values, std None for one."""
-    if not values:
-        return None, None
-    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
 
 def _mean_spread(values: List[float]):

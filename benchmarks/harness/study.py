@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, Hashable, Iterable, List, Optional, Sequ
 
 import _records as R
 from acl_runtime.io import atomic
+from acl_runtime.tables import mean_std
 
 ORDERS = ("seed-major", "cell-major")
 
@@ -97,12 +98,6 @@ class Study:
         return sorted(runs, key=key) if key else runs
 
 
-def _mean_std(values: List[float]):
-    from acl_fairseq.inference.report import mean_std  # here: importing the harness must not import the plugin
-
-    return mean_std(values)
-
-
 def summarize_cells(runs: Sequence[dict], keys: Sequence[str], cells: Iterable[tuple], metrics: Sequence[str],
                     lists: Sequence[str] = ()) -> List[dict]:
     """One summary per declared cell (its values of ``keys``, in the declared order; a cell without runs is left
@@ -117,7 +112,7 @@ def summarize_cells(runs: Sequence[dict], keys: Sequence[str], cells: Iterable[t
         row: Dict[str, Any] = {**dict(zip(keys, cell)), "num_seeds": len(rs), "seeds": [r["seed"] for r in rs]}
         for m in metrics:
             values = [r[m] for r in rs]
-            row[f"{m}_mean"], row[f"{m}_std"] = _mean_std(values)
+            row[f"{m}_mean"], row[f"{m}_std"] = mean_std(values)
             row[m] = values
         for f in lists:
             row[f] = [r[f] for r in rs]
@@ -134,7 +129,7 @@ def paired(a: dict, b: dict, metric: str) -> Optional[dict]:
     if not common:
         return None
     d = [a[metric][a["seeds"].index(s)] - b[metric][b["seeds"].index(s)] for s in common]
-    m, sd = _mean_std(d)
+    m, sd = mean_std(d)
     iv = PD.interval(d)
     return {"seeds": common, "diffs": d, "mean": m, "std": sd, "ci95": [iv["lo"], iv["hi"]], "ahead": iv["ahead"],
             "verdict": PD.verdict(iv)}
