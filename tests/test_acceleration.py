@@ -192,6 +192,7 @@ def test_compiled_training_equals_eager_for_30_updates_slow_cases(data, name, ex
     check_compiled_equals_eager(data, name, "multi_exit_roberta", extra, backend)
 
 
+@pytest.mark.slow  # make test's 10 minutes: torch.compile over several batch lengths: about 7 s
 def test_compile_recompiles_stay_bounded_over_batch_lengths(data, caplog):
     """Only the first two batch shapes compile (the second makes the shapes dynamic); every later length
     reuses those graphs, and each compiling update says so in one log line."""

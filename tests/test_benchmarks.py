@@ -24,6 +24,7 @@ def _restore_threads():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow  # make test's 10 minutes: a benchmark at toy size, every criterion's model built: about 11 s
 def test_step_time_smoke(tmp_path, capsys):
     import step_time
 

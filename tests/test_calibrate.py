@@ -338,6 +338,7 @@ def test_a_record_for_another_checkpoint_is_named_and_not_used(calibrated, tmp_p
     assert "was calibrated on another checkpoint" in caplog.text and "not used" in caplog.text
 
 
+@pytest.mark.slow  # make test's 10 minutes: an ONNX export and the runtime over it: about 9 s
 def test_acl_export_records_the_calibrated_policy_and_the_runtime_applies_it(calibrated, model, tmp_path, capsys):
     from acl_fairseq.hf import export, hf_folder
     from acl_runtime import engine as runtime

@@ -28,6 +28,7 @@ def test_the_real_glue_tests_skip_with_the_reason_the_rule_knows():
     assert len(reasons) == 2 and set(reasons) == {helpers.NO_REAL_GLUE}
 
 
+@pytest.mark.slow  # make test's 10 minutes: a pytest run inside the test: about 7 s
 def test_a_pytest_run_under_ci_reports_the_skip_as_a_failure(tmp_path):
     (tmp_path / "test_needs_glue.py").write_text(
         "import pytest\n\n\n"

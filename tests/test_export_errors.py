@@ -141,6 +141,7 @@ def test_a_legacy_format_checkpoint_passes_the_precheck(model, tmp_path, capsys)
     assert cfg["model"].arch == "multi_exit_roberta" and capsys.readouterr().err == ""
 
 
+@pytest.mark.slow  # make test's 10 minutes: an export served over HTTP, about 7 s (test_serve_models serves one)
 def test_a_regression_model_exports_and_serves_its_values(regression_run, tmp_path):
     from acl_fairseq.inference import hub
     from acl_runtime import engine

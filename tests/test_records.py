@@ -150,6 +150,7 @@ def test_hf_parity_does_not_train_a_recorded_hf_run_again(tmp_path, monkeypatch)
     assert out["metric"] == 57.0
 
 
+@pytest.mark.slow  # make test's 10 minutes: quality.py's tables and plots rebuilt from records: about 7 s
 def test_the_tables_are_built_from_the_records_when_the_work_folder_is_gone(tmp_path, capsys):
     import shutil
 

@@ -234,6 +234,7 @@ def test_two_workers_share_one_sqlite_study(tmp_path, env):
     assert len(finished(study_trials(url))) == 6
 
 
+@pytest.mark.slow  # make test's 10 minutes: a worker killed mid-trial, the study resumed: about 9 s
 def test_a_killed_worker_trial_fails_and_the_study_still_finishes(tmp_path, env):
     url = f"sqlite:///{tmp_path / 'study.db'}"
     args = common(tmp_path, url, 3) + ["--heartbeat", "1", "--grace", "2"]
@@ -261,6 +262,7 @@ def test_a_killed_worker_trial_fails_and_the_study_still_finishes(tmp_path, env)
     assert len([t for t in trials if t.state.name == "COMPLETE"]) == 3
 
 
+@pytest.mark.slow  # make test's 10 minutes: a study run twice over: about 7 s
 def test_a_setting_drawn_again_is_not_run_again(tmp_path, env):
     table = tmp_path / "spaces.tsv"
     table.write_text("method\ttask\tsetting\tparam\ttarget\tkind\tvalues\tsource\n"
@@ -283,6 +285,7 @@ def test_a_setting_drawn_again_is_not_run_again(tmp_path, env):
     assert len(list((tmp_path / "study" / "trials").glob("trial*/runs/*/*/*/argv.txt"))) == len(runs)
 
 
+@pytest.mark.slow  # make test's 10 minutes: pruned trials' runs stopped: about 10 s
 def test_pruned_trials_stop_their_run(tmp_path, env):
     url = f"sqlite:///{tmp_path / 'study.db'}"
     proc = tune(common(tmp_path, url, 8) + ["--pruner-startup", "1"], env)
