@@ -8,6 +8,9 @@ with no answer).
 
 Promised (docs/serve.md, SIGTERM): no connection is taken after the signal has been handled, and every connection
 taken gets an answer. ``last_taken_ms``: the latest start, after SIGTERM was sent, of an attempt that was taken.
+``dropped_at_signal``: attempts begun before the signal and dropped after it was sent: a connection the kernel had
+queued for the listener but the server had not yet taken is reset when the listener closes (the client cannot tell
+it from a taken one); ``before_dropped`` counts only drops that came before the signal.
 """
 import json
 import os
@@ -24,8 +27,8 @@ import _load_server as S
 import _records as R
 import harness as H
 
-COLUMNS = ["workers", "run", "before_200", "before_dropped", "after_refused", "after_taken", "after_dropped",
-           "after_503", "last_taken_ms", "exit_code"]
+COLUMNS = ["workers", "run", "before_200", "before_dropped", "dropped_at_signal", "after_refused", "after_taken",
+           "after_dropped", "after_503", "last_taken_ms", "exit_code"]
 FORMATS = {"last_taken_ms": "{:.1f}"}
 BODY = b'{"inputs": [["the movie was good"], ["a dull plot"]]}'
 REQUEST = (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
@@ -68,7 +71,7 @@ def one_run(args, workers: int, run: int, tmp: str) -> Dict:
             start = time.monotonic()
             outcome = attempt(port)
             with lock:
-                outcomes.append((start, outcome))
+                outcomes.append((start, outcome, time.monotonic()))
             if outcome == "refused":
                 time.sleep(0.002)
 
@@ -81,15 +84,23 @@ def one_run(args, workers: int, run: int, tmp: str) -> Dict:
     for t in threads:
         t.join()
     code = proc.wait(60)
-    before = Counter(o for t, o in outcomes if t < sigterm[0])
-    after = [(t - sigterm[0], o) for t, o in outcomes if t >= sigterm[0]]
+    return {"workers": workers, "run": run, **classify(outcomes, sigterm[0]), "exit_code": code,
+            "log_tail": S.tail(log) if code else None}
+
+
+def classify(outcomes: List[tuple], sigterm: float) -> Dict:
+    """The counts of a run's ``(start, outcome, end)`` attempts around the signal. An attempt begun before it whose
+    drop came after it was reset at the signal (a connection still in the listener's backlog when the server closed
+    it: never taken), not in the server's steady state: ``dropped_at_signal``, apart from ``before_dropped``."""
+    at_signal = sum(t < sigterm <= end and o == "dropped" for t, o, end in outcomes)
+    before = Counter(o for t, o, end in outcomes if t < sigterm and not (o == "dropped" and end >= sigterm))
+    after = [(t - sigterm, o) for t, o, _ in outcomes if t >= sigterm]
     taken = [(t, o) for t, o in after if o != "refused"]
-    return {"workers": workers, "run": run, "before_200": before["200"], "before_dropped": before["dropped"],
+    return {"before_200": before["200"], "before_dropped": before["dropped"], "dropped_at_signal": at_signal,
             "after_refused": sum(o == "refused" for _, o in after), "after_taken": len(taken),
             "after_dropped": sum(o == "dropped" for _, o in taken), "after_503": sum(o == "503" for _, o in taken),
-            "last_taken_ms": 1000 * max((t for t, _ in taken), default=0.0), "exit_code": code,
-            "before": dict(before), "after": dict(Counter(o for _, o in after)),
-            "log_tail": S.tail(log) if code else None}
+            "last_taken_ms": 1000 * max((t for t, _ in taken), default=0.0),
+            "before": dict(before), "after": dict(Counter(o for _, o in after))}
 
 
 def main(argv=None) -> List[Dict]:

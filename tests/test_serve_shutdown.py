@@ -313,6 +313,18 @@ def test_a_connection_reset_just_before_the_drain_does_not_stop_it():
     assert transport.closed and transport.written.startswith(b"HTTP/1.1 503")
 
 
+def test_serve_stop_counts_a_drop_at_the_signal_apart_from_a_drop_before_it():
+    import serve_stop
+
+    outcomes = [(0.0, "200", 0.1), (0.2, "dropped", 0.3),  # a drop in the steady state, before the signal
+                (0.9, "dropped", 1.2),  # begun before the signal, reset after it: the listener's backlog closed
+                (1.1, "refused", 1.1), (1.2, "503", 1.3), (1.3, "dropped", 1.4)]
+    got = serve_stop.classify(outcomes, sigterm=1.0)
+    assert (got["before_200"], got["before_dropped"], got["dropped_at_signal"]) == (1, 1, 1)
+    assert (got["after_refused"], got["after_taken"], got["after_503"], got["after_dropped"]) == (1, 2, 1, 1)
+    assert got["last_taken_ms"] == pytest.approx(300.0)
+
+
 def test_serve_stop_measures_a_stop_with_every_connection_taken_answered(exported, tmp_path):  # noqa: F811
     """benchmarks/serve_stop.py at its smallest: one run, two clients; its JSON, and no replacing it."""
     import serve_stop
