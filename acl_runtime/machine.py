@@ -39,6 +39,9 @@ class CpuKind(NamedTuple):
         return f"{self.model or self.vendor or 'unknown CPU'}, {isa}"
 
 
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")  # what decides the kernels
+
+
 def read_cpu_kind(text: Optional[str] = None) -> CpuKind:
     """The first processor of ``text`` (default: this machine's ``/proc/cpuinfo``; "" where unreadable)."""
     if text is None:

@@ -107,6 +107,7 @@ def one_run(args, enc: G.Encoder, n: int, method: str, seed: int, runs: H.Study)
             "best_num_updates": res.get("best_num_updates"), "total_updates": updates,
             "schedule": sch, "test_metrics": test_metrics, "valid_metrics": valid_metrics,
             "seconds": round(time.time() - t0, 1),
+            **{k: v for k, v in H.machine().items() if k in ("cpu_kind", "cpu_flags")},
         }
         R.write_atomic(os.path.join(rd, RESULT), json.dumps(out, indent=2))
         if not args.keep_checkpoints:

@@ -18,6 +18,7 @@ import sys
 from typing import Dict, List
 
 from acl_runtime.io import atomic
+from acl_runtime.machine import CPU_FLAGS, read_cpu_kind
 
 # `2026-01-01 12:00:00 | INFO | valid | {"epoch": 1, "valid_loss": "0.99", ...}`
 LOG_LINE = re.compile(r"\|\s*(?P<tag>[\w.-]+)\s*\|\s*(?P<stats>\{.*\})\s*$")
@@ -124,6 +125,8 @@ def main(argv=None) -> int:
     result["early_exit_json"] = early_exit.get(subsets[0])  # relative to this result.json
     result["early_exit_jsons"] = early_exit
 
+    kind = read_cpu_kind()  # the machine the run trained on, for every record built from it
+    result["cpu_kind"], result["cpu_flags"] = kind.describe(), [f for f in CPU_FLAGS if f in kind.flags]
     result["checkpoint"] = "checkpoint_best.pt"
     result["train_log"] = args.log
     head_file = os.path.join(args.run_dir, "git_head.txt")

@@ -5,9 +5,10 @@ import platform
 import sys
 from typing import Dict
 
+from acl_runtime.machine import CPU_FLAGS
+
 from . import cli
 
-CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")  # what decides the kernels
 LIBRARIES = ("torch", "onnxruntime")
 
 
