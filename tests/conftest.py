@@ -13,6 +13,19 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
+import prebuilt  # noqa: E402  (tests/, on the path above)
+
+
+def pytest_collection_finish(session):
+    """The session's trained models, built in a background process on the core that pytest leaves idle
+    (tests/prebuilt.py)."""
+    if not session.config.option.collectonly:
+        prebuilt.start(session.items)
+
+
+def pytest_sessionfinish(session):
+    prebuilt.stop()
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: tests kept out of make test (real data, or long fairseq-train runs); "
@@ -35,26 +48,14 @@ def _one_torch_thread():
 def predict_run(tmp_path_factory):
     """(root, data, checkpoint): a tiny multi-exit model (mean pooling, every layer an exit) trained 2 epochs
     on toy pairs. Trained once for test_predict.py and test_predict_input.py, which only read it."""
-    import helpers
-
-    root = tmp_path_factory.mktemp("predict")
-    data = helpers.make_data(str(root / "data"), pair=True)["data"]
-    helpers.train(data, str(root / "ckpt"), criterion="sentence_prediction", arch="multi_exit_roberta",
-                  model_args=helpers.TINY_ROBERTA + ["--exit-pooling", "mean"], max_epoch=2)
-    return root, data, str(root / "ckpt" / "checkpoint_best.pt")
+    return prebuilt.get("predict_run", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def cls_pair_run(tmp_path_factory):
     """(data, checkpoint): predict_run's model with [CLS] pooling, trained 2 epochs on toy pairs. Trained once
     for test_calibrate.py and test_onnx.py, which only read it (each copies what it changes)."""
-    import helpers
-
-    root = tmp_path_factory.mktemp("cls_pair")
-    data = helpers.make_data(str(root / "data"), pair=True)["data"]
-    helpers.train(data, str(root / "ckpt"), criterion="sentence_prediction", arch="multi_exit_roberta",
-                  model_args=helpers.TINY_ROBERTA, max_epoch=2)
-    return data, str(root / "ckpt" / "checkpoint_best.pt")
+    return prebuilt.get("cls_pair_run", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
@@ -62,16 +63,7 @@ def regression_run(tmp_path_factory):
     """(checkpoint, data): a tiny multi-exit model trained 2 epochs on the toy task's [0, 1] scores (no
     label/dict.txt). Trained once for test_export_errors.py and test_serve_models.py, which only read it (each
     exports its own ONNX folder)."""
-    import os
-
-    import helpers
-
-    root = tmp_path_factory.mktemp("regression")
-    data = helpers.make_data(str(root / "data"), regression=True)["data"]
-    assert not os.path.exists(os.path.join(data, "label", "dict.txt"))
-    helpers.train(data, str(root / "ckpt"), criterion="sentence_ce", arch="multi_exit_roberta", num_classes=1,
-                  extra=["--regression-target", "--best-checkpoint-metric", "loss"], max_epoch=2)
-    return str(root / "ckpt" / "checkpoint_best.pt"), data
+    return prebuilt.get("regression_run", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
@@ -79,21 +71,21 @@ def plugin_task_run(tmp_path_factory):
     """(data, run folder): a tiny roberta trained one epoch under the plugin task sentence_prediction_acl on the
     toy data. Trained once for test_data_dictionary.py and test_acceleration.py, which only read it (each copies
     what it changes)."""
-    import helpers
-
-    root = tmp_path_factory.mktemp("plugin_task_run")
-    data = helpers.make_data(str(root / "data"))["data"]
-    helpers.train(data, str(root / "run"), task="sentence_prediction_acl")
-    return data, root / "run"
+    return prebuilt.get("plugin_task_run", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def tiny_bert_rte(tmp_path_factory):
     """tiny_hf.bert_on_toy_rte's converted BERT, toy RTE folder and two-update run, built once for
     test_predict.py (which only reads it) and test_export.py (which changes a copy)."""
-    import tiny_hf
+    return prebuilt.get("tiny_bert_rte", tmp_path_factory)
 
-    return tiny_hf.bert_on_toy_rte(tmp_path_factory.mktemp("tiny_bert_rte"))
+
+@pytest.fixture(scope="session")
+def tiny_bert_mean(tmp_path_factory):
+    """tiny_bert_rte with a two-class head made at conversion and mean pooling, for test_onnx.py (which only
+    reads it)."""
+    return prebuilt.get("tiny_bert_mean", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ from acl_fairseq.hf import onnx_export, onnx_tokenizer
 from acl_fairseq.inference import early_exit, hub
 from acl_runtime import engine as runtime
 from acl_runtime import exits
+from serve_helpers import exported as serve_export  # noqa: F401  (a fixture: the serving tests' int8 export)
 
 SHARPEN = 8.0
 ATOL = 1e-5
@@ -68,11 +69,10 @@ def toy(cls_pair_run, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def bert(tmp_path_factory):
-    import tiny_hf
-
+def bert(tiny_bert_mean, tmp_path_factory):
+    """conftest's converted BERT with mean pooling (only read), exported."""
     root = tmp_path_factory.mktemp("onnx_bert")
-    bert = tiny_hf.bert_on_toy_rte(root, num_classes=2, model_flags=["--exit-pooling", "mean"])
+    bert = tiny_bert_mean
     written = bert["written"]
     texts = _texts([(a, b) for a, b, _ in written["train"] + written["dev"]])
     model, eng = _export(bert["ckpt"], bert["data"], str(root / "onnx"), texts)
@@ -338,18 +338,6 @@ def test_acl_predict_on_the_folder_imports_neither_torch_nor_fairseq_where_insta
     assert _acl_predict_in_a_subprocess(toy, tmp_path, "") == "[]"
 
 
-# a fresh interpreter each, 5 s idle: make test keeps the case nearest acl-predict on a folder (acl-predict on a
-# checkpoint); the other two are slow
-@pytest.mark.parametrize("argv", [["acl-predict", "model/checkpoint_best.pt"],
-                                  pytest.param(["acl-evaluate", "{folder}"], marks=pytest.mark.slow),
-                                  pytest.param(["python", "-c"], marks=pytest.mark.slow)])
-def test_the_package_still_registers_for_everything_but_acl_predict_on_a_folder(toy, argv):
-    argv = [a.replace("{folder}", toy["out"]) for a in argv]
-    code = (f"import sys\nsys.argv = {argv!r}\nimport acl_fairseq\n"
-            "from fairseq.criterions import CRITERION_REGISTRY\nprint('acl_embed' in CRITERION_REGISTRY)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=helpers.REPO)
-    assert proc.returncode == 0 and proc.stdout.split()[-1] == "True", proc.stderr[-2000:]
-
 
 def test_missing_onnxruntime_is_refused_with_the_install_line(toy, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # what an environment without it raises on import
@@ -402,19 +390,17 @@ def test_a_tokenizer_kind_without_an_exact_file_is_refused(kind, files):
         onnx_tokenizer.build_json({"kind": kind, "files": files, "lowercase": False}, ".", None)
 
 
-def test_acl_export_writes_the_folder_that_acl_predict_runs(toy, tmp_path):
-    """acl-export --format onnx --quantize int8 end to end: OUT/onnx with its int8 copy, run by acl-predict."""
-    from acl_fairseq.hf import export
+def test_acl_export_writes_the_folder_that_acl_predict_runs(serve_export, tmp_path):  # noqa: F811
+    """acl-export --format onnx --quantize int8 end to end (the serving tests' export, made by export.main): OUT/onnx
+    with its int8 copy, run by acl-predict."""
     from acl_runtime import predict
 
-    out = tmp_path / "out"
-    export.main([toy["ckpt"], "--data", toy["data"], "--out", str(out), "--format", "onnx", "--quantize", "int8",
-                 "--metrics-split", "none"])
-    assert sorted(os.listdir(out)) == ["onnx"] and os.path.isdir(out / "onnx" / "int8")
+    folder = serve_export["folder"]
+    assert sorted(os.listdir(os.path.dirname(folder))) == ["onnx"] and os.path.isdir(os.path.join(folder, "int8"))
     src = tmp_path / "in.txt"
-    src.write_text("".join(t + "\n" for t in toy["texts"] if isinstance(t, str) and t.strip())[:2000])
+    src.write_text("".join(t + "\n" for t in serve_export["texts"] if isinstance(t, str) and t.strip()))
     for precision in ("fp32", "int8"):
-        predict.main([str(out / "onnx"), "--input", str(src), "--output", str(tmp_path / f"{precision}.jsonl"),
+        predict.main([folder, "--input", str(src), "--output", str(tmp_path / f"{precision}.jsonl"),
                       "--precision", precision])
     fp32, int8 = ([json.loads(line) for line in (tmp_path / f"{p}.jsonl").read_text().splitlines()]
                   for p in ("fp32", "int8"))
