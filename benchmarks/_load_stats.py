@@ -8,6 +8,7 @@ import harness as H
 
 REFILL_BOUND, MOONSHOT, P99_BOUND = 0.9, 0.95, 3.0
 SERVED_BOUND = 0.95  # saturated / (layer speed-up x the same server at full depth): the scheduler alone
+SAME_RATE_BOUND = 1.0  # refill's p99 / no refill's at the same offered rate: "no worse at every load"
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)")
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -119,7 +120,7 @@ def verdicts(results: List[Dict], n_sentences: int) -> List[Dict]:
         ans = res["answers"]
         add(name, f"answers differing from acl-predict's ({ans['sentences']} of {n_sentences} sentences)",
             ans["mismatches"], 0, False)
-        phases = [sat] + res["rates"] + ([served] if served else [])
+        phases = [sat] + res["rates"] + carried(res.get("same_rate_as_refill", [])) + ([served] if served else [])
         add(name, "requests lost or answered twice", sum(p["lost"] + p["wrong_id"] for p in phases), 0, False)
         if res.get("metrics"):
             served = sum(v for k, v in res["metrics"]["answered"].items() if k.startswith("infer "))
@@ -131,7 +132,21 @@ def verdicts(results: List[Dict], n_sentences: int) -> List[Dict]:
         add(name, f"SIGTERM ending without exit code 0 (exit code {stop['exit_code']}, {how})",
             int(stop["killed"] or stop["exit_code"] != 0 or bool(stop.get("left"))), 0, False)
         add(name, "errors: 5xx other than 503, 4xx, connections", sum(p["errors"] for p in phases), 0, False)
+    for res in results:  # refill against no refill at the same offered rate: refill's rates, run by both
+        twin = [r for r in results if r.get("refill") and not r.get("failed") and not res.get("refill")
+                and r.get("precision") == res.get("precision") and r["workers"] == res["workers"]]
+        for same in carried(res.get("same_rate_as_refill", [])) if twin and not res.get("failed") else []:
+            own = next(r for r in twin[0]["rates"] if r["fraction"] == same["refill_fraction"])
+            if own["p99_ms"] is not None and same["p99_ms"]:
+                add(twin[0]["config"], f"p99 with refill / without at the same offered rate "
+                    f"({same['offered_per_s']:.1f}/s, {same['refill_fraction']:.0%} of refill's saturation)",
+                    own["p99_ms"] / same["p99_ms"], SAME_RATE_BOUND, False)
     return out
+
+
+def carried(phases: List[Dict]) -> List[Dict]:
+    """The same-rate phases that ran (a rate above the configuration's saturation is recorded as skipped)."""
+    return [p for p in phases if not p.get("skipped")]
 
 
 def parse_metrics(text: str) -> List[Tuple[str, Dict[str, str], float]]:

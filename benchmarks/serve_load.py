@@ -24,7 +24,10 @@ client (benchmarks/_load_client.py, its own process, asyncio and a connection po
   and tokenization), the reference that measures the scheduler alone;
 - each rate of ``--rates`` x saturation: ``--requests`` Poisson arrivals (send times drawn up front, seeded; the
   same schedule stretched for every rate), sending stopped at ``--max-seconds``. Latency counts from the scheduled
-  send time.
+  send time;
+- without refill, also refill's own offered rates (requests/s, from the configuration of the same precision and
+  workers run before it; those above this configuration's saturation are recorded as skipped): each one's
+  fractions are of its own saturation, and refill's is higher, so only these compare the two at the same load.
 
 The reference is measured in this process, interleaved with the load (the server idle meanwhile), so that both
 see the same machine: once just before and once just after the saturation phase, the same precision's Engine at one
@@ -41,7 +44,8 @@ Where the time goes: before and after the saturation phase and each rate, /metri
 Targets (printed with pass/miss): saturated throughput with refill >= 0.95 x layer speed-up x the same server's
 full-depth throughput (the scheduler alone), and >= 0.9 x layer speed-up x the bare engine's full-depth batched
 throughput x workers (the whole service; 0.95: the moonshot), both ratios reported without refill; p99 at 50% of
-saturation <= 3 x the full-depth batch-1 latency (its median); every answer equal to acl-predict's (label, exit
+saturation <= 3 x the full-depth batch-1 latency (its median); p99 with refill <= p99 without at each of refill's
+offered rates that no refill carries; every answer equal to acl-predict's (label, exit
 layer, probabilities within ``--atol``); no request lost or answered twice (each answer carries its request's id,
 and the server's /metrics count of answers equals the client's); no 5xx but 503, no 4xx; SIGTERM ends the server
 with exit code 0.
@@ -59,7 +63,7 @@ import random
 import sys
 import tempfile
 import time
-from typing import Dict, List, NamedTuple, Optional
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import _glue_runs as G
 import _load_client as C
@@ -147,8 +151,9 @@ def phase_spec(args, port: int, texts: List[str], order: List[int], tag: str, **
 
 
 def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Reference, expected: List[Dict],
-               labels: List[str], tmp: str) -> Dict:
-    """Warm-up, a reference round, saturation, a reference round, the offered rates; then the workers' peaks and a
+               labels: List[str], tmp: str, same_rates: Sequence[Tuple[float, float]] = ()) -> Dict:
+    """Warm-up, a reference round, saturation, a reference round, the offered rates, then ``same_rates`` ((refill's
+    fraction, its offered rate per s): refill's rates, run again without refill); then the workers' peaks and a
     SIGTERM. The sentences go in one seeded order, repeated as far as each phase needs."""
     order = list(range(len(sentences)))
     random.Random(args.seed).shuffle(order)
@@ -184,23 +189,32 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
         if saturation["throughput_per_s"] <= 0:
             raise RuntimeError(f"serve_load: {cfg.name}: no answer at saturation; the server's log ends:\n"
                                f"{S.tail(log)}")
-        rates = []
         unit = C.poisson_offsets(1.0, args.requests, float("inf"), args.seed)
-        for fraction in args.rates:
-            rate = fraction * saturation["throughput_per_s"]
+
+        def open_loop(rate: float, what: str, tag: str) -> Dict:
             offsets = [t / rate for t in unit if t / rate < args.max_seconds]
-            G.log(f"{cfg.name}: {fraction:.0%} of saturation, {rate:.1f}/s, {len(offsets)} requests")
+            G.log(f"{cfg.name}: {what}, {rate:.1f}/s, {len(offsets)} requests")
             start = S.metrics(port)
-            out = S.drive(phase_spec(args, port, sentences, cycle(len(offsets)), f"{cfg.name}/{fraction}",
-                                     mode="open", offsets=offsets), tmp)
-            records += out["records"]
-            rates.append({"fraction": fraction, **T.summarize(out, rate, len(unit)),
-                          "split": T.split_between(start, S.metrics(port))})
+            out = S.drive(phase_spec(args, port, sentences, cycle(len(offsets)), f"{cfg.name}/{tag}", mode="open",
+                                     offsets=offsets), tmp)
+            records.extend(out["records"])
+            return {**T.summarize(out, rate, len(unit)), "split": T.split_between(start, S.metrics(port))}
+
+        rates = [{"fraction": f, **open_loop(f * saturation["throughput_per_s"], f"{f:.0%} of saturation", str(f))}
+                 for f in args.rates]
+        same = []  # without refill: refill's own offered rates, those this configuration can carry
+        for fraction, rate in same_rates:
+            if rate > saturation["throughput_per_s"]:
+                same.append({"refill_fraction": fraction, "offered_per_s": rate,
+                             "skipped": "above this configuration's saturation"})
+            else:
+                same.append({"refill_fraction": fraction,
+                             **open_loop(rate, f"refill's {fraction:.0%}", f"refill-{fraction}")})
         server = S.metrics(port)
         rss = S.worker_rss(proc.pid, cfg.workers)
     finally:
         stopped = S.stop_server(proc, args.stop_seconds)
-    if stopped["exit_code"] or any(p["errors"] for p in [saturation] + rates):
+    if stopped["exit_code"] or any(p["errors"] for p in [saturation] + rates + T.carried(same)):
         print(f"# {cfg.name}: errors or exit code {stopped['exit_code']}; the server's log ends:\n{S.tail(log)}",
               file=sys.stderr)
     answered = [r for r in records if r["status"] == 200 and r["id_ok"]]
@@ -208,7 +222,7 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
                                            "fill_saturation": T.fill_between(before, after),
                                            "fill_all_phases": T.fill_between(None, server)}
     return {"config": cfg.name, **cfg._asdict(), "saturation": saturation, "full_depth_served": full_depth,
-            "rates": rates,
+            "rates": rates, "same_rate_as_refill": same,
             "reference": ref.summary(), "mean_exit_layer": saturation["mean_exit_layer"],
             "layer_speedup": ref.engine.num_layers / saturation["mean_exit_layer"],
             "all_phases_mean_exit_layer": sum(r["exit_layer"] for r in answered) / max(1, len(answered)),
@@ -217,6 +231,17 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
             "answers": T.compare_answers(records, expected, labels, args.atol),
             "client_answered": sum(1 for r in warm["records"] + full["records"] + records if r["status"]),
             "wall_s": time.perf_counter() - started}
+
+
+def refill_rates(results: List[Dict], cfg: Config) -> List[Tuple[float, float]]:
+    """For a configuration without refill: (fraction, offered rate) of each rate that the same precision and
+    workers ran with refill, so that both are compared at the same load (each one's fractions are of its own
+    saturation, and refill's is higher)."""
+    if cfg.refill:
+        return []
+    twin = [r for r in results if r.get("refill") and not r.get("failed") and r["precision"] == cfg.precision
+            and r["workers"] == cfg.workers]
+    return [(r["fraction"], r["offered_per_s"]) for r in twin[0]["rates"]] if twin else []
 
 
 def outside_model(split: Optional[Dict], cpu_before: Optional[float], cpu_after: Optional[float]) -> Optional[Dict]:
@@ -241,7 +266,8 @@ def table_rows(results: List[Dict]) -> List[Dict]:
             continue
         rss = max(res["peak_rss_mb_per_worker"], default=None)
         full = [("full depth", res["full_depth_served"])] if "full_depth_served" in res else []
-        phases = [("saturation", res["saturation"])] + full + [(f"{r['fraction']:.0%}", r) for r in res["rates"]]
+        phases = [("saturation", res["saturation"])] + full + [(f"{r['fraction']:.0%}", r) for r in res["rates"]] + \
+            [(f"refill's {r['refill_fraction']:.0%}", r) for r in T.carried(res.get("same_rate_as_refill", []))]
         for phase, p in phases:
             rows.append({"config": res["config"], "phase": phase, **{k: p.get(k) for k in COLUMNS[2:-1]},
                          "peak_rss_mb": rss})
@@ -400,7 +426,8 @@ def main(argv=None) -> Dict:
             ref = refs[cfg.precision]
             ref.rounds = []
             try:
-                results.append(run_config(args, cfg, folder, sentences, ref, expected[cfg.precision], labels, tmp))
+                results.append(run_config(args, cfg, folder, sentences, ref, expected[cfg.precision], labels, tmp,
+                                          same_rates=refill_rates(results, cfg)))
             except RuntimeError as e:  # one configuration's failure must not cost the others' measurements
                 print(f"# {cfg.name}: failed: {e}", file=sys.stderr)
                 results.append({"config": cfg.name, **cfg._asdict(), "failed": str(e)[-3000:]})

@@ -283,6 +283,36 @@ def test_the_scheduler_alone_is_judged_against_the_same_server_at_full_depth():
     assert _pick(found, "cTrue1", "requests lost")["value"] == 1  # the full-depth phase is counted too
 
 
+def test_refill_is_judged_against_no_refill_at_the_same_offered_rate():
+    """Each configuration's fractions are of its own saturation; the verdict pairs refill's rates with the runs
+    of the same rates without refill (one skipped above no refill's saturation), a miss is a miss."""
+    on, off = _result(True, 1, 90.0, 60.0, 1.5, 29.0, 10.0), _result(False, 1, 45.0, 60.0, 1.5, 5.0, 10.0)
+    on["rates"] = [{**on["rates"][0], "fraction": f, "offered_per_s": f * 90.0, "p99_ms": p} for f, p in
+                   ((0.25, 12.0), (0.5, 30.0), (1.0, 80.0))]
+    off["same_rate_as_refill"] = [
+        {"refill_fraction": 0.25, "offered_per_s": 22.5, "p99_ms": 10.0, "lost": 0, "wrong_id": 0, "errors": 0},
+        {"refill_fraction": 0.5, "offered_per_s": 45.0, "p99_ms": 60.0, "lost": 3, "wrong_id": 0, "errors": 0},
+        {"refill_fraction": 1.0, "offered_per_s": 90.0, "skipped": "above this configuration's saturation"}]
+    found = T.verdicts([on, off], n_sentences=10)
+    same = [v for v in found if v["target"].startswith("p99 with refill / without")]
+    assert [(v["config"], v["value"], v["pass"]) for v in same] == [
+        ("cTrue1", pytest.approx(1.2), False), ("cTrue1", pytest.approx(0.5), True)]
+    assert "22.5/s, 25% of refill's saturation" in same[0]["target"] and T.SAME_RATE_BOUND == 1.0
+    assert _pick(found, "cFalse1", "requests lost")["value"] == 3  # the same-rate phases are counted too
+
+
+def test_no_refill_runs_refills_own_rates_of_the_same_precision_and_workers():
+    import serve_load
+
+    ran = [{"config": "refill fp32 w1", "refill": True, "precision": "fp32", "workers": 1,
+            "rates": [{"fraction": 0.25, "offered_per_s": 40.0}, {"fraction": 0.5, "offered_per_s": 80.0}]},
+           {"config": "refill int8 w1", "refill": True, "precision": "int8", "workers": 1, "failed": "x"}]
+    assert serve_load.refill_rates(ran, serve_load.Config(False, "fp32", 1)) == [(0.25, 40.0), (0.5, 80.0)]
+    assert serve_load.refill_rates(ran, serve_load.Config(False, "fp32", 2)) == []
+    assert serve_load.refill_rates(ran, serve_load.Config(False, "int8", 1)) == []  # its twin failed
+    assert serve_load.refill_rates(ran, serve_load.Config(True, "fp32", 1)) == []
+
+
 # ---- the command line and the record -------------------------------------------------------------
 
 
@@ -310,7 +340,7 @@ def test_the_record_holds_setup_results_and_verdicts_and_is_written_whole(tmp_pa
         def __init__(self, folder, precision, sentences, args):
             self.engine = type("E", (), {"label_names": lambda self: ["1", "0"]})()
 
-    def fake_run(args, cfg, folder, sentences, ref, expected, labels, tmp):
+    def fake_run(args, cfg, folder, sentences, ref, expected, labels, tmp, same_rates=()):
         if not cfg.refill:
             raise RuntimeError("acl-serve exited (1) before it was ready")
         res = _result(cfg.refill, cfg.workers, 90.0, 60.0, 1.5, 29.0, 10.0)
@@ -393,6 +423,12 @@ def test_a_quick_run_serves_every_sentence_as_acl_predict_does(tmp_path):
         assert res["metrics"]["fill_saturation"]["0"]["calls"] > 0  # the server's own metrics were read
     kept = [v for v in got["verdicts"] if v["bound"] == 0]  # answers, none lost, the server's count, SIGTERM, errors
     assert len(kept) == 10 and all(v["pass"] for v in kept)
+    on, off = got["results"]  # no refill also ran refill's own rates, those it could carry
+    assert on["same_rate_as_refill"] == []
+    assert [(s["refill_fraction"], s["offered_per_s"]) for s in off["same_rate_as_refill"]] == \
+        [(r["fraction"], r["offered_per_s"]) for r in on["rates"]]
+    for s in off["same_rate_as_refill"]:
+        assert s.get("skipped") or (s["errors"] == s["lost"] == 0 and s["sent"] == s["ok"] + s["n_503"] > 0)
     assert (tmp_path / "load.png").stat().st_size > 0
 
 
