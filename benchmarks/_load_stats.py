@@ -114,6 +114,12 @@ def verdicts(results: List[Dict], n_sentences: int) -> List[Dict]:
         if split.get("cpu_share_outside_model") is not None:
             add(name, "share of the workers' CPU time outside the model at saturation",
                 split["cpu_share_outside_model"], None, False)
+        own, full = cpu_per_request(split), cpu_per_request((served or {}).get("split") or {})
+        if own and full:  # the scheduler-alone ratio taken apart: the model calls, and the rest
+            add(name, "model CPU a request at full depth / (layer speed-up x with this policy): its model calls' "
+                "efficiency", full[1] / (res["layer_speedup"] * own[1]), None, True)
+            add(name, "CPU outside the model a request, with this policy / at full depth", own[0] / full[0], None,
+                False)
         half = next((r for r in res["rates"] if r["fraction"] == 0.5), None)
         if half is not None and half["p99_ms"] is not None:
             add(name, "p99 at 50% / full-depth batch-1 latency", half["p99_ms"] / ref["batch1_ms"], P99_BOUND, False)
@@ -142,6 +148,15 @@ def verdicts(results: List[Dict], n_sentences: int) -> List[Dict]:
                     f"({same['offered_per_s']:.1f}/s, {same['refill_fraction']:.0%} of refill's saturation)",
                     own["p99_ms"] / same["p99_ms"], SAME_RATE_BOUND, False)
     return out
+
+
+def cpu_per_request(split: Dict) -> Optional[Tuple[float, float]]:
+    """(CPU ms outside the model, CPU ms in model calls) a request answered in a phase, from its split; None where
+    the workers' CPU was not read."""
+    cpu, model, n = split.get("worker_cpu_seconds"), split.get("model_cpu_seconds"), split.get("requests")
+    if not cpu or model is None or not n:
+        return None
+    return 1000 * (cpu - model) / n, 1000 * model / n
 
 
 def carried(phases: List[Dict]) -> List[Dict]:

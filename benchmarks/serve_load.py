@@ -184,8 +184,10 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
         # the same server at full depth ("policy": "none" on each request): the scheduler's own reference
         full = S.drive(phase_spec(args, port, sentences, cycle(n_sat), f"{cfg.name}/full", mode="closed",
                                   concurrency=concurrency, parameters={"policy": "none"}), tmp)
+        after_full, cpu_after_full = S.metrics(port), S.cpu_seconds(proc.pid, cfg.workers)
         ref.round()
-        full_depth = {**T.summarize(full, None, n_sat), "throughput_per_s": T.steady_throughput(full, concurrency)}
+        full_depth = {**T.summarize(full, None, n_sat), "throughput_per_s": T.steady_throughput(full, concurrency),
+                      "split": outside_model(T.split_between(after, after_full), cpu_after, cpu_after_full)}
         if saturation["throughput_per_s"] <= 0:
             raise RuntimeError(f"serve_load: {cfg.name}: no answer at saturation; the server's log ends:\n"
                                f"{S.tail(log)}")

@@ -281,6 +281,14 @@ def test_the_scheduler_alone_is_judged_against_the_same_server_at_full_depth():
     assert served["pass"] is True
     assert _pick(found, "cTrue1", "share of the workers' CPU")["value"] == 0.4
     assert _pick(found, "cTrue1", "requests lost")["value"] == 1  # the full-depth phase is counted too
+    assert not [v for v in found if v["target"].startswith("model CPU a request")]  # no CPU read: not made up
+    # the ratio taken apart: 100 requests each; with refill 0.6 s in model calls of 1.0 s, at full depth 1.2 of 1.5
+    res["saturation"]["split"] = {"requests": 100, "worker_cpu_seconds": 1.0, "model_cpu_seconds": 0.6}
+    res["full_depth_served"]["split"] = {"requests": 100, "worker_cpu_seconds": 1.5, "model_cpu_seconds": 1.2}
+    found = T.verdicts([res], n_sentences=10)
+    assert _pick(found, "cTrue1", "model CPU a request")["value"] == pytest.approx(12.0 / (1.5 * 6.0))
+    assert _pick(found, "cTrue1", "CPU outside the model a request")["value"] == pytest.approx(4.0 / 3.0)
+    assert T.cpu_per_request({"requests": 0, "worker_cpu_seconds": 1.0, "model_cpu_seconds": 0.5}) is None
 
 
 def test_refill_is_judged_against_no_refill_at_the_same_offered_rate():
@@ -421,6 +429,7 @@ def test_a_quick_run_serves_every_sentence_as_acl_predict_does(tmp_path):
         assert res["server"] == {**res["server"], "exit_code": 0, "killed": False, "left": False}
         assert len(res["peak_rss_mb_per_worker"]) == 1 and res["peak_rss_mb_per_worker"][0] > 50
         assert res["metrics"]["fill_saturation"]["0"]["calls"] > 0  # the server's own metrics were read
+        assert res["full_depth_served"]["split"]["requests"] > 0  # and its full-depth phase's split
     kept = [v for v in got["verdicts"] if v["bound"] == 0]  # answers, none lost, the server's count, SIGTERM, errors
     assert len(kept) == 10 and all(v["pass"] for v in kept)
     on, off = got["results"]  # no refill also ran refill's own rates, those it could carry
