@@ -87,16 +87,30 @@ def test_batches_join_rows_from_different_requests():
     assert [(layer, rows) for layer, rows, _ in backend.calls] == [(i, 8) for i in (1, 2, 3, 4)]
 
 
-def test_padding_waste_is_capped():
+def test_padding_waste_is_capped_when_batches_refill():
     backend = MeanBackend(exit_layers=(2,))
-    sched = Scheduler(backend, max_batch=8, max_queue=64, max_padding=0.5)
+    sched = Scheduler(backend, max_batch=2, max_queue=64, max_padding=0.5)  # 3 rows: more than a batch
     short, long = [2] * 2, [3] * 11
-    futures = [sched.submit([short]), sched.submit([long]), sched.submit([short])]
+    futures = [sched.submit([long]), sched.submit([short]), sched.submit([short])]
     while sched.step():
         pass
     assert all(f.done() for f in futures)
     # a 2-token row and an 11-token row never share a batch: 2 x 11 positions for 13 real ones
-    assert all(not (rows == 3 or (rows == 2 and length == 11)) for _, rows, length in backend.calls)
+    assert all(not (rows == 2 and length == 11) for _, rows, length in backend.calls)
+
+
+def test_a_light_loads_wave_takes_every_waiting_row_as_without_refill():
+    """Nothing in flight and at most a batch waiting: one wave of all of them, whatever their lengths (capped, a
+    burst of unlike lengths ran as two waves, the second waiting for the first: a longer tail than without
+    refill at the same rate)."""
+    short, long = [2] * 2, [3] * 11
+    for refill in (True, False):
+        backend = MeanBackend(exit_layers=(2,))
+        sched = Scheduler(backend, max_batch=8, max_queue=64, max_padding=0.5, refill=refill)
+        futures = [sched.submit([short]), sched.submit([long]), sched.submit([short])]
+        assert sched.step() and not sched.step()  # one step answered all three
+        assert all(f.done() for f in futures)
+        assert [(rows, length) for _, rows, length in backend.calls] == [(3, 11)] * 2, refill  # layers 1 and 2
 
 
 def test_no_row_waits_for_ever():
