@@ -39,10 +39,10 @@ against 95 and 133. Rule 3 alone (no deadline) in one round: 117 requests/s, p99
 load a new row waits for the wave in flight (6-12 ms of its slowest input's 9-16 ms in queues), and on one
 thread a batch of 32 runs its rows only 1.2-1.3x faster than one at a time (the engine: 125-149 sentences/s
 batched, 8.6-9.8 ms a sentence alone), so batching shortens that wait little. Refill against no refill at the same
-offered rate (serve_load's same-rate phases, int8, one worker, 25% of refill's saturation, 75-83 requests/s): with
+offered rate (serve_load's same-rate phases, int8, one worker, 25% of refill's saturation, 69-88 requests/s): with
 rule 3's wave gathered under ``max_padding``, refill's p99 over no refill's was 1.41, 1.63, 1.03 and 0.83 in four
-runs (medians at or below no refill's); taking every waiting row, as without refill, 1.05, 1.11 and 0.77 (refill's
-p99 27.8-31.7 ms against 28.2-49.5 before).
+runs (medians at or below no refill's); taking every waiting row, as without refill, 1.05, 1.11, 0.77, 0.58 and
+1.81: at a quarter load a p99 of 872 requests, measured minutes apart, is noise beside the difference.
 
 A batch starts with its queue's oldest row and takes the rows closest to it in length while the padding stays
 within ``max_padding`` of the real tokens. With ``refill=False`` the scheduler is today's batched early exit: up to
