@@ -11,6 +11,23 @@ import time
 import urllib.request
 from typing import Dict, List, Optional
 
+MODEL = "acl"
+
+
+def server_command(args, refill: bool, precision: str, workers: int, folder: str, port: int) -> List[str]:
+    """acl-serve on ``folder`` with serve_load's flags (``args``), one thread a worker."""
+    return [args.server, folder, "--host", "127.0.0.1", "--port", str(port), "--model-name", MODEL,
+            "--precision", precision, "--policy", args.policy, "--threshold", str(args.threshold),
+            "--max-batch", str(args.max_batch), "--max-queue", str(args.max_queue), "--workers", str(workers),
+            "--refill" if refill else "--no-refill", "--threads", "1",
+            *(["--slo-ms", str(args.slo_ms)] if args.slo_ms else [])]
+
+
+def phase_spec(args, port: int, texts: List[str], order: List[int], tag: str, **kw) -> Dict:
+    """One phase of the client (benchmarks/_load_client.py): the sentences in ``order``, closed or open loop."""
+    return {"host": "127.0.0.1", "port": port, "model": MODEL, "texts": texts, "order": order, "tag": tag,
+            "max_seconds": args.max_seconds, "drain_seconds": args.drain_seconds, **kw}
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -6,6 +6,7 @@ saturation, for refill on and off, fp32 and int8, 1 and 2 workers, with its targ
         [--json benchmarks/results/serve_load.json] [--plot benchmarks/results/serve_load.png]
     python benchmarks/serve_load.py --quick --refill on --precision fp32 --workers 1 --json /tmp/load.json
     python benchmarks/serve_load.py --calibrate max-drop=1.0 --json benchmarks/results/serve_load_calibrated.json
+    python benchmarks/serve_load.py --workers 1 --rates 0.25 0.5 --interleave 5 --json PATH
 
 Model and data: serve_speed.py's (the predict_speed MiniLM acl_cross_layer model, exported once with its int8
 copy into WORK/serve_speed/onnx; ``--toy``: the toy model, for the test), the 872 SST-2 dev sentences, policy
@@ -27,7 +28,9 @@ client (benchmarks/_load_client.py, its own process, asyncio and a connection po
   send time;
 - without refill, also refill's own offered rates (requests/s, from the configuration of the same precision and
   workers run before it; those above this configuration's saturation are recorded as skipped): each one's
-  fractions are of its own saturation, and refill's is higher, so only these compare the two at the same load.
+  fractions are of its own saturation, and refill's is higher, so only these compare the two at the same load;
+  with ``--interleave N`` in their place, after all configurations: both servers live at once and refill's rates
+  run on each in turn, N rounds, the median ratio judged (benchmarks/_load_pair.py).
 
 The reference is measured in this process, interleaved with the load (the server idle meanwhile), so that both
 see the same machine: once just before and once just after the saturation phase, the same precision's Engine at one
@@ -67,6 +70,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import _glue_runs as G
 import _load_client as C
+import _load_pair as P
 import _load_server as S
 import _load_stats as T
 import common
@@ -75,7 +79,6 @@ from _serving import add_model_flags, check_model_flags, load, model_and_sentenc
 from acl_runtime import calibration, console, exits
 from acl_runtime.io import atomic
 
-MODEL = "acl"
 RATES = (0.25, 0.5, 0.75, 1.0, 1.25)
 SATURATION_BATCHES = 8  # closed-loop callers per worker, in max batches: a full batch per queue, and one more
 COLUMNS = ["config", "phase", "offered_per_s", "throughput_per_s", "p50_ms", "p95_ms", "p99_ms", "n_503", "errors",
@@ -137,19 +140,6 @@ class Reference:
 # ---- one configuration ---------------------------------------------------------------------------
 
 
-def server_command(args, cfg: Config, folder: str, port: int) -> List[str]:
-    return [args.server, folder, "--host", "127.0.0.1", "--port", str(port), "--model-name", MODEL,
-            "--precision", cfg.precision, "--policy", args.policy, "--threshold", str(args.threshold),
-            "--max-batch", str(args.max_batch), "--max-queue", str(args.max_queue), "--workers", str(cfg.workers),
-            "--refill" if cfg.refill else "--no-refill", "--threads", "1",
-            *(["--slo-ms", str(args.slo_ms)] if args.slo_ms else [])]
-
-
-def phase_spec(args, port: int, texts: List[str], order: List[int], tag: str, **kw) -> Dict:
-    return {"host": "127.0.0.1", "port": port, "model": MODEL, "texts": texts, "order": order, "tag": tag,
-            "max_seconds": args.max_seconds, "drain_seconds": args.drain_seconds, **kw}
-
-
 def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Reference, expected: List[Dict],
                labels: List[str], tmp: str, same_rates: Sequence[Tuple[float, float]] = ()) -> Dict:
     """Warm-up, a reference round, saturation, a reference round, the offered rates, then ``same_rates`` ((refill's
@@ -165,16 +155,17 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
     port = S.free_port()
     log = os.path.join(tmp, "server.log")
     G.log(f"{cfg.name}: acl-serve on 127.0.0.1:{port}")
-    proc = S.start_server(server_command(args, cfg, folder, port), log, port, args.ready_seconds)
+    proc = S.start_server(S.server_command(args, cfg.refill, cfg.precision, cfg.workers, folder, port), log, port,
+                           args.ready_seconds)
     records = []
     try:
         concurrency = args.concurrency or SATURATION_BATCHES * args.max_batch * cfg.workers
-        warm = S.drive(phase_spec(args, port, sentences, cycle(args.max_batch), f"{cfg.name}/warm", mode="closed",
+        warm = S.drive(S.phase_spec(args, port, sentences, cycle(args.max_batch), f"{cfg.name}/warm", mode="closed",
                                   concurrency=args.max_batch), tmp)
         ref.round()
         before, cpu_before = S.metrics(port), S.cpu_seconds(proc.pid, cfg.workers)
         n_sat = args.saturation_requests or max(2 * len(sentences), 4 * concurrency)
-        out = S.drive(phase_spec(args, port, sentences, cycle(n_sat), f"{cfg.name}/sat", mode="closed",
+        out = S.drive(S.phase_spec(args, port, sentences, cycle(n_sat), f"{cfg.name}/sat", mode="closed",
                                  concurrency=concurrency), tmp)
         after, cpu_after = S.metrics(port), S.cpu_seconds(proc.pid, cfg.workers)
         records += out["records"]
@@ -182,7 +173,7 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
                       "concurrency": concurrency,
                       "split": outside_model(T.split_between(before, after), cpu_before, cpu_after)}
         # the same server at full depth ("policy": "none" on each request): the scheduler's own reference
-        full = S.drive(phase_spec(args, port, sentences, cycle(n_sat), f"{cfg.name}/full", mode="closed",
+        full = S.drive(S.phase_spec(args, port, sentences, cycle(n_sat), f"{cfg.name}/full", mode="closed",
                                   concurrency=concurrency, parameters={"policy": "none"}), tmp)
         after_full, cpu_after_full = S.metrics(port), S.cpu_seconds(proc.pid, cfg.workers)
         ref.round()
@@ -197,7 +188,7 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
             offsets = [t / rate for t in unit if t / rate < args.max_seconds]
             G.log(f"{cfg.name}: {what}, {rate:.1f}/s, {len(offsets)} requests")
             start = S.metrics(port)
-            out = S.drive(phase_spec(args, port, sentences, cycle(len(offsets)), f"{cfg.name}/{tag}", mode="open",
+            out = S.drive(S.phase_spec(args, port, sentences, cycle(len(offsets)), f"{cfg.name}/{tag}", mode="open",
                                      offsets=offsets), tmp)
             records.extend(out["records"])
             return {**T.summarize(out, rate, len(unit)), "split": T.split_between(start, S.metrics(port))}
@@ -233,17 +224,6 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
             "answers": T.compare_answers(records, expected, labels, args.atol),
             "client_answered": sum(1 for r in warm["records"] + full["records"] + records if r["status"]),
             "wall_s": time.perf_counter() - started}
-
-
-def refill_rates(results: List[Dict], cfg: Config) -> List[Tuple[float, float]]:
-    """For a configuration without refill: (fraction, offered rate) of each rate that the same precision and
-    workers ran with refill, so that both are compared at the same load (each one's fractions are of its own
-    saturation, and refill's is higher)."""
-    if cfg.refill:
-        return []
-    twin = [r for r in results if r.get("refill") and not r.get("failed") and r["precision"] == cfg.precision
-            and r["workers"] == cfg.workers]
-    return [(r["fraction"], r["offered_per_s"]) for r in twin[0]["rates"]] if twin else []
 
 
 def outside_model(split: Optional[Dict], cpu_before: Optional[float], cpu_after: Optional[float]) -> Optional[Dict]:
@@ -330,6 +310,10 @@ def parse_args(argv=None):
     p.add_argument("--drain-seconds", type=float, default=30.0, help="answers later than this are lost")
     p.add_argument("--batch1-sentences", type=int, default=200, help="the batch-1 reference's subset")
     p.add_argument("--atol", type=float, default=1e-5, help="probabilities equal to acl-predict's within this")
+    p.add_argument("--interleave", type=int, default=0, metavar="N",
+                   help="compare refill with no refill at refill's offered rates on two live servers, the phases "
+                   "alternated, N rounds, medians (benchmarks/_load_pair.py); in place of the no-refill "
+                   "configurations' single same-rate phases (default 0: those)")
     p.add_argument("--seed", type=int, default=1, help="the arrivals, the sentence order, the batch-1 subset")
     p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all; --quick: 128)")
     p.add_argument("--ready-seconds", type=float, default=120.0, help="start-up bound of the server")
@@ -429,13 +413,15 @@ def main(argv=None) -> Dict:
             ref.rounds = []
             try:
                 results.append(run_config(args, cfg, folder, sentences, ref, expected[cfg.precision], labels, tmp,
-                                          same_rates=refill_rates(results, cfg)))
+                                          same_rates=[] if args.interleave or cfg.refill else
+                                          P.refill_rates(results, cfg.precision, cfg.workers)))
             except RuntimeError as e:  # one configuration's failure must not cost the others' measurements
                 print(f"# {cfg.name}: failed: {e}", file=sys.stderr)
                 results.append({"config": cfg.name, **cfg._asdict(), "failed": str(e)[-3000:]})
-    found = T.verdicts(results, len(sentences))
+        pairs = P.pairs(args, results, folder, sentences, tmp) if args.interleave else []
+    found = T.verdicts(results, len(sentences)) + P.verdicts(pairs)
     record = {"benchmark": "serve_load", "setup": setup_record(args, folder, len(sentences)), "results": results,
-              "verdicts": found}
+              "interleaved": pairs, "verdicts": found}
     print(f"# serve_load: {len(sentences)} sentences of {'the toy task' if args.toy else 'SST-2 dev'}, policy "
           f"{args.policy} {args.threshold}, max batch {args.max_batch}, one thread a worker, {os.cpu_count()} cpus")
     H.print_noted_table(table_rows(results), COLUMNS, FORMATS)

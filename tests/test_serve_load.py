@@ -310,15 +310,33 @@ def test_refill_is_judged_against_no_refill_at_the_same_offered_rate():
 
 
 def test_no_refill_runs_refills_own_rates_of_the_same_precision_and_workers():
-    import serve_load
+    import _load_pair as P
 
     ran = [{"config": "refill fp32 w1", "refill": True, "precision": "fp32", "workers": 1,
             "rates": [{"fraction": 0.25, "offered_per_s": 40.0}, {"fraction": 0.5, "offered_per_s": 80.0}]},
            {"config": "refill int8 w1", "refill": True, "precision": "int8", "workers": 1, "failed": "x"}]
-    assert serve_load.refill_rates(ran, serve_load.Config(False, "fp32", 1)) == [(0.25, 40.0), (0.5, 80.0)]
-    assert serve_load.refill_rates(ran, serve_load.Config(False, "fp32", 2)) == []
-    assert serve_load.refill_rates(ran, serve_load.Config(False, "int8", 1)) == []  # its twin failed
-    assert serve_load.refill_rates(ran, serve_load.Config(True, "fp32", 1)) == []
+    assert P.refill_rates(ran, "fp32", 1) == [(0.25, 40.0), (0.5, 80.0)]
+    assert P.refill_rates(ran, "fp32", 2) == []
+    assert P.refill_rates(ran, "int8", 1) == []  # its twin failed
+
+
+def test_interleaved_rounds_are_judged_by_their_median_ratio():
+    import _load_pair as P
+
+    def phase(p99, p50=10.0, lost=0):
+        return {"p99_ms": p99, "p50_ms": p50, "lost": lost, "wrong_id": 0, "errors": 0}
+
+    rounds = [{"refill": phase(30.0), "no_refill": phase(20.0)}, {"refill": phase(20.0), "no_refill": phase(25.0)},
+              {"refill": phase(18.0, lost=1), "no_refill": phase(20.0)}]
+    got = P.medians(rounds)
+    assert got["p99_ratios"] == pytest.approx([1.5, 0.8, 0.9]) and got["p99_ratio_median"] == pytest.approx(0.9)
+    pair = {"precision": "int8", "workers": 1, "rounds": 3, "servers": {"refill": {"killed": False, "exit_code": 0},
+                                                                        "no_refill": {"killed": False, "exit_code": 0}},
+            "rates": [{"refill_fraction": 0.25, "offered_per_s": 80.0, "rounds": rounds, **got}]}
+    found = P.verdicts([pair])
+    assert [(v["config"], v["value"], v["pass"]) for v in found] == [
+        ("refill int8 w1", pytest.approx(0.9), True), ("refill int8 w1", 1, False)]  # the lost request counts
+    assert "median of 3 interleaved rounds" in found[0]["target"]
 
 
 # ---- the command line and the record -------------------------------------------------------------
@@ -439,6 +457,27 @@ def test_a_quick_run_serves_every_sentence_as_acl_predict_does(tmp_path):
     for s in off["same_rate_as_refill"]:
         assert s.get("skipped") or (s["errors"] == s["lost"] == 0 and s["sent"] == s["ok"] + s["n_503"] > 0)
     assert (tmp_path / "load.png").stat().st_size > 0
+
+
+@pytest.mark.slow  # two live servers and the toy model: about 40 s
+def test_interleave_runs_refills_rates_on_both_live_servers_in_turn(tmp_path):
+    import serve_load
+
+    got = serve_load.main(["--toy", "--quick", "--refill", "on", "off", "--precision", "fp32", "--workers", "1",
+                           "--rates", "0.5", "--interleave", "2", "--work", str(tmp_path / "work"), "--json",
+                           str(tmp_path / "load.json")])
+    on, off = got["results"]
+    assert off["same_rate_as_refill"] == []  # the interleaved rounds take the place of the single phases
+    (pair,) = got["interleaved"]
+    (rate,) = pair["rates"]
+    assert (pair["precision"], pair["workers"], pair["rounds"]) == ("fp32", 1, 2)
+    assert rate["offered_per_s"] == on["rates"][0]["offered_per_s"] and len(rate["rounds"]) == 2
+    for r in rate["rounds"]:
+        for side in ("refill", "no_refill"):
+            assert r[side]["ok"] == r[side]["sent"] > 0 and r[side]["errors"] == r[side]["lost"] == 0
+    assert len(rate["p99_ratios"]) == 2 and rate["p99_ratio_median"] > 0
+    assert all(s["exit_code"] == 0 for s in pair["servers"].values())
+    assert [v["pass"] for v in got["verdicts"] if v["target"].startswith("interleaved:")] == [True]
 
 
 METRICS = """# HELP acl_requests_total requests answered, by route and HTTP status

@@ -1,0 +1,121 @@
+"""Refill against no refill at the same offered rate, interleaved (benchmarks/serve_load.py ``--interleave N``).
+
+Each configuration's rates are fractions of its own saturation, and measured minutes apart; a p99 of a few
+hundred requests moves more than the difference between the two at a light load. Here two servers of one
+precision and worker count, one with refill and one without, are live at once (the idle one waits on its socket),
+and each of refill's offered rates (requests/s) runs on both in turn, ``N`` rounds, the first server alternating
+round by round; the same seeded arrivals and sentences every time. The verdict is the median over rounds of
+refill's p99 over no refill's, each round's pair run back to back.
+"""
+import os
+import random
+import statistics
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import _glue_runs as G
+import _load_client as C
+import _load_server as S
+import _load_stats as T
+import harness as H
+
+SIDES = (("refill", True), ("no_refill", False))
+
+
+def refill_rates(results: List[Dict], precision: str, workers: int) -> List[Tuple[float, float]]:
+    """(fraction, offered rate per s) of each rate that ``precision`` and ``workers`` ran with refill, so that no
+    refill runs at the same load (each one's fractions are of its own saturation, and refill's is higher)."""
+    twin = [r for r in results if r.get("refill") and not r.get("failed") and r["precision"] == precision
+            and r["workers"] == workers]
+    return [(r["fraction"], r["offered_per_s"]) for r in twin[0]["rates"]] if twin else []
+
+
+def pairs(args, results: List[Dict], folder: str, sentences: List[str], tmp: str) -> List[Dict]:
+    """``--interleave``: per precision and workers that ran with refill, its offered rates on both servers (those
+    the same configuration without refill carried, when it ran)."""
+    found = []
+    for precision in args.precision:
+        for workers in args.workers:
+            rates = refill_rates(results, precision, workers)
+            off = [r for r in results if not r.get("refill") and not r.get("failed") and r["precision"] == precision
+                   and r["workers"] == workers]
+            if off:
+                rates = [(f, r) for f, r in rates if r <= off[0]["saturation"]["throughput_per_s"]]
+            if not rates:
+                continue
+            try:
+                found.append(interleaved(args, precision, workers, rates, folder, sentences, tmp))
+            except RuntimeError as e:
+                print(f"# interleaved {precision} w{workers}: failed: {e}", file=sys.stderr)
+    return found
+
+
+def interleaved(args, precision: str, workers: int, rates: Sequence[Tuple[float, float]], folder: str,
+                sentences: List[str], tmp: str) -> Dict:
+    """``rates``: (refill's fraction, its offered rate per s). The rounds of each rate and their medians."""
+    order = list(range(len(sentences)))
+    random.Random(args.seed).shuffle(order)
+    unit = C.poisson_offsets(1.0, args.requests, float("inf"), args.seed)
+    name = f"{precision} w{workers}"
+    servers, stopped = {}, {}
+    try:
+        for side, refill in SIDES:
+            port = S.free_port()
+            log = os.path.join(tmp, f"pair-{side}.log")
+            G.log(f"interleaved {name}: acl-serve {side} on 127.0.0.1:{port}")
+            proc = S.start_server(S.server_command(args, refill, precision, workers, folder, port), log, port,
+                                  args.ready_seconds)
+            servers[side] = (proc, port)
+            S.drive(S.phase_spec(args, port, sentences, order[: args.max_batch], f"{name}/{side}/warm",
+                                 mode="closed", concurrency=args.max_batch), tmp)
+        results = []
+        for fraction, rate in rates:
+            offsets = [t / rate for t in unit if t / rate < args.max_seconds]
+            cycle = [order[i % len(order)] for i in range(len(offsets))]
+            G.log(f"interleaved {name}: refill's {fraction:.0%}, {rate:.1f}/s, {args.interleave} rounds of "
+                  f"{len(offsets)} requests on each server")
+            rounds = []
+            for k in range(args.interleave):
+                row = {}
+                for side, _ in (SIDES if k % 2 == 0 else SIDES[::-1]):
+                    out = S.drive(S.phase_spec(args, servers[side][1], sentences, cycle, f"{name}/{side}/{k}",
+                                               mode="open", offsets=offsets), tmp)
+                    row[side] = T.summarize(out, rate, len(unit))
+                rounds.append(row)
+            results.append({"refill_fraction": fraction, "offered_per_s": rate, "rounds": rounds,
+                            **medians(rounds)})
+    finally:
+        for side, (proc, _) in servers.items():
+            stopped[side] = S.stop_server(proc, args.stop_seconds)
+    return {"precision": precision, "workers": workers, "rounds": args.interleave, "rates": results,
+            "servers": stopped}
+
+
+def medians(rounds: List[Dict]) -> Dict:
+    """Per round, refill's p99 and p50 over no refill's; their medians (None where a round has no latency)."""
+    out: Dict[str, Optional[float]] = {}
+    for q in ("p99", "p50"):
+        ratios = [r["refill"][f"{q}_ms"] / r["no_refill"][f"{q}_ms"] for r in rounds
+                  if r["refill"][f"{q}_ms"] is not None and r["no_refill"][f"{q}_ms"]]
+        out[f"{q}_ratios"] = ratios
+        out[f"{q}_ratio_median"] = statistics.median(ratios) if ratios else None
+    return out
+
+
+def verdicts(pairs: List[Dict]) -> List[Dict]:
+    """The median p99 ratio per rate against "no worse" (1.0), and none lost, no error, a clean SIGTERM."""
+    found = []
+    for pair in pairs:
+        config = f"refill {pair['precision']} w{pair['workers']}"
+        for rate in pair["rates"]:
+            if rate["p99_ratio_median"] is not None:
+                found.append(H.target(
+                    f"p99 with refill / without at the same offered rate ({rate['offered_per_s']:.1f}/s, "
+                    f"{rate['refill_fraction']:.0%} of refill's saturation), median of {pair['rounds']} interleaved "
+                    "rounds", rate["p99_ratio_median"], T.SAME_RATE_BOUND, False, config=config))
+        phases = [p for rate in pair["rates"] for r in rate["rounds"] for p in r.values()]
+        found.append(H.target("interleaved: requests lost, errors, or a SIGTERM without exit code 0",
+                              sum(p["lost"] + p["wrong_id"] + p["errors"] for p in phases) +
+                              sum(int(s["killed"] or s["exit_code"] != 0) for s in pair["servers"].values()),
+                              0, False, config=config))
+    return found
