@@ -340,6 +340,8 @@ def parse_args(argv=None):
     check_model_flags(p, args)
     if min(args.workers) < 1 or args.max_batch < 1 or args.requests < 1 or min(args.rates) <= 0:
         p.error("--workers, --max-batch and --requests must be >= 1, --rates > 0")
+    if args.interleave < 0:
+        p.error(f"--interleave {args.interleave}: rounds must be >= 0 (0: no interleaved comparison)")
     for w in args.workers:
         need = args.concurrency or SATURATION_BATCHES * args.max_batch * w
         if need > args.max_queue * w:

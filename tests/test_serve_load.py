@@ -349,6 +349,7 @@ def test_interleaved_rounds_are_judged_by_their_median_ratio():
     (["--server", "/nonexistent/acl-serve", "--json", "TMP"], "not found"),
     (["--calibrate", "max-drop=1", "--threshold", "0.2", "--json", "TMP"], "leave --threshold out"),
     (["--calibrate", "max-drop", "--json", "TMP"], "budget 'max-drop' has no '='"),
+    (["--interleave", "-1", "--json", "TMP"], "--interleave -1: rounds must be >= 0"),
 ])
 def test_bad_flags_are_refused_with_a_line_naming_the_fix(flags, message, tmp_path, capsys):
     import serve_load
