@@ -78,9 +78,11 @@ def interleaved(args, precision: str, workers: int, rates: Sequence[Tuple[float,
             for k in range(args.interleave):
                 row = {}
                 for side, _ in (SIDES if k % 2 == 0 else SIDES[::-1]):
-                    out = S.drive(S.phase_spec(args, servers[side][1], sentences, cycle, f"{name}/{side}/{k}",
-                                               mode="open", offsets=offsets), tmp)
-                    row[side] = T.summarize(out, rate, len(unit))
+                    port = servers[side][1]
+                    start = S.metrics(port)
+                    out = S.drive(S.phase_spec(args, port, sentences, cycle, f"{name}/{side}/{k}", mode="open",
+                                               offsets=offsets), tmp)
+                    row[side] = {**T.summarize(out, rate, len(unit)), "split": T.split_between(start, S.metrics(port))}
                 rounds.append(row)
             results.append({"refill_fraction": fraction, "offered_per_s": rate, "rounds": rounds,
                             **medians(rounds)})

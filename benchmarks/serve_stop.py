@@ -8,9 +8,9 @@ with no answer).
 
 Promised (docs/serve.md, SIGTERM): no connection is taken after the signal has been handled, and every connection
 taken gets an answer. ``last_taken_ms``: the latest start, after SIGTERM was sent, of an attempt that was taken.
-``dropped_at_signal``: attempts begun before the signal and dropped after it was sent: a connection the kernel had
-queued for the listener but the server had not yet taken is reset when the listener closes (the client cannot tell
-it from a taken one); ``before_dropped`` counts only drops that came before the signal.
+``dropped_at_signal``: attempts begun before the signal and dropped after it was sent (a connection completed by the
+kernel and reset at the stop: the client cannot tell it from a taken one; 0 since the stop takes every completed
+connection, docs/serve.md); ``before_dropped`` counts only drops that came before the signal.
 """
 import json
 import os

@@ -476,6 +476,7 @@ def test_interleave_runs_refills_rates_on_both_live_servers_in_turn(tmp_path):
     for r in rate["rounds"]:
         for side in ("refill", "no_refill"):
             assert r[side]["ok"] == r[side]["sent"] > 0 and r[side]["errors"] == r[side]["lost"] == 0
+            assert r[side]["split"]["requests"] == r[side]["ok"]  # each round's own split, from /metrics
     assert len(rate["p99_ratios"]) == 2 and rate["p99_ratio_median"] > 0
     assert all(s["exit_code"] == 0 for s in pair["servers"].values())
     assert [v["pass"] for v in got["verdicts"] if v["target"].startswith("interleaved:")] == [True]

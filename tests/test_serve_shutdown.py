@@ -43,10 +43,13 @@ def _probe(port: int, since: float, until: float, out: list) -> None:
     while time.monotonic() < until:
         at = time.monotonic() - since
         try:
-            conn = socket.create_connection(("127.0.0.1", port), timeout=30)
+            conn = socket.create_connection(("127.0.0.1", port), timeout=0.1)
         except ConnectionRefusedError:
             out.append((at, "refused"))
+        except socket.timeout:  # the stop dropped its SYN (stopping.refuse_handshakes): never taken
+            out.append((at, "refused"))
         else:
+            conn.settimeout(30)
             with conn:
                 try:
                     conn.sendall(REQUEST)
@@ -75,8 +78,6 @@ def test_after_sigterm_new_connections_are_refused_and_every_taken_one_is_answer
         all_accepted(url, sum(map(len, groups)), futures)
         proc.send_signal(signal.SIGTERM)
         stopped, probes = time.monotonic(), []
-        time.sleep(0.01)  # a handshake completing in the microseconds between the server's last accept() and its
-        # shutdown() of the socket is reset (docs/serve.md): a probe at the very instant the signal lands finds it
         prober = threading.Thread(target=_probe, args=(port, stopped, stopped + 0.4, probes))
         prober.start()
         time.sleep(0.25)  # past uvicorn's own tick: the idle connection has been dealt with
@@ -136,50 +137,6 @@ def test_a_worker_still_loading_at_sigterm_never_listens(exported, tmp_path):  #
     assert proc.returncode == 0, err[-3000:]
     taken = [(round(at, 3), _status(outcome) or outcome) for at, outcome in probes if outcome != "refused"]
     assert all(at < 0.05 for at, _ in taken), taken[:12]  # the first worker's stop: at once
-
-
-def test_a_connection_made_after_the_drain_began_is_answered_503_at_once():
-    """uvicorn's tick can come before the signal's stop (stopping.Server): the connections that the stop then
-    took from the backlog were made after uvicorn's shutdown() of every connection, so no one answered them 503;
-    a request sent on one was served and the connection held open (keep-alive), or held for all of
-    --drain-seconds when its body was incomplete."""
-    import uvicorn
-
-    from acl_runtime.serve.stopping import Server
-    from acl_runtime.serve.transport import NoDelayH11Protocol
-
-    async def app(scope, receive, send):
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"served"})
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(8)
-    config = uvicorn.Config(app, lifespan="off", log_level="warning", http=NoDelayH11Protocol,
-                            timeout_keep_alive=30, timeout_graceful_shutdown=30)
-    server = Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
-    paused, loop = threading.Event(), server._acl_loop
-    loop.call_soon_threadsafe(lambda: (loop.remove_reader(sock.fileno()), paused.set()))  # a loop busy elsewhere
-    assert paused.wait(10)
-    conn = socket.create_connection(sock.getsockname(), timeout=5)  # in the backlog, not accepted
-    conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-    server.should_exit = True  # what the signal's handler does first; uvicorn's tick then runs the drain
-    started = time.monotonic()
-    try:
-        answer = _answer(conn)
-    except socket.timeout:
-        answer = None
-    took = time.monotonic() - started
-    conn.close()
-    thread.join(30)
-    assert _status(answer) == 503 and b"retry-after: 1" in answer.lower(), (answer, took)
-    assert took < 2, took
 
 
 def test_a_drain_out_of_time_answers_what_is_left_503_and_exits_0(exported):  # noqa: F811

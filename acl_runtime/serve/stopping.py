@@ -4,12 +4,20 @@
   supervisor (``--workers N``) passes the signal on at its next 0.5 s one; measured under load, new connections
   were still accepted 27 to 125 ms after SIGTERM, and some of them were then reset unanswered. Here the signal
   handler schedules :meth:`Server.stop_accepting` on the event loop at once, and the supervisor passes the signal
-  on at once. Connections the kernel had already completed but nobody had accepted (the backlog) are taken then
-  and treated as the others (below), rather than reset when the socket closes; ``shutdown(SHUT_RD)`` then stops the
-  socket listening in every process that shares it. A worker that has the signal while it is still starting (loading
-  the app: the first worker ready lets clients in) never starts: its ``listen()`` would open the socket that another
-  worker had shut, and take connections after the signal. A worker the signal killed before it could handle it is
-  not replaced.
+  on at once. The stop (:func:`stop_listening`) first has the kernel start no new handshake on the listening socket
+  (:func:`refuse_handshakes`: a SYN is dropped, and the client's retry a second later is refused), then takes the
+  connections the kernel had completed but nobody had accepted (the backlog), waits ``HANDSHAKE_SECONDS`` for the
+  handshakes under way and takes those too, and treats them all as the others (below), rather than reset them when
+  the socket closes; ``shutdown(SHUT_RD)`` then stops the socket listening in every process that shares it.
+- **The loop's own accepted connections.** The loop stops accepting at the stop, but its server is closed only in
+  ``shutdown()``, a turn later: asyncio makes an accepted connection's transport in a task of its own and resets
+  the connection when its server was closed first, so a connection the loop accepted in the signal's turn was reset.
+- Measured, ``benchmarks/serve_stop.py``, two workers, 15 runs: 5 connections reset in 2 runs before both changes;
+  1 in 1 run with the second change alone (a handshake completed between the last ``accept()`` and ``shutdown()``,
+  the process preempted there); 0 with both, in 45 runs (docs/serve.md).
+- A worker that has the signal while it is still starting (loading the app: the first worker ready lets clients in)
+  never starts: its ``listen()`` would open the socket that another worker had shut, and take connections after
+  the signal. A worker the signal killed before it could handle it is not replaced.
 - **Every connection accepted gets an answer**: a request in flight is answered; a connection with no request under
   way, or one still sending its request, is answered 503 with ``Retry-After`` and closed gently
   (:mod:`acl_runtime.serve.transport`): uvicorn alone closed it unanswered. uvicorn tells each connection once;
@@ -25,7 +33,9 @@ import logging
 import os
 import signal
 import socket
+import struct
 import sys
+import time
 from typing import List, Optional
 
 import uvicorn
@@ -33,6 +43,8 @@ from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 logger = logging.getLogger("acl_runtime.serve")
+SO_ATTACH_FILTER = 26  # <asm-generic/socket.h>; the socket module does not name it
+HANDSHAKE_SECONDS = 0.005  # a handshake under way at the stop lands in the backlog within it (loopback: microseconds)
 
 
 class Server(uvicorn.Server):
@@ -54,6 +66,7 @@ class Server(uvicorn.Server):
 
     async def shutdown(self, sockets: Optional[List[socket.socket]] = None) -> None:
         self.stop_accepting()  # uvicorn's tick may come first: its close() of the socket would reset the backlog
+        await asyncio.sleep(0)  # the connections the loop accepted attach to their server before it is closed
         # uvicorn's shutdown() of each connection comes next, once: a connection whose connection_made() comes
         # later (taken just now, or accepted by the loop an instant ago) answers itself (transport.py)
         self.server_state.acl_draining = True
@@ -65,27 +78,77 @@ class Server(uvicorn.Server):
         if self._acl_stopped or not self.started:
             return  # not serving yet (the signal came during startup): shutdown(), which follows, stops it
         self._acl_stopped = True
-        taken, interval = [], sys.getswitchinterval()
-        # a connection the kernel completes between the last accept() and shutdown() is reset: after each accept()
-        # this thread waits for the GIL, up to the switch interval (5 ms) while the scheduler's thread holds it
-        sys.setswitchinterval(1e-5)
-        try:
-            for sock in self._acl_listeners:
-                with contextlib.suppress(OSError):
-                    while True:
-                        taken.append(sock.accept()[0])  # non-blocking (asyncio made it so): ends at EAGAIN
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RD)  # the socket stops listening, for every process holding it
-        finally:
-            sys.setswitchinterval(interval)
         for server in self.servers:
-            server.close()
+            for sock in server.sockets:
+                # the loop accepts no more; its server is closed in shutdown(), once the connections it accepted
+                # have their transports (Server._attach asserts that the server is open)
+                self._acl_loop.remove_reader(sock.fileno())
+        taken = stop_listening(self._acl_listeners)
         protocol = functools.partial(self.config.http_protocol_class, config=self.config,
                                      server_state=self.server_state, app_state=self.lifespan.state)
         for conn in taken:
             asyncio.ensure_future(self._acl_loop.connect_accepted_socket(protocol, conn))
         if taken:
             logger.info("acl-serve: %d connections taken from the backlog at shutdown", len(taken))
+
+
+def stop_listening(listeners: List[socket.socket], grace: float = HANDSHAKE_SECONDS) -> List[socket.socket]:
+    """Stop the listening sockets without resetting a connection the kernel completed: no new handshake starts,
+    the backlog is taken, the handshakes under way are given ``grace`` seconds to land in it and are taken too,
+    and then the sockets stop listening (every process that shares one). Returns the connections taken."""
+    for sock in listeners:
+        refuse_handshakes(sock)
+    taken = _accept_all(listeners)
+    time.sleep(grace)
+    taken += _accept_all(listeners)
+    for sock in listeners:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RD)  # the socket stops listening, for every process holding it
+    return taken
+
+
+def _accept_all(listeners: List[socket.socket]) -> List[socket.socket]:
+    taken = []
+    for sock in listeners:
+        with contextlib.suppress(OSError):  # EAGAIN (asyncio made the socket non-blocking), or shut already
+            while True:
+                taken.append(sock.accept()[0])
+    return taken
+
+
+def refuse_handshakes(sock: socket.socket) -> bool:
+    """Drop every connection attempt's SYN on a listening TCP socket (a classic BPF filter, Linux): a handshake
+    under way completes, a new one does not start, and the client's retry after its SYN timeout (1 s) meets a
+    closed port and is refused. The filter passes to the connections accepted from then on (the kernel copies it)
+    and drops nothing there: a SYN without ACK comes only to a listener. False where it cannot be set (another
+    system, or not TCP): the stop is then as before, without it."""
+    if not sys.platform.startswith("linux") or sock.family not in (socket.AF_INET, socket.AF_INET6) \
+            or sock.type != socket.SOCK_STREAM:
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, _SYN_FILTER.program)
+    except OSError:
+        return False
+    return True
+
+
+class _Filter:
+    """A classic BPF program over a TCP segment (the filter sees it from the TCP header): keep it unless its flags
+    (byte 13) have SYN set and ACK clear."""
+
+    def __init__(self):
+        import ctypes
+
+        code = [(0x30, 0, 0, 13),          # ldb [13]: the flags
+                (0x54, 0, 0, 0x12),        # and #(SYN | ACK)
+                (0x15, 0, 1, 0x02),        # jeq #SYN: drop, else keep
+                (0x06, 0, 0, 0),           # ret #0: drop
+                (0x06, 0, 0, 0xFFFFFFFF)]  # ret #-1: keep all of it
+        self._code = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *op) for op in code))
+        self.program = struct.pack("HL", len(code), ctypes.addressof(self._code))  # struct sock_fprog
+
+
+_SYN_FILTER = _Filter()
 
 
 class _Worker(Process):
