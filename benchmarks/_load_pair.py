@@ -5,7 +5,10 @@ hundred requests moves more than the difference between the two at a light load.
 precision and worker count, one with refill and one without, are live at once (the idle one waits on its socket),
 and each of refill's offered rates (requests/s) runs on both in turn, ``N`` rounds, the first server alternating
 round by round; the same seeded arrivals and sentences every time. The verdict is the median over rounds of
-refill's p99 over no refill's, each round's pair run back to back.
+refill's p99 over no refill's, each round's pair run back to back. Each phase keeps its own split (``/metrics``
+before and after), and the rounds' table sets each p99 ratio beside the ratio of the two servers' model CPU a
+request in that round: the same rows through the same layers, so a ratio above 1 is refill's batching, or the
+machine's speed moving between the two phases.
 """
 import os
 import random
@@ -20,6 +23,11 @@ import _load_stats as T
 import harness as H
 
 SIDES = (("refill", True), ("no_refill", False))
+ROUND_COLUMNS = ["config", "rate_per_s", "round", "first", "refill_p50_ms", "refill_p99_ms", "none_p50_ms",
+                 "none_p99_ms", "p99_ratio", "refill_model_cpu_ms", "none_model_cpu_ms", "model_cpu_ratio"]
+ROUND_FORMATS = {"rate_per_s": "{:.1f}", "p99_ratio": "{:.2f}", "model_cpu_ratio": "{:.2f}",
+                 **{c: "{:.1f}" for c in ROUND_COLUMNS if c.endswith("_ms") and "model" not in c},
+                 "refill_model_cpu_ms": "{:.2f}", "none_model_cpu_ms": "{:.2f}"}
 
 
 def refill_rates(results: List[Dict], precision: str, workers: int) -> List[Tuple[float, float]]:
@@ -101,7 +109,33 @@ def medians(rounds: List[Dict]) -> Dict:
                   if r["refill"][f"{q}_ms"] is not None and r["no_refill"][f"{q}_ms"]]
         out[f"{q}_ratios"] = ratios
         out[f"{q}_ratio_median"] = statistics.median(ratios) if ratios else None
+    cpu = [(model_cpu_ms(r["refill"]), model_cpu_ms(r["no_refill"])) for r in rounds]
+    out["model_cpu_ratios"] = [a / b for a, b in cpu if a is not None and b]
+    out["model_cpu_ratio_median"] = statistics.median(out["model_cpu_ratios"]) if out["model_cpu_ratios"] else None
     return out
+
+
+def model_cpu_ms(phase: Dict) -> Optional[float]:
+    """The model calls' CPU ms a request answered in one phase (its split), None without one."""
+    split = phase.get("split")
+    return 1000 * split["model_cpu_seconds"] / split["requests"] if split and split["requests"] else None
+
+
+def round_rows(pairs: List[Dict]) -> List[Dict]:
+    """One row a round: each server's p50 and p99 and model CPU a request, and refill's ratios over no refill's."""
+    rows = []
+    for pair in pairs:
+        for rate in pair["rates"]:
+            for k, r in enumerate(rate["rounds"]):
+                a, b = model_cpu_ms(r["refill"]), model_cpu_ms(r["no_refill"])
+                p99 = (r["refill"]["p99_ms"], r["no_refill"]["p99_ms"])
+                rows.append({"config": f"{pair['precision']} w{pair['workers']}", "rate_per_s": rate["offered_per_s"],
+                             "round": k + 1, "first": SIDES[k % 2][0], "refill_p50_ms": r["refill"]["p50_ms"],
+                             "refill_p99_ms": p99[0], "none_p50_ms": r["no_refill"]["p50_ms"], "none_p99_ms": p99[1],
+                             "p99_ratio": p99[0] / p99[1] if None not in p99 and p99[1] else None,
+                             "refill_model_cpu_ms": a, "none_model_cpu_ms": b,
+                             "model_cpu_ratio": a / b if a is not None and b else None})
+    return rows
 
 
 def verdicts(pairs: List[Dict]) -> List[Dict]:

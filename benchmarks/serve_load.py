@@ -427,6 +427,9 @@ def main(argv=None) -> Dict:
     print(f"# serve_load: {len(sentences)} sentences of {'the toy task' if args.toy else 'SST-2 dev'}, policy "
           f"{args.policy} {args.threshold}, max batch {args.max_batch}, one thread a worker, {os.cpu_count()} cpus")
     H.print_noted_table(table_rows(results), COLUMNS, FORMATS)
+    if pairs:
+        print("# interleaved rounds: refill / no refill at the same offered rate")
+        H.print_noted_table(P.round_rows(pairs), P.ROUND_COLUMNS, P.ROUND_FORMATS)
     H.print_targets(found)
     atomic.write_json(args.json, record)
     print(plot(results, args.plot) or f"# plot: {args.plot}")

@@ -323,13 +323,17 @@ def test_no_refill_runs_refills_own_rates_of_the_same_precision_and_workers():
 def test_interleaved_rounds_are_judged_by_their_median_ratio():
     import _load_pair as P
 
-    def phase(p99, p50=10.0, lost=0):
-        return {"p99_ms": p99, "p50_ms": p50, "lost": lost, "wrong_id": 0, "errors": 0}
+    def phase(p99, p50=10.0, lost=0, model_cpu=0.4):
+        return {"p99_ms": p99, "p50_ms": p50, "lost": lost, "wrong_id": 0, "errors": 0,
+                "split": {"requests": 100, "model_cpu_seconds": model_cpu}}
 
-    rounds = [{"refill": phase(30.0), "no_refill": phase(20.0)}, {"refill": phase(20.0), "no_refill": phase(25.0)},
-              {"refill": phase(18.0, lost=1), "no_refill": phase(20.0)}]
+    rounds = [{"refill": phase(30.0, model_cpu=0.46), "no_refill": phase(20.0)},
+              {"refill": phase(20.0), "no_refill": phase(25.0)},
+              {"refill": phase(18.0, lost=1), "no_refill": {**phase(20.0), "split": None}}]
     got = P.medians(rounds)
     assert got["p99_ratios"] == pytest.approx([1.5, 0.8, 0.9]) and got["p99_ratio_median"] == pytest.approx(0.9)
+    assert got["model_cpu_ratios"] == pytest.approx([1.15, 1.0]) and got["model_cpu_ratio_median"] == \
+        pytest.approx(1.075)  # a round without a split has no model CPU ratio
     pair = {"precision": "int8", "workers": 1, "rounds": 3, "servers": {"refill": {"killed": False, "exit_code": 0},
                                                                         "no_refill": {"killed": False, "exit_code": 0}},
             "rates": [{"refill_fraction": 0.25, "offered_per_s": 80.0, "rounds": rounds, **got}]}
@@ -337,6 +341,11 @@ def test_interleaved_rounds_are_judged_by_their_median_ratio():
     assert [(v["config"], v["value"], v["pass"]) for v in found] == [
         ("refill int8 w1", pytest.approx(0.9), True), ("refill int8 w1", 1, False)]  # the lost request counts
     assert "median of 3 interleaved rounds" in found[0]["target"]
+    rows = P.round_rows([pair])
+    assert [(r["round"], r["first"]) for r in rows] == [(1, "refill"), (2, "no_refill"), (3, "refill")]
+    assert rows[0]["refill_model_cpu_ms"] == pytest.approx(4.6) and rows[0]["model_cpu_ratio"] == pytest.approx(1.15)
+    assert rows[2]["none_model_cpu_ms"] is None and rows[2]["model_cpu_ratio"] is None
+    assert rows[1]["p99_ratio"] == pytest.approx(0.8)
 
 
 # ---- the command line and the record -------------------------------------------------------------
