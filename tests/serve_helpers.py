@@ -67,18 +67,24 @@ def serving(folder: str, **settings):
                             http=NoDelayH11Protocol)
     config.acl_read_timeout = service.settings.read_timeout  # as acl-serve sets it (serve/cli.py)
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
+    thread = run_in_thread(server, sock)
     try:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}", service
     finally:
         server.should_exit = True
         thread.join(30)
         sock.close()
+
+
+def run_in_thread(server, sock: socket.socket) -> threading.Thread:
+    """Run a uvicorn ``server`` on the bound ``sock`` in a daemon thread; the thread, once the server serves."""
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    return thread
 
 
 def call(url: str, body=None, method=None, headers=None, timeout: float = 60):

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from acl_runtime.serve import stopping
+from serve_helpers import run_in_thread
 
 REQUEST = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the SYN filter is Linux's")
@@ -51,13 +52,7 @@ def _serving(sock: socket.socket):
     config = uvicorn.Config(app, lifespan="off", log_level="warning", http=NoDelayH11Protocol,
                             timeout_keep_alive=30, timeout_graceful_shutdown=30)
     server = stopping.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
-    return server, thread
+    return server, run_in_thread(server, sock)
 
 
 def _hold(loop) -> threading.Event:
