@@ -68,17 +68,18 @@ def _status(answer: bytes) -> int:
 
 
 @linux
-def test_once_the_stop_begins_a_new_connection_is_refused_never_completed_then_reset():
+def test_once_the_stop_begins_a_new_connection_is_refused_never_completed_then_reset(monkeypatch):
     """The kernel completed a connection made while the stop took the backlog, and the listener's shutdown() then
     reset it, its request sent (serve_stop, two workers: 1 in 15 runs). From the stop on its SYN is dropped, and
     its retry meets the closed port."""
     sock = _listener()
     before = socket.create_connection(sock.getsockname(), timeout=5)  # completed: in the backlog
     sock.setblocking(False)
-    taken = []
-    stopping_now = threading.Thread(target=lambda: taken.extend(stopping.stop_listening([sock], grace=1.0)))
+    taken, filtered, refuse = [], threading.Event(), stopping.refuse_handshakes
+    monkeypatch.setattr(stopping, "refuse_handshakes", lambda s: (refuse(s), filtered.set())[0])
+    stopping_now = threading.Thread(target=lambda: taken.extend(stopping.stop_listening([sock], grace=2.0)))
     stopping_now.start()
-    time.sleep(0.2)  # inside the grace: the backlog is taken, the socket still listens
+    assert filtered.wait(10)  # the stop has begun; within its grace the socket still listens
     with pytest.raises((socket.timeout, ConnectionRefusedError)):
         socket.create_connection(sock.getsockname(), timeout=0.5)  # its SYN is dropped: never completed
     stopping_now.join(10)
