@@ -145,7 +145,7 @@ class _Filter:
                 (0x06, 0, 0, 0),           # ret #0: drop
                 (0x06, 0, 0, 0xFFFFFFFF)]  # ret #-1: keep all of it
         self._code = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *op) for op in code))
-        self.program = struct.pack("HL", len(code), ctypes.addressof(self._code))  # struct sock_fprog
+        self.program = struct.pack("HP", len(code), ctypes.addressof(self._code))  # struct sock_fprog
 
 
 _SYN_FILTER = _Filter()
