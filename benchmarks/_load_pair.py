@@ -90,7 +90,8 @@ def interleaved(args, precision: str, workers: int, rates: Sequence[Tuple[float,
                     start = S.metrics(port)
                     out = S.drive(S.phase_spec(args, port, sentences, cycle, f"{name}/{side}/{k}", mode="open",
                                                offsets=offsets), tmp)
-                    row[side] = {**T.summarize(out, rate, len(unit)), "split": T.split_between(start, S.metrics(port))}
+                    row[side] = {**T.summarize(out, rate, len(unit)),
+                                  "split": T.split_between(start, S.metrics(port)) if start else None}
                 rounds.append(row)
             results.append({"refill_fraction": fraction, "offered_per_s": rate, "rounds": rounds,
                             **medians(rounds)})

@@ -182,7 +182,7 @@ def _serve(args, settings, sock: socket.socket, started: float) -> int:
     loaded = time.perf_counter()
     config = dict(host=args.host, port=args.port, log_level=os.environ.get("LOGLEVEL", "warning").lower(),
                   access_log=False, timeout_graceful_shutdown=settings.drain_seconds, lifespan="on",
-                  http=NoDelayH11Protocol)
+                  http=NoDelayH11Protocol, loop="asyncio")  # the stop (stopping.py) is built on asyncio's own loop
     if args.workers > 1:
         del service
         os.environ[SETTINGS_ENV] = json.dumps(settings._asdict())

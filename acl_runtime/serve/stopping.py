@@ -43,7 +43,7 @@ from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 logger = logging.getLogger("acl_runtime.serve")
-SO_ATTACH_FILTER = 26  # <asm-generic/socket.h>; the socket module does not name it
+SO_ATTACH_FILTER, SO_DETACH_FILTER = 26, 27  # <asm-generic/socket.h>; the socket module does not name them
 HANDSHAKE_SECONDS = 0.005  # a handshake under way at the stop lands in the backlog within it (loopback: microseconds)
 
 
@@ -65,7 +65,10 @@ class Server(uvicorn.Server):
             loop.call_soon_threadsafe(self.stop_accepting)  # the handler runs between two bytecodes: not there
 
     async def shutdown(self, sockets: Optional[List[socket.socket]] = None) -> None:
-        self.stop_accepting()  # uvicorn's tick may come first: its close() of the socket would reset the backlog
+        try:
+            self.stop_accepting()  # uvicorn's tick may come first: its close() would reset the backlog
+        except Exception:  # the drain below must run whatever happened to the listener
+            logger.exception("acl-serve: stopping the listening socket failed; draining the connections taken")
         await asyncio.sleep(0)  # the connections the loop accepted attach to their server before it is closed
         # uvicorn's shutdown() of each connection comes next, once: a connection whose connection_made() comes
         # later (taken just now, or accepted by the loop an instant ago) answers itself (transport.py)
@@ -104,6 +107,10 @@ def stop_listening(listeners: List[socket.socket], grace: float = HANDSHAKE_SECO
     for sock in listeners:
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RD)  # the socket stops listening, for every process holding it
+        with contextlib.suppress(OSError):
+            # a worker that stopped alone is replaced by the supervisor, and its listen() opens the socket again:
+            # the filter must not be left on it
+            sock.setsockopt(socket.SOL_SOCKET, SO_DETACH_FILTER, 0)
     return taken
 
 
@@ -120,14 +127,18 @@ def refuse_handshakes(sock: socket.socket) -> bool:
     """Drop every connection attempt's SYN on a listening TCP socket (a classic BPF filter, Linux): a handshake
     under way completes, a new one does not start, and the client's retry after its SYN timeout (1 s) meets a
     closed port and is refused. The filter passes to the connections accepted from then on (the kernel copies it)
-    and drops nothing there: a SYN without ACK comes only to a listener. False where it cannot be set (another
-    system, or not TCP): the stop is then as before, without it."""
+    and drops nothing there: a SYN without ACK comes only to a listener. A handshake under way completes when the
+    client's ACK comes within the stop's grace (loopback: microseconds; a client further away than that is reset,
+    as without the filter). False where it cannot be set (another system, or not TCP; a refusal is logged): the
+    stop is then as before, without it."""
     if not sys.platform.startswith("linux") or sock.family not in (socket.AF_INET, socket.AF_INET6) \
             or sock.type != socket.SOCK_STREAM:
         return False
     try:
         sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, _SYN_FILTER.program)
-    except OSError:
+    except OSError as e:
+        logger.warning("acl-serve: cannot filter new connections while stopping (%s): one completed in the "
+                       "stop's last instant may be reset", e)
         return False
     return True
 
