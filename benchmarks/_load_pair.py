@@ -33,9 +33,8 @@ ROUND_FORMATS = {"rate_per_s": "{:.1f}", "p99_ratio": "{:.2f}", "model_cpu_ratio
 def refill_rates(results: List[Dict], precision: str, workers: int) -> List[Tuple[float, float]]:
     """(fraction, offered rate per s) of each rate that ``precision`` and ``workers`` ran with refill, so that no
     refill runs at the same load (each one's fractions are of its own saturation, and refill's is higher)."""
-    twin = [r for r in results if r.get("refill") and not r.get("failed") and r["precision"] == precision
-            and r["workers"] == workers]
-    return [(r["fraction"], r["offered_per_s"]) for r in twin[0]["rates"]] if twin else []
+    twin = T.ran(results, True, precision, workers)
+    return [(r["fraction"], r["offered_per_s"]) for r in twin["rates"]] if twin else []
 
 
 def pairs(args, results: List[Dict], folder: str, sentences: List[str], tmp: str) -> List[Dict]:
@@ -45,10 +44,9 @@ def pairs(args, results: List[Dict], folder: str, sentences: List[str], tmp: str
     for precision in args.precision:
         for workers in args.workers:
             rates = refill_rates(results, precision, workers)
-            off = [r for r in results if not r.get("refill") and not r.get("failed") and r["precision"] == precision
-                   and r["workers"] == workers]
+            off = T.ran(results, False, precision, workers)
             if off:
-                rates = [(f, r) for f, r in rates if r <= off[0]["saturation"]["throughput_per_s"]]
+                rates = [(f, r) for f, r in rates if r <= off["saturation"]["throughput_per_s"]]
             if not rates:
                 continue
             try:

@@ -139,15 +139,21 @@ def verdicts(results: List[Dict], n_sentences: int) -> List[Dict]:
             int(stop["killed"] or stop["exit_code"] != 0 or bool(stop.get("left"))), 0, False)
         add(name, "errors: 5xx other than 503, 4xx, connections", sum(p["errors"] for p in phases), 0, False)
     for res in results:  # refill against no refill at the same offered rate: refill's rates, run by both
-        twin = [r for r in results if r.get("refill") and not r.get("failed") and not res.get("refill")
-                and r.get("precision") == res.get("precision") and r["workers"] == res["workers"]]
+        twin = None if res.get("refill") else ran(results, True, res.get("precision"), res["workers"])
         for same in carried(res.get("same_rate_as_refill", [])) if twin and not res.get("failed") else []:
-            own = next(r for r in twin[0]["rates"] if r["fraction"] == same["refill_fraction"])
+            own = next(r for r in twin["rates"] if r["fraction"] == same["refill_fraction"])
             if own["p99_ms"] is not None and same["p99_ms"]:
-                add(twin[0]["config"], f"p99 with refill / without at the same offered rate "
+                add(twin["config"], f"p99 with refill / without at the same offered rate "
                     f"({same['offered_per_s']:.1f}/s, {same['refill_fraction']:.0%} of refill's saturation)",
                     own["p99_ms"] / same["p99_ms"], SAME_RATE_BOUND, False)
     return out
+
+
+def ran(results: List[Dict], refill: bool, precision: Optional[str], workers: int) -> Optional[Dict]:
+    """The configuration of ``results`` with this refill, precision and worker count that ran (None: none, or it
+    failed)."""
+    return next((r for r in results if bool(r.get("refill")) == refill and not r.get("failed")
+                 and r.get("precision") == precision and r["workers"] == workers), None)
 
 
 def cpu_per_request(split: Dict) -> Optional[Tuple[float, float]]:
