@@ -100,13 +100,39 @@ def perf_analyzer_row(export: bytes, rate: float) -> Dict:
 
 
 def find_perf_analyzer(path: Optional[str]) -> Tuple[Optional[str], str]:
-    """(perf_analyzer's path or None, a one-line note when it is not found: --perf-analyzer, else this
-    environment's (scripts/setup_env.sh installs it), else PATH)."""
+    """(perf_analyzer's path or None, a one-line note when it is not found or cannot run: --perf-analyzer, else this
+    environment's (scripts/setup_env.sh installs it), else PATH). Found but missing a shared library (make env
+    installs the binary, the system its libraries): None, and the note names the Debian package that has it."""
     found = path or shutil.which(S.tool("perf_analyzer"))
-    if found:
-        return found, ""
-    return None, ("serve_hey: perf_analyzer not found (--perf-analyzer PATH, make env, or on PATH; pip install "
-                  "--no-deps 'tritonclient==2.48.0' nvidia-cuda-runtime-cu12): its rows are left out")
+    if not found:
+        return None, ("serve_hey: perf_analyzer not found (--perf-analyzer PATH, make env, or on PATH; pip install "
+                      "--no-deps 'tritonclient==2.48.0' nvidia-cuda-runtime-cu12): its rows are left out")
+    lacking = missing_libraries(found)
+    if lacking:
+        packages = system_packages()
+        named = ", ".join(f"{lib} (Debian: {packages[lib]})" if lib in packages else lib for lib in lacking)
+        return None, (f"serve_hey: perf_analyzer cannot run: {named} not installed (scripts/system_packages.sh "
+                      "installs it): its rows are left out")
+    return found, ""
+
+
+def missing_libraries(binary: str) -> List[str]:
+    """The shared libraries ``binary`` links that the dynamic linker cannot find (``ldd``'s "=> not found"), with
+    perf_analyzer's environment; [] where ldd is not there to ask (the run then says what failed)."""
+    ldd = shutil.which("ldd")
+    if ldd is None:
+        return []
+    out = subprocess.run([ldd, binary], capture_output=True, text=True, env=_perf_analyzer_env(binary)).stdout
+    return re.findall(r"^\s*(\S+) => not found", out, flags=re.M)
+
+
+def system_packages() -> Dict[str, str]:
+    """scripts/system_packages.tsv's rows as {command or library: Debian package}."""
+    table = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                         "system_packages.tsv")
+    with open(table, encoding="utf-8") as f:
+        rows = [line.rstrip("\n").split("\t") for line in f if line.strip() and not line.startswith("#")]
+    return {row[1]: row[2] for row in rows[1:]}
 
 
 def _perf_analyzer_env(binary: str) -> Dict[str, str]:
