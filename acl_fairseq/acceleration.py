@@ -26,19 +26,31 @@ from acl_runtime.machine import CpuKind, read_cpu_kind  # noqa: F401  (the CPU k
 logger = logging.getLogger(__name__)
 
 
-def check_bf16(device_type: str, kind: Optional[CpuKind] = None) -> str:
-    """One line naming where ``--autocast-bf16`` runs; raises ``ValueError`` (one line, naming the CPU kind)
-    where bf16 would be emulated: a CPU without AMX, avx512_bf16 or Arm bf16, or a CUDA GPU before Ampere."""
+def bf16_problem(device_type: str, kind: Optional[CpuKind] = None) -> Optional[str]:
+    """None where bf16 autocast is native on ``device_type``, else why not (one line, naming the CPU kind or the
+    GPU): a CPU without AMX, avx512_bf16 or Arm bf16, or a CUDA GPU before Ampere. One home for the rule that
+    ``--autocast-bf16`` refuses by and the benchmarks leave their bf16 modes out by."""
     if device_type == "cuda":
         if not torch.cuda.is_bf16_supported():
-            raise ValueError(f"--autocast-bf16: {torch.cuda.get_device_name()} has no native bf16 (Ampere or "
-                             "later has); train in fp32 or with --fp16")
-        return f"bf16 autocast on {torch.cuda.get_device_name()}"
+            return (f"{torch.cuda.get_device_name()} has no native bf16 (Ampere or later has); train in fp32 or "
+                    "with --fp16")
+        return None
     kind = kind or read_cpu_kind()
     if kind.bf16_unit is None:
-        raise ValueError(f"--autocast-bf16: this CPU ({kind.describe()}) has no native bf16 (needs amx_bf16 or "
-                         "avx512_bf16 in /proc/cpuinfo); torch would emulate it, ~40x slower than fp32: drop the flag")
-    return f"bf16 autocast on the CPU ({kind.describe()})"
+        return (f"this CPU ({kind.describe()}) has no native bf16 (needs amx_bf16 or avx512_bf16 in /proc/cpuinfo); "
+                "torch would emulate it, ~40x slower than fp32: drop the flag")
+    return None
+
+
+def check_bf16(device_type: str, kind: Optional[CpuKind] = None) -> str:
+    """One line naming where ``--autocast-bf16`` runs; raises ``ValueError`` (one line, :func:`bf16_problem`)
+    where bf16 would be emulated."""
+    problem = bf16_problem(device_type, kind)
+    if problem:
+        raise ValueError(f"--autocast-bf16: {problem}")
+    if device_type == "cuda":
+        return f"bf16 autocast on {torch.cuda.get_device_name()}"
+    return f"bf16 autocast on the CPU ({(kind or read_cpu_kind()).describe()})"
 
 
 def peak_gflops(kind: CpuKind, dtype: torch.dtype, threads: int = 1) -> Tuple[Optional[float], str]:

@@ -286,6 +286,12 @@ def main(argv=None) -> int:
         if args.seeds == [1, 2, 3, 4, 5]:
             args.seeds = [1, 2]
 
+    if args.bf16 and not args.collect_only:  # refused before the first run, not by each run's fairseq-train
+        from acl_fairseq import acceleration
+
+        problem = acceleration.bf16_problem("cpu")
+        if problem:
+            p.error(f"--bf16: {problem}")
     if args.encoder_dir:
         enc = G.Encoder(args.encoder_dir)
         name = os.path.basename(os.path.normpath(args.encoder_dir))

@@ -121,7 +121,7 @@ echo "[gpu_check] 5/5 compiled fp16: $(grep -o '"num_updates": "2"' "$OUT/train_
 if "$PY" -m fairseq_cli.train "${train[@]}" --autocast-bf16 >"$OUT/train_bf16.log" 2>&1; then
   echo "[gpu_check] 5/5 bf16: $(grep -o 'bf16 autocast on [^"]*' "$OUT/train_bf16.log" | head -1), $(grep -o '"num_updates": "2"' "$OUT/train_bf16.log" | head -1)"
 elif grep -q "has no native bf16" "$OUT/train_bf16.log"; then  # an emulated-bf16 CPU: the refusal is the behaviour
-  echo "[gpu_check] 5/5 bf16 refused as it should be here: $(grep -o 'this CPU ([^)]*)' "$OUT/train_bf16.log" | head -1)"
+  echo "[gpu_check] 5/5 bf16 refused as it should be here: $(grep 'ERROR' "$OUT/train_bf16.log" | grep -o 'this CPU ([^)]*)' | head -1)"
 else
   tail -20 "$OUT/train_bf16.log" >&2; exit 1
 fi

@@ -313,19 +313,30 @@ def parse_args(argv=None):
     return args
 
 
+def leave_out(args, needs: int, what: str, problem_of) -> None:
+    """Drop the modes that need ``MODES[mode][needs]`` (0: compiling, 1: native bf16) from both sides where
+    ``problem_of()`` names why they cannot run here: said in one line, the rest timed (eager always stays)."""
+    if not any(MODES[m][needs] for m in args.modes + args.hf_modes):
+        return
+    problem = problem_of()
+    if problem:
+        print(f"# {what} left out: {problem}")
+        args.modes = [m for m in args.modes if not MODES[m][needs]] or ["eager"]
+        args.hf_modes = [m for m in args.hf_modes if not MODES[m][needs]] or ["eager"]
+
+
+def compile_reason(backend: str) -> Optional[str]:
+    problem = acceleration.compile_problem(backend)
+    return problem and f"torch.compile (backend {backend}) does not work here ({problem})"
+
+
 def main(argv=None) -> List[Dict]:
     args = parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("--device cuda: CUDA is not available here")
-    if any(MODES[m][1] for m in args.modes + args.hf_modes):
-        print(f"# {acceleration.check_bf16(torch.device(args.device).type)}")  # refuses where bf16 is emulated
-    problem = acceleration.compile_problem(args.compile_backend) if any(
-        MODES[m][0] for m in args.modes + args.hf_modes) else None
-    if problem:  # as the plugin's --compile would: say so once, time the rest
-        print(f"# compiled modes left out: torch.compile (backend {args.compile_backend}) does not work here "
-              f"({problem})")
-        args.modes = [m for m in args.modes if not MODES[m][0]] or ["eager"]
-        args.hf_modes = [m for m in args.hf_modes if not MODES[m][0]]
+    device = torch.device(args.device).type
+    leave_out(args, 1, "bf16 modes", lambda: acceleration.bf16_problem(device))
+    leave_out(args, 0, "compiled modes", lambda: compile_reason(args.compile_backend))
     rows = []
     for threads in args.threads:
         H.set_threads(threads)

@@ -89,10 +89,13 @@ def test_autocast_bf16_is_refused_in_one_line_naming_an_avx2_cpu():
     assert "avx512_bf16" in acceleration.check_bf16("cpu", acceleration.read_cpu_kind(ZEN4))
 
 
-def test_task_refuses_autocast_bf16_at_start_up_on_an_avx2_cpu(data, monkeypatch):
+def test_task_refuses_autocast_bf16_at_start_up_on_an_avx2_cpu_in_one_line_and_exit_2(data, monkeypatch, caplog):
     monkeypatch.setattr(acceleration, "read_cpu_kind", lambda text=None: READ(ROME))
-    with pytest.raises(ValueError, match="AVX2 only"):
+    with pytest.raises(SystemExit) as refused:
         build(data, "sentence_ce", extra=["--autocast-bf16"])
+    assert refused.value.code == 2 and refused.value.__context__ is None or refused.value.__suppress_context__
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "\n" not in errors[0] and "this CPU (AMD EPYC 7B12, AVX2 only" in errors[0]
 
 
 def test_peak_flops_follow_the_flags_and_the_clock():
@@ -145,7 +148,7 @@ def test_fairseq_train_with_autocast_bf16_and_acl_grad(tmp_path, data):
                          extra=["--autocast-bf16"], check=False)
     out = proc.stdout + proc.stderr
     if acceleration.read_cpu_kind().bf16_unit is None:
-        assert proc.returncode != 0 and "has no native bf16" in out
+        assert proc.returncode == 2 and "has no native bf16" in out and "Traceback" not in out
         return
     assert proc.returncode == 0, out[-4000:]
     assert "bf16 autocast on the CPU" in out and (tmp_path / "ckpt" / "checkpoint_last.pt").exists()

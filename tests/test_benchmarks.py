@@ -210,11 +210,10 @@ def test_hf_speed_at_toy_size(tmp_path):
 def test_hf_speed_times_every_mode_side_by_side(tmp_path):
     from acl_fairseq import acceleration
 
-    if acceleration.read_cpu_kind().bf16_unit is None:
-        with pytest.raises(ValueError, match="no native bf16"):
-            _hf_speed(tmp_path, "--criteria", "acl_embed", "--compile-backend", "aot_eager")
-        return
     rows = _hf_speed(tmp_path, "--criteria", "acl_embed", "--compile-backend", "aot_eager")
+    if acceleration.read_cpu_kind().bf16_unit is None:  # left out in one line (the test below), the rest timed
+        assert {m for _, m in ((r["system"], r["mode"]) for r in rows)} == {"eager", "compiled"}
+        return
     modes = [(r["system"], r["mode"]) for r in rows]
     assert modes[:3] == [("hf", "eager"), ("hf", "compiled"), ("hf", "bf16")]
     assert {m for s, m in modes if s == "plugin/acl_embed"} == {"eager", "compiled", "bf16", "compiled-bf16"}
@@ -229,6 +228,34 @@ def test_hf_speed_leaves_compiled_modes_out_in_one_line_where_compiling_fails(tm
                      "compiled", "--compile-backend", "no_such_backend")
     assert {(r["system"], r["mode"]) for r in rows} == {("hf", "eager"), ("plugin/sentence_ce", "eager")}
     assert capsys.readouterr().out.count("compiled modes left out: torch.compile (backend no_such_backend)") == 1
+
+
+@pytest.mark.slow  # model loads
+def test_hf_speed_leaves_bf16_modes_out_in_one_line_on_a_cpu_without_bf16_units(tmp_path, capsys, monkeypatch):
+    """README's speed command with its default modes on an AVX2-only EPYC: the fp32 modes timed, not a
+    ValueError from the bf16 check."""
+    from acl_fairseq import acceleration
+    from acl_runtime.machine import read_cpu_kind
+    from test_acceleration import ROME
+
+    monkeypatch.setattr(acceleration, "read_cpu_kind", lambda text=None: read_cpu_kind(ROME))
+    rows = _hf_speed(tmp_path, "--criteria", "sentence_ce", "--modes", "eager", "bf16", "--hf-modes", "eager", "bf16")
+    assert {(r["system"], r["mode"]) for r in rows} == {("hf", "eager"), ("plugin/sentence_ce", "eager")}
+    assert capsys.readouterr().out.count("# bf16 modes left out: this CPU (AMD EPYC 7B12, AVX2 only") == 1
+
+
+@pytest.mark.parametrize("needs, kept", [(0, ["eager", "bf16"]), (1, ["eager", "compiled"])])
+def test_hf_speed_leaves_out_only_the_modes_that_need_what_is_missing(needs, kept, capsys):
+    import argparse
+
+    import hf_speed
+
+    args = argparse.Namespace(modes=list(hf_speed.MODES), hf_modes=["eager", "compiled", "bf16"])
+    hf_speed.leave_out(args, needs, "some modes", lambda: "the reason")
+    assert args.modes == args.hf_modes == kept
+    assert capsys.readouterr().out == "# some modes left out: the reason\n"
+    hf_speed.leave_out(args, needs, "some modes", lambda: None)  # nothing missing: nothing dropped, nothing said
+    assert args.modes == kept and capsys.readouterr().out == ""
 
 
 def test_hf_speed_verdicts_claim_nothing_about_amx_on_another_cpu():

@@ -140,8 +140,12 @@ class SentencePredictionAclTask(SentencePredictionTask):
             self.projector_logdir = projector.resolve_logdir(cfg.projector_logdir, cfg.tensorboard_logdir)
         self.compiled: Optional[acceleration.CompileStats] = None
         self._graphs_logged = 0
-        if cfg.autocast_bf16:  # refused here, at start-up, where bf16 would be emulated
-            logger.info("--autocast-bf16: %s", acceleration.check_bf16(self.device_type))
+        if cfg.autocast_bf16:  # refused here, at start-up, in one line and exit 2, where bf16 would be emulated
+            try:
+                logger.info("--autocast-bf16: %s", acceleration.check_bf16(self.device_type))
+            except ValueError as e:
+                logger.error("%s", e)
+                raise SystemExit(2) from None
 
     @property
     def device_type(self) -> str:
