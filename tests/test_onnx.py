@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+import exit_parity
 import helpers
 from acl_fairseq.hf import onnx_export, onnx_tokenizer
 from acl_fairseq.inference import early_exit, hub
@@ -102,20 +103,6 @@ def torch_all_exits(model, texts):
     return np.stack(out)
 
 
-def decision_values(policy: str, per_exit: np.ndarray) -> np.ndarray:
-    """(B, M): what the policy compares with its threshold at each exit; patience: the top-2 logit margin
-    (a flip there needs a prediction that could go either way)."""
-    flat = per_exit.reshape(-1, per_exit.shape[-1])
-    if policy == "entropy":
-        value = exits.prediction_entropy(flat)
-    elif policy == "confidence":
-        value = runtime.softmax(flat).max(-1)
-    else:
-        top = np.sort(flat, axis=-1)
-        value = top[:, -1] - top[:, -2]
-    return np.asarray(value).reshape(per_exit.shape[:2])
-
-
 def splitting_threshold(policy: str, per_exit: np.ndarray) -> float:
     """A threshold that sends about half the examples out at the first exit: the midpoint of two neighbouring
     first-exit values more than 2 * ATOL apart (so that no example sits on it). The tiny model's entropies crowd
@@ -123,29 +110,11 @@ def splitting_threshold(policy: str, per_exit: np.ndarray) -> float:
     rounding of whichever kernels ran (onnxruntime's fused SkipLayerNormalization or not)."""
     if policy == "patience":
         return 1
-    values = np.sort(decision_values(policy, per_exit)[:, 0])
+    values = np.sort(exit_parity.decision_values(policy, per_exit)[:, 0])
     low = high = len(values) // 2
     while high < len(values) - 1 and values[high] - values[low - 1] <= 2 * ATOL:
         high += 1
     return float((values[low - 1] + values[high]) / 2)
-
-
-def assert_same_decisions(policy, threshold, per_exit, torch_out, ort_out, ort_logits_of=None):
-    """Equal exit layers, labels and logits (ATOL); an exit or label that differs only where the decision value
-    lies within ATOL of the threshold (entropy, confidence) or the top two logits within ATOL (patience)."""
-    (t_logits, t_layers), (o_logits, o_layers) = torch_out, ort_out
-    values = decision_values(policy, per_exit) if policy else None
-    flips = []
-    for i in range(len(t_layers)):
-        if t_layers[i] == o_layers[i] and t_logits[i].argmax() == o_logits[i].argmax():
-            np.testing.assert_allclose(o_logits[i], t_logits[i], atol=ATOL, rtol=0, err_msg=f"example {i}")
-            continue
-        assert policy is not None, (i, t_layers[i], o_layers[i])
-        target = 0.0 if policy == "patience" else threshold
-        gap = np.abs(values[i] - target).min()
-        assert gap < ATOL, f"example {i}: exit {t_layers[i]} vs {o_layers[i]}, decision value {gap} from the threshold"
-        flips.append(i)
-    return flips
 
 
 # ---- tests ------------------------------------------------------------------------------------------
@@ -182,9 +151,9 @@ def test_ort_engine_equals_the_torch_engine(exported, policy):
     t_logits, t_layers = model.predict_tokens_early_exit(tokens, policy, threshold, batch_size=8)
     o_logits, o_layers = eng.run_batches(eng.make_batches([t.tolist() for t in tokens], 8), len(tokens), policy,
                                          threshold)
-    flips = assert_same_decisions(policy, threshold, per_exit, (t_logits.numpy(), t_layers.numpy()),
-                                  (o_logits, o_layers))
-    assert len(flips) <= 1, flips
+    ort_all = exit_parity.all_exits(eng, [t.tolist() for t in tokens], 8)
+    exit_parity.assert_same_exits(policy, threshold, per_exit, ort_all, (t_logits.numpy(), t_layers.numpy()),
+                                  (o_logits, o_layers), ATOL)
     if policy is not None and (policy != "patience" or len(eng.exit_layers) > 2):  # patience 1 fires at exit 2 first
         assert len(set(o_layers.tolist())) > 1, "the threshold should split the examples between exits"
     assert len(set(o_logits.argmax(-1).tolist())) == 2, "both labels should occur"
@@ -205,12 +174,11 @@ def test_batch_one_equals_batched(exported):
     eng, texts = exported["engine"], exported["texts"]
     per_exit = torch_all_exits(exported["hub"], texts)
     threshold = splitting_threshold("entropy", per_exit)
-    one = eng.predict_early_exit(texts, policy="entropy", threshold=threshold, batch_size=1)
-    many = eng.predict_early_exit(texts, policy="entropy", threshold=threshold, batch_size=16)
-    assert [(p.label, p.exit_layer) for p in one] == [(p.label, p.exit_layer) for p in many]
-    for p, q in zip(one, many):
-        assert p.probabilities == pytest.approx(q.probabilities, abs=ATOL)
-    assert len({p.exit_layer for p in one}) > 1
+    tokens = [eng.encode_with_info(*_split(t))[0] for t in texts]
+    one, many = (eng.run_batches(eng.make_batches(tokens, b), len(tokens), "entropy", threshold) for b in (1, 16))
+    exit_parity.assert_same_exits("entropy", threshold, exit_parity.all_exits(eng, tokens, 1),
+                                  exit_parity.all_exits(eng, tokens, 16), one, many, ATOL)
+    assert len(set(one[1].tolist())) > 1
 
 
 def test_the_serving_policy_is_range_checked_and_defaults_from_the_table(toy):
@@ -448,5 +416,7 @@ def test_a_pre_norm_encoder_gets_its_final_layer_norm(toy, tmp_path):
     t_logits, t_layers = model.predict_tokens_early_exit(tokens, "entropy", threshold, batch_size=8)
     o_logits, o_layers = eng.run_batches(eng.make_batches([t.tolist() for t in tokens], 8), len(tokens), "entropy",
                                          threshold)
-    assert_same_decisions("entropy", threshold, per_exit, (t_logits.numpy(), t_layers.numpy()), (o_logits, o_layers))
+    ort_all = exit_parity.all_exits(eng, [t.tolist() for t in tokens], 8)
+    exit_parity.assert_same_exits("entropy", threshold, per_exit, ort_all, (t_logits.numpy(), t_layers.numpy()),
+                                  (o_logits, o_layers), ATOL)
     assert 3 in o_layers.tolist()

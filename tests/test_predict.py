@@ -9,6 +9,7 @@ import shutil
 import pytest
 import torch
 
+import exit_parity
 import helpers
 from acl_fairseq.cli import evaluate
 from acl_fairseq.inference import early_exit, hub
@@ -151,8 +152,11 @@ def test_cli_equals_acl_evaluate_on_the_same_split(run, model, tmp_path):
     # every row, flipped or not: acl-predict's label is the one of the exit it stopped at
     assert [r["label"] for r in records] == [label_at(i, r["exit_layer"]) for i, r in enumerate(records)]
     differ = [i for i, r in enumerate(records) if r["exit_layer"] != layers[i]]
-    for i in differ:  # a flip at the threshold: that exit's entropy is the threshold to float rounding
-        assert (entropy[i] - threshold).abs().min() < 1e-5, (i, entropy[i])
+    # a flip at the threshold: that exit's entropy is the threshold to within the two batchings' measured reach
+    served = exit_parity.all_exits(model, [model.encode(a, b) for a, b in texts], 32)
+    reach = exit_parity.flip_tolerance("entropy", logits.numpy(), served)
+    for i in differ:
+        assert (entropy[i] - threshold).abs().min() < reach, (i, entropy[i], reach)
     right = [r["label"] == y for r, y in zip(records, labels)]
     kept = [i for i in range(n) if i not in differ]
     assert [right[i] for i in kept] == [offline_right[i] for i in kept]
