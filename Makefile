@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: env demo test test-slow lint mutation clean
+.PHONY: env demo test test-fast test-slow lint mutation clean
 
 env:
 	@bash scripts/setup_env.sh
@@ -12,6 +12,11 @@ demo: env
 
 test: env
 	@$(PY) -m pytest -q
+
+# the edit loop: no fairseq training, no server or other long-lived process (markers trains and server: tests/conftest.py
+# and each subject folder's conftest.py), under a minute on 2 cores
+test-fast: env
+	@$(PY) -m pytest -q -m "not slow and not trains and not server"
 
 test-slow: env
 	@$(PY) -m pytest -q -m slow

@@ -7,8 +7,8 @@ install requirements on purpose: see README "Set-up" for the order they must be 
 from setuptools import find_packages, setup
 
 # pip install .[serve]: what acl-predict OUT/onnx and acl-serve need, without torch or fairseq. Pinned as
-# requirements.txt pins them, and numpy as scripts/setup_env.sh does (tests/test_serving_install.py checks that they
-# agree; scripts/check_serving_env.sh installs exactly these)
+# requirements.txt pins them, and numpy as scripts/setup_env.sh does (tests/serve/test_serving_install.py checks
+# that they agree; scripts/check_serving_env.sh installs exactly these)
 SERVE_REQUIRES = ["numpy==1.26.4", "onnxruntime==1.30.0", "tokenizers==0.23.3", "starlette==1.10.0",
                   "uvicorn==0.54.0", "prometheus-client==0.26.0", "msgspec==0.23.0"]
 

@@ -8,6 +8,6 @@
   (``serve/``), and the atomic writer every command uses (``io``).
 
 The training plugin :mod:`acl_fairseq` imports this package; this package never imports it, torch or fairseq
-(tests/test_runtime_imports.py walks every import). acl-predict reaches a fairseq checkpoint through the
+(tests/runtime/test_runtime_imports.py walks every import). acl-predict reaches a fairseq checkpoint through the
 ``acl_runtime.checkpoint_reader`` entry point that the training install declares (setup.py).
 """

@@ -1,6 +1,6 @@
 """An exported OUT/onnx folder's chain of graphs run with onnxruntime directly, every exit's logits kept: on this CPU
 (:func:`run_rows`) or under ``qemu-x86_64 -cpu CPU`` (:func:`run_emulated`, this file as the child), for the int8
-benchmarks (int8_portability.py, int8_static.py) and tests/test_int8.py.
+benchmarks (int8_portability.py, int8_static.py) and tests/inference/test_int8.py.
 
     python benchmarks/_int8_chain.py DIR --folder OUT/onnx --precision int8 --batch 8 [--layer-dir D]
 

@@ -90,7 +90,7 @@ else
 fi
 
 echo "[gpu_check] 1/5 mixed-precision tests on $DEVICE"
-ACL_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests/test_precision.py" "${tests[@]}"
+ACL_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests/criterions/test_precision.py" "${tests[@]}"
 
 echo "[gpu_check] 2/5 fp16 training step of every criterion, ratio to CE"
 "$PY" "$ROOT/benchmarks/step_time.py" --device "$DEVICE" --fp16 "${size[@]}" "${step[@]}" --json "$OUT/step_time_fp16.json"

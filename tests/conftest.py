@@ -5,9 +5,15 @@ import pytest
 
 # tests import their helpers as `helpers`, the demo's synthetic data as `toy_data` (scripts/toy_data.py) and
 # the benchmark scripts by name (`import step_time`, as the scripts import each other): none of them is part of
-# the package. acl_fairseq itself is installed (editable) or on the path.
+# the package. acl_fairseq itself is installed (editable) or on the path. The tests live in one folder per subject
+# (each with a conftest.py saying what it covers); a test file that builds on another's (`from test_criterions
+# import build`) imports it by name from whichever subject holds it, so every subject folder is on the path too
+# (file names are unique across subjects).
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+SUBJECTS = sorted(d for d in os.listdir(HERE) if os.path.isfile(os.path.join(HERE, d, "conftest.py")))
+for _subject in SUBJECTS:
+    sys.path.insert(0, os.path.join(HERE, _subject))
 sys.path.insert(0, HERE)
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "scripts"))
@@ -30,6 +36,21 @@ def pytest_sessionfinish(session):
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: tests kept out of make test (real data, or long fairseq-train runs); "
                             "run with -m slow")
+    config.addinivalue_line("markers", "trains: runs fairseq training (fairseq-train, or a model the session trains): "
+                            "kept out of make test-fast")
+    config.addinivalue_line("markers", "server: starts a server (acl-serve, uvicorn, PostgreSQL) or another "
+                            "long-lived process: kept out of make test-fast")
+
+
+# what keeps a test out of make test-fast, besides its subject's own table (its folder's conftest.py, MARKS):
+# any of the session's trained models, or a fixture built on one (pytest lists every fixture a test reaches)
+TRAINED = frozenset(prebuilt.BUILDERS)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if TRAINED & set(getattr(item, "fixturenames", ())):
+            item.add_marker("trains")
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -100,7 +121,7 @@ def predict_model(predict_run):
 @pytest.fixture(scope="session")
 def predict_onnx(predict_run, tmp_path_factory):
     """predict_run's checkpoint through ``acl-export --format onnx`` (fp32): the folder that
-    test_tokenization_parity.py, test_row_memory.py and test_manifest_checks.py only read (or copy before
+    test_tokenization_parity.py, test_text_byte_budget.py and test_manifest_checks.py only read (or copy before
     changing). Exported once: each export took 5-10 s of make test."""
     from acl_fairseq.hf import export
 

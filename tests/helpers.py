@@ -204,3 +204,15 @@ def skip_is_failure_here(reason: str, environ=os.environ) -> bool:
     green without the check; other skips (a check that cannot apply here, such as a read-only folder for root)
     stay skips."""
     return reason.startswith(NEEDED) and environ.get("CI", "").strip().lower() in ("true", "1")
+
+
+def mark_heavy(items, folder: str, marks: dict) -> None:
+    """A subject's conftest.py applies its table (test file, or ``file::test name prefix`` -> "trains" or "server",
+    the markers that keep a test out of make test-fast) to its own folder's items."""
+    for item in items:
+        if item.path.parent.name != folder:
+            continue
+        for key, mark in marks.items():
+            name, _, test = key.partition("::")
+            if item.path.name == name and item.name.startswith(test):
+                item.add_marker(mark)

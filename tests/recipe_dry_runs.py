@@ -2,7 +2,7 @@
 few-shot (fewshot.tsv) and converted-encoder (converted.tsv) runs as the benchmarks configure them, the
 settings' variants, resuming, and the refusals. Exit status, stdout and stderr, machine paths replaced by
 placeholders (<TMP>, <REPO>, <PYTHON>, <BIN>), and the separator flag by <SEPARATOR_FLAG> (only
-acl_runtime/conventions.py may spell it: tests/test_input_layout.py).
+acl_runtime/conventions.py may spell it: tests/runtime/test_input_layout.py).
 
     python tests/recipe_dry_runs.py > tests/data/recipe_dry_runs.txt   # regenerate the fixture
 

@@ -39,7 +39,7 @@ def _export(predict_run, tmp_path_factory):
     folder = str(out / "onnx")
     texts, _ = helpers.raw_split(data)
     # pairs, their first sentences alone, and the odd ones: spacing, accents, a text over the positions (an empty
-    # text is refused, as acl-predict skips an empty line: tests/test_serve_errors.py)
+    # text is refused, as acl-predict skips an empty line: tests/serve/test_serve_errors.py)
     texts = list(texts) + [a for a, _ in texts][:8] + ["  the   movie ", "café naïve", " ".join(["good"] * 400)]
     return {"folder": folder, "texts": texts, "engine": Engine(folder, threads=1)}
 

@@ -4,7 +4,7 @@ without apex or fairseq's fused_adam_cuda).
 
 Same flags and defaults as ``--optimizer adam``: ``--adam-betas '(0.9,0.98)' --adam-eps 1e-6
 --weight-decay 0.1 --lr ...`` mean the same, and the parameters follow ``adam``'s to float rounding
-(tests/test_optim.py bounds the difference). The two differ in where eps goes:
+(tests/training/test_optim.py bounds the difference). The two differ in where eps goes:
 fairseq divides by ``sqrt(v) + eps`` and folds ``sqrt(1 - beta2^t)`` into the step size, torch
 divides by ``sqrt(v) / sqrt(1 - beta2^t) + eps``. The same update follows from giving torch
 ``eps / sqrt(1 - beta2^t)`` at step t, which this optimizer does before every step, per parameter
@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 IMPLEMENTATION_CHOICES = ChoiceEnum(["auto", "fused", "foreach", "for-loop"])
 # fused AdamW kernels: CUDA's is torch's main one; CPU's matches fairseq's adam as closely as foreach
-# does (tests/test_optim.py) and is the fastest there (for-loop beats foreach on CPU)
+# does (tests/training/test_optim.py) and is the fastest there (for-loop beats foreach on CPU)
 _FUSED_DEVICES = ("cuda", "cpu")
 # (fused, foreach) arguments of torch.optim.AdamW
 _FLAGS = {"fused": (True, False), "foreach": (False, True), "for-loop": (False, False)}

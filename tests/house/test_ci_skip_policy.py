@@ -10,7 +10,7 @@ import helpers
 import test_preprocess
 import test_tokenization
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: its conftest.py and helpers
 
 
 @pytest.mark.parametrize("ci,fails", [("true", True), ("TRUE", True), ("1", True), ("", False), ("false", False),

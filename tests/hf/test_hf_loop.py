@@ -11,7 +11,7 @@ import torch
 import _hf_loop as H  # benchmarks/_hf_loop.py (benchmarks/ is on the path: conftest.py)
 import hf_loop
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 WORDS = "the a cat dog sat ran on mat big small red blue is was not very happy sad man woman".split()
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

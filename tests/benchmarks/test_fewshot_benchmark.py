@@ -13,7 +13,7 @@ import torch
 from acl_fairseq.hf import convert as convert_hf
 from toy_data import FILLERS, INTENSIFIERS, NEGATIONS, NEGATIVE, POSITIVE, SUBJECTS, make_examples
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # CE and the paper's CE+SCL keep the test within a minute or two on a busy 2-core machine; the ACL criteria run
 # through the same driver path (their criteria have their own tests)
 METHODS = ["ce", "scl"]

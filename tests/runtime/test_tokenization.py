@@ -12,7 +12,7 @@ import helpers
 from acl_runtime import conventions, tokenization
 from acl_runtime.tokenization import build, build_decoder, files_of, make_record, read, validate
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 GLUE_REAL = os.environ.get("GLUE_DIR", os.path.join(HERE, "..", "..", "shared", "glue"))
 TEXTS = ["The movie was not very good.", "Who played the café scene?", "it 's a \"stray quote", "playing played 1999 !",
          "naïve Straße 中文 (what) -- where"]

@@ -34,8 +34,7 @@ from toy_glue import (
 )
 
 # the real GLUE TSVs: ../shared/glue beside the checkout (override with GLUE_DIR)
-GLUE_REAL = os.environ.get("GLUE_DIR", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..",
-                                                    "shared", "glue"))
+GLUE_REAL = os.environ.get("GLUE_DIR", os.path.join(helpers.REPO, "..", "shared", "glue"))
 
 
 @pytest.fixture(scope="module")

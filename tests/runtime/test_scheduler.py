@@ -151,7 +151,7 @@ def test_bad_submissions_are_refused_with_a_reason():
 
 
 def test_a_backend_error_fails_its_requests_and_the_scheduler_goes_on():
-    """(Rows at fault are found by splitting the batch: tests/test_fault_isolation.py.)"""
+    """(Rows at fault are found by splitting the batch: tests/runtime/test_fault_isolation.py.)"""
     class Failing(MeanBackend):
         def layer(self, i, x, mask):
             if ((~mask).sum(1) == 3).any():  # a row of 3 tokens raises, whatever its batch

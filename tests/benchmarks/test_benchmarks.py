@@ -7,8 +7,9 @@ import os
 import pytest
 
 import _converted
+import helpers
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/ is on the path: conftest.py
+REPO = helpers.REPO  # benchmarks/ is on the path: conftest.py
 
 STEP_FIELDS = {"criterion", "scope", "model", "batch", "seq_len", "median_step_s", "ratio_to_ce", "peak_mem_mb"}
 LATENCY_FIELDS = {"policy", "threshold", "batch", "avg_exit_layer", "layer_speedup", "wallclock_speedup"}

@@ -86,7 +86,7 @@ def test_the_parent_parser_gives_threads_one_spelling_with_the_scripts_default()
 def test_no_entry_script_builds_its_own_parser_or_imports_the_old_harness_module():
     import pathlib
 
-    folder = pathlib.Path(__file__).parents[1] / "benchmarks"
+    folder = pathlib.Path(__file__).parents[2] / "benchmarks"
     assert not (folder / "_harness.py").exists()
     entries = [p for p in folder.glob("*.py") if not p.stem.startswith("_") and p.stem != "common"]
     assert len(entries) >= 20
@@ -120,7 +120,7 @@ def test_the_setup_record_reads_the_versions_without_importing_torch():
 
     code = ("import sys, harness; r = harness.record(); "
             "assert 'torch' not in sys.modules and r['threads'] is None and r['torch'], r")
-    benchmarks = pathlib.Path(__file__).parents[1] / "benchmarks"
+    benchmarks = pathlib.Path(__file__).parents[2] / "benchmarks"
     proc = subprocess.run([sys.executable, "-c", code], cwd=str(benchmarks), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 

@@ -123,7 +123,7 @@ def test_a_read_timeout_outside_0_to_60_seconds_is_refused(exported, capsys, val
 
 def test_the_banner_comes_once_the_port_listens(exported):  # noqa: F811
     """A client that connects when the banner is out is served (stalled connections at SIGTERM:
-    tests/test_serve_shutdown.py)."""
+    tests/serve/test_serve_shutdown.py)."""
     port = free_port()
     argv = ["acl-serve", exported["folder"], "--port", str(port)]
     code = f"import sys\nsys.argv = {argv!r}\nfrom acl_runtime.serve.cli import cli_main\ncli_main()\n"
@@ -146,7 +146,8 @@ def test_the_banner_comes_once_the_port_listens(exported):  # noqa: F811
 @pytest.mark.parametrize("argv", [["acl-serve", "{folder}", "--port", "8080"], ["acl-serve", "--help"]])
 def test_importing_the_package_for_acl_serve_imports_neither_torch_nor_fairseq(exported, argv):  # noqa: F811
     """What the workers of --workers N do too: multiprocessing hands them the parent's argv before they import it.
-    --help took 9.5 s when it registered with fairseq. Every other command still registers (tests/test_onnx.py)."""
+    --help took 9.5 s when it registered with fairseq. Every other command still registers
+    (tests/inference/test_onnx.py)."""
     argv = [a.format(folder=exported["folder"]) for a in argv]
     code = (f"import sys\nsys.argv = {argv!r}\nimport acl_runtime.serve.app\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'fairseq'}))\n")

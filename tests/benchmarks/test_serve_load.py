@@ -15,7 +15,7 @@ import _load_client as C
 import _load_server as S
 import _load_stats as T
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # ---- the schedule --------------------------------------------------------------------------------

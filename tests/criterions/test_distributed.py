@@ -15,7 +15,7 @@ from datetime import timedelta
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, when run as a worker
 import helpers  # noqa: E402
 
 WORLD = 2

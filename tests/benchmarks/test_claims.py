@@ -13,7 +13,7 @@ import hf_parity
 import quality
 from _quality_tables import TASKS, gate_pairs, quality_pairs
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(REPO, "benchmarks", "results")
 RUNS = os.path.join(RESULTS, "runs", "quality", "runs")
 

@@ -373,7 +373,8 @@ def test_acl_export_writes_the_folder_that_acl_predict_runs(serve_export, tmp_pa
     fp32, int8 = ([json.loads(line) for line in (tmp_path / f"{p}.jsonl").read_text().splitlines()]
                   for p in ("fp32", "int8"))
     assert len(fp32) == len(int8) > 0 and [r["id"] for r in fp32] == [r["id"] for r in int8]
-    # the same answers but where fp32 itself is within int8's error of a tie (tests/test_int8.py measures more)
+    # the same answers but where fp32 itself is within int8's error of a tie (tests/inference/test_int8.py measures
+    # more)
     for r, q in zip(fp32, int8):
         p, pq = (np.array(list(x["probabilities"].values())) for x in (r, q))
         assert np.abs(p - pq).max() < 0.1 and (r["label"] == q["label"] or np.ptp(p) < 0.2), (r, q)

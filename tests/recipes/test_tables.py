@@ -6,7 +6,7 @@ import pytest
 
 from acl_runtime.tables import mean_std, read_tsv
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_read_tsv_skips_comments_and_blank_lines_and_names_the_bad_line(tmp_path):

@@ -1,0 +1,11 @@
+"""acl-serve: its answers against the engine's on every protocol, the clients people use, refusals, faults,
+fuzzing, the listener's stop, real processes under signals and load, timeouts, and the torch-free serving
+install. Helpers and the int8 export it serves: tests/serve_helpers.py."""
+from helpers import mark_heavy
+
+# tests that train or start processes without a session model (keeps them out of make test-fast)
+MARKS = {}
+
+
+def pytest_collection_modifyitems(config, items):
+    mark_heavy(items, "serve", MARKS)
