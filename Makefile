@@ -10,13 +10,17 @@ env:
 demo: env
 	@bash scripts/demo.sh
 
+# two phases: everything but the servers on both cores (pytest-xdist; tests/prebuilt.py trains the session's models
+# once for both workers), then the tests that start servers or other long-lived processes alone, as their timing
+# bounds were set on a machine with a core to spare (marker server: tests/*/conftest.py)
 test: env
-	@$(PY) -m pytest -q
+	@$(PY) -m pytest -q -n 2 -m "not slow and not server"
+	@$(PY) -m pytest -q -m "not slow and server"
 
-# the edit loop: no fairseq training, no server or other long-lived process (markers trains and server: tests/conftest.py
-# and each subject folder's conftest.py), under a minute on 2 cores
+# the edit loop: no fairseq model trained or built, no server or other long-lived process (markers fairseq and server:
+# tests/conftest.py and each subject folder's conftest.py), under a minute on 2 cores
 test-fast: env
-	@$(PY) -m pytest -q -m "not slow and not trains and not server"
+	@$(PY) -m pytest -q -n 2 -m "not slow and not fairseq and not server"
 
 test-slow: env
 	@$(PY) -m pytest -q -m slow

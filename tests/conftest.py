@@ -1,5 +1,6 @@
 import os
 import sys
+import tempfile
 
 import pytest
 
@@ -33,10 +34,20 @@ def pytest_sessionfinish(session):
     prebuilt.stop()
 
 
+def pytest_unconfigure(config):
+    if getattr(config, "prebuilt_shared", None):
+        prebuilt.stop_shared(config.prebuilt_shared)
+        os.environ.pop(prebuilt.SHARED, None)
+
+
 def pytest_configure(config):
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        # pytest-xdist's controller: one folder, and one background builder, for every worker (tests/prebuilt.py)
+        config.prebuilt_shared = os.environ[prebuilt.SHARED] = tempfile.mkdtemp(prefix="acl-prebuilt-")
     config.addinivalue_line("markers", "slow: tests kept out of make test (real data, or long fairseq-train runs); "
                             "run with -m slow")
-    config.addinivalue_line("markers", "trains: runs fairseq training (fairseq-train, or a model the session trains): "
+    config.addinivalue_line("markers", "fairseq: trains or builds a fairseq model (fairseq-train, a task and model "
+                            "built in process, a model the session trains, a fresh interpreter importing fairseq): "
                             "kept out of make test-fast")
     config.addinivalue_line("markers", "server: starts a server (acl-serve, uvicorn, PostgreSQL) or another "
                             "long-lived process: kept out of make test-fast")
@@ -50,7 +61,7 @@ TRAINED = frozenset(prebuilt.BUILDERS)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if TRAINED & set(getattr(item, "fixturenames", ())):
-            item.add_marker("trains")
+            item.add_marker("fairseq")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -207,7 +207,7 @@ def skip_is_failure_here(reason: str, environ=os.environ) -> bool:
 
 
 def mark_heavy(items, folder: str, marks: dict) -> None:
-    """A subject's conftest.py applies its table (test file, or ``file::test name prefix`` -> "trains" or "server",
+    """A subject's conftest.py applies its table (test file, or ``file::test name prefix`` -> "fairseq" or "server",
     the markers that keep a test out of make test-fast) to its own folder's items."""
     for item in items:
         if item.path.parent.name != folder:

@@ -93,9 +93,16 @@ BUILDERS = {f.__name__: f for f in (predict_run, cls_pair_run, regression_run, p
 # ---- the session's side ----------------------------------------------------------------------------------
 
 
+# Under pytest-xdist (make test runs two workers) the controller names one folder for the whole run in this variable
+# (tests/conftest.py): the first worker to claim it starts the one background process, the others wait on its files,
+# and the controller ends it once every worker is done (stop_shared), so no model is trained twice.
+SHARED = "ACL_PREBUILT_SHARED"
+
+
 class _Background:
     root: Optional[str] = None
     proc: Optional[subprocess.Popen] = None
+    pid: Optional[int] = None  # the process another worker started (shared mode)
     names: List[str] = []
 
 
@@ -108,19 +115,63 @@ def start(items) -> List[str]:
                 names.append(name)
     if not names:
         return names
-    _Background.root = tempfile.mkdtemp(prefix="acl-prebuilt-")
-    _Background.names = names
+    shared = os.environ.get(SHARED)
+    _Background.root, _Background.names = shared or tempfile.mkdtemp(prefix="acl-prebuilt-"), names
+    if shared:
+        try:
+            os.close(os.open(os.path.join(shared, "owner"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:  # another worker started it: wait on its files
+            _Background.pid = _read_pid(shared)
+            return names
     log = open(os.path.join(_Background.root, "log.txt"), "w")
     _Background.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), _Background.root, *names],
                                         stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                                         env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
     log.close()
+    if shared:
+        with open(os.path.join(shared, "pid.tmp"), "w") as f:
+            f.write(str(_Background.proc.pid))
+        os.replace(os.path.join(shared, "pid.tmp"), os.path.join(shared, "pid"))
     return names
 
 
+def _read_pid(root: str, seconds: float = 30.0) -> Optional[int]:
+    """The shared background process's pid, once its starter has written it (None if it never does)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with open(os.path.join(root, "pid")) as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+
+
+def _running() -> bool:
+    if _Background.proc is not None:
+        return _Background.proc.poll() is None
+    pid = _Background.pid
+    if pid is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has finished
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False
+
+
 def stop() -> None:
-    """End the background process (a run cut short leaves it building) and remove its folder."""
+    """End the background process (a run cut short leaves it building) and remove its folder; in shared mode the
+    controller does that (stop_shared), as another worker may still wait on it."""
     proc, root = _Background.proc, _Background.root
+    if os.environ.get(SHARED):
+        _Background.proc = _Background.root = _Background.pid = None
+        return
     if proc is not None and proc.poll() is None:
         proc.kill()
         proc.wait()
@@ -129,16 +180,27 @@ def stop() -> None:
     _Background.proc = _Background.root = None
 
 
+def stop_shared(root: str) -> None:
+    """The controller's end of a shared run: the background process killed if still building, its folder removed."""
+    pid = _read_pid(root, seconds=0)
+    if pid is not None:
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def get(name: str, tmp_path_factory):
     """The value of the model ``name``: the background process's, or built here (see the module's docstring)."""
     from pathlib import Path
 
-    proc, root = _Background.proc, _Background.root
-    if proc is not None and name in _Background.names:
+    root = _Background.root
+    if (_Background.proc is not None or _Background.pid is not None) and name in _Background.names:
         done, failed = os.path.join(root, name + ".pickle"), os.path.join(root, name + ".failed")
         deadline = time.monotonic() + WAIT_SECONDS
         while not (os.path.exists(done) or os.path.exists(failed)) and time.monotonic() < deadline:
-            if proc.poll() is not None and not os.path.exists(done):
+            if not _running() and not os.path.exists(done):
                 break
             time.sleep(0.05)
         if os.path.exists(done):

@@ -2,8 +2,15 @@
 recomputed from the committed records. No timing is asserted here."""
 from helpers import mark_heavy
 
-# tests that train or start processes without a session model (keeps them out of make test-fast)
-MARKS = {}
+# tests that build or train a fairseq model, or start a long-lived process, without a session model: kept out
+# of make test-fast (helpers.mark_heavy)
+MARKS = {
+    "test_benchmarks.py": "fairseq",
+    "test_records.py": "fairseq",
+    "test_serve_load.py": "server",
+    "test_serve_hey.py": "server",
+    "test_serve_speed.py": "server",
+}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -4,8 +4,18 @@ self-distillation baseline, and the properties the mutation runs found unchecked
 tests from this folder (pyproject.toml)."""
 from helpers import mark_heavy
 
-# tests that train or start processes without a session model (keeps them out of make test-fast)
-MARKS = {}
+# tests that build or train a fairseq model, or start a long-lived process, without a session model: kept out
+# of make test-fast (helpers.mark_heavy)
+MARKS = {
+    "test_criterions.py": "fairseq",
+    "test_criterion_totals.py": "fairseq",
+    "test_criterion_wiring.py": "fairseq",
+    "test_criterion_properties.py": "fairseq",
+    "test_grad_conflict.py": "fairseq",
+    "test_kd.py": "fairseq",
+    "test_precision.py": "fairseq",
+    "test_distributed.py": "fairseq",
+}
 
 
 def pytest_collection_modifyitems(config, items):

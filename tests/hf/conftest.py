@@ -2,8 +2,13 @@
 fairseq-train, and training parity with Hugging Face update by update. Tiny random HF models: tests/tiny_hf.py."""
 from helpers import mark_heavy
 
-# tests that train or start processes without a session model (keeps them out of make test-fast)
-MARKS = {}
+# tests that build or train a fairseq model, or start a long-lived process, without a session model: kept out
+# of make test-fast (helpers.mark_heavy)
+MARKS = {
+    "test_convert_hf.py": "fairseq",
+    "test_export.py": "fairseq",
+    "test_converted_training.py": "fairseq",
+}
 
 
 def pytest_collection_modifyitems(config, items):

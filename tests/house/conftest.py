@@ -2,8 +2,12 @@
 set-up scripts (pip wrapper, system packages), and the background builder of the session's models."""
 from helpers import mark_heavy
 
-# tests that train or start processes without a session model (keeps them out of make test-fast)
-MARKS = {}
+# tests that build or train a fairseq model, or start a long-lived process, without a session model: kept out
+# of make test-fast (helpers.mark_heavy)
+MARKS = {
+    "test_ci_skip_policy.py::test_every_skip": "server",
+    "test_ci_skip_policy.py::test_a_pytest_run": "server",
+}
 
 
 def pytest_collection_modifyitems(config, items):

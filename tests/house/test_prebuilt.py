@@ -31,7 +31,8 @@ def fake(monkeypatch, tmp_path):
 
     monkeypatch.setitem(prebuilt.BUILDERS, "good", good)
     monkeypatch.setitem(prebuilt.BUILDERS, "bad", bad)
-    for attr in ("root", "proc", "names"):
+    monkeypatch.delenv(prebuilt.SHARED, raising=False)  # make test's own workers share one: not these tests'
+    for attr in ("root", "proc", "pid", "names"):
         monkeypatch.setattr(prebuilt._Background, attr, getattr(prebuilt._Background, attr))
     return calls
 
@@ -83,7 +84,8 @@ def test_a_fixture_builds_its_model_when_the_background_process_is_gone(fake, tm
 def test_start_builds_what_the_collected_tests_use_first_used_first(monkeypatch):
     started = []
     monkeypatch.setattr(prebuilt.subprocess, "Popen", lambda argv, **kw: started.append(argv) or "proc")
-    for attr in ("root", "proc", "names"):
+    monkeypatch.delenv(prebuilt.SHARED, raising=False)
+    for attr in ("root", "proc", "pid", "names"):
         monkeypatch.setattr(prebuilt._Background, attr, getattr(prebuilt._Background, attr))
     names = prebuilt.start([_Item("tmp_path", "plugin_task_run"), _Item("predict_onnx", "predict_run"),
                             _Item("plugin_task_run", "cls_pair_run")])
@@ -94,3 +96,28 @@ def test_start_builds_what_the_collected_tests_use_first_used_first(monkeypatch)
         assert prebuilt.start([_Item("tmp_path")]) == [] and len(started) == 1  # nothing to build: no process
     finally:
         shutil.rmtree(started[0][2])
+
+
+def test_workers_sharing_a_folder_start_one_builder_and_wait_on_its_files(fake, monkeypatch, tmp_path):
+    """make test's two xdist workers: the first to claim the shared folder starts the builder, the second reads its
+    pid and its models; the controller's stop_shared ends it and removes the folder."""
+    builder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    started, real_popen = [], subprocess.Popen
+    monkeypatch.setattr(prebuilt.subprocess, "Popen", lambda argv, **kw: started.append(argv) or builder)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setenv(prebuilt.SHARED, str(shared))
+    items = [_Item("good")]
+    assert prebuilt.start(items) == ["good"] and len(started) == 1 and started[0][2] == str(shared)
+    assert (shared / "pid").read_text() == str(builder.pid)
+    prebuilt._Background.proc = prebuilt._Background.pid = None  # the second worker's process
+    assert prebuilt.start(items) == ["good"] and len(started) == 1  # no second builder
+    assert prebuilt._Background.pid == builder.pid and prebuilt._running()
+    monkeypatch.setattr(prebuilt.subprocess, "Popen", real_popen)  # the stand-in served the two starts only
+    prebuilt.main([str(shared), "good"])  # what the builder writes
+    factory = _Factory(tmp_path)
+    assert prebuilt.get("good", factory)["pair"] == ("a", "b") and factory.made == []
+    prebuilt.stop()  # a worker's stop leaves the shared builder alone
+    assert builder.poll() is None and shared.exists()
+    prebuilt.stop_shared(str(shared))
+    assert builder.wait(timeout=10) == -9 and not shared.exists()

@@ -1,32 +1,69 @@
-"""The slow marker's wiring: make test leaves the slow tests out (pytest.ini), make test-slow runs only them, and
-CI runs both. Without it make test would take twice its 10 minutes, or CI would never run the slow tests."""
+"""The markers' wiring: make test leaves the slow tests out and runs every other test exactly once, in its two
+phases (all but the servers on both cores, then the servers alone); make test-fast is a part of it; make test-slow
+runs only the slow tests; CI runs make test and make test-slow. Without it make test would take twice its 10
+minutes, a test could fall between the phases, or CI would never run the slow tests."""
 import configparser
+import itertools
 import os
 import re
 import shlex
 
+from _pytest.mark.expression import Expression
+
 from helpers import REPO
 
+MARKERS = ("slow", "fairseq", "server")
 
-def _pytest_args(target: str) -> list:
-    """The arguments after ``pytest`` in one Makefile target's recipe (``$(PY) -m pytest ARGS``)."""
+
+def _pytest_calls(target: str) -> list:
+    """Each ``$(PY) -m pytest ARGS`` line of one Makefile target's recipe, as its ARGS."""
     text = open(os.path.join(REPO, "Makefile")).read()
     block = re.search(rf"^{re.escape(target)}:[^\n]*\n((?:\t[^\n]*\n)+)", text, flags=re.M)
     assert block, f"no {target} target in the Makefile"
-    words = shlex.split(block.group(1))
-    return words[words.index("pytest") + 1:]
+    calls = [shlex.split(line) for line in block.group(1).splitlines() if " pytest" in line]
+    return [words[words.index("pytest") + 1:] for words in calls]
 
 
-def test_the_default_selection_leaves_the_slow_tests_out():
+def _selects(args: list, marks: set) -> bool:
+    """Whether a pytest call with ``args`` runs a test carrying ``marks`` (a later -m wins over pytest.ini's)."""
+    expression = args[len(args) - 1 - args[::-1].index("-m") + 1] if "-m" in args else _ini_selection()
+    return Expression.compile(expression).evaluate(lambda name, **_: name in marks)
+
+
+def _ini_selection() -> str:
     ini = configparser.ConfigParser()
     ini.read(os.path.join(REPO, "pytest.ini"))
     addopts = shlex.split(ini["pytest"]["addopts"])
-    assert addopts[addopts.index("-m") + 1] == "not slow", addopts
-    assert "-m" not in _pytest_args("test")  # make test keeps pytest.ini's selection
+    return addopts[addopts.index("-m") + 1]
+
+
+def _every_marking():
+    for k in range(len(MARKERS) + 1):
+        yield from (set(c) for c in itertools.combinations(MARKERS, k))
+
+
+def test_the_default_selection_leaves_the_slow_tests_out():
+    assert _ini_selection() == "not slow"
+
+
+def test_make_test_runs_every_test_but_the_slow_ones_exactly_once():
+    calls = _pytest_calls("test")
+    assert len(calls) == 2 and "-n" in calls[0] and "-n" not in calls[1]  # the servers run alone
+    for marks in _every_marking():
+        runs = sum(_selects(args, marks) for args in calls)
+        assert runs == (0 if "slow" in marks else 1), (marks, runs)
+        if "server" in marks and "slow" not in marks:
+            assert _selects(calls[1], marks)
+
+
+def test_make_test_fast_is_a_part_of_make_test_without_fairseq_or_servers():
+    (fast,) = _pytest_calls("test-fast")
+    for marks in _every_marking():
+        assert _selects(fast, marks) == (not marks), marks
 
 
 def test_make_test_slow_selects_only_the_slow_tests_and_ci_runs_both():
-    # a later -m wins over pytest.ini's addopts, which pytest puts first
-    assert _pytest_args("test-slow")[-2:] == ["-m", "slow"]
+    (slow,) = _pytest_calls("test-slow")
+    assert slow[-2:] == ["-m", "slow"]
     ci = [line.split("#")[0].strip() for line in open(os.path.join(REPO, ".ci", "run"))]
     assert "make test" in ci and "make test-slow" in ci

@@ -2,8 +2,16 @@
 the torch engine, calibrated thresholds, FLOPs, and the commands' refusals and atomic outputs."""
 from helpers import mark_heavy
 
-# tests that train or start processes without a session model (keeps them out of make test-fast)
-MARKS = {}
+# tests that build or train a fairseq model, or start a long-lived process, without a session model: kept out
+# of make test-fast (helpers.mark_heavy)
+MARKS = {
+    "test_evaluate.py": "fairseq",
+    "test_flops.py": "fairseq",
+    "test_export_errors.py": "fairseq",
+    "test_calibrate.py": "fairseq",
+    "test_onnx.py": "fairseq",
+    "test_predict.py": "fairseq",
+}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -2,8 +2,13 @@
 runner, the recipe tables, collect_results, and acl-tune. Helpers: tests/recipe_helpers.py, recipe_dry_runs.py."""
 from helpers import mark_heavy
 
-# tests that train or start processes without a session model (keeps them out of make test-fast)
-MARKS = {}
+# tests that build or train a fairseq model, or start a long-lived process, without a session model: kept out
+# of make test-fast (helpers.mark_heavy)
+MARKS = {
+    "test_tune.py": "server",
+    "test_preprocess_errors.py::test_sigterm": "server",
+    "test_preprocess_errors.py::test_missing_folder_and_cli_exit_code": "fairseq",  # the console script imports it
+}
 
 
 def pytest_collection_modifyitems(config, items):

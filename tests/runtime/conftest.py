@@ -3,8 +3,13 @@ scheduler, tokenization and the input layout, atomic files, the console, the ONN
 that two engines' exits are compared by (tests/exit_parity.py)."""
 from helpers import mark_heavy
 
-# tests that train or start processes without a session model (keeps them out of make test-fast)
-MARKS = {}
+# tests that build or train a fairseq model, or start a long-lived process, without a session model: kept out
+# of make test-fast (helpers.mark_heavy)
+MARKS = {
+    "test_runtime_imports.py::test_importing_the_plugin": "fairseq",
+    "test_tokenization.py::test_hub_": "fairseq",
+    "test_tokenization.py::test_checkpoint_bpe": "fairseq",
+}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -3,8 +3,10 @@ fuzzing, the listener's stop, real processes under signals and load, timeouts, a
 install. Helpers and the int8 export it serves: tests/serve_helpers.py."""
 from helpers import mark_heavy
 
-# tests that train or start processes without a session model (keeps them out of make test-fast)
-MARKS = {}
+# tests that build or train a fairseq model, or start a long-lived process, without a session model: kept out
+# of make test-fast (helpers.mark_heavy)
+MARKS = {f"test_serve{name}.py": "server" for name in ("", "_clients", "_errors", "_faults", "_fuzz", "_listener",
+                                                      "_models", "_phases", "_process", "_shutdown", "_timeouts")}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -3,8 +3,19 @@ optimizer, bf16 and --compile, monitoring, checkpoints (files, safety, the data 
 criterion runs."""
 from helpers import mark_heavy
 
-# tests that train or start processes without a session model (keeps them out of make test-fast)
-MARKS = {}
+# tests that build or train a fairseq model, or start a long-lived process, without a session model: kept out
+# of make test-fast (helpers.mark_heavy)
+MARKS = {
+    "test_acceleration.py": "fairseq",
+    "test_checkpoint_files.py": "fairseq",
+    "test_checkpoint_safety.py": "fairseq",
+    "test_data_dictionary.py": "fairseq",
+    "test_models.py": "fairseq",
+    "test_monitoring.py": "fairseq",
+    "test_optim.py": "fairseq",
+    "test_task.py": "fairseq",
+    "test_train_smoke.py": "fairseq",
+}
 
 
 def pytest_collection_modifyitems(config, items):
