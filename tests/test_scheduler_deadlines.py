@@ -16,9 +16,11 @@ from test_scheduler import _check, _jobs
 
 
 def _calls(**kw):
+    """The ordering rules alone (``delay``: a deadline only orders the queues); what a deadline does beyond that is
+    tests/test_deadline_exits.py's."""
     calls = []
     sched = Scheduler(MeanBackend(exit_layers=(2, 4)), on_batch=lambda layer, n, s, c: calls.append((layer, n)),
-                      max_batch=3, max_queue=64, **kw)
+                      max_batch=3, max_queue=64, **{"deadline_policy": "delay", **kw})
     return sched, calls
 
 
@@ -108,7 +110,7 @@ def test_a_light_load_with_nothing_in_flight_runs_through_in_one_go():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_with_deadlines_answers_do_not_depend_on_arrival_order_or_batch_mates(seed):
     backend = MeanBackend()
-    sched = Scheduler(backend, max_batch=5, max_queue=400, slo=0.0005)
+    sched = Scheduler(backend, max_batch=5, max_queue=400, slo=0.0005, deadline_policy="delay")
     rng = random.Random(seed)
     jobs, futures = _jobs(seed), []
     for job in jobs:
