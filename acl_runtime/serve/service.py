@@ -121,9 +121,6 @@ class Service:
                                    pad=self.engine.pad, on_fault=self.metrics.on_fault,
                                    on_depth=lambda rows: self.metrics.track_depth(),
                                    deadline_policy=s.deadline_policy)
-        # what one more layer costs at each batch size, before the first request: measured on this machine
-        deadlines.measure(self.engine.backend, self.scheduler.costs,
-                          self.engine.encode_with_info(deadlines.PROBE_TEXT)[0])
         self.metrics.depth = self.scheduler.depth
         self.ready = False
 
@@ -133,6 +130,10 @@ class Service:
         self.stats.executed()
 
     def start(self) -> None:
+        """Measure what a layer costs at each batch size on this machine (the deadlines' table: every layer at every
+        bucket, before the first request), then take requests."""
+        deadlines.measure(self.engine.backend, self.scheduler.costs,
+                          self.engine.encode_with_info(deadlines.PROBE_TEXT)[0])
         self.scheduler.start()
         self.ready = True
 
