@@ -98,7 +98,9 @@ class Scheduler(deadlines.Steps):
     cancelled), from the scheduler's thread (or :meth:`cancel`'s caller). ``pad``: the padding id (default: the
     backend's). ``deadline_policy``: what a deadline does beyond ordering (:data:`acl_runtime.deadlines.POLICIES`),
     at the costs of ``costs`` (a :class:`~acl_runtime.deadlines.CostTable`, kept current from every call);
-    ``clock``: the seconds every time here is read from (tests drive it)."""
+    ``clock``: the seconds every time here is read from (tests drive it). ``waves``: rule 3's run of a light load
+    with nothing in flight as one wave through every layer (False: layer by layer always, so that new rows can start
+    between a wave's layers; benchmarks/serve_ideal.py's pure schedules)."""
 
     def __init__(self, backend, regression: bool = False, max_batch: int = 32, max_queue: int = 1024,
                  refill: bool = True, max_padding: float = 0.5, max_wait: Optional[int] = None,
@@ -106,7 +108,8 @@ class Scheduler(deadlines.Steps):
                  on_batch: Optional[Callable[[int, int, float, float], None]] = None, pad: Optional[int] = None,
                  on_fault: Optional[Callable[[int, int], None]] = None,
                  on_depth: Optional[Callable[[int], None]] = None, deadline_policy: str = "answer",
-                 costs: Optional[deadlines.CostTable] = None, clock: Callable[[], float] = time.perf_counter):
+                 costs: Optional[deadlines.CostTable] = None, clock: Callable[[], float] = time.perf_counter,
+                 waves: bool = True):
         if max_batch < 1 or max_queue < max_batch:
             raise ValueError(f"max_batch {max_batch} must be at least 1 and max_queue {max_queue} at least max_batch")
         self.backend, self.regression, self.delta = backend, regression, delta
@@ -119,7 +122,7 @@ class Scheduler(deadlines.Steps):
             raise ValueError(f"slo {slo} must be a positive number of seconds")
         if deadline_policy not in deadlines.POLICIES:
             raise ValueError(f"deadline policy {deadline_policy!r} is not one of {', '.join(deadlines.POLICIES)}")
-        self.slo, self.deadline_policy, self.clock = slo, deadline_policy, clock
+        self.slo, self.deadline_policy, self.clock, self.waves = slo, deadline_policy, clock, waves
         self.costs = deadlines.CostTable(self.layers[-1], max_batch) if costs is None else costs
         # the exit a row waiting for layer j reaches next
         self._next_exit = {j: min(e for e in self.layers if e >= j) for j in range(1, self.layers[-1] + 1)}
@@ -223,7 +226,7 @@ class Scheduler(deadlines.Steps):
             if self._rows == 0:
                 return False
             now = self.clock()
-            whole = not self.refill or self._rows <= self.max_batch and len(self.queues[0]) == self._rows
+            whole = not self.refill or self.waves and self._rows <= self.max_batch and len(self.queues[0]) == self._rows
             if whole and self.refill and self.deadline_policy == "answer" and self._wave_may_end_early(now):
                 whole = False  # layer by layer, so that a deadline can end a row at a boundary
             if not self.refill:
