@@ -153,3 +153,20 @@ def test_a_request_not_started_by_its_deadline_is_tritons_timeout_error(slowed):
     assert metric(text, "acl_deadline_expired_total") - before == 3
     assert metric(text, 'acl_requests_total{route="infer",status="503"}') >= 1
     assert service.scheduler.depth() == 0
+
+
+def test_deadline_policy_flag_reaches_the_settings(capsys):
+    from acl_runtime.serve import cli
+
+    assert cli.settings_from(cli.build_parser().parse_args(["folder"])).deadline_policy == "answer"
+    args = cli.build_parser().parse_args(["folder", "--deadline-policy", "fail", "--slo-ms", "30"])
+    assert cli.settings_from(args)[-2:] == (30.0, "fail")
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["folder", "--deadline-policy", "drop"])
+    assert "--deadline-policy" in capsys.readouterr().err
+
+
+def test_the_service_runs_its_deadline_policy(slowed):
+    (_, service), _, _ = slowed
+    assert service.scheduler.deadline_policy == "answer" and service.scheduler.slo == DEADLINE_MS / 1000
+    assert all(cell is not None for row in service.scheduler.costs.seconds for cell in row)  # measured at start
