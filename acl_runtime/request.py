@@ -13,8 +13,16 @@ command's edge (acl-predict, acl-serve and each of its requests, acl-export, the
 
 A command calls :func:`resolve` with ``exit_layers=None`` on its flags before the model loads (what the flags
 alone get wrong is then a usage error at once) and again with the model's exits once it is loaded.
+
+A request's **deadline** (acl-serve) is read by one rule too, :func:`deadline_seconds`, whichever protocol carries
+it (:data:`DEADLINE_FIELDS`: Triton's ``timeout`` parameter in microseconds, ``/predict``'s ``deadline_ms``, the
+``X-Deadline-Ms`` header of TEI's routes): a number above 0 and at most :data:`MAX_DEADLINE_SECONDS`, else a
+ValueError naming the field. Without one the server's ``--slo-ms`` is the deadline; what a deadline does is the
+scheduler's (:mod:`acl_runtime.deadlines`).
 """
 import json
+import math
+import re
 from typing import Dict, NamedTuple, Optional, Sequence, Union
 
 from acl_runtime import exits
@@ -90,3 +98,42 @@ def json_number(value, what: str):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{what} is {json.dumps(value)}, not a number")
     return value
+
+
+# ---- a request's deadline --------------------------------------------------------------------------------------
+
+# where each protocol carries a request's deadline: (its unit, units a second)
+DEADLINE_FIELDS = {
+    "parameters.timeout": ("microseconds", 1e6),  # OIP: Triton's request parameter, a whole number, as Triton reads it
+    "deadline_ms": ("milliseconds", 1e3),  # /predict's (and /'s) body
+    "X-Deadline-Ms": ("milliseconds", 1e3),  # the header of TEI's routes, for clients that send TEI's body as is
+}
+MAX_DEADLINE_SECONDS = 86400.0  # a day: anything longer never decides anything, and 1e30 is a typo or an overflow
+_DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def deadline_seconds(value, field: str) -> float:
+    """Seconds from a request's arrival to its deadline, from ``field`` of :data:`DEADLINE_FIELDS` as the request
+    sent it (a JSON number, or a header's text), or a ValueError naming the field: the one rule of every
+    protocol's deadline. Refused: anything but a number (a bool, a string in JSON, ``NaN``, ``inf``), 0 or
+    less, more than :data:`MAX_DEADLINE_SECONDS` (an overflow too, whatever its size)."""
+    unit, per_second = DEADLINE_FIELDS[field]
+    limit = MAX_DEADLINE_SECONDS * per_second
+    shown = json.dumps(value) if not isinstance(value, (int, float)) or isinstance(value, bool) else repr(value)
+    number = None
+    if isinstance(value, str) and field.startswith("X-"):  # a header: text
+        text = value.strip()
+        number = float(text) if _DECIMAL.fullmatch(text) else None
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = value
+    if number is None or (isinstance(number, float) and math.isnan(number)):
+        raise ValueError(f"{field}: {_short(shown)} is not a number: send the deadline as {unit} above 0 (at most "
+                         f"{limit:.0f}), or leave it out for the server's --slo-ms")
+    if not 0 < number <= limit:  # an int of any size compares exactly (no float overflow); inf is above
+        raise ValueError(f"{field}: {_short(shown)} is out of range: a deadline is {unit} above 0 and at most "
+                         f"{limit:.0f} (a day); leave it out for the server's --slo-ms")
+    return number / per_second
+
+
+def _short(text: str, width: int = 40) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."

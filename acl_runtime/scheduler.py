@@ -16,8 +16,10 @@ Which layer runs (:meth:`Scheduler._pick`), in order:
 
 1. a deadline: the queue whose oldest row has the least slack, once that slack is gone (its deadline, less the
    layers it may still need at the measured cost of a call, is now). A row's deadline is its submit time plus its
-   request's own ``deadline`` or the scheduler's ``slo`` (acl-serve: a Triton ``timeout``, else ``--slo-ms``);
-   with neither there is none;
+   request's own ``deadline`` or the scheduler's ``slo`` (acl-serve: the request's deadline field, else
+   ``--slo-ms``); with neither there is none. What a deadline does beyond ordering (``deadline_policy``: a row
+   answers from the exit it has reached rather than be late, a request that has not started by it fails) is
+   :mod:`acl_runtime.deadlines`;
 2. a queue whose oldest row has been passed over ``max_wait`` steps (no row waits for ever);
 3. a light load (at most ``max_batch`` rows in all): the deepest queue, so that the rows in flight run through to
    their exits as one wave and a request costs about what it costs alone; when all of them wait for the
@@ -62,11 +64,13 @@ import math
 import threading
 import time
 from concurrent.futures import Future
-from typing import Callable, Deque, Dict, List, NamedTuple, Optional, Sequence
+from typing import Callable, Deque, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from acl_runtime import exits, loop
+from acl_runtime import deadlines, exits, loop
+from acl_runtime.deadlines import LAST, POLICY, DeadlineExpired  # noqa: F401  (DeadlineExpired: the API)
+from acl_runtime.scheduler_rows import Answer, _Job, _Row, _Timed  # noqa: F401  (Answer: the API)
 
 
 class QueueFull(Exception):
@@ -81,74 +85,7 @@ class Closed(Exception):
     """The scheduler is closing: it takes nothing new."""
 
 
-class Answer(NamedTuple):
-    logits: np.ndarray  # (n, K) float32: the exit each row left at
-    exit_layer: np.ndarray  # (n,) int64: 1-based layer of that exit
-    waits: np.ndarray  # (n, layers + 1) float64: seconds each row waited in each queue (0: the embeddings')
-    model: np.ndarray  # (n,) float64: seconds of the backend calls each row was in
-    done_at: float  # time.perf_counter() when the last row was answered
-
-
-class _Job:
-    """One :meth:`Scheduler.submit`: its future and the answers of its rows so far."""
-
-    def __init__(self, n: int, num_classes: int, queues: int):
-        self.future: Future = Future()
-        self.logits = np.zeros((n, num_classes), dtype=np.float32)
-        self.layers = np.zeros(n, dtype=np.int64)
-        self.waits = np.zeros((n, queues), dtype=np.float64)
-        self.model = np.zeros(n, dtype=np.float64)
-        self.left = n
-
-    def answer(self, row: "_Row", logits: np.ndarray, layer: int) -> None:
-        k = row.index
-        self.logits[k], self.layers[k], self.model[k] = logits, layer, row.model
-        self.left -= 1
-        if self.left == 0 and not self.future.done():
-            self.future.set_result(Answer(self.logits, self.layers, self.waits, self.model, time.perf_counter()))
-
-
-class _Row:
-    __slots__ = ("job", "index", "ids", "request", "last", "state", "policy", "since", "seq", "queued_at", "model",
-                 "deadline")
-
-    def __init__(self, job: _Job, index: int, ids: np.ndarray, request: loop.ExitRequest, last: int, seq: int,
-                 now: float, deadline: float):
-        self.job, self.index, self.ids, self.request, self.last, self.seq = job, index, ids, request, last, seq
-        self.deadline = deadline  # time.perf_counter() by which it should be answered (inf: none)
-        self.state = None  # T x 1 x C hidden states after the layers run so far
-        self.policy = exits.init_state(1)  # (1, 2): [previous prediction, run]
-        self.since = 0  # the step count when the row joined its queue
-        self.queued_at = now  # time.perf_counter() when it joined its queue
-        self.model = 0.0  # seconds of the backend calls it was in
-
-
-class _Timed:
-    """A backend whose ``embed`` and ``layer`` calls are timed and reported, ``report(layer, rows, seconds,
-    cpu_seconds)`` (layer 0: the embeddings): every backend call the scheduler makes, a step's or ``run_batch``'s
-    (the states' ``join`` before a call is not counted in it)."""
-
-    def __init__(self, backend, report: Callable[[int, int, float, float], None]):
-        self.backend, self.report = backend, report
-        self.exit_layers, self.num_classes, self.take = backend.exit_layers, backend.num_classes, backend.take
-        self.seconds: List[float] = []  # per call, in order: the embeddings, layer 1, 2, ...
-
-    def _timed(self, layer: int, rows: int, call, *args):
-        started, cpu = time.perf_counter(), time.thread_time()
-        out = call(*args)
-        took = time.perf_counter() - started
-        self.seconds.append(took)
-        self.report(layer, rows, took, time.thread_time() - cpu)
-        return out
-
-    def embed(self, ids, mask):
-        return self._timed(0, len(mask), self.backend.embed, ids, mask)
-
-    def layer(self, i, x, mask):
-        return self._timed(i, len(mask), self.backend.layer, i, x, mask)
-
-
-class Scheduler:
+class Scheduler(deadlines.Steps):
     """Continuous batching across layers over a :class:`acl_runtime.loop.Backend` with ``join``.
 
     ``max_batch`` caps the rows of one backend call, ``max_queue`` the rows accepted and not yet answered (more is
@@ -159,14 +96,20 @@ class Scheduler:
     (layer 0: the embeddings; the call's wall and thread CPU seconds), ``on_fault(layer, rows_failed)`` after
     each failed call's rows at fault were found, ``on_depth(rows)`` whenever rows left (answered, failed or
     cancelled), from the scheduler's thread (or :meth:`cancel`'s caller). ``pad``: the padding id (default: the
-    backend's)."""
+    backend's). ``deadline_policy``: what a deadline does beyond ordering (:data:`acl_runtime.deadlines.POLICIES`),
+    at the costs of ``costs`` (a :class:`~acl_runtime.deadlines.CostTable`, kept current from every call);
+    ``clock``: the seconds every time here is read from (tests drive it). ``waves``: rule 3's run of a light load
+    with nothing in flight as one wave through every layer (False: layer by layer always, so that new rows can start
+    between a wave's layers; benchmarks/serve_ideal.py's pure schedules)."""
 
     def __init__(self, backend, regression: bool = False, max_batch: int = 32, max_queue: int = 1024,
                  refill: bool = True, max_padding: float = 0.5, max_wait: Optional[int] = None,
                  delta: float = exits.DEFAULT_REGRESSION_DELTA, slo: Optional[float] = None,
                  on_batch: Optional[Callable[[int, int, float, float], None]] = None, pad: Optional[int] = None,
                  on_fault: Optional[Callable[[int, int], None]] = None,
-                 on_depth: Optional[Callable[[int], None]] = None):
+                 on_depth: Optional[Callable[[int], None]] = None, deadline_policy: str = "answer",
+                 costs: Optional[deadlines.CostTable] = None, clock: Callable[[], float] = time.perf_counter,
+                 waves: bool = True):
         if max_batch < 1 or max_queue < max_batch:
             raise ValueError(f"max_batch {max_batch} must be at least 1 and max_queue {max_queue} at least max_batch")
         self.backend, self.regression, self.delta = backend, regression, delta
@@ -177,7 +120,12 @@ class Scheduler:
         self.on_batch, self.on_fault, self.on_depth = on_batch, on_fault, on_depth
         if slo is not None and not slo > 0:
             raise ValueError(f"slo {slo} must be a positive number of seconds")
-        self.slo = slo
+        if deadline_policy not in deadlines.POLICIES:
+            raise ValueError(f"deadline policy {deadline_policy!r} is not one of {', '.join(deadlines.POLICIES)}")
+        self.slo, self.deadline_policy, self.clock, self.waves = slo, deadline_policy, clock, waves
+        self.costs = deadlines.CostTable(self.layers[-1], max_batch) if costs is None else costs
+        # the exit a row waiting for layer j reaches next
+        self._next_exit = {j: min(e for e in self.layers if e >= j) for j in range(1, self.layers[-1] + 1)}
         self._call = 0.0  # seconds a backend call takes, smoothed: what a row's remaining layers will cost
         self.queues: List[Deque[_Row]] = [collections.deque() for _ in range(self.layers[-1] + 1)]
         self.steps, self._rows, self._seq = 0, 0, itertools.count()
@@ -192,7 +140,7 @@ class Scheduler:
                deadline: Optional[float] = None) -> Future:
         """Queue the rows (id lists, as ``encode_with_info`` makes them) under a resolved ``request``; the future's
         result is an :class:`Answer`, rows in input order. ``deadline``: seconds from now by which the rows should
-        be answered (default: ``slo``); a late row is still answered."""
+        be answered (default: ``slo``); what it does is ``deadline_policy``'s (:mod:`acl_runtime.deadlines`)."""
         if len(token_lists) == 0:
             raise ValueError("no inputs: send at least one")
         if request.exit_layer is not None and request.exit_layer not in self.layers:
@@ -203,9 +151,9 @@ class Scheduler:
                 raise ValueError(f"input {k} is empty or holds the padding id {self.pad}: encode text with "
                                  "encode_with_info(), which never makes one")
         last = request.exit_layer or self.layers[-1]
-        job = _Job(len(rows_ids), self.backend.num_classes, len(self.queues))
-        now = time.perf_counter()
         budget = self.slo if deadline is None else deadline
+        job = _Job(len(rows_ids), self.backend.num_classes, len(self.queues), budget, self.clock)
+        now = self.clock()
         due = now + budget if budget is not None else math.inf
         with self._cond:
             if self._closing:
@@ -277,24 +225,29 @@ class Scheduler:
         with self._cond:
             if self._rows == 0:
                 return False
-            whole = not self.refill or self._rows <= self.max_batch and len(self.queues[0]) == self._rows
+            now = self.clock()
+            whole = not self.refill or self.waves and self._rows <= self.max_batch and len(self.queues[0]) == self._rows
+            if whole and self.refill and self.deadline_policy == "answer" and self._wave_may_end_early(now):
+                whole = False  # layer by layer, so that a deadline can end a row at a boundary
             if not self.refill:
                 layer, rows = 0, [self.queues[0].popleft() for _ in range(min(self.max_batch, len(self.queues[0])))]
             elif whole:  # a light load with nothing in flight: every row in one wave through every layer
                 layer, rows = 0, list(self.queues[0])
                 self.queues[0].clear()
             else:
-                layer = self._pick(time.perf_counter())
+                layer = self._pick(now)
                 rows = self._gather(self.queues[layer])
             self.steps += 1
-        start = time.perf_counter()
+        start = self.clock()
         for r in rows:
             r.job.waits[r.index, layer] += start - r.queued_at
-        done = self._shrinking(rows) if whole else self._isolate(layer, rows, self._advance)
+        rows, done = self._due(layer, rows, start)
+        if rows:
+            done += self._shrinking(rows) if whole else self._isolate(layer, rows, self._advance)
         with self._cond:
             self._rows -= done
             if done:
-                rate = done / max(time.perf_counter() - start, 1e-6)
+                rate = done / max(self.clock() - start, 1e-6)
                 self._rate = rate if self._rate == 0 else 0.9 * self._rate + 0.1 * rate
         if done and self.on_depth is not None:
             self.on_depth(self._rows)  # after the count fell: a request's own answer comes before it
@@ -340,7 +293,7 @@ class Scheduler:
         lengths = np.asarray([r.ids.size for r in rows], dtype=np.int64)
         width = int(lengths.max())
         mask = loop.padding_mask(lengths, width)
-        timed = _Timed(self.backend, self._called)
+        timed = _Timed(self.backend, self._called, self.clock)
         if layer == 0:
             ids = np.full((len(rows), width), self.pad, dtype=np.int64)
             for k, r in enumerate(rows):
@@ -354,20 +307,26 @@ class Scheduler:
         going = []
         for k, r in enumerate(rows):
             if fire[k]:
-                r.job.answer(r, logits[k], layer)
+                r.job.answer(r, logits[k], layer, LAST if layer == r.last else POLICY)
             elif not r.job.future.done():  # a failed request's other rows stop here
                 r.state = self.backend.take(state, np.asarray([k]), int(lengths[k]))
+                if logits is not None:
+                    r.reached = (logits[k], layer)
                 going.append(r)
+        if going and self.deadline_policy == "answer":  # the batch they would run in: those waiting with them
+            going = self._deadline_exits(layer + 1, going, len(self.queues[layer + 1]) + len(going), self.clock())
         with self._cond:
-            now = time.perf_counter()
+            now = self.clock()
             for r in going:
                 r.since, r.queued_at = self.steps, now
                 self.queues[layer + 1].append(r)
         return len(rows) - len(going)
 
     def _called(self, layer: int, rows: int, seconds: float, cpu: float) -> None:
-        """After each backend call: the smoothed cost of a call, and ``on_batch``."""
+        """After each backend call: the smoothed cost of a call and of that layer at that batch size, and
+        ``on_batch``."""
         self._call = seconds if self._call == 0 else 0.9 * self._call + 0.1 * seconds
+        self.costs.observe(layer, rows, seconds)
         if self.on_batch is not None:
             self.on_batch(layer, rows, seconds, cpu)
 
@@ -407,13 +366,14 @@ class Scheduler:
         src = np.full((len(rows), int(lengths.max())), self.pad, dtype=np.int64)
         for k, r in enumerate(rows):
             src[k, : r.ids.size] = r.ids
-        timed = _Timed(self.backend, self._called)
+        timed = _Timed(self.backend, self._called, self.clock)
         out = loop.run_batch(timed, src, loop.padding_mask(lengths, src.shape[1]), rows[0].request,
                              self.regression, self.delta)
         spent = np.cumsum(timed.seconds)  # the embeddings, then each layer: a row was in the calls up to its exit
         for k, r in enumerate(rows):
             r.model += float(spent[int(out.layers_computed[k])])
-            r.job.answer(r, out.logits[k], int(out.exit_layer[k]))
+            layer = int(out.exit_layer[k])
+            r.job.answer(r, out.logits[k], layer, LAST if layer == r.last else POLICY)
         return len(rows)
 
     def _isolate(self, layer: int, rows: List[_Row], run: Callable[[int, List[_Row]], int]) -> int:

@@ -20,7 +20,7 @@ def server_command(args, refill: bool, precision: str, workers: int, folder: str
             "--precision", precision, "--policy", args.policy, "--threshold", str(args.threshold),
             "--max-batch", str(args.max_batch), "--max-queue", str(args.max_queue), "--workers", str(workers),
             "--refill" if refill else "--no-refill", "--threads", "1",
-            *(["--slo-ms", str(args.slo_ms)] if args.slo_ms else [])]
+            *(["--slo-ms", str(args.slo_ms)] if args.slo_ms else []), "--deadline-policy", args.deadline_policy]
 
 
 def phase_spec(args, port: int, texts: List[str], order: List[int], tag: str, **kw) -> Dict:

@@ -76,7 +76,7 @@ import _load_stats as T
 import common
 import harness as H
 from _serving import add_model_flags, check_model_flags, load, model_and_sentences
-from acl_runtime import calibration, console, exits
+from acl_runtime import calibration, console, deadlines, exits
 from acl_runtime.io import atomic
 
 RATES = (0.25, 0.5, 0.75, 1.0, 1.25)
@@ -301,6 +301,9 @@ def parse_args(argv=None):
                    "of --threshold")
     p.add_argument("--max-batch", type=int, default=32, help="the server's --max-batch and the reference's batch")
     p.add_argument("--slo-ms", type=float, help="the server's --slo-ms (default: none)")
+    p.add_argument("--deadline-policy", choices=list(deadlines.POLICIES), default="delay", help="the server's "
+                   "--deadline-policy (default: %(default)s, the deadline only orders the queues, as the records "
+                   "made before deadline exits ran: every answer is then acl-predict's)")
     p.add_argument("--max-queue", type=int, default=512, help="the server's --max-queue (rows; default %(default)s)")
     p.add_argument("--rates", type=float, nargs="+", default=list(RATES), help="offered loads, x saturation")
     p.add_argument("--requests", type=int, default=872, help="Poisson arrivals per rate (bounded by --max-seconds)")
@@ -392,7 +395,7 @@ def setup_record(args, folder: str, n: int) -> Dict:
     return {"onnx": os.path.relpath(folder, args.work), "int8_method": args.int8_method, "sentences": n,
             "toy": args.toy, "quick": args.quick, "policy": args.policy, "threshold": args.threshold,
             "calibrated": args.calibrated, "max_batch": args.max_batch, "max_queue": args.max_queue,
-            "slo_ms": args.slo_ms, "rates": args.rates,
+            "slo_ms": args.slo_ms, "deadline_policy": args.deadline_policy, "rates": args.rates,
             "requests": args.requests,
             "max_seconds": args.max_seconds,
             "concurrency": args.concurrency or f"{SATURATION_BATCHES} x max_batch x workers",

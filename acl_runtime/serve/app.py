@@ -2,7 +2,8 @@
 (``request.app.state.service``), behind the Open Inference Protocol v2 routes, TEI's ``/predict`` (and ``/``,
 ``/health``, ``/info``), ``/metrics`` and ``/openapi.json`` (the request schema, :mod:`acl_runtime.serve.schema`).
 
-A full queue is 503 with ``Retry-After`` (the scheduler's estimate of when the queue will have drained). Bad input
+A full queue is 503 with ``Retry-After`` (the scheduler's estimate of when the queue will have drained); a request
+whose deadline passed before it started is 503 with Triton's "Request timeout expired" (no Retry-After). Bad input
 is a 4xx with one line and never reaches the model. An unexpected failure is 500 with ``internal error`` and a
 request id only; the class, message and traceback go to the log line carrying that id.
 """
@@ -26,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from acl_runtime import loop
-from acl_runtime.scheduler import Closed, QueueFull
+from acl_runtime.scheduler import Closed, DeadlineExpired, QueueFull
 from acl_runtime.serve import protocol, schema, tei
 from acl_runtime.serve.metrics import CONTENT_TYPE
 from acl_runtime.serve.protocol import BadRequest
@@ -143,6 +144,8 @@ def answers(route: str, tei_shape: bool = False):
             except asyncio.CancelledError:  # uvicorn's drain ran out of --drain-seconds: the rows were freed
                 response = error(503, "the server stopped before this request was answered (--drain-seconds ran "
                                  "out): retry it", tei_shape, "Overloaded", {"Retry-After": "1", "Connection": "close"})
+            except DeadlineExpired as e:  # Triton answers its "Request timeout expired" 503 (UNAVAILABLE)
+                response = error(503, str(e), tei_shape, "Overloaded")
             except ClientGone:  # no one to answer; counted as nginx counts it, 499 "client closed request"
                 response = Response(status_code=499)
             except (QueueFull, Closed) as e:
@@ -228,9 +231,11 @@ async def infer(request: Request, service: Service) -> Response:
     answered = await service.predict(req.texts, req.params, functools.partial(_disconnected, request), req.deadline)
     back = time.perf_counter()
     truncated = [p.truncated for p in answered.predictions]
+    # why each input left where it did, beside its exit layer (OIP parameters are scalars: one per input, in order)
+    reasons = {"exit_layer": {"exit_reason": ",".join(map(str, answered.exit_reason))}}
     content, header = protocol.infer_response(service.settings.model_name, VERSION, req,
                                               _tensors(service, answered, truncated),
-                                              _exit_parameters(answered.request, truncated), service.labels)
+                                              _exit_parameters(answered.request, truncated), service.labels, reasons)
     _answered(request, answered, back)
     if header is None:
         return Response(content, media_type="application/json")
@@ -283,16 +288,16 @@ async def server_metadata(request: Request) -> Response:
 @answers("predict", tei_shape=True)
 async def predict(request: Request, service: Service) -> Response:
     body = await read_body(request, service.settings.max_body_bytes, service.settings.read_timeout)
-    req = tei.parse_predict(body)
+    req = tei.parse_predict(body, request.headers.get("x-deadline-ms"))
     _phase(request, "read")
-    answered = await service.predict(req.texts, req.params, functools.partial(_disconnected, request))
+    answered = await service.predict(req.texts, req.params, functools.partial(_disconnected, request), req.deadline)
     back = time.perf_counter()
     if service.engine.regression:
         names, scores = ["score"], np.asarray([[p.label] for p in answered.predictions], dtype=np.float32)
     else:
         names, scores = service.labels, tei.scores(req, answered.logits)
     response = JSONResponse(tei.predict_response(req, names, scores, answered.exit_layer,
-                                                 [p.truncated for p in answered.predictions]))
+                                                 [p.truncated for p in answered.predictions], answered.exit_reason))
     _answered(request, answered, back)
     return response
 

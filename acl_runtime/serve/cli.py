@@ -2,7 +2,8 @@
 
     acl-serve OUT/onnx [--host 127.0.0.1] [--port 8080] [--model-name acl] [--precision fp32|int8]
         [--policy P --threshold T] [--max-batch 32] [--max-queue ROWS] [--workers N] [--threads 1]
-        [--max-body-bytes 1048576] [--refill | --no-refill] [--drain-seconds 30] [--read-timeout 30]
+        [--max-body-bytes 1048576] [--refill | --no-refill] [--slo-ms MS] [--deadline-policy answer|fail|delay]
+        [--drain-seconds 30] [--read-timeout 30]
 
 Routes: the Open Inference Protocol v2 (``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/NAME``,
 ``POST /v2/models/NAME/infer``), text-embeddings-inference's ``POST /predict``, and ``/metrics`` (Prometheus).
@@ -23,7 +24,7 @@ import tempfile
 import time
 from typing import List, Optional
 
-from acl_runtime import calibration, console, exits, manifest
+from acl_runtime import calibration, console, deadlines, exits, manifest
 from acl_runtime.console import UsageError, positive_int
 
 SETTINGS_ENV = "ACL_SERVE_SETTINGS"  # a worker process's Settings, as JSON (--workers N)
@@ -71,9 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--refill", action=argparse.BooleanOptionalAction, default=True, help="continuous batching "
                    "across layers (--no-refill: each batch runs to its end, shrinking as rows exit; default: on)")
     p.add_argument("--slo-ms", type=_slo_ms, help="a latency objective in milliseconds, from a request's "
-                   "tokenized rows to its answer: the scheduler runs first the layer whose waiting row would "
-                   "otherwise miss it (a late row is still answered; a Triton request's own \"timeout\" parameter, "
-                   "in microseconds, sets its own). Default: none, batches as the load allows")
+                   "tokenized rows to its answer, the deadline of a request that gives none of its own (Triton's "
+                   "\"timeout\" parameter in microseconds, /predict's deadline_ms, the X-Deadline-Ms header): the "
+                   "scheduler runs first the layer whose waiting row would otherwise miss it, and --deadline-policy "
+                   "says what a deadline does beyond that. Default: none, batches as the load allows")
+    p.add_argument("--deadline-policy", choices=list(deadlines.POLICIES), default="answer", help="what a request's "
+                   "deadline does: " + "; ".join(f"{k}: {v}" for k, v in deadlines.POLICIES.items())
+                   + " (default: %(default)s)")
     p.add_argument("--drain-seconds", type=float, default=30.0, help="on SIGTERM, how long the accepted requests "
                    "may take to be answered before the server exits anyway (default: %(default)s)")
     p.add_argument("--read-timeout", type=_read_timeout, default=30.0, help="seconds a request's headers may take "
@@ -131,7 +136,7 @@ def settings_from(args):
                          "raise --max-queue")
     return Settings(os.path.abspath(args.folder), args.model_name, args.precision, args.policy, args.threshold,
                     args.max_batch, max_queue, args.max_body_bytes, args.refill, args.threads, args.drain_seconds,
-                    args.read_timeout, args.slo_ms)
+                    args.read_timeout, args.slo_ms, args.deadline_policy)
 
 
 def load_service(settings):

@@ -3,6 +3,11 @@
 - ``acl_requests_total{route,status}``: requests answered, by route and HTTP status;
 - ``acl_request_seconds{route}``: latency, from the whole body read to the answer built (a histogram);
 - ``acl_exit_layer``: the layer each answered input left at (a histogram with one bucket per exit);
+- ``acl_exit_reasons_total{reason}``: answered inputs by why they left where they did: ``policy`` (the exit policy
+  fired), ``last`` (their last exit: the model's, or the request's ``exit_layer``), ``deadline`` (the next layer
+  would have made them late: acl_runtime.deadlines);
+- ``acl_deadline_expired_total``: inputs of requests that failed because their deadline passed before they started
+  (Triton's "Request timeout expired");
 - ``acl_queue_depth``: inputs accepted and not yet answered (the scheduler's queue);
 - ``acl_batch_fill{layer}``: rows of each backend call over ``--max-batch`` (layer 0: the embeddings);
 - ``acl_isolated_failures_total{layer}``: inputs failed alone after a backend call on their batch raised and was
@@ -28,6 +33,8 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+
+from acl_runtime.deadlines import REASONS
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 FILL_BUCKETS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
@@ -61,6 +68,13 @@ class Metrics:
                                  ["route"], buckets=LATENCY_BUCKETS, registry=r)
         self.exit_layer = Histogram("acl_exit_layer", "encoder layer each answered input left at",
                                     buckets=[float(x) for x in exit_layers], registry=r)
+        self.exit_reasons = Counter("acl_exit_reasons", "answered inputs by why they left where they did: policy (the "
+                                    "exit policy fired), last (their last exit), deadline (the next layer would have "
+                                    "made them late)", ["reason"], registry=r)
+        for reason in REASONS:  # every reason shown from the start, 0 until one happens
+            self.exit_reasons.labels(reason=reason)
+        self.expired = Counter("acl_deadline_expired", "inputs of requests failed because their deadline passed "
+                               "before they started (Triton's 'Request timeout expired')", registry=r)
         self.queue_depth = Gauge("acl_queue_depth", "inputs accepted and not yet answered", registry=r,
                                  multiprocess_mode="livesum")
         self.batch_fill = Histogram("acl_batch_fill", "rows of a backend call over --max-batch, by layer (0: the "
@@ -107,9 +121,10 @@ class Metrics:
         self.requests.labels(route=route, status=str(status)).inc()
         self.latency.labels(route=route).observe(seconds)
 
-    def exits(self, layers: Sequence[int]) -> None:
-        for layer in layers:
+    def exits(self, layers: Sequence[int], reasons: Sequence[str]) -> None:
+        for layer, reason in zip(layers, reasons):
             self.exit_layer.observe(int(layer))
+            self.exit_reasons.labels(reason=str(reason)).inc()
 
     def exposition(self) -> bytes:
         self.track_depth()

@@ -1,9 +1,10 @@
 """The Open Inference Protocol v2 request and answer, parsed and built without a web framework (plain Python and
 numpy), over the declared schema (:mod:`acl_runtime.serve.schema`), and what both routes share (the exit
-parameters, blank texts).
+parameters, a deadline field, blank texts).
 
 ``POST /v2/models/{name}/infer`` takes input tensors ``text`` and optional ``text_pair`` (BYTES), per-request
-``parameters`` (``policy``, ``threshold``, ``exit_layer``, ``binary_data_output``), and Triton's binary tensor
+``parameters`` (``policy``, ``threshold``, ``exit_layer``, ``binary_data_output``, and Triton's ``timeout``: the
+request's deadline in microseconds), and Triton's binary tensor
 extension (what ``tritonclient.http`` sends by default): a JSON header of ``Inference-Header-Content-Length`` bytes
 followed by the raw tensors, a BYTES element being a little-endian uint32 length and its bytes. An output may ask
 for Triton's classification extension (``"parameters": {"classification": N}``): its N best classes as
@@ -17,6 +18,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
+from acl_runtime import request as request_rule
 from acl_runtime.serve import schema
 from acl_runtime.serve.errors import BadRequest
 
@@ -34,6 +36,17 @@ def blank(text: str) -> bool:
     return not text.strip()
 
 
+def deadline(value, field: str) -> Optional[float]:
+    """Seconds to the request's deadline from ``field`` as sent (None: not sent, the server's --slo-ms), by the one
+    rule of every protocol's deadline (:func:`acl_runtime.request.deadline_seconds`); a bad value is 400."""
+    if value is None:
+        return None
+    try:
+        return request_rule.deadline_seconds(value, field)
+    except ValueError as e:
+        raise BadRequest(400, str(e)) from None
+
+
 # ---- Open Inference Protocol v2 ------------------------------------------------------------------
 
 
@@ -47,7 +60,7 @@ class InferRequest(NamedTuple):
     texts: List[Pair]
     params: Dict  # policy / threshold / exit_layer, type-checked
     outputs: Dict[str, Output]  # requested outputs (all when the request names none)
-    deadline: Optional[float] = None  # seconds: Triton's "timeout" parameter (microseconds), else the server's
+    deadline: Optional[float] = None  # seconds: Triton's "timeout" parameter (microseconds); None: the server's
 
 
 def split_binary(body: bytes, header_length: Optional[str]) -> Tuple[bytes, bytes]:
@@ -147,7 +160,7 @@ def parse_infer(body: bytes, header_length: Optional[str], output_names: Sequenc
     exit_params = {k: getattr(params, k) for k in EXIT_PARAMETERS if getattr(params, k) is not None}
     return InferRequest(req.id, list(zip(texts, pairs or [None] * len(texts))), exit_params,
                         _outputs(req.outputs, params.binary_data_output, output_names),
-                        None if params.timeout is None else params.timeout / 1e6)
+                        deadline(params.timeout, "parameters.timeout"))
 
 
 def _outputs(specs: Optional[List[schema.RequestedOutput]], binary_default: bool,
@@ -186,17 +199,21 @@ def _binary(values: np.ndarray, datatype: str) -> bytes:
 
 
 def infer_response(model: str, version: str, request: InferRequest, tensors: Dict[str, Tuple[str, np.ndarray]],
-                   parameters: Dict, labels: Sequence[str] = ()) -> Tuple[bytes, Optional[int]]:
-    """(body, JSON header length or None): the requested outputs, as JSON data or binary tensors after the JSON."""
+                   parameters: Dict, labels: Sequence[str] = (),
+                   output_parameters: Optional[Dict[str, Dict]] = None) -> Tuple[bytes, Optional[int]]:
+    """(body, JSON header length or None): the requested outputs, as JSON data or binary tensors after the JSON;
+    ``output_parameters``: an output's own ``parameters`` (the exit layer's ``exit_reason``)."""
     outputs, tail = [], []
     for name, spec in request.outputs.items():
         datatype, values = tensors[name]
         if spec.classes:
             datatype, values = "BYTES", classification(values, spec.classes, labels)
         out = {"name": name, "datatype": datatype, "shape": list(values.shape)}
+        if (output_parameters or {}).get(name):
+            out["parameters"] = dict(output_parameters[name])
         if spec.binary:
             raw = _binary(values, datatype)
-            out["parameters"] = {"binary_data_size": len(raw)}
+            out.setdefault("parameters", {})["binary_data_size"] = len(raw)
             tail.append(raw)
         else:
             out["data"] = values.ravel().tolist()

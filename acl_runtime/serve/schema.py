@@ -3,9 +3,12 @@ fields refused, JSON booleans only, nesting bounded by the typed decoder), publi
 (:func:`openapi`, ``GET /openapi.json``), and the source of tests/serve_fuzz.py's hypothesis strategies.
 
 What a type cannot say (a tensor's element count against its shape, a pair's two sides, a blank text, the ranges
-of the exit parameters) is checked after decoding, in :mod:`acl_runtime.serve.protocol` and
-:mod:`acl_runtime.serve.tei`. A decoding error becomes one line naming the field (:func:`decode`).
+of the exit parameters and of a deadline) is checked after decoding, in :mod:`acl_runtime.serve.protocol` and
+:mod:`acl_runtime.serve.tei` (a deadline by :func:`acl_runtime.request.deadline_seconds`, whose refusals are 400 on
+both routes, its field's type errors too). A decoding error becomes one line naming the field (:func:`decode`), a
+``NaN`` or ``Infinity`` (which Python's json writes, and JSON lacks) too.
 """
+import json
 import re
 import typing
 from typing import Dict, List, Literal, Optional, Union
@@ -13,12 +16,20 @@ from typing import Dict, List, Literal, Optional, Union
 import msgspec
 from msgspec import Meta, Struct
 
+from acl_runtime.request import MAX_DEADLINE_SECONDS
 from acl_runtime.serve.errors import BadRequest
 
 Count = typing.Annotated[int, Meta(ge=0)]
 Positive = typing.Annotated[int, Meta(ge=1)]
 OUTPUTS = ("label", "exit_layer", "probabilities", "truncated")
 REFUSED = ("priority",)  # declared so that its refusal can say why (protocol.UNSUPPORTED_PARAMETERS)
+DEADLINES = ("parameters.timeout", "deadline_ms")  # the deadline fields: a refusal of one is 400 on either route
+# documented, not checked here: request.deadline_seconds is the one rule of every deadline field
+Microseconds = typing.Annotated[int, Meta(description="Triton's timeout: the request's deadline in microseconds",
+                                          extra_json_schema={"minimum": 1, "maximum": int(MAX_DEADLINE_SECONDS * 1e6)})]
+Milliseconds = typing.Annotated[Union[int, float], Meta(
+    description="the request's deadline in milliseconds (else the server's --slo-ms)",
+    extra_json_schema={"exclusiveMinimum": 0, "maximum": MAX_DEADLINE_SECONDS * 1e3})]
 
 
 class _Strict(Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -56,7 +67,7 @@ class InferParameters(_Strict):
     exit_layer: Optional[int] = None
     binary_data_output: bool = False
     priority: Optional[int] = None  # Triton's; declared so that the refusal can say why (protocol.py)
-    timeout: Optional[Positive] = None  # Triton's: microseconds, the request's deadline for the scheduler
+    timeout: Optional[Microseconds] = None  # Triton's: microseconds, the request's deadline (request.py's rule)
 
 
 class InferRequest(_Strict):
@@ -82,6 +93,7 @@ class PredictRequest(_Strict):
     policy: Optional[str] = None
     threshold: Optional[Union[int, float]] = None  # kept as sent: refusals quote it as acl-predict does
     exit_layer: Optional[int] = None
+    deadline_ms: Optional[Milliseconds] = None  # the request's deadline (request.py's rule); header X-Deadline-Ms
     parameters: Optional[TaskParameters] = None
 
 
@@ -94,12 +106,50 @@ def decode(body: bytes, kind: type, status: int = 400):
     try:
         return _DECODERS[kind].decode(body)
     except msgspec.ValidationError as e:
-        raise BadRequest(status, _message(str(e), kind)) from None
+        message = _message(str(e), kind)
+        raise BadRequest(400 if message.split(":")[0] in DEADLINES else status, message) from None
     except msgspec.DecodeError as e:
+        named = _not_a_json_number(body)
+        if named:
+            raise BadRequest(400, named) from None
         raise BadRequest(400, f"the body is not valid JSON ({e}); send a JSON object") from None
     except RecursionError:
         raise BadRequest(status, "the body's JSON is nested too deeply; requests here are at most a few levels "
                          "deep") from None
+
+
+def _not_a_json_number(body: bytes) -> Optional[str]:
+    """A body that is JSON but for a ``NaN``, ``Infinity`` or ``-Infinity`` (what Python's json writes for a float
+    that is not a number): one line naming the first such field; None for any other malformed body."""
+    found = []
+
+    def constant(name):
+        found.append(name)
+        return _NotANumber(name)
+
+    try:
+        tree = json.loads(body, parse_constant=constant)
+    except (ValueError, RecursionError):
+        return None
+    if not found:
+        return None
+    path = _path_to(tree, lambda x: isinstance(x, _NotANumber)) or ""
+    return f"{path or 'the body'}: {found[0]} is not a JSON number (JSON has no {found[0]}): send a number"
+
+
+class _NotANumber(str):
+    pass
+
+
+def _path_to(tree, hit, path: str = "") -> Optional[str]:
+    if hit(tree):
+        return path
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else ()
+    for key, value in items:
+        inner = _path_to(value, hit, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}".lstrip("."))
+        if inner is not None:
+            return inner
+    return None
 
 
 def _message(text: str, kind: type) -> str:

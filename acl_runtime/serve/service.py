@@ -12,9 +12,9 @@ from typing import Awaitable, Callable, Dict, List, NamedTuple, Optional
 
 import numpy as np
 
-from acl_runtime import loop
+from acl_runtime import deadlines, loop
 from acl_runtime.engine import Engine
-from acl_runtime.scheduler import Scheduler
+from acl_runtime.scheduler import DeadlineExpired, Scheduler
 from acl_runtime.serve import protocol
 from acl_runtime.serve.metrics import Metrics
 from acl_runtime.serve.protocol import BadRequest
@@ -38,7 +38,8 @@ class Settings(NamedTuple):
     threads: int = 1
     drain_seconds: float = 30.0
     read_timeout: float = 30.0  # seconds for a request's headers, and for its body once they came (408 past it)
-    slo_ms: Optional[float] = None  # the scheduler's latency objective (--slo-ms)
+    slo_ms: Optional[float] = None  # the scheduler's latency objective (--slo-ms), a request's default deadline
+    deadline_policy: str = "answer"  # what a deadline does (--deadline-policy: acl_runtime.deadlines.POLICIES)
 
 
 class Answered(NamedTuple):
@@ -48,6 +49,7 @@ class Answered(NamedTuple):
     request: loop.ExitRequest
     phases: Dict[str, float]  # seconds of the phases spent here (metrics.PHASES: tokenize ... answer so far)
     waits: np.ndarray  # (n, layers + 1): each input's seconds in each queue
+    exit_reason: np.ndarray  # (n,): why each input left where it did (acl_runtime.deadlines.REASONS)
 
 
 class Statistics:
@@ -117,7 +119,8 @@ class Service:
                                    max_queue=s.max_queue, refill=s.refill, on_batch=self._on_batch,
                                    slo=None if s.slo_ms is None else s.slo_ms / 1000,
                                    pad=self.engine.pad, on_fault=self.metrics.on_fault,
-                                   on_depth=lambda rows: self.metrics.track_depth())
+                                   on_depth=lambda rows: self.metrics.track_depth(),
+                                   deadline_policy=s.deadline_policy)
         self.metrics.depth = self.scheduler.depth
         self.ready = False
 
@@ -127,6 +130,10 @@ class Service:
         self.stats.executed()
 
     def start(self) -> None:
+        """Measure what a layer costs at each batch size on this machine (the deadlines' table: every layer at every
+        bucket, before the first request), then take requests."""
+        deadlines.measure(self.engine.backend, self.scheduler.costs,
+                          self.engine.encode_with_info(deadlines.PROBE_TEXT)[0])
         self.scheduler.start()
         self.ready = True
 
@@ -150,8 +157,8 @@ class Service:
                       gone: Optional[Callable[[], Awaitable]] = None, deadline: Optional[float] = None) -> Answered:
         """The inputs' answers. ``gone()``, when given, returns once the client has disconnected: the request is
         then given up and its queued rows freed (:meth:`Scheduler.cancel`), as they are when this is cancelled
-        (the drain ran out of time). ``deadline``: seconds the scheduler aims to answer within (default:
-        --slo-ms)."""
+        (the drain ran out of time). ``deadline``: seconds from now to the request's deadline (default: --slo-ms;
+        what it does: --deadline-policy); past it before it started, :class:`DeadlineExpired`."""
         request = self.exit_request(params)
         if len(texts) > self.settings.max_queue:
             raise BadRequest(413, f"{len(texts)} inputs in one request, more than the queue holds (--max-queue "
@@ -166,7 +173,9 @@ class Service:
         self.metrics.track_depth()
         try:
             answer = await _first(asyncio.wrap_future(future), gone)
-        except BaseException:
+        except BaseException as e:
+            if isinstance(e, DeadlineExpired):
+                self.metrics.expired.inc(len(texts))
             self.scheduler.cancel(future)
             self.stats.answered(False, len(texts), int(1e9 * (time.perf_counter() - start)))
             raise
@@ -176,7 +185,7 @@ class Service:
         slowest = int(np.argmax(answer.waits.sum(axis=1) + answer.model))
         queue, model = float(answer.waits[slowest].sum()), float(answer.model[slowest])
         truncated = [cut for _, cut in encoded]
-        self.metrics.exits(answer.exit_layer)
+        self.metrics.exits(answer.exit_layer, answer.exit_reason)
         predictions = self.engine.to_predictions(answer.logits, answer.exit_layer, truncated)
         built = time.perf_counter()
         self.stats.answered(True, len(texts), int(1e9 * (answered - start)), {
@@ -184,7 +193,8 @@ class Service:
         phases = {"tokenize": start - began, "queue": queue, "model": model,
                   "schedule": answer.done_at - start - queue - model, "handoff": answered - answer.done_at,
                   "answer": built - answered}
-        return Answered(predictions, answer.logits, answer.exit_layer, request, phases, answer.waits)
+        return Answered(predictions, answer.logits, answer.exit_layer, request, phases, answer.waits,
+                        answer.exit_reason)
 
     # ---- what the model is, in each protocol's words ----------------------------------------------
 

@@ -3,8 +3,10 @@ parsed and answered without a web framework, with the Hugging Face Inference API
 
 - TEI's ``PredictRequest`` (router/src/http/types.rs): ``{"inputs": "text" | ["a", "b"] (one pair) |
   [["text"], ["premise", "hypothesis"], ...] (a batch), "truncate", "raw_scores", "truncation_direction"}``, plus
-  this server's exit parameters (``policy``, ``threshold``, ``exit_layer``) at the top level. Answered as TEI
-  answers: per input every label with its score, highest first.
+  this server's exit parameters (``policy``, ``threshold``, ``exit_layer``) and the request's deadline
+  (``deadline_ms``, or the ``X-Deadline-Ms`` header for a client that sends TEI's body as is) at the top level.
+  Answered as TEI answers: per input every label with its score, highest first, each entry with its input's exit
+  layer and why it left there (``exit_reason``).
 - ``"parameters": {"top_k": K, "function_to_apply": "softmax" | "sigmoid" | "none"}``: the Inference API's
   text-classification task, what ``huggingface_hub.InferenceClient.text_classification`` sends (always, ``{}``
   when it names neither). Such a request is answered in that API's shape, a list per input even for one text,
@@ -16,7 +18,7 @@ import numpy as np
 
 from acl_runtime.serve import schema
 from acl_runtime.serve.errors import BadRequest
-from acl_runtime.serve.protocol import EXIT_PARAMETERS, Pair, blank
+from acl_runtime.serve.protocol import EXIT_PARAMETERS, Pair, blank, deadline
 
 SHAPES = ('"text", ["premise", "hypothesis"] (one pair), or a batch [["text"], ["premise", "hypothesis"], '
           '...]')
@@ -28,6 +30,7 @@ class PredictRequest(NamedTuple):
     function: str  # softmax (probabilities), sigmoid, or none (the deciding exit's logits)
     top_k: Optional[int]
     params: Dict
+    deadline: Optional[float] = None  # seconds: deadline_ms or the X-Deadline-Ms header; None: the server's
 
 
 def _sequence(item, k: int) -> Pair:
@@ -53,10 +56,11 @@ def _inputs(inputs) -> tuple:
     raise BadRequest(422, f"inputs is {type(inputs).__name__}: it takes " + SHAPES)
 
 
-def parse_predict(body: bytes) -> PredictRequest:
+def parse_predict(body: bytes, deadline_header: Optional[str] = None) -> PredictRequest:
     """TEI's ``PredictRequest`` (``truncate`` is accepted and implied: a text over the model's positions is always
     cut and flagged), this server's exit parameters, and the Inference API's ``parameters``: decoded against
-    :class:`acl_runtime.serve.schema.PredictRequest`, then TEI's reading of ``inputs``."""
+    :class:`acl_runtime.serve.schema.PredictRequest`, then TEI's reading of ``inputs``. ``deadline_header``: the
+    ``X-Deadline-Ms`` header's value."""
     req = schema.decode(body, schema.PredictRequest, 422)
     texts, batch = _inputs(req.inputs)
     for k, pair in enumerate(texts):
@@ -69,8 +73,12 @@ def parse_predict(body: bytes) -> PredictRequest:
     if function is not None and req.raw_scores:
         raise BadRequest(422, "raw_scores and parameters.function_to_apply both say what the scores are: send one")
     exit_params = {k: getattr(req, k) for k in EXIT_PARAMETERS if getattr(req, k) is not None}
+    if req.deadline_ms is not None and deadline_header is not None:
+        raise BadRequest(400, "deadline_ms and the X-Deadline-Ms header both give the request's deadline: send one")
+    seconds = deadline(req.deadline_ms, "deadline_ms") if deadline_header is None else \
+        deadline(deadline_header, "X-Deadline-Ms")
     return PredictRequest(texts, batch or task is not None, function or ("none" if req.raw_scores else "softmax"),
-                          task.top_k if task is not None else None, exit_params)
+                          task.top_k if task is not None else None, exit_params, seconds)
 
 
 def scores(request: PredictRequest, logits: np.ndarray) -> np.ndarray:
@@ -85,12 +93,13 @@ def scores(request: PredictRequest, logits: np.ndarray) -> np.ndarray:
 
 
 def predict_response(request: PredictRequest, label_names: Sequence[str], scores: np.ndarray,
-                     exit_layers: np.ndarray, truncated: Sequence[bool]) -> list:
+                     exit_layers: np.ndarray, truncated: Sequence[bool], reasons: Sequence[str]) -> list:
     """Per input, every label (or the ``top_k`` best) with its score, highest first (TEI's ``Prediction``), each
-    entry also carrying the input's ``exit_layer`` and ``truncated``; a list of those lists for a batch."""
+    entry also carrying the input's ``exit_layer``, ``exit_reason`` (acl_runtime.deadlines.REASONS) and
+    ``truncated``; a list of those lists for a batch."""
     answers = []
-    for row, layer, cut in zip(scores, exit_layers, truncated):
+    for row, layer, cut, reason in zip(scores, exit_layers, truncated, reasons):
         order = np.argsort(-row, kind="stable")[: request.top_k]
         answers.append([{"label": label_names[int(i)], "score": float(row[i]), "exit_layer": int(layer),
-                         "truncated": bool(cut)} for i in order])
+                         "exit_reason": str(reason), "truncated": bool(cut)} for i in order])
     return answers if request.batch else answers[0]

@@ -16,9 +16,11 @@ from test_scheduler import _check, _jobs
 
 
 def _calls(**kw):
+    """The ordering rules alone (``delay``: a deadline only orders the queues); what a deadline does beyond that is
+    tests/runtime/test_deadline_exits.py's."""
     calls = []
     sched = Scheduler(MeanBackend(exit_layers=(2, 4)), on_batch=lambda layer, n, s, c: calls.append((layer, n)),
-                      max_batch=3, max_queue=64, **kw)
+                      max_batch=3, max_queue=64, **{"deadline_policy": "delay", **kw})
     return sched, calls
 
 
@@ -105,10 +107,25 @@ def test_a_light_load_with_nothing_in_flight_runs_through_in_one_go():
     _check(backend, jobs, futures)
 
 
+def test_without_waves_a_light_load_goes_layer_by_layer():
+    """``waves=False`` (benchmarks/serve_ideal.py's pure schedules): one backend call a step even with nothing in
+    flight, so that a new row can start between a wave's layers; the answers are each row's alone."""
+    sched, calls = _calls(waves=False)
+    backend = sched.backend
+    jobs = [([list(range(2, 8)), list(range(3, 9))], ExitRequest())]  # one length: one batch
+    futures = [sched.submit(*jobs[0])]
+    assert sched.step() and calls == [(0, 2)] and not futures[0].done()
+    assert sched.step() and calls[-1] == (1, 2)
+    jobs.append((_inputs(1, 6), ExitRequest("entropy", 0.6)))
+    futures.append(sched.submit(*jobs[1]))  # joins between the first request's layers
+    assert sched.close() and sched.depth() == 0
+    _check(backend, jobs, futures)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_with_deadlines_answers_do_not_depend_on_arrival_order_or_batch_mates(seed):
     backend = MeanBackend()
-    sched = Scheduler(backend, max_batch=5, max_queue=400, slo=0.0005)
+    sched = Scheduler(backend, max_batch=5, max_queue=400, slo=0.0005, deadline_policy="delay")
     rng = random.Random(seed)
     jobs, futures = _jobs(seed), []
     for job in jobs:

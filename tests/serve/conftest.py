@@ -6,7 +6,8 @@ from helpers import mark_heavy
 # tests that build or train a fairseq model, or start a long-lived process, without a session model: kept out
 # of make test-fast (helpers.mark_heavy)
 MARKS = {f"test_serve{name}.py": "server" for name in ("", "_clients", "_errors", "_faults", "_fuzz", "_listener",
-                                                      "_models", "_phases", "_process", "_shutdown", "_timeouts")}
+                                                      "_models", "_phases", "_process", "_shutdown", "_timeouts",
+                                                      "_deadlines")}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -82,10 +82,11 @@ OIP_ERRORS = [  # (path, body, status, words of the message)
     ("acl/infer", {"inputs": [_text()], "outputs": [{"name": "probabilities", "parameters": {"classification": -1}}]},
      400, "outputs[0].parameters.classification: expected 'int' >= 1"),
     ("acl/infer", {"inputs": [_text()], "inputs2": []}, 400, "unknown field 'inputs2'"),
-    # Triton's request parameters: priority is refused with the reason; timeout is microseconds, at least 1
+    # Triton's request parameters: priority is refused with the reason; timeout is microseconds, above 0
     ("acl/infer", {"inputs": [_text()], "parameters": {"priority": 1}}, 400, "'priority' is not supported: this "
      "server orders its queues by deadline"),
-    ("acl/infer", {"inputs": [_text()], "parameters": {"timeout": 0}}, 400, "parameters.timeout: expected 'int' >= 1"),
+    ("acl/infer", {"inputs": [_text()], "parameters": {"timeout": 0}}, 400, "parameters.timeout: 0 is out of range: "
+     "a deadline is microseconds above 0"),
     # an empty or blank text: acl-predict skips such a line, the server names it
     ("acl/infer", {"inputs": [{**_text(2), "data": ["good", "  "]}]}, 400, "input text: element 1 is empty or only "
      "spaces"),
