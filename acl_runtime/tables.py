@@ -1,6 +1,6 @@
 """The recipe tables (recipes/glue/*.tsv): tab-separated, '#' comment lines, blank lines ignored, a header line.
 
-The one Python reader of them (recipes/glue/common.sh has the one shell reader). Errors name the file and line.
+The one reader of them (the recipes' shell scripts read none: the run plan decides). Errors name the file and line.
 And the one mean and sample standard deviation over seeds that every results table prints (here, beside the
 reader, so that a table's collector needs neither torch nor fairseq).
 """
