@@ -17,6 +17,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
+from acl_runtime import pairing
 from acl_runtime.serve import schema
 from acl_runtime.serve.errors import BadRequest
 
@@ -32,6 +33,15 @@ UNSUPPORTED_PARAMETERS = {
 def blank(text: str) -> bool:
     """Empty or only spaces: acl-predict skips such a line (acl_runtime.inputs), so the server refuses it."""
     return not text.strip()
+
+
+def check_texts(reads, texts: Sequence[Pair], front: str, status: int = 400) -> None:
+    """A request's inputs against the texts the model reads per input (``reads``: 1, 2 or None), the rule of
+    :mod:`acl_runtime.pairing`, with ``front``'s fix ("predict" or "infer"): what both routes call."""
+    try:
+        pairing.check(reads, texts, front)
+    except pairing.Mismatch as e:
+        raise BadRequest(status, str(e)) from None
 
 
 # ---- Open Inference Protocol v2 ------------------------------------------------------------------
