@@ -27,7 +27,7 @@ import textwrap
 import time
 from typing import List, Optional, Sequence
 
-from acl_runtime import calibration, console, exits, inputs, manifest, pairing
+from acl_runtime import calibration, console, exits, inputs, manifest, pairing, paths
 from acl_runtime.console import UsageError, positive_int
 from acl_runtime.inputs import BadRow, Row
 from acl_runtime.io import atomic
@@ -282,7 +282,8 @@ def check_files(args) -> None:
         if os.path.isdir(args.input) or not os.access(args.input, os.R_OK):
             raise UsageError(f"--input {args.input}: {'a folder' if os.path.isdir(args.input) else 'not readable'}, "
                              "not a file. Fix: give a file, or - for standard input")
-    if os.path.isdir(args.checkpoint):  # an exported OUT/onnx folder: the engine checks its manifest
+    # a checkpoint file or an exported OUT/onnx folder (whose manifest the engine checks); else what to pass
+    if paths.check(args.checkpoint, (paths.CHECKPOINT, paths.ONNX), "acl-predict") == paths.ONNX:
         return
     if args.data is None:
         raise UsageError("--data is required with a checkpoint: the binarized folder the model was trained on")

@@ -35,7 +35,7 @@ from typing import Callable, Dict, List, Optional
 
 from acl_fairseq.hf import export_tokenizer
 from acl_fairseq.hf.export_tokenizer import ExportError
-from acl_runtime import calibration, console, request, tokenization
+from acl_runtime import calibration, console, paths, request, tokenization
 from acl_runtime.io import atomic
 
 logger = logging.getLogger("acl_fairseq.hf.export")
@@ -160,8 +160,10 @@ def precheck(args) -> Dict:
     """Everything that can be checked before the model is built; returns the checkpoint's cfg."""
     check_flags(args)
     check_out(args)
-    if not os.path.isfile(args.checkpoint):
-        fail(f"checkpoint file not found: {args.checkpoint}")
+    try:  # a run's folder, an export, a missing file: what to pass instead
+        paths.check(args.checkpoint, (paths.CHECKPOINT,), PROG)
+    except console.UsageError as e:
+        fail(str(e))
     cfg = read_cfg(args.checkpoint)
     check_data(args, cfg)
     try:  # what the flags alone get wrong (acl_runtime.request), before the model loads
