@@ -12,7 +12,7 @@ from typing import Sequence, Tuple
 
 from acl_runtime.console import UsageError
 
-MANIFEST = "manifest.json"  # acl_runtime.manifest.MANIFEST (that module needs numpy; this one nothing)
+MANIFEST = "manifest.json"  # an exported folder's manifest (acl_runtime.manifest.MANIFEST is this name)
 CHECKPOINT, ONNX = "checkpoint", "onnx"
 WANTS = {CHECKPOINT: "a checkpoint file (a run's checkpoint_best.pt)",
          ONNX: "a folder that acl-export --format onnx wrote (OUT/onnx)"}
