@@ -239,7 +239,40 @@ def load_model_and_task(path: str, arg_overrides: typing.Optional[dict] = None):
     from fairseq import checkpoint_utils
 
     state = fairseq_state(path, arg_overrides)
-    return checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=arg_overrides, state=state)
+    data = (arg_overrides or {}).get("data")
+    if data:  # another task's dictionary: one line before fairseq builds the model, not its size-mismatch traceback
+        check_state_dictionary(state, data, path)
+    try:
+        return checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=arg_overrides, state=state)
+    except RuntimeError as e:
+        found = _EMBED_MISMATCH.search(str(e))
+        if not data or not found:
+            raise
+        raise DictionaryMismatch(
+            f"the data dictionary {dictionary_path(data)} gives {found.group(2)} embedding rows, {path} has "
+            f"{found.group(1)}: the data was binarized with another vocabulary (another task's folder?); use the data "
+            "folder the model was trained on") from None
+
+
+_EMBED_MISMATCH = re.compile(r"size mismatch for \S*embed_tokens\.weight: copying a param with shape "
+                             r"torch\.Size\(\[(\d+), \d+\]\) from checkpoint, the shape in current model is "
+                             r"torch\.Size\(\[(\d+), \d+\]\)")
+
+
+def check_state_dictionary(state: dict, data: str, checkpoint: str) -> None:
+    """:func:`check_dictionary` for a checkpoint's state read but not built (its cfg's recorded hash, or a
+    converted encoder's conventions record), so that fairseq never loads weights into embeddings of another
+    dictionary."""
+    cfg = state.get("cfg") or {}
+    model_cfg = cfg.get("model") if hasattr(cfg, "get") else None
+    if model_cfg is None and state.get("args") is not None:
+        model_cfg = state["args"]
+    trained = recorded_dictionary(model_cfg)
+    if trained is None and model_cfg is not None:
+        record = conventions.from_args(model_cfg)
+        trained = record["dictionary_sha256"] if record else None
+    if trained is not None:  # none recorded: check_loaded_dictionary warns after the build
+        check_dictionary(trained, data, checkpoint)
 
 
 # ---- the data dictionary a checkpoint was trained with ------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from acl_runtime import conventions, exits, loop, tokenization
+from acl_runtime import conventions, exits, loop, pairing, tokenization
 from acl_runtime import manifest as checks
 from acl_runtime.loop import BatchOutput, Prediction, Text, softmax  # noqa: F401  (their home before the loop)
 
@@ -135,6 +135,10 @@ class Engine(loop.EarlyExitPredictor):
         self.exit_layers: List[int] = list(m["exit_layers"])
         self.num_layers: int = m["num_layers"]
         self.regression: bool = m["regression"]
+        try:  # 1 or 2; None for a folder exported before it was recorded: its inputs are not checked
+            self.texts_per_input = pairing.from_manifest(m)
+        except ValueError as e:
+            raise ValueError(f"{os.path.join(folder, MANIFEST)}: {e}") from None
         self.pad: int = self.layout["pad"]
         self.regression_scale: float = m["regression_scale"]
         self.backend = OrtBackend(embeddings, self.layers, self.exit_layers, m["num_classes"], self.pad)

@@ -73,8 +73,8 @@ class Input:
             kind = "tsv"
         elif kind == "auto" and self.name.endswith(JSONL_SUFFIXES):
             kind = "jsonl"
-        if kind == "tsv" and not (task or columns):
-            raise UsageError("a TSV input needs --task or --columns")
+        if (kind == "tsv" or (kind == "auto" and self.name.lower().endswith(".tsv"))) and not (task or columns):
+            raise _tsv_without_layout(f"{self.name}: a TSV")
         self.kind, self.columns, self.header, self.ncols, self.id_column = kind, columns, header, None, None
         self._f: IO[bytes] = sys.stdin.buffer if path == "-" else open(path, "rb")
         try:
@@ -84,6 +84,8 @@ class Input:
             if kind == "auto":  # stdin or another name: JSONL when the first line is a JSON object with a text
                 first = self._peek()
                 self.kind = "jsonl" if first is not None and _is_jsonl_record(first[1]) else "text"
+                if self.kind == "text" and first is not None and b"\t" in first[1]:  # a header and labels too
+                    raise _tsv_without_layout(f"{self.name}:1: a tab, so a TSV")
             self._reader.kind = "\t" if self.kind == "tsv" else self.kind
             if task:
                 first = self._peek()
@@ -167,6 +169,12 @@ class Input:
         if not all(texts):
             return BadRow(f"{where}: an empty text field, skipped")
         return Row(str(lineno) if self.id_column is None else fields[self.id_column].strip(), lineno, texts)
+
+
+def _tsv_without_layout(what: str) -> UsageError:
+    """Read as plain text, a TSV's header line and label column would be classified, without an error."""
+    return UsageError(f"{what} needs its columns named: pass --task TASK or --columns N, or --input-format text to "
+                      "read whole lines")
 
 
 def glue_layout(task: str, first: List[str], name: str = "<input>"

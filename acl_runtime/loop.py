@@ -19,7 +19,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tu
 
 import numpy as np
 
-from acl_runtime import exits
+from acl_runtime import exits, pairing
 from acl_runtime import request as request_rule
 from acl_runtime.request import LAST_EXIT, ExitRequest  # noqa: F401  (the loop's input)
 
@@ -161,7 +161,10 @@ class EarlyExitPredictor:
     """Raw text in, :class:`Prediction` out, for a front end that provides: ``backend``, ``exit_layers``,
     ``num_layers``, ``regression``, ``regression_scale``, ``serving_policy`` (what runs when no policy is given:
     ``{"policy", "threshold", "source"}`` or None), ``pad``, ``encode_with_info(a, b=None) -> (ids, truncated)``
-    and ``label_names()``. The hub (torch) and the ONNX Runtime engine are two."""
+    and ``label_names()``. The hub (torch) and the ONNX Runtime engine are two. ``texts_per_input`` (1, 2, or
+    None where unknown): what an input may hold (:mod:`acl_runtime.pairing`)."""
+
+    texts_per_input: Optional[int] = None
 
     def resolve_request(self, policy: Optional[str] = None, threshold: Optional[float] = None,
                         exit_layer: Optional[int] = None, source: str = "argument") -> ExitRequest:
@@ -191,7 +194,9 @@ class EarlyExitPredictor:
                                                                  regression=self.regression))
 
     def predict_texts(self, inputs: Sequence[Text], request: ExitRequest, batch_size: int = 32) -> List[Prediction]:
-        """One :class:`Prediction` per input (a string or an (a, b) pair) under a resolved ``request``."""
+        """One :class:`Prediction` per input (a string or an (a, b) pair) under a resolved ``request``; pairs on a
+        single-text model are a :class:`acl_runtime.pairing.Mismatch` (a ValueError)."""
+        pairing.check(self.texts_per_input, inputs, "python")
         encoded = [self.encode_with_info(*((x,) if isinstance(x, str) else tuple(x))) for x in inputs]
         logits, layers = self.run_request(self.make_batches([t for t, _ in encoded], batch_size), len(encoded),
                                           request)

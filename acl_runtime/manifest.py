@@ -17,12 +17,13 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from acl_runtime import paths
 from acl_runtime.io import file_sha256
 
 logger = logging.getLogger(__name__)
 # the exported folder's contract, imported by its writer (acl_fairseq.hf.onnx_export) and its readers (the engine,
 # acl-predict, acl-serve): the file's name, its schema, the precisions a folder can hold, its required fields
-MANIFEST = "manifest.json"
+MANIFEST = paths.MANIFEST  # the name's literal sits in acl_runtime.paths, which tells folders apart by it
 SCHEMA = "acl_fairseq.onnx/1"
 PRECISIONS = ("fp32", "int8")  # fp32: the exported graphs; int8: the copy acl-export --quantize writes
 REQUIRED = ("embeddings", "layers", "exit_layers", "num_layers", "num_classes", "tokenizer", "labels",
@@ -33,9 +34,9 @@ LAYOUT_KEYS = ("init", "separator_token", "eos", "segment_embedding", "pad", "un
 def read(folder: str) -> dict:
     path = os.path.join(folder, MANIFEST)
     if not os.path.isfile(path):
-        if os.path.isfile(os.path.join(folder, "onnx", MANIFEST)):
-            raise FileNotFoundError(f"{path} not found: {folder} is acl-export's OUT; pass "
-                                    f"{os.path.join(folder, 'onnx')}")
+        kind, target = paths.classify(folder)  # the one reading of a mistaken path
+        if kind == "export":
+            raise FileNotFoundError(f"{path} not found: {folder} is acl-export's OUT; pass {target}")
         raise FileNotFoundError(f"{path} not found: not an exported ONNX folder (acl-export CHECKPOINT --data DATA "
                                 "--out OUT --format onnx writes one, in OUT/onnx)")
     try:

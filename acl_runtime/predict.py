@@ -10,8 +10,9 @@ record per input with its id, label (or score), probabilities and exit layer. Wi
 calibrated policy decides when ``acl-evaluate --calibrate`` wrote an exit_policy.json for this checkpoint beside
 it (an OUT/onnx folder: its manifest's serving policy), and stderr says so; else, or with ``--policy none``, the
 last exit decides, like an ordinary classifier. A bad row (not UTF-8, empty, wrong column count, bad JSON, a null
-text) is reported with ``file:line`` and skipped, or stops the run with ``--strict``. The input is read as a
-stream (``acl_runtime.inputs``): a large file or a pipe needs no more memory than a chunk. Inputs longer
+text) is reported with ``file:line`` and skipped, or stops the run with ``--strict``. Rows of two texts on a model
+trained on single texts stop the run with exit status 2 (``acl_runtime.pairing``). The input is
+read as a stream (``acl_runtime.inputs``): a large file or a pipe needs no more memory than a chunk. Inputs longer
 than the model's positions are cut and counted. The decisions are those of the layer-by-layer engine
 acl-evaluate checks, on the same length-sorted batches (``--chunk-size`` inputs are sorted together; the
 default holds a GLUE dev set whole).
@@ -26,7 +27,7 @@ import textwrap
 import time
 from typing import List, Optional, Sequence
 
-from acl_runtime import calibration, console, exits, inputs, manifest
+from acl_runtime import calibration, console, exits, inputs, manifest, pairing, paths
 from acl_runtime.console import UsageError, positive_int
 from acl_runtime.inputs import BadRow, Row
 from acl_runtime.io import atomic
@@ -182,6 +183,9 @@ def predict(args, hub, source: inputs.Input, writer: Writer) -> dict:
             if item is not None:
                 chunk.append(item)
             if chunk and (item is None or len(chunk) >= args.chunk_size):
+                # a pair on a single-text model: refused, exit 2 (acl_runtime.pairing)
+                pairing.check(hub.texts_per_input, [r.texts for r in chunk], "acl-predict",
+                              [f"{source.name}:{r.line}" for r in chunk])
                 t0 = time.perf_counter()
                 preds = hub.predict_texts([r.texts for r in chunk], request, args.batch_size)
                 seconds += time.perf_counter() - t0
@@ -278,7 +282,8 @@ def check_files(args) -> None:
         if os.path.isdir(args.input) or not os.access(args.input, os.R_OK):
             raise UsageError(f"--input {args.input}: {'a folder' if os.path.isdir(args.input) else 'not readable'}, "
                              "not a file. Fix: give a file, or - for standard input")
-    if os.path.isdir(args.checkpoint):  # an exported OUT/onnx folder: the engine checks its manifest
+    # a checkpoint file or an exported OUT/onnx folder (whose manifest the engine checks); else what to pass
+    if paths.check(args.checkpoint, (paths.CHECKPOINT, paths.ONNX), "acl-predict") == paths.ONNX:
         return
     if args.data is None:
         raise UsageError("--data is required with a checkpoint: the binarized folder the model was trained on")

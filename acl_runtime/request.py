@@ -57,6 +57,9 @@ def resolve(exit_layers: Optional[Sequence[int]], policy: Optional[str] = None, 
         default = None  # the last exit, whatever was calibrated
     elif policy is None and threshold is not None:
         raise ValueError(f"a threshold needs its policy: name it ({', '.join(exits.POLICIES)})")
+    elif policy is not None and policy not in exits.POLICIES:  # exits.get's message, with what a request takes too
+        raise ValueError(f"unknown early-exit policy {policy!r}; expected one of {', '.join(exits.POLICIES)}, or "
+                         f"{NO_POLICY} (the last exit)")
     if policy is not None and exit_layer is not None:
         raise ValueError("give either an early-exit policy or a fixed exit layer, not both")
     if exit_layers is None:

@@ -51,9 +51,22 @@ PY
 )"
 "$PYTHON" -m venv "$WORK/serve"
 PIP=("$WORK/serve/bin/python" -m pip --disable-pip-version-check -q)
+# pip install "$@" with its stderr kept: printed whole when pip fails; when it succeeds, its warnings (a configured
+# index or find-links location that does not exist, the resolver's report of the environment's other requirements)
+# read like failures, so they become one line (VERBOSE_PIP=1 prints them), and the checks below decide
+pip_install() {
+  local status=0
+  "${PIP[@]}" install "$@" 2>"$WORK/pip.log" || status=$?
+  if [[ "$status" != 0 || "${VERBOSE_PIP:-0}" == 1 ]]; then
+    cat "$WORK/pip.log" >&2
+  elif [[ -s "$WORK/pip.log" ]]; then
+    say "pip install $*: $(wc -l <"$WORK/pip.log") lines of pip warnings not shown (VERBOSE_PIP=1 shows them)"
+  fi
+  return "$status"
+}
 # shellcheck disable=SC2086  # the pins are separate words
-"${PIP[@]}" install $pins
-"${PIP[@]}" install --no-deps -e "$ROOT"  # after the pins: pip then has no resolver run to warn from
+pip_install $pins
+pip_install --no-deps -e "$ROOT"  # after the pins: pip then has no resolver run to warn from
 "$WORK/serve/bin/python" - <<'PY'
 import importlib.util
 present = [m for m in ("torch", "fairseq") if importlib.util.find_spec(m) is not None]

@@ -43,10 +43,10 @@ last = rows[-1]
 exits = {k[len("valid_accuracy_exit"):]: v for k, v in last.items() if k.startswith("valid_accuracy_exit")}
 print(f"[demo] validation accuracy (last exit): {last['valid_accuracy']}  best: {last.get('valid_best_accuracy')}")
 if exits:
-    print("[demo] per-exit validation accuracy: " + ", ".join(f"layer {k}: {v}" for k, v in exits.items()))
+    print("[demo] per-exit validation accuracy (last epoch): " + ", ".join(f"layer {k}: {v}" for k, v in exits.items()))
 PY
 
-echo "[demo] early-exit report -> $OUT/early_exit"
+echo "[demo] early-exit report of the best checkpoint (checkpoint_best.pt) -> $OUT/early_exit"
 acl-evaluate "$OUT/checkpoints/checkpoint_best.pt" "$OUT/data" --out-dir "$OUT/early_exit" \
   --tensorboard-logdir "$OUT/tensorboard/early_exit"
 echo "[demo] acl-predict: two typed sentences, entropy early exit at threshold 0.3"
@@ -68,4 +68,5 @@ same = torch_rows == onnx_rows
 print(f"[demo] ONNX Runtime against the checkpoint: {'same' if same else 'DIFFERENT'} labels and exit layers")
 sys.exit(0 if same else 1)
 PY
-echo "[demo] done. TensorBoard: tensorboard --logdir $OUT/tensorboard   report: $OUT/early_exit/early_exit.png"
+echo "[demo] done. report: $OUT/early_exit/early_exit.png"
+echo "[demo] next: source $VENV/bin/activate   then: tensorboard --logdir $OUT/tensorboard   or: acl-serve $OUT/export/onnx"

@@ -2,7 +2,7 @@
 import argparse
 import os
 
-from acl_runtime import console
+from acl_runtime import console, paths
 
 
 def precheck(parser: argparse.ArgumentParser, args) -> None:
@@ -16,6 +16,7 @@ def precheck(parser: argparse.ArgumentParser, args) -> None:
             parser.error(f"{flag} must be at least {least}, got {value}")
     if args.test_split and not args.predictions_dir:
         parser.error("--test-split needs --predictions-dir")
+    paths.check(args.checkpoint, (paths.CHECKPOINT,), "acl-evaluate")  # a folder, an export: what to pass
     input0 = os.path.join(args.data_bin, "input0")
     if os.path.isdir(input0):  # else load_model names what is missing
         have = sorted(name[: -len(".idx")] for name in os.listdir(input0) if name.endswith(".idx"))

@@ -35,7 +35,7 @@ from typing import Callable, Dict, List, Optional
 
 from acl_fairseq.hf import export_tokenizer
 from acl_fairseq.hf.export_tokenizer import ExportError
-from acl_runtime import calibration, console, request, tokenization
+from acl_runtime import calibration, console, paths, request, tokenization
 from acl_runtime.io import atomic
 
 logger = logging.getLogger("acl_fairseq.hf.export")
@@ -138,7 +138,7 @@ def check_out(args) -> None:
 
 def check_data(args, cfg: Dict) -> None:
     """The binarized folder: its dictionaries (no label dictionary for a regression model: STS-B's data has
-    none) and the split of ``--metrics-split``."""
+    none)."""
     task = cfg.get("task")
     regression = bool(task.get("regression_target") if hasattr(task, "get") else
                       getattr(task, "regression_target", False))
@@ -146,43 +146,66 @@ def check_data(args, cfg: Dict) -> None:
         if not os.path.isfile(os.path.join(args.data, sub, "dict.txt")):
             fail(f"{os.path.join(args.data, sub, 'dict.txt')} not found: --data must be the binarized folder the "
                  "model was trained on")
+
+
+def format_problems(args, cfg: Dict) -> Dict[str, List[str]]:
+    """Why each format (every one acl-export writes, asked for or not) cannot be written from this checkpoint,
+    data and flags: ``{format: [reasons]}``, an empty list where it can."""
+    problems: Dict[str, List[str]] = {fmt: [] for fmt in FORMATS}
     split, input0 = args.metrics_split, os.path.join(args.data, "input0")
-    if args.quantize == "int8" and "onnx" in args.format and not os.path.isfile(os.path.join(input0, "train.bin")):
-        fail(f"--quantize int8 calibrates on the training split, and {os.path.join(input0, 'train.bin')} is missing: "
-             "pass the --data folder the model was trained on, or --quantize int8-dynamic (batch-dependent)")
-    if "hf" in args.format and split != "none" and not os.path.isfile(os.path.join(input0, f"{split}.bin")):
+    if args.quantize == "int8" and not os.path.isfile(os.path.join(input0, "train.bin")):
+        problems["onnx"].append(f"--quantize int8 calibrates on the training split, and "
+                                f"{os.path.join(input0, 'train.bin')} is missing: pass the --data folder the model "
+                                "was trained on, or --quantize int8-dynamic (batch-dependent)")
+    if split != "none" and not os.path.isfile(os.path.join(input0, f"{split}.bin")):
         found = sorted(n[: -len(".bin")] for n in os.listdir(input0) if n.endswith(".bin"))
-        fail(f"--metrics-split {split}: {os.path.join(input0, split + '.bin')} not found; pass one of the folder's "
-             f"splits ({', '.join(found) or 'none binarized'}) or none")
+        problems["hf"].append(f"--metrics-split {split}: {os.path.join(input0, split + '.bin')} not found; pass one "
+                              f"of the folder's splits ({', '.join(found) or 'none binarized'}) or none")
+    try:
+        record = tokenization.read(args.data)
+    except ValueError as e:  # a malformed stats.json: no format can be written
+        fail(str(e))
+    from acl_fairseq.hf import export_weights
+
+    model_args = cfg.get("model")
+    get = model_args.get if isinstance(model_args, dict) else lambda k, d=None: getattr(model_args, k, d)
+    try:  # what HF's standard classifier cannot express (the ONNX graphs run any exit)
+        if record is not None:
+            export_tokenizer.family_of(record)
+        export_weights.check_model_args(model_args, get("exit_pooling", "cls") or "cls")
+    except ExportError as e:
+        problems["hf"].append(str(e))
+    return problems
+
+
+def refuse_formats(asked: List[str], problems: Dict[str, List[str]]) -> None:
+    """Every asked format that cannot be written, why, and what can be: one line before anything is written."""
+    bad = [fmt for fmt in asked if problems[fmt]]
+    if not bad:
+        return
+    why = "; ".join(f"--format {fmt} cannot be written: {'; '.join(problems[fmt])}" for fmt in bad)
+    works = [fmt for fmt in FORMATS if not problems[fmt]]
+    fix = (f"--format {' '.join(works)} can: pass it alone" if works else "no format can be written with these flags")
+    if "hf" in bad:
+        fix += " (hf needs a model fine-tuned from a converted BERT or RoBERTa: docs/hf_import.md)"
+    fail(f"{why}. Nothing was written. Fix: {fix}")
 
 
 def precheck(args) -> Dict:
     """Everything that can be checked before the model is built; returns the checkpoint's cfg."""
     check_flags(args)
     check_out(args)
-    if not os.path.isfile(args.checkpoint):
-        fail(f"checkpoint file not found: {args.checkpoint}")
+    try:  # a run's folder, an export, a missing file: what to pass instead
+        paths.check(args.checkpoint, (paths.CHECKPOINT,), PROG)
+    except console.UsageError as e:
+        fail(str(e))
     cfg = read_cfg(args.checkpoint)
     check_data(args, cfg)
     try:  # what the flags alone get wrong (acl_runtime.request), before the model loads
         request.resolve(None, args.policy, args.threshold)
     except ValueError as e:
         fail(str(e))
-    try:
-        record = tokenization.read(args.data)
-        if record is not None and "hf" in args.format:
-            export_tokenizer.family_of(record)
-    except ValueError as e:  # a malformed stats.json, or a tokenizer kind HF has no standard tokenizer for
-        fail(str(e))
-    from acl_fairseq.hf import export_weights
-
-    model_args = cfg.get("model")
-    get = model_args.get if isinstance(model_args, dict) else lambda k, d=None: getattr(model_args, k, d)
-    if "hf" in args.format:  # what HF's standard classifier cannot express (the ONNX graphs run any exit)
-        try:
-            export_weights.check_model_args(model_args, get("exit_pooling", "cls") or "cls")
-        except ExportError as e:
-            fail(str(e))
+    refuse_formats(args.format, format_problems(args, cfg))  # every format checked before any is written
     return cfg
 
 

@@ -34,7 +34,7 @@ from acl_fairseq.heads import head_forward, pool_states
 from acl_fairseq.hf import onnx_quantize, onnx_tokenizer
 from acl_fairseq.hf.onnx_tokenizer import ExportError
 from acl_fairseq.inference import early_exit
-from acl_runtime import exits, request
+from acl_runtime import exits, pairing, request
 from acl_runtime import manifest as checks
 from acl_runtime.io import atomic
 
@@ -143,6 +143,7 @@ def write_onnx(hub, out_dir: str, quantize: Optional[str] = None, policy: Option
                 "labels": None if hub.regression else hub.label_names(), "regression": hub.regression,
                 "regression_scale": hub.regression_scale,
                 "input_layout": input_layout(hub), **serving_policy(hub, policy, threshold),
+                pairing.MANIFEST_KEY: hub.texts_per_input,  # 1 or 2 texts per input (acl_runtime.pairing)
                 "calibration": calibration,  # the exit_policy.json record the serving policy came from, if any
                 "policy_defaults": {name: row.default for name, row in exits.POLICIES.items()},
                 "quantized": {} if quantize is None else onnx_quantize.quantize_int8(out_dir, graphs, hub, quantize)}

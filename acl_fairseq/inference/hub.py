@@ -34,7 +34,7 @@ from fairseq.models.roberta.hub_interface import RobertaHubInterface
 
 from acl_fairseq import checkpoint_safety
 from acl_fairseq.inference import early_exit
-from acl_runtime import calibration, conventions, glue_tasks, loop, tokenization
+from acl_runtime import calibration, conventions, glue_tasks, loop, pairing, tokenization
 from acl_runtime.loop import Prediction, Text  # noqa: F401  (the hub's names before the loop had a home)
 
 logger = logging.getLogger(__name__)
@@ -97,6 +97,7 @@ class MultiExitHubInterface(RobertaHubInterface, loop.EarlyExitPredictor):
         # an encoder without a head (a converted model.pt) still encodes and extracts features
         self.exit_layers = early_exit.exit_plan(model, self.head_name)[0] if model.classification_heads else []
         self.regression = bool(getattr(task.cfg, "regression_target", False))
+        self.texts_per_input = pairing.from_data(cfg.task.data)  # input1/ in the data folder: pairs
         self.max_positions = int(min(model.max_positions(), getattr(task.cfg, "max_positions", None) or 10 ** 9))
         # a sentence_prediction checkpoint says how it built inputs; a bare encoder (masked_lm) follows fairseq's
         # hub: <s> first, and the separator of its conventions record

@@ -227,6 +227,7 @@ async def infer(request: Request, service: Service) -> Response:
     _check_model(service, request)
     body = await read_body(request, service.settings.max_body_bytes, service.settings.read_timeout)
     req = protocol.parse_infer(body, request.headers.get("inference-header-content-length"), service.output_names())
+    protocol.check_texts(service.engine.texts_per_input, req.texts, "infer")
     _phase(request, "read")
     answered = await service.predict(req.texts, req.params, functools.partial(_disconnected, request), req.deadline)
     back = time.perf_counter()
@@ -289,6 +290,7 @@ async def server_metadata(request: Request) -> Response:
 async def predict(request: Request, service: Service) -> Response:
     body = await read_body(request, service.settings.max_body_bytes, service.settings.read_timeout)
     req = tei.parse_predict(body, request.headers.get("x-deadline-ms"))
+    protocol.check_texts(service.engine.texts_per_input, req.texts, "predict", 422)
     _phase(request, "read")
     answered = await service.predict(req.texts, req.params, functools.partial(_disconnected, request), req.deadline)
     back = time.perf_counter()

@@ -24,7 +24,7 @@ import tempfile
 import time
 from typing import List, Optional
 
-from acl_runtime import calibration, console, deadlines, exits, manifest
+from acl_runtime import calibration, console, deadlines, exits, manifest, paths
 from acl_runtime.console import UsageError, positive_int
 
 SETTINGS_ENV = "ACL_SERVE_SETTINGS"  # a worker process's Settings, as JSON (--workers N)
@@ -162,9 +162,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     console.check_request_flags(parser, args)
-    if not os.path.isfile(os.path.join(args.folder, manifest.MANIFEST)):
-        raise UsageError(f"{args.folder}: no manifest.json, not a folder that acl-export --format onnx wrote (give "
-                         "OUT/onnx)")
+    paths.check(args.folder, (paths.ONNX,), "acl-serve")  # a checkpoint, OUT, a manifest.json: what to pass
     settings = settings_from(args)
     sock = bind(args.host, args.port)  # before the model loads: a port in use is one line, no banner
     try:

@@ -18,6 +18,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
+from acl_runtime import pairing
 from acl_runtime import request as request_rule
 from acl_runtime.serve import schema
 from acl_runtime.serve.errors import BadRequest
@@ -45,6 +46,15 @@ def deadline(value, field: str) -> Optional[float]:
         return request_rule.deadline_seconds(value, field)
     except ValueError as e:
         raise BadRequest(400, str(e)) from None
+
+
+def check_texts(reads, texts: Sequence[Pair], front: str, status: int = 400) -> None:
+    """A request's inputs against the texts the model reads per input (``reads``: 1, 2 or None), the rule of
+    :mod:`acl_runtime.pairing`, with ``front``'s fix ("predict" or "infer"): what both routes call."""
+    try:
+        pairing.check(reads, texts, front)
+    except pairing.Mismatch as e:
+        raise BadRequest(status, str(e)) from None
 
 
 # ---- Open Inference Protocol v2 ------------------------------------------------------------------

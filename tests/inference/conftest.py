@@ -11,6 +11,7 @@ MARKS = {
     "test_calibrate.py": "fairseq",
     "test_onnx.py": "fairseq",
     "test_predict.py": "fairseq",
+    "test_pairing.py::test_the_export_records_it_and_both_routes": "server",
 }
 
 

@@ -141,7 +141,9 @@ def test_glue_prediction_format_uses_label_names_and_stsb_scale(tiny):
 
 
 def test_missing_checkpoint_is_a_clear_error(tmp_path, data):
-    with pytest.raises(FileNotFoundError, match="checkpoint file not found"):
+    from acl_runtime.console import UsageError
+
+    with pytest.raises(UsageError, match="nope.pt: no such file or folder. Fix: pass a checkpoint file"):
         evaluate.main([str(tmp_path / "nope.pt"), data, "--out-dir", str(tmp_path / "out")])
 
 

@@ -57,7 +57,7 @@ def test_sigterm_stops_accepting_answers_every_accepted_request_and_exits_0(expo
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["{missing}"], "no manifest.json, not a folder that acl-export --format onnx wrote"),
+    (["{missing}"], "nor manifest.json. Fix: pass a folder that acl-export --format onnx wrote"),
     (["{folder}", "--precision", "int8", "--policy", "entropy", "--threshold", "1.5"], "out of range: it takes [0, 1]"),
     (["{folder}", "--threshold", "0.3"], "a threshold needs its policy"),
     (["{folder}", "--max-batch", "64", "--max-queue", "8"], "--max-queue 8 is below --max-batch 64"),
