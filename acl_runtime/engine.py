@@ -19,7 +19,7 @@ import numpy as np
 
 from acl_runtime import conventions, exits, loop, pairing, tokenization
 from acl_runtime import manifest as checks
-from acl_runtime.loop import BatchOutput, Prediction, Text, softmax  # noqa: F401  (their home before the loop)
+from acl_runtime.loop import BatchOutput
 
 MANIFEST, SCHEMA, PRECISIONS = checks.MANIFEST, checks.SCHEMA, checks.PRECISIONS  # the contract: acl_runtime.manifest
 # onnxruntime's graph optimizations every session runs without, at its default level (all) otherwise.

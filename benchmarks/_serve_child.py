@@ -48,8 +48,7 @@ def classify_torch(args):
     from acl_fairseq.inference import hub
 
     torch.set_num_threads(args.threads)
-    model = hub.from_pretrained(os.path.dirname(os.path.abspath(args.checkpoint)), os.path.basename(args.checkpoint),
-                                os.path.abspath(args.data)).eval()
+    model = hub.from_checkpoint(args.checkpoint, args.data)
     return model.predict_early_exit(args.sentences, policy=args.policy, threshold=args.threshold,
                                     batch_size=args.batch_size)
 

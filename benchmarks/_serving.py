@@ -168,7 +168,6 @@ def model_and_sentences(args):
 
         if args.export and os.path.isfile(os.path.join(folder, "source.json")):
             os.remove(os.path.join(folder, "source.json"))  # exported() exports again without its stamp
-        hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(ckpt)), os.path.basename(ckpt),
-                                      os.path.abspath(data)).eval()
+        hub = hub_mod.from_checkpoint(ckpt, data)
         exported(hub, ckpt, folder)
     return folder, sentences

@@ -234,8 +234,7 @@ def main(argv=None) -> Dict:
 
     torch.set_num_threads(1)
     ckpt, data = _serving.trained_checkpoint(args)
-    hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(ckpt)), os.path.basename(ckpt),
-                                  os.path.abspath(data)).eval()
+    hub = hub_mod.from_checkpoint(ckpt, data)
     work = os.path.join(args.work, "int8_static")
     folder = _serving.exported(hub, ckpt, os.path.join(work, "onnx"))
     dirs = build_schemes(hub, folder, work, args.schemes)

@@ -14,7 +14,6 @@ early-exit model time; ``layer_speedup`` = layers / mean exit layer; their ratio
 saved layers that turns into saved time. ``prep_share``: tokenization plus batching over the end-to-end
 time.
 """
-import os
 import statistics
 from typing import Dict, List
 
@@ -71,8 +70,7 @@ def main(argv=None) -> List[Dict]:
     ckpt, data = _serving.trained_checkpoint(args)
     from acl_fairseq.inference import hub as hub_mod
 
-    hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(ckpt)), os.path.basename(ckpt),
-                                  os.path.abspath(data)).eval()
+    hub = hub_mod.from_checkpoint(ckpt, data)
     sentences = _serving.dev_sentences(args.examples, args.input)
     rows = []
     for b in args.batch_sizes:

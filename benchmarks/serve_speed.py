@@ -254,8 +254,7 @@ def main(argv=None) -> Dict:
 
     torch.set_num_threads(args.threads)
     ckpt, data, sentences, gold, folder = _serving.load(args)
-    hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(ckpt)), os.path.basename(ckpt),
-                                  os.path.abspath(data)).eval()
+    hub = hub_mod.from_checkpoint(ckpt, data)
     if hub.regression:
         sys.exit("serve_speed: the checkpoint has a regression head; it measures accuracy, so give a classifier")
     folder = _serving.exported(hub, ckpt, folder)

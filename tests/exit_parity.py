@@ -9,8 +9,7 @@ to ``atol``. No count of allowed flips: a bound in rows held on one CPU kind and
 AVX2-only CPU moves more rows within reach of a threshold; it also measures a larger difference)."""
 import numpy as np
 
-from acl_runtime import engine as runtime
-from acl_runtime import exits
+from acl_runtime import exits, loop
 
 SLACK = 4.0  # the measured difference is a maximum over the rows seen; a flipped row may sit a little past it
 FLOOR = 1e-7  # two engines that agree to the last bit still round the threshold's comparison
@@ -23,7 +22,7 @@ def decision_values(policy: str, per_exit: np.ndarray) -> np.ndarray:
     if policy == "entropy":
         value = exits.prediction_entropy(flat)
     elif policy == "confidence":
-        value = runtime.softmax(flat).max(-1)
+        value = loop.softmax(flat).max(-1)
     else:
         top = np.sort(flat, axis=-1)
         value = top[:, -1] - top[:, -2]

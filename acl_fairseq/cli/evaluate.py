@@ -29,7 +29,8 @@ import torch
 
 from acl_fairseq import checkpoint_safety, glue_metrics
 from acl_fairseq.cli import calibrate, evaluate_checks
-from acl_fairseq.inference import checkpoint_reader, early_exit, flops, latency, report
+from acl_fairseq.inference import early_exit, flops, latency, report
+from acl_fairseq.inference import hub as hub_mod
 from acl_fairseq.inference.scoring import collect_exit_logits, make_batches, score
 from acl_runtime import console, exits, glue_tasks
 
@@ -112,7 +113,7 @@ def load_model(checkpoint: str, data_bin: str, user_dir: Optional[str], device: 
         checkpoint, {"data": data_bin, "load_checkpoint_heads": True})
     checkpoint_safety.check_loaded_dictionary(models[0], cfg, checkpoint)
     model = models[0].eval()
-    if checkpoint_reader.resolve_device(device) == "cuda":
+    if hub_mod.resolve_device(device) == "cuda":
         model = model.cuda()
     return model, task, cfg
 

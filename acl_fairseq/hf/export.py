@@ -226,12 +226,9 @@ def load_hub(args):
     from acl_fairseq.inference import hub as hub_mod
 
     try:
-        hub = hub_mod.from_pretrained(os.path.dirname(os.path.abspath(args.checkpoint)),
-                                      os.path.basename(args.checkpoint), os.path.abspath(args.data),
-                                      tokenizer_file=args.tokenizer)
-    except (hub_mod.TokenizerNotFound, calibration.RecordError) as e:
+        return hub_mod.from_checkpoint(args.checkpoint, args.data, args.tokenizer)
+    except console.UsageError as e:
         fail(str(e))
-    return hub.eval()
 
 
 def serving_policy(args, hub) -> None:

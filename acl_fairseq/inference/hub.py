@@ -35,7 +35,7 @@ from fairseq.models.roberta.hub_interface import RobertaHubInterface
 from acl_fairseq import checkpoint_safety
 from acl_fairseq.inference import early_exit
 from acl_runtime import calibration, conventions, glue_tasks, loop, pairing, tokenization
-from acl_runtime.loop import Prediction, Text  # noqa: F401  (the hub's names before the loop had a home)
+from acl_runtime.console import UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -241,3 +241,33 @@ def from_pretrained(model_name_or_path: str, checkpoint_file: str = "checkpoint_
     hub = MultiExitHubInterface(cfg, task, models[0], tokenizer_file)
     hub.calibrated = calibration.for_checkpoint(path)
     return hub
+
+
+def resolve_device(device: str) -> str:
+    """'cpu' or 'cuda' for a --device value (cpu, cuda or auto); asking for CUDA where there is none is a
+    :class:`UsageError`."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda, but CUDA is not available here: pass --device cpu or auto")
+    return device
+
+
+def from_checkpoint(path: str, data: str, tokenizer: Optional[str] = None, device: str = "cpu"
+                    ) -> MultiExitHubInterface:
+    """The one way the commands and the benchmarks open a checkpoint file as a hub: ``path`` with the binarized
+    ``data`` folder (and ``tokenizer``, a tokenizer.json, where the data folder's own is not found), in eval mode
+    on ``device`` (cpu, cuda or auto). Whatever keeps it from opening (the file damaged or unsafe, another task's
+    dictionary, no tokenizer, an exit_policy.json that cannot be read, CUDA where there is none) is one
+    :class:`UsageError` naming it and the fix, the error policy of every caller."""
+    try:
+        hub = from_pretrained(os.path.dirname(os.path.abspath(path)), os.path.basename(path), os.path.abspath(data),
+                              tokenizer_file=tokenizer)
+    except (TokenizerNotFound, checkpoint_safety.CheckpointError, checkpoint_safety.DictionaryMismatch,
+            calibration.RecordError) as e:
+        raise UsageError(str(e)) from None
+    hub.eval()
+    if resolve_device(device) == "cuda":
+        hub.cuda()
+    return hub
+

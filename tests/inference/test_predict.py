@@ -290,3 +290,21 @@ def test_converted_tiny_bert_pairs_through_the_hub(tiny_bert_rte):
     # the converted folder itself, as fairseq's own loader sees it: features, no head
     enc = hub.from_pretrained(out, "model.pt", out)
     assert enc.extract_features(enc.encode(a, b)).shape[-1] == 20
+
+
+def test_from_checkpoint_is_the_one_opening_and_its_errors_are_one_usage_error(run, tmp_path):
+    """acl-predict, acl-export and the benchmarks open a checkpoint through hub.from_checkpoint: in eval mode, and
+    whatever keeps it from opening is one UsageError naming the file (a cut-short file, CUDA where there is none)."""
+    from acl_runtime.console import UsageError
+
+    _, data, ckpt = run
+    model = hub.from_checkpoint(ckpt, data)
+    assert not model.training and not model.model.training
+    cut = tmp_path / "checkpoint_cut.pt"
+    cut.write_bytes(open(ckpt, "rb").read()[:1000])
+    with pytest.raises(UsageError, match="checkpoint_cut.pt") as e:
+        hub.from_checkpoint(str(cut), data)
+    assert "\n" not in str(e.value)
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError, match="CUDA is not available"):
+            hub.from_checkpoint(ckpt, data, device="cuda")

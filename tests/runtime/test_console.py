@@ -5,7 +5,7 @@ import logging
 import pytest
 import torch
 
-from acl_fairseq.inference import checkpoint_reader
+from acl_fairseq.inference import hub
 from acl_runtime import console
 
 
@@ -25,12 +25,12 @@ def test_device_flag_defaults_to_auto_and_keeps_the_deprecated_cpu_switch():
 
 def test_resolve_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert checkpoint_reader.resolve_device("auto") == "cpu" and checkpoint_reader.resolve_device("cpu") == "cpu"
+    assert hub.resolve_device("auto") == "cpu" and hub.resolve_device("cpu") == "cpu"
     with pytest.raises(console.UsageError, match="CUDA is not available here") as e:  # prog: error: ..., exit 2
-        checkpoint_reader.resolve_device("cuda")
+        hub.resolve_device("cuda")
     assert e.value.code == 2
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert checkpoint_reader.resolve_device("auto") == "cuda"
+    assert hub.resolve_device("auto") == "cuda"
 
 
 def test_setup_logging_reads_loglevel_and_replaces_an_earlier_configuration(monkeypatch):
