@@ -19,7 +19,6 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 from typing import List, Optional
 
@@ -146,10 +145,23 @@ def load_service(settings):
 
 
 def worker_app():
-    """The app of one ``--workers`` process (uvicorn's factory, in a fresh interpreter)."""
+    """The app of one ``--workers`` process (uvicorn's factory, in a fresh interpreter): the model the supervisor
+    pinned at start, else a one-line reason in the log and the worker's exit (``supervisor.CANNOT_SERVE``,
+    ``OTHER_MODEL``), which the supervisor tells apart."""
+    from acl_runtime.serve import supervisor
     from acl_runtime.serve.app import Settings, build_app
 
-    return build_app(load_service(Settings(**json.loads(os.environ[SETTINGS_ENV]))))
+    logging.basicConfig(format=console.LOG_FORMAT, level=os.environ.get("LOGLEVEL", "WARNING").upper(),
+                        stream=sys.stderr)
+    settings = Settings(**json.loads(os.environ[SETTINGS_ENV]))
+    try:
+        supervisor.check_pinned(settings.folder, settings.precision)
+        service = load_service(settings)
+        supervisor.check_pinned(settings.folder, settings.precision)  # not replaced while it loaded
+    except UsageError as e:
+        logging.getLogger("acl_runtime.serve").error("acl-serve: worker %d cannot serve: %s", os.getpid(), e)
+        raise
+    return build_app(service)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -171,12 +183,13 @@ def main(argv: Optional[List[str]] = None) -> int:
 def _serve(args, settings, sock: socket.socket, started: float) -> int:
     import uvicorn
 
+    from acl_runtime.serve import supervisor
     from acl_runtime.serve.app import build_app
-    from acl_runtime.serve.stopping import Server, Supervisor
+    from acl_runtime.serve.stopping import Server
     from acl_runtime.serve.transport import NoDelayH11Protocol
 
     # the worker processes load their own; this one checks the folder and flags first, so that a bad one is one
-    # line and exit 2 rather than N workers failing
+    # line and exit 2 rather than N workers failing, and pins the model it checked (every worker serves that one)
     service = load_service(settings)
     default = service.default
     loaded = time.perf_counter()
@@ -186,8 +199,9 @@ def _serve(args, settings, sock: socket.socket, started: float) -> int:
     if args.workers > 1:
         del service
         os.environ[SETTINGS_ENV] = json.dumps(settings._asdict())
+        os.environ[supervisor.PIN_ENV] = _digest(settings)
         # prometheus-client's multiprocess mode: each worker writes its values in this folder, /metrics sums them
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="acl-serve-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = supervisor.metrics_folder()
         config = uvicorn.Config("acl_runtime.serve.cli:worker_app", factory=True, workers=args.workers, **config)
     else:
         config = uvicorn.Config(build_app(service), **config)
@@ -204,13 +218,21 @@ def _serve(args, settings, sock: socket.socket, started: float) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: drained.append(signum))
     signal.signal(signal.SIGINT, lambda signum, frame: drained.append(signum))
     if args.workers > 1:
-        try:  # the supervisor passes SIGTERM to every worker at once, each drains, and it joins them
-            Supervisor(config, sockets=[sock]).run()
+        try:  # the supervisor passes SIGTERM to every worker at once, each drains, and it joins them (bounded)
+            return supervisor.Supervisor(config, [sock], settings.drain_seconds).run()
         finally:
             shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
-        return 0
     Server(config).run(sockets=[sock])  # stops accepting the moment SIGTERM comes (serve/stopping.py)
     return 0
+
+
+def _digest(settings) -> str:
+    from acl_runtime.serve.supervisor import model_digest
+
+    try:
+        return model_digest(settings.folder, settings.precision)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"{settings.folder}: cannot be read ({e})") from None
 
 
 def cli_main() -> None:
