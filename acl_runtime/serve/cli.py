@@ -15,6 +15,7 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -51,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, this machine "
                    "only; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=_port, default=8080, help="TCP port (default: %(default)s)")
-    p.add_argument("--model-name", default="acl", help="the model's name in /v2/models/NAME (default: %(default)s)")
+    p.add_argument("--model-name", type=_model_name, default="acl", help="the model's name in /v2/models/NAME: "
+                   "letters, digits, '_', '-' and '.', starting with a letter or digit (default: %(default)s)")
     p.add_argument("--precision", choices=manifest.PRECISIONS, default="fp32", help="the folder's fp32 graphs or the "
                    "int8 copy that acl-export --quantize int8 wrote (default: %(default)s)")
     p.add_argument("--policy", choices=calibration.policy_choices(), help="the default early-exit policy (a request "
@@ -79,6 +81,19 @@ def build_parser() -> argparse.ArgumentParser:
                    "to arrive, and then its body; past it the answer is 408 and the connection is closed (default: "
                    f"%(default)s, at most {MAX_READ_TIMEOUT:g})")
     return p
+
+
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+ROUTED_NAMES = ("stats",)  # /v2/models/stats is the statistics of every model: a model of that name had no metadata
+
+
+def _model_name(text: str) -> str:
+    """A name that every /v2/models/NAME route can serve: not empty, no '/', no name a route takes."""
+    if not MODEL_NAME.fullmatch(text) or text in ROUTED_NAMES:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: a model name is 1 to 128 letters, digits, '_', '-' or '.', "
+                                         f"starting with a letter or digit, and not {', '.join(ROUTED_NAMES)} "
+                                         "(no /v2/models route could serve it)")
+    return text
 
 
 def _slo_ms(text: str) -> float:
