@@ -332,6 +332,9 @@ def metrics_folder() -> str:
             shutil.rmtree(path, ignore_errors=True)
             logger.info("acl-serve: removed %s, left by an acl-serve that was killed", path)
     folder = tempfile.mkdtemp(prefix=METRICS_PREFIX)
-    with open(os.path.join(folder, OWNER), "w") as f:
-        f.write(_identity(os.getpid()))
+    try:
+        with open(os.path.join(folder, OWNER), "w") as f:
+            f.write(_identity(os.getpid()))
+    except OSError as e:  # a full disk: the workers say so too, and serve without metrics
+        logger.error("acl-serve: cannot write %s (%s): if acl-serve is killed, the folder stays", folder, e)
     return folder
