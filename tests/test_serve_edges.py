@@ -152,3 +152,50 @@ def test_a_model_name_no_route_can_serve_is_refused_at_start(exported, capsys, m
 def test_a_model_name_every_route_serves_is_accepted():
     for name in ("acl", "sst2-v1.0", "Model_2"):
         assert cli.build_parser().parse_args(["x", "--model-name", name]).model_name == name
+
+
+def test_an_encoded_slash_is_not_a_path_separator(server):
+    """uvicorn decoded %2F before routing: acl%2Fversions%2F1 was routed as acl/versions/1."""
+    status, _, answer = call(f"{server}/v2/models/acl%2Fversions%2F1")
+    assert status == 404 and "%2F" in answer["error"], answer
+    assert call(f"{server}/v2/models/acl/versions/1")[0] == 200
+
+
+def test_an_output_asked_for_twice_is_refused(server):
+    """It was merged silently (a duplicate input is a 400)."""
+    body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["good"]}],
+            "outputs": [{"name": "label"}, {"name": "label", "parameters": {"binary_data": True}}]}
+    status, _, answer = call(f"{server}/v2/models/acl/infer", body)
+    assert status == 400 and "'label' is asked for twice" in answer["error"], answer
+
+
+def test_a_complete_request_then_a_half_close_is_answered(server):
+    """nc -N: the request sent whole, then shutdown(SHUT_WR). It was never answered, and counted 499."""
+    host, port = server.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+                     f"{len(BODY)}\r\n\r\n".encode() + BODY)
+        conn.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    status, _, body = _first(answer)
+    assert status == 200 and json.loads(body)[0]["label"] in ("0", "1"), answer
+
+
+def test_info_names_the_model_not_the_servers_folder(server):
+    status, _, info = call(f"{server}/info")
+    assert status == 200 and info["model_id"] == "acl", info
+
+
+def test_a_long_model_name_in_a_path_is_cut_in_the_404(server):
+    status, _, answer = call(f"{server}/v2/models/{'m' * 100_000}")
+    assert status == 404 and len(answer["error"]) < 400, len(answer["error"])
+
+
+def test_the_openapi_document_is_built_once(server):
+    from acl_runtime.serve import app
+
+    first = call(f"{server}/openapi.json")[2]
+    hits = app._openapi.cache_info().hits
+    assert call(f"{server}/openapi.json")[2] == first and app._openapi.cache_info().hits == hits + 1

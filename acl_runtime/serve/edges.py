@@ -6,6 +6,8 @@ outermost) and in the HTTP protocol (:mod:`acl_runtime.serve.transport`); docs/s
 - **Content-Length together with Transfer-Encoding** is 400 and the connection closed (RFC 9112 6.3: handle as an
   error, and close; the precondition for request smuggling behind a proxy that frames by the other header). h11
   framed it by Transfer-Encoding and kept the connection open for the next request.
+- **An encoded '/' (``%2F``) in the path** is 404: uvicorn decoded it before routing, so ``acl%2Fversions%2F1``
+  was routed as ``acl/versions/1``.
 - **Accept-Encoding's qvalues** (RFC 9110 12.5.3): Starlette's GZipMiddleware compresses when the header contains
   the letters ``gzip``, ``gzip;q=0`` included. Here the header the gzip middleware sees is ``gzip`` when the client
   accepts gzip (listed with q above 0, or not listed and ``*`` is) and removed otherwise.
@@ -66,6 +68,12 @@ class Edges:
         if b"content-length" in names and b"transfer-encoding" in names:
             for message in _refuse(400, "the request has both Content-Length and Transfer-Encoding (RFC 9112 6.3): "
                                    "send one; the connection is closed"):
+                await send(message)
+            return
+        if b"%2f" in (scope.get("raw_path") or b"").lower():
+            # uvicorn decodes it before routing (acl%2Fversions%2F1 was routed as acl/versions/1); no route takes a
+            # '/' inside a segment (a --model-name holds none)
+            for message in _refuse(404, "no route: the path holds an encoded '/' (%2F) inside a segment"):
                 await send(message)
             return
         path = scope.get("path", "")

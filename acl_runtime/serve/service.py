@@ -263,7 +263,7 @@ class Service:
     def info(self, version: str) -> Dict:
         """TEI's ``/info`` (router/src/lib.rs ``Info``) for a classifier."""
         names = self.labels or ["score"]
-        return {"model_id": self.settings.folder, "model_sha": None,
+        return {"model_id": self.settings.model_name, "model_sha": None,  # never the server's folder
                 "model_dtype": "float32" if self.settings.precision == "fp32" else self.settings.precision,
                 "model_type": {"classifier": {"id2label": {str(i): n for i, n in enumerate(names)},
                                               "label2id": {n: i for i, n in enumerate(names)}}},
