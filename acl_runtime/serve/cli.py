@@ -30,7 +30,8 @@ SETTINGS_ENV = "ACL_SERVE_SETTINGS"  # a worker process's Settings, as JSON (--w
 EXIT_STATUSES = ("Exit status: 0 after SIGTERM or Ctrl-C once every accepted request is answered (the server stops "
                  "accepting at once, answers a connection without a request 503, and waits up to --drain-seconds, "
                  "past which the rest are answered 503); 2 for a bad flag or folder, or a port in use, "
-                 "before anything listens.")
+                 "before anything listens; 1 (--workers N) when no worker could serve (each failed to start 3 "
+                 "times in a row) or one was killed still running past the drain's bound.")
 MAX_READ_TIMEOUT = 60.0
 
 
@@ -164,13 +165,15 @@ def worker_app():
     pinned at start, else a one-line reason in the log and the worker's exit (``supervisor.CANNOT_SERVE``,
     ``OTHER_MODEL``), which the supervisor tells apart."""
     from acl_runtime.serve import supervisor
-    from acl_runtime.serve.app import Settings, build_app
 
     logging.basicConfig(format=console.LOG_FORMAT, level=os.environ.get("LOGLEVEL", "WARNING").upper(),
                         stream=sys.stderr)
-    settings = Settings(**json.loads(os.environ[SETTINGS_ENV]))
+    fields = json.loads(os.environ[SETTINGS_ENV])
     try:
-        supervisor.check_pinned(settings.folder, settings.precision)
+        supervisor.check_pinned(fields["folder"], fields["precision"])  # before the web stack and the engine load
+        from acl_runtime.serve.app import Settings, build_app
+
+        settings = Settings(**fields)
         service = load_service(settings)
         supervisor.check_pinned(settings.folder, settings.precision)  # not replaced while it loaded
     except UsageError as e:
