@@ -9,6 +9,15 @@
   connections the kernel had completed but nobody had accepted (the backlog), waits ``HANDSHAKE_SECONDS`` for the
   handshakes under way and takes those too, and treats them all as the others (below), rather than reset them when
   the socket closes; ``shutdown(SHUT_RD)`` then stops the socket listening in every process that shares it.
+- **Only the server's stop shuts the shared socket.** With ``--workers N`` a worker may stop alone (SIGTERM to its
+  pid, uvicorn's SIGHUP restart or SIGTTOU, its supervisor gone): it then only stops taking connections itself and
+  drains what it took; the filter, the backlog and ``shutdown(SHUT_RD)`` follow the supervisor's order alone
+  (``Server.stop_order``, set by :class:`acl_runtime.serve.supervisor.Supervisor` before it signals the workers).
+  A lone stop once shut the socket for every worker (SIGHUP: the port dead for good, the new workers looping on
+  ``accept()``'s EINVAL).
+- **An accept() error is logged once** (:meth:`Server._loop_error`): the worker stops taking connections and stops
+  (the supervisor starts another, whose ``listen()`` opens the socket again); asyncio logged it and called
+  ``accept()`` again at once, for ever.
 - **The loop's own accepted connections.** The loop stops accepting at the stop, but its server is closed only in
   ``shutdown()``, a turn later: asyncio makes an accepted connection's transport in a task of its own and resets
   the connection when its server was closed first, so a connection the loop accepted in the signal's turn was reset.
@@ -17,14 +26,12 @@
   the process preempted there); 0 with both, in 45 runs (docs/serve.md).
 - A worker that has the signal while it is still starting (loading the app: the first worker ready lets clients in)
   never starts: its ``listen()`` would open the socket that another worker had shut, and take connections after
-  the signal. A worker the signal killed before it could handle it is not replaced.
+  the signal. A worker the signal killed before it could handle it is not replaced (serve/supervisor.py).
 - **Every connection accepted gets an answer**: a request in flight is answered; a connection with no request under
   way, or one still sending its request, is answered 503 with ``Retry-After`` and closed gently
   (:mod:`acl_runtime.serve.transport`): uvicorn alone closed it unanswered. uvicorn tells each connection once;
   one made after that (taken from the backlog when uvicorn's tick came before the signal's stop, or accepted by the
   loop an instant earlier) is answered 503 as it is made, rather than served and held open.
-- **A dead worker's gauges go with it**: its prometheus-client files of live gauges (the queue depth) are removed,
-  so that /metrics does not keep adding what it held when it died.
 """
 import asyncio
 import contextlib
