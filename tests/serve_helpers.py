@@ -135,9 +135,10 @@ def slow_layer(seconds: float) -> str:
 SLOW_LAYER = slow_layer(0.02)
 
 
-def start(folder: str, *flags: str, prelude: str = ""):
+def start(folder: str, *flags: str, prelude: str = "", wrap=()):
     """acl-serve FOLDER FLAGS in a fresh interpreter, and its URL once ready. ``prelude`` runs first in it and in
-    each ``--workers`` process (spawned: a fresh interpreter too), as a ``sitecustomize`` module."""
+    each ``--workers`` process (spawned: a fresh interpreter too), as a ``sitecustomize`` module; ``wrap``: a
+    command that runs the interpreter (its argv prefix)."""
     port = free_port()
     env = dict(os.environ)
     if prelude:
@@ -151,7 +152,7 @@ def start(folder: str, *flags: str, prelude: str = ""):
             "atexit.register(lambda: print('LOADED', sorted({m.split('.')[0] for m in sys.modules} & {'torch', "
             "'fairseq'}), file=sys.stderr))\n"
             "from acl_runtime.serve.cli import cli_main\ncli_main()\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=helpers.REPO, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([*wrap, sys.executable, "-c", code], cwd=helpers.REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
     while True:

@@ -16,11 +16,11 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 from typing import List, Optional
 
@@ -31,7 +31,8 @@ SETTINGS_ENV = "ACL_SERVE_SETTINGS"  # a worker process's Settings, as JSON (--w
 EXIT_STATUSES = ("Exit status: 0 after SIGTERM or Ctrl-C once every accepted request is answered (the server stops "
                  "accepting at once, answers a connection without a request 503, and waits up to --drain-seconds, "
                  "past which the rest are answered 503); 2 for a bad flag or folder, or a port in use, "
-                 "before anything listens.")
+                 "before anything listens; 1 (--workers N) when no worker could serve (each failed to start 3 "
+                 "times in a row) or one was killed still running past the drain's bound.")
 MAX_READ_TIMEOUT = 60.0
 
 
@@ -53,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, this machine "
                    "only; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=_port, default=8080, help="TCP port (default: %(default)s)")
-    p.add_argument("--model-name", default="acl", help="the model's name in /v2/models/NAME (default: %(default)s)")
+    p.add_argument("--model-name", type=_model_name, default="acl", help="the model's name in /v2/models/NAME: "
+                   "letters, digits, '_', '-' and '.', starting with a letter or digit (default: %(default)s)")
     p.add_argument("--precision", choices=manifest.PRECISIONS, default="fp32", help="the folder's fp32 graphs or the "
                    "int8 copy that acl-export --quantize int8 wrote (default: %(default)s)")
     p.add_argument("--policy", choices=calibration.policy_choices(), help="the default early-exit policy (a request "
@@ -85,6 +87,19 @@ def build_parser() -> argparse.ArgumentParser:
                    "to arrive, and then its body; past it the answer is 408 and the connection is closed (default: "
                    f"%(default)s, at most {MAX_READ_TIMEOUT:g})")
     return p
+
+
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+ROUTED_NAMES = ("stats",)  # /v2/models/stats is the statistics of every model: a model of that name had no metadata
+
+
+def _model_name(text: str) -> str:
+    """A name that every /v2/models/NAME route can serve: not empty, no '/', no name a route takes."""
+    if not MODEL_NAME.fullmatch(text) or text in ROUTED_NAMES:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: a model name is 1 to 128 letters, digits, '_', '-' or '.', "
+                                         f"starting with a letter or digit, and not {', '.join(ROUTED_NAMES)} "
+                                         "(no /v2/models route could serve it)")
+    return text
 
 
 def _slo_ms(text: str) -> float:
@@ -151,10 +166,25 @@ def load_service(settings):
 
 
 def worker_app():
-    """The app of one ``--workers`` process (uvicorn's factory, in a fresh interpreter)."""
-    from acl_runtime.serve.app import Settings, build_app
+    """The app of one ``--workers`` process (uvicorn's factory, in a fresh interpreter): the model the supervisor
+    pinned at start, else a one-line reason in the log and the worker's exit (``supervisor.CANNOT_SERVE``,
+    ``OTHER_MODEL``), which the supervisor tells apart."""
+    from acl_runtime.serve import supervisor
 
-    return build_app(load_service(Settings(**json.loads(os.environ[SETTINGS_ENV]))))
+    logging.basicConfig(format=console.LOG_FORMAT, level=os.environ.get("LOGLEVEL", "WARNING").upper(),
+                        stream=sys.stderr)
+    fields = json.loads(os.environ[SETTINGS_ENV])
+    try:
+        supervisor.check_pinned(fields["folder"], fields["precision"])  # before the web stack and the engine load
+        from acl_runtime.serve.app import Settings, build_app
+
+        settings = Settings(**fields)
+        service = load_service(settings)
+        supervisor.check_pinned(settings.folder, settings.precision)  # not replaced while it loaded
+    except UsageError as e:
+        logging.getLogger("acl_runtime.serve").error("acl-serve: worker %d cannot serve: %s", os.getpid(), e)
+        raise
+    return build_app(service)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -174,12 +204,13 @@ def main(argv: Optional[List[str]] = None) -> int:
 def _serve(args, settings, sock: socket.socket, started: float) -> int:
     import uvicorn
 
+    from acl_runtime.serve import supervisor
     from acl_runtime.serve.app import build_app
-    from acl_runtime.serve.stopping import Server, Supervisor
+    from acl_runtime.serve.stopping import Server
     from acl_runtime.serve.transport import NoDelayH11Protocol
 
     # the worker processes load their own; this one checks the folder and flags first, so that a bad one is one
-    # line and exit 2 rather than N workers failing
+    # line and exit 2 rather than N workers failing, and pins the model it checked (every worker serves that one)
     service = load_service(settings)
     default = service.default
     loaded = time.perf_counter()
@@ -189,8 +220,9 @@ def _serve(args, settings, sock: socket.socket, started: float) -> int:
     if args.workers > 1:
         del service
         os.environ[SETTINGS_ENV] = json.dumps(settings._asdict())
+        os.environ[supervisor.PIN_ENV] = _digest(settings)
         # prometheus-client's multiprocess mode: each worker writes its values in this folder, /metrics sums them
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="acl-serve-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = supervisor.metrics_folder()
         config = uvicorn.Config("acl_runtime.serve.cli:worker_app", factory=True, workers=args.workers, **config)
     else:
         config = uvicorn.Config(build_app(service), **config)
@@ -207,13 +239,21 @@ def _serve(args, settings, sock: socket.socket, started: float) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: drained.append(signum))
     signal.signal(signal.SIGINT, lambda signum, frame: drained.append(signum))
     if args.workers > 1:
-        try:  # the supervisor passes SIGTERM to every worker at once, each drains, and it joins them
-            Supervisor(config, sockets=[sock]).run()
+        try:  # the supervisor passes SIGTERM to every worker at once, each drains, and it joins them (bounded)
+            return supervisor.Supervisor(config, [sock], settings.drain_seconds).run()
         finally:
             shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
-        return 0
     Server(config).run(sockets=[sock])  # stops accepting the moment SIGTERM comes (serve/stopping.py)
     return 0
+
+
+def _digest(settings) -> str:
+    from acl_runtime.serve.supervisor import model_digest
+
+    try:
+        return model_digest(settings.folder, settings.precision)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"{settings.folder}: cannot be read ({e})") from None
 
 
 def cli_main() -> None:

@@ -18,11 +18,22 @@
 - ``acl_model_seconds_total``, ``acl_model_cpu_seconds_total``: wall and CPU seconds the scheduler's thread
   spent in backend calls (the model; its CPU against the worker's: the share of its CPU time spent outside it).
 
+- ``acl_triton_total{stat,unit}``, ``acl_triton_last_inference_ms``: Triton's statistics extension's counts and
+  nanoseconds, which ``/v2/models/NAME/stats`` reads summed over the workers (``--workers N``; one worker's own
+  totals went to the client, by whichever answered, and perf_analyzer's deltas went negative).
+
 With ``--workers N`` every worker writes its values to ``PROMETHEUS_MULTIPROC_DIR`` (set by acl-serve before the
-workers start) and ``/metrics`` sums them over the workers, whichever answers.
+workers start) and ``/metrics`` sums them over the workers, whichever answers. prometheus-client writes them
+through ``mmap`` into sparse files, and a full disk under that folder killed the worker with SIGBUS when a write
+reached a page the file system could not give (a new series, or the file grown). Here every such file is
+allocated before it is mapped (``posix_fallocate``: a full disk is an ``OSError`` then, :class:`_AllocatedDict`),
+and a metric that cannot be written is given up once, with one line in the log (:func:`_kept`): a full disk costs
+metrics, never a request or a worker.
 """
+import functools
+import logging
 import os
-from typing import Sequence
+from typing import Dict, Sequence, Tuple
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -32,9 +43,13 @@ from prometheus_client import (
     Histogram,
     generate_latest,
     multiprocess,
+    values,
 )
+from prometheus_client.mmap_dict import MmapedDict
 
 from acl_runtime.deadlines import REASONS
+
+logger = logging.getLogger("acl_runtime.serve")
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 FILL_BUCKETS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
@@ -57,8 +72,72 @@ def shared() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 
+def _allocate(fd: int, size: int) -> None:
+    if hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(fd, 0, size)  # ENOSPC here, not SIGBUS at the first write to the mapping
+
+
+class _AllocatedDict(MmapedDict):
+    """prometheus-client's file of one process's values, its blocks allocated before they are mapped."""
+
+    def __init__(self, filename, read_mode=False):
+        if not read_mode:
+            created = not os.path.exists(filename)
+            fd = os.open(filename, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                _allocate(fd, max(os.fstat(fd).st_size, 1 << 16))  # mmap_dict._INITIAL_MMAP_SIZE
+            except OSError:
+                if created:  # an empty file would fail /metrics' reading of the folder
+                    os.unlink(filename)
+                raise
+            finally:
+                os.close(fd)
+        super().__init__(filename, read_mode)
+
+    def _init_value(self, key):
+        encoded = len(key.encode("utf-8"))
+        need, capacity = self._used + 4 + encoded + (8 - (encoded + 4) % 8) + 16, self._capacity
+        while need > capacity:  # what MmapedDict._init_value grows the file to
+            capacity *= 2
+        if capacity != self._capacity:
+            _allocate(self._f.fileno(), capacity)
+        super()._init_value(key)
+
+
+values.MmapedDict = _AllocatedDict  # what MultiProcessValue opens (prometheus-client 0.2x: values.py)
+
+
+def _kept(method):
+    """A :class:`Metrics` method that gives the metrics up, once and with one line in the log, when their files
+    cannot be written (a full disk), rather than fail the request or the worker."""
+    @functools.wraps(method)
+    def kept(self, *args, **kwargs):
+        if self.lost:
+            return None
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as e:
+            self.give_up(e)
+            return None
+    return kept
+
+
 class Metrics:
     def __init__(self, exit_layers: Sequence[int], max_batch: int):
+        self.lost, self.max_batch = False, max_batch
+        self.depth = lambda: 0  # the scheduler's depth(), read at each scrape and after each answer
+        try:
+            self._build(exit_layers)
+        except OSError as e:
+            self.give_up(e)
+
+    def give_up(self, error: Exception) -> None:
+        if not self.lost:
+            self.lost = True
+            logger.error("acl-serve: worker %d cannot write its metrics under %s (%s): it stops counting them; its "
+                         "requests are served", os.getpid(), os.environ.get("PROMETHEUS_MULTIPROC_DIR"), error)
+
+    def _build(self, exit_layers: Sequence[int]) -> None:
         # a registry per server: tests start several in one process
         self.registry = CollectorRegistry()
         r = self.registry
@@ -91,18 +170,46 @@ class Metrics:
                                      registry=r)
         self.model_cpu = Counter("acl_model_cpu_seconds", "CPU seconds of the scheduler's thread in backend calls "
                                  "(ONNX Runtime's own threads beyond --threads 1 not counted)", registry=r)
-        self.max_batch = max_batch
-        self.depth = lambda: 0  # the scheduler's depth(), read at each scrape and after each answer
+        self.triton_counts = Counter("acl_triton", "Triton's statistics extension (/v2/models/NAME/stats) by stat: "
+                                     "success, fail, queue, compute_input, compute_infer, compute_output, "
+                                     "inference, execution; unit count or ns", ["stat", "unit"], registry=r)
+        self.triton_last = Gauge("acl_triton_last_inference_ms", "ms since the epoch of the last answer", registry=r,
+                                 multiprocess_mode="max")
 
+    @_kept
+    def triton(self, stat: str, count: int, ns: int = 0, last_ms: int = 0) -> None:
+        """Counts ``count`` (and ``ns``) under Triton's ``stat``; ``last_ms``: the answer's time."""
+        self.triton_counts.labels(stat=stat, unit="count").inc(count)
+        if ns:
+            self.triton_counts.labels(stat=stat, unit="ns").inc(ns)
+        if last_ms:
+            self.triton_last.set(last_ms)
+
+    def triton_totals(self) -> Dict[Tuple[str, str], float]:
+        """(stat, unit) -> the value summed over the workers, and ("last", "ms") -> the latest answer's time."""
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        totals = {}
+        for family in registry.collect():
+            for sample in family.samples:
+                if sample.name == "acl_triton_total":
+                    totals[(sample.labels["stat"], sample.labels["unit"])] = sample.value
+                elif sample.name == "acl_triton_last_inference_ms":
+                    totals[("last", "ms")] = max(sample.value, totals.get(("last", "ms"), 0.0))
+        return totals
+
+    @_kept
     def track_depth(self) -> None:
         self.queue_depth.set(self.depth())
 
+    @_kept
     def on_batch(self, layer: int, rows: int, seconds: float, cpu: float) -> None:
         """The scheduler's ``on_batch``: called from its thread after every backend call."""
         self.batch_fill.labels(layer=str(layer)).observe(rows / self.max_batch)
         self.model_seconds.inc(seconds)
         self.model_cpu.inc(cpu)
 
+    @_kept
     def phases(self, seconds: dict, waits) -> None:
         """One answered request's phases (``PHASES``' names to seconds), and the waits of its inputs (an inputs x
         queues array; a queue an input never passed holds 0 and is left out)."""
@@ -113,14 +220,17 @@ class Metrics:
             for value in column[column > 0]:
                 self.queue_wait.labels(layer=str(layer)).observe(float(value))
 
+    @_kept
     def on_fault(self, layer: int, rows: int) -> None:
         """The scheduler's ``on_fault``: ``rows`` inputs failed alone at ``layer``."""
         self.isolated.labels(layer=str(layer)).inc(rows)
 
+    @_kept
     def answered(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route=route, status=str(status)).inc()
         self.latency.labels(route=route).observe(seconds)
 
+    @_kept
     def exits(self, layers: Sequence[int], reasons: Sequence[str]) -> None:
         for layer, reason in zip(layers, reasons):
             self.exit_layer.observe(int(layer))
@@ -128,11 +238,11 @@ class Metrics:
 
     def exposition(self) -> bytes:
         self.track_depth()
-        if shared():
+        if shared():  # the other workers' values, and this one's while it could write them
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
             return generate_latest(registry)
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) if not self.lost else b""
 
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST

@@ -183,6 +183,8 @@ def _outputs(specs: Optional[List[schema.RequestedOutput]], binary_default: bool
     for spec in specs:
         if spec.name not in names:
             raise BadRequest(400, f"unknown output {spec.name!r}: this model gives {', '.join(names)}")
+        if spec.name in out:  # as a duplicate input is: two answers for one name cannot both be given
+            raise BadRequest(400, f"output {spec.name!r} is asked for twice: ask for each output once")
         params = spec.parameters or schema.OutputParameters()
         binary = binary_default if params.binary_data is None else params.binary_data
         if params.classification and spec.name != "probabilities":

@@ -16,7 +16,7 @@ from acl_runtime import deadlines, loop
 from acl_runtime.engine import Engine
 from acl_runtime.scheduler import DeadlineExpired, Scheduler
 from acl_runtime.serve import protocol
-from acl_runtime.serve.metrics import Metrics
+from acl_runtime.serve.metrics import Metrics, shared
 from acl_runtime.serve.protocol import BadRequest
 
 VERSION = "1"  # the one model version served (OIP's /versions/{v} paths)
@@ -59,8 +59,9 @@ class Statistics:
     input's queue waits, ``compute_input`` its tokenization, ``compute_infer`` the backend calls that input was
     in, ``compute_output`` its predictions built."""
 
-    def __init__(self):
+    def __init__(self, metrics: Optional[Metrics] = None):
         self._lock = threading.Lock()
+        self.metrics = metrics if metrics is not None and shared() else None  # --workers N: the files, summed
         self.success = [0, 0]  # count, ns
         self.fail = [0, 0]
         self.split = {k: [0, 0] for k in SPLIT}
@@ -78,10 +79,30 @@ class Statistics:
                 self.split[name][1] += int(1e9 * seconds)
             self.inferences += inputs if ok else 0
             self.last_ms = int(time.time() * 1000)
+        if self.metrics is not None:
+            self.metrics.triton("success" if ok else "fail", 1, ns, self.last_ms)
+            for name, seconds in (split or {}).items():
+                self.metrics.triton(name, 1, int(1e9 * seconds))
+            if ok:
+                self.metrics.triton("inference", inputs)
 
     def executed(self) -> None:
         with self._lock:
             self.executions += 1
+        if self.metrics is not None:
+            self.metrics.triton("execution", 1)
+
+    def totals(self) -> "Statistics":
+        """These statistics, or with ``--workers N`` every worker's summed (their shared files)."""
+        if self.metrics is None:
+            return self
+        t, summed = self.metrics.triton_totals(), Statistics()
+        read = lambda stat: [int(t.get((stat, "count"), 0)), int(t.get((stat, "ns"), 0))]  # noqa: E731
+        summed.success, summed.fail = read("success"), read("fail")
+        summed.split = {k: read(k) for k in SPLIT}
+        summed.inferences, summed.executions = read("inference")[0], read("execution")[0]
+        summed.last_ms = int(t.get(("last", "ms"), 0))
+        return summed
 
 
 class ClientGone(Exception):
@@ -114,7 +135,7 @@ class Service:
         self.default = self.engine.resolve_request(s.policy, s.threshold, None, source="flag")
         self.labels = [] if self.engine.regression else self.engine.label_names()
         self.metrics = Metrics(self.engine.exit_layers, s.max_batch)
-        self.stats = Statistics()
+        self.stats = Statistics(self.metrics)
         self.scheduler = Scheduler(self.engine.backend, self.engine.regression, max_batch=s.max_batch,
                                    max_queue=s.max_queue, refill=s.refill, on_batch=self._on_batch,
                                    slo=None if s.slo_ms is None else s.slo_ms / 1000,
@@ -241,7 +262,7 @@ class Service:
     def statistics(self) -> Dict:
         """Triton's statistics extension, for what this server measures (:class:`Statistics`); the scheduler
         interleaves requests layer by layer, so a backend call counts for every request in it."""
-        s = self.stats
+        s = self.stats.totals()
         return {"model_stats": [{"name": self.settings.model_name, "version": VERSION, "last_inference": s.last_ms,
                                  "inference_count": s.inferences, "execution_count": s.executions,
                                  "inference_stats": {"success": {"count": s.success[0], "ns": s.success[1]},
@@ -252,7 +273,7 @@ class Service:
     def info(self, version: str) -> Dict:
         """TEI's ``/info`` (router/src/lib.rs ``Info``) for a classifier."""
         names = self.labels or ["score"]
-        return {"model_id": self.settings.folder, "model_sha": None,
+        return {"model_id": self.settings.model_name, "model_sha": None,  # never the server's folder
                 "model_dtype": "float32" if self.settings.precision == "fp32" else self.settings.precision,
                 "model_type": {"classifier": {"id2label": {str(i): n for i, n in enumerate(names)},
                                               "label2id": {n: i for i, n in enumerate(names)}}},

@@ -9,6 +9,15 @@
   connections the kernel had completed but nobody had accepted (the backlog), waits ``HANDSHAKE_SECONDS`` for the
   handshakes under way and takes those too, and treats them all as the others (below), rather than reset them when
   the socket closes; ``shutdown(SHUT_RD)`` then stops the socket listening in every process that shares it.
+- **Only the server's stop shuts the shared socket.** With ``--workers N`` a worker may stop alone (SIGTERM to its
+  pid, uvicorn's SIGHUP restart or SIGTTOU, its supervisor gone): it then only stops taking connections itself and
+  drains what it took; the filter, the backlog and ``shutdown(SHUT_RD)`` follow the supervisor's order alone
+  (``Server.stop_order``, set by :class:`acl_runtime.serve.supervisor.Supervisor` before it signals the workers).
+  A lone stop once shut the socket for every worker (SIGHUP: the port dead for good, the new workers looping on
+  ``accept()``'s EINVAL).
+- **An accept() error is logged once** (:meth:`Server._loop_error`): the worker stops taking connections and stops
+  (the supervisor starts another, whose ``listen()`` opens the socket again); asyncio logged it and called
+  ``accept()`` again at once, for ever.
 - **The loop's own accepted connections.** The loop stops accepting at the stop, but its server is closed only in
   ``shutdown()``, a turn later: asyncio makes an accepted connection's transport in a task of its own and resets
   the connection when its server was closed first, so a connection the loop accepted in the signal's turn was reset.
@@ -17,21 +26,17 @@
   the process preempted there); 0 with both, in 45 runs (docs/serve.md).
 - A worker that has the signal while it is still starting (loading the app: the first worker ready lets clients in)
   never starts: its ``listen()`` would open the socket that another worker had shut, and take connections after
-  the signal. A worker the signal killed before it could handle it is not replaced.
+  the signal. A worker the signal killed before it could handle it is not replaced (serve/supervisor.py).
 - **Every connection accepted gets an answer**: a request in flight is answered; a connection with no request under
   way, or one still sending its request, is answered 503 with ``Retry-After`` and closed gently
   (:mod:`acl_runtime.serve.transport`): uvicorn alone closed it unanswered. uvicorn tells each connection once;
   one made after that (taken from the backlog when uvicorn's tick came before the signal's stop, or accepted by the
   loop an instant earlier) is answered 503 as it is made, rather than served and held open.
-- **A dead worker's gauges go with it**: its prometheus-client files of live gauges (the queue depth) are removed,
-  so that /metrics does not keep adding what it held when it died.
 """
 import asyncio
 import contextlib
 import functools
 import logging
-import os
-import signal
 import socket
 import struct
 import sys
@@ -39,8 +44,6 @@ import time
 from typing import List, Optional
 
 import uvicorn
-from uvicorn.config import STARTUP_FAILURE
-from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 logger = logging.getLogger("acl_runtime.serve")
 SO_ATTACH_FILTER, SO_DETACH_FILTER = 26, 27  # <asm-generic/socket.h>; the socket module does not name them
@@ -50,13 +53,43 @@ HANDSHAKE_SECONDS = 0.005  # a handshake under way at the stop lands in the back
 class Server(uvicorn.Server):
     """uvicorn's server that stops taking connections the moment the signal arrives."""
 
+    # a --workers process: the supervisor's flag (a shared byte), true once it ordered the server's stop; None for
+    # the one process of --workers 1, whose every stop is the server's
+    stop_order = None
+
+    def server_stopping(self) -> bool:
+        """Whether a stop now is the server's (the shared socket is shut), not this worker's alone."""
+        return self.stop_order is None or bool(self.stop_order.value)
+
     async def startup(self, sockets: Optional[List[socket.socket]] = None) -> None:
-        self._acl_loop, self._acl_listeners, self._acl_stopped = asyncio.get_running_loop(), sockets or [], False
+        self._acl_loop, self._acl_listeners = asyncio.get_running_loop(), sockets or []
+        self._acl_stopped = self._acl_shut = self._acl_accept_failed = False
         if self.should_exit:
             # the signal came while the app loaded: starting would listen() on the shared socket again, which
             # another worker has shut already, and take connections after the signal
             return
         await super().startup(sockets=sockets)
+        self._acl_loop.set_exception_handler(self._loop_error)
+
+    def _loop_error(self, loop, context) -> None:
+        """asyncio's handler of an exception in a callback: an ``accept()`` that fails on the listening socket
+        (EINVAL once it is shut) is logged once, and this worker stops taking connections; asyncio logged it and
+        called accept() again at the next turn, for ever (2 MB of log a second)."""
+        handle, error = context.get("handle"), context.get("exception")
+        callback = getattr(getattr(handle, "_callback", None), "__name__", "")
+        if not (isinstance(error, OSError) and callback == "_accept_connection"):
+            loop.default_exception_handler(context)
+            return
+        listener = handle._args[1]  # BaseSelectorEventLoop._accept_connection(protocol_factory, sock, ...)
+        with contextlib.suppress(Exception):
+            loop.remove_reader(listener.fileno())
+        if self.should_exit or self.server_stopping() or self._acl_accept_failed:
+            return  # the server's stop shut the socket (another worker's turn came first): this one stops too
+        self._acl_accept_failed = True
+        logger.error("acl-serve: accept() on the listening socket failed (%s): this worker takes no more connections "
+                     "and stops%s", error, "" if self.stop_order is None else "; the supervisor starts another, "
+                     "whose listen() opens the socket again")
+        self.should_exit = True
 
     def handle_exit(self, sig, frame) -> None:
         super().handle_exit(sig, frame)
@@ -78,14 +111,20 @@ class Server(uvicorn.Server):
     def stop_accepting(self) -> None:
         """Take the backlog's connections, stop the listening sockets, and hand those connections to the HTTP
         protocol (uvicorn's shutdown then answers any without a request 503)."""
-        if self._acl_stopped or not self.started:
+        if not self.started:
             return  # not serving yet (the signal came during startup): shutdown(), which follows, stops it
-        self._acl_stopped = True
-        for server in self.servers:
-            for sock in server.sockets:
-                # the loop accepts no more; its server is closed in shutdown(), once the connections it accepted
-                # have their transports (Server._attach asserts that the server is open)
-                self._acl_loop.remove_reader(sock.fileno())
+        if not self._acl_stopped:
+            self._acl_stopped = True
+            for server in self.servers:
+                for sock in server.sockets:
+                    # the loop accepts no more; its server is closed in shutdown(), once the connections it
+                    # accepted have their transports (Server._attach asserts that the server is open)
+                    self._acl_loop.remove_reader(sock.fileno())
+        if self._acl_shut or not self.server_stopping():
+            # this worker stops alone: the other workers take the socket's connections, and its own close() in
+            # shutdown() leaves the socket listening in them (and in the supervisor)
+            return
+        self._acl_shut = True
         taken = stop_listening(self._acl_listeners)
         protocol = functools.partial(self.config.http_protocol_class, config=self.config,
                                      server_state=self.server_state, app_state=self.lifespan.state)
@@ -160,66 +199,3 @@ class _Filter:
 
 
 _SYN_FILTER = _Filter()
-
-
-class _Worker(Process):
-    """uvicorn's worker process, running :class:`Server`."""
-
-    @property
-    def server(self) -> Server:
-        if self._server is None:
-            self._server = Server(config=self.config)
-        return self._server
-
-
-class Supervisor(Multiprocess):
-    """uvicorn's supervisor of ``--workers N``: workers run :class:`Server`; SIGTERM and SIGINT reach them at once;
-    a worker that died has its live gauges' files removed before it is replaced."""
-
-    def __init__(self, config: uvicorn.Config, sockets: List[socket.socket]):
-        super().__init__(config, sockets)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._stop)
-
-    def _stop(self, signum, frame) -> None:
-        """Pass the signal on from the handler itself: the main thread may be waiting up to the health check's
-        timeout for a busy worker's answer (measured: workers taking connections 222 ms after SIGTERM)."""
-        self.should_exit.set()
-        for process in self.processes:
-            with contextlib.suppress(OSError, TypeError):  # gone already, or not started (pid None)
-                os.kill(process.pid, signal.SIGTERM)
-
-    def init_processes(self) -> None:
-        for _ in range(self.processes_num):
-            process = _Worker(self.config, self.sockets)
-            process.start()
-            self.processes.append(process)
-
-    def keep_subprocess_alive(self) -> None:
-        for idx, process in enumerate(self.processes):
-            if self.should_exit.is_set():
-                return
-            if process.is_alive(timeout=self.config.timeout_worker_healthcheck):
-                continue
-            process.kill()  # hung, or dead already
-            process.join()
-            forget_worker(process.pid)
-            if process.exitcode == STARTUP_FAILURE:
-                logger.error("acl-serve: worker %s failed to start; stopping", process.pid)
-                self.should_exit.set()
-                return
-            if self.should_exit.is_set():
-                return  # the stop signal killed it before it could handle it (it was starting): not replaced
-            logger.warning("acl-serve: worker %s died (exit %s); starting another", process.pid, process.exitcode)
-            self.processes[idx] = _Worker(self.config, self.sockets)
-            self.processes[idx].start()
-
-
-def forget_worker(pid: Optional[int]) -> None:
-    """Remove a dead worker's live-gauge files (prometheus-client's multiprocess mode); its counters stay."""
-    from prometheus_client import multiprocess
-
-    from acl_runtime.serve.metrics import shared
-
-    if pid is not None and shared():
-        multiprocess.mark_process_dead(pid)

@@ -7,7 +7,8 @@ from helpers import mark_heavy
 # of make test-fast (helpers.mark_heavy)
 MARKS = {f"test_serve{name}.py": "server" for name in ("", "_clients", "_errors", "_faults", "_fuzz", "_listener",
                                                       "_models", "_phases", "_process", "_shutdown", "_timeouts",
-                                                      "_deadlines")}
+                                                      "_deadlines", "_edges", "_promises", "_supervisor",
+                                                      "_workers_metrics")}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -140,3 +140,49 @@ def test_a_connection_made_after_the_drain_began_is_answered_503_at_once():
     thread.join(30)
     assert _status(answer) == 503 and b"retry-after: 1" in answer.lower(), (answer, took)
     assert took < 2, took
+
+
+class _Order:
+    """The supervisor's stop order as a worker reads it (supervisor.Supervisor.stop_order)."""
+    value = False
+
+
+def test_a_worker_that_stops_alone_leaves_the_shared_socket_listening():
+    """A worker's own stop (SIGTERM to its pid, uvicorn's SIGHUP restart or SIGTTOU) shut the socket that every
+    worker shares: the other workers then refused every connection. Only the supervisor's order shuts it."""
+    sock = _listener()  # the supervisor's; the worker serves its own copy (its close() leaves this one open)
+    server, thread = _serving(sock.dup())
+    server.stop_order = _Order()
+    server.handle_exit(signal.SIGTERM, None)
+    thread.join(30)
+    assert not thread.is_alive()
+    with socket.create_connection(sock.getsockname(), timeout=2):  # still listening: the others take it
+        pass
+    sock.close()
+
+
+def test_the_supervisors_order_shuts_the_shared_socket():
+    sock = _listener()  # the supervisor's; the worker serves its own copy (its close() leaves this one open)
+    server, thread = _serving(sock.dup())
+    server.stop_order = _Order()
+    server.stop_order.value = True
+    server.handle_exit(signal.SIGTERM, None)
+    thread.join(30)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(sock.getsockname(), timeout=2)
+    sock.close()
+
+
+def test_an_accept_error_is_logged_once_and_the_worker_stops(caplog):
+    """A listening socket shut under a serving worker (another worker's stop did it): asyncio logged accept()'s
+    EINVAL and called it again at once, for ever (2 MB of log a second, the port dead)."""
+    sock = _listener()  # the supervisor's; the worker serves its own copy (its close() leaves this one open)
+    server, thread = _serving(sock.dup())
+    server.stop_order = _Order()
+    with caplog.at_level("ERROR"):
+        sock.shutdown(socket.SHUT_RD)
+        thread.join(30)
+    assert not thread.is_alive()  # it stops; its supervisor starts another, whose listen() opens the socket again
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "accept() on the listening socket failed ([Errno 22]" in errors[0], errors
+    sock.close()
