@@ -25,7 +25,6 @@ def setup_logging(default_level: str = "INFO") -> None:
 def add_device_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=DEVICES, default="auto",
                         help="where the model runs (auto: CUDA when available; default: %(default)s)")
-    parser.add_argument("--cpu", dest="device", action="store_const", const="cpu", help="deprecated: --device cpu")
 
 
 def positive_int(text: str) -> int:

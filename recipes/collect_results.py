@@ -218,7 +218,6 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="write here instead of standard output")
     p.add_argument("--format", choices=["md", "json"], help="markdown table or the numbers as JSON (default: json "
                    "for an --out ending in .json, else md)")
-    p.add_argument("--json", dest="format", action="store_const", const="json", help="deprecated: --format json")
     p.add_argument("--plot-dir", help="where early-exit plots go (default: beside --out, else RUNS_DIR)")
     p.add_argument("--hparams", default=HPARAMS, help="the task table (report column, task order)")
     args = p.parse_args(argv)

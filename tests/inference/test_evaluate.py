@@ -352,7 +352,8 @@ def test_evaluate_runs_on_a_plain_roberta_checkpoint(evaluated, data, tmp_path):
             "2",
             "--timing-repeats",
             "1",
-            "--cpu",
+            "--device",
+            "cpu",
         ]
     )
     assert result["exit_layers"] == [3] and len(result["per_exit"]) == 1

@@ -180,7 +180,7 @@ def test_tsv_bad_rows_are_reported_and_skipped_or_stop_with_strict(run, tmp_path
     src.write_text("\n".join(lines) + "\n")
     out = tmp_path / "pred.tsv"
     summary = predict.main([ckpt, "--data", data, "--input", str(src), "--task", "RTE", "--output", str(out),
-                            "--format", "tsv", "--cpu"])
+                            "--format", "tsv", "--device", "cpu"])
     assert f"{src}:3: 2 tab-separated fields" in caplog.text and f"{src}:5: empty line" in caplog.text
     rows = out.read_text().splitlines()
     assert rows[0].split("\t")[:3] == ["id", "label", "exit_layer"]

@@ -62,7 +62,7 @@ def test_collector_table(tmp_path, capsys):
     capsys.readouterr()
     assert collector.main([runs, "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert collector.main([runs, "--json"]) == 0
+    assert collector.main([runs, "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out) == data  # the deprecated switch still works
     by_suffix = tmp_path / "table.json"
     assert collector.main([runs, "--out", str(by_suffix)]) == 0
@@ -125,7 +125,7 @@ def test_collector_tabulates_every_exit_over_seeds(tmp_path, monkeypatch):
     assert "| multi_exit_ce | 71.00 ± 1.41 (n=2) | 81.00 ± 1.41 (n=2) |" in text
     assert "| acl_cross_layer | 75.00 (n=1) | 81.00 (n=1) |" in text
     assert "| ce | 83.00 (n=1) |" in text and "| ce | 83.00 (n=1) | –" not in text
-    assert collector.main([runs, "--json", "--out", str(tmp_path / "r.json")]) == 0
+    assert collector.main([runs, "--format", "json", "--out", str(tmp_path / "r.json")]) == 0
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["per_exit"]["SST-2"]["metric"] == "accuracy"
     assert data["per_exit"]["SST-2"]["methods"]["multi_exit_ce"] == {"1": [70.0, 72.0], "2": [80.0, 82.0]}

@@ -15,12 +15,12 @@ def parser():
     return p
 
 
-def test_device_flag_defaults_to_auto_and_keeps_the_deprecated_cpu_switch():
+def test_device_flag_defaults_to_auto_and_has_one_spelling():
     assert parser().parse_args([]).device == "auto"
     assert parser().parse_args(["--device", "cuda"]).device == "cuda"
-    assert parser().parse_args(["--cpu"]).device == "cpu"  # the old spelling still works
-    with pytest.raises(SystemExit):
-        parser().parse_args(["--device", "gpu"])
+    for argv in (["--device", "gpu"], ["--cpu"]):  # --cpu: the old spelling, gone before a release
+        with pytest.raises(SystemExit):
+            parser().parse_args(argv)
 
 
 def test_resolve_device(monkeypatch):
