@@ -171,8 +171,7 @@ def worker_app():
     ``OTHER_MODEL``), which the supervisor tells apart."""
     from acl_runtime.serve import supervisor
 
-    logging.basicConfig(format=console.LOG_FORMAT, level=os.environ.get("LOGLEVEL", "WARNING").upper(),
-                        stream=sys.stderr)
+    console.setup_logging("WARNING")
     fields = json.loads(os.environ[SETTINGS_ENV])
     try:
         supervisor.check_pinned(fields["folder"], fields["precision"])  # before the web stack and the engine load
@@ -257,8 +256,7 @@ def _digest(settings) -> str:
 
 
 def cli_main() -> None:
-    logging.basicConfig(format=console.LOG_FORMAT, level=os.environ.get("LOGLEVEL", "WARNING").upper(),
-                        stream=sys.stderr)
+    console.setup_logging("WARNING")
     console.run("acl-serve", main)
 
 
