@@ -30,7 +30,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 from typing import Callable, Dict, List, Optional
 
 from acl_fairseq.hf import export_tokenizer
@@ -123,16 +122,12 @@ def check_out(args) -> None:
     for fmt in args.format:
         if os.path.exists(os.path.join(args.out, fmt)) and not args.force:
             fail(f"{os.path.join(args.out, fmt)} exists; pass --force to replace it")
-    folder = os.path.abspath(args.out)
-    while not os.path.lexists(folder):  # the nearest existing folder is where the first write happens
-        folder = os.path.dirname(folder)
-    if not os.path.isdir(folder):
-        fail(f"--out {args.out}: {folder} is a file, not a folder; pass another --out")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".export.probe-", dir=folder)
-        os.close(fd)
-        os.remove(probe)
+    try:  # the nearest existing folder is where the first write happens
+        atomic.probe_folder(args.out)
+    except NotADirectoryError as e:
+        fail(f"--out {args.out}: {e.filename} is a file, not a folder; pass another --out")
     except OSError as e:
+        folder = os.path.dirname(e.filename) if e.filename else args.out
         fail(f"--out {args.out}: cannot write in {folder} ({e.strerror or e}); pass an --out you can write to")
 
 
