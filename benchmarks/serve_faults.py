@@ -3,8 +3,8 @@ a fixed rate while the fault happens, and counts what came back (200, another st
 answer within 3 s), then how acl-serve ended. The figures of docs/serve.md's fault table.
 
     python benchmarks/serve_faults.py --folder OUT/onnx [--rate 40] [--seconds 6] [--cases hup ttou ...]
+        [--json PATH [--force]]
 """
-import argparse
 import json
 import os
 import shutil
@@ -17,6 +17,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+
+import harness as H
 
 CASES = ("hup", "ttou", "term-worker", "kill-worker", "reexport-kill-worker", "delete-kill-workers",
          "kill-9-supervisor", "term-then-stop-worker")
@@ -154,14 +156,18 @@ def run_case(case: str, folder: str, rate: float, seconds: float) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--folder", required=True)
-    p.add_argument("--rate", type=float, default=40.0)
-    p.add_argument("--seconds", type=float, default=6.0)
-    p.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    p = H.parser(__doc__, json="the rows as JSON (default: none, the table only)")
+    p.add_argument("--folder", required=True, help="the acl-export OUT/onnx folder acl-serve --workers 2 serves")
+    p.add_argument("--rate", type=float, default=40.0, help="requests per second during each case (default 40)")
+    p.add_argument("--seconds", type=float, default=6.0, help="how long each case sends (default 6)")
+    p.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES), help="the faults to cause (default: all)")
     args = p.parse_args(argv)
+    rows = []
     for case in args.cases:
-        print(json.dumps(run_case(case, args.folder, args.rate, args.seconds)), flush=True)
+        rows.append(run_case(case, args.folder, args.rate, args.seconds))
+        print(json.dumps(rows[-1]), flush=True)  # each case as it ends: a case takes seconds
+    H.report(rows, ["case", "sent", "answers", "exit", "seconds_to_exit", "workers_left_after_exit", "accept_errors",
+                    "running_at_client_end"], {}, args.json)
     return 0
 
 
