@@ -159,7 +159,7 @@ def start(folder: str, *flags: str, prelude: str = "", wrap=()):
         try:
             if call(f"{url}/v2/health/ready", timeout=5)[0] == 200:
                 return proc, url
-        except (urllib.error.URLError, ConnectionError):
+        except (urllib.error.URLError, ConnectionError, TimeoutError):  # a loaded machine: the workers still load
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()

@@ -16,8 +16,6 @@ config, which names this class).
   read and dropped for up to ``LINGER_SECONDS`` (closing with unread bytes resets it, and a reset can destroy the
   503 before the client reads it). A connection made after the drain started (``server_state.acl_draining``, set by
   :class:`acl_runtime.serve.stopping.Server`) is answered so at once: uvicorn tells each connection once.
-- A complete request followed by a half-close (``shutdown(SHUT_WR)``, ``nc -N``) is answered, then the connection
-  closed: uvicorn let asyncio close the transport at the EOF, and the request was given up (counted 499).
 - A request h11 cannot parse (a bad chunk size, two Content-Lengths, HTTP/1.1 without Host, a NUL in a header, a
   raw non-ASCII target, headers over h11's 16 kB) is answered in JSON like every other error (uvicorn: plain text
   ``Invalid HTTP request received.``), with h11's status (400, 431, 501) and its reason cut before any of the
@@ -62,7 +60,7 @@ class NoDelayH11Protocol(H11Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._headers_timer, self._refused, self._half_closed = None, False, False
+        self._headers_timer, self._refused = None, False
         super().connection_made(transport)
         if getattr(self.server_state, "acl_draining", False):
             # made after the drain's shutdown() of every connection (stopping.Server.shutdown): no one else
@@ -96,8 +94,6 @@ class NoDelayH11Protocol(H11Protocol):
     def on_response_complete(self) -> None:
         self._disarm()  # idle until the next request's first byte: uvicorn's keep-alive timeout governs that
         super().on_response_complete()
-        if self._half_closed and not self.transport.is_closing():
-            self.transport.close()  # the client sends no more
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to a request h11 refused, called while its RemoteProtocolError is handled: JSON."""
@@ -150,13 +146,8 @@ class NoDelayH11Protocol(H11Protocol):
         self.flow.resume_reading()
         self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
-    def eof_received(self):
+    def eof_received(self) -> None:
         if self._refused:
             self.transport.close()
             return None
-        if self.cycle is not None and not self.cycle.response_complete and not self.cycle.more_body:
-            # a complete request, then a half-close (shutdown(SHUT_WR), nc -N): not an abort; answered, then closed
-            # (uvicorn let asyncio close the transport, and the request was given up and counted 499)
-            self._half_closed = True
-            return True
         return super().eof_received()

@@ -169,20 +169,6 @@ def test_an_output_asked_for_twice_is_refused(server):
     assert status == 400 and "'label' is asked for twice" in answer["error"], answer
 
 
-def test_a_complete_request_then_a_half_close_is_answered(server):
-    """nc -N: the request sent whole, then shutdown(SHUT_WR). It was never answered, and counted 499."""
-    host, port = server.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as conn:
-        conn.sendall(f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
-                     f"{len(BODY)}\r\n\r\n".encode() + BODY)
-        conn.shutdown(socket.SHUT_WR)
-        answer = b""
-        while chunk := conn.recv(65536):
-            answer += chunk
-    status, _, body = _first(answer)
-    assert status == 200 and json.loads(body)[0]["label"] in ("0", "1"), answer
-
-
 def test_info_names_the_model_not_the_servers_folder(server):
     status, _, info = call(f"{server}/info")
     assert status == 200 and info["model_id"] == "acl", info
