@@ -10,12 +10,12 @@ env:
 demo: env
 	@bash scripts/demo.sh
 
-# two phases: everything but the servers on both cores (pytest-xdist; tests/prebuilt.py trains the session's models
-# once for both workers), then the tests that start servers or other long-lived processes alone, as their timing
-# bounds were set on a machine with a core to spare (marker server: tests/*/conftest.py)
+# two phases: every test on both cores (pytest-xdist; tests/prebuilt.py trains the session's models once for both
+# workers), but those with real processes under signals or load, which run after it alone, as their timing bounds
+# were set on a machine with a core to spare (marker alone: tests/*/conftest.py)
 test: env
-	@$(PY) -m pytest -q -n 2 -m "not slow and not server"
-	@$(PY) -m pytest -q -m "not slow and server"
+	@$(PY) -m pytest -q -n 2 -m "not slow and not alone"
+	@$(PY) -m pytest -q -m "not slow and alone"
 
 # the edit loop: no fairseq model trained or built, no server or other long-lived process (markers fairseq and server:
 # tests/conftest.py and each subject folder's conftest.py), under a minute on 2 cores

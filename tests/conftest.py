@@ -51,6 +51,8 @@ def pytest_configure(config):
                             "kept out of make test-fast")
     config.addinivalue_line("markers", "server: starts a server (acl-serve, uvicorn, PostgreSQL) or another "
                             "long-lived process: kept out of make test-fast")
+    config.addinivalue_line("markers", "alone: real processes under signals or load, whose timing bounds want a core "
+                            "to spare: make test runs them in a phase of their own, after the two-worker phase")
 
 
 # what keeps a test out of make test-fast, besides its subject's own table (its folder's conftest.py, MARKS):

@@ -208,11 +208,13 @@ def skip_is_failure_here(reason: str, environ=os.environ) -> bool:
 
 def mark_heavy(items, folder: str, marks: dict) -> None:
     """A subject's conftest.py applies its table (test file, or ``file::test name prefix`` -> "fairseq" or "server",
-    the markers that keep a test out of make test-fast) to its own folder's items."""
+    the markers that keep a test out of make test-fast, or "alone", which is a server too, run in make test's second
+    phase) to its own folder's items."""
     for item in items:
         if item.path.parent.name != folder:
             continue
         for key, mark in marks.items():
             name, _, test = key.partition("::")
             if item.path.name == name and item.name.startswith(test):
-                item.add_marker(mark)
+                for one in ("server", "alone") if mark == "alone" else (mark,):
+                    item.add_marker(one)

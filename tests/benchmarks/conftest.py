@@ -3,12 +3,13 @@ recomputed from the committed records. No timing is asserted here."""
 from helpers import mark_heavy
 
 # tests that build or train a fairseq model, or start a long-lived process, without a session model: kept out
-# of make test-fast (helpers.mark_heavy)
+# of make test-fast; "alone": real processes under signals or load, run in make test's second phase
+# (helpers.mark_heavy)
 MARKS = {
     "test_benchmarks.py": "fairseq",
     "test_records.py": "fairseq",
-    "test_serve_load.py": "server",
-    "test_serve_hey.py": "server",
+    "test_serve_load.py": "alone",
+    "test_serve_hey.py": "alone",
     "test_serve_speed.py": "server",
 }
 

@@ -5,7 +5,8 @@ tests from this folder (pyproject.toml)."""
 from helpers import mark_heavy
 
 # tests that build or train a fairseq model, or start a long-lived process, without a session model: kept out
-# of make test-fast (helpers.mark_heavy)
+# of make test-fast; "alone": real processes under signals or load, run in make test's second phase
+# (helpers.mark_heavy)
 MARKS = {
     "test_criterions.py": "fairseq",
     "test_criterion_totals.py": "fairseq",

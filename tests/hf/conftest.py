@@ -3,7 +3,8 @@ fairseq-train, and training parity with Hugging Face update by update. Tiny rand
 from helpers import mark_heavy
 
 # tests that build or train a fairseq model, or start a long-lived process, without a session model: kept out
-# of make test-fast (helpers.mark_heavy)
+# of make test-fast; "alone": real processes under signals or load, run in make test's second phase
+# (helpers.mark_heavy)
 MARKS = {
     "test_convert_hf.py": "fairseq",
     "test_export.py": "fairseq",

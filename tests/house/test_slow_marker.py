@@ -12,7 +12,7 @@ from _pytest.mark.expression import Expression
 
 from helpers import REPO
 
-MARKERS = ("slow", "fairseq", "server")
+MARKERS = ("slow", "fairseq", "server", "alone")
 
 
 def _pytest_calls(target: str) -> list:
@@ -38,8 +38,9 @@ def _ini_selection() -> str:
 
 
 def _every_marking():
+    """Every set of markers a test can carry ("alone" comes with "server": helpers.mark_heavy)."""
     for k in range(len(MARKERS) + 1):
-        yield from (set(c) for c in itertools.combinations(MARKERS, k))
+        yield from (set(c) for c in itertools.combinations(MARKERS, k) if "alone" not in c or "server" in c)
 
 
 def test_the_default_selection_leaves_the_slow_tests_out():
@@ -48,12 +49,30 @@ def test_the_default_selection_leaves_the_slow_tests_out():
 
 def test_make_test_runs_every_test_but_the_slow_ones_exactly_once():
     calls = _pytest_calls("test")
-    assert len(calls) == 2 and "-n" in calls[0] and "-n" not in calls[1]  # the servers run alone
+    assert len(calls) == 2 and "-n" in calls[0] and "-n" not in calls[1]  # the second phase runs alone
     for marks in _every_marking():
         runs = sum(_selects(args, marks) for args in calls)
         assert runs == (0 if "slow" in marks else 1), (marks, runs)
-        if "server" in marks and "slow" not in marks:
-            assert _selects(calls[1], marks)
+        if "slow" not in marks:
+            assert _selects(calls[1], marks) == ("alone" in marks), marks
+
+
+def test_a_marked_test_carries_what_its_mark_implies():
+    from helpers import mark_heavy
+
+    class Item:
+        def __init__(self, path, name):
+            import pathlib
+
+            self.path, self.name, self.marks = pathlib.Path(path), name, []
+
+        def add_marker(self, mark):
+            self.marks.append(mark)
+
+    items = [Item("tests/serve/test_a.py", "test_x"), Item("tests/serve/test_b.py", "test_y_1"),
+             Item("tests/serve/test_b.py", "test_z"), Item("tests/hf/test_a.py", "test_x")]
+    mark_heavy(items, "serve", {"test_a.py": "alone", "test_b.py::test_y": "fairseq"})
+    assert [i.marks for i in items] == [["server", "alone"], ["fairseq"], [], []]
 
 
 def test_make_test_fast_is_a_part_of_make_test_without_fairseq_or_servers():

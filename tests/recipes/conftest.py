@@ -3,10 +3,11 @@ runner, the recipe tables, collect_results, and acl-tune. Helpers: tests/recipe_
 from helpers import mark_heavy
 
 # tests that build or train a fairseq model, or start a long-lived process, without a session model: kept out
-# of make test-fast (helpers.mark_heavy)
+# of make test-fast; "alone": real processes under signals or load, run in make test's second phase
+# (helpers.mark_heavy)
 MARKS = {
-    "test_tune.py": "server",
-    "test_preprocess_errors.py::test_sigterm": "server",
+    "test_tune.py": "alone",
+    "test_preprocess_errors.py::test_sigterm": "alone",
     "test_preprocess_errors.py::test_missing_folder_and_cli_exit_code": "fairseq",  # the console script imports it
 }
 
