@@ -17,6 +17,7 @@ import io
 import json
 import re
 import sys
+import unicodedata
 from typing import IO, Iterator, List, NamedTuple, Optional, Tuple
 
 from acl_runtime import tokenization
@@ -32,6 +33,13 @@ ID_RULE = ("Each record's id: with --task, the file's index column where the GLU
 BINARY_PROBE = 8192
 BLOCK = 1 << 16  # bytes read at a time from a line
 FIELD_SLACK = 1024  # kept beyond the byte budget: the spaces tokenization.clip strips before it counts
+
+
+def blank(text: str) -> bool:
+    """Whether ``text`` holds nothing to classify: empty, spaces, or only Unicode format characters (category Cf: a
+    zero-width space U+200B, joiners, U+FEFF), which show nothing and which the tokenizers drop. The one rule of a
+    blank text: acl-predict skips such a line or field, and acl-serve refuses it on every route."""
+    return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
 LINE_FIELDS = 4  # a line keeps at most this many fields' budgets in all (a pair, an id, a label)
 # before the model is known (the first line, read to lay the input out): a budget no model of ours exceeds
 DEFAULT_MAX_POSITIONS = 4096
@@ -133,7 +141,7 @@ class Input:
             except UnicodeDecodeError as e:
                 yield BadRow(f"{where}: not valid UTF-8 ({e.reason} at byte {e.start + 1}), skipped")
                 continue
-            if not line.strip():
+            if blank(line):
                 yield BadRow(f"{where}: empty line, skipped")
                 continue
             if self.kind == "jsonl":
@@ -152,10 +160,10 @@ class Input:
                 return BadRow(f"{where}: a JSON record of more than {6 * self._reader.budget * LINE_FIELDS} bytes "
                               "besides its texts' ends, skipped")
             return BadRow(f"{where}: not JSON ({e}), skipped")
-        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str) or not obj["text"].strip():
+        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str) or blank(obj["text"]):
             return BadRow(f"{where}: not a JSON object with a non-empty string 'text', skipped")
         pair = obj.get("text_pair")
-        if pair is not None and (not isinstance(pair, str) or not pair.strip()):
+        if pair is not None and (not isinstance(pair, str) or blank(pair)):
             return BadRow(f"{where}: 'text_pair' is not a non-empty string, skipped")
         texts = (obj["text"],) + ((pair,) if pair is not None else ())
         return Row(str(lineno) if obj.get("id") is None else str(obj["id"]), lineno, texts)
@@ -166,7 +174,7 @@ class Input:
             return BadRow(f"{where}: {len(fields)} tab-separated fields, expected "
                           f"{self.ncols or max(self.columns) + 1}{' or more' if not self.ncols else ''}, skipped")
         texts = tuple(fields[c].strip() for c in self.columns)
-        if not all(texts):
+        if any(blank(t) for t in texts):
             return BadRow(f"{where}: an empty text field, skipped")
         return Row(str(lineno) if self.id_column is None else fields[self.id_column].strip(), lineno, texts)
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from acl_runtime import pairing
 from acl_runtime import request as request_rule
+from acl_runtime.inputs import blank
 from acl_runtime.serve import schema
 from acl_runtime.serve.errors import BadRequest
 
@@ -30,11 +31,6 @@ UNSUPPORTED_PARAMETERS = {
     "priority": "this server orders its queues by deadline, not by priority: send \"timeout\" (microseconds) "
                 "instead",
 }
-
-
-def blank(text: str) -> bool:
-    """Empty or only spaces: acl-predict skips such a line (acl_runtime.inputs), so the server refuses it."""
-    return not text.strip()
 
 
 def deadline(value, field: str) -> Optional[float]:
@@ -134,8 +130,8 @@ def _tensor(spec: schema.InputTensor, tail: bytes, at: int) -> Tuple[List[str], 
         raise BadRequest(400, f"input {name}: shape {json.dumps(shape)} but {len(values)} elements")
     for k, v in enumerate(values):
         if blank(v):
-            raise BadRequest(400, f"input {name}: element {k} is empty or only spaces (acl-predict skips such a "
-                             "line): send text")
+            raise BadRequest(400, f"input {name}: element {k} is empty or only spaces or format characters "
+                             "(acl-predict skips such a line): send text")
     return values, used
 
 

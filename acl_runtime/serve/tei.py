@@ -16,9 +16,10 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from acl_runtime.inputs import blank
 from acl_runtime.serve import schema
 from acl_runtime.serve.errors import BadRequest
-from acl_runtime.serve.protocol import EXIT_PARAMETERS, Pair, blank, deadline
+from acl_runtime.serve.protocol import EXIT_PARAMETERS, Pair, deadline
 
 SHAPES = ('"text", ["premise", "hypothesis"] (one pair), or a batch [["text"], ["premise", "hypothesis"], '
           '...]')
@@ -66,8 +67,8 @@ def parse_predict(body: bytes, deadline_header: Optional[str] = None) -> Predict
     for k, pair in enumerate(texts):
         if any(t is not None and blank(t) for t in pair):
             where = f"inputs[{k}]" if batch else "inputs"
-            raise BadRequest(422, f"{where} holds a text that is empty or only spaces (acl-predict skips such a "
-                             "line): send text")
+            raise BadRequest(422, f"{where} holds a text that is empty or only spaces or format characters "
+                             "(acl-predict skips such a line): send text")
     task = req.parameters
     function = task.function_to_apply if task is not None else None
     if function is not None and req.raw_scores:

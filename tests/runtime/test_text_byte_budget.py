@@ -147,3 +147,26 @@ def test_a_50_mb_line_peaks_under_1_gb_on_both_paths(pair, predict_run, tmp_path
         argv = [model, "--input", str(line), "--output", str(tmp_path / f"{os.path.basename(model)}.jsonl")]
         peak = _peak_kb(argv + (["--data", data] if model == ckpt else []))
         assert peak < PEAK_LIMIT_KB, f"{model}: peak RSS {peak / 1024:.0f} MB"
+
+
+@pytest.mark.parametrize("text, is_blank", [("", True), ("  \t", True), ("\u200b", True), (" \ufeff\u200d ", True),
+                                            ("\u200ba", False), ("a", False), ("\u00a0", True)])
+def test_a_text_of_only_spaces_or_format_characters_is_blank(text, is_blank):
+    assert inputs.blank(text) == is_blank
+
+
+@pytest.mark.parametrize("kind, line", [("text", "\u200b"), ("jsonl", '{"text": "\\u200b"}'),
+                                        ("jsonl", '{"text": "a", "text_pair": "\\u200b \\ufeff"}')])
+def test_acl_predict_skips_a_zero_width_space_alone_as_it_skips_an_empty_line(tmp_path, kind, line):
+    """acl-serve refuses such a text (422, tests/serve/test_serve_promises.py's blank sides): the one rule of a blank
+    text (inputs.blank), so the two agree."""
+    path = tmp_path / f"in.{'jsonl' if kind == 'jsonl' else 'txt'}"
+    good = '{"text": "the movie was good"}' if kind == "jsonl" else "the movie was good"
+    path.write_text(f"{line}\n{good}\n", encoding="utf-8")
+    source = inputs.Input(str(path), kind)
+    try:
+        rows = list(source.rows())
+    finally:
+        source.close()
+    assert isinstance(rows[0], inputs.BadRow) and "skipped" in str(rows[0])
+    assert isinstance(rows[1], inputs.Row)

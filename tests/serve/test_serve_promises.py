@@ -98,8 +98,11 @@ def test_binary_data_output_returns_the_listed_outputs_binary_and_binary_data_fa
     assert len(raw) == size + 16 and np.frombuffer(raw[size:], dtype="<i8").tolist() == [3, 3]
 
 
-@pytest.mark.parametrize("pair", [["", "the movie"], ["the movie", "   "]])
+@pytest.mark.parametrize("pair", [["", "the movie"], ["the movie", "   "], ["\u200b", "the movie"],
+                                  ["the movie", " \ufeff"]])
 def test_predict_refuses_a_blank_text_on_either_side_of_a_pair(exported, pair):  # noqa: F811
+    """Blank as acl-predict reads it (acl_runtime.inputs.blank): spaces, or only format characters such as a
+    zero-width space, which show nothing and tokenize to nothing."""
     with serving(exported["folder"]) as (url, _):
         status, _, answer = call(f"{url}/predict", {"inputs": pair})
     assert status == 422 and "empty or only spaces" in answer["error"], answer
