@@ -27,7 +27,7 @@ from typing import Dict, List, Optional
 from acl_fairseq.recipes.model_flags import RecipeError
 from acl_fairseq.recipes.plan import REPO, build_plan, settings, tasks
 from acl_fairseq.tuning import data as tune_data
-from acl_fairseq.tuning import space as S
+from acl_fairseq.tuning import space as tuning_space
 from acl_runtime import console
 
 log = logging.getLogger("acl_fairseq.tune")
@@ -158,7 +158,7 @@ class Objective:
         repeated = self._repeat(trial)
         if repeated is not None:
             return repeated
-        overrides, extra = S.plan_arguments(self.space, values)
+        overrides, extra = tuning_space.plan_arguments(self.space, values)
         root = os.path.join(self.args.study_dir, "trials", f"trial{trial.number:04d}")
         try:
             plan = build_plan(self.args.task, self.args.method, self.args.seed, {
@@ -255,7 +255,7 @@ def parse_args(argv=None):
                                                           "when the workers stop (default %(default)s)")
     p.add_argument("--seed", type=int, default=1, help="the trials' run seed, the sampler's seed and the carve's "
                                                        "(default %(default)s)")
-    p.add_argument("--space-table", default=S.SPACE_TABLE, help="the search spaces (default %(default)s)")
+    p.add_argument("--space-table", default=tuning_space.SPACE_TABLE, help="the search spaces (default %(default)s)")
     p.add_argument("--carve-fraction", type=float, default=0.1,
                    help="full GLUE data: the part of train that becomes the study's validation split (default "
                         "%(default)s); few-shot data uses its protocol's valid split")
@@ -314,7 +314,7 @@ def main(argv=None) -> int:
         p.error(f"binarized data not found: {data_bin} (--data-bin)")
     setting = tune_data.setting_of(data_bin)
     try:
-        space = S.search_space(args.method, args.task, setting, args.space_table)
+        space = tuning_space.search_space(args.method, args.task, setting, args.space_table)
     except (ValueError, OSError) as e:
         p.error(str(e))
     args.study_dir = os.path.abspath(args.study_dir or os.path.join(REPO, "runs", "tune", args.task, args.method))
@@ -329,7 +329,7 @@ def main(argv=None) -> int:
         p.error(f"cannot open the storage {url}: {str(e).splitlines()[0]}")
     study = optuna.create_study(
         study_name=name, storage=storage, direction="maximize", load_if_exists=True,
-        sampler=S.make_sampler(args.seed, args.sampler_startup),
+        sampler=tuning_space.make_sampler(args.seed, args.sampler_startup),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=args.pruner_startup, n_warmup_steps=args.pruner_warmup))
     about = {"task": args.task, "method": args.method, "setting": setting, "seed": args.seed,
              "data_bin": os.path.abspath(template)}

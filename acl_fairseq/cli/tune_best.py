@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 from acl_fairseq.recipes import runner
 from acl_fairseq.recipes.plan import build_plan
 from acl_fairseq.tuning import data as tune_data
-from acl_fairseq.tuning import space as S
+from acl_fairseq.tuning import space as tuning_space
 from acl_runtime.io import atomic
 
 log = logging.getLogger("acl_fairseq.tune")
@@ -110,7 +110,7 @@ def evaluate_best(args, study, space, template: str, setting: str, task) -> int:
         log.warning("study %s holds %d of --trials %d finished trials: evaluating the best so far",
                     study.study_name, finished, args.trials)
     best = study.best_trial
-    overrides, extra = S.plan_arguments(space, best.params)
+    overrides, extra = tuning_space.plan_arguments(space, best.params)
     env = tune_data.child_env(args.threads)
     values: Dict[str, Dict[str, float]] = {}
     for name, (ov, ex) in (("default", ({}, [])), ("tuned", (overrides, extra))):

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from acl_fairseq.recipes import plan as P
+from acl_fairseq.recipes import plan as run_plan
 from acl_fairseq.recipes.model_flags import RecipeError
 from acl_runtime.io import atomic
 
@@ -48,13 +48,13 @@ def note(text: str, out=None) -> None:
 
 
 def _usage(env: Mapping[str, str], status: int) -> int:
-    s = P.settings(env)
-    print(USAGE.format(tasks=" ".join(P.tasks(s["HPARAMS_TABLE"])), methods=" ".join(P.method_names(
+    s = run_plan.settings(env)
+    print(USAGE.format(tasks=" ".join(run_plan.tasks(s["HPARAMS_TABLE"])), methods=" ".join(run_plan.method_names(
         s["METHODS_TABLE"]))), file=sys.stderr)
     return status
 
 
-def finetune(argv: Sequence[str], env: Mapping[str, str], repo: str = P.REPO) -> int:
+def finetune(argv: Sequence[str], env: Mapping[str, str], repo: str = run_plan.REPO) -> int:
     """recipes/glue/finetune.sh: parse, plan, then print the dry run or run the plan."""
     overrides, args = {}, []
     for a in argv:
@@ -67,7 +67,7 @@ def finetune(argv: Sequence[str], env: Mapping[str, str], repo: str = P.REPO) ->
     if len(args) < 2:
         return _usage(env, 2)
     try:
-        plan = P.build_plan(args[0], args[1], overrides=overrides, extra=args[2:], environ=env, repo=repo)
+        plan = run_plan.build_plan(args[0], args[1], overrides=overrides, extra=args[2:], environ=env, repo=repo)
     except RecipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return _usage(env, e.status) if str(e).startswith("unknown ") else e.status
@@ -79,7 +79,7 @@ def finetune(argv: Sequence[str], env: Mapping[str, str], repo: str = P.REPO) ->
     return run(plan, env)
 
 
-def run(plan: P.Plan, environ: Mapping[str, str] = os.environ, stdout=None) -> int:
+def run(plan: run_plan.Plan, environ: Mapping[str, str] = os.environ, stdout=None) -> int:
     """Run ``plan`` (a real run: its DRY_RUN is ignored); returns the exit status. ``stdout``: a file opened in
     binary mode that gets every step's output (fairseq-train's besides train.log), the progress notes and the
     error; default: this process's stdout, and stderr for the notes."""
@@ -94,7 +94,7 @@ def run(plan: P.Plan, environ: Mapping[str, str] = os.environ, stdout=None) -> i
         _start(plan, stdout)
         _train(plan, env, stdout)
         for cmd in plan.evaluations:
-            note(P.quote(cmd), stdout)
+            note(run_plan.quote(cmd), stdout)
             _call(cmd, env, stdout)
         _call(plan.result, env, stdout)
         return 0
@@ -105,7 +105,7 @@ def run(plan: P.Plan, environ: Mapping[str, str] = os.environ, stdout=None) -> i
         return e.status
 
 
-def _ready(plan: P.Plan, env: Dict[str, str], out) -> P.Plan:
+def _ready(plan: run_plan.Plan, env: Dict[str, str], out) -> run_plan.Plan:
     """What must hold before training: no stop, the executables, the pretrained checkpoint (fetched when the plan
     says so, then planned again: its dict.txt may change the plan)."""
     for stop in plan.stops:
@@ -121,15 +121,15 @@ def _ready(plan: P.Plan, env: Dict[str, str], out) -> P.Plan:
         _call(plan.download, env, out)
         if not os.path.isfile(plan.checkpoint):
             raise Stop(f"download finished but {plan.checkpoint} is still missing")
-        plan = P.build_plan(plan.task.name, plan.method.name, overrides=plan.settings, extra=plan.extra, environ=env,
-                            repo=plan.repo)
-    if P.dictionaries_differ(plan.checkpoint, plan.data_bin):
+        plan = run_plan.build_plan(plan.task.name, plan.method.name, overrides=plan.settings, extra=plan.extra,
+                                   environ=env, repo=plan.repo)
+    if run_plan.dictionaries_differ(plan.checkpoint, plan.data_bin):
         note(f"warning: {plan.data_bin}/input0/dict.txt differs from the checkpoint's dict.txt (fairseq#1048: size "
              "mismatch)", out)
     return plan
 
 
-def _start(plan: P.Plan, out) -> None:
+def _start(plan: run_plan.Plan, out) -> None:
     """The run folder before training: checkpoint_last.pt kept only to resume, command.sh and git_head.txt, no
     result.json of an earlier run."""
     os.makedirs(plan.run_dir, exist_ok=True)
@@ -151,15 +151,15 @@ def _start(plan: P.Plan, out) -> None:
     note(f"{plan.task.name} / {plan.method.name} / seed {plan.seed} -> {plan.run_dir}", out)
     if not plan.checkpoint:
         note("RESTORE=none: training from random initialization", out)
-    note(P.quote(plan.train), out)
+    note(run_plan.quote(plan.train), out)
 
 
-def record_lines(plan: P.Plan) -> List[str]:
+def record_lines(plan: run_plan.Plan) -> List[str]:
     """command.sh's commands: what a later run of the same command compares to resume (``plan.train_line``)."""
-    resumed = ([f"# resumed: fairseq-train ran with --restore-file {P.quote([plan.last])} and no resets"]
+    resumed = ([f"# resumed: fairseq-train ran with --restore-file {run_plan.quote([plan.last])} and no resets"]
                if plan.resume else [])
-    return resumed + [f"cd {P.quote([plan.repo])}", plan.train_line, *(P.quote(e) for e in plan.evaluations),
-                      P.quote(plan.result)]
+    return resumed + [f"cd {run_plan.quote([plan.repo])}", plan.train_line,
+                      *(run_plan.quote(e) for e in plan.evaluations), run_plan.quote(plan.result)]
 
 
 def git_head(repo: str) -> List[str]:
@@ -171,7 +171,7 @@ def git_head(repo: str) -> List[str]:
     return [head.stdout.strip()] + ([] if clean.returncode == 0 else ["uncommitted changes present"])
 
 
-def _train(plan: P.Plan, env: Dict[str, str], stdout) -> None:
+def _train(plan: run_plan.Plan, env: Dict[str, str], stdout) -> None:
     """fairseq-train, its output to ``stdout`` and to train.log; then the checks that it saved a best checkpoint
     and, when it restored one, that its log says it loaded it."""
     log_path = os.path.join(plan.run_dir, "train.log")
@@ -229,7 +229,7 @@ def _call(cmd: Sequence[str], env: Dict[str, str], stdout) -> None:
         raise Stop(f"{os.path.basename(cmd[0])} exited with status {status}", status)
 
 
-def sweep(argv: Sequence[str], env: Mapping[str, str], repo: str = P.REPO) -> int:
+def sweep(argv: Sequence[str], env: Mapping[str, str], repo: str = run_plan.REPO) -> int:
     """recipes/glue/sweep.sh: TASKS x METHODS x SEEDS (environment) through :func:`finetune`, then the table."""
     runs = sweep_runs(argv, env)
     if isinstance(runs, int):
@@ -259,8 +259,8 @@ def sweep(argv: Sequence[str], env: Mapping[str, str], repo: str = P.REPO) -> in
 def sweep_runs(argv: Sequence[str], env: Mapping[str, str]):
     """The sweep's runs in order: ``(task, method, seed)``, or a note for a pair the plan refuses; or the exit
     status of its usage (--help, or TASKS, METHODS or SEEDS that name nothing known)."""
-    s = P.settings(env)
-    all_tasks, all_methods = P.tasks(s["HPARAMS_TABLE"]), P.method_names(s["METHODS_TABLE"])
+    s = run_plan.settings(env)
+    all_tasks, all_methods = run_plan.tasks(s["HPARAMS_TABLE"]), run_plan.method_names(s["METHODS_TABLE"])
 
     def usage(status: int, error: Optional[str] = None) -> int:
         if error:
@@ -279,16 +279,17 @@ def sweep_runs(argv: Sequence[str], env: Mapping[str, str]):
     seeds = words("SEEDS", "1 2 3 4 5")
     if not (tasks and methods and seeds):
         return usage(2)
+    unknown = [m for m in methods if run_plan.method(m, "*", s["METHODS_TABLE"]) is None]
     bad = next((f"unknown task '{t}'" for t in tasks if t not in all_tasks), None) or next(
-        (f"unknown method '{m}'" for m in methods if P.method(m, "*", s["METHODS_TABLE"]) is None), None) or next(
+        (f"unknown method '{m}'" for m in unknown), None) or next(
         (f"seed '{x}' is not a number" for x in seeds if not x.isascii() or not x.isdigit()), None)
     if bad:
         return usage(2, bad)
     runs = []
     for t in tasks:
         for m in methods:
-            row = P.method(m, t, s["METHODS_TABLE"])
-            if P.refusal(all_tasks[t], row):
+            row = run_plan.method(m, t, s["METHODS_TABLE"])
+            if run_plan.refusal(all_tasks[t], row):
                 runs.append(f"skipping {t} / {m}: {t} is a regression task and {row.criterion} needs class labels")
                 continue
             runs += [(t, m, seed) for seed in seeds]
@@ -298,7 +299,7 @@ def sweep_runs(argv: Sequence[str], env: Mapping[str, str]):
 def main(argv: Optional[List[str]] = None) -> int:
     # not argparse: the words after the command are the recipe's, fairseq-train flags included
     argv = list(sys.argv[1:] if argv is None else argv)
-    command, env, repo = (argv or [""])[0], dict(os.environ), P.REPO
+    command, env, repo = (argv or [""])[0], dict(os.environ), run_plan.REPO
     if argv[1:2] == ["--repo"] and len(argv) > 2:  # the checkout whose recipes/ runs (recipes/glue/common.sh)
         repo, argv = argv[2], argv[:1] + argv[3:]
     if command not in ("finetune", "sweep"):
