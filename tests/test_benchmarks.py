@@ -208,7 +208,7 @@ def test_hf_speed_at_toy_size(tmp_path):
 
 @pytest.mark.slow  # compiles (aot_eager: traced, no code generated) every mode of both sides: about 90 s
 def test_hf_speed_times_every_mode_side_by_side(tmp_path):
-    from acl_fairseq import acceleration
+    from acl_torch import acceleration
 
     if acceleration.read_cpu_kind().bf16_unit is None:
         with pytest.raises(ValueError, match="no native bf16"):

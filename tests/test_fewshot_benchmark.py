@@ -113,7 +113,7 @@ def test_fewshot_benchmark_toy_end_to_end(tmp_path):
     bf16 = [c for c in cmd if c not in METHODS[1:]]
     bf16[bf16.index("--methods") + 1:bf16.index("--methods") + 2] = ["ce", "--seeds", "1", "--bf16"]
     proc4 = subprocess.run(bf16, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
-    from acl_fairseq import acceleration
+    from acl_torch import acceleration
 
     if acceleration.read_cpu_kind().bf16_unit is None:  # an AVX2-only CPU: refused, not 40x slower
         assert proc4.returncode != 0 and "no native bf16" in proc4.stdout + proc4.stderr
