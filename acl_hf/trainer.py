@@ -63,7 +63,7 @@ class AclTrainer(Trainer):
     def _check_setup(self) -> None:
         args, gate = self.args, self.terms.gate_config()
         if args.bf16 and args.device.type == "cpu":
-            acceleration.check_bf16("cpu")  # one line naming the CPU kind where bf16 has no matrix units
+            acceleration.check_bf16("cpu", flag="--bf16")  # one line naming the CPU kind where bf16 has no matrix units
         if gate is not None and gate.scope == "params":
             if args.n_gpu > 1:
                 raise ValueError("the gate's params scope needs one model per process: DataParallel (several GPUs in "

@@ -26,17 +26,18 @@ from acl_runtime.machine import CpuKind, read_cpu_kind  # noqa: F401  (the CPU k
 logger = logging.getLogger(__name__)
 
 
-def check_bf16(device_type: str, kind: Optional[CpuKind] = None) -> str:
+def check_bf16(device_type: str, kind: Optional[CpuKind] = None, flag: str = "--autocast-bf16") -> str:
     """One line naming where ``--autocast-bf16`` runs; raises ``ValueError`` (one line, naming the CPU kind)
-    where bf16 would be emulated: a CPU without AMX, avx512_bf16 or Arm bf16, or a CUDA GPU before Ampere."""
+    where bf16 would be emulated: a CPU without AMX, avx512_bf16 or Arm bf16, or a CUDA GPU before Ampere. ``flag``: the
+    option the message names (the Hugging Face path's ``--bf16``)."""
     if device_type == "cuda":
         if not torch.cuda.is_bf16_supported():
-            raise ValueError(f"--autocast-bf16: {torch.cuda.get_device_name()} has no native bf16 (Ampere or "
+            raise ValueError(f"{flag}: {torch.cuda.get_device_name()} has no native bf16 (Ampere or "
                              "later has); train in fp32 or with --fp16")
         return f"bf16 autocast on {torch.cuda.get_device_name()}"
     kind = kind or read_cpu_kind()
     if kind.bf16_unit is None:
-        raise ValueError(f"--autocast-bf16: this CPU ({kind.describe()}) has no native bf16 (needs amx_bf16 or "
+        raise ValueError(f"{flag}: this CPU ({kind.describe()}) has no native bf16 (needs amx_bf16 or "
                          "avx512_bf16 in /proc/cpuinfo); torch would emulate it, ~40x slower than fp32: drop the flag")
     return f"bf16 autocast on the CPU ({kind.describe()})"
 
