@@ -97,9 +97,8 @@ class AclTrainer(Trainer):
                 loss = loss * self.accelerator.num_processes  # DDP averages; num_items_in_batch counts every rank
         if model.training:
             self._add(parts, exits, targets)
-        if return_outputs:
-            outputs["exit_features"] = outputs["exit_pooled"] = None
-            return loss, outputs
+        if return_outputs:  # what evaluation gathers: the logits of the last exit and of every exit
+            return loss, type(outputs)(loss=outputs.loss, logits=outputs.logits, exit_logits=outputs.exit_logits)
         return loss
 
     def training_step(self, model, inputs, num_items_in_batch=None):

@@ -18,7 +18,13 @@ def positive_index(label_dictionary, positive_label: Optional[str] = None) -> Op
 
     Returns None when the task is not binary or no positive label is found.
     """
-    names = label_names(label_dictionary)
+    return positive_of(label_names(label_dictionary), positive_label)
+
+
+def positive_of(names: Sequence[str], positive_label: Optional[str] = None) -> Optional[int]:
+    """The index of the positive label among the class ``names`` (in class-index order), or None when the task is
+    not binary or none of them is a positive label."""
+    names = list(names)
     if len(names) != 2:
         return None
     for name in (positive_label,) if positive_label else POSITIVE_LABELS:
