@@ -15,7 +15,7 @@ SERVE_REQUIRES = ["numpy==1.26.4", "onnxruntime==1.30.0", "tokenizers==0.23.3", 
 # pip install .[hf]: the Hugging Face Trainer path (acl_hf, acl-train-hf) over CPU or CUDA torch installed first,
 # without fairseq (scripts/check_hf_env.sh builds it fresh). Pinned as requirements.txt pins them.
 HF_REQUIRES = ["transformers==5.24.0", "safetensors==0.8.0", "tokenizers==0.23.3", "accelerate==1.15.0",
-               "numpy==1.26.4"]
+               "numpy==1.26.4", "scipy==1.17.1"]
 
 setup(
     name="acl_fairseq",

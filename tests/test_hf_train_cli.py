@@ -131,3 +131,25 @@ def test_a_finished_run_is_not_overwritten_without_force(tiny, tmp_path):
     with pytest.raises(SystemExit) as exit_:
         train.cli_main(flags(tiny, out))
     assert exit_.value.code == 2 and (out / "result.json").read_text() == "{}"
+
+
+def test_ci_builds_the_hf_environment_without_fairseq_after_the_serving_one():
+    steps = [line.split("#")[0].strip() for line in open(os.path.join(helpers.REPO, ".ci", "run"))]
+    steps = [s for s in steps if s]
+    assert steps.index("bash scripts/check_serving_env.sh") < steps.index("bash scripts/check_hf_env.sh")
+    script = open(os.path.join(helpers.REPO, "scripts", "check_hf_env.sh")).read()
+    assert 'TORCH_SPEC="${TORCH_SPEC-torch==2.13.0}"' in script and 'install -e "${ROOT}[hf]"' in script
+
+
+def test_the_hf_extra_pins_what_the_full_environment_pins():
+    import ast
+
+    tree = ast.parse(open(os.path.join(helpers.REPO, "setup.py")).read())
+    pins = dict(p.split("==") for p in next(
+        ast.literal_eval(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+        and any(getattr(t, "id", None) == "HF_REQUIRES" for t in n.targets)))
+    assert {"transformers", "accelerate"} <= set(pins)
+    requirements = open(os.path.join(helpers.REPO, "requirements.txt")).read()
+    for name, version in pins.items():
+        if name != "numpy":  # numpy is pinned by scripts/setup_env.sh (fairseq's numpy 1)
+            assert f"\n{name}=={version}\n" in requirements, name
