@@ -38,8 +38,8 @@ def head_defaults(encoder_config) -> Tuple[str, float]:
     """The heads' activation and dropout as the encoder's own classifier has them: DeBERTa's pooler and ModernBERT's
     head use GELU, the others tanh (BERT's pooler, RoBERTa's head: fairseq's); the dropout is the classifier's
     where the encoder names one, else its hidden dropout."""
-    activation = (getattr(encoder_config, "pooler_hidden_act", None)
-                  or getattr(encoder_config, "classifier_activation", None) or "tanh")
+    named = [getattr(encoder_config, key, None) for key in ("pooler_hidden_act", "classifier_activation")]
+    activation = next((a for a in named if isinstance(a, str)), "tanh")  # MobileBERT's classifier_activation: a bool
     for key in ("classifier_dropout", "seq_classif_dropout", "pooler_dropout", "hidden_dropout_prob", "dropout"):
         value = getattr(encoder_config, key, None)
         if value is not None:
