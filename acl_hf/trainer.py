@@ -60,8 +60,24 @@ class AclTrainer(Trainer):
         self._sums: Dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), dtype=torch.float64))
         self._gate_log: Dict[str, torch.Tensor] = {}
 
+    def _build_accelerator_args(self, **kwargs) -> dict:
+        """DDP without ``find_unused_parameters`` unless asked for: the model has no unused parameter (no pooler),
+        and with it DDP hands back its outputs through a sink, cutting the features the gate's ``features`` scope
+        takes gradients on off the loss."""
+        out = super()._build_accelerator_args(**kwargs)
+        if self.args.ddp_find_unused_parameters is None:
+            for handler in out.get("kwargs_handlers", []):
+                if hasattr(handler, "find_unused_parameters"):
+                    handler.find_unused_parameters = False
+        return out
+
     def _check_setup(self) -> None:
         args, gate = self.args, self.terms.gate_config()
+        if gate is not None and gate.scope == "features" and args.world_size > 1 and (
+                args.ddp_find_unused_parameters or args.ddp_static_graph):
+            raise ValueError("the gate's features scope under DDP needs --ddp_find_unused_parameters false and no "
+                             "--ddp_static_graph: DDP then returns its outputs through a sink that cuts the features "
+                             "off the loss, and no decision could be taken")
         if args.bf16 and args.device.type == "cpu":
             acceleration.check_bf16("cpu", flag="--bf16")  # one line naming the CPU kind where bf16 has no matrix units
         if gate is not None and gate.scope == "params":
@@ -90,23 +106,28 @@ class AclTrainer(Trainer):
             gather=self.criterion.contrast_across_workers and model.training,
             where=lambda: f"step {self.state.global_step}", advice=HF_ADVICE)
         if num_items_in_batch is None:  # evaluation, or a Trainer that did not count: this batch's mean
-            loss = parts.loss / max(parts.n, 1)
+            scale = 1.0 / max(parts.n, 1)
         else:
-            loss = parts.loss / num_items_in_batch
+            scale = 1.0 / num_items_in_batch
             if self.args.average_tokens_across_devices and self.accelerator.num_processes > 1:
-                loss = loss * self.accelerator.num_processes  # DDP averages; num_items_in_batch counts every rank
+                scale = scale * self.accelerator.num_processes  # DDP averages; num_items_in_batch counts every rank
+        loss = parts.loss * scale
         if model.training:
             self._add(parts, exits, targets)
+            # what the Trainer logs as ``loss``: the true objective of this rank's rows at the same scale (under a
+            # global contrastive set every rank's loss carries the whole set's term, which only its gradient needs)
+            self._logged_loss = parts.total * scale
         if return_outputs:  # what evaluation gathers: the logits of the last exit and of every exit
             return loss, type(outputs)(loss=outputs.loss, logits=outputs.logits, exit_logits=outputs.exit_logits)
         return loss
 
     def training_step(self, model, inputs, num_items_in_batch=None):
+        self._logged_loss = None
         loss = super().training_step(model, inputs, num_items_in_batch)
         for key, value in self._gate_log.items():  # filled in by the backward that just ran
             self._sums[key] += value.detach().double().cpu()
         self._gate_log = {}
-        return loss
+        return loss if self._logged_loss is None else self._logged_loss
 
     # ---- logging -----------------------------------------------------------------------------
 

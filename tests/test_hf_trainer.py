@@ -1,6 +1,7 @@
 """AclTrainer under the Trainer's features: gradient accumulation's contract (HF_PATH pitfall 1), the gate under a
 loss scaler and without one (pitfall 3), bf16's refusal, and the criterion options against the fairseq criteria's."""
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -165,3 +166,52 @@ def test_the_options_and_defaults_are_the_fairseq_criteria_s():
     base = {f.name for f in dataclasses.fields(CRITERION_DATACLASS_REGISTRY["sentence_ce"])}
     assert {k for k in theirs if k not in base} | {"contrast_across_workers"} == set(ours)
     assert {k: theirs[k] for k in ours} == ours
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_step(tmp_path, name, nproc, batch, criterion, *options):
+    import subprocess
+    import sys
+
+    import helpers
+
+    out = tmp_path / name
+    out.mkdir()
+    script = os.path.join(helpers.REPO, "tests", "hf_ddp_step.py")
+    launch = [sys.executable, script] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
+        str(_free_port()), script]
+    proc = subprocess.run([*launch, str(out / "step.pt"), str(batch), criterion, *options], capture_output=True,
+                          text=True, timeout=600, cwd=helpers.REPO,
+                          env=dict(os.environ, PYTHONPATH=helpers.REPO, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(out / "step.pt")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("criterion,options", [
+    ("acl_grad", ["contrast_across_workers=true", "acl_grad_global_decision=true"]),
+    ("sentence_scl", ["contrast_across_workers=true", "scl_grad=true", "scl_grad_scope=features",
+                      "scl_grad_global_decision=true"]),
+])
+def test_two_gloo_ranks_give_one_process_s_update_on_the_joined_batch(tmp_path, criterion, options):
+    """torchrun, 2 CPU ranks x 8 with the contrastive set gathered (acl_torch.distributed.gather_for_contrast, the
+    fairseq path's) and the gate deciding on the summed gradients: the update, the logged objective and the decision
+    are one process's on the 16 examples."""
+    one = _ddp_step(tmp_path, "one", 1, 16, criterion, *options)
+    two = _ddp_step(tmp_path, "two", 2, 8, criterion, *options)
+    assert (one["world"], two["world"]) == (1, 2)
+    scale = float(torch.stack([d.norm() for d in one["delta"].values()]).median())
+    for key, delta in one["delta"].items():  # fp32 sums in other orders (measured up to 4e-5 of a small head's)
+        gap = float((two["delta"][key] - delta).norm())
+        assert gap <= 1e-4 * max(float(delta.norm()), scale), key
+    assert two["log"]["loss"] == pytest.approx(one["log"]["loss"], rel=1e-5)
+    for key in ("ce_loss", "grad_cos", "conflict_rate"):
+        assert two["log"][key] == pytest.approx(one["log"][key], abs=1e-3), key
