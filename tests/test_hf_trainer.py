@@ -215,3 +215,20 @@ def test_two_gloo_ranks_give_one_process_s_update_on_the_joined_batch(tmp_path, 
     assert two["log"]["loss"] == pytest.approx(one["log"]["loss"], rel=1e-5)
     for key in ("ce_loss", "grad_cos", "conflict_rate"):
         assert two["log"][key] == pytest.approx(one["log"][key], abs=1e-3), key
+
+
+def test_tensorboard_gets_the_fairseq_task_s_tags_under_train(tmp_path, monkeypatch):
+    """report_to tensorboard: every loss term, every exit's accuracy, the gate's cosine and firing rate, under the
+    names the fairseq task logs (test_train_smoke.py reads the same names from fairseq-train's event files)."""
+    import helpers
+
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))  # transformers 5's place for it
+    model = H.multi_exit("bert")
+    trainer = _trainer(tmp_path, model, "acl_cross_layer", max_steps=2, per_device_train_batch_size=8,
+                       report_to="tensorboard", learning_rate=1e-3)
+    trainer.train()
+    tags = set().union(*(run.keys() for run in helpers.read_scalars(str(tmp_path / "tb")).values()))
+    want = {"train/" + t for t in ("loss", "ce_loss", "acl_loss", "acl_cl_loss", "accuracy", "accuracy_exit1",
+                                   "accuracy_exit2", "accuracy_exit3", "grad_cos", "conflict_rate",
+                                   "acl_grad_overflow")}
+    assert want <= tags, want - tags
