@@ -73,6 +73,10 @@ class AclTrainer(Trainer):
 
     def _check_setup(self) -> None:
         args, gate = self.args, self.terms.gate_config()
+        if gate is not None and gate.scope == "features" and args.torch_compile:
+            raise ValueError("the gate's features scope cannot run with --torch_compile: the compiled graph returns u "
+                             "and the logits as separate outputs, so CE has no gradient with respect to u; use the "
+                             "params scope, or train without --torch_compile")
         if gate is not None and gate.scope == "features" and args.world_size > 1 and (
                 args.ddp_find_unused_parameters or args.ddp_static_graph):
             raise ValueError("the gate's features scope under DDP needs --ddp_find_unused_parameters false and no "

@@ -141,6 +141,17 @@ def test_bad_criterion_options_are_refused_in_one_line(tmp_path, criterion, opti
         _trainer(tmp_path, H.multi_exit("bert"), criterion, criterion_kw=options)
 
 
+def test_the_features_scope_is_refused_under_torch_compile(tmp_path):
+    """A compiled model returns u and the logits as separate graph outputs: CE's gradient with respect to u is None,
+    and the rule would decide nothing (measured: grad_cos never logged). The params scope trains compiled."""
+    with pytest.raises(ValueError, match="features scope cannot run with --torch_compile"):
+        _trainer(tmp_path, H.multi_exit("bert"), "acl_grad", torch_compile=True,
+                 criterion_kw={"acl_grad_scope": "features"})
+    with pytest.raises(ValueError, match="features scope cannot run with --torch_compile"):
+        _trainer(tmp_path, H.multi_exit("bert"), "sentence_scl", torch_compile=True,
+                 criterion_kw={"scl_grad": True, "scl_grad_scope": "features"})
+
+
 def test_multi_exit_criteria_need_two_exits_and_contrastive_ones_class_labels(tmp_path):
     with pytest.raises(ValueError, match="needs at least two exits"):
         _trainer(tmp_path, H.multi_exit("bert", exit_layers=[3]), "acl_cross_layer")
