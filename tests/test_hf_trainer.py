@@ -243,3 +243,21 @@ def test_tensorboard_gets_the_fairseq_task_s_tags_under_train(tmp_path, monkeypa
                                    "accuracy_exit2", "accuracy_exit3", "grad_cos", "conflict_rate",
                                    "acl_grad_overflow")}
     assert want <= tags, want - tags
+
+
+def test_bf16_autocast_trains_with_the_gate_deciding_in_fp32(tmp_path):
+    """--bf16 on a CPU with bf16 units (this one has AMX; elsewhere the refusal above applies): the model runs under
+    bf16 autocast, the objective and the gate's cosine in fp32 outside it, and every step is decided."""
+    from acl_runtime.machine import read_cpu_kind
+
+    if read_cpu_kind().bf16_unit is None:
+        pytest.skip("this CPU has no bf16 units: --bf16 is refused here (tested above)")
+    model = H.multi_exit("bert")
+    before = {k: p.detach().clone() for k, p in model.named_parameters()}
+    trainer = _trainer(tmp_path, model, "acl_grad", bf16=True, max_steps=2, per_device_train_batch_size=8,
+                       learning_rate=1e-3, optim="adamw_torch")
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "grad_cos" in h]
+    assert len(logged) == 2 and all(-1.0 <= h["grad_cos"] <= 1.0 for h in logged)
+    assert any(not torch.equal(before[k], p.detach()) for k, p in model.named_parameters())
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # autocast, not bf16 weights
