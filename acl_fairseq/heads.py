@@ -1,4 +1,4 @@
-"""What a criterion needs from a classifier with one or several exits, in one shape.
+"""How the plugin's criteria read a fairseq classifier with one or several exits, as :class:`ExitOutputs`.
 
 Every criterion in this plugin reads the model through :func:`collect_exit_outputs`, which
 returns :class:`ExitOutputs` for both a multi-exit RoBERTa (which returns them itself, in
@@ -11,48 +11,13 @@ dropout), ``W_c^m = out_proj.weight`` holds the label embeddings, ``c^m`` is the
 head reads.
 """
 from contextlib import contextmanager
-from typing import Dict, List, NamedTuple, Tuple
+from typing import Dict
 
 import torch
 from torch import Tensor, nn
 
-POOLING_MODES = ("cls", "mean")  # --exit-pooling: what pool_states can do (the model validates it once)
-
-
-class ExitOutputs(NamedTuple):
-    logits: List[Tensor]  # M x (B, K): each exit's classifier output
-    features: List[Tensor]  # M x (B, d): u^m, the input of each exit's out_proj
-    pooled: List[Tensor]  # M x (B, d): c^m, the pooled layer state each head reads
-    label_embeddings: List[Tensor]  # M x (K, d): out_proj.weight of each exit
-    layers: List[int]  # 1-based encoder layer behind each exit, increasing
-
-
-def pool_states(states: Tensor, padding_mask: Tensor, mode: str) -> Tensor:
-    """Pool one layer's token states into a sentence vector.
-
-    states: (B, T, C); padding_mask: (B, T) bool, True at padding; mode: one of :data:`POOLING_MODES`,
-    "cls" (the ``<s>`` state, fairseq's convention) or "mean" (mean of the non-padding states).
-    Returns (B, C).
-    """
-    if mode == "cls":
-        return states[:, 0, :]
-    if mode == "mean":
-        keep = (~padding_mask).unsqueeze(-1).to(states.dtype)  # B x T x 1
-        return (states * keep).sum(1) / keep.sum(1).clamp_min(1.0)
-    raise ValueError(f"unknown pooling mode {mode!r}; expected one of {POOLING_MODES}")
-
-
-def head_forward(head: nn.Module, pooled: Tensor) -> Tuple[Tensor, Tensor]:
-    """Run a fairseq ``RobertaClassificationHead`` on an already pooled (B, C) state.
-
-    Returns ``(logits (B, K), u (B, d))`` where ``u`` is what ``out_proj`` reads, so that the
-    contrastive losses see exactly the representation the classifier sees.
-    """
-    x = head.dropout(pooled)
-    x = head.dense(x)
-    x = head.activation_fn(x)
-    u = head.dropout(x)
-    return head.out_proj(u), u
+# the shape and the exits' maths live with the rest of the torch maths; these names are re-exported for the plugin
+from acl_torch.exit_heads import POOLING_MODES, ExitOutputs, head_forward, pool_states  # noqa: F401
 
 
 @contextmanager

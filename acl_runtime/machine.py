@@ -1,5 +1,5 @@
 """What kind of CPU this is, read from ``/proc/cpuinfo`` (or any text in its format): the one home of the CPU-kind
-detection that ``--autocast-bf16`` refuses by (:mod:`acl_fairseq.acceleration`) and that every benchmark row names.
+detection that ``--autocast-bf16`` refuses by (:mod:`acl_torch.acceleration`) and that every benchmark row names.
 Standard library only, so that the serving runtime can say which kernels its int8 copy runs on too."""
 from typing import FrozenSet, NamedTuple, Optional
 

@@ -287,7 +287,7 @@ def main(argv=None) -> int:
             args.seeds = [1, 2]
 
     if args.bf16 and not args.collect_only:  # refused before the first run, not by each run's fairseq-train
-        from acl_fairseq import acceleration
+        from acl_torch import acceleration
 
         problem = acceleration.bf16_problem("cpu")
         if problem:

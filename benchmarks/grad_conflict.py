@@ -92,8 +92,8 @@ def train_argv(data: str, save_dir: str, run: str, seed: int, epochs: int, updat
 
 def cosines(model, criterion, sample) -> Dict[str, Dict[str, float]]:
     """{pair: {scope: cos}} of one batch at the current weights (dropout active, as in training)."""
-    from acl_fairseq import gradients, losses
     from acl_fairseq.heads import collect_exit_outputs
+    from acl_torch import gradients, losses
 
     model.train()
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]

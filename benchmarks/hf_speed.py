@@ -14,7 +14,7 @@ compiled model carries its encoder's compile), and ``pays_after`` the updates af
 for itself against the same system eager in the same precision (None: never). ``gflops`` is
 ``3 x`` the forward's matrix-product FLOPs (:mod:`acl_fairseq.inference.flops`; the same count for every
 system, so extra work, e.g. ACL-Grad's second backward, shows as fewer GFLOP/s) over the median step time, and
-``peak_frac`` its fraction of the cores' peak in the mode's dtype (:func:`acl_fairseq.acceleration.peak_gflops`:
+``peak_frac`` its fraction of the cores' peak in the mode's dtype (:func:`acl_torch.acceleration.peak_gflops`:
 FMA pipes and vector width from the CPU flags, times the reported clock and the threads). Every row names the
 CPU kind; the targets' verdicts follow the table.
 
@@ -39,11 +39,11 @@ import _glue_runs as G
 import _hf_loop as hf_loop
 import common
 import harness as H
-from acl_fairseq import acceleration
 from acl_fairseq.heads import POOLING_MODES
 from acl_fairseq.inference import flops
 from acl_runtime import conventions
 from acl_runtime.machine import read_cpu_kind
+from acl_torch import acceleration
 
 # (criterion, scope, exits, extra flags)
 PLUGIN = [

@@ -1,4 +1,4 @@
-"""Slow, obvious references for acl_fairseq.losses, written from docs/METHOD.md: Python loops on plain floats,
+"""Slow, obvious references for acl_torch.losses, written from docs/METHOD.md: Python loops on plain floats,
 and ``supcon_core``, the SupCon core per anchor written the obvious way (tensors, no fusion); and the inputs
 they are compared on (several N, K, d, with the edge cases)."""
 import math

@@ -11,7 +11,8 @@ from typing import Optional
 
 from fairseq.criterions import register_criterion
 
-from .. import losses
+from acl_torch import objective
+
 from .acl_grad import AclGradConfig, AclGradCriterion
 
 
@@ -31,29 +32,5 @@ class AclCrossLayerConfig(AclGradConfig):
 
 
 @register_criterion("acl_cross_layer", dataclass=AclCrossLayerConfig)
-class AclCrossLayerCriterion(AclGradCriterion):
-    needs_multi_exit = True
-    temperatures = ("acl_temperature", "acl_cl_temperature")
-
-    def __init__(self, cfg: AclCrossLayerConfig, task):
-        super().__init__(cfg, task)
-        # only None (unset) means tau: an explicit 0 was refused above like any other temperature
-        self.cl_temperature = cfg.acl_temperature if cfg.acl_cl_temperature is None else cfg.acl_cl_temperature
-
-    @property
-    def acl_grad(self) -> bool:
-        """Whether the ACL-Grad rule gates the non-CE part (on unless ``--no-acl-grad``)."""
-        return not self.cfg.no_acl_grad
-
-    def gated(self) -> bool:
-        return self.acl_grad
-
-    def aux_terms(self, exits, targets, weights):
-        teacher_u, teacher_l = exits.features[-1], exits.label_embeddings[-1]
-        per_student = losses.cross_layer_acl_losses(  # (M-1,)
-            exits.features[:-1], teacher_u, targets, teacher_l, self.cl_temperature
-        )
-        return {
-            "acl_loss": (self.cfg.acl_weight, self.acl_term(exits, targets, weights)),
-            "acl_cl_loss": (self.cfg.acl_cl_weight, per_student.mean()),
-        }
+class AclCrossLayerCriterion(objective.AclCrossLayerTerms, AclGradCriterion):
+    """The teacher's and the students' terms: :class:`acl_torch.objective.AclCrossLayerTerms`."""

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from fairseq.criterions import register_criterion
 from fairseq.dataclass import ChoiceEnum
 
-from .. import losses
-from . import gating
+from acl_torch import losses, objective
+
 from .base import ExitCriterionBase, ExitCriterionConfig
 
 
@@ -39,31 +39,5 @@ class AclEmbedConfig(ExitCriterionConfig):
 
 
 @register_criterion("acl_embed", dataclass=AclEmbedConfig)
-class AclEmbedCriterion(ExitCriterionBase):
-    needs_class_labels = True
-    contrasts = True
-    temperatures = ("acl_temperature",)
-    logged_ratios = gating.LOGGED_RATIOS
-    logged_sums = gating.LOGGED_SUMS
-
-    def gated(self) -> bool:
-        """Whether the ACL-Grad rule drops the auxiliary part on conflict (acl_grad, acl_cross_layer)."""
-        return False
-
-    def gate_config(self, apply: bool) -> gating.GateConfig:
-        """The gate's settings; ACL-Embed only measures, over all parameters at METHOD.md's threshold 0."""
-        return gating.GateConfig("params", 0.0, apply=apply)
-
-    def combine(self, model, exits, ce, aux):
-        if self.gated() or self.cfg.log_grad_conflict:
-            return gating.combine(model, exits, ce, aux, self.gate_config(apply=self.gated()))
-        return super().combine(model, exits, ce, aux)
-
-    def acl_term(self, exits, targets, weights):
-        per_exit = losses.acl_embed_losses(  # (M,): every exit in one batched product
-            exits.features, targets, exits.label_embeddings, self.cfg.acl_temperature, anchors=self.cfg.acl_anchors
-        )
-        return weights.to(per_exit) @ per_exit
-
-    def aux_terms(self, exits, targets, weights):
-        return {"acl_loss": (self.cfg.acl_weight, self.acl_term(exits, targets, weights))}
+class AclEmbedCriterion(objective.AclEmbedTerms, ExitCriterionBase):
+    """The terms and the measuring gate (``--log-grad-conflict``): :class:`acl_torch.objective.AclEmbedTerms`."""

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from fairseq.criterions import register_criterion
 from fairseq.dataclass import ChoiceEnum
 
-from . import gating
+from acl_torch import gate, objective
+
 from .acl_embed import AclEmbedConfig, AclEmbedCriterion
 
 
@@ -24,7 +25,7 @@ class AclGradConfig(AclEmbedConfig):
                   "gradient points along CE's (RTE: 79 degrees, no batch over 90; SCL: 45 percent of batches, see "
                   "benchmarks/grad_conflict.py); sentence_scl --scl-grad puts the rule on SCL"},
     )
-    acl_grad_scope: ChoiceEnum(list(gating.SCOPES)) = field(
+    acl_grad_scope: ChoiceEnum(list(gate.SCOPES)) = field(
         default="params",
         metadata={
             "help": "gradients compared: 'params' = over all trainable parameters both losses reach "
@@ -44,12 +45,5 @@ class AclGradConfig(AclEmbedConfig):
 
 
 @register_criterion("acl_grad", dataclass=AclGradConfig)
-class AclGradCriterion(AclEmbedCriterion):
-    def gated(self) -> bool:
-        """Whether the rule decides per batch whether the auxiliary terms are kept (acl_cross_layer:
-        unless --no-acl-grad)."""
-        return True
-
-    def gate_config(self, apply: bool) -> gating.GateConfig:
-        cfg = self.cfg  # read at each step: the flags' values, passed to the gate (which reads no cfg)
-        return gating.GateConfig(cfg.acl_grad_scope, cfg.acl_grad_threshold, cfg.acl_grad_global_decision, apply)
+class AclGradCriterion(objective.AclGradTerms, AclEmbedCriterion):
+    """The rule's settings from the ``--acl-grad-*`` flags: :class:`acl_torch.objective.AclGradTerms`."""

@@ -2,9 +2,9 @@
 
 A criterion here is ``loss = ce_weight * CE + aux`` where ``CE`` is the (exit-weighted) cross-entropy
 (MSE for ``--regression-target``) and ``aux`` is what a subclass adds in :meth:`aux_terms` (SCL, ACL,
-cross-layer ACL). A subclass may put the two parts together otherwise by overriding :meth:`combine`
-(ACL-Grad's gradient-conflict gate: ``acl_embed.py`` and ``sentence_scl.py`` hand it to ``gating.py``), and
-declare the logging keys it adds (``logged_ratios``, ``logged_sums``) so that :meth:`reduce_metrics` reports them.
+cross-layer ACL). The maths of every criterion, the gate included, is :mod:`acl_torch.objective`'s (which the
+Hugging Face trainer calls too): a criterion here inherits its :class:`~acl_torch.objective.Terms` class, which
+declares the logging keys it adds (``logged_ratios``, ``logged_sums``) so that :meth:`reduce_metrics` reports them.
 Losses follow fairseq's sum convention: sums over the batch, divided by ``sample_size`` (sentences)
 by the optimizer; contrastive means are multiplied by the batch size to match.
 
@@ -21,17 +21,18 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from fairseq.criterions import FairseqCriterion
 from fairseq.criterions.sentence_prediction import SentencePredictionConfig
 from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
 from omegaconf import II
 
-from .. import alignment, distributed, glue_metrics, losses
-from ..heads import ExitOutputs, collect_exit_outputs
-from .meters import log_regression_predictions
-from .weights import check_weights
+from acl_torch import alignment, losses, objective
+from acl_torch.exit_heads import ExitOutputs
+
+from .. import glue_metrics
+from ..heads import collect_exit_outputs
+from .meters import current_update, log_regression_predictions
 
 logger = logging.getLogger(__name__)
 
@@ -68,24 +69,13 @@ class ExitCriterionConfig(SentencePredictionConfig):
     required_batch_size_multiple: Optional[int] = II("dataset.required_batch_size_multiple")
 
 
-class ExitCriterionBase(FairseqCriterion):
-    """Cross-entropy over every exit plus the subclass's auxiliary terms."""
-
-    needs_class_labels = False  # contrastive criteria set True: they refuse --regression-target
-    needs_multi_exit = False  # acl_cross_layer sets True
-    contrasts = False  # a contrastive set that --contrast-across-workers can make global (sentence_scl, acl_*)
-    temperatures: Tuple[str, ...] = ()  # config fields that must be > 0 (None: unset), checked at construction
-    # logging keys a subclass adds, and how reduce_metrics reports them:
-    logged_ratios: Dict[str, Tuple[str, str, int]] = {}  # metric -> (summed key, count key, digits): their ratio
-    logged_sums: Tuple[str, ...] = ()  # keys logged as their sum over the batches
+class ExitCriterionBase(objective.Terms, FairseqCriterion):
+    """Cross-entropy over every exit plus the auxiliary terms of the criterion's :class:`objective.Terms`."""
 
     def __init__(self, cfg: ExitCriterionConfig, task):
-        super().__init__(task)
+        FairseqCriterion.__init__(self, task)
         self.cfg = cfg
-        for key in self.temperatures:
-            if getattr(cfg, key) is not None:
-                losses.check_temperature(getattr(cfg, key), "--" + key.replace("_", "-"))
-        check_weights(cfg)  # the loss weights and ACL-Grad's threshold, each in its range
+        self.check_options()  # temperatures > 0, the loss weights and ACL-Grad's threshold each in its range
         self.head_name = cfg.classification_head_name
         self.regression = cfg.regression_target
         name = type(self).__name__
@@ -135,29 +125,6 @@ class ExitCriterionBase(FairseqCriterion):
         """Whether validation logs the alignment scalars (on unless ``--no-alignment-metrics``)."""
         return not self.cfg.no_alignment_metrics
 
-    # --- what subclasses change -------------------------------------------------------------
-    @property
-    def ce_weight(self) -> float:
-        """Multiplier of the cross-entropy part (SCL uses 1 - lambda)."""
-        return 1.0
-
-    def aux_terms(
-        self, exits: ExitOutputs, targets: torch.Tensor, weights: torch.Tensor
-    ) -> Dict[str, Tuple[float, torch.Tensor]]:
-        """Auxiliary terms ``{name: (weight, batch-mean loss)}``, e.g. ``{"acl_loss": (1.0, l)}``.
-
-        ``sum(weight * loss)`` is added to the CE part; each loss is logged unweighted under its name.
-        ``weights`` are the exit weights (M,).
-        """
-        return {}
-
-    def combine(self, model, exits: ExitOutputs, ce: torch.Tensor, aux: torch.Tensor) -> Tuple[torch.Tensor, Dict]:
-        """``(loss to back-propagate, extra logging entries)`` from the CE part (already times ``ce_weight``)
-        and the auxiliary part, both in the sum convention: here their sum. The gated criteria override it with
-        ACL-Grad's gate (``acl_embed.py``, which acl_grad and acl_cross_layer inherit, and ``sentence_scl.py``, both
-        calling ``gating.py``'s)."""
-        return ce + aux, {}
-
     # --- the shared forward -------------------------------------------------------------------
     def forward(self, model, sample, reduce=True):
         exits = collect_exit_outputs(model, sample["net_input"], self.head_name)
@@ -167,36 +134,29 @@ class ExitCriterionBase(FairseqCriterion):
                 "--arch multi_exit_roberta_base (or _large) and keep more than one --exit-layers"
             )
         targets = model.get_targets(sample, [exits.logits[-1]]).view(-1)
-        n = targets.numel()
-        weights = losses.exit_weights(exits.layers, self.cfg.exit_weighting).to(targets.device)
-        task_losses = [self._task_loss(logits, targets) for logits in exits.logits]
-        ce = losses.weighted_exit_sum(task_losses, weights)  # sum over the batch
-        aux_exits, aux_targets, n_contrast = exits, targets, n
-        if self.cfg.contrast_across_workers and distributed.world_size() > 1:
-            aux_exits, aux_targets, n_contrast = distributed.gather_for_contrast(exits, targets, real=not self.replayed)
-        aux_parts = self.aux_terms(aux_exits, aux_targets, weights) if n_contrast > 0 else {}
-        # sum convention: a batch-mean term counts once per sample of the set it was computed on
-        aux = sum(w * v for w, v in aux_parts.values()) * n_contrast if aux_parts else ce.new_zeros(())
-        loss, combine_log = self.combine(model, exits, self.ce_weight * ce, aux)
+        parts = objective.objective(
+            self, exits, targets, params=model.parameters, training=model.training,
+            loss_scaler=has_loss_scaler(model), regression=self.regression, gather=self.cfg.contrast_across_workers,
+            real=not self.replayed, where=lambda: f"update {current_update()}",
+        )
+        n = parts.n
         logging_output = {
             # the true objective (under a gate's params scope the returned loss is a gradient surrogate)
-            "loss": (self.ce_weight * ce + aux * n / max(n_contrast, 1)).detach(),
-            "ce_loss": ce.data,
+            "loss": parts.total,
+            "ce_loss": parts.ce,
             "ntokens": sample["ntokens"],
             "nsentences": n,
             "sample_size": n,
-            **{k: v.data * n for k, (_, v) in aux_parts.items()},
-            **combine_log,
+            **{k: v * n for k, v in parts.aux.items()},
+            **parts.gate_log,
         }
         self._log_predictions(logging_output, exits, targets, model.training)
         if self.alignment_metrics and not (model.training or self.regression):
             logging_output.update(_alignment_sums(exits, targets))
-        return loss, n, logging_output
+        return parts.loss, n, logging_output
 
     def _task_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        if self.regression:
-            return F.mse_loss(logits.view(-1).float(), targets.float(), reduction="sum")
-        return F.nll_loss(F.log_softmax(logits, dim=-1, dtype=torch.float32), targets, reduction="sum")
+        return objective.task_loss(logits, targets, self.regression)
 
     def _log_predictions(self, out: Dict, exits: ExitOutputs, targets: torch.Tensor, training: bool) -> None:
         if self.regression:
@@ -263,6 +223,17 @@ class ExitCriterionBase(FairseqCriterion):
         log_regression_predictions(logging_outputs)
 
 
+def has_loss_scaler(model) -> bool:
+    """Whether training runs with a dynamic loss scaler: fp16 weights (``--fp16``,
+    ``--memory-efficient-fp16``) or fp16 autocast (``--amp``); not fp32, bf16 or bf16 autocast."""
+    first = next((p for p in model.parameters() if p.requires_grad), None)
+    if first is None:
+        return False
+    device = first.device.type
+    autocast_fp16 = torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16
+    return first.dtype == torch.float16 or autocast_fp16
+
+
 def exit_key(stem: str, layer) -> str:
     """The logging key of one exit's value: ``ncorrect_exit3``, ``align_own_exit1``, ``accuracy_exit3``."""
     return f"{stem}_exit{layer}"
@@ -283,7 +254,7 @@ def _config_value(cfg, key: str):
 
 
 def _alignment_sums(exits: ExitOutputs, targets: torch.Tensor) -> Dict[str, torch.Tensor]:
-    """Per-exit summed cosines for the validation alignment scalars (see acl_fairseq.alignment)."""
+    """Per-exit summed cosines for the validation alignment scalars (see acl_torch.alignment)."""
     out = {}
     for layer, u, w in zip(exits.layers, exits.features, exits.label_embeddings):
         sums = alignment.label_alignment_sums(u, targets, w)

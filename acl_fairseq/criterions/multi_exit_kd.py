@@ -8,10 +8,10 @@ Example: ``--arch multi_exit_roberta_base --criterion multi_exit_kd --kd-weight 
 """
 from dataclasses import dataclass, field
 
-import torch
 from fairseq.criterions import register_criterion
 
-from .. import losses
+from acl_torch import objective
+
 from .base import ExitCriterionBase, ExitCriterionConfig
 
 
@@ -26,13 +26,5 @@ class MultiExitKdConfig(ExitCriterionConfig):
 
 
 @register_criterion("multi_exit_kd", dataclass=MultiExitKdConfig)
-class MultiExitKdCriterion(ExitCriterionBase):
-    needs_class_labels = True  # a softmax distribution to match: no --regression-target
-    needs_multi_exit = True
-    temperatures = ("kd_temperature",)
-
-    def aux_terms(self, exits, targets, weights):
-        teacher = exits.logits[-1]
-        per_student = torch.stack([losses.self_distillation_loss(z, teacher, self.cfg.kd_temperature)
-                                   for z in exits.logits[:-1]])  # (M-1,)
-        return {"kd_loss": (self.cfg.kd_weight, per_student.mean())}
+class MultiExitKdCriterion(objective.MultiExitKdTerms, ExitCriterionBase):
+    """The distillation term: :class:`acl_torch.objective.MultiExitKdTerms`."""

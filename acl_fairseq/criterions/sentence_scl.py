@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from fairseq.criterions import register_criterion
 from fairseq.dataclass import ChoiceEnum
 
-from .. import losses
+from acl_torch import objective
+
 from . import gating
 from .base import ExitCriterionBase, ExitCriterionConfig
 
@@ -57,30 +58,5 @@ class SentenceSclConfig(ExitCriterionConfig):
 
 
 @register_criterion("sentence_scl", dataclass=SentenceSclConfig)
-class SentenceSclCriterion(ExitCriterionBase):
-    needs_class_labels = True
-    contrasts = True
-    temperatures = ("scl_temperature",)
-    logged_ratios = gating.LOGGED_RATIOS
-    logged_sums = gating.LOGGED_SUMS
-
-    @property
-    def ce_weight(self) -> float:
-        return 1.0 - self.cfg.scl_weight
-
-    def contrasted(self, exits):
-        """The representations SCL contrasts, per exit."""
-        return exits.pooled if self.cfg.scl_feature == "encoder" else exits.features
-
-    def combine(self, model, exits, ce, aux):
-        cfg = self.cfg
-        if not (cfg.scl_grad or cfg.log_grad_conflict):
-            return super().combine(model, exits, ce, aux)
-        config = gating.GateConfig(cfg.scl_grad_scope, cfg.scl_grad_threshold, cfg.scl_grad_global_decision,
-                                   apply=cfg.scl_grad)
-        return gating.combine(model, exits, ce, aux, config, features=self.contrasted(exits))
-
-    def aux_terms(self, exits, targets, weights):
-        feats = self.contrasted(exits)
-        per_exit = [losses.supcon_loss(f, targets, self.cfg.scl_temperature) for f in feats]
-        return {"scl_loss": (self.cfg.scl_weight, losses.weighted_exit_sum(per_exit, weights))}
+class SentenceSclCriterion(objective.SentenceSclTerms, ExitCriterionBase):
+    """The terms, the gate and the ``contrasted`` representations: :class:`acl_torch.objective.SentenceSclTerms`."""

@@ -16,7 +16,7 @@ head representations u^m and the exit's label embeddings (rows of ``out_proj.wei
 embedding-projector snapshot ``exit{L}`` at step = num_updates (see :mod:`acl_fairseq.projector` for the
 layout and metadata). Criteria do no file I/O, so this lives in the task.
 ``--autocast-bf16`` runs forward passes in bf16 autocast (refused on a CPU that would emulate bf16) and
-``--compile`` compiles the model for training (:mod:`acl_fairseq.acceleration`).
+``--compile`` compiles the model for training (:mod:`acl_torch.acceleration`).
 An empty or cut-short restore file (or resumed ``checkpoint_last.pt``) stops the run with one line
 and exit status 2 (:func:`check_restore_readable`).
 
@@ -43,8 +43,9 @@ from fairseq.tasks.sentence_prediction import SentencePredictionConfig, Sentence
 from omegaconf import II
 
 from acl_runtime import conventions
+from acl_torch import acceleration
 
-from .. import acceleration, checkpoint_safety, glue_metrics, projector
+from .. import checkpoint_safety, glue_metrics, projector
 
 logger = logging.getLogger(__name__)
 DEFAULT_RESTORE_FILE = "checkpoint_last.pt"  # fairseq's default, looked up in --save-dir

@@ -209,7 +209,7 @@ def test_hf_speed_at_toy_size(tmp_path):
 
 @pytest.mark.slow  # compiles (aot_eager: traced, no code generated) every mode of both sides: about 90 s
 def test_hf_speed_times_every_mode_side_by_side(tmp_path):
-    from acl_fairseq import acceleration
+    from acl_torch import acceleration
 
     rows = _hf_speed(tmp_path, "--criteria", "acl_embed", "--compile-backend", "aot_eager")
     if acceleration.read_cpu_kind().bf16_unit is None:  # left out in one line (the test below), the rest timed
@@ -235,7 +235,7 @@ def test_hf_speed_leaves_compiled_modes_out_in_one_line_where_compiling_fails(tm
 def test_hf_speed_leaves_bf16_modes_out_in_one_line_on_a_cpu_without_bf16_units(tmp_path, capsys, monkeypatch):
     """README's speed command with its default modes on an AVX2-only EPYC: the fp32 modes timed, not a
     ValueError from the bf16 check."""
-    from acl_fairseq import acceleration
+    from acl_torch import acceleration
     from acl_runtime.machine import read_cpu_kind
     from test_acceleration import ROME
 

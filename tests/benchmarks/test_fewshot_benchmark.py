@@ -113,7 +113,7 @@ def test_fewshot_benchmark_toy_end_to_end(tmp_path):
     bf16 = [c for c in cmd if c not in METHODS[1:]]
     bf16[bf16.index("--methods") + 1:bf16.index("--methods") + 2] = ["ce", "--seeds", "1", "--bf16"]
     proc4 = subprocess.run(bf16, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
-    from acl_fairseq import acceleration
+    from acl_torch import acceleration
 
     if acceleration.read_cpu_kind().bf16_unit is None:  # an AVX2-only CPU: refused, not 40x slower
         assert proc4.returncode != 0 and "no native bf16" in proc4.stdout + proc4.stderr
@@ -225,8 +225,8 @@ def test_a_finished_fewshot_run_of_another_schedule_or_from_before_the_conventio
 
 
 def test_fewshot_bf16_on_a_cpu_without_bf16_units_is_refused_before_any_run(tmp_path, monkeypatch, capsys):
-    """Refused in one line at the start (the rule of acl_fairseq.acceleration.bf16_problem), not by each run."""
-    from acl_fairseq import acceleration
+    """Refused in one line at the start (the rule of acl_torch.acceleration.bf16_problem), not by each run."""
+    from acl_torch import acceleration
     from acl_runtime.machine import read_cpu_kind
     from test_acceleration import ROME
 

@@ -5,7 +5,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import helpers
-from acl_fairseq import losses
+from acl_torch import losses
 from test_criterions import _cosine, _two_pass_reference, build
 
 
@@ -148,7 +148,7 @@ def test_the_global_decision_flag_takes_the_decision_on_all_reduced_gradients(da
                                                                                global_decision):
     # one process posing as rank 0 of 2 whose all-reduce is the identity: the flag must route the gate's
     # gradients through it (test_distributed.py runs real ranks, outside make mutation's selection)
-    from acl_fairseq import distributed
+    from acl_torch import distributed
 
     calls = []
     monkeypatch.setattr(distributed, "world_size", lambda: 2)

@@ -5,7 +5,7 @@ non-padding tokens), runs each exit head by hand (dense, tanh, out_proj; the tin
 training and evaluation mode compute the same values) and builds METHOD.md's total from those tensors: the
 values with the slow loops on plain floats of ``loss_references``, the gradients with the obvious per-anchor
 SupCon (``loss_references.supcon_core``) and plain CE/KL formulas. Nothing of the criterion is called: not its
-parts, its logging, ``acl_fairseq.heads`` or ``acl_fairseq.losses``. The exit layers and their weights are
+parts, its logging, ``acl_fairseq.heads`` or ``acl_torch.losses``. The exit layers and their weights are
 written out per case, not read from the model.
 
 Sum convention (fairseq's): the criterion returns sum-over-the-batch CE plus N times each batch-mean term, so the

@@ -67,7 +67,7 @@ def test_by_default_the_gate_applies_the_rule_and_has_no_loss_scaler():
 
 def test_by_default_each_rank_decides_on_its_own_gradients(monkeypatch):
     # the global decision is opt-in (--acl-grad-global-decision): gate() alone all-reduces nothing
-    from acl_fairseq import distributed
+    from acl_torch import distributed
 
     calls = []
     monkeypatch.setattr(distributed, "world_size", lambda: 2)
@@ -167,7 +167,7 @@ def test_alignment_scalars_are_logged_in_validation_only(data3):
 
 def test_contrast_across_workers_gathers_the_real_rows_of_every_rank_and_none_of_a_replay(data3, monkeypatch):
     # one process posing as rank 0 of 2 (test_distributed.py runs real ranks, outside make mutation's selection)
-    from acl_fairseq import distributed
+    from acl_torch import distributed
 
     seen = []
     monkeypatch.setattr(distributed, "world_size", lambda: 2)
@@ -185,7 +185,7 @@ def test_contrast_across_workers_gathers_the_real_rows_of_every_rank_and_none_of
 
 def test_without_contrast_across_workers_a_rank_of_two_contrasts_its_own_batch_only(data3, monkeypatch):
     # the global set is opt-in: without the flag a 2-rank run gathers nothing and gives one process's loss
-    from acl_fairseq import distributed
+    from acl_torch import distributed
 
     _, model, crit, sample = build(data3, "acl_embed", num_classes=3)
     model.train()
@@ -200,8 +200,8 @@ def test_without_contrast_across_workers_a_rank_of_two_contrasts_its_own_batch_o
 
 def test_a_gated_criterion_whose_global_contrastive_set_is_empty_trains_on_ce_alone(data3, monkeypatch):
     # every rank replaying at once leaves no row to contrast: the gate still gets a zero tensor for the term
-    from acl_fairseq import distributed
     from acl_fairseq.heads import ExitOutputs
+    from acl_torch import distributed
 
     def nobody(exits, targets, real=True):
         rows = ExitOutputs(logits=exits.logits, features=[u[:0] for u in exits.features],
@@ -276,7 +276,7 @@ def test_acl_embed_on_a_float64_model_equals_the_reference(data3):
 
 @pytest.mark.parametrize("n_features,n_embeddings", [(2, 1), (1, 2), (0, 0)])
 def test_acl_embed_losses_refuses_feature_and_label_embedding_sets_that_do_not_pair(n_features, n_embeddings):
-    from acl_fairseq import losses
+    from acl_torch import losses
 
     labels = torch.tensor([0, 1, 0, 1])
     with pytest.raises(ValueError, match="feature sets"):
@@ -285,7 +285,7 @@ def test_acl_embed_losses_refuses_feature_and_label_embedding_sets_that_do_not_p
 
 def test_acl_embed_losses_of_exits_with_different_label_counts_are_computed_one_by_one():
     # label-embedding sets of different shapes cannot be stacked: each exit gets its own call, as documented
-    from acl_fairseq import losses
+    from acl_torch import losses
 
     torch.manual_seed(0)
     feats, labels = [torch.randn(6, 4), torch.randn(6, 4)], torch.tensor([0, 1, 1, 0, 1, 0])
@@ -320,7 +320,7 @@ def test_the_cross_entropy_of_fp16_logits_is_computed_in_float32(data3):
 
 # ---- weighted_exit_sum ------------------------------------------------------------------------------
 def test_weighted_exit_sum_weights_each_exit_s_values_elementwise_in_the_wider_dtype():
-    from acl_fairseq import losses
+    from acl_torch import losses
 
     a, b = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64), torch.tensor([4.0, 5.0, 6.0], dtype=torch.float64)
     got = losses.weighted_exit_sum([a, b + 1e-12], torch.tensor([0.25, 0.75]))
@@ -333,7 +333,7 @@ def test_weighted_exit_sum_weights_each_exit_s_values_elementwise_in_the_wider_d
 
 def test_weighted_exit_sum_moves_the_weights_to_the_values_device():
     # the weights come from exit_weights on the CPU; a CPU run sees the move on the meta device
-    from acl_fairseq import losses
+    from acl_torch import losses
 
     got = losses.weighted_exit_sum([torch.ones((), device="meta")] * 2, losses.exit_weights([1, 2]))
     assert got.device.type == "meta"

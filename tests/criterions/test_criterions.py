@@ -200,10 +200,10 @@ def test_option_choices_are_the_tuples_of_the_modules_that_use_them(data):
     from fairseq import tasks
     from omegaconf import open_dict
 
-    from acl_fairseq import losses
     from acl_fairseq.cli.help import build_parser
     from acl_fairseq.criterions import gating
     from acl_fairseq.heads import POOLING_MODES
+    from acl_torch import losses
 
     actions = {}
     for name in ("acl_cross_layer", "sentence_scl"):
@@ -240,7 +240,7 @@ def _grads(model):
 
 def _two_pass_reference(model, crit, sample):
     """g_CE and g_ACL by two separate backward passes (the obvious, slow way)."""
-    import acl_fairseq.losses as L
+    import acl_torch.losses as L
     from acl_fairseq.heads import collect_exit_outputs
 
     def part(which):

@@ -124,7 +124,7 @@ def test_features_scope_on_a_stock_roberta_sees_ce_through_the_heads_own_slice(d
     (it was always 0 before, so the rule never decided anything at --scl-grad-scope features)."""
     import torch.nn.functional as F
 
-    from acl_fairseq import losses
+    from acl_torch import losses
 
     _, model, crit, sample = build(data, "sentence_scl", extra=["--log-grad-conflict", "--scl-grad-scope", "features",
                                                                  "--pooler-dropout", "0"])

@@ -1,12 +1,12 @@
-"""Tests of acl_fairseq.gradients: the gradient cosine of ACL-Grad's decision and its keep rule."""
+"""Tests of acl_torch.gradients: the gradient cosine of ACL-Grad's decision and its keep rule."""
 import threading
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from acl_fairseq import gradients
-from acl_fairseq.gradients import acl_grad_keep, gradient_cosine
+from acl_torch import gradients
+from acl_torch.gradients import acl_grad_keep, gradient_cosine
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 

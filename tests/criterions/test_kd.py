@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import helpers
-from acl_fairseq import losses
+from acl_torch import losses
 from test_criterions import build
 
 

@@ -1,4 +1,4 @@
-"""Tests of acl_fairseq.losses against the slow references in tests/loss_references.py (Python loops, and
+"""Tests of acl_torch.losses against the slow references in tests/loss_references.py (Python loops, and
 ``supcon_core``, the SupCon core per anchor written the obvious way), and their properties."""
 import math
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import acl_fairseq.losses as L
-from acl_fairseq.losses import (
+import acl_torch.losses as L
+from acl_torch.losses import (
     acl_embed_loss,
     cross_layer_acl_loss,
     exit_weights,

@@ -42,16 +42,16 @@ def test_acl_help_points_fairseq_at_the_plugin_folder(monkeypatch, capsys):
     assert sys.argv[1:] == ["--user-dir", PACKAGE] and "acl_grad" in capsys.readouterr().out
 
 
-def test_the_files_base_names_for_the_gate_override_combine():
-    import ast
+def test_every_criterion_that_logs_the_gate_names_its_settings():
+    """A criterion that reports the gate's keys (grad_cos, conflict_rate) says where its gate's settings come from: its
+    acl_torch.objective class overrides ``gate_config`` (the base class, plain CE, has none)."""
+    from acl_torch import objective
 
-    folder = os.path.join(PACKAGE, "criterions")
-    tree = ast.parse(open(os.path.join(folder, "base.py"), encoding="utf-8").read())
-    (combine,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "combine"]
-    cited = set(re.findall(r"``(\w+\.py)``", ast.get_docstring(tree) + ast.get_docstring(combine)))
-    assert cited
-    for name in cited:
-        assert "def combine(" in open(os.path.join(folder, name), encoding="utf-8").read(), name
+    logging_gate = [t for t in objective.TERMS.values() if t.logged_ratios]
+    assert {t.name for t in logging_gate} == {"sentence_scl", "acl_embed", "acl_grad", "acl_cross_layer"}
+    for terms in logging_gate:
+        assert terms.gate_config is not objective.Terms.gate_config, terms.name
+    assert objective.Terms.gate_config(objective.Terms()) is None
 
 
 def _epoch_cosines(log):

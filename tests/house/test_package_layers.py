@@ -5,7 +5,7 @@ import pathlib
 
 import helpers
 
-PACKAGES = ("acl_fairseq", "acl_runtime")
+PACKAGES = ("acl_fairseq", "acl_runtime", "acl_torch", "acl_hf")
 
 
 def module_name(path: pathlib.Path) -> str:

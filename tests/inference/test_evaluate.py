@@ -168,6 +168,7 @@ def test_every_tool_is_an_acl_console_script():
         "acl-export": "acl_fairseq.hf.export:cli_main",
         "acl-preprocess": "acl_fairseq.preprocessing.glue:cli_main",
         "acl-help": "acl_fairseq.cli.help:cli_main",
+        "acl-train-hf": "acl_hf.train:cli_main",
     }
 
 

@@ -1,5 +1,7 @@
-"""The two packages' boundary: :mod:`acl_runtime` (serving, torch-free) never imports the plugin, torch or fairseq,
-and ``import acl_fairseq`` registers with fairseq whatever the command line says."""
+"""The packages' boundaries: :mod:`acl_runtime` (serving, torch-free) never imports the plugin, torch or fairseq;
+:mod:`acl_torch` (the maths both trainers call) imports neither trainer, fairseq nor transformers; the fairseq plugin
+and the Hugging Face path (:mod:`acl_hf`) sit side by side and never import each other; and ``import acl_fairseq``
+registers with fairseq whatever the command line says."""
 import ast
 import os
 import pathlib
@@ -31,6 +33,24 @@ def test_the_runtime_imports_neither_the_plugin_nor_torch_nor_fairseq():
     assert len(files) >= 15, files
     bad = [(str(f.relative_to(RUNTIME)), name) for f in files for name in imported_names(f)
            if name.split(".")[0] in TRAINING_STACK]
+    assert not bad, bad
+
+
+# package -> the top-level names it must not import, at any depth (docs/architecture.md)
+LAYERS = {
+    "acl_torch": ("fairseq", "fairseq_cli", "transformers", "acl_fairseq", "acl_hf"),
+    "acl_hf": ("fairseq", "fairseq_cli", "acl_fairseq"),
+    "acl_fairseq": ("acl_hf",),
+}
+
+
+def test_the_torch_maths_and_the_two_trainers_keep_their_layers():
+    bad = []
+    for package, banned in LAYERS.items():
+        files = sorted((pathlib.Path(helpers.REPO) / package).rglob("*.py"))
+        assert len(files) >= 5, (package, files)
+        bad += [(str(f.relative_to(helpers.REPO)), name) for f in files for name in imported_names(f)
+                if name.split(".")[0] in banned]
     assert not bad, bad
 
 

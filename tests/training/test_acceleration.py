@@ -1,5 +1,5 @@
 """--autocast-bf16 and --compile on the task sentence_prediction_acl, and the CPU-kind detection behind them
-(acl_fairseq/acceleration.py), on a tiny model and toy data.
+(acl_torch/acceleration.py), on a tiny model and toy data.
 
 The compiled-versus-eager checks here use the ``aot_eager`` backend (dynamo's graph capture and AOT
 autograd, no code generation: seconds); the ``inductor`` version of the same check is marked slow.
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import helpers
-from acl_fairseq import acceleration
+from acl_torch import acceleration
 
 # /proc/cpuinfo lines of three machine kinds
 ZEN4 = ("vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\ncpu MHz\t\t: 2500.000\n"
@@ -216,7 +216,7 @@ def test_compile_recompiles_stay_bounded_over_batch_lengths(data, caplog):
 
 
 def test_compile_that_cannot_work_says_so_in_one_line_and_trains_eagerly(data, caplog):
-    with caplog.at_level(logging.WARNING, logger="acl_fairseq.acceleration"):
+    with caplog.at_level(logging.WARNING, logger="acl_torch.acceleration"):
         cfg, task, model, crit = build(data, "acl_embed", "multi_exit_roberta",
                                        ["--compile", "--compile-backend", "no_such_backend"])
     assert task.compiled is None

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import helpers
-from acl_fairseq import alignment, projector
+from acl_fairseq import projector
 from acl_fairseq.inference import report
+from acl_torch import alignment
 
 SAMPLES = 10
 TINY = ["--task", "sentence_prediction_acl", "--projector-samples", str(SAMPLES)]

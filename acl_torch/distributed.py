@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .heads import ExitOutputs
+from .exit_heads import ExitOutputs
 
 # all_reduce_sum flattens tensors into float32 buffers of at most this many elements (64 MiB)
 _BUCKET_NUMEL = 1 << 24

@@ -4,7 +4,7 @@ Every function takes tensors and plain numbers and returns tensors; nothing here
 fairseq. Contrastive maths runs in float32 at least: float16/bfloat16 inputs are upcast and the
 result is float32; float64 inputs stay float64 (so that ``torch.autograd.gradcheck`` can be used).
 Features are passed un-normalized unless a docstring says otherwise. No state is kept between calls.
-ACL-Grad's gradient cosine is in :mod:`acl_fairseq.gradients`, the early-exit entropy in :mod:`acl_runtime.exits`.
+ACL-Grad's gradient cosine is in :mod:`acl_torch.gradients`, the early-exit entropy in :mod:`acl_runtime.exits`.
 """
 from typing import Sequence
 

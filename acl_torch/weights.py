@@ -3,7 +3,7 @@
 Outside its range a weight flips or drops a term instead of weighting it: an SCL lambda of 2 gives CE the
 weight -1, a negative ACL weight rewards pulling samples away from their own label, a cosine threshold
 above 1 discards the ACL term on every step. Temperatures have their own check
-(:func:`acl_fairseq.losses.check_temperature`).
+(:func:`acl_torch.losses.check_temperature`).
 """
 import math
 
@@ -18,13 +18,14 @@ WEIGHT_RANGES = {
 }
 
 
-def check_weights(cfg) -> None:
-    """Raise ValueError naming the flag when a :data:`WEIGHT_RANGES` field of ``cfg`` lies outside its range
-    (NaN and infinities are outside every range); fields that ``cfg`` lacks or leaves unset are skipped."""
+def check_weights(cfg, spell=lambda key: "--" + key.replace("_", "-")) -> None:
+    """Raise ValueError naming the option (as ``spell`` writes it; fairseq's flag by default) when a
+    :data:`WEIGHT_RANGES` field of ``cfg`` lies outside its range (NaN and infinities are outside every range);
+    fields that ``cfg`` lacks or leaves unset are skipped."""
     for key, (low, high) in WEIGHT_RANGES.items():
         value = getattr(cfg, key, None)
         if value is None:
             continue
         if not (math.isfinite(value) and low <= value <= high):
             allowed = f">= {low:g}" if high == math.inf else f"in [{low:g}, {high:g}]"
-            raise ValueError(f"--{key.replace('_', '-')} must be a finite number {allowed}, got {value}")
+            raise ValueError(f"{spell(key)} must be a finite number {allowed}, got {value}")

@@ -29,7 +29,8 @@ logger = logging.getLogger(__name__)
 def bf16_problem(device_type: str, kind: Optional[CpuKind] = None) -> Optional[str]:
     """None where bf16 autocast is native on ``device_type``, else why not (one line, naming the CPU kind or the
     GPU): a CPU without AMX, avx512_bf16 or Arm bf16, or a CUDA GPU before Ampere. One home for the rule that
-    ``--autocast-bf16`` refuses by and the benchmarks leave their bf16 modes out by."""
+    ``--autocast-bf16`` (and the Hugging Face path's ``--bf16``) refuses by and the benchmarks leave their bf16
+    modes out by."""
     if device_type == "cuda":
         if not torch.cuda.is_bf16_supported():
             return (f"{torch.cuda.get_device_name()} has no native bf16 (Ampere or later has); train in fp32 or "
@@ -42,12 +43,12 @@ def bf16_problem(device_type: str, kind: Optional[CpuKind] = None) -> Optional[s
     return None
 
 
-def check_bf16(device_type: str, kind: Optional[CpuKind] = None) -> str:
-    """One line naming where ``--autocast-bf16`` runs; raises ``ValueError`` (one line, :func:`bf16_problem`)
-    where bf16 would be emulated."""
+def check_bf16(device_type: str, kind: Optional[CpuKind] = None, flag: str = "--autocast-bf16") -> str:
+    """One line naming where bf16 autocast runs; raises ``ValueError`` (one line, :func:`bf16_problem`, naming
+    ``flag``: the Hugging Face path's ``--bf16``) where bf16 would be emulated."""
     problem = bf16_problem(device_type, kind)
     if problem:
-        raise ValueError(f"--autocast-bf16: {problem}")
+        raise ValueError(f"{flag}: {problem}")
     if device_type == "cuda":
         return f"bf16 autocast on {torch.cuda.get_device_name()}"
     return f"bf16 autocast on the CPU ({(kind or read_cpu_kind()).describe()})"
