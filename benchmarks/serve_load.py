@@ -14,7 +14,7 @@ copy into WORK/serve_speed/onnx; ``--toy``: the toy model, for the test), the 87
 sentences (JSONL, so that every string is sent as it is served); every served answer is compared with its row.
 
 Per configuration the server (``acl-serve``, one thread a worker) is started on a free loopback port and the
-client (benchmarks/_load_client.py, its own process, asyncio and a connection pool that grows) drives it:
+client (benchmarks/load/client.py, its own process, asyncio and a connection pool that grows) drives it:
 - warm-up: ``max_batch`` requests, discarded;
 - saturation: a closed loop of ``--concurrency`` callers (default 8 x max batch x workers: with refill a worker's
   rows wait in one queue per layer, so it takes a full batch for the embeddings and each of the MiniLM's 6 layers,
@@ -30,7 +30,7 @@ client (benchmarks/_load_client.py, its own process, asyncio and a connection po
   workers run before it; those above this configuration's saturation are recorded as skipped): each one's
   fractions are of its own saturation, and refill's is higher, so only these compare the two at the same load;
   with ``--interleave N`` in their place, after all configurations: both servers live at once and refill's rates
-  run on each in turn, N rounds, the median ratio judged (benchmarks/_load_pair.py).
+  run on each in turn, N rounds, the median ratio judged (benchmarks/load/pair.py).
 
 The reference is measured in this process, interleaved with the load (the server idle meanwhile), so that both
 see the same machine: once just before and once just after the saturation phase, the same precision's Engine at one
@@ -69,15 +69,12 @@ import time
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import _glue_runs as G
-import _load_client as C
-import _load_pair as P
-import _load_server as S
-import _load_stats as T
 import common
 import harness as H
 from _serving import add_model_flags, check_model_flags, load, model_and_sentences
 from acl_runtime import calibration, console, deadlines, exits
 from acl_runtime.io import atomic
+from load import client, pair, server, stats
 
 RATES = (0.25, 0.5, 0.75, 1.0, 1.25)
 SATURATION_BATCHES = 8  # closed-loop callers per worker, in max batches: a full batch per queue, and one more
@@ -129,7 +126,7 @@ class Reference:
         early, layer = self._pass(self.ids, self.max_batch, self.policy)
         single = [self._pass([ids], 1, None)[0] for ids in self.single]
         self.rounds.append({"full_batched_per_s": len(self.ids) / full, "exit_batched_per_s": len(self.ids) / early,
-                            "exit_mean_layer": layer, "batch1_ms": 1000 * T.percentile(single, 50)})
+                            "exit_mean_layer": layer, "batch1_ms": 1000 * stats.percentile(single, 50)})
 
     def summary(self) -> Dict:
         keys = self.rounds[0].keys()
@@ -152,46 +149,47 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
         return [order[i % len(order)] for i in range(n)]
 
     started = time.perf_counter()
-    port = S.free_port()
+    port = server.free_port()
     log = os.path.join(tmp, "server.log")
     G.log(f"{cfg.name}: acl-serve on 127.0.0.1:{port}")
-    proc = S.start_server(S.server_command(args, cfg.refill, cfg.precision, cfg.workers, folder, port), log, port,
-                           args.ready_seconds)
+    command = server.server_command(args, cfg.refill, cfg.precision, cfg.workers, folder, port)
+    proc = server.start_server(command, log, port, args.ready_seconds)
     records = []
     try:
         concurrency = args.concurrency or SATURATION_BATCHES * args.max_batch * cfg.workers
-        warm = S.drive(S.phase_spec(args, port, sentences, cycle(args.max_batch), f"{cfg.name}/warm", mode="closed",
-                                  concurrency=args.max_batch), tmp)
+        warm = server.drive(server.phase_spec(args, port, sentences, cycle(args.max_batch), f"{cfg.name}/warm",
+                                              mode="closed", concurrency=args.max_batch), tmp)
         ref.round()
-        before, cpu_before = S.metrics(port), S.cpu_seconds(proc.pid, cfg.workers)
+        before, cpu_before = server.metrics(port), server.cpu_seconds(proc.pid, cfg.workers)
         n_sat = args.saturation_requests or max(2 * len(sentences), 4 * concurrency)
-        out = S.drive(S.phase_spec(args, port, sentences, cycle(n_sat), f"{cfg.name}/sat", mode="closed",
-                                 concurrency=concurrency), tmp)
-        after, cpu_after = S.metrics(port), S.cpu_seconds(proc.pid, cfg.workers)
+        out = server.drive(server.phase_spec(args, port, sentences, cycle(n_sat), f"{cfg.name}/sat", mode="closed",
+                                             concurrency=concurrency), tmp)
+        after, cpu_after = server.metrics(port), server.cpu_seconds(proc.pid, cfg.workers)
         records += out["records"]
-        saturation = {**T.summarize(out, None, n_sat), "throughput_per_s": T.steady_throughput(out, concurrency),
-                      "concurrency": concurrency,
-                      "split": outside_model(T.split_between(before, after), cpu_before, cpu_after)}
+        saturation = {**stats.summarize(out, None, n_sat),
+                      "throughput_per_s": stats.steady_throughput(out, concurrency), "concurrency": concurrency,
+                      "split": outside_model(stats.split_between(before, after), cpu_before, cpu_after)}
         # the same server at full depth ("policy": "none" on each request): the scheduler's own reference
-        full = S.drive(S.phase_spec(args, port, sentences, cycle(n_sat), f"{cfg.name}/full", mode="closed",
-                                  concurrency=concurrency, parameters={"policy": "none"}), tmp)
-        after_full, cpu_after_full = S.metrics(port), S.cpu_seconds(proc.pid, cfg.workers)
+        full = server.drive(server.phase_spec(args, port, sentences, cycle(n_sat), f"{cfg.name}/full", mode="closed",
+                                              concurrency=concurrency, parameters={"policy": "none"}), tmp)
+        after_full, cpu_after_full = server.metrics(port), server.cpu_seconds(proc.pid, cfg.workers)
         ref.round()
-        full_depth = {**T.summarize(full, None, n_sat), "throughput_per_s": T.steady_throughput(full, concurrency),
-                      "split": outside_model(T.split_between(after, after_full), cpu_after, cpu_after_full)}
+        full_depth = {**stats.summarize(full, None, n_sat),
+                      "throughput_per_s": stats.steady_throughput(full, concurrency),
+                      "split": outside_model(stats.split_between(after, after_full), cpu_after, cpu_after_full)}
         if saturation["throughput_per_s"] <= 0:
             raise RuntimeError(f"serve_load: {cfg.name}: no answer at saturation; the server's log ends:\n"
-                               f"{S.tail(log)}")
-        unit = C.poisson_offsets(1.0, args.requests, float("inf"), args.seed)
+                               f"{server.tail(log)}")
+        unit = client.poisson_offsets(1.0, args.requests, float("inf"), args.seed)
 
         def open_loop(rate: float, what: str, tag: str) -> Dict:
             offsets = [t / rate for t in unit if t / rate < args.max_seconds]
             G.log(f"{cfg.name}: {what}, {rate:.1f}/s, {len(offsets)} requests")
-            start = S.metrics(port)
-            out = S.drive(S.phase_spec(args, port, sentences, cycle(len(offsets)), f"{cfg.name}/{tag}", mode="open",
-                                     offsets=offsets), tmp)
+            start = server.metrics(port)
+            out = server.drive(server.phase_spec(args, port, sentences, cycle(len(offsets)), f"{cfg.name}/{tag}",
+                                                 mode="open", offsets=offsets), tmp)
             records.extend(out["records"])
-            return {**T.summarize(out, rate, len(unit)), "split": T.split_between(start, S.metrics(port))}
+            return {**stats.summarize(out, rate, len(unit)), "split": stats.split_between(start, server.metrics(port))}
 
         rates = [{"fraction": f, **open_loop(f * saturation["throughput_per_s"], f"{f:.0%} of saturation", str(f))}
                  for f in args.rates]
@@ -203,17 +201,17 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
             else:
                 same.append({"refill_fraction": fraction,
                              **open_loop(rate, f"refill's {fraction:.0%}", f"refill-{fraction}")})
-        server = S.metrics(port)
-        rss = S.worker_rss(proc.pid, cfg.workers)
+        counted = server.metrics(port)
+        rss = server.worker_rss(proc.pid, cfg.workers)
     finally:
-        stopped = S.stop_server(proc, args.stop_seconds)
-    if stopped["exit_code"] or any(p["errors"] for p in [saturation] + rates + T.carried(same)):
-        print(f"# {cfg.name}: errors or exit code {stopped['exit_code']}; the server's log ends:\n{S.tail(log)}",
+        stopped = server.stop_server(proc, args.stop_seconds)
+    if stopped["exit_code"] or any(p["errors"] for p in [saturation] + rates + stats.carried(same)):
+        print(f"# {cfg.name}: errors or exit code {stopped['exit_code']}; the server's log ends:\n{server.tail(log)}",
               file=sys.stderr)
     answered = [r for r in records if r["status"] == 200 and r["id_ok"]]
-    metrics = None if server is None else {"answered": server["answered"],
-                                           "fill_saturation": T.fill_between(before, after),
-                                           "fill_all_phases": T.fill_between(None, server)}
+    metrics = None if counted is None else {"answered": counted["answered"],
+                                           "fill_saturation": stats.fill_between(before, after),
+                                           "fill_all_phases": stats.fill_between(None, server)}
     return {"config": cfg.name, **cfg._asdict(), "saturation": saturation, "full_depth_served": full_depth,
             "rates": rates, "same_rate_as_refill": same,
             "reference": ref.summary(), "mean_exit_layer": saturation["mean_exit_layer"],
@@ -221,7 +219,7 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
             "all_phases_mean_exit_layer": sum(r["exit_layer"] for r in answered) / max(1, len(answered)),
             "peak_rss_mb_per_worker": rss["per_worker_mb"], "peak_rss_mb_supervisor": rss["supervisor_mb"],
             "server_processes": rss["processes"], "server": stopped, "metrics": metrics,
-            "answers": T.compare_answers(records, expected, labels, args.atol),
+            "answers": stats.compare_answers(records, expected, labels, args.atol),
             "client_answered": sum(1 for r in warm["records"] + full["records"] + records if r["status"]),
             "wall_s": time.perf_counter() - started}
 
@@ -249,7 +247,7 @@ def table_rows(results: List[Dict]) -> List[Dict]:
         rss = max(res["peak_rss_mb_per_worker"], default=None)
         full = [("full depth", res["full_depth_served"])] if "full_depth_served" in res else []
         phases = [("saturation", res["saturation"])] + full + [(f"{r['fraction']:.0%}", r) for r in res["rates"]] + \
-            [(f"refill's {r['refill_fraction']:.0%}", r) for r in T.carried(res.get("same_rate_as_refill", []))]
+            [(f"refill's {r['refill_fraction']:.0%}", r) for r in stats.carried(res.get("same_rate_as_refill", []))]
         for phase, p in phases:
             rows.append({"config": res["config"], "phase": phase, **{k: p.get(k) for k in COLUMNS[2:-1]},
                          "peak_rss_mb": rss})
@@ -293,7 +291,7 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true",
                    help="a smoke check: 128 sentences, 48 requests a rate, saturation over 4 x concurrency")
     p.add_argument("--toy", action="store_true", help="serve_speed.py's toy model (tests); needs its own --json")
-    p.add_argument("--server", default=S.tool("acl-serve"), help="the acl-serve executable (default: %(default)s)")
+    p.add_argument("--server", default=server.tool("acl-serve"), help="the acl-serve executable (default: %(default)s)")
     p.add_argument("--policy", default="entropy", choices=list(exits.POLICIES), help="early-exit policy")
     p.add_argument("--threshold", type=float, help="its threshold (default: the policy table's, 0.3 for entropy)")
     p.add_argument("--calibrate", type=_budget, metavar="BUDGET", help="serve at the --policy threshold that "
@@ -315,7 +313,7 @@ def parse_args(argv=None):
     p.add_argument("--atol", type=float, default=1e-5, help="probabilities equal to acl-predict's within this")
     p.add_argument("--interleave", type=int, default=0, metavar="N",
                    help="compare refill with no refill at refill's offered rates on two live servers, the phases "
-                   "alternated, N rounds, medians (benchmarks/_load_pair.py); in place of the no-refill "
+                   "alternated, N rounds, medians (benchmarks/load/pair.py); in place of the no-refill "
                    "configurations' single same-rate phases (default 0: those)")
     p.add_argument("--seed", type=int, default=1, help="the arrivals, the sentence order, the batch-1 subset")
     p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all; --quick: 128)")
@@ -410,7 +408,7 @@ def main(argv=None) -> Dict:
     configs = [Config(r == "on", p, w) for r in args.refill for p in args.precision for w in args.workers]
     results = []
     with tempfile.TemporaryDirectory(prefix="serve_load_") as tmp:
-        expected = {p: S.acl_predict(folder, p, sentences, args, tmp) for p in args.precision}
+        expected = {p: server.acl_predict(folder, p, sentences, args, tmp) for p in args.precision}
         refs = {p: Reference(folder, p, sentences, args) for p in args.precision}
         labels = refs[args.precision[0]].engine.label_names()
         for cfg in configs:
@@ -419,12 +417,12 @@ def main(argv=None) -> Dict:
             try:
                 results.append(run_config(args, cfg, folder, sentences, ref, expected[cfg.precision], labels, tmp,
                                           same_rates=[] if args.interleave or cfg.refill else
-                                          P.refill_rates(results, cfg.precision, cfg.workers)))
+                                          pair.refill_rates(results, cfg.precision, cfg.workers)))
             except RuntimeError as e:  # one configuration's failure must not cost the others' measurements
                 print(f"# {cfg.name}: failed: {e}", file=sys.stderr)
                 results.append({"config": cfg.name, **cfg._asdict(), "failed": str(e)[-3000:]})
-        pairs = P.pairs(args, results, folder, sentences, tmp) if args.interleave else []
-    found = T.verdicts(results, len(sentences)) + P.verdicts(pairs)
+        pairs = pair.pairs(args, results, folder, sentences, tmp) if args.interleave else []
+    found = stats.verdicts(results, len(sentences)) + pair.verdicts(pairs)
     record = {"benchmark": "serve_load", "setup": setup_record(args, folder, len(sentences)), "results": results,
               "interleaved": pairs, "verdicts": found}
     print(f"# serve_load: {len(sentences)} sentences of {'the toy task' if args.toy else 'SST-2 dev'}, policy "
@@ -432,7 +430,7 @@ def main(argv=None) -> Dict:
     H.print_noted_table(table_rows(results), COLUMNS, FORMATS)
     if pairs:
         print("# interleaved rounds: refill / no refill at the same offered rate")
-        H.print_noted_table(P.round_rows(pairs), P.ROUND_COLUMNS, P.ROUND_FORMATS)
+        H.print_noted_table(pair.round_rows(pairs), pair.ROUND_COLUMNS, pair.ROUND_FORMATS)
     H.print_targets(found)
     atomic.write_json(args.json, record)
     print(plot(results, args.plot) or f"# plot: {args.plot}")

@@ -24,7 +24,7 @@ over repeats.
   ``cpu_*``: the same from the process CPU time of the engine calls, which stays steady when other jobs share the
   cores (one thread per engine by default, so that it is the engine's compute); the targets use the wall clock.
 - ``peak_rss_mb``: the peak resident memory (VmHWM) of a separate process that loads one engine and classifies
-  the dev set with early exit at the batch size (benchmarks/_serve_child.py): for ORT it imports only the runtime
+  the dev set with early exit at the batch size (benchmarks/load/serve_child.py): for ORT it imports only the runtime
   (torch and fairseq unimportable), for torch the hub. ``rss_vs_torch``: that over the torch process's.
 
 Its targets are printed beside the results with pass/miss. The threshold is ``--threshold``
@@ -39,11 +39,11 @@ from typing import Dict, List
 
 import _glue_runs as G
 import _records as R
-import _serve_child
 import _serving
 import common
 import harness as H
 from acl_runtime import console, exits
+from load import serve_child
 
 ENGINES = ("torch", "ort-fp32", "ort-int8")
 MODES = ("all", "exit")  # all layers, early exit
@@ -265,7 +265,7 @@ def main(argv=None) -> Dict:
         G.log(f"timing: batch {b}, {len(sentences)} sentences, {args.repeats} repeats of {len(systems)} systems")
         measure(systems, sentences, b, args.repeats)
     rows = [row_of(s, by_name, b, gold, hub.num_layers) for b in (1, args.batch_size) for s in systems]
-    rss = {} if args.no_rss else _serve_child.peak_rss(ckpt, data, folder, sentences, args.policy, args.threshold,
+    rss = {} if args.no_rss else serve_child.peak_rss(ckpt, data, folder, sentences, args.policy, args.threshold,
                                                         args.batch_size, args.threads)
     for row in rows:
         rec = rss.get(row["engine"])

@@ -23,9 +23,9 @@ import time
 from collections import Counter
 from typing import Dict, List
 
-import _load_server as S
 import _records as R
 import harness as H
+from load import server
 
 COLUMNS = ["workers", "run", "before_200", "before_dropped", "dropped_at_signal", "after_refused", "after_taken",
            "after_dropped", "after_503", "last_taken_ms", "exit_code"]
@@ -60,8 +60,8 @@ def attempt(port: int) -> str:
 
 
 def one_run(args, workers: int, run: int, tmp: str) -> Dict:
-    port, log = S.free_port(), os.path.join(tmp, "server.log")
-    proc = S.start_server([args.server, args.folder, "--port", str(port), "--workers", str(workers),
+    port, log = server.free_port(), os.path.join(tmp, "server.log")
+    proc = server.start_server([args.server, args.folder, "--port", str(port), "--workers", str(workers),
                            "--drain-seconds", "10"], log, port, 120.0)
     time.sleep(0.5)
     sigterm, outcomes, lock = [None], [], threading.Lock()
@@ -85,7 +85,7 @@ def one_run(args, workers: int, run: int, tmp: str) -> Dict:
         t.join()
     code = proc.wait(60)
     return {"workers": workers, "run": run, **classify(outcomes, sigterm[0]), "exit_code": code,
-            "log_tail": S.tail(log) if code else None}
+            "log_tail": server.tail(log) if code else None}
 
 
 def classify(outcomes: List[tuple], sigterm: float) -> Dict:
@@ -111,7 +111,7 @@ def main(argv=None) -> List[Dict]:
     p.add_argument("--clients", type=int, default=16, help="client threads, a new connection per request")
     p.add_argument("--before-seconds", type=float, default=1.5, help="load before SIGTERM")
     p.add_argument("--after-seconds", type=float, default=1.0, help="attempts go on this long after it")
-    p.add_argument("--server", default=S.tool("acl-serve"), help="the acl-serve executable (default: %(default)s)")
+    p.add_argument("--server", default=server.tool("acl-serve"), help="the acl-serve executable (default: %(default)s)")
     args = p.parse_args(argv)
     if not args.json:
         p.error("--json PATH is required")
