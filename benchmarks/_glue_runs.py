@@ -21,13 +21,13 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 import _records as R
 from acl_fairseq.recipes import plan as P
 from acl_fairseq.recipes import runner
+from harness.clock import now, since
 from harness.study import log  # the progress line every study prints
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -186,7 +186,7 @@ def finetune(task: str, method: str, env: Dict[str, str], extra_flags: Sequence[
     if os.path.isfile(res_path):
         with open(res_path) as f:
             return json.load(f)
-    t0 = time.time()
+    t0 = now()
     log(f"train: {task} {method} seed {plan.seed} -> {rd}")
     log_path = rd + ".driver.log"
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
@@ -199,7 +199,7 @@ def finetune(task: str, method: str, env: Dict[str, str], extra_flags: Sequence[
                                f"{f.read()[-4000:]}")
     with open(res_path) as f:
         res = json.load(f)
-    log(f"  done in {time.time() - t0:.0f}s: best valid {json.dumps(next(iter(res['best_valid'].values())))} "
+    log(f"  done in {since(t0)[0]:.0f}s: best valid {json.dumps(next(iter(res['best_valid'].values())))} "
         f"at update {res.get('best_num_updates')}")
     return res
 

@@ -5,7 +5,6 @@ import dataclasses
 import math
 import os
 import random
-import time
 from dataclasses import MISSING, asdict, dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -15,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import _glue_runs as G
+import harness as H
 from acl_fairseq import glue_metrics
 from acl_fairseq.heads import POOLING_MODES, head_forward, pool_states
 from acl_fairseq.recipes import plan
@@ -309,7 +309,7 @@ def train_hf(cfg: HFConfig, glue_dir: str = G.GLUE_DIR, train_examples: Optional
     per_epoch, losses_per_epoch, updates, samples, train_s = [], [], 0, 0, 0.0
     batches_of = epoch_batches([len(ids) for ids, _ in encoded], cfg, np.random.RandomState(cfg.seed))
     for epoch in range(1, cfg.epochs + 1):
-        t0, losses = time.perf_counter(), []
+        t0, losses = H.now(), []
         for idx in next(batches_of):
             if cfg.max_updates is not None and updates >= cfg.max_updates:
                 break
@@ -318,7 +318,7 @@ def train_hf(cfg: HFConfig, glue_dir: str = G.GLUE_DIR, train_examples: Optional
             batch = {k: v.to(cfg.device) for k, v in batch.items()}
             losses.append(train_step(model, batch, optimizer, scheduler, cfg, spec.regression))
             updates, samples = updates + 1, samples + len(idx)
-        train_s += time.perf_counter() - t0
+        train_s += H.since(t0)[0]
         per_epoch.append(evaluate(model, tokenizer, dev, cfg))
         losses_per_epoch.append(sum(losses) / max(len(losses), 1))
         G.log(f"hf {spec.name} seed {cfg.seed} epoch {epoch}/{cfg.epochs}: {updates}/{total} updates, train loss "

@@ -26,7 +26,6 @@ import json
 import math
 import os
 import sys
-import time
 from typing import Dict, List
 
 import _fewshot as FS
@@ -92,7 +91,7 @@ def one_run(args, enc: G.Encoder, n: int, method: str, seed: int, runs: H.Study)
         env["OMP_NUM_THREADS"] = str(args.threads)
         if args.bf16:
             env["BF16"] = "1"  # the recipes' switch: --autocast-bf16 on every fairseq-train run
-        t0 = time.time()
+        t0 = H.now()
         res = G.finetune(FS.TASK, method, env, ["--validate-interval", str(sch["every"]), "--save-interval",
                                              str(sch["every"]), "--no-last-checkpoints", "--no-save-optimizer-state"])
         ev = G.evaluate_split(rd, db, "test", FS.TASK)
@@ -106,7 +105,7 @@ def one_run(args, enc: G.Encoder, n: int, method: str, seed: int, runs: H.Study)
             "valid_accuracy": float(valid_metrics["accuracy"]),
             "best_num_updates": res.get("best_num_updates"), "total_updates": updates,
             "schedule": sch, "test_metrics": test_metrics, "valid_metrics": valid_metrics,
-            "seconds": round(time.time() - t0, 1),
+            "seconds": round(H.since(t0)[0], 1),
             **{k: v for k, v in H.machine().items() if k in ("cpu_kind", "cpu_flags")},
         }
         R.write_atomic(os.path.join(rd, RESULT), json.dumps(out, indent=2))

@@ -29,7 +29,6 @@ import math
 import os
 import sys
 import tempfile
-import time
 from typing import Dict, List
 
 import _glue_runs as G
@@ -140,7 +139,7 @@ def train_and_measure(argv: List[str], measure_every: int = 1, log_every: int = 
     model, criterion = task.build_model(cfg.model), task.build_criterion(cfg.criterion)
     trainer = Trainer(cfg, task, model, criterion)
     _, epoch_itr = checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
-    steps, t0 = [], time.time()
+    steps, t0 = [], H.now()
     max_epoch, max_update = cfg.optimization.max_epoch, cfg.optimization.max_update
     while epoch_itr.next_epoch_idx <= max_epoch and trainer.get_num_updates() < max_update:
         itr = epoch_itr.next_epoch_itr(shuffle=True)
@@ -155,7 +154,7 @@ def train_and_measure(argv: List[str], measure_every: int = 1, log_every: int = 
             steps.append({"update": trainer.get_num_updates(), "epoch": epoch_itr.epoch, **cos})
             if len(steps) % log_every == 0:
                 G.log(f"update {len(steps)}: " + ", ".join(f"{p} {cos[p]['params']:+.3f}" for p in PAIRS)
-                      + f" ({time.time() - t0:.0f}s)")
+                      + f" ({H.since(t0)[0]:.0f}s)")
             if trainer.get_num_updates() >= max_update:
                 break
         trainer.lr_step(epoch_itr.epoch)

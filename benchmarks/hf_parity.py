@@ -37,7 +37,6 @@ import re
 import shutil
 import statistics
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional
 
@@ -217,9 +216,9 @@ def run_all(args, jobs) -> None:
     def one(job):
         system, task, seed, lr, pooling, root = job
         fn = plugin_job if system == "plugin" else hf_job
-        t0 = time.time()
+        t0 = H.now()
         out = fn(args, enc, task, seed, lr, pooling, root)
-        G.log(f"{system} {task} seed {seed} lr {lr:g} {pooling}: {out['metric']:.2f} ({time.time() - t0:.0f}s)")
+        G.log(f"{system} {task} seed {seed} lr {lr:g} {pooling}: {out['metric']:.2f} ({H.since(t0)[0]:.0f}s)")
 
     G.log(f"{len(jobs)} runs, {args.jobs} at a time")
     with ThreadPoolExecutor(args.jobs) as pool:

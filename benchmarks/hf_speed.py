@@ -191,7 +191,7 @@ def run_shape(args, batch: int, seq_len: int) -> List[Dict]:
         profile(systems, args.profile, args.profile_systems)
     if args.repeats < 1:  # a profile only
         return []
-    timer = common.Timer(args.device)
+    timer = common.step_clock(args.device)
     first = {id(s): timer(s.step)[0] for s in systems}  # one step each, alone: the compiles happen here
     run_shape.memory_method = common.interleaved_rounds(systems, lambda s: timer(s.step), args.repeats,
                                                         args.warmup, args.mem_repeats, args.device, args.seed)

@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import sys
-import time
 from typing import Dict, List
 
 import numpy as np
@@ -119,9 +118,11 @@ def decisions(eng, ids: List[List[int]], policies: List, batches=BATCHES) -> Dic
     out = {}
     for b in batches:
         for name, policy, threshold in policies:
-            start = time.perf_counter()
-            logits, layers = eng.run_batches(eng.make_batches(ids, b), len(ids), policy, threshold)
-            out[(name, b)] = {"logits": logits, "layers": layers, "seconds": time.perf_counter() - start}
+            def one(b=b, policy=policy, threshold=threshold):
+                return eng.run_batches(eng.make_batches(ids, b), len(ids), policy, threshold)
+
+            seconds, (logits, layers) = H.wall(one)
+            out[(name, b)] = {"logits": logits, "layers": layers, "seconds": seconds}
     return out
 
 
@@ -180,15 +181,12 @@ def speed(hub, folder: str, dynamic_dir: str, sentences: List[str], repeats: int
     ids = {name: [e.encode_with_info(s)[0] for s in sentences] for name, e in engines.items()}
     systems = [(name, mode) for name in engines for mode in ("all", "exit")]
     times = {s: [] for s in systems}
-    for r in range(repeats + 1):  # round 0 warms up
-        k = r % len(systems)
-        for name, mode in systems[k:] + systems[:k]:
+    for r, order in H.rounds(systems, repeats + 1):  # round 0 warms up
+        for name, mode in order:
             e, policy = engines[name], ("entropy", 0.3) if mode == "exit" else (None, None)
-            w, c = H.now()
-            e.run_batches(e.make_batches(ids[name], 32), len(sentences), *policy)
+            w, c, _ = H.timed(lambda: e.run_batches(e.make_batches(ids[name], 32), len(sentences), *policy))  # noqa: B023
             if r:
-                w2, c2 = H.now()
-                times[(name, mode)].append((w2 - w, c2 - c))
+                times[(name, mode)].append((w, c))
     out = []
     for name, mode in systems:
         t, ref = times[(name, mode)], times[("torch", mode)]

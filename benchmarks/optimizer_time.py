@@ -7,8 +7,6 @@ kernel), on the parameters of a model as fairseq-train builds it, interleaved ro
 Gradients are random and fixed; each round steps every optimizer once in a shuffled order. The flat
 row is what ``--fp16`` hands the optimizer: all parameters as one fp32 tensor.
 """
-import random
-import time
 
 import torch
 
@@ -49,16 +47,12 @@ def main(argv=None):
             for q in ps:
                 q.grad = torch.randn(q.shape, generator=gen)
             systems[(layout, name)] = (make(ps), [])
-    rng = random.Random(0)
-    for r in range(args.repeats + 1):
-        order = list(systems)
-        rng.shuffle(order)
+    for r, order in H.rounds(list(systems), args.repeats + 1, "shuffle", seed=0):
         for key in order:
             opt, times = systems[key]
-            start = time.perf_counter()
-            opt.step()
+            seconds, _ = H.wall(opt.step)
             if r:  # the first round warms up
-                times.append(time.perf_counter() - start)
+                times.append(seconds)
     rows = []
     for (layout, name), (_, times) in systems.items():
         base = systems[(layout, "fairseq adam")][1]

@@ -173,18 +173,12 @@ def row_checks(out: Dict, ref: Dict, inputs: Dict) -> Dict:
 
 def time_rounds(sessions: Dict, inputs: Dict, repeats: int) -> Dict[str, Dict[str, List[float]]]:
     """Seconds of each system's pass over each feed set, per round (one untimed round first)."""
-    import gc
-
     names, times = list(sessions), {n: {"b1": [], "b32": []} for n in sessions}
-    for r in range(repeats + 1):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
+    for r, order in H.rounds(names, repeats + 1):
+        for name in order:
             for b in ("b1", "b32"):
-                gc.collect()
-                gc.disable()
                 sess, feeds = sessions[name], inputs[b]
-                seconds, _ = H.wall(lambda: [sess.run(None, f) for f in feeds])  # noqa: B023 (called at once)
-                gc.enable()
+                seconds, _, _ = H.timed(lambda: [sess.run(None, f) for f in feeds], no_gc=True)  # noqa: B023
                 if r:
                     times[name][b].append(seconds)
     return times

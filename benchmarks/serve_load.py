@@ -65,7 +65,6 @@ import os
 import random
 import sys
 import tempfile
-import time
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import _glue_runs as G
@@ -116,10 +115,9 @@ class Reference:
         self._pass(self.single[:4], 1, None)
 
     def _pass(self, ids, batch: int, policy) -> tuple:
-        t = time.perf_counter()
-        _, layers = self.engine.run_batches(self.engine.make_batches(ids, batch), len(ids), policy,
-                                            self.threshold if policy else None)
-        return time.perf_counter() - t, float(layers.mean())
+        seconds, (_, layers) = H.wall(lambda: self.engine.run_batches(self.engine.make_batches(ids, batch), len(ids),
+                                                                      policy, self.threshold if policy else None))
+        return seconds, float(layers.mean())
 
     def round(self) -> None:
         full, _ = self._pass(self.ids, self.max_batch, None)
@@ -148,7 +146,7 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
     def cycle(n):
         return [order[i % len(order)] for i in range(n)]
 
-    started = time.perf_counter()
+    started = H.now()
     port = server.free_port()
     log = os.path.join(tmp, "server.log")
     G.log(f"{cfg.name}: acl-serve on 127.0.0.1:{port}")
@@ -221,7 +219,7 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
             "server_processes": rss["processes"], "server": stopped, "metrics": metrics,
             "answers": stats.compare_answers(records, expected, labels, args.atol),
             "client_answered": sum(1 for r in warm["records"] + full["records"] + records if r["status"]),
-            "wall_s": time.perf_counter() - started}
+            "wall_s": H.since(started)[0]}
 
 
 def outside_model(split: Optional[Dict], cpu_before: Optional[float], cpu_after: Optional[float]) -> Optional[Dict]:

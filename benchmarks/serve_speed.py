@@ -138,9 +138,8 @@ def measure(systems: List[System], sentences: List[str], batch_size: int, repeat
     for s in systems:
         one(s, sentences[:8])
         s.rounds[batch_size] = []
-    for r in range(repeats):
-        k = r % len(systems)
-        for s in systems[k:] + systems[:k]:
+    for _, order in H.rounds(systems, repeats):
+        for s in order:
             s.rounds[batch_size].append(one(s, sentences))
 
 

@@ -67,11 +67,11 @@ def one_run(args, workers: int, run: int, tmp: str) -> Dict:
     sigterm, outcomes, lock = [None], [], threading.Lock()
 
     def client():
-        while sigterm[0] is None or time.monotonic() - sigterm[0] < args.after_seconds:
-            start = time.monotonic()
+        while sigterm[0] is None or H.now()[0] - sigterm[0] < args.after_seconds:
+            start = H.now()[0]
             outcome = attempt(port)
             with lock:
-                outcomes.append((start, outcome, time.monotonic()))
+                outcomes.append((start, outcome, H.now()[0]))
             if outcome == "refused":
                 time.sleep(0.002)
 
@@ -79,7 +79,7 @@ def one_run(args, workers: int, run: int, tmp: str) -> Dict:
     for t in threads:
         t.start()
     time.sleep(args.before_seconds)
-    sigterm[0] = time.monotonic()
+    sigterm[0] = H.now()[0]
     proc.send_signal(signal.SIGTERM)
     for t in threads:
         t.join()

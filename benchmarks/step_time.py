@@ -122,7 +122,7 @@ def run(args) -> List[Dict]:
     with common.temp_dir("acl_bench_") as tmp:
         data_dir = common.make_dict_dir(tmp, common.MODEL_SIZES[args.model]["vocab"], args.num_classes)
         variants = build_variants(args, data_dir)
-    timer = common.Timer(args.device)
+    timer = common.step_clock(args.device)
 
     def sample_time(v):
         wall, cpu = timer(lambda: [v.step() for _ in range(args.inner)])

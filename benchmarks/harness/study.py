@@ -24,6 +24,8 @@ import _records as R
 from acl_runtime.io import atomic
 from acl_runtime.tables import mean_std
 
+from .clock import now, since
+
 ORDERS = ("seed-major", "cell-major")
 
 
@@ -73,9 +75,9 @@ class Study:
         """``run_one(cell, seed)`` for every (cell, seed) of the plan, in order, each after its progress line
         ``[i/n] LABEL (elapsed Ns)``; returns what each returned. ``run_one`` skips a finished run through
         ``result_or_train``."""
-        t0, out = time.time(), []
+        t0, out = now(), []
         for i, (cell, seed) in enumerate(plan, 1):
-            self.log(f"[{i}/{len(plan)}] {label(cell, seed)} (elapsed {time.time() - t0:.0f}s)")
+            self.log(f"[{i}/{len(plan)}] {label(cell, seed)} (elapsed {since(t0)[0]:.0f}s)")
             out.append(run_one(cell, seed))
         return out
 

@@ -32,6 +32,58 @@ def test_the_clock_keeps_wall_and_cpu_time_apart():
     assert out == 499500 and seconds >= 0
 
 
+def test_the_clock_syncs_around_the_call_keeps_the_collector_off_and_reads_since_a_start():
+    import gc
+
+    calls = []
+    wall, cpu, enabled = H.timed(lambda: calls.append("fn") or gc.isenabled(), sync=lambda: calls.append("sync"),
+                                 no_gc=True)
+    assert calls == ["sync", "fn", "sync"] and enabled is False and gc.isenabled()
+    start = H.now()
+    H.timed(lambda: sum(range(10000)))
+    assert all(x >= 0 for x in H.since(start))
+    try:
+        H.timed(lambda: 1 / 0, no_gc=True)
+    except ZeroDivisionError:
+        pass
+    assert gc.isenabled()  # back on after an error too
+
+
+def test_one_round_scheduler_rotates_or_shuffles_every_system_once_a_round():
+    import random
+
+    import pytest
+
+    rotated = [order for _, order in H.rounds("abc", 4)]
+    assert rotated == [list("abc"), list("bca"), list("cab"), list("abc")]
+    shuffled = list(H.rounds("abcd", 3, "shuffle", seed=5))
+    rng, want = random.Random(5), []
+    for _ in range(3):
+        order = list("abcd")
+        rng.shuffle(order)
+        want.append(order)
+    assert [r for r, _ in shuffled] == [0, 1, 2] and [o for _, o in shuffled] == want
+    assert all(sorted(o) == list("abcd") for o in want) and len({tuple(o) for o in want}) > 1
+    with pytest.raises(ValueError, match="rotate, shuffle"):
+        list(H.rounds("ab", 1, "random"))
+
+
+def test_the_benchmarks_read_time_through_the_harness_clock_and_schedule_rounds_through_it():
+    """One clock and one round scheduler: no benchmark module reads a clock of its own (load/client.py is the one
+    exception: it runs by path as its own process, and its clock is its schedule of arrivals) or rotates or
+    shuffles its rounds itself."""
+    import pathlib
+    import re
+
+    folder = pathlib.Path(__file__).parents[2] / "benchmarks"
+    clock = re.compile(r"time\.(perf_counter|time|monotonic|process_time)\(\)|\bTimer\(|latency import clock")
+    rounds = re.compile(r"% len\(\w+\)\n?\s*.*\[k:\] \+|rng\.shuffle\(order\)")
+    own = {("harness", "clock.py"), ("load", "client.py")}
+    found = [str(p.relative_to(folder)) for p in folder.rglob("*.py")
+             if p.parts[-2:] not in own and (clock.search(p.read_text()) or rounds.search(p.read_text()))]
+    assert found == []
+
+
 def test_the_machine_record_names_the_cpu_kind_and_the_flags_that_decide_the_kernels():
     from acl_runtime.machine import read_cpu_kind
 
