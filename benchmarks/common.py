@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-import harness as H
+import harness
 from acl_runtime import console
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -254,7 +254,7 @@ def step_clock(device):
     step's compute time. On CUDA only the wall clock means anything.
     """
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else None
-    return lambda fn: H.timed(fn, sync=sync, no_gc=True)[:2]
+    return lambda fn: harness.timed(fn, sync=sync, no_gc=True)[:2]
 
 
 def temp_dir(prefix: str) -> tempfile.TemporaryDirectory:
@@ -269,7 +269,7 @@ def interleaved_rounds(systems, time_one, repeats: int, warmup: int, mem_repeats
     for _ in range(warmup):
         for s in systems:
             time_one(s)
-    for _, order in H.rounds(systems, repeats, "shuffle", seed):
+    for _, order in harness.rounds(systems, repeats, "shuffle", seed):
         for s in order:
             wall, cpu = time_one(s)
             s.times.append(wall)

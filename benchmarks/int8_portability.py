@@ -24,8 +24,8 @@ from typing import Dict, List
 import numpy as np
 
 import _int8_chain as chain
-import _records as R
-import harness as H
+import _records
+import harness
 
 SCHEMES = {  # name -> (static?, activation type, reduce_range, per-channel weights)
     "dynamic u8/s8": (False, "QUInt8", False, False),
@@ -115,7 +115,7 @@ def measure(folder: str, rows: List[np.ndarray], cpu: str) -> List[Dict]:
 
 
 def main(argv=None) -> None:
-    p = H.parser(__doc__, json="write the table here", epilog=True)
+    p = harness.parser(__doc__, json="write the table here", epilog=True)
     p.add_argument("--folder", required=True, help="an OUT/onnx folder written by acl-export --format onnx")
     p.add_argument("--rows", type=int, default=32, help="random token rows run through every scheme")
     p.add_argument("--cpu", default="EPYC-Rome", help="qemu CPU model of the second machine kind (AVX2, no VNNI)")
@@ -128,7 +128,7 @@ def main(argv=None) -> None:
     if args.json:
         record = {"folder": os.path.basename(os.path.normpath(args.folder)), "rows": len(rows), "cpu": args.cpu,
                   "fp32_logit_scale": float(np.abs(chain.run_rows(args.folder, rows, 1)).max()), "schemes": table}
-        R.write_atomic(args.json, json.dumps(record, indent=1))
+        _records.write_atomic(args.json, json.dumps(record, indent=1))
         print(f"wrote {args.json}")
 
 

@@ -43,10 +43,10 @@ import sys
 import tempfile
 from typing import Dict, List, Optional, Tuple
 
-import _glue_runs as G
-import _records as R
+import _glue_runs
+import _records
 import _serving
-import harness as H
+import harness
 from load import server, stats
 
 COLUMNS = ["generator", "route", "round", "rate_per_s", "sent", "ok", "n_503", "errors", "throughput_per_s",
@@ -191,7 +191,7 @@ def _answered(port: int, route: str = "predict") -> float:
 
 
 def parse_args(argv=None):
-    p = H.parser(__doc__, json=True)
+    p = harness.parser(__doc__, json=True)
     p.add_argument("--folder", help="an acl-export OUT/onnx folder to serve (default: serve_speed.py's model)")
     p.add_argument("--toy", action="store_true", help="serve_speed.py's toy model (without --folder)")
     p.add_argument("--rate", type=float, default=50.0, help="requests per second, both generators")
@@ -204,7 +204,7 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=int, default=1, help="acl-serve --workers")
     p.add_argument("--precision", choices=["fp32", "int8"], default="fp32")
     p.add_argument("--server", default=server.tool("acl-serve"), help="the acl-serve executable (default: %(default)s)")
-    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="model cache (%(default)s)")
+    p.add_argument("--work", default=os.path.join(_glue_runs.REPO, "runs", "bench"), help="model cache (%(default)s)")
     p.add_argument("--examples", type=int, default=0, help=argparse.SUPPRESS)
     _serving.add_model_flags(p, hidden=True, work=False)
     p.add_argument("--export", action="store_true", help=argparse.SUPPRESS)
@@ -259,8 +259,8 @@ def main(argv=None) -> Dict:
                             if perf_analyzer else {})}}
     print(f"# serve_hey: {args.rate:g} requests/s for {args.seconds:g} s, one sentence, {args.workers} worker(s), "
           f"{args.precision}, {os.cpu_count()} cpus")
-    H.print_noted_table(rows, COLUMNS, FORMATS)
-    R.write_atomic(args.json, json.dumps(record, indent=1))
+    harness.print_noted_table(rows, COLUMNS, FORMATS)
+    _records.write_atomic(args.json, json.dumps(record, indent=1))
     if not all(record["checks"].values()):
         sys.exit(f"serve_hey: a check failed: {record['checks']} (server exit {stopped['exit_code']})")
     return record

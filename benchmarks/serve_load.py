@@ -67,9 +67,9 @@ import sys
 import tempfile
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-import _glue_runs as G
+import _glue_runs
 import common
-import harness as H
+import harness
 from _serving import add_model_flags, check_model_flags, load, model_and_sentences
 from acl_runtime import calibration, console, deadlines, exits
 from acl_runtime.io import atomic
@@ -115,8 +115,9 @@ class Reference:
         self._pass(self.single[:4], 1, None)
 
     def _pass(self, ids, batch: int, policy) -> tuple:
-        seconds, (_, layers) = H.wall(lambda: self.engine.run_batches(self.engine.make_batches(ids, batch), len(ids),
-                                                                      policy, self.threshold if policy else None))
+        seconds, (_, layers) = harness.wall(lambda: self.engine.run_batches(self.engine.make_batches(ids, batch),
+                                                                            len(ids),
+                                                                            policy, self.threshold if policy else None))
         return seconds, float(layers.mean())
 
     def round(self) -> None:
@@ -146,10 +147,10 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
     def cycle(n):
         return [order[i % len(order)] for i in range(n)]
 
-    started = H.now()
+    started = harness.now()
     port = server.free_port()
     log = os.path.join(tmp, "server.log")
-    G.log(f"{cfg.name}: acl-serve on 127.0.0.1:{port}")
+    _glue_runs.log(f"{cfg.name}: acl-serve on 127.0.0.1:{port}")
     command = server.server_command(args, cfg.refill, cfg.precision, cfg.workers, folder, port)
     proc = server.start_server(command, log, port, args.ready_seconds)
     records = []
@@ -182,7 +183,7 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
 
         def open_loop(rate: float, what: str, tag: str) -> Dict:
             offsets = [t / rate for t in unit if t / rate < args.max_seconds]
-            G.log(f"{cfg.name}: {what}, {rate:.1f}/s, {len(offsets)} requests")
+            _glue_runs.log(f"{cfg.name}: {what}, {rate:.1f}/s, {len(offsets)} requests")
             start = server.metrics(port)
             out = server.drive(server.phase_spec(args, port, sentences, cycle(len(offsets)), f"{cfg.name}/{tag}",
                                                  mode="open", offsets=offsets), tmp)
@@ -219,7 +220,7 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
             "server_processes": rss["processes"], "server": stopped, "metrics": metrics,
             "answers": stats.compare_answers(records, expected, labels, args.atol),
             "client_answered": sum(1 for r in warm["records"] + full["records"] + records if r["status"]),
-            "wall_s": H.since(started)[0]}
+            "wall_s": harness.since(started)[0]}
 
 
 def outside_model(split: Optional[Dict], cpu_before: Optional[float], cpu_after: Optional[float]) -> Optional[Dict]:
@@ -282,7 +283,7 @@ def plot(results: List[Dict], path: str) -> Optional[str]:
 
 
 def parse_args(argv=None):
-    p = H.parser(__doc__, json="default: benchmarks/results/serve_load.json (--quick, --toy: required)")
+    p = harness.parser(__doc__, json="default: benchmarks/results/serve_load.json (--quick, --toy: required)")
     p.add_argument("--refill", nargs="+", choices=["on", "off"], default=["on", "off"], help="scheduler refill")
     p.add_argument("--precision", nargs="+", choices=["fp32", "int8"], default=["fp32", "int8"])
     p.add_argument("--workers", nargs="+", type=int, default=[1, 2], help="server worker processes")
@@ -328,7 +329,7 @@ def parse_args(argv=None):
     if args.quick:
         args.examples = args.examples or 128
         args.requests, args.batch1_sentences = min(args.requests, 48), min(args.batch1_sentences, 16)
-    results = os.path.abspath(os.path.join(G.REPO, "benchmarks", "results"))
+    results = os.path.abspath(os.path.join(_glue_runs.REPO, "benchmarks", "results"))
     if args.quick or args.toy:
         if not args.json or os.path.abspath(args.json).startswith(results + os.sep):
             p.error("--quick and --toy need their own --json outside benchmarks/results: a smoke run's numbers must "
@@ -395,7 +396,7 @@ def setup_record(args, folder: str, n: int) -> Dict:
             "requests": args.requests,
             "max_seconds": args.max_seconds,
             "concurrency": args.concurrency or f"{SATURATION_BATCHES} x max_batch x workers",
-            "seed": args.seed, "atol": args.atol, "threads_per_worker": 1, **H.record(threads=1)}
+            "seed": args.seed, "atol": args.atol, "threads_per_worker": 1, **harness.record(threads=1)}
 
 
 def main(argv=None) -> Dict:
@@ -425,11 +426,11 @@ def main(argv=None) -> Dict:
               "interleaved": pairs, "verdicts": found}
     print(f"# serve_load: {len(sentences)} sentences of {'the toy task' if args.toy else 'SST-2 dev'}, policy "
           f"{args.policy} {args.threshold}, max batch {args.max_batch}, one thread a worker, {os.cpu_count()} cpus")
-    H.print_noted_table(table_rows(results), COLUMNS, FORMATS)
+    harness.print_noted_table(table_rows(results), COLUMNS, FORMATS)
     if pairs:
         print("# interleaved rounds: refill / no refill at the same offered rate")
-        H.print_noted_table(pair.round_rows(pairs), pair.ROUND_COLUMNS, pair.ROUND_FORMATS)
-    H.print_targets(found)
+        harness.print_noted_table(pair.round_rows(pairs), pair.ROUND_COLUMNS, pair.ROUND_FORMATS)
+    harness.print_targets(found)
     atomic.write_json(args.json, record)
     print(plot(results, args.plot) or f"# plot: {args.plot}")
     return record

@@ -23,8 +23,8 @@ import time
 from collections import Counter
 from typing import Dict, List
 
-import _records as R
-import harness as H
+import _records
+import harness
 from load import server
 
 COLUMNS = ["workers", "run", "before_200", "before_dropped", "dropped_at_signal", "after_refused", "after_taken",
@@ -67,11 +67,11 @@ def one_run(args, workers: int, run: int, tmp: str) -> Dict:
     sigterm, outcomes, lock = [None], [], threading.Lock()
 
     def client():
-        while sigterm[0] is None or H.now()[0] - sigterm[0] < args.after_seconds:
-            start = H.now()[0]
+        while sigterm[0] is None or harness.now()[0] - sigterm[0] < args.after_seconds:
+            start = harness.now()[0]
             outcome = attempt(port)
             with lock:
-                outcomes.append((start, outcome, H.now()[0]))
+                outcomes.append((start, outcome, harness.now()[0]))
             if outcome == "refused":
                 time.sleep(0.002)
 
@@ -79,7 +79,7 @@ def one_run(args, workers: int, run: int, tmp: str) -> Dict:
     for t in threads:
         t.start()
     time.sleep(args.before_seconds)
-    sigterm[0] = H.now()[0]
+    sigterm[0] = harness.now()[0]
     proc.send_signal(signal.SIGTERM)
     for t in threads:
         t.join()
@@ -104,7 +104,7 @@ def classify(outcomes: List[tuple], sigterm: float) -> Dict:
 
 
 def main(argv=None) -> List[Dict]:
-    p = H.parser(__doc__, json=True)
+    p = harness.parser(__doc__, json=True)
     p.add_argument("--folder", required=True, help="an acl-export OUT/onnx folder")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="acl-serve --workers")
     p.add_argument("--runs", type=int, default=3, help="runs per worker count")
@@ -119,9 +119,10 @@ def main(argv=None) -> List[Dict]:
         rows = [one_run(args, w, k + 1, tmp) for w in args.workers for k in range(args.runs)]
     print(f"# serve_stop: {args.clients} clients, a new connection per /predict, SIGTERM after "
           f"{args.before_seconds:g} s, {os.cpu_count()} cpus")
-    H.print_noted_table(rows, COLUMNS, FORMATS)
-    R.write_atomic(args.json, json.dumps({"benchmark": "serve_stop", "server": args.server, "folder": args.folder,
-                                          "load_average": os.getloadavg()[0], "rows": rows}, indent=1))
+    harness.print_noted_table(rows, COLUMNS, FORMATS)
+    _records.write_atomic(args.json, json.dumps({"benchmark": "serve_stop", "server": args.server,
+                                                 "folder": args.folder,
+                                                 "load_average": os.getloadavg()[0], "rows": rows}, indent=1))
     return rows
 
 

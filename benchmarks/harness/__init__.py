@@ -15,7 +15,7 @@
   from the records (``Study``), the per-cell summary over seeds and the paired differences (``summarize_cells``,
   ``paired_cells``), and the JSON, markdown and PNG written whole (``write_outputs``, ``save_figure``).
 
-The scripts import it by name (``import harness as H``): the script's folder is on sys.path when it runs by path,
+The scripts import it by name (``import harness``): the script's folder is on sys.path when it runs by path,
 and tests/conftest.py puts it there for the tests. What builds fairseq models for a benchmark stays in common.py.
 """
 from .cli import Parser, parser

@@ -16,8 +16,8 @@ import statistics
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import _glue_runs as G
-import harness as H
+import _glue_runs
+import harness
 
 from . import client, server, stats
 
@@ -67,7 +67,7 @@ def interleaved(args, precision: str, workers: int, rates: Sequence[Tuple[float,
         for side, refill in SIDES:
             port = server.free_port()
             log = os.path.join(tmp, f"pair-{side}.log")
-            G.log(f"interleaved {name}: acl-serve {side} on 127.0.0.1:{port}")
+            _glue_runs.log(f"interleaved {name}: acl-serve {side} on 127.0.0.1:{port}")
             proc = server.start_server(server.server_command(args, refill, precision, workers, folder, port), log, port,
                                   args.ready_seconds)
             servers[side] = (proc, port)
@@ -77,8 +77,8 @@ def interleaved(args, precision: str, workers: int, rates: Sequence[Tuple[float,
         for fraction, rate in rates:
             offsets = [t / rate for t in unit if t / rate < args.max_seconds]
             cycle = [order[i % len(order)] for i in range(len(offsets))]
-            G.log(f"interleaved {name}: refill's {fraction:.0%}, {rate:.1f}/s, {args.interleave} rounds of "
-                  f"{len(offsets)} requests on each server")
+            _glue_runs.log(f"interleaved {name}: refill's {fraction:.0%}, {rate:.1f}/s, {args.interleave} rounds of "
+                           f"{len(offsets)} requests on each server")
             rounds = []
             for k in range(args.interleave):
                 row = {}
@@ -143,13 +143,13 @@ def verdicts(pairs: List[Dict]) -> List[Dict]:
         config = f"refill {pair['precision']} w{pair['workers']}"
         for rate in pair["rates"]:
             if rate["p99_ratio_median"] is not None:
-                found.append(H.target(
+                found.append(harness.target(
                     f"p99 with refill / without at the same offered rate ({rate['offered_per_s']:.1f}/s, "
                     f"{rate['refill_fraction']:.0%} of refill's saturation), median of {pair['rounds']} interleaved "
                     "rounds", rate["p99_ratio_median"], stats.SAME_RATE_BOUND, False, config=config))
         phases = [p for rate in pair["rates"] for r in rate["rounds"] for p in r.values()]
-        found.append(H.target("interleaved: requests lost, errors, or a SIGTERM without exit code 0",
-                              sum(p["lost"] + p["wrong_id"] + p["errors"] for p in phases) +
-                              sum(int(s["killed"] or s["exit_code"] != 0) for s in pair["servers"].values()),
-                              0, False, config=config))
+        found.append(harness.target("interleaved: requests lost, errors, or a SIGTERM without exit code 0",
+                                    sum(p["lost"] + p["wrong_id"] + p["errors"] for p in phases) +
+                                    sum(int(s["killed"] or s["exit_code"] != 0) for s in pair["servers"].values()),
+                                    0, False, config=config))
     return found

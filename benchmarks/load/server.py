@@ -11,7 +11,7 @@ import time
 import urllib.request
 from typing import Dict, List, Optional
 
-import harness as H
+import harness
 
 MODEL = "acl"
 
@@ -52,8 +52,8 @@ def start_server(cmd: List[str], log: str, port: int, timeout: float) -> subproc
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-    deadline = H.now()[0] + timeout
-    while H.now()[0] < deadline:
+    deadline = harness.now()[0] + timeout
+    while harness.now()[0] < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"serve_load: {' '.join(cmd[:2])} exited ({proc.returncode}) before it was ready:\n"
                                f"{tail(log)}")
@@ -70,14 +70,14 @@ def start_server(cmd: List[str], log: str, port: int, timeout: float) -> subproc
 def stop_server(proc: subprocess.Popen, timeout: float) -> Dict:
     """SIGTERM, then its exit code and how long it took; its session (workers included) is killed past ``timeout``,
     and so is any process of it left behind once it exited (``left``: a worker that outlived its supervisor)."""
-    t = H.now()
+    t = harness.now()
     proc.send_signal(signal.SIGTERM)
     try:
         code = proc.wait(timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        return {"exit_code": proc.wait(), "stop_s": H.since(t)[0], "killed": True, "left": None}
-    stop_s, left = H.since(t)[0], False
+        return {"exit_code": proc.wait(), "stop_s": harness.since(t)[0], "killed": True, "left": None}
+    stop_s, left = harness.since(t)[0], False
     try:
         os.killpg(proc.pid, 0)  # raises once nothing of the session is left
         time.sleep(2.0)

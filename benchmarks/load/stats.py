@@ -4,7 +4,7 @@ and the issue's verdicts."""
 import re
 from typing import Dict, List, Optional, Tuple
 
-import harness as H
+import harness
 
 REFILL_BOUND, MOONSHOT, P99_BOUND = 0.9, 0.95, 3.0
 SERVED_BOUND = 0.95  # saturated / (layer speed-up x the same server at full depth): the scheduler alone
@@ -89,7 +89,7 @@ def verdicts(results: List[Dict], n_sentences: int) -> List[Dict]:
     out = []
 
     def add(cfg, text, value, bound, at_least):
-        out.append(H.target(text, value, bound, at_least, config=cfg))
+        out.append(harness.target(text, value, bound, at_least, config=cfg))
 
     for res in results:
         if res.get("failed"):

@@ -144,7 +144,7 @@ def test_no_entry_script_builds_its_own_parser_or_imports_the_old_harness_module
     assert len(entries) >= 20
     own = [p.stem for p in entries if "argparse.ArgumentParser(" in p.read_text()]
     old = [p.stem for p in folder.glob("*.py") if "import _harness" in p.read_text()]
-    unparented = [p.stem for p in entries if "H.parser(__doc__" not in p.read_text()]
+    unparented = [p.stem for p in entries if "harness.parser(__doc__" not in p.read_text()]
     assert (own, old, unparented) == ([], [], [])
 
 
@@ -313,3 +313,16 @@ def test_the_study_outputs_are_written_whole_or_not_at_all(tmp_path):
     assert (tmp_path / "out" / "toy.png").read_bytes() == before
     assert sorted(os.listdir(tmp_path / "out")) == ["toy.json", "toy.md", "toy.png"]
     assert json.loads((tmp_path / "out" / "toy.json").read_text()) == {"x": [3]}
+
+
+def test_no_benchmark_module_imports_a_module_under_a_one_or_two_letter_alias():
+    """``import harness``, ``import _records``: the name a reader can follow, not ``H`` or ``R`` (torch's
+    ``functional as F`` and numpy's ``np`` are the conventions kept)."""
+    import pathlib
+    import re
+
+    folder = pathlib.Path(__file__).parents[2] / "benchmarks"
+    alias = re.compile(r"^\s*(?:from \S+ )?import (\S+) as ([A-Za-z]{1,2})\b", re.M)
+    found = [(str(p.relative_to(folder)), m.group(1), m.group(2)) for p in folder.rglob("*.py")
+             for m in alias.finditer(p.read_text()) if m.group(1) not in ("torch.nn.functional", "numpy")]
+    assert found == []

@@ -232,7 +232,7 @@ def test_fewshot_bf16_on_a_cpu_without_bf16_units_is_refused_before_any_run(tmp_
 
     fewshot = _fewshot_module()
     monkeypatch.setattr(acceleration, "read_cpu_kind", lambda text=None: read_cpu_kind(ROME))
-    monkeypatch.setattr(fewshot.H, "grid", lambda *a, **k: pytest.fail("no run may start"))
+    monkeypatch.setattr(fewshot.harness, "grid", lambda *a, **k: pytest.fail("no run may start"))
     with pytest.raises(SystemExit) as refused:
         fewshot.main(["--toy", "--bf16", "--encoder-dir", str(tmp_path), "--results", str(tmp_path / "r"),
                       "--work", str(tmp_path / "w")])
