@@ -210,7 +210,7 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
     answered = [r for r in records if r["status"] == 200 and r["id_ok"]]
     metrics = None if counted is None else {"answered": counted["answered"],
                                            "fill_saturation": stats.fill_between(before, after),
-                                           "fill_all_phases": stats.fill_between(None, server)}
+                                           "fill_all_phases": stats.fill_between(None, counted)}
     return {"config": cfg.name, **cfg._asdict(), "saturation": saturation, "full_depth_served": full_depth,
             "rates": rates, "same_rate_as_refill": same,
             "reference": ref.summary(), "mean_exit_layer": saturation["mean_exit_layer"],
