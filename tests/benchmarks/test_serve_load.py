@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from load import client as load_client
+from load import phases as load_phases
 from load import server as load_server
 from load import stats as load_stats
 
@@ -267,11 +268,9 @@ def test_verdicts_hold_the_issues_bounds():
 
 
 def test_the_share_outside_the_model_is_cpu_against_cpu():
-    import serve_load
-
-    got = serve_load.outside_model({"model_seconds": 9.0, "model_cpu_seconds": 3.0}, 10.0, 14.0)
+    got = load_phases.outside_model({"model_seconds": 9.0, "model_cpu_seconds": 3.0}, 10.0, 14.0)
     assert got["worker_cpu_seconds"] == 4.0 and got["cpu_share_outside_model"] == pytest.approx(0.25)
-    assert serve_load.outside_model({"model_cpu_seconds": 3.0}, None, 14.0)["cpu_share_outside_model"] is None
+    assert load_phases.outside_model({"model_cpu_seconds": 3.0}, None, 14.0)["cpu_share_outside_model"] is None
 
 
 def test_the_scheduler_alone_is_judged_against_the_same_server_at_full_depth():
