@@ -2,7 +2,6 @@
 int8_static.py, ort_fusions.py): a trained MiniLM checkpoint made once (or the toy model), its flags, SST-2 dev,
 and the ONNX export cached on what it was made from."""
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -12,6 +11,7 @@ import _converted
 import _glue_runs
 import _records
 import common
+import harness
 
 TASK = "SST-2"
 
@@ -130,7 +130,7 @@ def exported(hub, ckpt: str, folder: str) -> str:
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="onnx_", dir=parent)
     onnx_export.write_onnx(hub, tmp, quantize="int8")
-    _records.write_atomic(os.path.join(tmp, "source.json"), json.dumps(source))
+    harness.write_json(os.path.join(tmp, "source.json"), source, indent=None)
     atomic.replace_folder(tmp, folder)
     return folder
 

@@ -22,7 +22,6 @@ from typing import Dict, List
 import _paired
 import _tune_report
 import harness
-from acl_runtime.io import atomic  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
@@ -306,7 +305,7 @@ def main(argv=None) -> int:
             print(f"claims: {path} differs from the tables; run python benchmarks/claims.py", file=sys.stderr)
             stale = 1
             continue
-        atomic.write_text(path, new)
+        harness.write_text(path, new)
     if not args.check:
         print(bullets(args.results), end="")
     return stale

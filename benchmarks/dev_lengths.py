@@ -20,7 +20,6 @@ from typing import Dict
 
 import _glue_runs
 import _quality_tables
-import _records
 import harness
 from acl_runtime import tokenization
 
@@ -54,7 +53,7 @@ def main(argv=None) -> int:
     tokenize = tokenization.build(record, args.encoder)
     out = {t: {"source": f"{t}/dev.tsv, word pieces of the encoder + 2", "shape": encoder_shape(args.encoder),
                "histogram": histogram(args.glue_dir, t, tokenize)} for t in args.tasks}
-    _records.write_atomic(args.out, json.dumps(out, indent=1) + "\n")
+    harness.write_json(args.out, out)
     print(f"wrote {args.out}: " + ", ".join(f"{t} {sum(v['histogram'].values())} examples" for t, v in out.items()))
     return 0
 

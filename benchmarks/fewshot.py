@@ -110,7 +110,7 @@ def one_run(args, enc: _glue_runs.Encoder, n: int, method: str, seed: int, runs:
             "seconds": round(harness.since(t0)[0], 1),
             **{k: v for k, v in harness.machine().items() if k in ("cpu_kind", "cpu_flags")},
         }
-        _records.write_atomic(os.path.join(rd, RESULT), json.dumps(out, indent=2))
+        harness.write_json(os.path.join(rd, RESULT), out, indent=2)
         if not args.keep_checkpoints:
             _glue_runs.drop_checkpoints(rd)
         _glue_runs.log(f"  N={n} {method} seed {seed}: test acc {out['test_accuracy']:.2f} (valid "
@@ -242,7 +242,7 @@ def write_precision_pairs(args, encoder: str, records: str) -> int:
            "command": harness.cli.last_command(),
            **harness.record(args.threads), "bound_points": _fewshot.BF16_BOUND, **out}
     path = os.path.join(args.results, "bf16_fewshot_accuracy.json")
-    _records.write_atomic(path, json.dumps(out, indent=2))
+    harness.write_json(path, out, indent=2)
     for c in out["paired"]:
         per_seed = ", ".join(f"s{s}: {d:+.2f}" for s, d in zip(c["seeds"], c["bf16_minus_fp32_per_seed"]))
         print(f"N={c['n']} {c['method']}: bf16 - fp32 mean {c['mean']:+.2f}, max |d| {c['max_abs']:.2f} ({per_seed}): "

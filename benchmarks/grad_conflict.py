@@ -32,7 +32,6 @@ import tempfile
 from typing import Dict, List
 
 import _glue_runs
-import _records
 import harness
 from acl_runtime.io import atomic  # noqa: E402
 
@@ -294,13 +293,11 @@ def main(argv=None) -> int:
                 with tempfile.TemporaryDirectory(prefix="acl_grad_conflict_") as tmp:
                     argv_run = train_argv(data, tmp, run, seed, args.epochs, updates, enc)
                     steps = train_and_measure(argv_run, args.measure_every)
-                _records.write_atomic(path, json.dumps({"run": run, "seed": seed, "toy": args.toy,
-                                                        "epochs": args.epochs,
-                                                        "measure_every": args.measure_every,
-                                                        "fairseq_train_args": portable_args(argv_run[1:], {
-                                                     "SAVE_DIR": tmp, "WORK": os.path.abspath(args.work),
-                                                     "REPO": _glue_runs.REPO}),
-                                                        "steps": steps}) + "\n")
+                portable = portable_args(argv_run[1:], {"SAVE_DIR": tmp, "WORK": os.path.abspath(args.work),
+                                                        "REPO": _glue_runs.REPO})
+                harness.write_json(path, {"run": run, "seed": seed, "toy": args.toy, "epochs": args.epochs,
+                                          "measure_every": args.measure_every, "fairseq_train_args": portable,
+                                          "steps": steps}, indent=None)
     steps = {}
     for run in args.runs:
         for seed in args.seeds:
@@ -313,10 +310,9 @@ def main(argv=None) -> int:
         return 1
     results = {run: summarize(s) for run, s in steps.items()}
     table = markdown(results)
-    _records.write_atomic(os.path.join(args.results, "grad_conflict.json"), json.dumps(
-        {"task": "RTE" if not args.toy else "toy", "pairs": PAIRS, "scopes": SCOPES, "results": results},
-        indent=1) + "\n")
-    _records.write_atomic(os.path.join(args.results, "grad_conflict.md"), "Gradient conflict per mini-batch "
+    harness.write_json(os.path.join(args.results, "grad_conflict.json"),
+                       {"task": "RTE" if not args.toy else "toy", "pairs": PAIRS, "scopes": SCOPES, "results": results})
+    harness.write_text(os.path.join(args.results, "grad_conflict.md"), "Gradient conflict per mini-batch "
                           "(`python benchmarks/grad_conflict.py`), the paper's pilot: 75°-105°, ~20% above 90° "
                           "(CE vs SCL).\n\n" + table)
     plot(results, steps, os.path.join(args.results, "grad_conflict.png"))

@@ -18,13 +18,11 @@ adds eps before the bias correction of the second moment, torch's after it.
 """
 import argparse
 import dataclasses
-import json
 import os
 import sys
 from dataclasses import MISSING
 
 import _glue_runs
-import _records
 import harness
 from _hf_loop import HFConfig, train_hf
 
@@ -60,7 +58,7 @@ def main(argv=None) -> int:
     transformers.logging.set_verbosity_error()  # the load report lists the unused BERT pooler, on purpose
     transformers.logging.disable_progress_bar()
     result = train_hf(cfg, glue_dir)
-    _records.write_atomic(out, json.dumps(result, indent=1) + "\n")
+    harness.write_json(out, result)
     _glue_runs.log(f"best dev {result['primary_metric']} {result['best'][result['primary_metric']]:.2f} at epoch "
                    f"{result['best_epoch']} -> {out}")
     return 0

@@ -342,7 +342,7 @@ def write_results(work: str, results: str, command: str) -> Dict:
     os.makedirs(results, exist_ok=True)
     for name, text in (("hf_parity.json", json.dumps(summary, indent=2, sort_keys=True) + "\n"),
                        ("hf_parity.md", markdown(summary, command))):
-        _records.write_atomic(os.path.join(results, name), text)
+        harness.write_text(os.path.join(results, name), text)
     print(markdown(summary, command))
     return summary
 

@@ -13,7 +13,6 @@ Debian's qemu-user), where onnxruntime takes its AVX2 kernels. Columns: the larg
 exit at batch 1 and 8, and the largest change of a row's logits between batch 1 and batch 8. Emulation is slow
 (about a minute a scheme); the numbers are exact either way: this measures arithmetic, not speed.
 """
-import json
 import logging
 import os
 import shutil
@@ -24,7 +23,6 @@ from typing import Dict, List
 import numpy as np
 
 import _int8_chain as chain
-import _records
 import harness
 
 SCHEMES = {  # name -> (static?, activation type, reduce_range, per-channel weights)
@@ -128,7 +126,7 @@ def main(argv=None) -> None:
     if args.json:
         record = {"folder": os.path.basename(os.path.normpath(args.folder)), "rows": len(rows), "cpu": args.cpu,
                   "fp32_logit_scale": float(np.abs(chain.run_rows(args.folder, rows, 1)).max()), "schemes": table}
-        _records.write_atomic(args.json, json.dumps(record, indent=1))
+        harness.write_json(args.json, record)
         print(f"wrote {args.json}")
 
 

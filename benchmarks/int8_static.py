@@ -96,7 +96,7 @@ def build_schemes(hub, folder: str, work: str, wanted: List[str]) -> Dict[str, s
                 onnx_quantize.quantize_graph(os.path.join(folder, rec["file"]), os.path.join(target, rec["file"]),
                                              scheme,
                                              feeds[n][rec["file"]])
-            _records.write_atomic(os.path.join(target, "scheme.json"), json.dumps({"stamp": stamp}))
+            harness.write_json(os.path.join(target, "scheme.json"), {"stamp": stamp}, indent=None)
         dirs[label] = target
     return dirs
 
@@ -260,7 +260,7 @@ def main(argv=None) -> Dict:
             row.update(avx2(folder, layer_dir, sample, args.cpu))
         rows.append(row)
         if args.json:  # each scheme as it is measured: the run is long
-            _records.write_atomic(args.json + ".partial", json.dumps(rows, indent=1) + "\n")
+            harness.write_json(args.json + ".partial", rows)
         print(f"  {label}: worst {row['worst_drop']:+.2f}, b1/b32 rows {row['b1_vs_b32_rows']}, "
               f"avx2 {row.get('avx2_logit')}", flush=True)
     dynamic = next((d for k, d in dirs.items() if "int8-dynamic" in k), None)
@@ -283,7 +283,7 @@ def main(argv=None) -> Dict:
               "calibration_rows": onnx_quantize.CALIBRATION_ROWS, "avx2_rows": len(sample) if args.avx2_rows else 0,
               "cpu": args.cpu, **harness.record(threads=1), "schemes": rows, "speed": speed_rows, "targets": found}
     if args.json:
-        _records.write_atomic(args.json, json.dumps(result, indent=1) + "\n")
+        harness.write_json(args.json, result)
         if os.path.exists(args.json + ".partial"):
             os.remove(args.json + ".partial")
     return result

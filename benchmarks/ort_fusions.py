@@ -44,7 +44,6 @@ from typing import Dict, List
 import numpy as np
 
 import _glue_runs
-import _records
 import _serving
 import common
 import harness
@@ -331,7 +330,7 @@ def main(argv=None) -> Dict:
         print(f"# served path, {s['precision']}, batch 32, all layers: {s['wall_s']:.2f} s wall, {s['calls']} calls, "
               f"{s['kernel_s']:.2f} s in kernels ({top}); per call: ORT {s['ort_overhead_us_per_call']:.0f} us "
               f"beyond its kernels, Python {s['python_us_per_call']:.0f} us between calls")
-    _records.write_atomic(args.json, json.dumps(result, indent=1) + "\n")
+    harness.write_json(args.json, result)
     return result
 
 

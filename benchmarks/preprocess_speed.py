@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 
-import _records
 import harness
 from acl_fairseq.preprocessing.gpt2_files import GPT2_FILES, write_local_gpt2_bpe
 
@@ -167,7 +166,7 @@ def main(argv=None):
           f"{result['cpu_ratio_fairseq_over_ours']}x cpu; "
           f"outputs identical: {result['outputs_identical']}; load average {result['load_average_1min']:.1f}")
     if args.json:
-        _records.write_atomic(args.json, json.dumps(result, indent=1) + "\n")
+        harness.write_json(args.json, result)
     return 0 if result["outputs_identical"] else 1
 
 

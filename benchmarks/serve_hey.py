@@ -44,7 +44,6 @@ import tempfile
 from typing import Dict, List, Optional, Tuple
 
 import _glue_runs
-import _records
 import _serving
 import harness
 from load import server, stats
@@ -260,7 +259,7 @@ def main(argv=None) -> Dict:
     print(f"# serve_hey: {args.rate:g} requests/s for {args.seconds:g} s, one sentence, {args.workers} worker(s), "
           f"{args.precision}, {os.cpu_count()} cpus")
     harness.print_noted_table(rows, COLUMNS, FORMATS)
-    _records.write_atomic(args.json, json.dumps(record, indent=1))
+    harness.write_json(args.json, record)
     if not all(record["checks"].values()):
         sys.exit(f"serve_hey: a check failed: {record['checks']} (server exit {stopped['exit_code']})")
     return record

@@ -35,7 +35,6 @@ from typing import Dict, List
 
 import _ideal_sim
 import harness
-from acl_runtime.io import atomic
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 ENGINE_ROWS = {"fp32": "fp32, level all, no SkipLayerNorm (engine)",
@@ -158,7 +157,7 @@ def main(argv=None) -> Dict:
                                                      "records_cpu_kind": setup["cpu_kind"]},
               "references": refs, "rows": rows}
     if args.json:
-        atomic.write_json(args.json, result)
+        harness.write_json(args.json, result)
     return result
 
 

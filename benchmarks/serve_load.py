@@ -255,7 +255,7 @@ def main(argv=None) -> Dict:
         print("# interleaved rounds: refill / no refill at the same offered rate")
         harness.print_noted_table(pair.round_rows(pairs), pair.ROUND_COLUMNS, pair.ROUND_FORMATS)
     harness.print_targets(found)
-    atomic.write_json(args.json, record)
+    harness.write_json(args.json, record)
     print(plot(results, args.plot) or f"# plot: {args.plot}")
     return record
 

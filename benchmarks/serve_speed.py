@@ -32,13 +32,11 @@ Its targets are printed beside the results with pass/miss. The threshold is ``--
 on the generated toy task (scripts/toy_data.py) in seconds, for the end-to-end test; it must write its own
 ``--json``, never into benchmarks/results.
 """
-import json
 import os
 import sys
 from typing import Dict, List
 
 import _glue_runs
-import _records
 import _serving
 import common
 import harness
@@ -283,7 +281,7 @@ def main(argv=None) -> Dict:
     harness.print_noted_table(rows, COLUMNS, FORMATS)
     harness.print_targets(found, "# targets, on the wall clock; cpu: the same in process CPU time (steady under load)")
     if args.json:
-        _records.write_atomic(args.json, json.dumps(result, indent=1) + "\n")
+        harness.write_json(args.json, result)
     return result
 
 

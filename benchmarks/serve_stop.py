@@ -12,7 +12,6 @@ taken gets an answer. ``last_taken_ms``: the latest start, after SIGTERM was sen
 kernel and reset at the stop: the client cannot tell it from a taken one; 0 since the stop takes every completed
 connection, docs/serve.md); ``before_dropped`` counts only drops that came before the signal.
 """
-import json
 import os
 import signal
 import socket
@@ -23,7 +22,6 @@ import time
 from collections import Counter
 from typing import Dict, List
 
-import _records
 import harness
 from load import server
 
@@ -120,9 +118,8 @@ def main(argv=None) -> List[Dict]:
     print(f"# serve_stop: {args.clients} clients, a new connection per /predict, SIGTERM after "
           f"{args.before_seconds:g} s, {os.cpu_count()} cpus")
     harness.print_noted_table(rows, COLUMNS, FORMATS)
-    _records.write_atomic(args.json, json.dumps({"benchmark": "serve_stop", "server": args.server,
-                                                 "folder": args.folder,
-                                                 "load_average": os.getloadavg()[0], "rows": rows}, indent=1))
+    harness.write_json(args.json, {"benchmark": "serve_stop", "server": args.server, "folder": args.folder,
+                                   "load_average": os.getloadavg()[0], "rows": rows})
     return rows
 
 

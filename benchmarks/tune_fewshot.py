@@ -12,7 +12,6 @@ tunes on seed 1's data, its objective on the protocol's valid split; ``--workers
 its SQLite study, each with one thread. Then ``acl-tune --evaluate-best`` writes OUT/N<N>/<method>/best.md.
 Everything resumes: run the same command again.
 """
-import json
 import math
 import os
 import shlex
@@ -22,7 +21,6 @@ from typing import List
 
 import _fewshot
 import _glue_runs
-import _records
 import _tune_report
 import harness
 
@@ -102,8 +100,8 @@ def report(args) -> int:
         _glue_runs.log(f"no finished study under {args.out}")
         return 1
     table = _tune_report.markdown(record)
-    _records.write_atomic(os.path.join(args.results, "tune_fewshot.json"), json.dumps(record, indent=1) + "\n")
-    _records.write_atomic(os.path.join(args.results, "tune_fewshot.md"), table)
+    harness.write_json(os.path.join(args.results, "tune_fewshot.json"), record)
+    harness.write_text(os.path.join(args.results, "tune_fewshot.md"), table)
     print(table)
     return 0
 

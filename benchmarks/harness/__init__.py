@@ -9,7 +9,8 @@
   scheduler of the interleaved measurements (``rounds``: rotate or shuffle);
 - the one verdict type of a benchmark's targets and its printer (``target``, ``verdict``, ``print_targets``);
 - the outputs: the table a script prints, after a note when other processes compete for the cores, and its rows
-  as JSON written whole or not at all (``print_table``, ``print_noted_table``, ``report``);
+  as JSON written whole or not at all (``print_table``, ``print_noted_table``, ``report``), and the one writer of
+  every record, table and JSON (``write_json``, ``write_text``);
 - the one study pipeline of the training studies (``study``): the grid of cells x seeds in a declared order
   (``grid``), each run through the script's run function and skipped when its record exists, every result collected
   from the records (``Study``), the per-cell summary over seeds and the paired differences (``summarize_cells``,
@@ -20,11 +21,12 @@ and tests/conftest.py puts it there for the tests. What builds fairseq models fo
 """
 from .cli import Parser, parser
 from .clock import now, rounds, since, timed, wall
-from .outputs import load_note, print_noted_table, print_table, report
+from .outputs import load_note, print_noted_table, print_table, report, write_json, write_text
 from .setup_record import CPU_FLAGS, header, machine, record, set_threads, versions
 from .study import Study, grid, paired, paired_cells, save_figure, summarize_cells, write_outputs
 from .targets import print_targets, target, verdict
 
 __all__ = ["CPU_FLAGS", "Parser", "Study", "grid", "header", "load_note", "machine", "now", "paired", "paired_cells",
            "parser", "print_noted_table", "print_table", "print_targets", "record", "report", "rounds", "save_figure",
-           "set_threads", "since", "summarize_cells", "target", "timed", "verdict", "versions", "wall", "write_outputs"]
+           "set_threads", "since", "summarize_cells", "target", "timed", "verdict", "versions", "wall",
+           "write_json", "write_outputs", "write_text"]

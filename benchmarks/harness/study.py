@@ -13,7 +13,6 @@ folder's path below WORK), the paired differences benchmarks/_paired.py's.
     deltas = paired_cells(cells, ("n", "method"), "method", "ce", "test_accuracy")
     write_outputs(results, "fewshot", summary, markdown_text, figure)
 """
-import json
 import os
 import sys
 import time
@@ -25,6 +24,7 @@ from acl_runtime.io import atomic
 from acl_runtime.tables import mean_std
 
 from .clock import now, since
+from .outputs import write_json, write_text
 
 ORDERS = ("seed-major", "cell-major")
 
@@ -171,8 +171,8 @@ def write_outputs(results: str, stem: str, summary: dict, markdown: str,
     """RESULTS/<stem>.json (the summary), <stem>.md and, with ``plot(summary, path)``, <stem>.png, each written
     whole or not at all: the paths written."""
     paths = [os.path.join(results, f"{stem}.json"), os.path.join(results, f"{stem}.md")]
-    _records.write_atomic(paths[0], json.dumps(summary, indent=2))
-    _records.write_atomic(paths[1], markdown)
+    write_json(paths[0], summary, indent=2)
+    write_text(paths[1], markdown)
     if plot is not None:
         paths.append(os.path.join(results, f"{stem}.png"))
         plot(summary, paths[2])

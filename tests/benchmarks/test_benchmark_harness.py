@@ -326,3 +326,24 @@ def test_no_benchmark_module_imports_a_module_under_a_one_or_two_letter_alias():
     found = [(str(p.relative_to(folder)), m.group(1), m.group(2)) for p in folder.rglob("*.py")
              for m in alias.finditer(p.read_text()) if m.group(1) not in ("torch.nn.functional", "numpy")]
     assert found == []
+
+
+def test_every_record_table_and_json_is_written_through_the_harness_writer(tmp_path):
+    """One writer (harness.write_json, harness.write_text): no benchmark module writes its results through the
+    atomic module or a writer of its own (load/client.py runs by path, as its own process, and writes its records
+    itself)."""
+    import json
+    import pathlib
+    import re
+
+    folder = pathlib.Path(__file__).parents[2] / "benchmarks"
+    own = re.compile(r"atomic\.write_(json|text)\(|def write_atomic\(|\bwrite_atomic\(")
+    found = [str(p.relative_to(folder)) for p in folder.rglob("*.py")
+             if p.parts[-2:] not in {("harness", "outputs.py"), ("load", "client.py")} and own.search(p.read_text())]
+    assert found == []
+    H.write_json(str(tmp_path / "a" / "b.json"), {"x": [1, 2]}, sort_keys=True)
+    assert (tmp_path / "a" / "b.json").read_text() == '{\n "x": [\n  1,\n  2\n ]\n}\n'
+    H.write_json(str(tmp_path / "c.json"), {"b": 1, "a": 2}, indent=None)
+    assert json.loads((tmp_path / "c.json").read_text()) == {"b": 1, "a": 2}
+    H.write_text(str(tmp_path / "t.md"), "table\n")
+    assert (tmp_path / "t.md").read_text() == "table\n"
