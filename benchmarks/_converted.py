@@ -8,12 +8,12 @@ import sys
 import tempfile
 from typing import Dict, Optional, Tuple
 
-import _glue_runs as G
-import _records as R
-from acl_fairseq.recipes import plan as P
+import _glue_runs
+import _records
+from acl_fairseq.recipes import plan as run_plan
 from acl_runtime.tables import read_tsv
 
-CONVERTED_TABLE = os.path.join(G.REPO, "recipes", "glue", "converted.tsv")
+CONVERTED_TABLE = os.path.join(_glue_runs.REPO, "recipes", "glue", "converted.tsv")
 TRAIN_SIZES = {"RTE": 2490, "CoLA": 8551, "SST-2": 67349, "STS-B": 5749}
 SUBSET_SEED = 1  # the SST-2 training subset is the same for every run
 
@@ -34,7 +34,7 @@ def check_finished(run_dir: str, sch: Dict[str, object]) -> None:
     one (the driver skips a run with a result)."""
     if not os.path.isfile(os.path.join(run_dir, "result.json")):
         return
-    got = G.trained_setting(run_dir)
+    got = _glue_runs.trained_setting(run_dir)
     if (got["lr"], got["pooling"], got["epochs"]) != (sch["lr"], sch["pooling"], sch["epochs"]):
         sys.exit(f"quality: {run_dir} was trained with lr {got['lr']:g}, {got['pooling']} pooling, {got['epochs']} "
                  f"epochs, but {CONVERTED_TABLE} now says lr {sch['lr']:g}, {sch['pooling']} pooling, {sch['epochs']} "
@@ -45,43 +45,44 @@ def check_finished(run_dir: str, sch: Dict[str, object]) -> None:
                  "another --work) so that it is trained again")
 
 
-def run_one(task: str, method: str, seed: int, work: str, enc: "G.Encoder", extra=(), keep_checkpoints=False,
+def run_one(task: str, method: str, seed: int, work: str, enc: "_glue_runs.Encoder", extra=(), keep_checkpoints=False,
             threads: int = 2, records: Optional[str] = None) -> Tuple[str, dict]:
     """One run of the table's schedule through the driver, into WORK/quality/runs/TASK/METHOD/seedS, its record
     saved under RECORDS (skipped when either has a result); returns the folder holding it and result.json."""
     out_root = os.path.join(work, "quality")
     sch = PROTOCOL[task]
-    rd = G.run_dir(out_root, task, method, seed)
+    rd = _glue_runs.run_dir(out_root, task, method, seed)
 
     def train():
         db = binarize(task, work, enc)
         n = sch["train_subset"] or TRAIN_SIZES[task]
         updates = math.ceil(n / sch["batch"]) * sch["epochs"]
-        multi = P.method(method, task).exits == "multi"
-        env = G.driver_env(G.Encoder(enc.dir, pooling=sch["pooling"]), db, out_root, seed, multi=multi,
-                           schedule=dict(LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"],
-                                         TOTAL_UPDATES=updates, LOG_INTERVAL=10))
+        multi = run_plan.method(method, task).exits == "multi"
+        env = _glue_runs.driver_env(_glue_runs.Encoder(enc.dir, pooling=sch["pooling"]), db, out_root, seed,
+                                    multi=multi,
+                                    schedule=dict(LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"],
+                                                  TOTAL_UPDATES=updates, LOG_INTERVAL=10))
         env["OMP_NUM_THREADS"] = str(threads)
-        G.finetune(task, method, env, ["--no-last-checkpoints", *extra])
+        _glue_runs.finetune(task, method, env, ["--no-last-checkpoints", *extra])
         if not keep_checkpoints:
-            G.drop_checkpoints(rd)
+            _glue_runs.drop_checkpoints(rd)
 
     def check(done):
         check_finished(done, sch)
         if done != rd:  # trained on another machine or in an earlier session
-            G.log(f"recorded: {task} {method} seed {seed} ({done})")
+            _glue_runs.log(f"recorded: {task} {method} seed {seed} ({done})")
 
-    return R.result_or_train(rd, work, records, train, check)
+    return _records.result_or_train(rd, work, records, train, check)
 
 
-def binarize(task: str, work: str, enc: G.Encoder) -> str:
+def binarize(task: str, work: str, enc: _glue_runs.Encoder) -> str:
     out = os.path.join(work, "data", "quality", f"{task}-bin")
     if os.path.isfile(os.path.join(out, "stats.json")):
         return out
-    src = os.path.join(G.GLUE_DIR, task)
+    src = os.path.join(_glue_runs.GLUE_DIR, task)
     n = PROTOCOL[task]["train_subset"]
     if not n:
-        return G.preprocess(task, src, out, enc)
+        return _glue_runs.preprocess(task, src, out, enc)
     with tempfile.TemporaryDirectory(prefix=f"acl_{task}_subset_") as tmp:  # outside the repo, deleted after
         with open(os.path.join(src, "train.tsv"), encoding="utf-8") as f:
             header, *rows = f.read().splitlines()
@@ -89,5 +90,5 @@ def binarize(task: str, work: str, enc: G.Encoder) -> str:
         with open(os.path.join(tmp, "train.tsv"), "w", encoding="utf-8") as f:
             f.write("\n".join([header] + [rows[i] for i in keep]) + "\n")
         os.symlink(os.path.join(src, "dev.tsv"), os.path.join(tmp, "dev.tsv"))
-        G.preprocess(task, tmp, out, enc)
+        _glue_runs.preprocess(task, tmp, out, enc)
     return out

@@ -5,15 +5,15 @@ import os
 import statistics
 from typing import Dict, List
 
-import _glue_runs as G
-import _paired as PD
+import _glue_runs
+import _paired
 from acl_runtime.tables import read_tsv
 
 TASK = "SST-2"
 METHODS = ["ce", "scl", "acl_embed", "acl_grad"]
 # Schedule per N: the recipe table recipes/glue/fewshot.tsv (batch, epochs, validation interval, lr, and the
 # reason for each). Method hyperparameters are methods.tsv's; only the schedule is few-shot.
-SCHEDULE_TABLE = os.path.join(G.REPO, "recipes", "glue", "fewshot.tsv")
+SCHEDULE_TABLE = os.path.join(_glue_runs.REPO, "recipes", "glue", "fewshot.tsv")
 
 
 def read_schedules(path: str = SCHEDULE_TABLE) -> Dict[int, Dict[str, object]]:
@@ -72,7 +72,7 @@ def precision_pairs(bf16: List[dict], fp32: List[dict]) -> Dict[str, list]:
         acc = {(r["precision"], r["seed"]): r["test_accuracy"] for r in rows if (r["n"], r["method"]) == (n, method)}
         seeds = sorted({seed for _, seed in acc})
         d = [acc["bf16", s] - acc["fp32", s] for s in seeds]
-        iv = PD.interval(d)
+        iv = _paired.interval(d)
         paired.append({"n": n, "method": method, "seeds": seeds, "bf16_minus_fp32_per_seed": d,
                        "mean": statistics.mean(d), "max_abs": max(map(abs, d)), "ci95": [iv["lo"], iv["hi"]],
                        f"within_{BF16_BOUND}_points": max(map(abs, d)) <= BF16_BOUND})

@@ -21,13 +21,13 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
-import _records as R
-from acl_fairseq.recipes import plan as P
+import _records
+from acl_fairseq.recipes import plan as run_plan
 from acl_fairseq.recipes import runner
+from harness.clock import now, since
 from harness.study import log  # the progress line every study prints
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -153,7 +153,7 @@ def driver_env(enc: Encoder, data_bin: str, out_root: str, seed: int, multi: boo
 
 
 def run_dir(out_root: str, task: str, method: str, seed: int) -> str:
-    return P.run_dir(out_root, task, method, seed)
+    return run_plan.run_dir(out_root, task, method, seed)
 
 
 def trained_setting(run_dir: str) -> Dict[str, object]:
@@ -162,7 +162,7 @@ def trained_setting(run_dir: str) -> Dict[str, object]:
     result.json's ``setting``."""
     path = os.path.join(run_dir, "command.sh")
     if not os.path.isfile(path):
-        setting = (R.load(run_dir) or {}).get("setting")
+        setting = (_records.load(run_dir) or {}).get("setting")
         if not setting:
             sys.exit(f"{run_dir} has neither command.sh nor a recorded setting: move it away")
         return dict(setting)
@@ -176,17 +176,18 @@ def trained_setting(run_dir: str) -> Dict[str, object]:
 def finetune(task: str, method: str, env: Dict[str, str], extra_flags: Sequence[str] = ()) -> dict:
     """One run of the plan (skipped when its result.json exists); returns result.json. ``env``: the driver's
     settings (refused here, before anything runs, when they cannot work) and any other environment."""
-    names = {name for name, _, _ in P.SETTINGS}
+    names = {name for name, _, _ in run_plan.SETTINGS}
     try:
-        plan = P.build_plan(task, method, overrides={k: v for k, v in env.items() if k in names}, extra=extra_flags)
-    except P.RecipeError as e:
+        plan = run_plan.build_plan(task, method, overrides={k: v for k, v in env.items() if k in names},
+                                   extra=extra_flags)
+    except run_plan.RecipeError as e:
         raise RuntimeError(f"{task} {method}: {e}") from None
     rd = plan.run_dir
     res_path = os.path.join(rd, "result.json")
     if os.path.isfile(res_path):
         with open(res_path) as f:
             return json.load(f)
-    t0 = time.time()
+    t0 = now()
     log(f"train: {task} {method} seed {plan.seed} -> {rd}")
     log_path = rd + ".driver.log"
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
@@ -199,7 +200,7 @@ def finetune(task: str, method: str, env: Dict[str, str], extra_flags: Sequence[
                                f"{f.read()[-4000:]}")
     with open(res_path) as f:
         res = json.load(f)
-    log(f"  done in {time.time() - t0:.0f}s: best valid {json.dumps(next(iter(res['best_valid'].values())))} "
+    log(f"  done in {since(t0)[0]:.0f}s: best valid {json.dumps(next(iter(res['best_valid'].values())))} "
         f"at update {res.get('best_num_updates')}")
     return res
 

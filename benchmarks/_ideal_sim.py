@@ -30,9 +30,9 @@ from typing import Dict, List, NamedTuple, Sequence
 
 import numpy as np
 
-from _load_stats import percentile  # noqa: F401  (serve_load's: the same percentile for both)
 from acl_runtime.loop import ExitRequest
 from acl_runtime.scheduler import Scheduler
+from load.stats import percentile  # noqa: F401  (serve_load's: the same percentile for both)
 
 SCHEDULES = ("fifo-wave", "server", "edf", "least-slack")
 FRONTS = ("serial", "beside")

@@ -8,9 +8,9 @@ import re
 import statistics
 from typing import Dict, Optional
 
-import _glue_runs as G
-import _paired as PD
-import _records as R
+import _glue_runs
+import _paired
+import _records
 from acl_fairseq.inference import flops, report
 
 TASKS = ["RTE", "CoLA", "SST-2", "STS-B"]
@@ -24,7 +24,7 @@ QUALITY_PAIRS = [("scl", "ce"), ("acl_embed", "ce"), ("acl_grad", "ce"), ("acl_e
 
 
 def _by_seed(runs_dir: str, task: str, method: str) -> Dict[int, dict]:
-    return {int(os.path.basename(os.path.dirname(p))[4:]): R.load(os.path.dirname(p))
+    return {int(os.path.basename(os.path.dirname(p))[4:]): _records.load(os.path.dirname(p))
             for p in glob.glob(os.path.join(runs_dir, task, method, "seed*", "result.json"))}
 
 
@@ -39,20 +39,20 @@ def quality_pairs(runs_dir: str, tasks=TASKS, pairs=QUALITY_PAIRS) -> Dict[str, 
             if not seeds:
                 continue
             diffs = [a[s]["best_value"] - b[s]["best_value"] for s in seeds]
-            iv = PD.interval(diffs)
+            iv = _paired.interval(diffs)
             out.setdefault(task, {})[f"{method} − {base}"] = {
                 "method": method, "base": base, "metric": b[seeds[0]]["best_metric"], "seeds": seeds, "diffs": diffs,
-                "mean": iv["mean"], "ci95": [iv["lo"], iv["hi"]], "ahead": iv["ahead"], "verdict": PD.verdict(iv)}
+                "mean": iv["mean"], "ci95": [iv["lo"], iv["hi"]], "ahead": iv["ahead"], "verdict": _paired.verdict(iv)}
     return out
 
 
 def quality_pairs_markdown(pairs: Dict[str, Dict[str, dict]]) -> str:
     """The quality table's comparisons, paired by seed."""
-    rows = [f"| {task} | {name} | {p['metric']} | {', '.join(map(str, p['seeds']))} | {PD.cell(p['diffs'])} |"
+    rows = [f"| {task} | {name} | {p['metric']} | {', '.join(map(str, p['seeds']))} | {_paired.cell(p['diffs'])} |"
             for task, by_pair in pairs.items() for name, p in by_pair.items()]
     if not rows:
         return ""
-    return ("\nPaired by seed (the runs above, same seed = same initialisation and data order): " + PD.HEADER
+    return ("\nPaired by seed (the runs above, same seed = same initialisation and data order): " + _paired.HEADER
             + ":\n\n| task | pair | metric | seeds | difference |\n|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
@@ -102,7 +102,7 @@ def _cell(values) -> str:
 def gate_log(run_dir: str) -> dict:
     """Per epoch of a gated run (fairseq's train.log): ``conflict_rate``, the share of updates whose auxiliary term
     the gate dropped, and ``grad_cos``, the mean cosine of the two gradients."""
-    stats = [st for st in R.epoch_stats(os.path.join(run_dir, "train.log")) if "train_conflict_rate" in st]
+    stats = [st for st in _records.epoch_stats(os.path.join(run_dir, "train.log")) if "train_conflict_rate" in st]
     return {"conflict_rate": [float(st["train_conflict_rate"]) for st in stats],
             "grad_cos": [float(st["train_grad_cos"]) for st in stats]}
 
@@ -114,7 +114,7 @@ def gate_pairs(runs_dir: str, tasks, gated_methods: Dict[str, str]) -> Dict[str,
     out: Dict[str, Dict[str, dict]] = {}
     for task in tasks:
         for gated, base in gated_methods.items():
-            res = {m: {int(os.path.basename(os.path.dirname(p))[4:]): R.load(os.path.dirname(p))
+            res = {m: {int(os.path.basename(os.path.dirname(p))[4:]): _records.load(os.path.dirname(p))
                        for p in glob.glob(os.path.join(runs_dir, task, m, "seed*", "result.json"))}
                    for m in (gated, base)}
             seeds = sorted(set(res[gated]) & set(res[base]))
@@ -128,8 +128,8 @@ def gate_pairs(runs_dir: str, tasks, gated_methods: Dict[str, str]) -> Dict[str,
                 "conflict_rate": [statistics.mean(g["conflict_rate"]) if g["conflict_rate"] else None for g in logs],
                 "grad_cos": [[g["grad_cos"][0], g["grad_cos"][-1]] if g["grad_cos"] else None for g in logs]}
             entry = out[task][gated]
-            iv = PD.interval([g - b for g, b in zip(entry["gated"], entry["base"])])
-            entry.update(ci95=[iv["lo"], iv["hi"]], ahead=iv["ahead"], verdict=PD.verdict(iv))
+            iv = _paired.interval([g - b for g, b in zip(entry["gated"], entry["base"])])
+            entry.update(ci95=[iv["lo"], iv["hi"]], ahead=iv["ahead"], verdict=_paired.verdict(iv))
     return out
 
 
@@ -143,13 +143,13 @@ def gate_markdown(pairs: Dict[str, Dict[str, dict]]) -> str:
             cos = [f"{c[0]:.2f}→{c[1]:.2f}" if c else "?" for c in p["grad_cos"]]
             seeds = ", ".join(map(str, p["seeds"]))
             rows.append(f"| {task} | {gated} − {p['base_method']} | {p['metric']} | {seeds} | {_cell(p['base'])} | "
-                        f"{_cell(p['gated'])} | {PD.cell(d)} | {', '.join(rates)} | {', '.join(cos)} |")
+                        f"{_cell(p['gated'])} | {_paired.cell(d)} | {', '.join(rates)} | {', '.join(cos)} |")
     if not rows:
         return ""
     return ("\nThe ACL-Grad rule on SCL (`scl_grad`: CE+SCL that drops the SCL term of a batch whose gradient points "
             "against CE's, --scl-grad) against CE+SCL (`scl`), paired by seed; 'dropped' is the share of updates "
             "whose SCL term the gate dropped (per seed, over all epochs), cos is the mean cosine of the two gradients "
-            "in the first and the last epoch; difference: " + PD.HEADER + ":\n\n| task | pair | metric | seeds | "
+            "in the first and the last epoch; difference: " + _paired.HEADER + ":\n\n| task | pair | metric | seeds | "
             "ungated | gated | difference | dropped | cos first→last |\n|---|---|---|---|---|---|---|---|---|\n"
             + "\n".join(rows) + "\n")
 
@@ -159,7 +159,7 @@ def legacy_markdown(runs_dir: str) -> str:
     with fairseq's double separator, no segment embedding, head dropout 0), if any."""
     old = sorted({"/".join(p.split(os.sep)[-4:-2])
                   for p in glob.glob(os.path.join(runs_dir, "*", "*", "seed*", "command.sh"))
-                  if not G.trained_setting(os.path.dirname(p))["conventions"]})
+                  if not _glue_runs.trained_setting(os.path.dirname(p))["conventions"]})
     if not old:
         return ""
     return ("\nRows trained before the conventions record (no segment embedding, head dropout 0; pairs with fairseq's "
@@ -171,7 +171,7 @@ def restored_markdown(runs_dir: str) -> str:
     time."""
     restored = {}
     for path in sorted(glob.glob(os.path.join(runs_dir, "*", "*", "seed*", "result.json"))):
-        res = R.load(os.path.dirname(path))
+        res = _records.load(os.path.dirname(path))
         if res.get("restored_from"):
             restored.setdefault(res["restored_from"], []).append("/".join(path.split(os.sep)[-4:-1]))
     return "".join(f"\nRestored from {src} (their run folders were lost): {', '.join(runs)}. Values only: without "
@@ -180,7 +180,7 @@ def restored_markdown(runs_dir: str) -> str:
 
 
 # the GLUE dev sets' token lengths (benchmarks/dev_lengths.py writes it), for FLOPs from the run records
-LENGTHS_RECORD = os.path.join(G.REPO, "benchmarks", "results", "dev_lengths.json")
+LENGTHS_RECORD = os.path.join(_glue_runs.REPO, "benchmarks", "results", "dev_lengths.json")
 
 
 def read_lengths(path: str = LENGTHS_RECORD) -> Optional[dict]:

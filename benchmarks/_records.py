@@ -61,12 +61,6 @@ def load(folder: str, result: str = RESULT) -> Optional[dict]:
         return json.load(f)
 
 
-def write_atomic(path: str, text: str) -> None:
-    """Write a table or a JSON file whole or not at all: a reader, or a run stopped halfway, never leaves half."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    atomic.write_text(path, text)
-
-
 def _write(path: str, data: bytes) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:

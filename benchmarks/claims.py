@@ -19,10 +19,9 @@ import sys
 import textwrap
 from typing import Dict, List
 
-import _paired as PD
-import _tune_report as TR
-import harness as H
-from acl_runtime.io import atomic  # noqa: E402
+import _paired
+import _tune_report
+import harness
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
@@ -42,8 +41,8 @@ def _seeds(seeds: List[int]) -> str:
 
 def _said(diffs: List[float]) -> str:
     """"+0.16 [−0.23, +0.56], within noise (n = 3)"."""
-    iv = PD.interval(diffs)
-    return f"{PD.interval_text(iv)}, {PD.verdict(iv)}"
+    iv = _paired.interval(diffs)
+    return f"{_paired.interval_text(iv)}, {_paired.verdict(iv)}"
 
 
 def _where(verdicts: Dict[str, str], word: str) -> List[str]:
@@ -82,8 +81,8 @@ def multi_exit_bullet(results: str) -> str:
             pairs = {p: d for p, d in speedup_pairs(profiles, method).items() if d}
             if not pairs:
                 continue
-            found = {POINT_NAMES[p]: PD.verdict(PD.interval(d)) for p, d in pairs.items()}
-            said = " / ".join(PD.interval_text(PD.interval(d)) for d in pairs.values())
+            found = {POINT_NAMES[p]: _paired.verdict(_paired.interval(d)) for p, d in pairs.items()}
+            said = " / ".join(_paired.interval_text(_paired.interval(d)) for d in pairs.values())
             if len(set(found.values())) == 1:
                 said += f", {next(iter(found.values()))} at each"
             else:
@@ -122,7 +121,7 @@ def pilot_bullet(results: str) -> str:
             f"ACL-Embed at {span('ce_vs_acl', 'angle_median')}°, above 90° {acl_conflict} "
             "([why](docs/method.md#why-acl-grad-rarely-fires-on-acl-embed)), so ACL-Grad has little to drop: "
             "`acl_grad` − `acl_embed` on GLUE dev " + ", ".join(
-                f"{task} {PD.interval_text(PD.interval(p['diffs']))}" for task, p in same.items()) + ".")
+                f"{task} {_paired.interval_text(_paired.interval(p['diffs']))}" for task, p in same.items()) + ".")
 
 
 def gate_bullet(results: str) -> str:
@@ -132,9 +131,9 @@ def gate_bullet(results: str) -> str:
         p = by_method["scl_grad"]
         diffs = [g - b for g, b in zip(p["gated"], p["base"])]
         rates = [100 * r for r in p["conflict_rate"] if r is not None]
-        verdicts[task] = PD.verdict(PD.interval(diffs))
+        verdicts[task] = _paired.verdict(_paired.interval(diffs))
         parts.append(f"{task} {p['metric']} ({_seeds(p['seeds'])}; SCL dropped in {min(rates):.1f}-{max(rates):.1f}% "
-                     f"of updates): {_said(diffs)} ({PD.interval(diffs)['ahead']} of {len(diffs)} seeds ahead)")
+                     f"of updates): {_said(diffs)} ({_paired.interval(diffs)['ahead']} of {len(diffs)} seeds ahead)")
     head = _headline(verdicts, "Dropping the conflicting term (ACL-Grad's rule, on SCL where it bites)",
                      "Dropping the conflicting term (ACL-Grad's rule, on SCL where it bites): no effect shown")
     return f"- **{head}.** `scl_grad` − `scl`: " + "; ".join(parts) + "."
@@ -155,12 +154,12 @@ def contrastive_bullet(results: str, method: str, base: str, title: str, no: str
     few = _fewshot(results, method, base)
     if few:
         for n, d in sorted(few.items()):
-            verdicts[f"few-shot N = {n}"] = PD.verdict(PD.interval(d.get("delta_vs_ce", d.get("delta"))))
+            verdicts[f"few-shot N = {n}"] = _paired.verdict(_paired.interval(d.get("delta_vs_ce", d.get("delta"))))
         parts.append("few-shot SST-2 accuracy (" + _seeds(next(iter(few.values()))["seeds"]) + "): " + "; ".join(
             f"N = {n} {_said(d.get('delta_vs_ce', d.get('delta')))}" for n, d in sorted(few.items())))
     glue = _quality(results, f"{method} − {base}")
     for task, p in glue.items():
-        verdicts[f"{task} (GLUE dev)"] = PD.verdict(PD.interval(p["diffs"]))
+        verdicts[f"{task} (GLUE dev)"] = _paired.verdict(_paired.interval(p["diffs"]))
     if glue:
         parts.append("GLUE dev (" + _seeds(next(iter(glue.values()))["seeds"]) + "): " + "; ".join(
             f"{task} {p['metric']} {_said(p['diffs'])} ({p['ahead']} of {len(p['diffs'])} seeds ahead)"
@@ -185,11 +184,11 @@ def multi_exit_row(results: str) -> str:
                               ("acl_cross_layer_cl_only", "the cross-layer term alone")):
             pairs = speedup_pairs(profiles, method)
             if all(pairs[p] for p in ("1.5", "2", "area")):
-                ivs = [PD.interval(pairs[p]) for p in ("1.5", "2", "area")]
+                ivs = [_paired.interval(pairs[p]) for p in ("1.5", "2", "area")]
                 # the interval of the mean over 1x-3x; those at 1.5x and 2x are in quality.md
-                cells.append(f"{label} " + " / ".join(PD.signed(iv["mean"]) for iv in ivs[:-1]) + " / "
-                             + PD.interval_text(ivs[-1]))
-                verdicts += [PD.verdict(iv) for iv in ivs]
+                cells.append(f"{label} " + " / ".join(_paired.signed(iv["mean"]) for iv in ivs[:-1]) + " / "
+                             + _paired.interval_text(ivs[-1]))
+                verdicts += [_paired.verdict(iv) for iv in ivs]
         metric = next(iter(profiles["multi_exit_ce"].values()))["metric"]
         seeds = sorted(profiles["multi_exit_ce"], key=int)
         parts.append(f"{task} {metric} ({_seeds([int(x) for x in seeds])}): " + "; ".join(cells))
@@ -202,17 +201,18 @@ def gate_row(results: str) -> str:
         p = by_method["scl_grad"]
         diffs = [g - b for g, b in zip(p["gated"], p["base"])]
         rates = [100 * r for r in p["conflict_rate"] if r is not None]
-        iv = PD.interval(diffs)
+        iv = _paired.interval(diffs)
         digits = 1 if max(rates) < 10 else 0  # 0.5-1.6%, not 1-2%
-        out.append(f"{task} {PD.interval_text(iv)} {p['metric']} ({iv['ahead']} of {iv['n']} seeds ahead; SCL dropped "
-                   f"in {min(rates):.{digits}f}-{max(rates):.{digits}f}% of updates): {PD.verdict(iv)}")
+        out.append(f"{task} {_paired.interval_text(iv)} {p['metric']} ({iv['ahead']} of {iv['n']} seeds ahead; "
+                   f"SCL dropped in {min(rates):.{digits}f}-{max(rates):.{digits}f}% of updates): "
+                   f"{_paired.verdict(iv)}")
     return "; ".join(out)
 
 
 def fewshot_row(results: str) -> str:
     few = _fewshot(results, "scl", "ce")
-    return ", ".join(f"{PD.interval_text(PD.interval(d['delta_vs_ce']), 1)} at N = {n} "
-                     f"({PD.verdict(PD.interval(d['delta_vs_ce']))})" for n, d in sorted(few.items()))
+    return ", ".join(f"{_paired.interval_text(_paired.interval(d['delta_vs_ce']), 1)} at N = {n} "
+                     f"({_paired.verdict(_paired.interval(d['delta_vs_ce']))})" for n, d in sorted(few.items()))
 
 
 def parity_row(results: str) -> str:
@@ -221,9 +221,9 @@ def parity_row(results: str) -> str:
         for task, e in sorted(tasks.items(), key=lambda kv: kv[0] != "SST-2"):
             if "paired" in e:
                 d = e["paired"]
-                out.append(f"{task} {PD.interval_text(PD.interval(d['diffs']))} ("
+                out.append(f"{task} {_paired.interval_text(_paired.interval(d['diffs']))} ("
                            + ("within target" if d["within_target"] else "target **missed**")
-                           + f"; {PD.verdict(PD.interval(d['diffs']))})")
+                           + f"; {_paired.verdict(_paired.interval(d['diffs']))})")
     return "; ".join(out)
 
 
@@ -234,7 +234,7 @@ ROWS = {
     "| Few-shot SST-2, CE+SCL − CE (5 seeds) |": fewshot_row,
     "| Fine-tuning vs a plain HF loop |": parity_row,
     "| Few-shot SST-2 tuned on Optuna, the same 24-trial budget per method (5 seeds) |":
-        lambda results: TR.row(TR.load(results)),
+        lambda results: _tune_report.row(_tune_report.load(results)),
 }
 
 
@@ -266,7 +266,7 @@ def bullets(results: str) -> str:
         contrastive_bullet(results, "scl", "ce", "CE+SCL over CE", "CE+SCL over CE: not shown"),
         contrastive_bullet(results, "acl_embed", "scl", "ACL-Embed against SCL",
                            "ACL-Embed at least as good as SCL: within noise everywhere, never behind"),
-        TR.bullet(TR.load(results)),
+        _tune_report.bullet(_tune_report.load(results)),
     ]) + "\n"
 
 
@@ -288,7 +288,7 @@ def regenerated(path: str, results: str, readme: bool) -> str:
 
 
 def main(argv=None) -> int:
-    p = H.parser(__doc__)
+    p = harness.parser(__doc__)
     p.add_argument("--results", default=os.path.join(REPO, "benchmarks", "results"))
     p.add_argument("--readme", default=os.path.join(REPO, "README.md"))
     p.add_argument("--docs", default=os.path.join(REPO, "docs", "benchmarks.md"),
@@ -305,7 +305,7 @@ def main(argv=None) -> int:
             print(f"claims: {path} differs from the tables; run python benchmarks/claims.py", file=sys.stderr)
             stale = 1
             continue
-        atomic.write_text(path, new)
+        harness.write_text(path, new)
     if not args.check:
         print(bullets(args.results), end="")
     return stale

@@ -14,7 +14,6 @@ import ctypes
 import gc
 import logging
 import os
-import random
 import resource
 import statistics
 import tempfile
@@ -23,6 +22,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+import harness
 from acl_runtime import console
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -245,46 +245,33 @@ def describe_memory(method: str) -> str:
     }[method]
 
 
-class Timer:
-    """``(wall seconds, process CPU seconds)`` of ``fn()``: the package's ``acl_fairseq.inference.latency.clock``
-    (device synchronized around it), with the garbage collector off.
+def step_clock(device):
+    """``fn -> (wall seconds, process CPU seconds)`` of ``fn()`` on ``device``: the harness clock
+    (``harness.timed``), the device synchronized around it, with the garbage collector off.
 
     The CPU time (``time.process_time``: user + system of every thread of this process) hardly moves
     when other processes share the cores, where the wall clock does; with one torch thread it is the
     step's compute time. On CUDA only the wall clock means anything.
     """
-
-    def __init__(self, device):
-        self.device = torch.device(device)
-
-    def __call__(self, fn):
-        from acl_fairseq.inference.latency import clock
-
-        gc.collect()
-        gc.disable()
-        try:
-            return clock(fn, self.device)
-        finally:
-            gc.enable()
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else None
+    return lambda fn: harness.timed(fn, sync=sync, no_gc=True)[:2]
 
 
 def temp_dir(prefix: str) -> tempfile.TemporaryDirectory:
     return tempfile.TemporaryDirectory(prefix=prefix)
 
 
-def interleaved_rounds(systems, timed, repeats: int, warmup: int, mem_repeats: int, device, seed: int) -> str:
+def interleaved_rounds(systems, time_one, repeats: int, warmup: int, mem_repeats: int, device, seed: int) -> str:
     """Time ``systems`` side by side: ``warmup`` untimed rounds, then ``repeats`` rounds that run every system
-    once in a shuffled order, appending ``timed(s)``'s ``(wall, cpu)`` to ``s.times`` / ``s.cpu_times``;
-    then ``mem_repeats`` steps each into ``s.mem`` (:class:`PeakMemory`). Returns the memory method."""
-    rng = random.Random(seed)
+    once in a shuffled order (``harness.rounds``), appending ``time_one(s)``'s ``(wall, cpu)`` to ``s.times`` /
+    ``s.cpu_times``; then ``mem_repeats`` steps each into ``s.mem`` (:class:`PeakMemory`). Returns the memory
+    method."""
     for _ in range(warmup):
         for s in systems:
-            timed(s)
-    for _ in range(repeats):
-        order = list(systems)
-        rng.shuffle(order)
+            time_one(s)
+    for _, order in harness.rounds(systems, repeats, "shuffle", seed):
         for s in order:
-            wall, cpu = timed(s)
+            wall, cpu = time_one(s)
             s.times.append(wall)
             s.cpu_times.append(cpu)
     mem = PeakMemory(device)

@@ -18,17 +18,16 @@ import os
 import sys
 from typing import Dict
 
-import _glue_runs as G
-import _quality_tables as Q
-import _records as R
-import harness as H
+import _glue_runs
+import _quality_tables
+import harness
 from acl_runtime import tokenization
 
 TASKS = ("SST-2", "CoLA")  # single-sentence tasks: their text columns and headers are the task table's
 
 
 def histogram(glue_dir: str, task: str, tokenize) -> Dict[int, int]:
-    texts, _ = G.dev_rows(task, glue_dir)
+    texts, _ = _glue_runs.dev_rows(task, glue_dir)
     return dict(sorted(collections.Counter(len(tokenize(text)) + 2 for text in texts).items()))
 
 
@@ -41,20 +40,20 @@ def encoder_shape(encoder: str) -> dict:
 
 
 def main(argv=None) -> int:
-    p = H.parser(__doc__)
+    p = harness.parser(__doc__)
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
-    p.add_argument("--glue-dir", default=G.GLUE_DIR)
-    p.add_argument("--encoder", default=os.path.join(G.REPO, "runs", "bench", "minilm"),
+    p.add_argument("--glue-dir", default=_glue_runs.GLUE_DIR)
+    p.add_argument("--encoder", default=os.path.join(_glue_runs.REPO, "runs", "bench", "minilm"),
                    help="the converted encoder of benchmarks/quality.py (its conventions.json tokenizer record and "
                         "model_args.txt)")
-    p.add_argument("--out", default=Q.LENGTHS_RECORD)
+    p.add_argument("--out", default=_quality_tables.LENGTHS_RECORD)
     args = p.parse_args(argv)
     with open(os.path.join(args.encoder, "conventions.json"), encoding="utf-8") as f:
         record = json.load(f)["tokenizer"]  # the record acl-convert-hf wrote, the data's tokenizer
     tokenize = tokenization.build(record, args.encoder)
     out = {t: {"source": f"{t}/dev.tsv, word pieces of the encoder + 2", "shape": encoder_shape(args.encoder),
                "histogram": histogram(args.glue_dir, t, tokenize)} for t in args.tasks}
-    R.write_atomic(args.out, json.dumps(out, indent=1) + "\n")
+    harness.write_json(args.out, out)
     print(f"wrote {args.out}: " + ", ".join(f"{t} {sum(v['histogram'].values())} examples" for t, v in out.items()))
     return 0
 

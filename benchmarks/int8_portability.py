@@ -13,7 +13,6 @@ Debian's qemu-user), where onnxruntime takes its AVX2 kernels. Columns: the larg
 exit at batch 1 and 8, and the largest change of a row's logits between batch 1 and batch 8. Emulation is slow
 (about a minute a scheme); the numbers are exact either way: this measures arithmetic, not speed.
 """
-import json
 import logging
 import os
 import shutil
@@ -24,8 +23,7 @@ from typing import Dict, List
 import numpy as np
 
 import _int8_chain as chain
-import _records as R
-import harness as H
+import harness
 
 SCHEMES = {  # name -> (static?, activation type, reduce_range, per-channel weights)
     "dynamic u8/s8": (False, "QUInt8", False, False),
@@ -115,7 +113,7 @@ def measure(folder: str, rows: List[np.ndarray], cpu: str) -> List[Dict]:
 
 
 def main(argv=None) -> None:
-    p = H.parser(__doc__, json="write the table here", epilog=True)
+    p = harness.parser(__doc__, json="write the table here", epilog=True)
     p.add_argument("--folder", required=True, help="an OUT/onnx folder written by acl-export --format onnx")
     p.add_argument("--rows", type=int, default=32, help="random token rows run through every scheme")
     p.add_argument("--cpu", default="EPYC-Rome", help="qemu CPU model of the second machine kind (AVX2, no VNNI)")
@@ -128,7 +126,7 @@ def main(argv=None) -> None:
     if args.json:
         record = {"folder": os.path.basename(os.path.normpath(args.folder)), "rows": len(rows), "cpu": args.cpu,
                   "fp32_logit_scale": float(np.abs(chain.run_rows(args.folder, rows, 1)).max()), "schemes": table}
-        R.write_atomic(args.json, json.dumps(record, indent=1))
+        harness.write_json(args.json, record)
         print(f"wrote {args.json}")
 
 

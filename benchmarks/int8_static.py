@@ -30,17 +30,16 @@ import hashlib
 import json
 import os
 import sys
-import time
 from typing import Dict, List
 
 import numpy as np
 
-import _glue_runs as G
+import _glue_runs
 import _int8_chain as probe
-import _records as R
+import _records
 import _serving
 import common
-import harness as H
+import harness
 from acl_runtime.io import atomic  # noqa: E402
 
 BATCHES = (1, 8, 32)
@@ -54,9 +53,9 @@ FORMATS = {"worst_drop": "{:+.2f}", "fp32_logit": "{:.3f}", "b1_vs_b32_logit": "
 def candidates() -> Dict[str, Dict]:
     """Label -> scheme: the shipped one, then one change each (activation type, weight bits, per tensor,
     calibration method), and dynamic."""
-    from acl_fairseq.hf import onnx_quantize as Q
+    from acl_fairseq.hf import onnx_quantize
 
-    base, n = Q.SCHEMES["int8"], Q.CALIBRATION_ROWS
+    base, n = onnx_quantize.SCHEMES["int8"], onnx_quantize.CALIBRATION_ROWS
     return {"static u8/s8 7-bit per-channel MinMax (int8)": base,
             "static u8/s8 7-bit per-channel Percentile": {**base, "calibrate": "Percentile"},
             "static u8/s8 7-bit per-channel Entropy": {**base, "calibrate": "Entropy"},
@@ -66,7 +65,7 @@ def candidates() -> Dict[str, Dict]:
             "static s8/s8 7-bit per-channel MinMax": {**base, "activations": "QInt8"},
             "static s8/s8 8-bit per-channel MinMax": {**base, "activations": "QInt8", "reduce_range": False},
             "static u8/s8 8-bit per-channel MinMax": {**base, "reduce_range": False},
-            "dynamic u8/s8 7-bit per-channel (int8-dynamic)": Q.SCHEMES["int8-dynamic"]}
+            "dynamic u8/s8 7-bit per-channel (int8-dynamic)": onnx_quantize.SCHEMES["int8-dynamic"]}
 
 
 def stamp_of(*parts) -> str:
@@ -75,28 +74,29 @@ def stamp_of(*parts) -> str:
 
 def build_schemes(hub, folder: str, work: str, wanted: List[str]) -> Dict[str, str]:
     """Label -> folder of that scheme's layer graphs (fp32 file names); the shipped scheme is the export's own."""
-    from acl_fairseq.hf import onnx_quantize as Q
+    from acl_fairseq.hf import onnx_quantize
 
     graphs = json.load(open(os.path.join(folder, "manifest.json")))
     dirs, feeds = {}, {}
     for i, (label, scheme) in enumerate(candidates().items()):
         if wanted and not any(label.startswith(w) for w in wanted):
             continue
-        if scheme == Q.SCHEMES["int8"]:
+        if scheme == onnx_quantize.SCHEMES["int8"]:
             dirs[label] = os.path.join(folder, "int8")
             continue
         target = os.path.join(work, "schemes", str(i))
-        stamp = stamp_of(scheme, R.load(folder, "source.json"))
-        if R.load(target, "scheme.json") != {"stamp": stamp}:
-            n = scheme.get("rows", Q.CALIBRATION_ROWS)
+        stamp = stamp_of(scheme, _records.load(folder, "source.json"))
+        if _records.load(target, "scheme.json") != {"stamp": stamp}:
+            n = scheme.get("rows", onnx_quantize.CALIBRATION_ROWS)
             if n not in feeds:
-                feeds[n] = Q.layer_feeds(folder, graphs, Q.calibration_rows(hub, n))
-            G.log(f"quantize: {label} -> {target}")
+                feeds[n] = onnx_quantize.layer_feeds(folder, graphs, onnx_quantize.calibration_rows(hub, n))
+            _glue_runs.log(f"quantize: {label} -> {target}")
             os.makedirs(target, exist_ok=True)
             for rec in graphs["layers"]:
-                Q.quantize_graph(os.path.join(folder, rec["file"]), os.path.join(target, rec["file"]), scheme,
-                                 feeds[n][rec["file"]])
-            R.write_atomic(os.path.join(target, "scheme.json"), json.dumps({"stamp": stamp}))
+                onnx_quantize.quantize_graph(os.path.join(folder, rec["file"]), os.path.join(target, rec["file"]),
+                                             scheme,
+                                             feeds[n][rec["file"]])
+            harness.write_json(os.path.join(target, "scheme.json"), {"stamp": stamp}, indent=None)
         dirs[label] = target
     return dirs
 
@@ -119,9 +119,11 @@ def decisions(eng, ids: List[List[int]], policies: List, batches=BATCHES) -> Dic
     out = {}
     for b in batches:
         for name, policy, threshold in policies:
-            start = time.perf_counter()
-            logits, layers = eng.run_batches(eng.make_batches(ids, b), len(ids), policy, threshold)
-            out[(name, b)] = {"logits": logits, "layers": layers, "seconds": time.perf_counter() - start}
+            def one(b=b, policy=policy, threshold=threshold):
+                return eng.run_batches(eng.make_batches(ids, b), len(ids), policy, threshold)
+
+            seconds, (logits, layers) = harness.wall(one)
+            out[(name, b)] = {"logits": logits, "layers": layers, "seconds": seconds}
     return out
 
 
@@ -134,7 +136,7 @@ def fp32_decisions(folder: str, work: str, ids, policies) -> Dict:
         data = np.load(path)
         return {(n, b): {"logits": data[f"{n}_{b}_logits"], "layers": data[f"{n}_{b}_layers"]}
                 for n, _, _ in policies for b in BATCHES}
-    G.log("fp32: decisions at batch 1, 8, 32 (cached for the next run)")
+    _glue_runs.log("fp32: decisions at batch 1, 8, 32 (cached for the next run)")
     out = decisions(engine(folder), ids, policies)
     arrays = {f"{n}_{b}_{k}": v[k] for (n, b), v in out.items() for k in ("logits", "layers")}
     atomic.write_through(path, lambda tmp: np.savez(tmp, **arrays))
@@ -180,15 +182,12 @@ def speed(hub, folder: str, dynamic_dir: str, sentences: List[str], repeats: int
     ids = {name: [e.encode_with_info(s)[0] for s in sentences] for name, e in engines.items()}
     systems = [(name, mode) for name in engines for mode in ("all", "exit")]
     times = {s: [] for s in systems}
-    for r in range(repeats + 1):  # round 0 warms up
-        k = r % len(systems)
-        for name, mode in systems[k:] + systems[:k]:
+    for r, order in harness.rounds(systems, repeats + 1):  # round 0 warms up
+        for name, mode in order:
             e, policy = engines[name], ("entropy", 0.3) if mode == "exit" else (None, None)
-            w, c = H.now()
-            e.run_batches(e.make_batches(ids[name], 32), len(sentences), *policy)
+            w, c, _ = harness.timed(lambda: e.run_batches(e.make_batches(ids[name], 32), len(sentences), *policy))  # noqa: B023
             if r:
-                w2, c2 = H.now()
-                times[(name, mode)].append((w2 - w, c2 - c))
+                times[(name, mode)].append((w, c))
     out = []
     for name, mode in systems:
         t, ref = times[(name, mode)], times[("torch", mode)]
@@ -207,11 +206,11 @@ def targets(rows: List[Dict], shipped: str, speed_rows: List[Dict]) -> List[Dict
     for s in speed_rows:
         if s["system"].startswith("ort int8 "):
             found.append((f"{s['system']} >= 1.8x torch at batch 32", s["vs_torch"], 1.8, True))
-    return [H.target(t, v, b, at_least) for t, v, b, at_least in found]
+    return [harness.target(t, v, b, at_least) for t, v, b, at_least in found]
 
 
 def parse_args(argv=None):
-    p = H.parser(__doc__, json="write the setup, rows and targets here", epilog=True)
+    p = harness.parser(__doc__, json="write the setup, rows and targets here", epilog=True)
     _serving.add_model_flags(p)
     p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all 872)")
     p.add_argument("--schemes", nargs="*", help="measure only the labels starting with these (default: all)")
@@ -228,7 +227,7 @@ def main(argv=None) -> Dict:
     args = parse_args(argv)
     import torch
 
-    from acl_fairseq.hf import onnx_quantize as Q
+    from acl_fairseq.hf import onnx_quantize
     from acl_fairseq.inference import hub as hub_mod
     from acl_runtime import calibration
 
@@ -251,7 +250,7 @@ def main(argv=None) -> Dict:
     sample = [np.array(ids[i]) for i in sorted(rng.choice(len(ids), min(args.avx2_rows, len(ids)), replace=False))]
     rows = []
     for label, layer_dir in dirs.items():
-        G.log(f"measure: {label}")
+        _glue_runs.log(f"measure: {label}")
         eng = engine(folder, precision="int8") if layer_dir == os.path.join(folder, "int8") else \
             engine(folder, layer_dir)
         row = summary(label, decisions(eng, ids, policies), ref, gold, policies)
@@ -260,7 +259,7 @@ def main(argv=None) -> Dict:
             row.update(avx2(folder, layer_dir, sample, args.cpu))
         rows.append(row)
         if args.json:  # each scheme as it is measured: the run is long
-            R.write_atomic(args.json + ".partial", json.dumps(rows, indent=1) + "\n")
+            harness.write_json(args.json + ".partial", rows)
         print(f"  {label}: worst {row['worst_drop']:+.2f}, b1/b32 rows {row['b1_vs_b32_rows']}, "
               f"avx2 {row.get('avx2_logit')}", flush=True)
     dynamic = next((d for k, d in dirs.items() if "int8-dynamic" in k), None)
@@ -272,18 +271,18 @@ def main(argv=None) -> Dict:
     print(f"# int8_static: {len(sentences)} SST-2 dev sentences, checkpoint {ckpt}; policies: last exit, entropy "
           f"0.3, calibrated {chosen['policy']} {chosen['threshold']:g} (max-drop={MAX_DROP}); fp32 accuracy "
           + ", ".join(f"{k} {v:.2f}" for k, v in fp32_acc.items() if k.endswith("b32")))
-    H.print_noted_table(rows, COLUMNS, FORMATS)
+    harness.print_noted_table(rows, COLUMNS, FORMATS)
     if speed_rows:
         print(f"# speed at batch 32, {args.repeats} interleaved rounds (median ratio of torch's engine time)")
-        H.print_table(speed_rows, ["system", "sent_per_s", "vs_torch", "cpu_vs_torch"],
-                      {"sent_per_s": "{:.1f}", "vs_torch": "{:.2f}x", "cpu_vs_torch": "{:.2f}x"})
-    H.print_targets(found)
+        harness.print_table(speed_rows, ["system", "sent_per_s", "vs_torch", "cpu_vs_torch"],
+                            {"sent_per_s": "{:.1f}", "vs_torch": "{:.2f}x", "cpu_vs_torch": "{:.2f}x"})
+    harness.print_targets(found)
     result = {"benchmark": "int8_static", "checkpoint": os.path.relpath(ckpt, args.work), "examples": len(ids),
               "policies": [[n, p, t] for n, p, t in policies], "fp32_accuracy": fp32_acc,
-              "calibration_rows": Q.CALIBRATION_ROWS, "avx2_rows": len(sample) if args.avx2_rows else 0,
-              "cpu": args.cpu, **H.record(threads=1), "schemes": rows, "speed": speed_rows, "targets": found}
+              "calibration_rows": onnx_quantize.CALIBRATION_ROWS, "avx2_rows": len(sample) if args.avx2_rows else 0,
+              "cpu": args.cpu, **harness.record(threads=1), "schemes": rows, "speed": speed_rows, "targets": found}
     if args.json:
-        R.write_atomic(args.json, json.dumps(result, indent=1) + "\n")
+        harness.write_json(args.json, result)
         if os.path.exists(args.json + ".partial"):
             os.remove(args.json + ".partial")
     return result

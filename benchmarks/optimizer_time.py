@@ -7,23 +7,21 @@ kernel), on the parameters of a model as fairseq-train builds it, interleaved ro
 Gradients are random and fixed; each round steps every optimizer once in a shuffled order. The flat
 row is what ``--fp16`` hands the optimizer: all parameters as one fp32 tensor.
 """
-import random
-import time
 
 import torch
 
 import common
-import harness as H
+import harness
 
 KW = dict(lr=1e-5, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.1)
 
 
 def main(argv=None):
-    p = H.parser(__doc__, json="write the rows here", threads=1)
+    p = harness.parser(__doc__, json="write the rows here", threads=1)
     p.add_argument("--model", choices=sorted(common.MODEL_SIZES), default="minilm")
     p.add_argument("--repeats", type=int, default=9)
     args = p.parse_args(argv)
-    H.set_threads(args.threads)
+    harness.set_threads(args.threads)
     from fairseq.optim.adam import Adam
 
     from acl_fairseq.optim.adamw_torch import BiasCorrectedEpsAdamW
@@ -49,16 +47,12 @@ def main(argv=None):
             for q in ps:
                 q.grad = torch.randn(q.shape, generator=gen)
             systems[(layout, name)] = (make(ps), [])
-    rng = random.Random(0)
-    for r in range(args.repeats + 1):
-        order = list(systems)
-        rng.shuffle(order)
+    for r, order in harness.rounds(list(systems), args.repeats + 1, "shuffle", seed=0):
         for key in order:
             opt, times = systems[key]
-            start = time.perf_counter()
-            opt.step()
+            seconds, _ = harness.wall(opt.step)
             if r:  # the first round warms up
-                times.append(time.perf_counter() - start)
+                times.append(seconds)
     rows = []
     for (layout, name), (_, times) in systems.items():
         base = systems[(layout, "fairseq adam")][1]
@@ -66,9 +60,9 @@ def main(argv=None):
                      "params_m": numel / 1e6, "median_step_ms": 1e3 * common.median(times),
                      "speedup_vs_adam": common.median([b / t for b, t in zip(base, times)]),
                      "threads": torch.get_num_threads(), "repeats": args.repeats})
-    H.header("optimizer_time", model=args.model, tensors=len(shapes), parameters=f"{numel / 1e6:.1f}M")
-    H.report(rows, ["layout", "optimizer", "tensors", "median_step_ms", "speedup_vs_adam"],
-             {"median_step_ms": "{:.1f}", "speedup_vs_adam": "{:.2f}x"}, args.json)
+    harness.header("optimizer_time", model=args.model, tensors=len(shapes), parameters=f"{numel / 1e6:.1f}M")
+    harness.report(rows, ["layout", "optimizer", "tensors", "median_step_ms", "speedup_vs_adam"],
+                   {"median_step_ms": "{:.1f}", "speedup_vs_adam": "{:.2f}x"}, args.json)
     return rows
 
 

@@ -43,11 +43,10 @@ from typing import Dict, List
 
 import numpy as np
 
-import _glue_runs as G
-import _records as R
+import _glue_runs
 import _serving
 import common
-import harness as H
+import harness
 
 LEVELS = {"none": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
           "all": "ORT_ENABLE_ALL"}
@@ -115,7 +114,7 @@ def build_graphs(folder: str, layer_file: str, work: str, feeds: List[Dict], hea
     """Name -> path of each graph measured, and the transformer optimizer's fusion statistics."""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    from acl_fairseq.hf import onnx_quantize as Q
+    from acl_fairseq.hf import onnx_quantize
 
     fp32 = os.path.join(folder, layer_file)
     paths = {"fp32": fp32}
@@ -127,7 +126,8 @@ def build_graphs(folder: str, layer_file: str, work: str, feeds: List[Dict], hea
                                ("int8 dynamic", "int8-dynamic", False),
                                ("int8 dynamic+BiasGelu", "int8-dynamic", True)):
         paths[name] = os.path.join(work, name.replace(" ", "_").replace("+", "_") + ".onnx")
-        Q.quantize_graph(fp32, paths[name], Q.SCHEMES[scheme], feeds if scheme == "int8" else None, fuse=fuse)
+        onnx_quantize.quantize_graph(fp32, paths[name], onnx_quantize.SCHEMES[scheme],
+                                     feeds if scheme == "int8" else None, fuse=fuse)
     return {"paths": paths, "bert_optimizer_fusions": fired}
 
 
@@ -173,18 +173,12 @@ def row_checks(out: Dict, ref: Dict, inputs: Dict) -> Dict:
 
 def time_rounds(sessions: Dict, inputs: Dict, repeats: int) -> Dict[str, Dict[str, List[float]]]:
     """Seconds of each system's pass over each feed set, per round (one untimed round first)."""
-    import gc
-
     names, times = list(sessions), {n: {"b1": [], "b32": []} for n in sessions}
-    for r in range(repeats + 1):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
+    for r, order in harness.rounds(names, repeats + 1):
+        for name in order:
             for b in ("b1", "b32"):
-                gc.collect()
-                gc.disable()
                 sess, feeds = sessions[name], inputs[b]
-                seconds, _ = H.wall(lambda: [sess.run(None, f) for f in feeds])  # noqa: B023 (called at once)
-                gc.enable()
+                seconds, _, _ = harness.timed(lambda: [sess.run(None, f) for f in feeds], no_gc=True)  # noqa: B023
                 if r:
                     times[name][b].append(seconds)
     return times
@@ -195,7 +189,7 @@ def call_floor(sess, feed: Dict, calls: int = 200) -> float:
     costs beyond its arithmetic."""
     one = {k: np.ascontiguousarray(v[:1, :1]) for k, v in feed.items()}  # x: T x B x C, the mask B x T
     sess.run(None, one)
-    return 1e6 * common.median([H.wall(lambda: sess.run(None, one))[0] for _ in range(calls)])
+    return 1e6 * common.median([harness.wall(lambda: sess.run(None, one))[0] for _ in range(calls)])
 
 
 def kernel_profile(path: str) -> Dict:
@@ -233,7 +227,7 @@ def served_profile(folder: str, precision: str, sentences: List[str], work: str)
               for r in m["layers"]]
     eng.backend = OrtBackend(embed, layers, eng.exit_layers, m["num_classes"], eng.pad)
     batches = eng.make_batches([eng.encode_with_info(s)[0] for s in sentences], 32)
-    seconds, _ = H.wall(lambda: eng.run_batches(batches, len(sentences)))
+    seconds, _ = harness.wall(lambda: eng.run_batches(batches, len(sentences)))
     parts = [kernel_profile(s.end_profiling()) for s in [embed] + layers]
     ops = Counter()
     for p in parts:
@@ -249,8 +243,9 @@ def served_profile(folder: str, precision: str, sentences: List[str], work: str)
 
 
 def parse_args(argv=None):
-    p = H.parser(__doc__, json="write the setup, rows and profiles here (default: benchmarks/results/ort_fusions.json)",
-                 epilog=True)
+    p = harness.parser(__doc__,
+                       json="write the setup, rows and profiles here (default: benchmarks/results/ort_fusions.json)",
+                       epilog=True)
     _serving.add_model_flags(p)
     p.add_argument("--export", action="store_true", help="export the cached model again")
     p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all 872)")
@@ -264,7 +259,7 @@ def parse_args(argv=None):
     _serving.check_model_flags(p, args)
     if min(args.layer, args.batch1, args.calibration, args.repeats) < 1:
         p.error("--layer, --batch1, --calibration and --repeats must be >= 1")
-    results = os.path.abspath(os.path.join(G.REPO, "benchmarks", "results"))
+    results = os.path.abspath(os.path.join(_glue_runs.REPO, "benchmarks", "results"))
     if args.toy and (not args.json or os.path.abspath(args.json).startswith(results + os.sep)):
         p.error("--toy needs its own --json outside benchmarks/results: its numbers must not sit beside the real ones")
     args.json = args.json or os.path.join(results, "ort_fusions.json")
@@ -295,7 +290,7 @@ def main(argv=None) -> Dict:
     layer_file = manifest["layers"][args.layer - 1]["file"]
     heads = args.heads or common.MODEL_SIZES["tiny" if args.toy else "minilm"]["heads"]
     hidden = onnx.load(os.path.join(folder, layer_file)).graph.input[0].type.tensor_type.shape.dim[2].dim_value
-    G.log(f"inputs: layer {args.layer}, {len(sentences)} sentences")
+    _glue_runs.log(f"inputs: layer {args.layer}, {len(sentences)} sentences")
     inputs = layer_inputs(folder, sentences, args.layer, args.batch1, args.calibration)
     with tempfile.TemporaryDirectory(prefix="ort_fusions_") as work:
         built = build_graphs(folder, layer_file, work, inputs["calibration"], heads, hidden)
@@ -306,9 +301,9 @@ def main(argv=None) -> Dict:
         out = {n: {b: outputs(sess, inputs[b]) for b in ("b1", "b32")} for n, sess in sessions.items()}
         checks = {s["name"]: {**row_checks(out[s["name"]], out[s["base"]], inputs),
                               "call_us": call_floor(sessions[s["name"]], inputs["b1"][0])} for s in specs}
-        G.log(f"timing: {len(specs)} systems, {args.repeats} rounds")
+        _glue_runs.log(f"timing: {len(specs)} systems, {args.repeats} rounds")
         times = time_rounds(sessions, inputs, args.repeats)
-        G.log("profiling: the layer's copies, then the served path at batch 32")
+        _glue_runs.log("profiling: the layer's copies, then the served path at batch 32")
         layer_prof = {g: layer_profile(paths[g], inputs["b32"], work)
                       for g in ("fp32", "int8 static", "int8 static+BiasGelu", "int8 dynamic")}
         served = [served_profile(folder, p, sentences, work) for p in ("fp32", "int8")]
@@ -318,14 +313,14 @@ def main(argv=None) -> Dict:
                         "examples": len(sentences), "batch1_sentences": args.batch1,
                         "mean_tokens": float(np.mean(inputs["lengths"])), "batch32_passes": len(inputs["b32"]),
                         "calibration_sentences": args.calibration, "repeats": args.repeats,
-                        "heads": heads, "hidden": hidden, **H.record(threads=1)},
+                        "heads": heads, "hidden": hidden, **harness.record(threads=1)},
               "bert_optimizer_fusions": built["bert_optimizer_fusions"], "rows": rows,
               "layer_profiles": layer_prof, "served_profiles": served}
     print(f"# ort_fusions: layer {args.layer} of {folder}, {len(sentences)} {'toy' if args.toy else 'SST-2 dev'} "
           f"sentences ({result['setup']['mean_tokens']:.1f} tokens on average), batch 1: {len(inputs['b1'])} alone, "
           f"batch 32: {len(inputs['b32'])} batches; 1 thread; {args.repeats} rounds, medians")
     print(f"# bert optimizer fusions that fired: {built['bert_optimizer_fusions'] or 'none'}")
-    H.print_noted_table(rows, COLUMNS, FORMATS)
+    harness.print_noted_table(rows, COLUMNS, FORMATS)
     for g, prof in layer_prof.items():
         total = sum(prof["ops_us"].values())
         top = ", ".join(f"{k} {v / total:.0%}" for k, v in list(prof["ops_us"].items())[:6])
@@ -335,7 +330,7 @@ def main(argv=None) -> Dict:
         print(f"# served path, {s['precision']}, batch 32, all layers: {s['wall_s']:.2f} s wall, {s['calls']} calls, "
               f"{s['kernel_s']:.2f} s in kernels ({top}); per call: ORT {s['ort_overhead_us_per_call']:.0f} us "
               f"beyond its kernels, Python {s['python_us_per_call']:.0f} us between calls")
-    R.write_atomic(args.json, json.dumps(result, indent=1) + "\n")
+    harness.write_json(args.json, result)
     return result
 
 

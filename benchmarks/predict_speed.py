@@ -19,7 +19,7 @@ from typing import Dict, List
 
 import _serving
 import common
-import harness as H
+import harness
 from acl_runtime import console, exits
 
 
@@ -29,9 +29,9 @@ def measure(hub, sentences, batch_size, policy, threshold, repeats) -> List[Dict
     layers = {}
     for _ in range(repeats):
         for mode, pol in (("all layers", None), ("early exit", policy)):
-            t_tok, encoded = H.wall(lambda: [hub.encode_with_info(s)[0] for s in sentences])
-            t_batch, batches = H.wall(lambda encoded=encoded: hub.make_batches(encoded, batch_size))
-            t_model, (_, exit_layers) = H.wall(lambda batches=batches, encoded=encoded, pol=pol:
+            t_tok, encoded = harness.wall(lambda: [hub.encode_with_info(s)[0] for s in sentences])
+            t_batch, batches = harness.wall(lambda encoded=encoded: hub.make_batches(encoded, batch_size))
+            t_model, (_, exit_layers) = harness.wall(lambda batches=batches, encoded=encoded, pol=pol:
                                               hub.run_batches(batches, len(encoded), pol,
                                                               None if pol is None else threshold))
             for k, v in (("tokenize", t_tok), ("batch", t_batch), ("model", t_model)):
@@ -54,7 +54,7 @@ def measure(hub, sentences, batch_size, policy, threshold, repeats) -> List[Dict
 
 
 def main(argv=None) -> List[Dict]:
-    p = H.parser(__doc__, json="write the rows here", threads=1)
+    p = harness.parser(__doc__, json="write the rows here", threads=1)
     _serving.add_model_flags(p)
     p.add_argument("--policy", default="entropy", choices=list(exits.POLICIES), help="early-exit policy")
     p.add_argument("--threshold", type=float, help="its threshold (entropy/confidence level or patience count; "
@@ -66,7 +66,7 @@ def main(argv=None) -> List[Dict]:
     args = p.parse_args(argv)
     console.check_request_flags(p, args, fill_default=True)
     _serving.check_model_flags(p, args)
-    H.set_threads(args.threads)
+    harness.set_threads(args.threads)
     ckpt, data = _serving.trained_checkpoint(args)
     from acl_fairseq.inference import hub as hub_mod
 
@@ -75,13 +75,13 @@ def main(argv=None) -> List[Dict]:
     rows = []
     for b in args.batch_sizes:
         rows += measure(hub, sentences, b, args.policy, args.threshold, args.repeats)
-    H.header("predict_speed", sentences=f"{len(sentences)} of {args.input or 'SST-2 dev'}", policy=args.policy,
-             threshold=args.threshold, checkpoint=ckpt)
-    H.report(rows, ["batch_size", "mode", "sentences_per_s", "tokenize_s", "batch_s", "model_s", "prep_share",
-                    "mean_exit_layer", "layer_speedup", "wall_speedup", "wall_over_layer_speedup"],
-             {"sentences_per_s": "{:.1f}", "tokenize_s": "{:.3f}", "batch_s": "{:.3f}", "model_s": "{:.3f}",
-              "prep_share": "{:.1%}", "mean_exit_layer": "{:.2f}", "layer_speedup": "{:.2f}x",
-              "wall_speedup": "{:.2f}x", "wall_over_layer_speedup": "{:.2f}"}, args.json)
+    harness.header("predict_speed", sentences=f"{len(sentences)} of {args.input or 'SST-2 dev'}", policy=args.policy,
+                   threshold=args.threshold, checkpoint=ckpt)
+    harness.report(rows, ["batch_size", "mode", "sentences_per_s", "tokenize_s", "batch_s", "model_s", "prep_share",
+                          "mean_exit_layer", "layer_speedup", "wall_speedup", "wall_over_layer_speedup"],
+                   {"sentences_per_s": "{:.1f}", "tokenize_s": "{:.3f}", "batch_s": "{:.3f}", "model_s": "{:.3f}",
+                    "prep_share": "{:.1%}", "mean_exit_layer": "{:.2f}", "layer_speedup": "{:.2f}x",
+                    "wall_speedup": "{:.2f}x", "wall_over_layer_speedup": "{:.2f}"}, args.json)
     return rows
 
 

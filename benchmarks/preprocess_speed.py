@@ -20,10 +20,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
-import _records as R
-import harness as H
+import harness
 from acl_fairseq.preprocessing.gpt2_files import GPT2_FILES, write_local_gpt2_bpe
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,9 +37,8 @@ def bpe_files(bpe_dir, work, merges, glue_dir):
     if not all(os.path.isfile(os.path.join(local, f)) for f in GPT2_FILES):
         with open(os.path.join(glue_dir, "train.tsv"), encoding="utf-8") as f:
             texts = [line.split("\t")[0] for line in f.read().split("\n")[1:] if line]
-        t0 = time.perf_counter()
-        write_local_gpt2_bpe(local, texts, merges)
-        print(f"[bench] learned {merges} BPE merges from SST-2 train in {time.perf_counter() - t0:.1f}s -> {local}")
+        seconds, _ = harness.wall(lambda: write_local_gpt2_bpe(local, texts, merges))
+        print(f"[bench] learned {merges} BPE merges from SST-2 train in {seconds:.1f}s -> {local}")
     return local, f"local byte-level BPE, {merges} merges"
 
 
@@ -61,10 +58,10 @@ def run(cmd, **kw):
 def ours(glue_dir, out, bpe, workers, python):
     if os.path.exists(out):
         shutil.rmtree(out)
-    t0, c0 = time.perf_counter(), cpu_seconds()
+    t0, c0 = harness.now()[0], cpu_seconds()
     run([python, os.path.join(REPO, "preprocess", "glue.py"), "--task", "SST-2", "--input", glue_dir, "--output", out,
          "--tokenizer", "gpt2", "--bpe-dir", bpe, "--workers", str(workers)])
-    return {"total": time.perf_counter() - t0, "cpu": cpu_seconds() - c0}
+    return {"total": harness.now()[0] - t0, "cpu": cpu_seconds() - c0}
 
 
 def fairseq_pipeline(glue_dir, out, bpe, workers, python):
@@ -73,7 +70,7 @@ def fairseq_pipeline(glue_dir, out, bpe, workers, python):
         shutil.rmtree(out)
     raw = os.path.join(out, "raw")
     os.makedirs(raw)
-    times, t0, c0 = {}, time.perf_counter(), cpu_seconds()
+    times, t0, c0 = {}, harness.now()[0], cpu_seconds()
     extract = " && ".join(
         f"tail -n +2 '{glue_dir}/{s}.tsv' > '{raw}/{s}.tsv.temp' && "
         + (f"cut -f1 '{raw}/{s}.tsv.temp' > '{raw}/{s}.raw.input0' && cut -f2 '{raw}/{s}.tsv.temp' > '{raw}/{s}.label'"
@@ -81,13 +78,13 @@ def fairseq_pipeline(glue_dir, out, bpe, workers, python):
         for s in ("train", "dev", "test")
     )
     run(["bash", "-c", "set -euo pipefail; " + extract])
-    times["extract"], t = time.perf_counter() - t0, time.perf_counter()
+    times["extract"], t = harness.now()[0] - t0, harness.now()[0]
     for s in ("train", "dev", "test"):
         run([python, "-m", "fairseq.examples.roberta.multiprocessing_bpe_encoder",
              "--encoder-json", f"{bpe}/encoder.json", "--vocab-bpe", f"{bpe}/vocab.bpe",
              "--inputs", f"{raw}/{s}.raw.input0", "--outputs", f"{raw}/{s}.input0",
              "--workers", str(workers), "--keep-empty"])
-    times["bpe"], t = time.perf_counter() - t, time.perf_counter()
+    times["bpe"], t = harness.now()[0] - t, harness.now()[0]
     preprocess = [os.path.join(os.path.dirname(python), "fairseq-preprocess")]
     if not os.path.exists(preprocess[0]):
         preprocess = [python, "-m", "fairseq_cli.preprocess"]
@@ -96,8 +93,8 @@ def fairseq_pipeline(glue_dir, out, bpe, workers, python):
                       "--srcdict", f"{bpe}/dict.txt"])
     run(preprocess + ["--only-source", "--trainpref", f"{raw}/train.label", "--validpref", f"{raw}/dev.label",
                       "--destdir", f"{out}/label", "--workers", str(workers)])
-    times["binarize"] = time.perf_counter() - t
-    times["total"] = time.perf_counter() - t0
+    times["binarize"] = harness.now()[0] - t
+    times["total"] = harness.now()[0] - t0
     times["cpu"] = cpu_seconds() - c0
     return times
 
@@ -111,7 +108,7 @@ def identical(a, b):
 
 
 def main(argv=None):
-    p = H.parser(__doc__, json="write the results here")
+    p = harness.parser(__doc__, json="write the results here")
     p.add_argument(
         "--glue-dir",
         default=os.path.join(os.environ.get("GLUE_DIR", os.path.join(REPO, "..", "shared", "glue")), "SST-2"),
@@ -150,7 +147,7 @@ def main(argv=None):
     stages = {s: statistics.median(x[s] for x in runs["fairseq"]) for s in ("extract", "bpe", "binarize")}
     result = {
         "task": "SST-2", "examples": n, "bpe": bpe_kind, "workers": args.workers, "repeats": args.repeats,
-        "machine": {**H.record(), "platform": platform.platform()},
+        "machine": {**harness.record(), "platform": platform.platform()},
         "seconds": {k: [round(x["total"], 2) for x in v] for k, v in runs.items()},
         "median_seconds": {k: round(v, 2) for k, v in med.items()},
         "median_cpu_seconds": {k: round(v, 2) for k, v in cpu.items()},  # user+sys, less sensitive to a busy machine
@@ -169,7 +166,7 @@ def main(argv=None):
           f"{result['cpu_ratio_fairseq_over_ours']}x cpu; "
           f"outputs identical: {result['outputs_identical']}; load average {result['load_average_1min']:.1f}")
     if args.json:
-        R.write_atomic(args.json, json.dumps(result, indent=1) + "\n")
+        harness.write_json(args.json, result)
     return 0 if result["outputs_identical"] else 1
 
 

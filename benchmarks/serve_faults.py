@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 
-import harness as H
+import harness
 
 CASES = ("hup", "ttou", "term-worker", "kill-worker", "reexport-kill-worker", "delete-kill-workers",
          "kill-9-supervisor", "term-then-stop-worker")
@@ -63,13 +63,13 @@ def _ask(url: str) -> str:
 def _client(url: str, rate: float, until: float, out: list) -> None:
     """One request every 1/rate s on a new connection, each in its own thread (a lost one does not hold the
     others back)."""
-    threads, at = [], time.monotonic()
+    threads, at = [], harness.now()[0]
     while at < until:
         thread = threading.Thread(target=lambda: out.append(_ask(url)))
         thread.start()
         threads.append(thread)
         at += 1 / rate
-        time.sleep(max(0.0, at - time.monotonic()))
+        time.sleep(max(0.0, at - harness.now()[0]))
     for thread in threads:
         thread.join(10)
 
@@ -85,13 +85,13 @@ def run_case(case: str, folder: str, rate: float, seconds: float) -> dict:
                                                                                          TMPDIR=work))
     log = []
     threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
-    deadline = time.monotonic() + 60
+    deadline = harness.now()[0] + 60
     while len(workers(proc.pid)) < 2 or _ask(url) != "200":
-        if time.monotonic() > deadline or proc.poll() is not None:
+        if harness.now()[0] > deadline or proc.poll() is not None:
             raise SystemExit(f"{case}: acl-serve did not start: {''.join(log)[-2000:]}")
         time.sleep(0.1)
     time.sleep(2)  # both workers serve
-    statuses, started = [], time.monotonic()
+    statuses, started = [], harness.now()[0]
     client = threading.Thread(target=_client, args=(url, rate, started + seconds, statuses))
     client.start()
     time.sleep(0.5)
@@ -124,7 +124,7 @@ def run_case(case: str, folder: str, rate: float, seconds: float) -> dict:
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.02)
         os.kill(pids[0], signal.SIGSTOP)
-    signalled = time.monotonic()
+    signalled = harness.now()[0]
     client.join()
     try:
         code = proc.wait(timeout=60) if case in ("delete-kill-workers", "kill-9-supervisor",
@@ -141,7 +141,7 @@ def run_case(case: str, folder: str, rate: float, seconds: float) -> dict:
     if proc.poll() is None:
         proc.kill()
         proc.wait()
-    ended = time.monotonic() - signalled
+    ended = harness.now()[0] - signalled
     time.sleep(0.5)
     orphans = [pid for pid in pids if os.path.exists(f"/proc/{pid}") and
                open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
@@ -156,7 +156,7 @@ def run_case(case: str, folder: str, rate: float, seconds: float) -> dict:
 
 
 def main(argv=None) -> int:
-    p = H.parser(__doc__, json="the rows as JSON (default: none, the table only)")
+    p = harness.parser(__doc__, json="the rows as JSON (default: none, the table only)")
     p.add_argument("--folder", required=True, help="the acl-export OUT/onnx folder acl-serve --workers 2 serves")
     p.add_argument("--rate", type=float, default=40.0, help="requests per second during each case (default 40)")
     p.add_argument("--seconds", type=float, default=6.0, help="how long each case sends (default 6)")
@@ -166,8 +166,8 @@ def main(argv=None) -> int:
     for case in args.cases:
         rows.append(run_case(case, args.folder, args.rate, args.seconds))
         print(json.dumps(rows[-1]), flush=True)  # each case as it ends: a case takes seconds
-    H.report(rows, ["case", "sent", "answers", "exit", "seconds_to_exit", "workers_left_after_exit", "accept_errors",
-                    "running_at_client_end"], {}, args.json)
+    harness.report(rows, ["case", "sent", "answers", "exit", "seconds_to_exit", "workers_left_after_exit",
+                          "accept_errors", "running_at_client_end"], {}, args.json)
     return 0
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """acl-serve under load generators nobody here wrote: ``hey`` (Debian's package) sends one sentence to ``/predict``
-at a fixed rate; beside it, serve_load's own client (benchmarks/_load_client.py) at the same rate on the same
+at a fixed rate; beside it, serve_load's own client (benchmarks/load/client.py) at the same rate on the same
 server (the OIP infer route), then Triton's perf_analyzer where one is found (``--perf-analyzer PATH``, else on
 PATH; none: a one-line note and no rows), so that each generator checks the others' latency.
 
@@ -43,12 +43,10 @@ import sys
 import tempfile
 from typing import Dict, List, Optional, Tuple
 
-import _glue_runs as G
-import _load_server as S
-import _load_stats as T
-import _records as R
+import _glue_runs
 import _serving
-import harness as H
+import harness
+from load import server, stats
 
 COLUMNS = ["generator", "route", "round", "rate_per_s", "sent", "ok", "n_503", "errors", "throughput_per_s",
            "p50_ms", "p99_ms"]
@@ -65,8 +63,8 @@ def hey_row(csv_text: str, rate: float) -> Dict:
     statuses = [r["status-code"] for r in rows]
     return {"generator": "hey", "route": "/predict", "rate_per_s": rate, "sent": len(rows), "ok": len(ok),
             "n_503": statuses.count("503"), "errors": sum(1 for s in statuses if s not in ("200", "503")),
-            "throughput_per_s": len(ok) / span if span > 0 else 0.0, "p50_ms": T.percentile(latency, 50),
-            "p99_ms": T.percentile(latency, 99)}
+            "throughput_per_s": len(ok) / span if span > 0 else 0.0, "p50_ms": stats.percentile(latency, 50),
+            "p99_ms": stats.percentile(latency, 99)}
 
 
 def run_hey(hey: str, port: int, text: str, args) -> Dict:
@@ -95,15 +93,15 @@ def perf_analyzer_row(export: bytes, rate: float) -> Dict:
     span = (max((b for _, b in done), default=0) - min((a for a, _ in sent), default=0)) / 1e9
     return {"generator": "perf_analyzer", "route": "/v2/models/acl/infer", "rate_per_s": rate, "sent": len(sent),
             "ok": len(done), "n_503": 0, "errors": len(sent) - len(done),
-            "throughput_per_s": len(done) / span if span > 0 else 0.0, "p50_ms": T.percentile(latency, 50),
-            "p99_ms": T.percentile(latency, 99)}
+            "throughput_per_s": len(done) / span if span > 0 else 0.0, "p50_ms": stats.percentile(latency, 50),
+            "p99_ms": stats.percentile(latency, 99)}
 
 
 def find_perf_analyzer(path: Optional[str]) -> Tuple[Optional[str], str]:
     """(perf_analyzer's path or None, a one-line note when it is not found or cannot run: --perf-analyzer, else this
     environment's (scripts/setup_env.sh installs it), else PATH). Found but missing a shared library (make env
     installs the binary, the system its libraries): None, and the note names the Debian package that has it."""
-    found = path or shutil.which(S.tool("perf_analyzer"))
+    found = path or shutil.which(server.tool("perf_analyzer"))
     if not found:
         return None, ("serve_hey: perf_analyzer not found (--perf-analyzer PATH, make env, or on PATH; pip install "
                       "--no-deps 'tritonclient==2.48.0' nvidia-cuda-runtime-cu12): its rows are left out")
@@ -177,14 +175,14 @@ def run_client(port: int, text: str, args, tmp: str) -> Dict:
     spec = {"host": "127.0.0.1", "port": port, "model": "acl", "texts": [text], "order": [0] * n, "tag": "hey-ref",
             "max_seconds": args.seconds + 1, "drain_seconds": 30.0, "mode": "open",
             "offsets": [i / args.rate for i in range(n)]}
-    summary = T.summarize(S.drive(spec, tmp), args.rate, n)
+    summary = stats.summarize(server.drive(spec, tmp), args.rate, n)
     return {"generator": "serve_load client", "route": "/v2/models/acl/infer", "rate_per_s": args.rate,
             **{k: summary[k] for k in ("sent", "ok", "n_503", "errors", "throughput_per_s", "p50_ms", "p99_ms")}}
 
 
 def _answered(port: int, route: str = "predict") -> float:
     """A route's 200s as the server counts them."""
-    status, body = S.get(port, "/metrics")
+    status, body = server.get(port, "/metrics")
     for line in body.decode().splitlines():
         if line.startswith(f'acl_requests_total{{route="{route}",status="200"}} '):
             return float(line.split()[-1])
@@ -192,7 +190,7 @@ def _answered(port: int, route: str = "predict") -> float:
 
 
 def parse_args(argv=None):
-    p = H.parser(__doc__, json=True)
+    p = harness.parser(__doc__, json=True)
     p.add_argument("--folder", help="an acl-export OUT/onnx folder to serve (default: serve_speed.py's model)")
     p.add_argument("--toy", action="store_true", help="serve_speed.py's toy model (without --folder)")
     p.add_argument("--rate", type=float, default=50.0, help="requests per second, both generators")
@@ -204,8 +202,8 @@ def parse_args(argv=None):
     p.add_argument("--text", help="the sentence sent (default: the model's first dev sentence)")
     p.add_argument("--workers", type=int, default=1, help="acl-serve --workers")
     p.add_argument("--precision", choices=["fp32", "int8"], default="fp32")
-    p.add_argument("--server", default=S.tool("acl-serve"), help="the acl-serve executable (default: %(default)s)")
-    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="model cache (%(default)s)")
+    p.add_argument("--server", default=server.tool("acl-serve"), help="the acl-serve executable (default: %(default)s)")
+    p.add_argument("--work", default=os.path.join(_glue_runs.REPO, "runs", "bench"), help="model cache (%(default)s)")
     p.add_argument("--examples", type=int, default=0, help=argparse.SUPPRESS)
     _serving.add_model_flags(p, hidden=True, work=False)
     p.add_argument("--export", action="store_true", help=argparse.SUPPRESS)
@@ -237,10 +235,10 @@ def main(argv=None) -> Dict:
     text = args.text or (sentences[0] if sentences else "the movie was good")
     rows: List[Dict] = []
     with tempfile.TemporaryDirectory(prefix="serve_hey_") as tmp:
-        port, log = S.free_port(), os.path.join(tmp, "server.log")
+        port, log = server.free_port(), os.path.join(tmp, "server.log")
         cmd = [args.server, folder, "--port", str(port), "--precision", args.precision, "--workers",
                str(args.workers), "--threads", "1"]
-        proc = S.start_server(cmd, log, port, 120.0)
+        proc = server.start_server(cmd, log, port, 120.0)
         try:
             for k in range(args.rounds):
                 rows.append({**run_hey(hey, port, text, args), "round": k + 1})
@@ -248,7 +246,7 @@ def main(argv=None) -> Dict:
                 if perf_analyzer:
                     rows.append({**run_perf_analyzer(perf_analyzer, port, text, args, tmp, k), "round": k + 1})
         finally:
-            stopped = S.stop_server(proc, 30.0)
+            stopped = server.stop_server(proc, 30.0)
     lost = {g: [r for r in rows if r["generator"] == g and r["server_counted"] != r["ok"]]
             for g in ("hey", "perf_analyzer")}
     record = {"benchmark": "serve_hey", "setup": {"folder": folder, "text": text, "rate_per_s": args.rate,
@@ -260,8 +258,8 @@ def main(argv=None) -> Dict:
                             if perf_analyzer else {})}}
     print(f"# serve_hey: {args.rate:g} requests/s for {args.seconds:g} s, one sentence, {args.workers} worker(s), "
           f"{args.precision}, {os.cpu_count()} cpus")
-    H.print_noted_table(rows, COLUMNS, FORMATS)
-    R.write_atomic(args.json, json.dumps(record, indent=1))
+    harness.print_noted_table(rows, COLUMNS, FORMATS)
+    harness.write_json(args.json, record)
     if not all(record["checks"].values()):
         sys.exit(f"serve_hey: a check failed: {record['checks']} (server exit {stopped['exit_code']})")
     return record

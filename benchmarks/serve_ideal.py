@@ -33,9 +33,8 @@ import statistics
 import sys
 from typing import Dict, List
 
-import _ideal_sim as S
-import harness as H
-from acl_runtime.io import atomic
+import _ideal_sim
+import harness
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 ENGINE_ROWS = {"fp32": "fp32, level all, no SkipLayerNorm (engine)",
@@ -48,14 +47,14 @@ FORMATS = {"fraction": "{:.2f}", "offered_per_s": "{:.1f}", "p50_ms": "{:.1f}", 
 
 
 def parse_args(argv=None):
-    p = H.parser(__doc__, json="default: none (print only); benchmarks/results/serve_ideal.json for the record")
+    p = harness.parser(__doc__, json="default: none (print only); benchmarks/results/serve_ideal.json for the record")
     p.add_argument("--load", default=os.path.join(RESULTS, "serve_load.json"), help="serve_load's record")
     p.add_argument("--fusions", default=os.path.join(RESULTS, "ort_fusions.json"),
                    help="ort_fusions' record: a layer call's fixed cost (default: %(default)s)")
     p.add_argument("--lengths", default=os.path.join(RESULTS, "dev_lengths.json"), help="dev_lengths' record")
     p.add_argument("--configs", nargs="+", help="serve_load configurations (default: every one-worker refill one)")
-    p.add_argument("--schedules", nargs="+", choices=S.SCHEDULES, default=list(S.SCHEDULES))
-    p.add_argument("--fronts", nargs="+", choices=S.FRONTS, default=list(S.FRONTS))
+    p.add_argument("--schedules", nargs="+", choices=_ideal_sim.SCHEDULES, default=list(_ideal_sim.SCHEDULES))
+    p.add_argument("--fronts", nargs="+", choices=_ideal_sim.FRONTS, default=list(_ideal_sim.FRONTS))
     p.add_argument("--seeds", type=int, default=3, help="draws of arrivals, order and exits (default %(default)s)")
     p.add_argument("--requests", type=int, default=872, help="arrivals a rate and seed (default %(default)s)")
     return p.parse_args(argv)
@@ -78,33 +77,35 @@ def reach(config: Dict, layers: int) -> List[float]:
     return shares
 
 
-def cost_model(config: Dict, fusions: Dict, lengths: List[int], layers: int) -> S.CostModel:
+def cost_model(config: Dict, fusions: Dict, lengths: List[int], layers: int) -> _ideal_sim.CostModel:
     split = config["saturation"]["split"]
     outside = (split["worker_cpu_seconds"] - split["model_cpu_seconds"]) / split["requests"]
     row = next(r for r in fusions["rows"] if r["system"] == ENGINE_ROWS[config["precision"]])
     ref = config["reference"]
-    return S.calibrate(layers, row["call_us"] * 1e-6, ref["batch1_ms"] * 1e-3, ref["full_batched_per_s"], lengths,
-                       outside)
+    return _ideal_sim.calibrate(layers, row["call_us"] * 1e-6, ref["batch1_ms"] * 1e-3, ref["full_batched_per_s"],
+                                lengths,
+                                outside)
 
 
-def simulate_config(config: Dict, setup: Dict, cost: S.CostModel, lengths: List[int], shares: List[float],
+def simulate_config(config: Dict, setup: Dict, cost: _ideal_sim.CostModel, lengths: List[int], shares: List[float],
                     args) -> List[Dict]:
     alone = sorted(cost.alone(n, cost.layers) for n in lengths)
-    alone_p50, alone_p99 = S.percentile(alone, 50), S.percentile(alone, 99)
+    alone_p50, alone_p99 = _ideal_sim.percentile(alone, 50), _ideal_sim.percentile(alone, 99)
     rows = []
     for phase in config["rates"]:
         rate, found = phase["offered_per_s"], {}
         for seed in range(args.seeds):
             rng = random.Random(seed)
-            exits = S.draw_exits(shares, len(lengths), rng)
+            exits = _ideal_sim.draw_exits(shares, len(lengths), rng)
             order = [rng.randrange(len(lengths)) for _ in range(args.requests)]
-            arrivals = S.poisson_arrivals(rate, args.requests, rng)
+            arrivals = _ideal_sim.poisson_arrivals(rate, args.requests, rng)
             for front in args.fronts:
                 for schedule in args.schedules:
-                    latency = S.simulate(schedule, cost, [lengths[k] for k in order], [exits[k] for k in order],
-                                         arrivals, setup["max_batch"], setup["slo_ms"] * 1e-3, front)
-                    found.setdefault((front, schedule), []).append((S.percentile(latency, 50),
-                                                                    S.percentile(latency, 99)))
+                    latency = _ideal_sim.simulate(schedule, cost, [lengths[k] for k in order],
+                                                  [exits[k] for k in order],
+                                                  arrivals, setup["max_batch"], setup["slo_ms"] * 1e-3, front)
+                    found.setdefault((front, schedule), []).append((_ideal_sim.percentile(latency, 50),
+                                                                    _ideal_sim.percentile(latency, 99)))
         for front in args.fronts:
             at = [dict(config=config["config"], fraction=phase["fraction"], offered_per_s=rate, front=front,
                        schedule=schedule, p50_ms=1e3 * statistics.median(p for p, _ in found[(front, schedule)]),
@@ -120,19 +121,21 @@ def simulate_config(config: Dict, setup: Dict, cost: S.CostModel, lengths: List[
     return rows
 
 
-def references(cost: S.CostModel, lengths: List[int], shares: List[float]) -> Dict:
-    exits = S.draw_exits(shares, len(lengths), random.Random(0))
+def references(cost: _ideal_sim.CostModel, lengths: List[int], shares: List[float]) -> Dict:
+    exits = _ideal_sim.draw_exits(shares, len(lengths), random.Random(0))
     full = [cost.alone(n, cost.layers) for n in lengths]
     early = [cost.alone(n, e) for n, e in zip(lengths, exits)]
     return {"cost_model": cost._asdict(), "reach": shares,
-            "alone_p50_ms": 1e3 * S.percentile(full, 50), "alone_p99_ms": 1e3 * S.percentile(full, 99),
-            "alone_exit_p50_ms": 1e3 * S.percentile(early, 50), "alone_exit_p99_ms": 1e3 * S.percentile(early, 99)}
+            "alone_p50_ms": 1e3 * _ideal_sim.percentile(full, 50),
+            "alone_p99_ms": 1e3 * _ideal_sim.percentile(full, 99),
+            "alone_exit_p50_ms": 1e3 * _ideal_sim.percentile(early, 50),
+            "alone_exit_p99_ms": 1e3 * _ideal_sim.percentile(early, 99)}
 
 
 def main(argv=None) -> Dict:
     args = parse_args(argv)
     load, fusions = _load(args.load), _load(args.fusions)
-    lengths = S.lengths_from(_load(args.lengths)["SST-2"]["histogram"])
+    lengths = _ideal_sim.lengths_from(_load(args.lengths)["SST-2"]["histogram"])
     setup = load["setup"]
     names = args.configs or [c["config"] for c in load["results"] if c["workers"] == 1 and c["refill"]]
     configs = {c["config"]: c for c in load["results"]}
@@ -140,8 +143,8 @@ def main(argv=None) -> Dict:
     if missing:
         sys.exit(f"serve_ideal: {args.load} has no one-worker configuration {missing}: it has "
                  f"{[c['config'] for c in load['results'] if c['workers'] == 1]}")
-    rec = H.header("serve_ideal", load=os.path.relpath(args.load), configs=names, seeds=args.seeds,
-                   requests=args.requests, measured_on=setup["cpu_kind"])
+    rec = harness.header("serve_ideal", load=os.path.relpath(args.load), configs=names, seeds=args.seeds,
+                         requests=args.requests, measured_on=setup["cpu_kind"])
     rows, refs = [], {}
     for name in names:
         config = configs[name]
@@ -149,12 +152,12 @@ def main(argv=None) -> Dict:
         shares, cost = reach(config, layers), cost_model(config, fusions, lengths, layers)
         refs[name] = references(cost, lengths, shares)
         rows += simulate_config(config, setup, cost, lengths, shares, args)
-    H.print_noted_table(rows, COLUMNS, FORMATS)
+    harness.print_noted_table(rows, COLUMNS, FORMATS)
     result = {"benchmark": "serve_ideal", "setup": {**rec, "slo_ms": setup["slo_ms"], "max_batch": setup["max_batch"],
                                                      "records_cpu_kind": setup["cpu_kind"]},
               "references": refs, "rows": rows}
     if args.json:
-        atomic.write_json(args.json, result)
+        harness.write_json(args.json, result)
     return result
 
 

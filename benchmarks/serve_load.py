@@ -13,36 +13,12 @@ copy into WORK/serve_speed/onnx; ``--toy``: the toy model, for the test), the 87
 ``--policy``/``--threshold`` on the server's command line. acl-predict runs once per precision on the same
 sentences (JSONL, so that every string is sent as it is served); every served answer is compared with its row.
 
-Per configuration the server (``acl-serve``, one thread a worker) is started on a free loopback port and the
-client (benchmarks/_load_client.py, its own process, asyncio and a connection pool that grows) drives it:
-- warm-up: ``max_batch`` requests, discarded;
-- saturation: a closed loop of ``--concurrency`` callers (default 8 x max batch x workers: with refill a worker's
-  rows wait in one queue per layer, so it takes a full batch for the embeddings and each of the MiniLM's 6 layers,
-  and one more, to keep every layer's batch full) over the sentences in a
-  seeded order; throughput counted between the ``concurrency``-th answer and the ``concurrency``-th last, so the
-  ramp and the drain are left out;
-- the same closed loop with ``"policy": "none"`` on every request: the same server at full depth (same HTTP, JSON
-  and tokenization), the reference that measures the scheduler alone;
-- each rate of ``--rates`` x saturation: ``--requests`` Poisson arrivals (send times drawn up front, seeded; the
-  same schedule stretched for every rate), sending stopped at ``--max-seconds``. Latency counts from the scheduled
-  send time;
-- without refill, also refill's own offered rates (requests/s, from the configuration of the same precision and
-  workers run before it; those above this configuration's saturation are recorded as skipped): each one's
-  fractions are of its own saturation, and refill's is higher, so only these compare the two at the same load;
-  with ``--interleave N`` in their place, after all configurations: both servers live at once and refill's rates
-  run on each in turn, N rounds, the median ratio judged (benchmarks/_load_pair.py).
-
-The reference is measured in this process, interleaved with the load (the server idle meanwhile), so that both
-see the same machine: once just before and once just after the saturation phase, the same precision's Engine at one
-thread runs every sentence full-depth in batches of ``--max-batch``, then with early exit, then a subset full-depth
-at batch 1; the reference is the mean of the two rounds (the JSON keeps each). It times the engine only (ids
-tokenized up front), the server's HTTP, JSON and tokenization count against it. The layer speed-up is layers / the
-mean exit layer of the answers served at saturation.
-
-Where the time goes: before and after the saturation phase and each rate, /metrics' ``acl_request_phase_seconds``
-(read, tokenize, queue, model, schedule, handoff, answer, other) gives each phase's mean ms a request and its share, and
-``acl_model_seconds_total`` against the workers' CPU seconds (/proc) the share of their CPU time outside the model
-(``split`` in the JSON). The client's own CPU share is ``client_cpu_share`` (it shares the cores with the server).
+Per configuration (benchmarks/load/phases.py): acl-serve on a free loopback port, driven by a client process
+(benchmarks/load/client.py) through warm-up, saturation (a closed loop), the same server at full depth, each rate
+of ``--rates`` x saturation (open-loop Poisson arrivals), and without refill also refill's own offered rates
+(``--interleave N``: both servers live at once, N rounds, benchmarks/load/pair.py); between them the same
+precision's Engine in this process is the reference, and /metrics with the workers' CPU seconds tell where the
+time went.
 
 Targets (printed with pass/miss): saturated throughput with refill >= 0.95 x layer speed-up x the same server's
 full-depth throughput (the scheduler alone), and >= 0.9 x layer speed-up x the bare engine's full-depth batched
@@ -62,179 +38,24 @@ code changed (_serving.export_source), or with ``--export`` (a note names a dyna
 import argparse
 import json
 import os
-import random
 import sys
 import tempfile
-import time
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, Optional
 
-import _glue_runs as G
-import _load_client as C
-import _load_pair as P
-import _load_server as S
-import _load_stats as T
+import _glue_runs
 import common
-import harness as H
+import harness
 from _serving import add_model_flags, check_model_flags, load, model_and_sentences
 from acl_runtime import calibration, console, deadlines, exits
 from acl_runtime.io import atomic
+from load import pair, server, stats
+from load.phases import SATURATION_BATCHES, Config, Reference, run_config
 
 RATES = (0.25, 0.5, 0.75, 1.0, 1.25)
-SATURATION_BATCHES = 8  # closed-loop callers per worker, in max batches: a full batch per queue, and one more
 COLUMNS = ["config", "phase", "offered_per_s", "throughput_per_s", "p50_ms", "p95_ms", "p99_ms", "n_503", "errors",
            "lost", "mean_exit_layer", "peak_rss_mb"]
 FORMATS = {"offered_per_s": "{:.1f}", "throughput_per_s": "{:.1f}", "p50_ms": "{:.1f}", "p95_ms": "{:.1f}",
            "p99_ms": "{:.1f}", "mean_exit_layer": "{:.2f}", "peak_rss_mb": "{:.0f}"}
-
-
-class Config(NamedTuple):
-    refill: bool
-    precision: str
-    workers: int
-
-    @property
-    def name(self) -> str:
-        return f"{'refill' if self.refill else 'no-refill'} {self.precision} w{self.workers}"
-
-
-# ---- the reference -------------------------------------------------------------------------------
-
-
-class Reference:
-    """The same precision's Engine in this process, one thread: full-depth and early-exit passes over all
-    sentences in batches of ``max_batch``, and full depth at batch 1 on a seeded subset. Each :meth:`round` adds
-    one measurement of each."""
-
-    def __init__(self, folder: str, precision: str, sentences: List[str], args):
-        from acl_runtime.engine import Engine
-
-        self.engine = Engine(folder, precision, threads=1)
-        self.ids = [self.engine.encode_with_info(s)[0] for s in sentences]
-        k = min(args.batch1_sentences, len(self.ids))
-        self.single = [self.ids[i] for i in sorted(random.Random(args.seed).sample(range(len(self.ids)), k))]
-        self.max_batch, self.policy, self.threshold = args.max_batch, args.policy, args.threshold
-        self.rounds: List[Dict] = []
-        # the first calls of a session allocate for their shapes: untimed, so that the first round is not slower
-        self._pass(self.ids[: 2 * self.max_batch], self.max_batch, None)
-        self._pass(self.single[:4], 1, None)
-
-    def _pass(self, ids, batch: int, policy) -> tuple:
-        t = time.perf_counter()
-        _, layers = self.engine.run_batches(self.engine.make_batches(ids, batch), len(ids), policy,
-                                            self.threshold if policy else None)
-        return time.perf_counter() - t, float(layers.mean())
-
-    def round(self) -> None:
-        full, _ = self._pass(self.ids, self.max_batch, None)
-        early, layer = self._pass(self.ids, self.max_batch, self.policy)
-        single = [self._pass([ids], 1, None)[0] for ids in self.single]
-        self.rounds.append({"full_batched_per_s": len(self.ids) / full, "exit_batched_per_s": len(self.ids) / early,
-                            "exit_mean_layer": layer, "batch1_ms": 1000 * T.percentile(single, 50)})
-
-    def summary(self) -> Dict:
-        keys = self.rounds[0].keys()
-        return {**{k: sum(r[k] for r in self.rounds) / len(self.rounds) for k in keys}, "rounds": self.rounds,
-                "sentences": len(self.ids), "batch1_sentences": len(self.single)}
-
-
-# ---- one configuration ---------------------------------------------------------------------------
-
-
-def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Reference, expected: List[Dict],
-               labels: List[str], tmp: str, same_rates: Sequence[Tuple[float, float]] = ()) -> Dict:
-    """Warm-up, a reference round, saturation, a reference round, the offered rates, then ``same_rates`` ((refill's
-    fraction, its offered rate per s): refill's rates, run again without refill); then the workers' peaks and a
-    SIGTERM. The sentences go in one seeded order, repeated as far as each phase needs."""
-    order = list(range(len(sentences)))
-    random.Random(args.seed).shuffle(order)
-
-    def cycle(n):
-        return [order[i % len(order)] for i in range(n)]
-
-    started = time.perf_counter()
-    port = S.free_port()
-    log = os.path.join(tmp, "server.log")
-    G.log(f"{cfg.name}: acl-serve on 127.0.0.1:{port}")
-    proc = S.start_server(S.server_command(args, cfg.refill, cfg.precision, cfg.workers, folder, port), log, port,
-                           args.ready_seconds)
-    records = []
-    try:
-        concurrency = args.concurrency or SATURATION_BATCHES * args.max_batch * cfg.workers
-        warm = S.drive(S.phase_spec(args, port, sentences, cycle(args.max_batch), f"{cfg.name}/warm", mode="closed",
-                                  concurrency=args.max_batch), tmp)
-        ref.round()
-        before, cpu_before = S.metrics(port), S.cpu_seconds(proc.pid, cfg.workers)
-        n_sat = args.saturation_requests or max(2 * len(sentences), 4 * concurrency)
-        out = S.drive(S.phase_spec(args, port, sentences, cycle(n_sat), f"{cfg.name}/sat", mode="closed",
-                                 concurrency=concurrency), tmp)
-        after, cpu_after = S.metrics(port), S.cpu_seconds(proc.pid, cfg.workers)
-        records += out["records"]
-        saturation = {**T.summarize(out, None, n_sat), "throughput_per_s": T.steady_throughput(out, concurrency),
-                      "concurrency": concurrency,
-                      "split": outside_model(T.split_between(before, after), cpu_before, cpu_after)}
-        # the same server at full depth ("policy": "none" on each request): the scheduler's own reference
-        full = S.drive(S.phase_spec(args, port, sentences, cycle(n_sat), f"{cfg.name}/full", mode="closed",
-                                  concurrency=concurrency, parameters={"policy": "none"}), tmp)
-        after_full, cpu_after_full = S.metrics(port), S.cpu_seconds(proc.pid, cfg.workers)
-        ref.round()
-        full_depth = {**T.summarize(full, None, n_sat), "throughput_per_s": T.steady_throughput(full, concurrency),
-                      "split": outside_model(T.split_between(after, after_full), cpu_after, cpu_after_full)}
-        if saturation["throughput_per_s"] <= 0:
-            raise RuntimeError(f"serve_load: {cfg.name}: no answer at saturation; the server's log ends:\n"
-                               f"{S.tail(log)}")
-        unit = C.poisson_offsets(1.0, args.requests, float("inf"), args.seed)
-
-        def open_loop(rate: float, what: str, tag: str) -> Dict:
-            offsets = [t / rate for t in unit if t / rate < args.max_seconds]
-            G.log(f"{cfg.name}: {what}, {rate:.1f}/s, {len(offsets)} requests")
-            start = S.metrics(port)
-            out = S.drive(S.phase_spec(args, port, sentences, cycle(len(offsets)), f"{cfg.name}/{tag}", mode="open",
-                                     offsets=offsets), tmp)
-            records.extend(out["records"])
-            return {**T.summarize(out, rate, len(unit)), "split": T.split_between(start, S.metrics(port))}
-
-        rates = [{"fraction": f, **open_loop(f * saturation["throughput_per_s"], f"{f:.0%} of saturation", str(f))}
-                 for f in args.rates]
-        same = []  # without refill: refill's own offered rates, those this configuration can carry
-        for fraction, rate in same_rates:
-            if rate > saturation["throughput_per_s"]:
-                same.append({"refill_fraction": fraction, "offered_per_s": rate,
-                             "skipped": "above this configuration's saturation"})
-            else:
-                same.append({"refill_fraction": fraction,
-                             **open_loop(rate, f"refill's {fraction:.0%}", f"refill-{fraction}")})
-        server = S.metrics(port)
-        rss = S.worker_rss(proc.pid, cfg.workers)
-    finally:
-        stopped = S.stop_server(proc, args.stop_seconds)
-    if stopped["exit_code"] or any(p["errors"] for p in [saturation] + rates + T.carried(same)):
-        print(f"# {cfg.name}: errors or exit code {stopped['exit_code']}; the server's log ends:\n{S.tail(log)}",
-              file=sys.stderr)
-    answered = [r for r in records if r["status"] == 200 and r["id_ok"]]
-    metrics = None if server is None else {"answered": server["answered"],
-                                           "fill_saturation": T.fill_between(before, after),
-                                           "fill_all_phases": T.fill_between(None, server)}
-    return {"config": cfg.name, **cfg._asdict(), "saturation": saturation, "full_depth_served": full_depth,
-            "rates": rates, "same_rate_as_refill": same,
-            "reference": ref.summary(), "mean_exit_layer": saturation["mean_exit_layer"],
-            "layer_speedup": ref.engine.num_layers / saturation["mean_exit_layer"],
-            "all_phases_mean_exit_layer": sum(r["exit_layer"] for r in answered) / max(1, len(answered)),
-            "peak_rss_mb_per_worker": rss["per_worker_mb"], "peak_rss_mb_supervisor": rss["supervisor_mb"],
-            "server_processes": rss["processes"], "server": stopped, "metrics": metrics,
-            "answers": T.compare_answers(records, expected, labels, args.atol),
-            "client_answered": sum(1 for r in warm["records"] + full["records"] + records if r["status"]),
-            "wall_s": time.perf_counter() - started}
-
-
-def outside_model(split: Optional[Dict], cpu_before: Optional[float], cpu_after: Optional[float]) -> Optional[Dict]:
-    """The saturation phase's split, with the workers' CPU seconds and the share of them spent outside the
-    backend calls (HTTP, JSON, tokenization, scheduling: everything but the model; CPU against CPU, so that a
-    loaded machine's waits count on neither side)."""
-    if split is None:
-        return None
-    cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
-    outside = None if not cpu else 1 - split["model_cpu_seconds"] / cpu
-    return {**split, "worker_cpu_seconds": cpu, "cpu_share_outside_model": outside}
 
 
 # ---- report --------------------------------------------------------------------------------------
@@ -249,7 +70,7 @@ def table_rows(results: List[Dict]) -> List[Dict]:
         rss = max(res["peak_rss_mb_per_worker"], default=None)
         full = [("full depth", res["full_depth_served"])] if "full_depth_served" in res else []
         phases = [("saturation", res["saturation"])] + full + [(f"{r['fraction']:.0%}", r) for r in res["rates"]] + \
-            [(f"refill's {r['refill_fraction']:.0%}", r) for r in T.carried(res.get("same_rate_as_refill", []))]
+            [(f"refill's {r['refill_fraction']:.0%}", r) for r in stats.carried(res.get("same_rate_as_refill", []))]
         for phase, p in phases:
             rows.append({"config": res["config"], "phase": phase, **{k: p.get(k) for k in COLUMNS[2:-1]},
                          "peak_rss_mb": rss})
@@ -286,14 +107,14 @@ def plot(results: List[Dict], path: str) -> Optional[str]:
 
 
 def parse_args(argv=None):
-    p = H.parser(__doc__, json="default: benchmarks/results/serve_load.json (--quick, --toy: required)")
+    p = harness.parser(__doc__, json="default: benchmarks/results/serve_load.json (--quick, --toy: required)")
     p.add_argument("--refill", nargs="+", choices=["on", "off"], default=["on", "off"], help="scheduler refill")
     p.add_argument("--precision", nargs="+", choices=["fp32", "int8"], default=["fp32", "int8"])
     p.add_argument("--workers", nargs="+", type=int, default=[1, 2], help="server worker processes")
     p.add_argument("--quick", action="store_true",
                    help="a smoke check: 128 sentences, 48 requests a rate, saturation over 4 x concurrency")
     p.add_argument("--toy", action="store_true", help="serve_speed.py's toy model (tests); needs its own --json")
-    p.add_argument("--server", default=S.tool("acl-serve"), help="the acl-serve executable (default: %(default)s)")
+    p.add_argument("--server", default=server.tool("acl-serve"), help="the acl-serve executable (default: %(default)s)")
     p.add_argument("--policy", default="entropy", choices=list(exits.POLICIES), help="early-exit policy")
     p.add_argument("--threshold", type=float, help="its threshold (default: the policy table's, 0.3 for entropy)")
     p.add_argument("--calibrate", type=_budget, metavar="BUDGET", help="serve at the --policy threshold that "
@@ -315,7 +136,7 @@ def parse_args(argv=None):
     p.add_argument("--atol", type=float, default=1e-5, help="probabilities equal to acl-predict's within this")
     p.add_argument("--interleave", type=int, default=0, metavar="N",
                    help="compare refill with no refill at refill's offered rates on two live servers, the phases "
-                   "alternated, N rounds, medians (benchmarks/_load_pair.py); in place of the no-refill "
+                   "alternated, N rounds, medians (benchmarks/load/pair.py); in place of the no-refill "
                    "configurations' single same-rate phases (default 0: those)")
     p.add_argument("--seed", type=int, default=1, help="the arrivals, the sentence order, the batch-1 subset")
     p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all; --quick: 128)")
@@ -332,7 +153,7 @@ def parse_args(argv=None):
     if args.quick:
         args.examples = args.examples or 128
         args.requests, args.batch1_sentences = min(args.requests, 48), min(args.batch1_sentences, 16)
-    results = os.path.abspath(os.path.join(G.REPO, "benchmarks", "results"))
+    results = os.path.abspath(os.path.join(_glue_runs.REPO, "benchmarks", "results"))
     if args.quick or args.toy:
         if not args.json or os.path.abspath(args.json).startswith(results + os.sep):
             p.error("--quick and --toy need their own --json outside benchmarks/results: a smoke run's numbers must "
@@ -399,7 +220,7 @@ def setup_record(args, folder: str, n: int) -> Dict:
             "requests": args.requests,
             "max_seconds": args.max_seconds,
             "concurrency": args.concurrency or f"{SATURATION_BATCHES} x max_batch x workers",
-            "seed": args.seed, "atol": args.atol, "threads_per_worker": 1, **H.record(threads=1)}
+            "seed": args.seed, "atol": args.atol, "threads_per_worker": 1, **harness.record(threads=1)}
 
 
 def main(argv=None) -> Dict:
@@ -410,7 +231,7 @@ def main(argv=None) -> Dict:
     configs = [Config(r == "on", p, w) for r in args.refill for p in args.precision for w in args.workers]
     results = []
     with tempfile.TemporaryDirectory(prefix="serve_load_") as tmp:
-        expected = {p: S.acl_predict(folder, p, sentences, args, tmp) for p in args.precision}
+        expected = {p: server.acl_predict(folder, p, sentences, args, tmp) for p in args.precision}
         refs = {p: Reference(folder, p, sentences, args) for p in args.precision}
         labels = refs[args.precision[0]].engine.label_names()
         for cfg in configs:
@@ -419,22 +240,22 @@ def main(argv=None) -> Dict:
             try:
                 results.append(run_config(args, cfg, folder, sentences, ref, expected[cfg.precision], labels, tmp,
                                           same_rates=[] if args.interleave or cfg.refill else
-                                          P.refill_rates(results, cfg.precision, cfg.workers)))
+                                          pair.refill_rates(results, cfg.precision, cfg.workers)))
             except RuntimeError as e:  # one configuration's failure must not cost the others' measurements
                 print(f"# {cfg.name}: failed: {e}", file=sys.stderr)
                 results.append({"config": cfg.name, **cfg._asdict(), "failed": str(e)[-3000:]})
-        pairs = P.pairs(args, results, folder, sentences, tmp) if args.interleave else []
-    found = T.verdicts(results, len(sentences)) + P.verdicts(pairs)
+        pairs = pair.pairs(args, results, folder, sentences, tmp) if args.interleave else []
+    found = stats.verdicts(results, len(sentences)) + pair.verdicts(pairs)
     record = {"benchmark": "serve_load", "setup": setup_record(args, folder, len(sentences)), "results": results,
               "interleaved": pairs, "verdicts": found}
     print(f"# serve_load: {len(sentences)} sentences of {'the toy task' if args.toy else 'SST-2 dev'}, policy "
           f"{args.policy} {args.threshold}, max batch {args.max_batch}, one thread a worker, {os.cpu_count()} cpus")
-    H.print_noted_table(table_rows(results), COLUMNS, FORMATS)
+    harness.print_noted_table(table_rows(results), COLUMNS, FORMATS)
     if pairs:
         print("# interleaved rounds: refill / no refill at the same offered rate")
-        H.print_noted_table(P.round_rows(pairs), P.ROUND_COLUMNS, P.ROUND_FORMATS)
-    H.print_targets(found)
-    atomic.write_json(args.json, record)
+        harness.print_noted_table(pair.round_rows(pairs), pair.ROUND_COLUMNS, pair.ROUND_FORMATS)
+    harness.print_targets(found)
+    harness.write_json(args.json, record)
     print(plot(results, args.plot) or f"# plot: {args.plot}")
     return record
 

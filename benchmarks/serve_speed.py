@@ -24,7 +24,7 @@ over repeats.
   ``cpu_*``: the same from the process CPU time of the engine calls, which stays steady when other jobs share the
   cores (one thread per engine by default, so that it is the engine's compute); the targets use the wall clock.
 - ``peak_rss_mb``: the peak resident memory (VmHWM) of a separate process that loads one engine and classifies
-  the dev set with early exit at the batch size (benchmarks/_serve_child.py): for ORT it imports only the runtime
+  the dev set with early exit at the batch size (benchmarks/load/serve_child.py): for ORT it imports only the runtime
   (torch and fairseq unimportable), for torch the hub. ``rss_vs_torch``: that over the torch process's.
 
 Its targets are printed beside the results with pass/miss. The threshold is ``--threshold``
@@ -32,18 +32,16 @@ Its targets are printed beside the results with pass/miss. The threshold is ``--
 on the generated toy task (scripts/toy_data.py) in seconds, for the end-to-end test; it must write its own
 ``--json``, never into benchmarks/results.
 """
-import json
 import os
 import sys
 from typing import Dict, List
 
-import _glue_runs as G
-import _records as R
-import _serve_child
+import _glue_runs
 import _serving
 import common
-import harness as H
+import harness
 from acl_runtime import console, exits
+from load import serve_child
 
 ENGINES = ("torch", "ort-fp32", "ort-int8")
 MODES = ("all", "exit")  # all layers, early exit
@@ -96,11 +94,11 @@ def pass_batch1(system: System, sentences: List[str]) -> Dict:
     """Every sentence alone: per-sentence tokenization and engine times (wall, and the engine's CPU), outputs."""
     tok, model, cpu, logits, layers = [], [], [], [], []
     for s in sentences:
-        t0, _ = H.now()
+        t0, _ = harness.now()
         ids = system.encode(s)
-        t1, c1 = H.now()
+        t1, c1 = harness.now()
         out = system.run([ids], 1)
-        t2, c2 = H.now()
+        t2, c2 = harness.now()
         tok.append(t1 - t0)
         model.append(t2 - t1)
         cpu.append(c2 - c1)
@@ -111,11 +109,11 @@ def pass_batch1(system: System, sentences: List[str]) -> Dict:
 
 
 def pass_batched(system: System, sentences: List[str], batch_size: int) -> Dict:
-    t0, _ = H.now()
+    t0, _ = harness.now()
     ids = [system.encode(s) for s in sentences]
-    t1, c1 = H.now()
+    t1, c1 = harness.now()
     out = system.run(ids, batch_size)
-    t2, c2 = H.now()
+    t2, c2 = harness.now()
     logits, layers = numpy_out(out)
     return {"tok": [t1 - t0], "model": [t2 - t1], "cpu": [c2 - c1], "logits": list(logits), "layers": list(layers)}
 
@@ -138,9 +136,8 @@ def measure(systems: List[System], sentences: List[str], batch_size: int, repeat
     for s in systems:
         one(s, sentences[:8])
         s.rounds[batch_size] = []
-    for r in range(repeats):
-        k = r % len(systems)
-        for s in systems[k:] + systems[:k]:
+    for _, order in harness.rounds(systems, repeats):
+        for s in order:
             s.rounds[batch_size].append(one(s, sentences))
 
 
@@ -195,7 +192,7 @@ def targets(rows: List[Dict], batch: int) -> List[Dict]:
     def add(text, row, field, bound, at_least=True, value=None):
         value = row[field] if value is None else value
         # cpu_value: the same measured in process CPU time, where there is one
-        out.append(H.target(text, value, bound, at_least, cpu_value=row.get(f"cpu_{field}")))
+        out.append(harness.target(text, value, bound, at_least, cpu_value=row.get(f"cpu_{field}")))
 
     for mode in MODES:
         add(f"ORT fp32 >= 1.3x torch, batch 1, {mode}", at[(f"ort-fp32 {mode}", 1)], "vs_torch", 1.3)
@@ -217,7 +214,7 @@ def targets(rows: List[Dict], batch: int) -> List[Dict]:
 
 
 def parse_args(argv=None):
-    p = H.parser(__doc__, json="write the setup, rows and targets here", threads=1)
+    p = harness.parser(__doc__, json="write the setup, rows and targets here", threads=1)
     _serving.add_model_flags(p)
     p.add_argument("--policy", default="entropy", choices=list(exits.POLICIES), help="early-exit policy")
     p.add_argument("--threshold", type=float, help="its threshold (default: the policy table's, 0.3 for entropy)")
@@ -232,7 +229,7 @@ def parse_args(argv=None):
     _serving.check_model_flags(p, args)
     if args.threads < 1 or args.repeats < 1 or args.batch_size < 2:
         p.error("--threads and --repeats must be >= 1, --batch-size >= 2 (batch 1 always runs)")
-    results = os.path.abspath(os.path.join(G.REPO, "benchmarks", "results"))
+    results = os.path.abspath(os.path.join(_glue_runs.REPO, "benchmarks", "results"))
     if args.toy and (not args.json or os.path.abspath(args.json).startswith(results + os.sep)):
         p.error("--toy needs its own --json outside benchmarks/results: its numbers must not sit beside the real ones")
     return args
@@ -241,9 +238,11 @@ def parse_args(argv=None):
 def setup_record(args, ckpt: str, folder: str, n: int) -> Dict:
     """The run's settings; paths relative to ``--work``, the run folder, so that the record names no folder of the
     machine it ran on."""
-    return H.record(args.threads, checkpoint=os.path.relpath(ckpt, args.work), onnx=os.path.relpath(folder, args.work),
-                    examples=n, toy=args.toy, policy=args.policy, threshold=args.threshold,
-                    threshold_source=args.threshold_source, batch_sizes=[1, args.batch_size], repeats=args.repeats)
+    return harness.record(args.threads, checkpoint=os.path.relpath(ckpt, args.work), onnx=os.path.relpath(folder,
+                                                                                                          args.work),
+                          examples=n, toy=args.toy, policy=args.policy, threshold=args.threshold,
+                          threshold_source=args.threshold_source, batch_sizes=[1,
+                                                                               args.batch_size], repeats=args.repeats)
 
 
 def main(argv=None) -> Dict:
@@ -261,10 +260,11 @@ def main(argv=None) -> Dict:
     systems = make_systems(hub, folder, args.policy, args.threshold, args.threads)
     by_name = {s.name: s for s in systems}
     for b in (1, args.batch_size):
-        G.log(f"timing: batch {b}, {len(sentences)} sentences, {args.repeats} repeats of {len(systems)} systems")
+        _glue_runs.log(f"timing: batch {b}, {len(sentences)} sentences, {args.repeats} repeats of {len(systems)} "
+                       "systems")
         measure(systems, sentences, b, args.repeats)
     rows = [row_of(s, by_name, b, gold, hub.num_layers) for b in (1, args.batch_size) for s in systems]
-    rss = {} if args.no_rss else _serve_child.peak_rss(ckpt, data, folder, sentences, args.policy, args.threshold,
+    rss = {} if args.no_rss else serve_child.peak_rss(ckpt, data, folder, sentences, args.policy, args.threshold,
                                                         args.batch_size, args.threads)
     for row in rows:
         rec = rss.get(row["engine"])
@@ -274,12 +274,13 @@ def main(argv=None) -> Dict:
     result = {"benchmark": "serve_speed", "setup": setup_record(args, ckpt, folder, len(sentences)),
               "rows": rows, "rss": {k: {f: v for f, v in r.items() if f != "labels"} for k, r in rss.items()},
               "targets": found}
-    H.header("serve_speed", sentences=f"{len(sentences)} of {'the toy task' if args.toy else 'SST-2 dev'}",
-             policy=args.policy, threshold=args.threshold, repeats=args.repeats, checkpoint=ckpt, threads=args.threads)
-    H.print_noted_table(rows, COLUMNS, FORMATS)
-    H.print_targets(found, "# targets, on the wall clock; cpu: the same in process CPU time (steady under load)")
+    harness.header("serve_speed", sentences=f"{len(sentences)} of {'the toy task' if args.toy else 'SST-2 dev'}",
+                   policy=args.policy, threshold=args.threshold, repeats=args.repeats, checkpoint=ckpt,
+                   threads=args.threads)
+    harness.print_noted_table(rows, COLUMNS, FORMATS)
+    harness.print_targets(found, "# targets, on the wall clock; cpu: the same in process CPU time (steady under load)")
     if args.json:
-        R.write_atomic(args.json, json.dumps(result, indent=1) + "\n")
+        harness.write_json(args.json, result)
     return result
 
 

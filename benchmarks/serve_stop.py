@@ -12,7 +12,6 @@ taken gets an answer. ``last_taken_ms``: the latest start, after SIGTERM was sen
 kernel and reset at the stop: the client cannot tell it from a taken one; 0 since the stop takes every completed
 connection, docs/serve.md); ``before_dropped`` counts only drops that came before the signal.
 """
-import json
 import os
 import signal
 import socket
@@ -23,9 +22,8 @@ import time
 from collections import Counter
 from typing import Dict, List
 
-import _load_server as S
-import _records as R
-import harness as H
+import harness
+from load import server
 
 COLUMNS = ["workers", "run", "before_200", "before_dropped", "dropped_at_signal", "after_refused", "after_taken",
            "after_dropped", "after_503", "last_taken_ms", "exit_code"]
@@ -60,18 +58,18 @@ def attempt(port: int) -> str:
 
 
 def one_run(args, workers: int, run: int, tmp: str) -> Dict:
-    port, log = S.free_port(), os.path.join(tmp, "server.log")
-    proc = S.start_server([args.server, args.folder, "--port", str(port), "--workers", str(workers),
+    port, log = server.free_port(), os.path.join(tmp, "server.log")
+    proc = server.start_server([args.server, args.folder, "--port", str(port), "--workers", str(workers),
                            "--drain-seconds", "10"], log, port, 120.0)
     time.sleep(0.5)
     sigterm, outcomes, lock = [None], [], threading.Lock()
 
     def client():
-        while sigterm[0] is None or time.monotonic() - sigterm[0] < args.after_seconds:
-            start = time.monotonic()
+        while sigterm[0] is None or harness.now()[0] - sigterm[0] < args.after_seconds:
+            start = harness.now()[0]
             outcome = attempt(port)
             with lock:
-                outcomes.append((start, outcome, time.monotonic()))
+                outcomes.append((start, outcome, harness.now()[0]))
             if outcome == "refused":
                 time.sleep(0.002)
 
@@ -79,13 +77,13 @@ def one_run(args, workers: int, run: int, tmp: str) -> Dict:
     for t in threads:
         t.start()
     time.sleep(args.before_seconds)
-    sigterm[0] = time.monotonic()
+    sigterm[0] = harness.now()[0]
     proc.send_signal(signal.SIGTERM)
     for t in threads:
         t.join()
     code = proc.wait(60)
     return {"workers": workers, "run": run, **classify(outcomes, sigterm[0]), "exit_code": code,
-            "log_tail": S.tail(log) if code else None}
+            "log_tail": server.tail(log) if code else None}
 
 
 def classify(outcomes: List[tuple], sigterm: float) -> Dict:
@@ -104,14 +102,14 @@ def classify(outcomes: List[tuple], sigterm: float) -> Dict:
 
 
 def main(argv=None) -> List[Dict]:
-    p = H.parser(__doc__, json=True)
+    p = harness.parser(__doc__, json=True)
     p.add_argument("--folder", required=True, help="an acl-export OUT/onnx folder")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="acl-serve --workers")
     p.add_argument("--runs", type=int, default=3, help="runs per worker count")
     p.add_argument("--clients", type=int, default=16, help="client threads, a new connection per request")
     p.add_argument("--before-seconds", type=float, default=1.5, help="load before SIGTERM")
     p.add_argument("--after-seconds", type=float, default=1.0, help="attempts go on this long after it")
-    p.add_argument("--server", default=S.tool("acl-serve"), help="the acl-serve executable (default: %(default)s)")
+    p.add_argument("--server", default=server.tool("acl-serve"), help="the acl-serve executable (default: %(default)s)")
     args = p.parse_args(argv)
     if not args.json:
         p.error("--json PATH is required")
@@ -119,9 +117,9 @@ def main(argv=None) -> List[Dict]:
         rows = [one_run(args, w, k + 1, tmp) for w in args.workers for k in range(args.runs)]
     print(f"# serve_stop: {args.clients} clients, a new connection per /predict, SIGTERM after "
           f"{args.before_seconds:g} s, {os.cpu_count()} cpus")
-    H.print_noted_table(rows, COLUMNS, FORMATS)
-    R.write_atomic(args.json, json.dumps({"benchmark": "serve_stop", "server": args.server, "folder": args.folder,
-                                          "load_average": os.getloadavg()[0], "rows": rows}, indent=1))
+    harness.print_noted_table(rows, COLUMNS, FORMATS)
+    harness.write_json(args.json, {"benchmark": "serve_stop", "server": args.server, "folder": args.folder,
+                                   "load_average": os.getloadavg()[0], "rows": rows})
     return rows
 
 

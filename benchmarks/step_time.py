@@ -27,7 +27,7 @@ from typing import Dict, List
 import torch
 
 import common
-import harness as H
+import harness
 
 # (criterion, scope, kind, extra flags); scope None = ungated, "off" = --no-acl-grad
 VARIANTS = [
@@ -50,7 +50,7 @@ FORMATS = {"median_step_s": "{:.4f}", "ratio_to_ce": "{:.3f}x", "median_step_cpu
 
 
 def parse_args(argv=None):
-    p = H.parser(__doc__, json="write the rows here", threads=1)
+    p = harness.parser(__doc__, json="write the rows here", threads=1)
     p.add_argument("--model", choices=sorted(common.MODEL_SIZES), default="minilm")
     p.add_argument("--batch-size", dest="batch", type=int, default=16,
                    help="sentences per step (--batch: deprecated spelling)")
@@ -116,13 +116,13 @@ def build_variants(args, data_dir) -> List[common.Variant]:
 
 
 def run(args) -> List[Dict]:
-    H.set_threads(args.threads)
+    harness.set_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("--device cuda: CUDA is not available here")
     with common.temp_dir("acl_bench_") as tmp:
         data_dir = common.make_dict_dir(tmp, common.MODEL_SIZES[args.model]["vocab"], args.num_classes)
         variants = build_variants(args, data_dir)
-    timer = common.Timer(args.device)
+    timer = common.step_clock(args.device)
 
     def sample_time(v):
         wall, cpu = timer(lambda: [v.step() for _ in range(args.inner)])
@@ -160,10 +160,11 @@ def run(args) -> List[Dict]:
 def main(argv=None):
     args = parse_args(argv)
     rows = run(args)
-    H.header("step_time", model=args.model, batch=args.batch, seq_len=args.seq_len, device=args.device,
-             precision="fp16" if args.fp16 else "fp32", repeats=args.repeats, warmup=args.warmup, inner=args.inner)
+    harness.header("step_time", model=args.model, batch=args.batch, seq_len=args.seq_len, device=args.device,
+                   precision="fp16" if args.fp16 else "fp32", repeats=args.repeats, warmup=args.warmup,
+                   inner=args.inner)
     print(f"# {common.describe_memory(run.memory_method)}")
-    H.report(rows, COLUMNS, FORMATS, args.json)
+    harness.report(rows, COLUMNS, FORMATS, args.json)
     return rows
 
 

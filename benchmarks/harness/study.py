@@ -13,16 +13,18 @@ folder's path below WORK), the paired differences benchmarks/_paired.py's.
     deltas = paired_cells(cells, ("n", "method"), "method", "ce", "test_accuracy")
     write_outputs(results, "fewshot", summary, markdown_text, figure)
 """
-import json
 import os
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
-import _records as R
+import _records
 from acl_runtime.io import atomic
 from acl_runtime.tables import mean_std
+
+from .clock import now, since
+from .outputs import write_json, write_text
 
 ORDERS = ("seed-major", "cell-major")
 
@@ -55,7 +57,7 @@ class Study:
     name: str
     work: str
     records: Optional[str]
-    result: str = R.RESULT
+    result: str = _records.RESULT
     log: Callable[[str], None] = field(default=log, repr=False)
 
     def root(self, *parts: str) -> str:
@@ -66,23 +68,23 @@ class Study:
                         check: Optional[Callable[[str], None]] = None) -> Tuple[str, dict]:
         """One run, trained only when neither its folder nor its record holds the result (_records.result_or_train):
         the folder holding the result, and the result."""
-        return R.result_or_train(run_dir, self.work, self.records, train, check, result=self.result)
+        return _records.result_or_train(run_dir, self.work, self.records, train, check, result=self.result)
 
     def run(self, plan: Sequence[Tuple[Any, int]], run_one: Callable[[Any, int], Any],
             label: Callable[[Any, int], str] = lambda c, s: f"{c} seed {s}") -> List[Any]:
         """``run_one(cell, seed)`` for every (cell, seed) of the plan, in order, each after its progress line
         ``[i/n] LABEL (elapsed Ns)``; returns what each returned. ``run_one`` skips a finished run through
         ``result_or_train``."""
-        t0, out = time.time(), []
+        t0, out = now(), []
         for i, (cell, seed) in enumerate(plan, 1):
-            self.log(f"[{i}/{len(plan)}] {label(cell, seed)} (elapsed {time.time() - t0:.0f}s)")
+            self.log(f"[{i}/{len(plan)}] {label(cell, seed)} (elapsed {since(t0)[0]:.0f}s)")
             out.append(run_one(cell, seed))
         return out
 
     def sync(self) -> int:
         """Record every finished run of WORK/<name> (a run trained again replaces its record): how many were
         written."""
-        written = R.sync(self.work, self.name, self.records, result=self.result)
+        written = _records.sync(self.work, self.name, self.records, result=self.result)
         self.log(f"records: {written} written from {self.root()} into {self.records}")
         return written
 
@@ -94,7 +96,7 @@ class Study:
         for folder, dirs, files in os.walk(os.path.join(self.records, self.name)):
             dirs.sort()
             if self.result in files:
-                runs.append(R.load(folder, self.result))
+                runs.append(_records.load(folder, self.result))
         return sorted(runs, key=key) if key else runs
 
 
@@ -123,16 +125,16 @@ def summarize_cells(runs: Sequence[dict], keys: Sequence[str], cells: Iterable[t
 def paired(a: dict, b: dict, metric: str) -> Optional[dict]:
     """Cell summary A minus B on ``metric`` over the seeds both have (same seed = same sample and initialisation):
     {"seeds", "diffs", "mean", "std", "ci95", "ahead", "verdict"}, None without a common seed."""
-    import _paired as PD  # here: scipy only when a study summarizes
+    import _paired  # here: scipy only when a study summarizes
 
     common = sorted(set(a["seeds"]) & set(b["seeds"]))
     if not common:
         return None
     d = [a[metric][a["seeds"].index(s)] - b[metric][b["seeds"].index(s)] for s in common]
     m, sd = mean_std(d)
-    iv = PD.interval(d)
+    iv = _paired.interval(d)
     return {"seeds": common, "diffs": d, "mean": m, "std": sd, "ci95": [iv["lo"], iv["hi"]], "ahead": iv["ahead"],
-            "verdict": PD.verdict(iv)}
+            "verdict": _paired.verdict(iv)}
 
 
 def paired_cells(cells: Sequence[dict], keys: Sequence[str], vary: str, base: str, metric: str,
@@ -169,8 +171,8 @@ def write_outputs(results: str, stem: str, summary: dict, markdown: str,
     """RESULTS/<stem>.json (the summary), <stem>.md and, with ``plot(summary, path)``, <stem>.png, each written
     whole or not at all: the paths written."""
     paths = [os.path.join(results, f"{stem}.json"), os.path.join(results, f"{stem}.md")]
-    R.write_atomic(paths[0], json.dumps(summary, indent=2))
-    R.write_atomic(paths[1], markdown)
+    write_json(paths[0], summary, indent=2)
+    write_text(paths[1], markdown)
     if plot is not None:
         paths.append(os.path.join(results, f"{stem}.png"))
         plot(summary, paths[2])

@@ -32,6 +32,58 @@ def test_the_clock_keeps_wall_and_cpu_time_apart():
     assert out == 499500 and seconds >= 0
 
 
+def test_the_clock_syncs_around_the_call_keeps_the_collector_off_and_reads_since_a_start():
+    import gc
+
+    calls = []
+    wall, cpu, enabled = H.timed(lambda: calls.append("fn") or gc.isenabled(), sync=lambda: calls.append("sync"),
+                                 no_gc=True)
+    assert calls == ["sync", "fn", "sync"] and enabled is False and gc.isenabled()
+    start = H.now()
+    H.timed(lambda: sum(range(10000)))
+    assert all(x >= 0 for x in H.since(start))
+    try:
+        H.timed(lambda: 1 / 0, no_gc=True)
+    except ZeroDivisionError:
+        pass
+    assert gc.isenabled()  # back on after an error too
+
+
+def test_one_round_scheduler_rotates_or_shuffles_every_system_once_a_round():
+    import random
+
+    import pytest
+
+    rotated = [order for _, order in H.rounds("abc", 4)]
+    assert rotated == [list("abc"), list("bca"), list("cab"), list("abc")]
+    shuffled = list(H.rounds("abcd", 3, "shuffle", seed=5))
+    rng, want = random.Random(5), []
+    for _ in range(3):
+        order = list("abcd")
+        rng.shuffle(order)
+        want.append(order)
+    assert [r for r, _ in shuffled] == [0, 1, 2] and [o for _, o in shuffled] == want
+    assert all(sorted(o) == list("abcd") for o in want) and len({tuple(o) for o in want}) > 1
+    with pytest.raises(ValueError, match="rotate, shuffle"):
+        list(H.rounds("ab", 1, "random"))
+
+
+def test_the_benchmarks_read_time_through_the_harness_clock_and_schedule_rounds_through_it():
+    """One clock and one round scheduler: no benchmark module reads a clock of its own (load/client.py is the one
+    exception: it runs by path as its own process, and its clock is its schedule of arrivals) or rotates or
+    shuffles its rounds itself."""
+    import pathlib
+    import re
+
+    folder = pathlib.Path(__file__).parents[2] / "benchmarks"
+    clock = re.compile(r"time\.(perf_counter|time|monotonic|process_time)\(\)|\bTimer\(|latency import clock")
+    rounds = re.compile(r"% len\(\w+\)\n?\s*.*\[k:\] \+|rng\.shuffle\(order\)")
+    own = {("harness", "clock.py"), ("load", "client.py")}
+    found = [str(p.relative_to(folder)) for p in folder.rglob("*.py")
+             if p.parts[-2:] not in own and (clock.search(p.read_text()) or rounds.search(p.read_text()))]
+    assert found == []
+
+
 def test_the_machine_record_names_the_cpu_kind_and_the_flags_that_decide_the_kernels():
     from acl_runtime.machine import read_cpu_kind
 
@@ -92,7 +144,7 @@ def test_no_entry_script_builds_its_own_parser_or_imports_the_old_harness_module
     assert len(entries) >= 20
     own = [p.stem for p in entries if "argparse.ArgumentParser(" in p.read_text()]
     old = [p.stem for p in folder.glob("*.py") if "import _harness" in p.read_text()]
-    unparented = [p.stem for p in entries if "H.parser(__doc__" not in p.read_text()]
+    unparented = [p.stem for p in entries if "harness.parser(__doc__" not in p.read_text()]
     assert (own, old, unparented) == ([], [], [])
 
 
@@ -261,3 +313,37 @@ def test_the_study_outputs_are_written_whole_or_not_at_all(tmp_path):
     assert (tmp_path / "out" / "toy.png").read_bytes() == before
     assert sorted(os.listdir(tmp_path / "out")) == ["toy.json", "toy.md", "toy.png"]
     assert json.loads((tmp_path / "out" / "toy.json").read_text()) == {"x": [3]}
+
+
+def test_no_benchmark_module_imports_a_module_under_a_one_or_two_letter_alias():
+    """``import harness``, ``import _records``: the name a reader can follow, not ``H`` or ``R`` (torch's
+    ``functional as F`` and numpy's ``np`` are the conventions kept)."""
+    import pathlib
+    import re
+
+    folder = pathlib.Path(__file__).parents[2] / "benchmarks"
+    alias = re.compile(r"^\s*(?:from \S+ )?import (\S+) as ([A-Za-z]{1,2})\b", re.M)
+    found = [(str(p.relative_to(folder)), m.group(1), m.group(2)) for p in folder.rglob("*.py")
+             for m in alias.finditer(p.read_text()) if m.group(1) not in ("torch.nn.functional", "numpy")]
+    assert found == []
+
+
+def test_every_record_table_and_json_is_written_through_the_harness_writer(tmp_path):
+    """One writer (harness.write_json, harness.write_text): no benchmark module writes its results through the
+    atomic module or a writer of its own (load/client.py runs by path, as its own process, and writes its records
+    itself)."""
+    import json
+    import pathlib
+    import re
+
+    folder = pathlib.Path(__file__).parents[2] / "benchmarks"
+    own = re.compile(r"atomic\.write_(json|text)\(|def write_atomic\(|\bwrite_atomic\(")
+    found = [str(p.relative_to(folder)) for p in folder.rglob("*.py")
+             if p.parts[-2:] not in {("harness", "outputs.py"), ("load", "client.py")} and own.search(p.read_text())]
+    assert found == []
+    H.write_json(str(tmp_path / "a" / "b.json"), {"x": [1, 2]}, sort_keys=True)
+    assert (tmp_path / "a" / "b.json").read_text() == '{\n "x": [\n  1,\n  2\n ]\n}\n'
+    H.write_json(str(tmp_path / "c.json"), {"b": 1, "a": 2}, indent=None)
+    assert json.loads((tmp_path / "c.json").read_text()) == {"b": 1, "a": 2}
+    H.write_text(str(tmp_path / "t.md"), "table\n")
+    assert (tmp_path / "t.md").read_text() == "table\n"

@@ -94,3 +94,26 @@ def test_check_flags_a_hand_edited_claim(tmp_path):
         claims.replace_block("no markers", "x")
     with pytest.raises(ValueError, match="one results row"):
         claims.replace_rows("no rows", RESULTS)
+
+
+def test_every_committed_load_and_serving_record_keeps_the_verdicts_its_results_give():
+    """The verdicts stored in benchmarks/results/serve_load*.json and serve_speed.json are what the code computes
+    from the same records' results (load/stats.py, load/pair.py, serve_speed.targets): a change to the verdict
+    code that would judge a committed record otherwise fails here."""
+    import glob
+
+    import serve_speed
+    from load import pair, stats
+
+    paths = sorted(glob.glob(os.path.join(RESULTS, "serve_load*.json")))
+    assert len(paths) >= 7
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+        got = stats.verdicts(record["results"], record["setup"]["sentences"]) + pair.verdicts(
+            record.get("interleaved", []))
+        assert json.loads(json.dumps(got)) == record["verdicts"], path
+    with open(os.path.join(RESULTS, "serve_speed.json"), encoding="utf-8") as f:
+        record = json.load(f)
+    got = serve_speed.targets(record["rows"], max(record["setup"]["batch_sizes"]))
+    assert json.loads(json.dumps(got)) == record["targets"]

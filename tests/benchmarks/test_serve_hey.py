@@ -52,7 +52,7 @@ def test_perf_analyzer_not_found_is_a_one_line_note_and_a_wrong_path_refused(tmp
     import serve_hey
 
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(serve_hey.S, "tool", lambda name: name)  # not beside this Python either
+    monkeypatch.setattr(serve_hey.server, "tool", lambda name: name)  # not beside this Python either
     found, note = serve_hey.find_perf_analyzer(None)
     assert found is None and "\n" not in note and note.startswith("serve_hey: perf_analyzer not found")
     assert serve_hey.find_perf_analyzer("/opt/pa/bin/perf_analyzer") == ("/opt/pa/bin/perf_analyzer", "")

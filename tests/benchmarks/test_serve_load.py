@@ -11,9 +11,10 @@ import time
 import numpy as np
 import pytest
 
-import _load_client as C
-import _load_server as S
-import _load_stats as T
+from load import client as load_client
+from load import phases as load_phases
+from load import server as load_server
+from load import stats as load_stats
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -22,21 +23,21 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_poisson_offsets_are_seeded_and_one_schedule_stretched_across_rates():
-    a, b = C.poisson_offsets(10.0, 50, 1e9, seed=3), C.poisson_offsets(10.0, 50, 1e9, seed=3)
+    a, b = load_client.poisson_offsets(10.0, 50, 1e9, seed=3), load_client.poisson_offsets(10.0, 50, 1e9, seed=3)
     assert a == b and len(a) == 50 and a == sorted(a) and a[0] > 0
-    assert C.poisson_offsets(10.0, 50, 1e9, seed=4) != a
-    assert C.poisson_offsets(5.0, 50, 1e9, seed=3) == pytest.approx([2 * t for t in a])
+    assert load_client.poisson_offsets(10.0, 50, 1e9, seed=4) != a
+    assert load_client.poisson_offsets(5.0, 50, 1e9, seed=3) == pytest.approx([2 * t for t in a])
 
 
 def test_poisson_offsets_are_bounded_in_count_and_in_time():
-    assert len(C.poisson_offsets(100.0, 7, 1e9, seed=1)) == 7
-    timed = C.poisson_offsets(100.0, 10_000, 2.0, seed=1)
+    assert len(load_client.poisson_offsets(100.0, 7, 1e9, seed=1)) == 7
+    timed = load_client.poisson_offsets(100.0, 10_000, 2.0, seed=1)
     assert timed and max(timed) < 2.0 and len(timed) < 10_000
-    assert len(timed) == len([t for t in C.poisson_offsets(100.0, 10_000, 1e9, seed=1) if t < 2.0])
+    assert len(timed) == len([t for t in load_client.poisson_offsets(100.0, 10_000, 1e9, seed=1) if t < 2.0])
 
 
 def test_poisson_gaps_are_exponential_at_the_rate():
-    t = np.array(C.poisson_offsets(40.0, 20_000, 1e9, seed=2))
+    t = np.array(load_client.poisson_offsets(40.0, 20_000, 1e9, seed=2))
     gaps = np.diff(np.concatenate([[0.0], t]))
     assert gaps.mean() == pytest.approx(1 / 40, rel=0.03)
     assert gaps.std() == pytest.approx(1 / 40, rel=0.03)  # an exponential's std is its mean
@@ -45,7 +46,7 @@ def test_poisson_gaps_are_exponential_at_the_rate():
 
 def test_a_bad_rate_is_refused():
     with pytest.raises(ValueError, match="rate"):
-        C.poisson_offsets(0.0, 5, 1.0, seed=1)
+        load_client.poisson_offsets(0.0, 5, 1.0, seed=1)
 
 
 # ---- the client against a server of this test ----------------------------------------------------
@@ -88,7 +89,7 @@ def _client_run(texts, spec):
         server = await _fake_server(slow_text="slow", bad_id_text="twice")
         port = server.sockets[0].getsockname()[1]
         try:
-            return await C.run({"host": "127.0.0.1", "port": port, "model": "acl", "texts": texts, "tag": "t",
+            return await load_client.run({"host": "127.0.0.1", "port": port, "model": "acl", "texts": texts, "tag": "t",
                                 "max_seconds": 5.0, "drain_seconds": 5.0, **spec})
         finally:
             server.close()
@@ -113,7 +114,7 @@ def test_open_loop_sends_on_schedule_while_an_answer_is_slow():
     assert (recs[2]["status"], recs[2]["retry_after"]) == (503, "2")
     assert (recs[3]["label"], recs[3]["id_ok"]) == ("deknuhc", True)
     assert recs[4]["id_ok"] is False
-    row = T.summarize(out, offered=20.0, planned=7)
+    row = load_stats.summarize(out, offered=20.0, planned=7)
     assert (row["sent"], row["unsent"], row["ok"], row["n_503"], row["wrong_id"], row["lost"], row["errors"]) == \
         (6, 1, 4, 1, 1, 0, 0)
 
@@ -138,13 +139,15 @@ def test_a_connection_idle_past_the_servers_keep_alive_is_not_reused(monkeypatch
 
         server = await asyncio.start_server(keep_alive_2, "127.0.0.1", 0)
         try:
-            return await C.run({"host": "127.0.0.1", "port": server.sockets[0].getsockname()[1], "model": "acl",
+            port = server.sockets[0].getsockname()[1]
+            return await load_client.run({"host": "127.0.0.1", "port": port, "model": "acl",
                                 "texts": ["a"], "tag": "t", "max_seconds": 5.0, "drain_seconds": 5.0,
                                 "mode": "open", "order": [0, 0, 0], "offsets": [0.0, 0.05, 3.0]})
         finally:
             server.close()
 
-    monkeypatch.setattr(C, "IDLE_S", 1.0)  # 20 times the gap before the second send, half the server's idle limit
+    # 20 times the gap before the second send, half the server's idle limit
+    monkeypatch.setattr(load_client, "IDLE_S", 1.0)
     out = asyncio.run(scenario())
     assert [r["status"] for r in out["records"]] == [200, 200, 200], [r["error"] for r in out["records"]]
     assert out["connections"] == 2  # the second send reused the first connection, the third opened a new one
@@ -167,7 +170,8 @@ def test_a_request_the_server_never_answers_is_lost():
         server = await asyncio.start_server(silent, "127.0.0.1", 0)
         try:
             t = time.perf_counter()
-            out = await C.run({"host": "127.0.0.1", "port": server.sockets[0].getsockname()[1], "model": "acl",
+            port = server.sockets[0].getsockname()[1]
+            out = await load_client.run({"host": "127.0.0.1", "port": port, "model": "acl",
                                "texts": ["x"], "tag": "t", "mode": "open", "order": [0], "offsets": [0.0],
                                "max_seconds": 0.2, "drain_seconds": 0.3})
             return out, time.perf_counter() - t
@@ -176,7 +180,7 @@ def test_a_request_the_server_never_answers_is_lost():
 
     out, took = asyncio.run(scenario())
     assert took < 2.0
-    assert T.summarize(out, 1.0, 1)["lost"] == 1
+    assert load_stats.summarize(out, 1.0, 1)["lost"] == 1
 
 
 # ---- the arithmetic ------------------------------------------------------------------------------
@@ -187,8 +191,8 @@ def test_percentile_is_numpys_linear_one():
     for n in (1, 2, 7, 100):
         xs = list(rng.exponential(size=n))
         for q in (0, 50, 95, 99, 100):
-            assert T.percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
-    assert T.percentile([], 50) is None
+            assert load_stats.percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
+    assert load_stats.percentile([], 50) is None
 
 
 def _rec(i, status, scheduled, done, id_ok=True, exit_layer=2, error=None, text=0, label="1", probs=(0.9, 0.1)):
@@ -202,7 +206,7 @@ def test_summarize_counts_each_outcome_and_times_latency_from_the_schedule():
             _rec(2, 200, 1.0, 1.050, exit_layer=6), _rec(3, 503, 1.1, 1.101), _rec(4, 500, 1.2, 1.21),
             _rec(5, 404, 1.3, 1.31), _rec(6, 0, 1.4, None), _rec(7, 0, 1.5, 1.6, error="ConnectionError: x"),
             _rec(8, 200, 1.6, 1.9, id_ok=False)]
-    row = T.summarize({"records": recs, "connections": 3}, offered=4.0, planned=10)
+    row = load_stats.summarize({"records": recs, "connections": 3}, offered=4.0, planned=10)
     assert (row["sent"], row["unsent"], row["ok"], row["n_503"], row["n_5xx_other"], row["errors"], row["lost"],
             row["wrong_id"]) == (9, 1, 3, 1, 1, 3, 1, 1)
     assert row["p50_ms"] == pytest.approx(30.0) and row["p99_ms"] == pytest.approx(49.6)
@@ -214,10 +218,10 @@ def test_steady_throughput_leaves_out_the_ramp_and_the_drain():
     # 4 callers: the first answers come slowly (start-up), then one every 10 ms, then a slow tail
     done = [1.0, 1.5, 1.8, 1.99] + [2.0 + 0.01 * k for k in range(100)] + [5.0, 6.0, 7.0, 8.0]
     out = {"records": [_rec(i, 200, None, t) for i, t in enumerate(done)]}
-    assert T.steady_throughput(out, 4) == pytest.approx(100 / (done[-5] - done[3]))
-    assert T.steady_throughput(out, 4) == pytest.approx(100.0, rel=0.02)
+    assert load_stats.steady_throughput(out, 4) == pytest.approx(100 / (done[-5] - done[3]))
+    assert load_stats.steady_throughput(out, 4) == pytest.approx(100.0, rel=0.02)
     few = {"records": [_rec(i, 200, None, t) for i, t in enumerate([0.5, 1.0])]}
-    assert T.steady_throughput(few, 4) == pytest.approx(2.0)
+    assert load_stats.steady_throughput(few, 4) == pytest.approx(2.0)
 
 
 def test_served_answers_are_compared_with_acl_predicts_rows():
@@ -225,7 +229,7 @@ def test_served_answers_are_compared_with_acl_predicts_rows():
     recs = [_rec(0, 200, 0, 1, text=0), _rec(1, 200, 0, 1, text=1, label="0"), _rec(2, 200, 0, 1, text=2, exit_layer=3),
             _rec(3, 200, 0, 1, text=3, probs=(0.9 + 2e-5, 0.1)), _rec(4, 200, 0, 1, text=0, probs=(0.9 + 5e-6, 0.1)),
             _rec(5, 503, 0, 1, text=3)]
-    got = T.compare_answers(recs, expected, ["1", "0"], atol=1e-5)
+    got = load_stats.compare_answers(recs, expected, ["1", "0"], atol=1e-5)
     assert (got["compared"], got["mismatches"], got["sentences"]) == (5, 3, 4)
     assert (got["label"], got["exit_layer"], got["probabilities"]) == (1, 1, 1)
     assert got["max_prob_diff"] == pytest.approx(2e-5)
@@ -246,7 +250,7 @@ def _pick(found, config, start):
 
 
 def test_verdicts_hold_the_issues_bounds():
-    found = T.verdicts([_result(True, 1, 90.0, 60.0, 1.5, 29.0, 10.0),
+    found = load_stats.verdicts([_result(True, 1, 90.0, 60.0, 1.5, 29.0, 10.0),
                         _result(True, 2, 90.0, 60.0, 1.5, 31.0, 10.0, mismatches=1, lost=2, errors=1, code=-15),
                         _result(False, 1, 45.0, 60.0, 1.5, 5.0, 10.0)], n_sentences=10)
     ratio = "saturated / (layer speed-up x full-depth batched engine x workers)"
@@ -264,20 +268,18 @@ def test_verdicts_hold_the_issues_bounds():
 
 
 def test_the_share_outside_the_model_is_cpu_against_cpu():
-    import serve_load
-
-    got = serve_load.outside_model({"model_seconds": 9.0, "model_cpu_seconds": 3.0}, 10.0, 14.0)
+    got = load_phases.outside_model({"model_seconds": 9.0, "model_cpu_seconds": 3.0}, 10.0, 14.0)
     assert got["worker_cpu_seconds"] == 4.0 and got["cpu_share_outside_model"] == pytest.approx(0.25)
-    assert serve_load.outside_model({"model_cpu_seconds": 3.0}, None, 14.0)["cpu_share_outside_model"] is None
+    assert load_phases.outside_model({"model_cpu_seconds": 3.0}, None, 14.0)["cpu_share_outside_model"] is None
 
 
 def test_the_scheduler_alone_is_judged_against_the_same_server_at_full_depth():
     res = _result(True, 1, 90.0, 60.0, 1.5, 29.0, 10.0)
     res["full_depth_served"] = {"throughput_per_s": 62.0, "lost": 1, "wrong_id": 0, "errors": 0}
     res["saturation"]["split"] = {"cpu_share_outside_model": 0.4}
-    found = T.verdicts([res], n_sentences=10)
+    found = load_stats.verdicts([res], n_sentences=10)
     served = _pick(found, "cTrue1", "saturated / (layer speed-up x the same server at full depth)")
-    assert served["value"] == pytest.approx(90.0 / (1.5 * 62.0)) and served["bound"] == T.SERVED_BOUND
+    assert served["value"] == pytest.approx(90.0 / (1.5 * 62.0)) and served["bound"] == load_stats.SERVED_BOUND
     assert served["pass"] is True
     assert _pick(found, "cTrue1", "share of the workers' CPU")["value"] == 0.4
     assert _pick(found, "cTrue1", "requests lost")["value"] == 1  # the full-depth phase is counted too
@@ -285,10 +287,10 @@ def test_the_scheduler_alone_is_judged_against_the_same_server_at_full_depth():
     # the ratio taken apart: 100 requests each; with refill 0.6 s in model calls of 1.0 s, at full depth 1.2 of 1.5
     res["saturation"]["split"] = {"requests": 100, "worker_cpu_seconds": 1.0, "model_cpu_seconds": 0.6}
     res["full_depth_served"]["split"] = {"requests": 100, "worker_cpu_seconds": 1.5, "model_cpu_seconds": 1.2}
-    found = T.verdicts([res], n_sentences=10)
+    found = load_stats.verdicts([res], n_sentences=10)
     assert _pick(found, "cTrue1", "model CPU a request")["value"] == pytest.approx(12.0 / (1.5 * 6.0))
     assert _pick(found, "cTrue1", "CPU outside the model a request")["value"] == pytest.approx(4.0 / 3.0)
-    assert T.cpu_per_request({"requests": 0, "worker_cpu_seconds": 1.0, "model_cpu_seconds": 0.5}) is None
+    assert load_stats.cpu_per_request({"requests": 0, "worker_cpu_seconds": 1.0, "model_cpu_seconds": 0.5}) is None
 
 
 def test_refill_is_judged_against_no_refill_at_the_same_offered_rate():
@@ -301,27 +303,27 @@ def test_refill_is_judged_against_no_refill_at_the_same_offered_rate():
         {"refill_fraction": 0.25, "offered_per_s": 22.5, "p99_ms": 10.0, "lost": 0, "wrong_id": 0, "errors": 0},
         {"refill_fraction": 0.5, "offered_per_s": 45.0, "p99_ms": 60.0, "lost": 3, "wrong_id": 0, "errors": 0},
         {"refill_fraction": 1.0, "offered_per_s": 90.0, "skipped": "above this configuration's saturation"}]
-    found = T.verdicts([on, off], n_sentences=10)
+    found = load_stats.verdicts([on, off], n_sentences=10)
     same = [v for v in found if v["target"].startswith("p99 with refill / without")]
     assert [(v["config"], v["value"], v["pass"]) for v in same] == [
         ("cTrue1", pytest.approx(1.2), False), ("cTrue1", pytest.approx(0.5), True)]
-    assert "22.5/s, 25% of refill's saturation" in same[0]["target"] and T.SAME_RATE_BOUND == 1.0
+    assert "22.5/s, 25% of refill's saturation" in same[0]["target"] and load_stats.SAME_RATE_BOUND == 1.0
     assert _pick(found, "cFalse1", "requests lost")["value"] == 3  # the same-rate phases are counted too
 
 
 def test_no_refill_runs_refills_own_rates_of_the_same_precision_and_workers():
-    import _load_pair as P
+    from load import pair as load_pair
 
     ran = [{"config": "refill fp32 w1", "refill": True, "precision": "fp32", "workers": 1,
             "rates": [{"fraction": 0.25, "offered_per_s": 40.0}, {"fraction": 0.5, "offered_per_s": 80.0}]},
            {"config": "refill int8 w1", "refill": True, "precision": "int8", "workers": 1, "failed": "x"}]
-    assert P.refill_rates(ran, "fp32", 1) == [(0.25, 40.0), (0.5, 80.0)]
-    assert P.refill_rates(ran, "fp32", 2) == []
-    assert P.refill_rates(ran, "int8", 1) == []  # its twin failed
+    assert load_pair.refill_rates(ran, "fp32", 1) == [(0.25, 40.0), (0.5, 80.0)]
+    assert load_pair.refill_rates(ran, "fp32", 2) == []
+    assert load_pair.refill_rates(ran, "int8", 1) == []  # its twin failed
 
 
 def test_interleaved_rounds_are_judged_by_their_median_ratio():
-    import _load_pair as P
+    from load import pair as load_pair
 
     def phase(p99, p50=10.0, lost=0, model_cpu=0.4):
         return {"p99_ms": p99, "p50_ms": p50, "lost": lost, "wrong_id": 0, "errors": 0,
@@ -330,18 +332,18 @@ def test_interleaved_rounds_are_judged_by_their_median_ratio():
     rounds = [{"refill": phase(30.0, model_cpu=0.46), "no_refill": phase(20.0)},
               {"refill": phase(20.0), "no_refill": phase(25.0)},
               {"refill": phase(18.0, lost=1), "no_refill": {**phase(20.0), "split": None}}]
-    got = P.medians(rounds)
+    got = load_pair.medians(rounds)
     assert got["p99_ratios"] == pytest.approx([1.5, 0.8, 0.9]) and got["p99_ratio_median"] == pytest.approx(0.9)
     assert got["model_cpu_ratios"] == pytest.approx([1.15, 1.0]) and got["model_cpu_ratio_median"] == \
         pytest.approx(1.075)  # a round without a split has no model CPU ratio
     pair = {"precision": "int8", "workers": 1, "rounds": 3, "servers": {"refill": {"killed": False, "exit_code": 0},
                                                                         "no_refill": {"killed": False, "exit_code": 0}},
             "rates": [{"refill_fraction": 0.25, "offered_per_s": 80.0, "rounds": rounds, **got}]}
-    found = P.verdicts([pair])
+    found = load_pair.verdicts([pair])
     assert [(v["config"], v["value"], v["pass"]) for v in found] == [
         ("refill int8 w1", pytest.approx(0.9), True), ("refill int8 w1", 1, False)]  # the lost request counts
     assert "median of 3 interleaved rounds" in found[0]["target"]
-    rows = P.round_rows([pair])
+    rows = load_pair.round_rows([pair])
     assert [(r["round"], r["first"]) for r in rows] == [(1, "refill"), (2, "no_refill"), (3, "refill")]
     assert rows[0]["refill_model_cpu_ms"] == pytest.approx(4.6) and rows[0]["model_cpu_ratio"] == pytest.approx(1.15)
     assert rows[2]["none_model_cpu_ms"] is None and rows[2]["model_cpu_ratio"] is None
@@ -386,7 +388,7 @@ def test_the_record_holds_setup_results_and_verdicts_and_is_written_whole(tmp_pa
                 "rates": [{**r, **phase, "fraction": f, "p99_ms": 29.0} for r, f in zip(res["rates"] * 2, (0.5, 1.0))]}
 
     monkeypatch.setattr(serve_load, "model_and_sentences", lambda args: (str(tmp_path / "onnx"), ["a", "b"]))
-    monkeypatch.setattr(S, "acl_predict", lambda *a: [])
+    monkeypatch.setattr(load_server, "acl_predict", lambda *a: [])
     monkeypatch.setattr(serve_load, "int8_method", lambda folder: {"kind": "static"})
     monkeypatch.setattr(serve_load, "Reference", FakeReference)
     monkeypatch.setattr(serve_load, "run_config", fake_run)
@@ -507,20 +509,21 @@ acl_batch_fill_count{layer="2"} 0.0
 
 
 def test_the_servers_own_counts_are_read_from_its_metrics():
-    got = T.server_side(T.parse_metrics(METRICS))
+    got = load_stats.server_side(load_stats.parse_metrics(METRICS))
     assert got["answered"] == {"infer 200": 40.0, "infer 503": 2.0, "predict 200": 7.0}
-    fill = T.fill_between(None, got)
+    fill = load_stats.fill_between(None, got)
     assert list(fill) == ["0", "2", "10"]
     assert fill["0"] == {"calls": 5, "mean_fill": pytest.approx(0.7)}
     assert fill["2"] == {"calls": 0, "mean_fill": None}
-    later = T.server_side(T.parse_metrics(METRICS.replace("sum{layer=\"0\"} 3.5", "sum{layer=\"0\"} 5.5")
-                                          .replace("count{layer=\"0\"} 5.0", "count{layer=\"0\"} 9.0")))
-    assert T.fill_between(got, later)["0"] == {"calls": 4, "mean_fill": pytest.approx(0.5)}
-    assert T.fill_between(got, later)["10"] == {"calls": 0, "mean_fill": None}
-    assert T.fill_between(got, None) is None
+    later = load_stats.server_side(load_stats.parse_metrics(
+        METRICS.replace("sum{layer=\"0\"} 3.5", "sum{layer=\"0\"} 5.5")
+        .replace("count{layer=\"0\"} 5.0", "count{layer=\"0\"} 9.0")))
+    assert load_stats.fill_between(got, later)["0"] == {"calls": 4, "mean_fill": pytest.approx(0.5)}
+    assert load_stats.fill_between(got, later)["10"] == {"calls": 0, "mean_fill": None}
+    assert load_stats.fill_between(got, None) is None
     res = _result(True, 1, 90.0, 60.0, 1.5, 29.0, 10.0)
     for client, ok in ((42, True), (41, False), (43, False)):  # the predict route's answers are not the client's
-        found = T.verdicts([{**res, "metrics": got, "client_answered": client}], n_sentences=10)
+        found = load_stats.verdicts([{**res, "metrics": got, "client_answered": client}], n_sentences=10)
         assert _pick(found, "cTrue1", "|answers the server counted (42)")["pass"] is ok
 
 
@@ -554,11 +557,12 @@ def test_each_workers_peak_is_read_and_a_worker_outliving_its_supervisor_is_caug
     proc = subprocess.Popen([sys.executable, "-c", SUPERVISOR], stdout=subprocess.PIPE, start_new_session=True)
     try:
         assert proc.stdout.readline().strip() == b"ready"
-        rss = S.worker_rss(proc.pid, 2)
+        rss = load_server.worker_rss(proc.pid, 2)
         assert len(rss["per_worker_mb"]) == 2 and min(rss["per_worker_mb"]) > 60
         assert rss["supervisor_mb"] < 60 and rss["processes"] == 3
-        assert S.worker_rss(proc.pid, 1)["per_worker_mb"] == [rss["supervisor_mb"]]  # one worker: the root serves
-        stopped = S.stop_server(proc, 5.0)  # the supervisor dies of SIGTERM, its workers are not told
+        # one worker: the root serves
+        assert load_server.worker_rss(proc.pid, 1)["per_worker_mb"] == [rss["supervisor_mb"]]
+        stopped = load_server.stop_server(proc, 5.0)  # the supervisor dies of SIGTERM, its workers are not told
         assert (stopped["exit_code"], stopped["killed"], stopped["left"]) == (-15, False, True)
         time.sleep(0.5)
         assert _running_in_group(proc.pid) == []  # killed (a zombie waits for its reaper, which is not us)
@@ -572,5 +576,5 @@ def test_a_server_deaf_to_sigterm_is_killed_after_the_bound():
            "time.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-c", deaf], stdout=subprocess.PIPE, start_new_session=True)
     assert proc.stdout.readline().strip() == b"ready"
-    stopped = S.stop_server(proc, 0.5)
+    stopped = load_server.stop_server(proc, 0.5)
     assert stopped["killed"] and stopped["exit_code"] == -9 and 0.5 <= stopped["stop_s"] < 5

@@ -83,7 +83,7 @@ def test_toy_mode_needs_its_own_json(tmp_path):
     with pytest.raises(SystemExit) as e:
         serve_speed.main(["--toy"])
     assert e.value.code == 2
-    results = os.path.join(serve_speed.G.REPO, "benchmarks", "results", "serve_speed.json")
+    results = os.path.join(serve_speed._glue_runs.REPO, "benchmarks", "results", "serve_speed.json")
     with pytest.raises(SystemExit) as e:
         serve_speed.main(["--toy", "--json", results])
     assert e.value.code == 2

@@ -1,6 +1,6 @@
 """Where a served request's time goes (acl_runtime/serve/metrics.py PHASES): every answered request's phases are
 in /metrics and add up to its latency; the queues' waits and the backend calls' seconds are counted; Triton's
-statistics carry the queue and compute split; serve_load reads the split back (benchmarks/_load_stats.py)."""
+statistics carry the queue and compute split; serve_load reads the split back (benchmarks/load_stats.py)."""
 import sys
 import time
 
@@ -11,7 +11,7 @@ from acl_runtime.serve.metrics import PHASES
 from serve_helpers import call, exported, metric, oip_body, serving  # noqa: F401  (exported: a fixture)
 
 sys.path.insert(0, f"{helpers.REPO}/benchmarks")
-import _load_stats as T  # noqa: E402
+from load import stats as load_stats
 
 
 def _phase(text: str, phase: str, part: str) -> float:
@@ -77,13 +77,13 @@ def test_triton_statistics_split_queue_and_compute(served):
 
 def test_serve_load_reads_the_split_between_two_scrapes(served):
     text = served["text"]
-    after = T.server_side(T.parse_metrics(text))
-    split = T.split_between(None, after)
+    after = load_stats.server_side(load_stats.parse_metrics(text))
+    split = load_stats.split_between(None, after)
     assert split["requests"] == 5 and set(split["per_request_ms"]) == set(PHASES)
     assert sum(split["share"].values()) == pytest.approx(1.0)
     assert split["model_seconds"] == pytest.approx(metric(text, "acl_model_seconds_total"))
     assert split["model_cpu_seconds"] == pytest.approx(metric(text, "acl_model_cpu_seconds_total"))
-    assert T.split_between(after, after)["requests"] == 0
+    assert load_stats.split_between(after, after)["requests"] == 0
 
 
 def test_a_triton_timeout_reaches_the_scheduler_as_the_requests_deadline(served, monkeypatch):

@@ -4,7 +4,7 @@ and the issue's verdicts."""
 import re
 from typing import Dict, List, Optional, Tuple
 
-import harness as H
+import harness
 
 REFILL_BOUND, MOONSHOT, P99_BOUND = 0.9, 0.95, 3.0
 SERVED_BOUND = 0.95  # saturated / (layer speed-up x the same server at full depth): the scheduler alone
@@ -85,68 +85,83 @@ def refill_ratio(saturated: float, layer_speedup: float, full_depth: float, work
 
 
 def verdicts(results: List[Dict], n_sentences: int) -> List[Dict]:
-    """The issue's targets per configuration, each with its value, bound and pass (None: reported, no bound)."""
+    """The issue's targets per configuration, each with its value, bound and pass (None: reported, no bound): its
+    throughput and where its CPU went, then its answers and its stop; then refill against no refill at the same
+    offered rate."""
     out = []
-
-    def add(cfg, text, value, bound, at_least):
-        out.append(H.target(text, value, bound, at_least, config=cfg))
-
     for res in results:
-        if res.get("failed"):
-            add(res["config"], "the configuration ran (its error is in the JSON)", 0, 1, True)
-            continue
-        name, sat, ref = res["config"], res["saturation"], res["reference"]
-        ratio = refill_ratio(sat["throughput_per_s"], res["layer_speedup"], ref["full_batched_per_s"],
-                             res["workers"])
-        served = res.get("full_depth_served")
-        if served and served["throughput_per_s"] > 0:  # the same HTTP, JSON and tokenization: the scheduler alone
-            add(name, "saturated / (layer speed-up x the same server at full depth)" + ("" if res["refill"] else
-                ", no refill"), sat["throughput_per_s"] / (res["layer_speedup"] * served["throughput_per_s"]),
-                SERVED_BOUND if res["refill"] else None, True)
-        if res["refill"]:  # the whole service against the bare engine
-            add(name, "saturated / (layer speed-up x full-depth batched engine x workers)", ratio, REFILL_BOUND,
-                True)
-            add(name, "the same, moonshot", ratio, MOONSHOT, True)
-        else:
-            add(name, "saturated / (layer speed-up x full-depth batched engine x workers), no refill", ratio, None,
-                True)
-        split = sat.get("split") or {}
-        if split.get("cpu_share_outside_model") is not None:
-            add(name, "share of the workers' CPU time outside the model at saturation",
-                split["cpu_share_outside_model"], None, False)
-        own, full = cpu_per_request(split), cpu_per_request((served or {}).get("split") or {})
-        if own and full:  # the scheduler-alone ratio taken apart: the model calls, and the rest
-            add(name, "model CPU a request at full depth / (layer speed-up x with this policy): its model calls' "
-                "efficiency", full[1] / (res["layer_speedup"] * own[1]), None, True)
-            add(name, "CPU outside the model a request, with this policy / at full depth", own[0] / full[0], None,
-                False)
-        half = next((r for r in res["rates"] if r["fraction"] == 0.5), None)
-        if half is not None and half["p99_ms"] is not None:
-            add(name, "p99 at 50% / full-depth batch-1 latency", half["p99_ms"] / ref["batch1_ms"], P99_BOUND, False)
-        ans = res["answers"]
-        add(name, f"answers differing from acl-predict's ({ans['sentences']} of {n_sentences} sentences)",
-            ans["mismatches"], 0, False)
-        phases = [sat] + res["rates"] + carried(res.get("same_rate_as_refill", [])) + ([served] if served else [])
-        add(name, "requests lost or answered twice", sum(p["lost"] + p["wrong_id"] for p in phases), 0, False)
-        if res.get("metrics"):
-            served = sum(v for k, v in res["metrics"]["answered"].items() if k.startswith("infer "))
-            add(name, f"|answers the server counted ({served:.0f}) - those the client got|",
-                abs(served - res["client_answered"]), 0, False)
-        stop = res["server"]
-        how = f"killed after {stop['stop_s']:.1f} s" if stop["killed"] else f"in {stop['stop_s']:.1f} s" + \
-            (", a process of it left behind" if stop.get("left") else "")
-        add(name, f"SIGTERM ending without exit code 0 (exit code {stop['exit_code']}, {how})",
-            int(stop["killed"] or stop["exit_code"] != 0 or bool(stop.get("left"))), 0, False)
-        add(name, "errors: 5xx other than 503, 4xx, connections", sum(p["errors"] for p in phases), 0, False)
-    for res in results:  # refill against no refill at the same offered rate: refill's rates, run by both
+        found = [("the configuration ran (its error is in the JSON)", 0, 1, True)] if res.get("failed") else \
+            throughput_targets(res) + answer_targets(res, n_sentences)
+        out += [harness.target(text, value, bound, at_least, config=res["config"])
+                for text, value, bound, at_least in found]
+    return out + [harness.target(text, value, bound, at_least, config=config)
+                  for config, text, value, bound, at_least in same_rate_targets(results)]
+
+
+def throughput_targets(res: Dict) -> List[Tuple]:
+    """(text, value, bound, at least) of a configuration's saturated throughput, its latency at half load and the
+    share of its CPU outside the model."""
+    sat, ref, served, speedup = res["saturation"], res["reference"], res.get("full_depth_served"), res["layer_speedup"]
+    ratio = refill_ratio(sat["throughput_per_s"], speedup, ref["full_batched_per_s"], res["workers"])
+    found = []
+    if served and served["throughput_per_s"] > 0:  # the same HTTP, JSON and tokenization: the scheduler alone
+        found.append(("saturated / (layer speed-up x the same server at full depth)" + ("" if res["refill"] else
+                      ", no refill"), sat["throughput_per_s"] / (speedup * served["throughput_per_s"]),
+                      SERVED_BOUND if res["refill"] else None, True))
+    if res["refill"]:  # the whole service against the bare engine
+        found += [("saturated / (layer speed-up x full-depth batched engine x workers)", ratio, REFILL_BOUND, True),
+                  ("the same, moonshot", ratio, MOONSHOT, True)]
+    else:
+        found.append(("saturated / (layer speed-up x full-depth batched engine x workers), no refill", ratio, None,
+                      True))
+    split = sat.get("split") or {}
+    if split.get("cpu_share_outside_model") is not None:
+        found.append(("share of the workers' CPU time outside the model at saturation",
+                      split["cpu_share_outside_model"], None, False))
+    own, full = cpu_per_request(split), cpu_per_request((served or {}).get("split") or {})
+    if own and full:  # the scheduler-alone ratio taken apart: the model calls, and the rest
+        found += [("model CPU a request at full depth / (layer speed-up x with this policy): its model calls' "
+                   "efficiency", full[1] / (speedup * own[1]), None, True),
+                  ("CPU outside the model a request, with this policy / at full depth", own[0] / full[0], None, False)]
+    half = next((r for r in res["rates"] if r["fraction"] == 0.5), None)
+    if half is not None and half["p99_ms"] is not None:
+        found.append(("p99 at 50% / full-depth batch-1 latency", half["p99_ms"] / ref["batch1_ms"], P99_BOUND, False))
+    return found
+
+
+def answer_targets(res: Dict, n_sentences: int) -> List[Tuple]:
+    """(text, value, bound, at least) of a configuration's answers (against acl-predict's, none lost, the server's
+    count, no error) and of its SIGTERM."""
+    served, ans, stop = res.get("full_depth_served"), res["answers"], res["server"]
+    phases = [res["saturation"]] + res["rates"] + carried(res.get("same_rate_as_refill", [])) + \
+        ([served] if served else [])
+    found = [(f"answers differing from acl-predict's ({ans['sentences']} of {n_sentences} sentences)",
+              ans["mismatches"], 0, False),
+             ("requests lost or answered twice", sum(p["lost"] + p["wrong_id"] for p in phases), 0, False)]
+    if res.get("metrics"):
+        counted = sum(v for k, v in res["metrics"]["answered"].items() if k.startswith("infer "))
+        found.append((f"|answers the server counted ({counted:.0f}) - those the client got|",
+                      abs(counted - res["client_answered"]), 0, False))
+    how = f"killed after {stop['stop_s']:.1f} s" if stop["killed"] else f"in {stop['stop_s']:.1f} s" + \
+        (", a process of it left behind" if stop.get("left") else "")
+    return found + [(f"SIGTERM ending without exit code 0 (exit code {stop['exit_code']}, {how})",
+                     int(stop["killed"] or stop["exit_code"] != 0 or bool(stop.get("left"))), 0, False),
+                    ("errors: 5xx other than 503, 4xx, connections", sum(p["errors"] for p in phases), 0, False)]
+
+
+def same_rate_targets(results: List[Dict]) -> List[Tuple]:
+    """(refill's configuration, text, value, bound, at least): refill's p99 over no refill's at each of refill's
+    offered rates that no refill also ran."""
+    found = []
+    for res in results:
         twin = None if res.get("refill") else ran(results, True, res.get("precision"), res["workers"])
         for same in carried(res.get("same_rate_as_refill", [])) if twin and not res.get("failed") else []:
             own = next(r for r in twin["rates"] if r["fraction"] == same["refill_fraction"])
             if own["p99_ms"] is not None and same["p99_ms"]:
-                add(twin["config"], f"p99 with refill / without at the same offered rate "
-                    f"({same['offered_per_s']:.1f}/s, {same['refill_fraction']:.0%} of refill's saturation)",
-                    own["p99_ms"] / same["p99_ms"], SAME_RATE_BOUND, False)
-    return out
+                found.append((twin["config"], f"p99 with refill / without at the same offered rate "
+                              f"({same['offered_per_s']:.1f}/s, {same['refill_fraction']:.0%} of refill's saturation)",
+                              own["p99_ms"] / same["p99_ms"], SAME_RATE_BOUND, False))
+    return found
 
 
 def ran(results: List[Dict], refill: bool, precision: Optional[str], workers: int) -> Optional[Dict]:

@@ -1,6 +1,6 @@
 """The processes of benchmarks/serve_load.py: acl-serve on a free loopback port (started in a session of its own,
 ready once /v2/health/ready answers, stopped by SIGTERM), its workers' peak memory from /proc, the client process
-(benchmarks/_load_client.py), and acl-predict's answers on the same sentences."""
+(benchmarks/load/client.py), and acl-predict's answers on the same sentences."""
 import json
 import os
 import signal
@@ -10,6 +10,8 @@ import sys
 import time
 import urllib.request
 from typing import Dict, List, Optional
+
+import harness
 
 MODEL = "acl"
 
@@ -24,7 +26,7 @@ def server_command(args, refill: bool, precision: str, workers: int, folder: str
 
 
 def phase_spec(args, port: int, texts: List[str], order: List[int], tag: str, **kw) -> Dict:
-    """One phase of the client (benchmarks/_load_client.py): the sentences in ``order``, closed or open loop."""
+    """One phase of the client (benchmarks/load/client.py): the sentences in ``order``, closed or open loop."""
     return {"host": "127.0.0.1", "port": port, "model": MODEL, "texts": texts, "order": order, "tag": tag,
             "max_seconds": args.max_seconds, "drain_seconds": args.drain_seconds, **kw}
 
@@ -50,8 +52,8 @@ def start_server(cmd: List[str], log: str, port: int, timeout: float) -> subproc
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    deadline = harness.now()[0] + timeout
+    while harness.now()[0] < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"serve_load: {' '.join(cmd[:2])} exited ({proc.returncode}) before it was ready:\n"
                                f"{tail(log)}")
@@ -68,14 +70,14 @@ def start_server(cmd: List[str], log: str, port: int, timeout: float) -> subproc
 def stop_server(proc: subprocess.Popen, timeout: float) -> Dict:
     """SIGTERM, then its exit code and how long it took; its session (workers included) is killed past ``timeout``,
     and so is any process of it left behind once it exited (``left``: a worker that outlived its supervisor)."""
-    t = time.monotonic()
+    t = harness.now()
     proc.send_signal(signal.SIGTERM)
     try:
         code = proc.wait(timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        return {"exit_code": proc.wait(), "stop_s": time.monotonic() - t, "killed": True, "left": None}
-    stop_s, left = time.monotonic() - t, False
+        return {"exit_code": proc.wait(), "stop_s": harness.since(t)[0], "killed": True, "left": None}
+    stop_s, left = harness.since(t)[0], False
     try:
         os.killpg(proc.pid, 0)  # raises once nothing of the session is left
         time.sleep(2.0)
@@ -87,14 +89,14 @@ def stop_server(proc: subprocess.Popen, timeout: float) -> Dict:
 
 
 def metrics(port: int) -> Optional[Dict]:
-    """The server's own counts (:func:`_load_stats.server_side`), or None where /metrics does not answer."""
-    import _load_stats
+    """The server's own counts (:func:`stats.server_side`), or None where /metrics does not answer."""
+    from . import stats
 
     try:
         status, body = get(port, "/metrics")
     except OSError:
         return None
-    return _load_stats.server_side(_load_stats.parse_metrics(body.decode("utf-8", "replace"))) if status == 200 \
+    return stats.server_side(stats.parse_metrics(body.decode("utf-8", "replace"))) if status == 200 \
         else None
 
 
@@ -168,7 +170,7 @@ def drive(spec: Dict, tmp: str) -> Dict:
     path, out = os.path.join(tmp, "spec.json"), os.path.join(tmp, "client.json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump(spec, f)
-    client = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_load_client.py")
+    client = os.path.join(os.path.dirname(os.path.abspath(__file__)), "client.py")
     try:
         proc = subprocess.run([sys.executable, client, path, out], capture_output=True, text=True,
                               timeout=spec["max_seconds"] + spec["drain_seconds"] + 120)

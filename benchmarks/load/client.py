@@ -2,7 +2,7 @@
 """The client process of benchmarks/serve_load.py: send SST-2 sentences to an acl-serve over Open Inference Protocol
 v2 and record every answer.
 
-    python benchmarks/_load_client.py SPEC.json OUT.json
+    python benchmarks/load/client.py SPEC.json OUT.json
 
 SPEC: ``{"host", "port", "model", "texts", "order": [text index per request], "mode": "open" | "closed", "offsets":
 [send second per request] (open), "concurrency" (closed), "max_seconds", "drain_seconds", "tag"}``. OUT: ``{"end",
@@ -207,7 +207,7 @@ async def run(spec: Dict) -> Dict:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
-        print("usage: _load_client.py SPEC.json OUT.json", file=sys.stderr)
+        print("usage: client.py SPEC.json OUT.json", file=sys.stderr)
         return 2
     with open(argv[0], encoding="utf-8") as f:
         spec = json.load(f)

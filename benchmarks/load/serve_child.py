@@ -2,8 +2,8 @@
 """One serving process of benchmarks/serve_speed.py: load one engine, classify the sentences of a file, print
 its peak resident memory as JSON.
 
-    python benchmarks/_serve_child.py ort --folder OUT/onnx --precision int8 --input FILE [--policy P --threshold T]
-    python benchmarks/_serve_child.py torch --checkpoint CKPT --data DATA --input FILE [...]
+    python benchmarks/load/serve_child.py ort --folder OUT/onnx --precision int8 --input FILE [--policy P --threshold T]
+    python benchmarks/load/serve_child.py torch --checkpoint CKPT --data DATA --input FILE [...]
 
 ``ort`` imports only :mod:`acl_runtime` (onnxruntime, numpy, tokenizers); torch and fairseq are made
 unimportable first (this venv has them, and ``import acl_fairseq`` would load them to register the plugin), so

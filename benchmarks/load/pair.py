@@ -16,11 +16,10 @@ import statistics
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import _glue_runs as G
-import _load_client as C
-import _load_server as S
-import _load_stats as T
-import harness as H
+import _glue_runs
+import harness
+
+from . import client, server, stats
 
 SIDES = (("refill", True), ("no_refill", False))
 ROUND_COLUMNS = ["config", "rate_per_s", "round", "first", "refill_p50_ms", "refill_p99_ms", "none_p50_ms",
@@ -33,7 +32,7 @@ ROUND_FORMATS = {"rate_per_s": "{:.1f}", "p99_ratio": "{:.2f}", "model_cpu_ratio
 def refill_rates(results: List[Dict], precision: str, workers: int) -> List[Tuple[float, float]]:
     """(fraction, offered rate per s) of each rate that ``precision`` and ``workers`` ran with refill, so that no
     refill runs at the same load (each one's fractions are of its own saturation, and refill's is higher)."""
-    twin = T.ran(results, True, precision, workers)
+    twin = stats.ran(results, True, precision, workers)
     return [(r["fraction"], r["offered_per_s"]) for r in twin["rates"]] if twin else []
 
 
@@ -44,7 +43,7 @@ def pairs(args, results: List[Dict], folder: str, sentences: List[str], tmp: str
     for precision in args.precision:
         for workers in args.workers:
             rates = refill_rates(results, precision, workers)
-            off = T.ran(results, False, precision, workers)
+            off = stats.ran(results, False, precision, workers)
             if off:
                 rates = [(f, r) for f, r in rates if r <= off["saturation"]["throughput_per_s"]]
             if not rates:
@@ -61,41 +60,41 @@ def interleaved(args, precision: str, workers: int, rates: Sequence[Tuple[float,
     """``rates``: (refill's fraction, its offered rate per s). The rounds of each rate and their medians."""
     order = list(range(len(sentences)))
     random.Random(args.seed).shuffle(order)
-    unit = C.poisson_offsets(1.0, args.requests, float("inf"), args.seed)
+    unit = client.poisson_offsets(1.0, args.requests, float("inf"), args.seed)
     name = f"{precision} w{workers}"
     servers, stopped = {}, {}
     try:
         for side, refill in SIDES:
-            port = S.free_port()
+            port = server.free_port()
             log = os.path.join(tmp, f"pair-{side}.log")
-            G.log(f"interleaved {name}: acl-serve {side} on 127.0.0.1:{port}")
-            proc = S.start_server(S.server_command(args, refill, precision, workers, folder, port), log, port,
+            _glue_runs.log(f"interleaved {name}: acl-serve {side} on 127.0.0.1:{port}")
+            proc = server.start_server(server.server_command(args, refill, precision, workers, folder, port), log, port,
                                   args.ready_seconds)
             servers[side] = (proc, port)
-            S.drive(S.phase_spec(args, port, sentences, order[: args.max_batch], f"{name}/{side}/warm",
+            server.drive(server.phase_spec(args, port, sentences, order[: args.max_batch], f"{name}/{side}/warm",
                                  mode="closed", concurrency=args.max_batch), tmp)
         results = []
         for fraction, rate in rates:
             offsets = [t / rate for t in unit if t / rate < args.max_seconds]
             cycle = [order[i % len(order)] for i in range(len(offsets))]
-            G.log(f"interleaved {name}: refill's {fraction:.0%}, {rate:.1f}/s, {args.interleave} rounds of "
-                  f"{len(offsets)} requests on each server")
+            _glue_runs.log(f"interleaved {name}: refill's {fraction:.0%}, {rate:.1f}/s, {args.interleave} rounds of "
+                           f"{len(offsets)} requests on each server")
             rounds = []
             for k in range(args.interleave):
                 row = {}
                 for side, _ in (SIDES if k % 2 == 0 else SIDES[::-1]):
                     port = servers[side][1]
-                    start = S.metrics(port)
-                    out = S.drive(S.phase_spec(args, port, sentences, cycle, f"{name}/{side}/{k}", mode="open",
-                                               offsets=offsets), tmp)
-                    row[side] = {**T.summarize(out, rate, len(unit)),
-                                  "split": T.split_between(start, S.metrics(port)) if start else None}
+                    start = server.metrics(port)
+                    out = server.drive(server.phase_spec(args, port, sentences, cycle, f"{name}/{side}/{k}",
+                                                         mode="open", offsets=offsets), tmp)
+                    row[side] = {**stats.summarize(out, rate, len(unit)),
+                                  "split": stats.split_between(start, server.metrics(port)) if start else None}
                 rounds.append(row)
             results.append({"refill_fraction": fraction, "offered_per_s": rate, "rounds": rounds,
                             **medians(rounds)})
     finally:
         for side, (proc, _) in servers.items():
-            stopped[side] = S.stop_server(proc, args.stop_seconds)
+            stopped[side] = server.stop_server(proc, args.stop_seconds)
     return {"precision": precision, "workers": workers, "rounds": args.interleave, "rates": results,
             "servers": stopped}
 
@@ -144,13 +143,13 @@ def verdicts(pairs: List[Dict]) -> List[Dict]:
         config = f"refill {pair['precision']} w{pair['workers']}"
         for rate in pair["rates"]:
             if rate["p99_ratio_median"] is not None:
-                found.append(H.target(
+                found.append(harness.target(
                     f"p99 with refill / without at the same offered rate ({rate['offered_per_s']:.1f}/s, "
                     f"{rate['refill_fraction']:.0%} of refill's saturation), median of {pair['rounds']} interleaved "
-                    "rounds", rate["p99_ratio_median"], T.SAME_RATE_BOUND, False, config=config))
+                    "rounds", rate["p99_ratio_median"], stats.SAME_RATE_BOUND, False, config=config))
         phases = [p for rate in pair["rates"] for r in rate["rounds"] for p in r.values()]
-        found.append(H.target("interleaved: requests lost, errors, or a SIGTERM without exit code 0",
-                              sum(p["lost"] + p["wrong_id"] + p["errors"] for p in phases) +
-                              sum(int(s["killed"] or s["exit_code"] != 0) for s in pair["servers"].values()),
-                              0, False, config=config))
+        found.append(harness.target("interleaved: requests lost, errors, or a SIGTERM without exit code 0",
+                                    sum(p["lost"] + p["wrong_id"] + p["errors"] for p in phases) +
+                                    sum(int(s["killed"] or s["exit_code"] != 0) for s in pair["servers"].values()),
+                                    0, False, config=config))
     return found
