@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 
 import harness
+from acl_runtime.io import atomic
 
 CASES = ("hup", "ttou", "term-worker", "kill-worker", "reexport-kill-worker", "delete-kill-workers",
          "kill-9-supervisor", "term-then-stop-worker")
@@ -111,8 +112,7 @@ def run_case(case: str, folder: str, rate: float, seconds: float) -> dict:
         manifest.update(policy="entropy", threshold=0.5)
         with open(os.path.join(aside, "manifest.json"), "w") as f:
             json.dump(manifest, f)
-        os.rename(served, os.path.join(work, "old"))
-        os.rename(aside, served)
+        atomic.replace_folder(aside, served)  # as acl-export --force replaces OUT/onnx
         os.kill(pids[0], signal.SIGKILL)
     elif case == "delete-kill-workers":
         shutil.rmtree(served)
