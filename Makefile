@@ -12,13 +12,13 @@ demo: env
 
 # two phases: every test on both cores (pytest-xdist; tests/prebuilt.py trains the session's models once for both
 # workers), but those with real processes under signals or load, which run after it alone, as their timing bounds
-# were set on a machine with a core to spare (marker alone: tests/*/conftest.py)
+# were set on a machine with a core to spare (marker alone: tests/heavy_tests.tsv)
 test: env
 	@$(PY) -m pytest -q -n 2 -m "not slow and not alone"
 	@$(PY) -m pytest -q -m "not slow and alone"
 
 # the edit loop: no fairseq model trained or built, no server or other long-lived process (markers fairseq and server:
-# tests/conftest.py and each subject folder's conftest.py), under a minute on 2 cores
+# tests/conftest.py and tests/heavy_tests.tsv), under a minute on 2 cores
 test-fast: env
 	@$(PY) -m pytest -q -n 2 -m "not slow and not fairseq and not server"
 

@@ -55,12 +55,15 @@ def pytest_configure(config):
                             "to spare: make test runs them in a phase of their own, after the two-worker phase")
 
 
-# what keeps a test out of make test-fast, besides its subject's own table (its folder's conftest.py, MARKS):
-# any of the session's trained models, or a fixture built on one (pytest lists every fixture a test reaches)
+# what keeps a test out of make test-fast, besides its row in tests/heavy_tests.tsv: any of the session's trained
+# models, or a fixture built on one (pytest lists every fixture a test reaches)
 TRAINED = frozenset(prebuilt.BUILDERS)
 
 
 def pytest_collection_modifyitems(config, items):
+    import helpers
+
+    helpers.mark_heavy(items)
     for item in items:
         if TRAINED & set(getattr(item, "fixturenames", ())):
             item.add_marker("fairseq")

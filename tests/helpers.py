@@ -206,15 +206,20 @@ def skip_is_failure_here(reason: str, environ=os.environ) -> bool:
     return reason.startswith(NEEDED) and environ.get("CI", "").strip().lower() in ("true", "1")
 
 
-def mark_heavy(items, folder: str, marks: dict) -> None:
-    """A subject's conftest.py applies its table (test file, or ``file::test name prefix`` -> "fairseq" or "server",
-    the markers that keep a test out of make test-fast, or "alone", which is a server too, run in make test's second
-    phase) to its own folder's items."""
+HEAVY_TESTS = os.path.join(REPO, "tests", "heavy_tests.tsv")
+
+
+def mark_heavy(items, table: str = HEAVY_TESTS) -> None:
+    """Mark each test its row of ``table`` names (``folder/test_file.py`` or ``folder/test_file.py::test name
+    prefix`` -> "fairseq", "server", or "alone", which is a server too): the markers that keep a test out of make
+    test-fast, and put it in make test's second phase."""
+    from acl_runtime.tables import read_tsv
+
+    tests = os.path.join(REPO, "tests")
+    rows = [(row["test"].partition("::"), row["mark"]) for row in read_tsv(table, ["test", "mark"])]
     for item in items:
-        if item.path.parent.name != folder:
-            continue
-        for key, mark in marks.items():
-            name, _, test = key.partition("::")
-            if item.path.name == name and item.name.startswith(test):
+        where = os.path.relpath(str(item.path), tests)
+        for (path, _, prefix), mark in rows:
+            if where == path and item.name.startswith(prefix):
                 for one in ("server", "alone") if mark == "alone" else (mark,):
                     item.add_marker(one)

@@ -57,22 +57,33 @@ def test_make_test_runs_every_test_but_the_slow_ones_exactly_once():
             assert _selects(calls[1], marks) == ("alone" in marks), marks
 
 
-def test_a_marked_test_carries_what_its_mark_implies():
+def test_a_marked_test_carries_what_its_mark_implies(tmp_path):
+    import pathlib
+
     from helpers import mark_heavy
 
     class Item:
         def __init__(self, path, name):
-            import pathlib
-
-            self.path, self.name, self.marks = pathlib.Path(path), name, []
+            self.path, self.name, self.marks = pathlib.Path(REPO, "tests", path), name, []
 
         def add_marker(self, mark):
             self.marks.append(mark)
 
-    items = [Item("tests/serve/test_a.py", "test_x"), Item("tests/serve/test_b.py", "test_y_1"),
-             Item("tests/serve/test_b.py", "test_z"), Item("tests/hf/test_a.py", "test_x")]
-    mark_heavy(items, "serve", {"test_a.py": "alone", "test_b.py::test_y": "fairseq"})
+    table = tmp_path / "heavy.tsv"
+    table.write_text("# a comment\ntest\tmark\nserve/test_a.py\talone\nserve/test_b.py::test_y\tfairseq\n")
+    items = [Item("serve/test_a.py", "test_x"), Item("serve/test_b.py", "test_y_1"), Item("serve/test_b.py", "test_z"),
+             Item("hf/test_a.py", "test_x")]
+    mark_heavy(items, str(table))
     assert [i.marks for i in items] == [["server", "alone"], ["fairseq"], [], []]
+
+
+def test_every_row_of_the_heavy_tests_table_names_a_test_file_there_is():
+    from acl_runtime.tables import read_tsv
+    from helpers import HEAVY_TESTS
+
+    rows = read_tsv(HEAVY_TESTS, ["test", "mark"])
+    assert rows and all(os.path.isfile(os.path.join(REPO, "tests", r["test"].partition("::")[0])) for r in rows)
+    assert {r["mark"] for r in rows} <= {"fairseq", "server", "alone"}
 
 
 def test_make_test_fast_is_a_part_of_make_test_without_fairseq_or_servers():
