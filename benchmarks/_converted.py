@@ -10,7 +10,7 @@ from typing import Dict, Optional, Tuple
 
 import _glue_runs
 import _records
-from acl_fairseq.recipes import plan as run_plan
+from acl_fairseq.recipes import recipe_tables
 from acl_runtime.tables import read_tsv
 
 CONVERTED_TABLE = os.path.join(_glue_runs.REPO, "recipes", "glue", "converted.tsv")
@@ -57,7 +57,7 @@ def run_one(task: str, method: str, seed: int, work: str, enc: "_glue_runs.Encod
         db = binarize(task, work, enc)
         n = sch["train_subset"] or TRAIN_SIZES[task]
         updates = math.ceil(n / sch["batch"]) * sch["epochs"]
-        multi = run_plan.method(method, task).exits == "multi"
+        multi = recipe_tables.method(method, task).exits == "multi"
         env = _glue_runs.driver_env(_glue_runs.Encoder(enc.dir, pooling=sch["pooling"]), db, out_root, seed,
                                     multi=multi,
                                     schedule=dict(LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"],

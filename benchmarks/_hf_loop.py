@@ -17,7 +17,7 @@ import _glue_runs
 import harness
 from acl_fairseq import glue_metrics
 from acl_fairseq.heads import POOLING_MODES, head_forward, pool_states
-from acl_fairseq.recipes import plan
+from acl_fairseq.recipes import plan, recipe_tables
 from acl_runtime.glue_tasks import TASKS, TaskSpec, get_task, read_split
 
 Text = Union[str, Tuple[str, str]]
@@ -78,7 +78,9 @@ class HFConfig:
 def target_of(spec: TaskSpec, label: str) -> Union[int, float]:
     """Class index in the task's label order, or the STS-B score / 5 (fairseq's regression target; the scale is
     the task table's, recipes/glue/hparams.tsv)."""
-    return float(label) / plan.tasks()[spec.name].regression_scale if spec.regression else spec.labels.index(label)
+    if spec.regression:
+        return float(label) / recipe_tables.tasks()[spec.name].regression_scale
+    return spec.labels.index(label)
 
 
 def load_examples(task: str, glue_dir: str = _glue_runs.GLUE_DIR, split: str = "train") -> Examples:
@@ -304,7 +306,7 @@ def train_hf(cfg: HFConfig, glue_dir: str = _glue_runs.GLUE_DIR, train_examples:
                          cfg.hidden_dropout, cfg.attention_dropout, cfg.fold_token_types).to(cfg.device)
     total = cfg.epochs * math.ceil(len(encoded) / cfg.batch_size)
     optimizer, scheduler = make_optimizer_and_schedule(model, cfg, total)
-    primary = plan.tasks()[spec.name].metrics[0]
+    primary = recipe_tables.tasks()[spec.name].metrics[0]
 
     per_epoch, losses_per_epoch, updates, samples, train_s = [], [], 0, 0, 0.0
     batches_of = epoch_batches([len(ids) for ids, _ in encoded], cfg, np.random.RandomState(cfg.seed))

@@ -50,7 +50,7 @@ from _quality_tables import (
     restored_markdown,
     training_minutes,
 )
-from acl_fairseq.recipes import plan as run_plan
+from acl_fairseq.recipes import recipe_tables
 
 SINGLE = ["ce", "scl", "acl_embed", "acl_grad"]
 # multi-exit: the CE baseline, the paper's method, self-distillation (a teacher exit without the contrastive form)
@@ -64,8 +64,8 @@ GATED = {"scl_grad": "scl"}
 def methods_for(task, methods, multi_exit_tasks=("SST-2",)):
     """The runs of one task: what the run plan does not refuse (contrastive methods need class labels: STS-B
     runs ce only); multi-exit methods only on the multi-exit tasks."""
-    table = run_plan.tasks()
-    return [m for m in methods if run_plan.refusal(table[task], run_plan.method(m, task)) is None
+    table = recipe_tables.tasks()
+    return [m for m in methods if recipe_tables.refusal(table[task], recipe_tables.method(m, task)) is None
             and (m in SINGLE or m in GATED or task in multi_exit_tasks)]
 
 

@@ -25,7 +25,8 @@ import warnings
 from typing import Dict, List, Optional
 
 from acl_fairseq.recipes.model_flags import RecipeError
-from acl_fairseq.recipes.plan import REPO, build_plan, settings, tasks
+from acl_fairseq.recipes.plan import REPO, build_plan, settings
+from acl_fairseq.recipes.recipe_tables import tasks
 from acl_fairseq.tuning import data as tune_data
 from acl_fairseq.tuning import space as tuning_space
 from acl_runtime import console

@@ -19,6 +19,7 @@ import sys
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from acl_fairseq.recipes import plan as run_plan
+from acl_fairseq.recipes import recipe_tables
 from acl_fairseq.recipes.model_flags import RecipeError
 from acl_runtime.io import atomic
 
@@ -49,8 +50,8 @@ def note(text: str, out=None) -> None:
 
 def _usage(env: Mapping[str, str], status: int) -> int:
     s = run_plan.settings(env)
-    print(USAGE.format(tasks=" ".join(run_plan.tasks(s["HPARAMS_TABLE"])), methods=" ".join(run_plan.method_names(
-        s["METHODS_TABLE"]))), file=sys.stderr)
+    tasks, methods = recipe_tables.tasks(s["HPARAMS_TABLE"]), recipe_tables.method_names(s["METHODS_TABLE"])
+    print(USAGE.format(tasks=" ".join(tasks), methods=" ".join(methods)), file=sys.stderr)
     return status
 
 
@@ -260,7 +261,7 @@ def sweep_runs(argv: Sequence[str], env: Mapping[str, str]):
     """The sweep's runs in order: ``(task, method, seed)``, or a note for a pair the plan refuses; or the exit
     status of its usage (--help, or TASKS, METHODS or SEEDS that name nothing known)."""
     s = run_plan.settings(env)
-    all_tasks, all_methods = run_plan.tasks(s["HPARAMS_TABLE"]), run_plan.method_names(s["METHODS_TABLE"])
+    all_tasks, all_methods = recipe_tables.tasks(s["HPARAMS_TABLE"]), recipe_tables.method_names(s["METHODS_TABLE"])
 
     def usage(status: int, error: Optional[str] = None) -> int:
         if error:
@@ -279,7 +280,7 @@ def sweep_runs(argv: Sequence[str], env: Mapping[str, str]):
     seeds = words("SEEDS", "1 2 3 4 5")
     if not (tasks and methods and seeds):
         return usage(2)
-    unknown = [m for m in methods if run_plan.method(m, "*", s["METHODS_TABLE"]) is None]
+    unknown = [m for m in methods if recipe_tables.method(m, "*", s["METHODS_TABLE"]) is None]
     bad = next((f"unknown task '{t}'" for t in tasks if t not in all_tasks), None) or next(
         (f"unknown method '{m}'" for m in unknown), None) or next(
         (f"seed '{x}' is not a number" for x in seeds if not x.isascii() or not x.isdigit()), None)
@@ -288,8 +289,8 @@ def sweep_runs(argv: Sequence[str], env: Mapping[str, str]):
     runs = []
     for t in tasks:
         for m in methods:
-            row = run_plan.method(m, t, s["METHODS_TABLE"])
-            if run_plan.refusal(all_tasks[t], row):
+            row = recipe_tables.method(m, t, s["METHODS_TABLE"])
+            if recipe_tables.refusal(all_tasks[t], row):
                 runs.append(f"skipping {t} / {m}: {t} is a regression task and {row.criterion} needs class labels")
                 continue
             runs += [(t, m, seed) for seed in seeds]

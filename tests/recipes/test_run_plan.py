@@ -11,7 +11,8 @@ import sys
 import pytest
 
 import recipe_dry_runs as D
-from acl_fairseq.recipes import plan as P
+from acl_fairseq.recipes import plan as run_plan
+from acl_fairseq.recipes import recipe_tables
 from acl_fairseq.recipes.model_flags import RecipeError
 from recipe_helpers import GLUE, fake_data, recipe_env
 
@@ -34,7 +35,7 @@ CASES = [c.name for c in D.cases("/nowhere")]
 def test_the_fixture_holds_every_case_and_every_task_x_method():
     assert sorted(FIXTURE) == sorted(_header(c) for c in D.cases("/nowhere"))
     for task in D.TASKS:
-        for method in P.method_names():
+        for method in recipe_tables.method_names():
             assert f"=== {task} {method}: {task}.sh {method} --dry-run" in FIXTURE, (task, method)
     assert sum("exit 0\n" in b for b in FIXTURE.values()) > 150  # most cases print commands
 
@@ -61,7 +62,7 @@ def _value(argv, name):
 
 
 def test_plan_of_a_run(env, tmp_path):
-    plan = P.build_plan("RTE", "acl_cross_layer", seed=3, overrides={"lr": 3e-5, "batch_size": 8},
+    plan = run_plan.build_plan("RTE", "acl_cross_layer", seed=3, overrides={"lr": 3e-5, "batch_size": 8},
                         extra=["--update-freq", "2"], environ=env)
     assert plan.train[0] == "fairseq-train" and plan.train[-2:] == ["--update-freq", "2"]
     assert _value(plan.train, "--lr") == "3e-05" and _value(plan.train, "--batch-size") == "8"
@@ -77,7 +78,7 @@ def test_plan_of_a_run(env, tmp_path):
 def test_building_a_plan_writes_nothing(env, tmp_path):
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     env.pop("ROBERTA_PATH")  # even a plan that would download first
-    plan = P.build_plan("RTE", "multi_exit_ce", environ=env)
+    plan = run_plan.build_plan("RTE", "multi_exit_ce", environ=env)
     assert plan.download and plan.download[0].endswith("download_roberta.sh")
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
 
@@ -98,20 +99,21 @@ def test_building_a_plan_writes_nothing(env, tmp_path):
 ])
 def test_refusals(env, task, method, overrides, message):
     with pytest.raises(RecipeError) as e:
-        P.build_plan(task, method, overrides=overrides, environ=env)
+        run_plan.build_plan(task, method, overrides=overrides, environ=env)
     assert message in str(e.value) and e.value.status == 2
 
 
 def test_regression_tasks_run_cross_entropy_only():
-    table = P.tasks()
-    allowed = {m for m in P.method_names() if P.refusal(table["STS-B"], P.method(m, "STS-B")) is None}
+    table = recipe_tables.tasks()
+    names = recipe_tables.method_names()
+    allowed = {m for m in names if recipe_tables.refusal(table["STS-B"], recipe_tables.method(m, "STS-B")) is None}
     assert allowed == {"ce", "multi_exit_ce"}
-    assert all(P.refusal(table["RTE"], P.method(m, "RTE")) is None for m in P.method_names())
+    assert all(recipe_tables.refusal(table["RTE"], recipe_tables.method(m, "RTE")) is None for m in names)
 
 
 def test_missing_data_and_checkpoint_stop_a_real_run_only(env, tmp_path):
     env.update(DATA_ROOT=str(tmp_path / "none"), ROBERTA_PATH=str(tmp_path / "no" / "model.pt"))
-    plan = P.build_plan("STS-B", "ce", environ=env)
+    plan = run_plan.build_plan("STS-B", "ce", environ=env)
     data, checkpoint = plan.stops
     assert data.startswith("binarized data for STS-B not found:\n") and "label/train.label" in data
     assert checkpoint.startswith(f"checkpoint not found: {tmp_path}/no/model.pt (fairseq would silently train")
@@ -119,18 +121,18 @@ def test_missing_data_and_checkpoint_stop_a_real_run_only(env, tmp_path):
 
 
 def test_warmup_is_six_percent_rounded_up():
-    assert [P.warmup_updates(t) for t in (0, 1, 16, 17, 50, 100, 101, 2036)] == [0, 1, 1, 2, 3, 6, 7, 123]
-    assert all(P.warmup_updates(t) == (t * 6 + 99) // 100 for t in range(0, 300000, 7))  # the driver's old bash
-    assert P.warmup_updates(10, 0.2) == 2 and P.warmup_updates(7, 0.0) == 0
+    assert [run_plan.warmup_updates(t) for t in (0, 1, 16, 17, 50, 100, 101, 2036)] == [0, 1, 1, 2, 3, 6, 7, 123]
+    assert all(run_plan.warmup_updates(t) == (t * 6 + 99) // 100 for t in range(0, 300000, 7))  # the driver's old bash
+    assert run_plan.warmup_updates(10, 0.2) == 2 and run_plan.warmup_updates(7, 0.0) == 0
 
 
 def test_warmup_of_an_overridden_total_and_the_tables_own(env):
-    argv = P.build_plan("CoLA", "ce", overrides={"total_updates": 101}, environ=env).train
+    argv = run_plan.build_plan("CoLA", "ce", overrides={"total_updates": 101}, environ=env).train
     assert _value(argv, "--total-num-update") == _value(argv, "--max-update") == "101"
     assert _value(argv, "--warmup-updates") == "7"
-    argv = P.build_plan("CoLA", "ce", overrides={"total_updates": 101, "warmup_updates": 0}, environ=env).train
+    argv = run_plan.build_plan("CoLA", "ce", overrides={"total_updates": 101, "warmup_updates": 0}, environ=env).train
     assert _value(argv, "--warmup-updates") == "0"
-    argv = P.build_plan("RTE", "ce", environ=env).train  # fairseq's table: 122, not 6 % of 2036
+    argv = run_plan.build_plan("RTE", "ce", environ=env).train  # fairseq's table: 122, not 6 % of 2036
     assert (_value(argv, "--total-num-update"), _value(argv, "--warmup-updates")) == ("2036", "122")
 
 
@@ -142,28 +144,29 @@ def _leave_a_killed_run(plan):
 
 
 def test_resume_state(env):
-    fresh = P.build_plan("RTE", "ce", environ=env)
+    fresh = run_plan.build_plan("RTE", "ce", environ=env)
     _leave_a_killed_run(fresh)
-    plan = P.build_plan("RTE", "ce", environ=env)
+    plan = run_plan.build_plan("RTE", "ce", environ=env)
     assert plan.resume and not plan.finished and plan.train_line == fresh.train_line
     assert _value(plan.train, "--restore-file") == plan.last and plan.train.count("--restore-file") == 1
     assert not [a for a in plan.train if a.startswith("--reset-")]
     assert plan.commands()[0].endswith(f"| tee -a {plan.run_dir}/train.log")
     # another command, FRESH, or a finished run: start over from the pretrained checkpoint
     for kw in [dict(extra=["--lr", "3e-05"]), dict(overrides={"fresh": 1})]:
-        other = P.build_plan("RTE", "ce", environ=env, **kw)
+        other = run_plan.build_plan("RTE", "ce", environ=env, **kw)
         assert not other.resume and _value(other.train, "--restore-file") == env["ROBERTA_PATH"], kw
     open(os.path.join(plan.run_dir, "result.json"), "w").close()
-    done = P.build_plan("RTE", "ce", environ=env)
+    done = run_plan.build_plan("RTE", "ce", environ=env)
     assert not done.resume and done.finished
-    forced = P.build_plan("RTE", "ce", overrides={"force": 1}, environ=env)
+    forced = run_plan.build_plan("RTE", "ce", overrides={"force": 1}, environ=env)
     assert not forced.resume and not forced.finished
 
 
 def test_the_runners_own_command_runs_the_same_plan(env):
     """plan.driver() (what acl-tune starts as a process) is the runner on the plan's settings: a dry run prints the
     plan's commands, with no bash and no generated code in between."""
-    plan = P.build_plan("MNLI", "multi_exit_ce", seed=2, overrides={"dry_run": 1, "predict_test": 1}, environ=env)
+    plan = run_plan.build_plan("MNLI", "multi_exit_ce", seed=2, overrides={"dry_run": 1, "predict_test": 1},
+                               environ=env)
     proc = subprocess.run(plan.driver(), env={**env, **plan.environment()}, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "\n".join(plan.commands()) + "\n"
@@ -181,13 +184,14 @@ def test_dictionaries_compared_byte_for_byte(tmp_path):
     ckpt, data = tmp_path / "roberta" / "model.pt", tmp_path / "data"
     (data / "input0").mkdir(parents=True)
     ckpt.parent.mkdir()
-    assert not P.dictionaries_differ(str(ckpt), str(data))  # no dict.txt beside the checkpoint: nothing to compare
+    # no dict.txt beside the checkpoint: nothing to compare
+    assert not run_plan.dictionaries_differ(str(ckpt), str(data))
     (ckpt.parent / "dict.txt").write_bytes(b"a 1\n")
-    assert P.dictionaries_differ(str(ckpt), str(data))  # the data has none
+    assert run_plan.dictionaries_differ(str(ckpt), str(data))  # the data has none
     (data / "input0" / "dict.txt").write_bytes(b"a 1\n")
-    assert not P.dictionaries_differ(str(ckpt), str(data))
+    assert not run_plan.dictionaries_differ(str(ckpt), str(data))
     (data / "input0" / "dict.txt").write_bytes(b"a 1\r\n")
-    assert P.dictionaries_differ(str(ckpt), str(data)) and not P.dictionaries_differ("", str(data))
+    assert run_plan.dictionaries_differ(str(ckpt), str(data)) and not run_plan.dictionaries_differ("", str(data))
 
 
 # ---- the task table ---------------------------------------------------------------------------------
@@ -199,7 +203,7 @@ def test_the_package_reads_the_task_row_that_the_plan_reads():
     from acl_runtime import glue_tasks
 
     assert os.path.samefile(glue_tasks.TABLE, os.path.join(GLUE, "hparams.tsv"))
-    table, found = P.tasks(), glue_tasks.facts()
+    table, found = recipe_tables.tasks(), glue_tasks.facts()
     assert list(table) == list(found) and set(glue_tasks.TASKS) == set(table)
     for name, t in table.items():
         assert (found[name].metrics, found[name].leaderboard, found[name].test_files) == (
@@ -240,11 +244,12 @@ def test_task_table_is_what_the_plan_and_the_hf_loop_read(tmp_path, env):
 
     rows = open(os.path.join(GLUE, "hparams.tsv")).read().replace("\nRTE\t2\t2e-05\t16\t", "\nRTE\t2\t4e-05\t8\t")
     (tmp_path / "hparams.tsv").write_text(rows)
-    argv = P.build_plan("RTE", "ce", overrides={"hparams_table": str(tmp_path / "hparams.tsv")}, environ=env).train
+    table = str(tmp_path / "hparams.tsv")
+    argv = run_plan.build_plan("RTE", "ce", overrides={"hparams_table": table}, environ=env).train
     assert (_value(argv, "--lr"), _value(argv, "--batch-size")) == ("4e-05", "8")
     spec = hf_loop.get_task("STS-B")
-    assert hf_loop.target_of(spec, "4.5") == pytest.approx(4.5 / P.tasks()["STS-B"].regression_scale)
-    assert hf_loop.warmup_updates(1234, 0.06) == P.warmup_updates(1234)
+    assert hf_loop.target_of(spec, "4.5") == pytest.approx(4.5 / recipe_tables.tasks()["STS-B"].regression_scale)
+    assert hf_loop.warmup_updates(1234, 0.06) == run_plan.warmup_updates(1234)
 
 
 def test_the_runner_without_a_command_prints_its_usage():
@@ -266,7 +271,7 @@ def test_benchmark_runs_are_planned_and_refused_before_the_driver_starts(env, tm
     (plan, run_env), = ran  # the runner in-process, on the plan of these settings
     assert plan.train[-2:] == ["--update-freq", "2"] and (plan.task.name, plan.method.name) == ("RTE", "ce")
     assert plan.seed == "4" and run_env["OMP_NUM_THREADS"] == "1" and plan.device == "cpu"
-    assert G.run_dir(env["OUT_ROOT"], "RTE", "ce", 4) == P.build_plan("RTE", "ce", seed=4, environ=env).run_dir
+    assert G.run_dir(env["OUT_ROOT"], "RTE", "ce", 4) == run_plan.build_plan("RTE", "ce", seed=4, environ=env).run_dir
 
 
 def test_a_real_run_downloads_then_plans_again_with_the_checkpoints_dictionary(env, tmp_path):
