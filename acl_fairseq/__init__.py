@@ -3,8 +3,9 @@
 The layout follows what runs when (docs/architecture.md):
 
 - training (what ``--user-dir acl_fairseq`` loads): ``criterions/``, ``models/``, ``tasks/``, ``optim/``
-  and their helpers at the top level: the maths (``losses``, ``gradients``, ``alignment``), the exits' heads
-  (``heads``), ``distributed``, ``bpe``, ``glue_metrics``, ``projector`` and ``checkpoint_safety``;
+  and their helpers at the top level: a fairseq model read as the exits' shape (``heads``), ``bpe``,
+  ``projector`` and ``checkpoint_safety``; the maths they run (losses, the gate, the gather, GLUE's metrics) is
+  :mod:`acl_torch`'s, which the Hugging Face path calls too;
 - tools, imported by their commands only: ``cli/`` (acl-evaluate, acl-help, acl-tune), ``inference/`` (the
   torch early-exit engine and the hub), ``hf/`` (acl-convert-hf, acl-export), ``preprocessing/`` (acl-preprocess).
 

@@ -15,10 +15,10 @@ from torch import nn
 
 import _glue_runs
 import harness
-from acl_fairseq import glue_metrics
 from acl_fairseq.heads import POOLING_MODES, head_forward, pool_states
 from acl_fairseq.recipes import plan, recipe_tables
 from acl_runtime.glue_tasks import TASKS, TaskSpec, get_task, read_split
+from acl_torch import glue_metrics
 
 Text = Union[str, Tuple[str, str]]
 # fairseq's sentence_prediction orders examples by a seeded permutation only (SortDataset(sort_order=[shuffle])), so
@@ -252,7 +252,7 @@ def train_step(model: nn.Module, batch: Dict[str, torch.Tensor], optimizer, sche
 
 
 def positive_class(spec: TaskSpec) -> Optional[int]:
-    """The class F1 and MCC are about, found as acl_fairseq.glue_metrics.positive_index finds it."""
+    """The class F1 and MCC are about, found as acl_torch.glue_metrics.positive_index finds it."""
     if spec.regression or len(spec.labels) != 2:
         return None
     return next((spec.labels.index(p) for p in glue_metrics.POSITIVE_LABELS if p in spec.labels), None)

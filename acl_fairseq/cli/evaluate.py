@@ -27,12 +27,13 @@ from typing import Dict, List, Optional
 
 import torch
 
-from acl_fairseq import checkpoint_safety, glue_metrics
+from acl_fairseq import checkpoint_safety
 from acl_fairseq.cli import calibrate, evaluate_checks
 from acl_fairseq.inference import early_exit, flops, latency, report
 from acl_fairseq.inference import hub as hub_mod
 from acl_fairseq.inference.scoring import collect_exit_logits, make_batches, score
 from acl_runtime import console, exits, glue_tasks
+from acl_torch import glue_metrics
 
 logger = logging.getLogger("acl_fairseq.cli.evaluate")
 

@@ -27,10 +27,9 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
 from omegaconf import II
 
-from acl_torch import alignment, losses, objective
+from acl_torch import alignment, glue_metrics, losses, objective
 from acl_torch.exit_heads import ExitOutputs
 
-from .. import glue_metrics
 from ..heads import collect_exit_outputs
 from .meters import current_update, log_regression_predictions
 

@@ -6,7 +6,7 @@ import torch
 from fairseq.logging import metrics
 from fairseq.logging.meters import Meter
 
-from .. import glue_metrics
+from acl_torch import glue_metrics
 
 
 def current_update(default: int = -1) -> int:

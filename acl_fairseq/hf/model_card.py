@@ -68,8 +68,8 @@ def training_command(cfg: Dict, checkpoint: str) -> Dict[str, str]:
 def exit_metrics(hub, split: str, batch_size: int = 32) -> Optional[Dict]:
     """``{"split", "examples", "per_exit": [{"layer", "metrics"}]}`` on ``split`` of the hub's data folder, with
     acl-evaluate's engine and scoring; None when the split or its labels are missing."""
-    from acl_fairseq import glue_metrics
     from acl_fairseq.inference import scoring
+    from acl_torch import glue_metrics
 
     task, head = hub.task, hub.head_name
     try:

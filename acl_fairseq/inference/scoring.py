@@ -4,9 +4,9 @@ from typing import Dict, List
 
 import torch
 
-from acl_fairseq import glue_metrics
 from acl_fairseq.inference import early_exit
 from acl_runtime import glue_tasks
+from acl_torch import glue_metrics
 
 
 def make_batches(dataset, ids: List[int], batch_size: int) -> List[Dict]:

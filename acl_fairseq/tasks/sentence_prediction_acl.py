@@ -43,9 +43,9 @@ from fairseq.tasks.sentence_prediction import SentencePredictionConfig, Sentence
 from omegaconf import II
 
 from acl_runtime import conventions
-from acl_torch import acceleration
+from acl_torch import acceleration, glue_metrics
 
-from .. import checkpoint_safety, glue_metrics, projector
+from .. import checkpoint_safety, projector
 
 logger = logging.getLogger(__name__)
 DEFAULT_RESTORE_FILE = "checkpoint_last.pt"  # fairseq's default, looked up in --save-dir
