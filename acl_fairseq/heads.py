@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 # the shape and the exits' maths live with the rest of the torch maths; these names are re-exported for the plugin
-from acl_torch.exit_heads import POOLING_MODES, ExitOutputs, head_forward, pool_states  # noqa: F401
+from acl_torch.exit_heads import ExitOutputs
 
 
 @contextmanager

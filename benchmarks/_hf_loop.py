@@ -15,10 +15,10 @@ from torch import nn
 
 import _glue_runs
 import harness
-from acl_fairseq.heads import POOLING_MODES, head_forward, pool_states
 from acl_fairseq.recipes import plan, recipe_tables
 from acl_runtime.glue_tasks import TASKS, TaskSpec, get_task, read_split
 from acl_torch import glue_metrics
+from acl_torch.exit_heads import POOLING_MODES, head_forward, pool_states
 
 Text = Union[str, Tuple[str, str]]
 # fairseq's sentence_prediction orders examples by a seeded permutation only (SortDataset(sort_order=[shuffle])), so

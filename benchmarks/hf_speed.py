@@ -39,11 +39,11 @@ import _glue_runs
 import _hf_loop as hf_loop
 import common
 import harness
-from acl_fairseq.heads import POOLING_MODES
 from acl_fairseq.inference import flops
 from acl_runtime import conventions
 from acl_runtime.machine import read_cpu_kind
 from acl_torch import acceleration
+from acl_torch.exit_heads import POOLING_MODES
 
 # (criterion, scope, exits, extra flags)
 PLUGIN = [

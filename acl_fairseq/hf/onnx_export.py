@@ -30,13 +30,13 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
-from acl_fairseq.heads import head_forward, pool_states
 from acl_fairseq.hf import onnx_quantize, onnx_tokenizer
 from acl_fairseq.hf.onnx_tokenizer import ExportError
 from acl_fairseq.inference import early_exit
 from acl_runtime import exits, pairing, request
 from acl_runtime import manifest as checks
 from acl_runtime.io import atomic
+from acl_torch.exit_heads import head_forward, pool_states
 
 logger = logging.getLogger(__name__)
 SCHEMA, MANIFEST = checks.SCHEMA, checks.MANIFEST  # the folder's contract: acl_runtime.manifest

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from acl_fairseq.heads import head_forward, pool_states
 from acl_runtime import exits, loop
+from acl_torch.exit_heads import head_forward, pool_states
 
 
 class EarlyExitOutput(NamedTuple):

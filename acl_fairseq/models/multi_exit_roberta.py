@@ -33,8 +33,8 @@ from fairseq.utils import safe_getattr
 from omegaconf import OmegaConf
 
 from acl_fairseq import checkpoint_safety
-from acl_fairseq.heads import POOLING_MODES, ExitOutputs, head_forward, pool_states
 from acl_runtime import conventions
+from acl_torch.exit_heads import POOLING_MODES, ExitOutputs, head_forward, pool_states
 
 logger = logging.getLogger(__name__)
 

@@ -200,8 +200,8 @@ def test_without_contrast_across_workers_a_rank_of_two_contrasts_its_own_batch_o
 
 def test_a_gated_criterion_whose_global_contrastive_set_is_empty_trains_on_ce_alone(data3, monkeypatch):
     # every rank replaying at once leaves no row to contrast: the gate still gets a zero tensor for the term
-    from acl_fairseq.heads import ExitOutputs
     from acl_torch import distributed
+    from acl_torch.exit_heads import ExitOutputs
 
     def nobody(exits, targets, real=True):
         rows = ExitOutputs(logits=exits.logits, features=[u[:0] for u in exits.features],

@@ -202,8 +202,8 @@ def test_option_choices_are_the_tuples_of_the_modules_that_use_them(data):
 
     from acl_fairseq.cli.help import build_parser
     from acl_fairseq.criterions import gating
-    from acl_fairseq.heads import POOLING_MODES
     from acl_torch import losses
+    from acl_torch.exit_heads import POOLING_MODES
 
     actions = {}
     for name in ("acl_cross_layer", "sentence_scl"):
