@@ -28,12 +28,18 @@ def _answered(url: str, route: str) -> float:
 def _check(url: str, path: str, body: bytes) -> None:
     route = ROUTES[path][1]
     before = _answered(url, route)
-    status, _, answer = call(url + path, body)
+    status, head, answer = call(url + path, body)
     assert status in ALLOWED, (status, body[:300], answer)
     if status != 200:
         assert isinstance(answer, dict) and "\n" not in answer["error"], answer
         assert status != 503 or answer["error"].startswith("Request timeout expired: "), answer
     else:
+        if "inference-header-content-length" in head:  # binary outputs asked for: the JSON header, then the tensors
+            size = int(head["inference-header-content-length"])
+            header = json.loads(answer[:size])
+            assert len(answer) == size + sum(o["parameters"]["binary_data_size"] for o in header["outputs"]
+                                             if "binary_data_size" in o.get("parameters", {})), header
+            answer = header
         assert isinstance(answer, (dict, list)), answer
     assert _answered(url, route) == before + 1  # answered exactly once
     assert call(f"{url}/v2/health/ready")[0] == 200
