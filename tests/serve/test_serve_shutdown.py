@@ -93,8 +93,13 @@ def test_after_sigterm_new_connections_are_refused_and_every_taken_one_is_answer
     for at, outcome in probes:  # taken: answered 200, or 503 with Retry-After; never dropped
         assert outcome in ("refused", "no handshake") or _status(outcome) == 200 or (
             _status(outcome) == 503 and b"retry-after" in outcome.lower()), (at, outcome, probes[:12])
-    assert all(at < 0.05 for at, outcome in probes if outcome == "no handshake"), probes  # only during the stop
-    assert any(outcome == "refused" for _, outcome in probes)  # then the port is closed, not silent
+    # silent only during the stop, which closes the port: every dropped handshake comes before the first refusal
+    # and none after it (by order, not by time: a loaded machine may run the stop's few milliseconds late), and
+    # the stop holds at most two probes (each waits 0.1 s for its handshake)
+    silent = [at for at, outcome in probes if outcome == "no handshake"]
+    refused = [at for at, outcome in probes if outcome == "refused"]
+    assert refused, probes  # then the port is closed, not silent
+    assert all(at < refused[0] for at in silent) and len(silent) <= 2, probes
     taken = [at for at, outcome in probes if outcome not in ("refused", "no handshake")]
     assert not taken or max(taken) < 0.05, taken  # stopped at once, not at uvicorn's tick (0.1 s, 0.5 s)
     assert len(probes) > 10
