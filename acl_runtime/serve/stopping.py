@@ -24,9 +24,10 @@
 - Measured, ``benchmarks/serve_stop.py``, two workers, 15 runs: 5 connections reset in 2 runs before both changes;
   1 in 1 run with the second change alone (a handshake completed between the last ``accept()`` and ``shutdown()``,
   the process preempted there); 0 with both, in 45 runs (docs/serve.md).
-- A worker that has the signal while it is still starting (loading the app: the first worker ready lets clients in)
-  never starts: its ``listen()`` would open the socket that another worker had shut, and take connections after
-  the signal. A worker the signal killed before it could handle it is not replaced (serve/supervisor.py).
+- A worker that has the signal while it is still starting (loading the app, or running its startup: the first
+  worker ready lets clients in) never starts: its ``listen()`` would open the socket that another worker had shut,
+  and take connections after the signal. A worker the signal killed before it could handle it is not replaced
+  (serve/supervisor.py).
 - **Every connection accepted gets an answer**: a request in flight is answered; a connection with no request under
   way, or one still sending its request, is answered 503 with ``Retry-After`` and closed gently
   (:mod:`acl_runtime.serve.transport`): uvicorn alone closed it unanswered. uvicorn tells each connection once;
@@ -68,6 +69,14 @@ class Server(uvicorn.Server):
             # the signal came while the app loaded: starting would listen() on the shared socket again, which
             # another worker has shut already, and take connections after the signal
             return
+        # the app's startup (its scheduler) runs before the socket is listened on, and the signal is looked at
+        # again after it: uvicorn's startup runs it and then listens whatever came meanwhile (a second worker
+        # still starting at SIGTERM opened the shut socket 90 ms after the signal and took connections)
+        await self.lifespan.startup()
+        if self.should_exit and not self.lifespan.should_exit:
+            await self.lifespan.shutdown()
+            return
+        self.lifespan.startup = _started  # done: uvicorn's startup, next, would run it again
         await super().startup(sockets=sockets)
         self._acl_loop.set_exception_handler(self._loop_error)
 
@@ -132,6 +141,10 @@ class Server(uvicorn.Server):
             asyncio.ensure_future(self._acl_loop.connect_accepted_socket(protocol, conn))
         if taken:
             logger.info("acl-serve: %d connections taken from the backlog at shutdown", len(taken))
+
+
+async def _started() -> None:
+    """A lifespan's startup that has run already."""
 
 
 def stop_listening(listeners: List[socket.socket], grace: float = HANDSHAKE_SECONDS) -> List[socket.socket]:

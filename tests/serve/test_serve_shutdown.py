@@ -6,6 +6,8 @@ import asyncio
 import concurrent.futures
 import errno
 import json
+import os
+import select
 import signal
 import socket
 import threading
@@ -38,16 +40,35 @@ def _answer(conn: socket.socket) -> bytes:
         data += chunk
 
 
+def _connect(port: int, timeout: float):
+    """A connection to ``port``, "refused", or "no handshake" when nothing came back within ``timeout``. The wait
+    is select()'s, called after connect(): a client thread the machine ran late still sees an answer that came in
+    time (socket.create_connection's own timeout counts from before connect() and gave up on a refusal that had
+    arrived while its thread waited for a core)."""
+    conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    conn.setblocking(False)
+    err = conn.connect_ex(("127.0.0.1", port))
+    if err == errno.EINPROGRESS:
+        select.select([], [conn], [], timeout)
+        err = conn.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err == 0 and not select.select([], [conn], [], 0)[1]:
+            conn.close()
+            return "no handshake"  # the stop dropped its SYN (stopping.refuse_handshakes): never taken
+    if err == errno.ECONNREFUSED:
+        conn.close()
+        return "refused"
+    assert err == 0, os.strerror(err)
+    conn.setblocking(True)
+    return conn
+
+
 def _probe(port: int, since: float, until: float, out: list) -> None:
     """New connections, each with one request, until ``until``: (seconds after SIGTERM, what came back)."""
     while time.monotonic() < until:
         at = time.monotonic() - since
-        try:
-            conn = socket.create_connection(("127.0.0.1", port), timeout=0.1)
-        except ConnectionRefusedError:
-            out.append((at, "refused"))
-        except socket.timeout:  # the stop dropped its SYN (stopping.refuse_handshakes): never taken
-            out.append((at, "no handshake"))
+        conn = _connect(port, 0.1)
+        if isinstance(conn, str):
+            out.append((at, conn))
         else:
             conn.settimeout(30)
             with conn:
@@ -61,6 +82,17 @@ def _probe(port: int, since: float, until: float, out: list) -> None:
 
 def _status(answer: bytes) -> int:
     return int(answer[9:12]) if isinstance(answer, bytes) and answer.startswith(b"HTTP/1.1 ") else 0
+
+
+def _silent_only_while_stopping(probes: list) -> None:
+    """A dropped handshake only during the stop, which then closes the port: every one comes before the first
+    refusal (judged by order, not by a clock: a loaded machine may run the stop's few milliseconds late), and the
+    stop holds at most two probes (each waits 0.1 s for its handshake)."""
+    silent = [at for at, outcome in probes if outcome == "no handshake"]
+    refused = [at for at, outcome in probes if outcome == "refused"]
+    assert refused, probes  # then the port is closed, not silent
+    shown = [(round(at, 3), outcome if isinstance(outcome, str) else outcome[:12]) for at, outcome in probes]
+    assert all(at < refused[0] for at in silent) and len(silent) <= 2, shown
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
@@ -93,32 +125,32 @@ def test_after_sigterm_new_connections_are_refused_and_every_taken_one_is_answer
     for at, outcome in probes:  # taken: answered 200, or 503 with Retry-After; never dropped
         assert outcome in ("refused", "no handshake") or _status(outcome) == 200 or (
             _status(outcome) == 503 and b"retry-after" in outcome.lower()), (at, outcome, probes[:12])
-    # silent only during the stop, which closes the port: every dropped handshake comes before the first refusal
-    # and none after it (by order, not by time: a loaded machine may run the stop's few milliseconds late), and
-    # the stop holds at most two probes (each waits 0.1 s for its handshake)
-    silent = [at for at, outcome in probes if outcome == "no handshake"]
-    refused = [at for at, outcome in probes if outcome == "refused"]
-    assert refused, probes  # then the port is closed, not silent
-    assert all(at < refused[0] for at in silent) and len(silent) <= 2, probes
+    _silent_only_while_stopping(probes)
     taken = [at for at, outcome in probes if outcome not in ("refused", "no handshake")]
     assert not taken or max(taken) < 0.05, taken  # stopped at once, not at uvicorn's tick (0.1 s, 0.5 s)
     assert len(probes) > 10
 
 
-def _second_worker_loads_slowly(marks: str, seconds: float) -> str:
-    """A prelude for :func:`start`: the second ``--workers`` process to load its app takes ``seconds`` more (it
-    writes ``marks``/loading first), and every event loop runs late by 0.5 s once it listens (a loaded machine)."""
+def _second_worker_starts_slowly(marks: str, seconds: float, stage: str) -> str:
+    """A prelude for :func:`start`: the second ``--workers`` process to start takes ``seconds`` more in ``stage``
+    ("app": loading its app; "startup": the app's startup, uvicorn's lifespan, which ran before listen()); it
+    writes ``marks``/loading first. Every event loop runs late by 0.5 s once it listens (a loaded machine)."""
     return ("import asyncio, os, time\n"
             "from acl_runtime.serve import cli\n"
-            "_app = cli.worker_app\n"
-            "def worker_app():\n"
-            "    try:\n"
-            f"        os.close(os.open(os.path.join({marks!r}, 'first'), os.O_CREAT | os.O_EXCL))\n"
-            "    except FileExistsError:\n"
-            f"        open(os.path.join({marks!r}, 'loading'), 'w').close()\n"
-            f"        time.sleep({seconds!r})\n"
-            "    return _app()\n"
-            "cli.worker_app = worker_app\n"
+            "from uvicorn.lifespan.on import LifespanOn\n"
+            "def slowly(step):\n"
+            "    def run(*args):\n"
+            "        try:\n"
+            f"            os.close(os.open(os.path.join({marks!r}, 'first'), os.O_CREAT | os.O_EXCL))\n"
+            "        except FileExistsError:\n"
+            f"            open(os.path.join({marks!r}, 'loading'), 'w').close()\n"
+            f"            time.sleep({seconds!r})\n"
+            "        return step(*args)\n"
+            "    return run\n"
+            f"if {stage!r} == 'app':\n"
+            "    cli.worker_app = slowly(cli.worker_app)\n"
+            "else:\n"
+            "    LifespanOn.startup = slowly(LifespanOn.startup)\n"
             "_start_serving = asyncio.base_events.Server._start_serving\n"
             "def _late(self):\n"
             "    _start_serving(self)\n"
@@ -126,12 +158,15 @@ def _second_worker_loads_slowly(marks: str, seconds: float) -> str:
             "asyncio.base_events.Server._start_serving = _late\n")
 
 
-def test_a_worker_still_loading_at_sigterm_never_listens(exported, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("stage", ["app", "startup"])
+def test_a_worker_still_starting_at_sigterm_never_listens(exported, tmp_path, stage):  # noqa: F811
     """A worker that had the signal while it loaded went on to start: its listen() opened the socket that the
     other worker had just shut, and it took connections after the signal (one of them was held for all of
-    --drain-seconds)."""
+    --drain-seconds). So did one that had it during its app's startup (uvicorn listens after the lifespan's startup
+    whatever came meanwhile): it took connections and then, stopping, dropped handshakes after the port had refused
+    them."""
     proc, url = start(exported["folder"], "--workers", "2", "--drain-seconds", "20",
-                      prelude=_second_worker_loads_slowly(str(tmp_path), 3.0))
+                      prelude=_second_worker_starts_slowly(str(tmp_path), 3.0, stage))
     port = int(url.rsplit(":", 1)[1])
     deadline = time.monotonic() + 30
     while not (tmp_path / "loading").exists():
@@ -142,10 +177,11 @@ def test_a_worker_still_loading_at_sigterm_never_listens(exported, tmp_path):  #
     _probe(port, stopped, stopped + 4.5, probes)  # past the second worker's load
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-3000:]
-    assert all(at < 0.05 for at, outcome in probes if outcome == "no handshake"), probes  # only during the stop
+    _silent_only_while_stopping(probes)
+    first_refused = min(at for at, outcome in probes if outcome == "refused")
     taken = [(round(at, 3), _status(outcome) or outcome) for at, outcome in probes
              if outcome not in ("refused", "no handshake")]
-    assert all(at < 0.05 for at, _ in taken), taken[:12]  # the first worker's stop: at once
+    assert all(at < first_refused for at, _ in taken), taken[:12]  # the first worker's stop only, never after
 
 
 def test_a_drain_out_of_time_answers_what_is_left_503_and_exits_0(exported):  # noqa: F811
