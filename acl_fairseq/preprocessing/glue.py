@@ -32,8 +32,8 @@ from typing import Dict, List, Optional, Tuple
 
 from acl_fairseq.preprocessing import glue_binarize as gb
 from acl_fairseq.preprocessing import glue_tokenizers
-from acl_fairseq.preprocessing import scl_protocols as scl
 from acl_runtime import console
+from acl_runtime import scl_protocols as scl
 from acl_runtime.glue_tasks import TASKS, Example, GlueDataError, TaskSpec, get_task, read_split, regression_scale
 from acl_runtime.io import atomic
 
@@ -123,10 +123,10 @@ def plan_splits(args, spec: TaskSpec) -> Tuple[List[OutSplit], Dict, List[Exampl
         record["few_shot"] = args.few_shot
     else:
         out = [OutSplit("train", "train.tsv", train.examples, True)]
-        out += [OutSplit(_nth("valid", k), os.path.basename(d.path), d.examples, True) for k, d in enumerate(devs)]
+        out += [OutSplit(scl.nth("valid", k), os.path.basename(d.path), d.examples, True) for k, d in enumerate(devs)]
         for k, stem in enumerate(() if args.skip_test else spec.test):
             test = read_split(args.input, stem, spec, "test")
-            out.append(OutSplit(_nth("test", k), os.path.basename(test.path), test.examples, False))
+            out.append(OutSplit(scl.nth("test", k), os.path.basename(test.path), test.examples, False))
     if args.label_noise is not None:
         record["label_noise"] = _apply_label_noise(args, spec, out[0])
     if args.few_shot is not None:
@@ -143,18 +143,8 @@ def plan_splits(args, spec: TaskSpec) -> Tuple[List[OutSplit], Dict, List[Exampl
 
 def _few_shot_splits(args, spec: TaskSpec, train: List[Example], devs) -> List[OutSplit]:
     """N stratified training examples; each dev file k -> valid{k} (500) and test{k} (half), with labels."""
-    strata = _strata(spec)
-    try:
-        idx = scl.few_shot_train([strata(e) for e in train], args.few_shot, args.seed)
-    except ValueError as e:
-        raise GlueDataError(f"{e}. Fix: choose a smaller --few-shot N") from None
-    out = [OutSplit("train", "train.tsv", [train[i] for i in idx], True)]
-    for k, dev in enumerate(devs):
-        valid, test = scl.dev_split([strata(e) for e in dev.examples], args.seed, purpose=f"dev{k}")
-        src = os.path.basename(dev.path)
-        out.append(OutSplit(_nth("valid", k), src, [dev.examples[i] for i in valid], True))
-        out.append(OutSplit(_nth("test", k), src, [dev.examples[i] for i in test], True))
-    return out
+    return [OutSplit(s.name, s.source, s.examples, True)
+            for s in scl.few_shot_splits(spec, train, devs, args.few_shot, args.seed)]
 
 
 def _apply_label_noise(args, spec: TaskSpec, train: OutSplit) -> Dict:
@@ -166,15 +156,6 @@ def _apply_label_noise(args, spec: TaskSpec, train: OutSplit) -> Dict:
     train.examples = [e._replace(label=y) for e, y in zip(train.examples, labels)]
     return {"fraction": args.label_noise, "changed": len(flipped),
             "changed_lines": [train.examples[i].line for i in flipped]}
-
-
-def _nth(base: str, k: int) -> str:
-    return base if k == 0 else f"{base}{k}"
-
-
-def _strata(spec: TaskSpec):
-    # STS-B: stratify by the rounded 0..5 score, so the splits keep the score distribution
-    return (lambda e: round(float(e.label))) if spec.regression else (lambda e: e.label)
 
 
 def check_label_coverage(splits: List[OutSplit], spec: TaskSpec) -> None:

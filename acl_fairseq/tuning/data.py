@@ -11,8 +11,8 @@ import random
 import shutil
 from typing import Dict, List, Optional, Sequence
 
-from acl_fairseq.preprocessing.scl_protocols import stratified_sample
 from acl_runtime.io import atomic
+from acl_runtime.scl_protocols import stratified_sample
 
 CARVE_RECORD = "carve.json"
 

@@ -13,8 +13,8 @@ from collections import Counter
 import pytest
 
 import helpers
-from acl_fairseq.preprocessing import glue
 from acl_fairseq.preprocessing.gpt2_files import write_local_gpt2_bpe
+from acl_runtime import scl_protocols as scl
 from acl_runtime import tokenization
 from acl_runtime.tokenization import basic_words, detect_lowercase, load_vocab, vocab_is_uncased
 from toy_glue import (
@@ -55,8 +55,8 @@ def test_every_task_loads_in_sentence_prediction(tmp_path, assets, task):
     dev_stems = [s for s in files if s.startswith("dev")]
     test_stems = [s for s in files if s.startswith("test")]
     norm, dec = normalizer("wordpiece", out, assets), decoder_for("wordpiece", out, assets)
-    names = (["train"] + [glue._nth("valid", k) for k in range(len(dev_stems))]
-             + [glue._nth("test", k) for k in range(len(test_stems))])
+    names = (["train"] + [scl.nth("valid", k) for k in range(len(dev_stems))]
+             + [scl.nth("test", k) for k in range(len(test_stems))])
     for name, stem in zip(names, ["train"] + dev_stems + test_stems):
         t, ds = load(out, name, regression, num_classes=len(labels or (1,)))
         assert len(ds) == len(data[stem]), name

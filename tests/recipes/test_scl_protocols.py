@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 
-from acl_fairseq.preprocessing import scl_protocols as scl
+from acl_runtime import scl_protocols as scl
 from toy_glue import load, make_assets, make_task, run_main, stats_of, tok_args
 
 

@@ -306,8 +306,8 @@ def _sha(data: bytes) -> str:
 
 def _split_files(task: str):
     """``[(fairseq split, tsv stem, kind)]`` of the task folder (QNLI here has no train.tsv)."""
-    from acl_fairseq.preprocessing.glue import _nth
     from acl_runtime.glue_tasks import get_task
+    from acl_runtime.scl_protocols import nth as _nth
 
     spec = get_task(task)
     out = [("train", "train", "train")] if os.path.isfile(os.path.join(GLUE_REAL, task, "train.tsv")) else []

@@ -1,4 +1,6 @@
-"""The SCL paper's data protocols (Gunel et al., 2021), seeded and reproducible. Pure functions over labels.
+"""The SCL paper's data protocols (Gunel et al., 2021), seeded and reproducible: pure functions over labels, and
+:func:`few_shot_splits`, the splits of a GLUE task that both trainers read (acl-preprocess --few-shot for
+fairseq, acl-train-hf --few_shot for the Trainer: the same seed draws the same examples in both).
 
 Few-shot: ``N`` training examples sampled label-stratified from train; the GLUE dev set split, stratified,
 into a test half and a validation set of 500 other examples (all the rest if fewer), disjoint.
@@ -10,9 +12,12 @@ seeded with ``f"{seed}:{purpose}"`` (string seeds are hashed with SHA-512: stabl
 platforms), so e.g. changing ``N`` does not change the dev split.
 """
 import math
+import os
 import random
 from collections import defaultdict
-from typing import Dict, Hashable, List, Sequence, Tuple
+from typing import Callable, Dict, Hashable, List, NamedTuple, Sequence, Tuple
+
+from acl_runtime.glue_tasks import Example, GlueDataError, SplitData, TaskSpec
 
 VALID_SIZE = 500  # the paper's validation size
 
@@ -99,3 +104,36 @@ def add_label_noise(labels: Sequence[str], fraction: float, label_set: Sequence[
     for i in flipped:
         out[i] = rng.choice([c for c in choices if c != labels[i]])
     return out, flipped
+
+
+class Split(NamedTuple):
+    name: str  # fairseq's split name: train, valid, valid1, test, test1
+    source: str  # the .tsv file it comes from
+    examples: List[Example]
+
+
+def nth(base: str, k: int) -> str:
+    """fairseq's name of the k-th split of a kind: valid, valid1, ..."""
+    return base if k == 0 else f"{base}{k}"
+
+
+def strata(spec: TaskSpec) -> Callable[[Example], Hashable]:
+    """What a split is stratified by: the label; STS-B's score rounded to 0..5, so that the splits keep the score
+    distribution."""
+    return (lambda e: round(float(e.label))) if spec.regression else (lambda e: e.label)
+
+
+def few_shot_splits(spec: TaskSpec, train: List[Example], devs: List[SplitData], n: int, seed: int) -> List[Split]:
+    """N stratified training examples; each dev file k split into valid{k} (500) and test{k} (half), labelled."""
+    key = strata(spec)
+    try:
+        idx = few_shot_train([key(e) for e in train], n, seed)
+    except ValueError as e:
+        raise GlueDataError(f"{e}. Fix: choose a smaller --few-shot N") from None
+    out = [Split("train", "train.tsv", [train[i] for i in idx])]
+    for k, dev in enumerate(devs):
+        valid, test = dev_split([key(e) for e in dev.examples], seed, purpose=f"dev{k}")
+        source = os.path.basename(dev.path)
+        out.append(Split(nth("valid", k), source, [dev.examples[i] for i in valid]))
+        out.append(Split(nth("test", k), source, [dev.examples[i] for i in test]))
+    return out
