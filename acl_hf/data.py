@@ -1,17 +1,18 @@
-"""A GLUE task folder for the Trainer: the official TSVs (or a few-shot folder of the same format) read through the
-project's reader (:mod:`acl_runtime.glue_tasks`, the one the fairseq recipes preprocess with), tokenised with the
-model's tokenizer, and GLUE's metrics through ``compute_metrics`` (:mod:`acl_torch.glue_metrics`, the plugin's).
+"""A GLUE task folder for the Trainer: the official TSVs (or a folder of the same format) read through the project's
+reader (:mod:`acl_runtime.glue_tasks`, the one the fairseq recipes preprocess with), or the SCL paper's few-shot
+splits of them (:mod:`acl_runtime.scl_protocols`, drawn as acl-preprocess draws them), tokenised with the model's
+tokenizer, and GLUE's metrics through ``compute_metrics`` (:mod:`acl_torch.glue_metrics`, the plugin's).
 
 The dev splits are named as fairseq names them (``valid``; MNLI's matched and mismatched ``valid`` and ``valid1``),
 so that the metrics carry the same subset names in ``result.json``. Labels are class indices in the task's label
 order (``TaskSpec.labels``); STS-B's score is divided by the task's regression scale (5), as fairseq's target is.
 """
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
-from acl_runtime import glue_tasks
+from acl_runtime import glue_tasks, scl_protocols
 from acl_torch import glue_metrics
 
 
@@ -37,7 +38,13 @@ def read(data_dir: str, spec: glue_tasks.TaskSpec, stem: str, kind: str, tokeniz
          max_samples: Optional[int] = None) -> GlueSplit:
     """``data_dir/stem.tsv`` as a ``kind`` split of ``spec``, its first ``max_samples`` examples (run_glue.py's
     ``--max_train_samples``), tokenised to at most ``max_seq_length`` tokens."""
-    examples = glue_tasks.read_split(data_dir, stem, spec, kind).examples
+    return tokenise(glue_tasks.read_split(data_dir, stem, spec, kind).examples, spec, tokenizer, max_seq_length,
+                    max_samples)
+
+
+def tokenise(examples: List[glue_tasks.Example], spec: glue_tasks.TaskSpec, tokenizer, max_seq_length: int,
+             max_samples: Optional[int] = None) -> GlueSplit:
+    """Labelled examples as a split: the first ``max_samples``, tokenised to at most ``max_seq_length`` tokens."""
     if max_samples is not None:
         examples = examples[:max_samples]
     scale = glue_tasks.regression_scale(spec.name) if spec.regression else None
@@ -49,6 +56,21 @@ def read(data_dir: str, spec: glue_tasks.TaskSpec, stem: str, kind: str, tokeniz
         row["labels"] = float(ex.label) / scale if scale else names.index(ex.label)
         rows.append(row)
     return GlueSplit(rows)
+
+
+def few_shot(data_dir: str, spec: glue_tasks.TaskSpec, n: int, seed: int, tokenizer, max_seq_length: int,
+             max_eval_samples: Optional[int] = None) -> Tuple[GlueSplit, Dict[str, GlueSplit], Dict[str, int]]:
+    """The SCL paper's few-shot splits, drawn as ``acl-preprocess --few-shot N --seed S`` draws them
+    (:func:`acl_runtime.scl_protocols.few_shot_splits`): the training split, the evaluation splits by fairseq's
+    names (``valid``, ``test``; MNLI's ``valid1``, ``test1`` too: valid first, the one that selects), and the
+    examples in each."""
+    train = glue_tasks.read_split(data_dir, "train", spec, "train")
+    devs = [glue_tasks.read_split(data_dir, stem, spec, "dev") for stem in spec.dev]
+    splits = scl_protocols.few_shot_splits(spec, train.examples, devs, n, seed)
+    order = sorted(splits[1:], key=lambda s: (not s.name.startswith("valid"), s.name))
+    evals = {s.name: tokenise(s.examples, spec, tokenizer, max_seq_length, max_eval_samples) for s in order}
+    sizes = {s.name: len(s.examples) for s in splits}
+    return tokenise(splits[0].examples, spec, tokenizer, max_seq_length), evals, sizes
 
 
 def dev_subsets(spec: glue_tasks.TaskSpec) -> Dict[str, str]:

@@ -46,6 +46,10 @@ class DataTrainingArguments:
     max_seq_length: int = field(default=128, metadata={"help": "longer inputs are truncated"})
     max_train_samples: Optional[int] = field(default=None, metadata={"help": "the first N training examples"})
     max_eval_samples: Optional[int] = field(default=None, metadata={"help": "the first N examples of each dev split"})
+    few_shot: Optional[int] = field(default=None, metadata={
+        "help": "the SCL paper's few-shot protocol: N label-stratified training examples drawn with --seed, the dev "
+                "set split into valid (500 others) and test (half), as acl-preprocess --few-shot N --seed S draws "
+                "them; the test half is scored at the best validation and written to result.json as test_metrics"})
     method: Optional[str] = field(default=None, metadata={"help": "result.json's method name; default: the criterion"})
     force: bool = field(default=False, metadata={"help": "overwrite an OUTPUT_DIR that holds a result.json"})
 
@@ -70,7 +74,7 @@ def check(model_args: ModelArguments, data_args: DataTrainingArguments, training
     if not os.path.isdir(data_args.data_dir):
         raise UsageError(f"--data_dir {data_args.data_dir}: no such folder; point it at the unpacked GLUE "
                          f"{spec.name} folder")
-    for key in ("max_seq_length", "max_train_samples", "max_eval_samples"):
+    for key in ("max_seq_length", "max_train_samples", "max_eval_samples", "few_shot"):
         value = getattr(data_args, key)
         if value is not None and value < 1:
             raise UsageError(f"--{key} must be a positive integer, got {value}")
@@ -139,12 +143,16 @@ def run(argv: Optional[List[str]] = None) -> dict:
     transformers.set_seed(training.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path)
     num_labels = 1 if spec.regression else len(spec.labels)
+    sizes = None
     with training.main_process_first(desc="tokenising"):
-        train = data.read(data_args.data_dir, spec, "train", "train", tokenizer, data_args.max_seq_length,
-                          data_args.max_train_samples)
-        subsets = data.dev_subsets(spec)
-        evals = {name: data.read(data_args.data_dir, spec, stem, "dev", tokenizer, data_args.max_seq_length,
-                                 data_args.max_eval_samples) for name, stem in subsets.items()}
+        if data_args.few_shot:
+            train, evals, sizes = data.few_shot(data_args.data_dir, spec, data_args.few_shot, training.seed, tokenizer,
+                                                data_args.max_seq_length, data_args.max_eval_samples)
+        else:
+            train = data.read(data_args.data_dir, spec, "train", "train", tokenizer, data_args.max_seq_length,
+                              data_args.max_train_samples)
+            evals = {name: data.read(data_args.data_dir, spec, stem, "dev", tokenizer, data_args.max_seq_length,
+                                     data_args.max_eval_samples) for name, stem in data.dev_subsets(spec).items()}
     model = build_model(model_args, num_labels)
     names = data.label_names(spec)
     if names:
@@ -166,9 +174,12 @@ def run(argv: Optional[List[str]] = None) -> dict:
     result = {"task": spec.name, "method": data_args.method or criterion.criterion, "seed": training.seed,
               "criterion": criterion.criterion, "arch": f"hf:{model.config.encoder.model_type}",
               "best_metric": best_metric}
-    best = best_validation(trainer.state.log_history, list(subsets), best_metric)
-    result["best_value"] = best["best_valid"][next(iter(subsets))][best_metric]
+    best = best_validation(trainer.state.log_history, list(evals), best_metric)
+    tests = {name: best["best_valid"].pop(name) for name in list(best["best_valid"]) if name.startswith("test")}
+    result["best_value"] = best["best_valid"][next(iter(evals))][best_metric]
     result.update(best)
+    if sizes is not None:  # the few-shot protocol: the test half at the best validation (selected on valid alone)
+        result.update(few_shot=data_args.few_shot, split_sizes=sizes, test_metrics=tests)
     result["early_exit_json"], result["early_exit_jsons"] = None, {}
     kind = read_cpu_kind()
     result["cpu_kind"], result["cpu_flags"] = kind.describe(), [f for f in CPU_FLAGS if f in kind.flags]

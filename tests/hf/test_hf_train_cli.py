@@ -88,12 +88,46 @@ def test_a_run_resumes_from_its_last_checkpoint(tiny, tmp_path):
     assert steps == [2, 4, 6]  # the first run's logs kept, the resumed run went on from step 4
 
 
+def test_few_shot_draws_the_preprocess_splits_and_scores_the_test_half_at_the_best_validation(tiny, tmp_path):
+    """--few_shot N: acl-preprocess's draw for the seed (the same function), validation on the valid half alone, and
+    the test half's metrics at the selected step; learning rate 0 makes every validation tie, so the selected step is
+    the last (fairseq keeps the last of ties) and its test metrics are the saved model's, computed here apart."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from acl_hf import train
+    from acl_runtime import glue_tasks, scl_protocols
+
+    model_dir, data = tiny
+    out = tmp_path / "few"
+    train.cli_main(flags(tiny, out, "--few_shot", "6", "--seed", "3", "--learning_rate", "0", "--criterion",
+                         "sentence_ce"))
+    result = json.loads((out / "result.json").read_text())
+    spec = glue_tasks.get_task("SST-2")
+    splits = scl_protocols.few_shot_splits(spec, glue_tasks.read_split(data, "train", spec, "train").examples,
+                                           [glue_tasks.read_split(data, "dev", spec, "dev")], 6, 3)
+    assert result["few_shot"] == 6 and result["split_sizes"] == {s.name: len(s.examples) for s in splits} \
+        == {"train": 6, "valid": 4, "test": 4}
+    assert set(result["best_valid"]) == {"valid"} and set(result["test_metrics"]) == {"test"}
+    assert result["best_num_updates"] == 4  # the last of the tied validations
+    test = splits[2].examples
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    model = AutoModelForSequenceClassification.from_pretrained(str(out)).eval()
+    with torch.no_grad():
+        logits = model(**tokenizer([e.texts[0] for e in test], padding=True, truncation=True, max_length=16,
+                                   return_tensors="pt")).logits
+    right = (logits.argmax(-1) == torch.tensor([int(e.label) for e in test])).float().mean().item()
+    assert result["test_metrics"]["test"]["accuracy"] == pytest.approx(100 * right)
+
+
 @pytest.mark.parametrize("change,message", [
     (["--task_name", "SST-3"], "unknown task 'SST-3'"),
     (["--data_dir", "/nonexistent"], "--data_dir /nonexistent: no such folder"),
     (["--acl_temperature", "0"], "--acl_temperature must be > 0"),
     (["--exit_layers", "1,x"], "--exit_layers must be comma-separated integers"),
     (["--max_train_samples", "0"], "--max_train_samples must be a positive integer"),
+    (["--few_shot", "0"], "--few_shot must be a positive integer"),
+    (["--few_shot", "25"], "--few-shot 25: the training set has 24 examples"),
 ])
 def test_bad_arguments_are_refused_in_one_line_with_exit_2(tiny, tmp_path, capsys, change, message):
     from acl_hf import train
