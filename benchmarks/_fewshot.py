@@ -3,7 +3,7 @@
 import math
 import os
 import statistics
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 import _glue_runs
 import _paired
@@ -47,33 +47,45 @@ def data_bin(work: str, n: int, seed: int) -> str:
 BF16_BOUND = 0.3  # points of test accuracy: bf16 training must stay this close to fp32, seed by seed
 
 
-def study(bf16: bool) -> str:
-    """The runs' folder below the work folder and the records: fp32 and bf16 runs never share one."""
-    return "fewshot_bf16" if bf16 else "fewshot"
+def study(bf16: bool, trainer: str = "fairseq") -> str:
+    """The runs' folder below the work folder and the records: fp32 and bf16 runs, and the two trainers' runs, never
+    share one."""
+    return "fewshot_hf" if trainer == "hf" else "fewshot_bf16" if bf16 else "fewshot"
 
 
-def precision_pairs(bf16: List[dict], fp32: List[dict]) -> Dict[str, list]:
-    """Each bf16 run beside the fp32 run of the same N, method and seed (the same sample, split and initial head),
-    and per (N, method) the paired test-accuracy differences, bf16 minus fp32, held against ``BF16_BOUND``. A bf16
-    run without its fp32 twin is left out and named in ``unpaired``."""
-    twin = {(r["n"], r["method"], r["seed"]): r for r in fp32}
+def twin_pairs(runs: List[dict], twins: List[dict], column: str, names: Tuple[str, str],
+               bound: Optional[float] = None) -> Dict[str, list]:
+    """Each run beside its twin of the same N, method and seed (the same sample, split and seed), in rows whose
+    ``column`` names the side (``names``: the runs', the twins'), and per (N, method) the paired test-accuracy
+    differences, runs minus twins, with their 95 % interval (held against ``bound`` when given). A run without its
+    twin is left out and named in ``unpaired``."""
+    mine, theirs = names
+    twin = {(r["n"], r["method"], r["seed"]): r for r in twins}
     rows, unpaired = [], []
-    for r in bf16:
+    for r in runs:
         f = twin.get((r["n"], r["method"], r["seed"]))
         if f is None:
             unpaired.append(f"N={r['n']} {r['method']} seed {r['seed']}")
             continue
-        for precision, x in (("bf16", r), ("fp32", f)):
-            rows.append({"precision": precision, "n": x["n"], "method": x["method"], "seed": x["seed"],
+        for side, x in ((mine, r), (theirs, f)):
+            rows.append({column: side, "n": x["n"], "method": x["method"], "seed": x["seed"],
                          "test_accuracy": x["test_accuracy"], "valid_accuracy": x["valid_accuracy"],
                          "best_num_updates": x.get("best_num_updates"), "seconds": x.get("seconds")})
     paired = []
     for n, method in dict.fromkeys((r["n"], r["method"]) for r in rows):
-        acc = {(r["precision"], r["seed"]): r["test_accuracy"] for r in rows if (r["n"], r["method"]) == (n, method)}
+        acc = {(r[column], r["seed"]): r["test_accuracy"] for r in rows if (r["n"], r["method"]) == (n, method)}
         seeds = sorted({seed for _, seed in acc})
-        d = [acc["bf16", s] - acc["fp32", s] for s in seeds]
+        d = [acc[mine, s] - acc[theirs, s] for s in seeds]
         iv = _paired.interval(d)
-        paired.append({"n": n, "method": method, "seeds": seeds, "bf16_minus_fp32_per_seed": d,
-                       "mean": statistics.mean(d), "max_abs": max(map(abs, d)), "ci95": [iv["lo"], iv["hi"]],
-                       f"within_{BF16_BOUND}_points": max(map(abs, d)) <= BF16_BOUND})
+        cell = {"n": n, "method": method, "seeds": seeds, f"{mine}_minus_{theirs}_per_seed": d,
+                "mean": statistics.mean(d), "max_abs": max(map(abs, d)), "ci95": [iv["lo"], iv["hi"]]}
+        if bound is not None:
+            cell[f"within_{bound}_points"] = max(map(abs, d)) <= bound
+        paired.append(cell)
     return {"rows": rows, "paired": paired, "unpaired": unpaired}
+
+
+def precision_pairs(bf16: List[dict], fp32: List[dict]) -> Dict[str, list]:
+    """Each bf16 run beside the fp32 run of the same N, method and seed, the differences held against
+    ``BF16_BOUND``."""
+    return twin_pairs(bf16, fp32, "precision", ("bf16", "fp32"), BF16_BOUND)

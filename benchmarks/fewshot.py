@@ -4,6 +4,7 @@ Fine-tuning", few-shot protocol) with a real pretrained encoder, offline, throug
 
     python benchmarks/fewshot.py [--ns 20 100 1000] [--methods ce scl acl_embed acl_grad]
         [--seeds 1 2 3 4 5] [--work runs/bench] [--results benchmarks/results] [--threads 2] [--toy]
+        [--bf16 | --trainer hf]
 
 Protocol, per (N, seed): ``preprocess/glue.py --few-shot N --seed S`` draws N label-stratified training
 examples and splits the dev set (stratified, seeded) into test = half of it and valid = 500 other examples
@@ -29,6 +30,7 @@ import sys
 from typing import Dict, List, Tuple
 
 import _fewshot
+import _fewshot_hf
 import _glue_runs
 import _paired
 import _records
@@ -44,10 +46,10 @@ PAPER = (
 )
 
 
-def study(work: str, records: str, bf16: bool = False) -> harness.Study:
-    """The runs: WORK/fewshot[_bf16]/N<n>/runs/SST-2/<method>/seed<s>, recorded under RECORDS/fewshot[_bf16]/...,
+def study(work: str, records: str, bf16: bool = False, trainer: str = "fairseq") -> harness.Study:
+    """The runs: WORK/fewshot[_bf16|_hf]/N<n>/runs/SST-2/<method>/seed<s>, recorded under RECORDS/fewshot[...]/...,
     finished once fewshot_result.json is written."""
-    return harness.Study(_fewshot.study(bf16), work, records, result=RESULT, log=_glue_runs.log)
+    return harness.Study(_fewshot.study(bf16, trainer), work, records, result=RESULT, log=_glue_runs.log)
 
 
 def _conventions(enc: _glue_runs.Encoder):
@@ -63,10 +65,13 @@ def check_finished(folder: str, sch: Dict[str, object], enc: _glue_runs.Encoder)
     """A finished run (in WORK or recorded) of another schedule, or from before the converted encoder carried its
     conventions record (no head dropout, fairseq's adam), must not pass for this one."""
     with open(os.path.join(folder, RESULT)) as f:
-        got = {k: v for k, v in json.load(f)["schedule"].items() if k != "reason"}
+        done = json.load(f)
+    got = {k: v for k, v in done["schedule"].items() if k != "reason"}
+    got["trainer"] = done.get("trainer", "fairseq")
+    sch = dict(sch, trainer=got["trainer"])  # a run's study decides its trainer: the schedule is what is compared
     want = {k: v for k, v in sch.items() if k != "reason"}
-    had, has = _glue_runs.trained_setting(folder)["conventions"], os.path.isfile(os.path.join(enc.dir,
-                                                                                              "conventions.json"))
+    has = os.path.isfile(os.path.join(enc.dir, "conventions.json"))
+    had = has if got.get("trainer") == "hf" else _glue_runs.trained_setting(folder)["conventions"]
     if got != want or had != has:
         sys.exit(f"fewshot: {folder} was trained with schedule {got}, conventions record "
                  f"{'passed' if had else 'absent'}; this run asks for {want}, "
@@ -82,6 +87,13 @@ def one_run(args, enc: _glue_runs.Encoder, n: int, method: str, seed: int, runs:
     sch = _fewshot.schedule_for(n, args.toy)
 
     def train():
+        if args.trainer == "hf":
+            out = _fewshot_hf.train(args.hf_dir or _glue_runs.packaged_minilm(), args.glue_dir, enc, n, method, seed,
+                                    rd, sch, args.threads, args.keep_checkpoints)
+            harness.write_json(os.path.join(rd, RESULT), out, indent=2)
+            _glue_runs.log(f"  N={n} {method} seed {seed} (hf): test acc {out['test_accuracy']:.2f} (valid "
+                           f"{out['valid_accuracy']:.2f}, best at update {out['best_num_updates']})")
+            return
         db = _glue_runs.preprocess(_fewshot.TASK, args.glue_dir, _fewshot.data_bin(args.work, n, seed), enc,
                                    ["--few-shot", str(n), "--seed", str(seed)])
         per_epoch = math.ceil(n / sch["batch"])
@@ -124,10 +136,10 @@ def one_run(args, enc: _glue_runs.Encoder, n: int, method: str, seed: int, runs:
     return runs.result_or_train(rd, train, check)[1]
 
 
-def collect(work: str, records: str, bf16: bool = False) -> List[dict]:
+def collect(work: str, records: str, bf16: bool = False, trainer: str = "fairseq") -> List[dict]:
     """Every finished run: the work folder's are recorded first, then all are read from the records."""
     order = {m: i for i, m in enumerate(_fewshot.METHODS)}
-    return study(work, records, bf16).collect(key=lambda r: (r["n"], order.get(r["method"], 99), r["seed"]))
+    return study(work, records, bf16, trainer).collect(key=lambda r: (r["n"], order.get(r["method"], 99), r["seed"]))
 
 
 KEYS = ("n", "method")
@@ -228,25 +240,41 @@ def plot(summary: dict, path: str) -> None:
     harness.save_figure(fig, path)
 
 
-def write_precision_pairs(args, encoder: str, records: str) -> int:
-    """bf16_fewshot_accuracy.json: every bf16 run beside its fp32 twin, and the paired differences per cell."""
-    out = _fewshot.precision_pairs(collect(args.work, records, bf16=True), collect(args.work, records))
+PAIRS = {  # --bf16 and --trainer hf: each run beside its twin, the file, the twin's flag, the sides, the bound
+    "bf16": ("bf16_fewshot_accuracy.json", "without --bf16", ("bf16", "fp32"), "precision", _fewshot.BF16_BOUND,
+             "bf16 = BF16=1 on every run (--autocast-bf16), otherwise the same command, data, seed and schedule"),
+    "hf": ("hf_fewshot_accuracy.json", "without --trainer hf", ("hf", "fairseq"), "trainer", None,
+           "hf = acl-train-hf (Hugging Face's Trainer) on the HF folder the fairseq encoder was converted from, the "
+           "same splits, seed, schedule and method options (benchmarks/_fewshot_hf.py says what differs)"),
+}
+
+
+def write_pairs(args, encoder: str, records: str, kind: str) -> int:
+    """bf16_fewshot_accuracy.json or hf_fewshot_accuracy.json: every run beside its twin (the fp32 run; the fairseq
+    run), and the paired differences per cell."""
+    path, twin_flag, names, column, bound, what = PAIRS[kind]
+    mine = collect(args.work, records, bf16=kind == "bf16", trainer="hf" if kind == "hf" else "fairseq")
+    out = _fewshot.twin_pairs(mine, collect(args.work, records), column, names, bound)
     for missing in out["unpaired"]:
-        _glue_runs.log(f"no fp32 run for {missing}: run the same command without --bf16 to pair it")
+        _glue_runs.log(f"no {names[1]} run for {missing}: run the same command {twin_flag} to pair it")
     if not out["paired"]:
-        _glue_runs.log("no bf16 run has its fp32 twin: nothing written")
+        _glue_runs.log(f"no {names[0]} run has its {names[1]} twin: nothing written")
         return 1
     out = {"protocol": f"few-shot {_fewshot.TASK} (benchmarks/fewshot.py's protocol and schedules), encoder {encoder}; "
-                       "test = the half of dev not used to select the checkpoint; bf16 = BF16=1 on every run "
-                       "(--autocast-bf16), otherwise the same command, data, seed and schedule",
-           "command": harness.cli.last_command(),
-           **harness.record(args.threads), "bound_points": _fewshot.BF16_BOUND, **out}
-    path = os.path.join(args.results, "bf16_fewshot_accuracy.json")
+                       f"test = the half of dev not used to select the checkpoint; {what}",
+           "command": harness.cli.last_command(), **harness.record(args.threads),
+           **({"bound_points": bound} if bound is not None else {}), **out}
+    path = os.path.join(args.results, path)
     harness.write_json(path, out, indent=2)
+    diff = f"{names[0]}_minus_{names[1]}_per_seed"
     for c in out["paired"]:
-        per_seed = ", ".join(f"s{s}: {d:+.2f}" for s, d in zip(c["seeds"], c["bf16_minus_fp32_per_seed"]))
-        print(f"N={c['n']} {c['method']}: bf16 - fp32 mean {c['mean']:+.2f}, max |d| {c['max_abs']:.2f} ({per_seed}): "
-              f"{'within' if c[f'within_{_fewshot.BF16_BOUND}_points'] else 'NOT within'} {_fewshot.BF16_BOUND} points")
+        per_seed = ", ".join(f"s{s}: {d:+.2f}" for s, d in zip(c["seeds"], c[diff]))
+        lo, hi = c["ci95"]
+        interval = "" if lo is None else f", 95% CI [{lo:+.2f}, {hi:+.2f}]"
+        verdict = "" if bound is None else (": within " if c[f"within_{bound}_points"] else ": NOT within ") + \
+            f"{bound} points"
+        print(f"N={c['n']} {c['method']}: {names[0]} - {names[1]} mean {c['mean']:+.2f}{interval}, max |d| "
+              f"{c['max_abs']:.2f} ({per_seed}){verdict}")
     _glue_runs.log(f"wrote {path}")
     return 0
 
@@ -278,6 +306,11 @@ def parse_args(argv=None):
                         "and records under fewshot_bf16/; writes bf16_fewshot_accuracy.json in --results, each run "
                         "paired with the fp32 run of the same N, method and seed (run without --bf16 first), in "
                         "place of fewshot.json/.md/.png")
+    p.add_argument("--trainer", choices=["fairseq", "hf"], default="fairseq",
+                   help="hf: train with acl-train-hf (Hugging Face's Trainer) on the HF folder (--hf-dir, default the "
+                        "packaged MiniLM), runs and records under fewshot_hf/; writes hf_fewshot_accuracy.json in "
+                        "--results, each run paired with the fairseq run of the same N, method and seed, in place of "
+                        "fewshot.json/.md/.png")
     p.add_argument("--force", action="store_true",
                    help="replace a fewshot.json of another encoder or of the toy protocol in --results")
     args = p.parse_args(argv)
@@ -291,6 +324,8 @@ def parse_args(argv=None):
         if args.seeds == [1, 2, 3, 4, 5]:
             args.seeds = [1, 2]
 
+    if args.bf16 and args.trainer == "hf":
+        p.error("--bf16 and --trainer hf: one comparison at a time")
     if args.bf16 and not args.collect_only:  # refused before the first run, not by each run's fairseq-train
         from acl_torch import acceleration
 
@@ -334,15 +369,15 @@ def main(argv=None) -> int:
     records = _records.records_root(args.results)
     refuse_another_protocol(p, args, name)
     if not args.collect_only:
-        runs = study(args.work, records, args.bf16)
+        runs = study(args.work, records, args.bf16, args.trainer)
         plan = harness.grid([(n, m) for n in args.ns for m in args.methods], args.seeds, args.order,
                             block=lambda c: c[0])
         _glue_runs.log(f"few-shot {_fewshot.TASK}: {len(plan)} runs (N {args.ns}, methods {args.methods}, "
                        f"seeds {args.seeds}); schedules {json.dumps(schedules)}")
         runs.run(plan, lambda c, s: one_run(args, enc, *c, s, runs), label=lambda c, s: f"N={c[0]} {c[1]} seed {s}")
 
-    if args.bf16:
-        return write_precision_pairs(args, name, records)
+    if args.bf16 or args.trainer == "hf":
+        return write_pairs(args, name, records, "hf" if args.trainer == "hf" else "bf16")
     runs = collect(args.work, records)
     if not runs:
         _glue_runs.log(f"no finished runs in {os.path.join(args.work, 'fewshot')} or "

@@ -109,6 +109,23 @@ def test_fewshot_benchmark_toy_end_to_end(tmp_path):
     with open(results / "fewshot.json") as f:
         assert json.load(f)["cells"] == summary["cells"]
 
+    # --trainer hf: the same protocol through acl-train-hf on the HF folder, paired with the fairseq run of its seed
+    hf = cmd[:cmd.index("--methods")] + ["--methods", "ce", "--seeds", "1", "--trainer", "hf", "--hf-dir",
+                                         str(tmp_path / "hf")]
+    proc5 = subprocess.run(hf, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    assert proc5.returncode == 0, proc5.stdout[-3000:] + proc5.stderr[-5000:]
+    record = results / "runs" / "fewshot_hf" / "N8" / "runs" / "SST-2" / "ce" / "seed1"
+    hf_run = json.loads((record / "fewshot_result.json").read_text())
+    assert hf_run["trainer"] == "hf" and hf_run["split_sizes"] == {"train": 8, "valid": 12, "test": 12}
+    command = (record / "command.sh").read_text()
+    assert "acl_hf.train" in command and "--few_shot 8" in command
+    pairs = json.loads((results / "hf_fewshot_accuracy.json").read_text())
+    assert [(c["n"], c["method"], c["seeds"]) for c in pairs["paired"]] == [(8, "ce", [1])]
+    fairseq_accuracy = cells[8, "ce"]["test_accuracy"][0]
+    assert pairs["paired"][0]["hf_minus_fairseq_per_seed"] == [hf_run["test_accuracy"] - fairseq_accuracy]
+    trained = tmp_path / "work" / "fewshot_hf" / "N8" / "runs" / "SST-2" / "ce" / "seed1"
+    assert not any(name.endswith(".safetensors") for name in os.listdir(trained))  # the weights are not kept
+
     # --bf16: the same run in bf16 autocast, in its own folder and records, paired with its fp32 record
     bf16 = [c for c in cmd if c not in METHODS[1:]]
     bf16[bf16.index("--methods") + 1:bf16.index("--methods") + 2] = ["ce", "--seeds", "1", "--bf16"]

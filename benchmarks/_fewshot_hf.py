@@ -1,0 +1,81 @@
+"""fewshot.py --trainer hf: the few-shot protocol through acl-train-hf (Hugging Face's Trainer), each run beside the
+fairseq run of the same N, method and seed (the same training sample, valid and test halves: both trainers draw
+them with acl_runtime.scl_protocols).
+
+The settings are the fairseq runs': the HF folder the fairseq encoder was converted from (the packaged MiniLM), one
+exit at the last layer with the encoder's pooling, the method's options of recipes/glue/methods.tsv (fairseq's flags
+with underscores), the schedule of recipes/glue/fewshot.tsv (batch, epochs, lr, validation every k epochs), AdamW
+(0.9, 0.98), eps 1e-6, weight decay 0.1, linear decay after a warm-up of 6 % of the updates (fairseq's
+polynomial_decay of power 1), no clipping, dropout 0.1. What differs: the Trainer leaves biases and LayerNorm weights
+out of weight decay (fairseq decays every parameter), and the head's initial weights come from another random
+stream (same seed, not the same draw)."""
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+from typing import Dict, List
+
+import _glue_runs
+import harness
+from acl_runtime.tables import read_tsv
+
+METHODS_TABLE = os.path.join(_glue_runs.REPO, "recipes", "glue", "methods.tsv")
+PAIR_KEYS = ("n", "method", "seed")
+
+
+def criterion_flags(method: str) -> List[str]:
+    """``--criterion NAME`` and the method's options from methods.tsv, in acl-train-hf's spelling."""
+    row = next(r for r in read_tsv(METHODS_TABLE, ["method", "task", "criterion", "exits", "flags"])
+               if r["method"] == method)
+    flags = [] if row["flags"] == "-" else shlex.split(row["flags"])
+    return ["--criterion", row["criterion"]] + ["--" + f[2:].replace("-", "_") if f.startswith("--") else f
+                                                for f in flags]
+
+
+def command(hf_dir: str, glue_dir: str, enc: "_glue_runs.Encoder", n: int, method: str, seed: int, rd: str,
+            sch: Dict[str, object]) -> List[str]:
+    per_epoch = math.ceil(n / sch["batch"])
+    updates = per_epoch * sch["epochs"]
+    return [sys.executable, "-m", "acl_hf.train", "--model_name_or_path", hf_dir, "--task_name", "SST-2",
+            "--data_dir", glue_dir, "--few_shot", str(n), "--seed", str(seed), "--output_dir", rd,
+            *criterion_flags(method), "--method", method, "--exit_layers", str(enc.num_layers),
+            "--exit_pooling", enc.pooling, "--max_seq_length", "512",
+            "--per_device_train_batch_size", str(sch["batch"]), "--per_device_eval_batch_size", "64",
+            "--num_train_epochs", str(sch["epochs"]), "--learning_rate", str(sch["lr"]),
+            "--lr_scheduler_type", "linear", "--warmup_steps", str(math.ceil(0.06 * updates)),
+            "--weight_decay", "0.1", "--adam_beta1", "0.9", "--adam_beta2", "0.98", "--adam_epsilon", "1e-6",
+            "--optim", "adamw_torch", "--max_grad_norm", "0", "--eval_strategy", "steps",
+            "--eval_steps", str(per_epoch * sch["every"]), "--save_strategy", "no", "--logging_steps",
+            str(per_epoch), "--report_to", "none", "--use_cpu", "--disable_tqdm", "true"]
+
+
+def train(hf_dir: str, glue_dir: str, enc: "_glue_runs.Encoder", n: int, method: str, seed: int, rd: str,
+          sch: Dict[str, object], threads: int, keep: bool) -> dict:
+    """One run into ``rd``: acl-train-hf's result.json, then the benchmark's result with the test half's accuracy at
+    the validation that selected the model."""
+    argv = command(hf_dir, glue_dir, enc, n, method, seed, rd, sch)
+    os.makedirs(rd, exist_ok=True)
+    harness.write_text(os.path.join(rd, "command.sh"), "#!/usr/bin/env bash\n" + shlex.join(argv) + "\n")
+    t0 = harness.now()
+    with open(os.path.join(rd, "train.log"), "w") as log:
+        done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, cwd=_glue_runs.REPO,
+                              env=dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=_glue_runs.REPO))
+    if done.returncode != 0:
+        sys.exit(f"fewshot: acl-train-hf failed (exit {done.returncode}); its log: {rd}/train.log")
+    with open(os.path.join(rd, "result.json")) as f:
+        res = json.load(f)
+    test, valid = res["test_metrics"]["test"], res["best_valid"]["valid"]
+    per_epoch = math.ceil(n / sch["batch"])
+    out = {"task": "SST-2", "n": n, "method": method, "seed": seed, "trainer": "hf",
+           "split_sizes": res["split_sizes"], "test_accuracy": float(test["accuracy"]),
+           "valid_accuracy": float(valid["accuracy"]), "best_num_updates": res["best_num_updates"],
+           "total_updates": per_epoch * sch["epochs"], "schedule": sch, "test_metrics": test, "valid_metrics": valid,
+           "seconds": round(harness.since(t0)[0], 1),
+           **{k: v for k, v in harness.machine().items() if k in ("cpu_kind", "cpu_flags")}}
+    if not keep:
+        for name in os.listdir(rd):
+            if name.endswith((".safetensors", ".bin")):
+                os.remove(os.path.join(rd, name))
+    return out
