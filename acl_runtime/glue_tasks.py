@@ -9,6 +9,7 @@ here 0-based). Quirks handled here, each noted where it is handled:
     (counted in stats.json); for every other task such a row is an error.
 """
 import functools
+import json
 import os
 from dataclasses import dataclass, replace
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -57,6 +58,23 @@ def regression_scale(task_name: Optional[str]) -> float:
     """GLUE's score per unit of the model's regression output: the task row's scale, 1 for other tasks."""
     known = facts().get(task_name)
     return known.regression_scale if known and known.regression_scale is not None else 1.0
+
+
+def task_of_data(data_dir: Optional[str]) -> Optional[str]:
+    """The GLUE task of a binarized folder: its stats.json's ``task`` (acl-preprocess records it), else the folder's
+    name without ``-bin`` (``RTE-bin``: RTE) when that is a GLUE task; None when neither says. The one guess of
+    every command that is given no task."""
+    if not data_dir:
+        return None
+    path = os.path.join(data_dir, "stats.json")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            task = json.load(f).get("task")
+        if task:
+            return task
+    stem = os.path.basename(os.path.normpath(data_dir))
+    stem = stem[: -len("-bin")] if stem.endswith("-bin") else stem
+    return stem if stem in facts() else None
 
 
 class GlueDataError(Exception):

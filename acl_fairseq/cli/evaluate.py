@@ -119,15 +119,6 @@ def load_model(checkpoint: str, data_bin: str, user_dir: Optional[str], device: 
     return model, task, cfg
 
 
-def infer_task_name(data_bin: str, task_name: Optional[str]) -> Optional[str]:
-    """``--task-name``, else the data folder's name (``RTE-bin`` -> ``RTE``) if it is a GLUE task."""
-    if task_name:
-        return task_name
-    stem = os.path.basename(os.path.normpath(data_bin))
-    stem = stem[: -len("-bin")] if stem.endswith("-bin") else stem
-    return stem if stem in glue_tasks.facts() else None
-
-
 def sweep(args, num_exits: int, regression: bool) -> List[tuple]:
     """(policy, threshold) settings in sweep order: each policy's flag, else its grid in ``exits.POLICIES``."""
     policies = [p for p in args.policy if exits.POLICIES[p].regression_ok or not regression]
@@ -255,7 +246,7 @@ def evaluate(args) -> Dict:
         raise console.UsageError(f"{e}. Fix: pass one of those as --classification-head-name") from None
     regression = bool(task.cfg.regression_target)
     ctx = {
-        "task_name": infer_task_name(args.data_bin, args.task_name),
+        "task_name": args.task_name or glue_tasks.task_of_data(args.data_bin),
         "regression": regression,
         "positive": None if regression else glue_metrics.positive_index(task.label_dictionary),
         "delta": args.regression_delta,

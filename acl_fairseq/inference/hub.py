@@ -23,7 +23,6 @@ these checkpoints (and ``acl-convert-hf`` folders) too, but only with the plugin
 ``import acl_fairseq`` before the call. Without it fairseq does not know the arch ``multi_exit_roberta`` and
 fails with ``KeyError: "'no_progress_bar'"``.
 """
-import json
 import logging
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -196,15 +195,8 @@ class MultiExitHubInterface(RobertaHubInterface, loop.EarlyExitPredictor):
         return [d[i + d.nspecial] for i in range(n)]
 
     def task_name(self) -> Optional[str]:
-        """The GLUE task of the data folder (stats.json's, else the folder's name without -bin)."""
-        path = os.path.join(self.cfg.task.data, "stats.json")
-        if os.path.isfile(path):
-            with open(path, encoding="utf-8") as f:
-                task = json.load(f).get("task")
-            if task:
-                return task
-        stem = os.path.basename(os.path.normpath(self.cfg.task.data))
-        return stem[: -len("-bin")] if stem.endswith("-bin") else stem
+        """The GLUE task of the data folder (:func:`acl_runtime.glue_tasks.task_of_data`)."""
+        return glue_tasks.task_of_data(self.cfg.task.data)
 
 
 # the files fairseq's hub hands to the model's BPE when they sit beside the checkpoint (as hub_utils does)
