@@ -157,8 +157,9 @@ def write_onnx(hub, out_dir: str, quantize: Optional[str] = None, policy: Option
 
 def write(ctx, out_dir: str) -> List[str]:
     """acl-export's format writer: ``ctx.hub`` and ``ctx.args`` (``quantize``, ``policy``, ``threshold``,
-    ``tokenizer``, ``calibration``: settled by acl-export's ``serving_policy``)."""
+    ``tokenizer``, ``calibration``: settled by acl-export's ``serving_policy``; ``weights``: an HF folder's weights
+    file, whose sha256 the manifest records in place of the checkpoint's)."""
     args = ctx.args
     return write_onnx(ctx.hub, out_dir, getattr(args, "quantize", None), args.policy, args.threshold,
                       getattr(args, "tokenizer", None), getattr(args, "calibration", None),
-                      getattr(args, "checkpoint", None))
+                      getattr(args, "weights", None) or getattr(args, "checkpoint", None))
