@@ -72,8 +72,9 @@ def build_json(record: dict, base_dir: str, dictionary) -> str:
             tok.normalizer = normalizer
         return tok.to_str()
     raise ExportError(
-        f"the data folder's tokenizer is {kind!r}: the ONNX export writes {' and '.join(KINDS)} tokenizers only "
-        f"({kind} has no exact tokenizers-file form here yet); export --format hf, or serve with acl-predict")
+        f"the data folder's tokenizer is {kind!r}: the ONNX export writes {', '.join(KINDS[:-1])} and {KINDS[-1]} "
+        f"tokenizers only ({kind} has no exact tokenizers-file form here yet); export --format hf, or serve with "
+        "acl-predict")
 
 
 def write(hub, path: str, tokenizer_file: Optional[str] = None) -> str:
