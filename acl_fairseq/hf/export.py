@@ -1,7 +1,7 @@
 """``acl-export``: a trained (multi-exit) checkpoint out of fairseq, for serving.
 
     acl-export CHECKPOINT --data DATA_BIN --out OUT [--format hf] [--policy entropy --threshold 0.3] [--force]
-    acl-export HF_FOLDER --out OUT --format onnx [--quantize int8-dynamic]    # an acl-train-hf output folder
+    acl-export HF_FOLDER --out OUT --format onnx [--quantize int8 --data GLUE_DIR]   # acl-train-hf's output
 
 The early-exit policy recorded for serving (OUT/hf's ``early_exit.json``, OUT/onnx's manifest, which
 ``acl-predict OUT/onnx`` applies when given no policy) is ``--policy``/``--threshold``; without them, the one
@@ -41,7 +41,7 @@ from typing import Callable, Dict, List, Optional
 
 from acl_fairseq.hf import export_tokenizer
 from acl_fairseq.hf.export_tokenizer import ExportError
-from acl_runtime import calibration, console, paths, request, tokenization
+from acl_runtime import calibration, console, glue_tasks, paths, request, tokenization
 from acl_runtime.io import atomic
 
 logger = logging.getLogger("acl_fairseq.hf.export")
@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "HF-trained multi-exit model (acl-train-hf's --output_dir)")
     p.add_argument("--data", help="the binarized folder the model was trained on (its dictionaries, label names and "
                    "tokenizer record: preprocess/glue.py's stats.json with the tokenizer files); required with a "
-                   "checkpoint, not with an HF folder (it carries its own)")
+                   "checkpoint. With an HF folder (which carries its own): the GLUE folder it was trained on "
+                   "(acl-train-hf's --data_dir), read by --quantize int8 alone, to calibrate on its train.tsv")
     p.add_argument("--out", required=True, help="output folder; each format goes to OUT/<format>/")
     p.add_argument("--format", nargs="+", choices=tuple(FORMATS), default=["hf"],
                    help="what to write (default: %(default)s): hf = a transformers folder, onnx = graphs that "
@@ -157,7 +158,8 @@ def format_problems(args, cfg: Dict) -> Dict[str, List[str]]:
     data and flags: ``{format: [reasons]}``, an empty list where it can."""
     problems: Dict[str, List[str]] = {fmt: [] for fmt in FORMATS}
     split, input0 = args.metrics_split, os.path.join(args.data, "input0")
-    if args.quantize == "int8" and not os.path.isfile(os.path.join(input0, "train.bin")):
+    if args.quantize == "int8" and not getattr(args, "calibration_texts", None) and \
+            not os.path.isfile(os.path.join(input0, "train.bin")):
         problems["onnx"].append(f"--quantize int8 calibrates on the training split, and "
                                 f"{os.path.join(input0, 'train.bin')} is missing: pass the --data folder the model "
                                 "was trained on, or --quantize int8-dynamic (batch-dependent)")
@@ -309,19 +311,17 @@ def export(args) -> Dict:
         if args.data is None:
             fail("--data is required with a checkpoint: pass the binarized folder the model was trained on")
         return export_run(args)
-    if args.data is not None:
-        fail(f"--data: {args.checkpoint} is an HF-trained folder, which carries its vocabulary and labels; drop --data")
-    if args.quantize == "int8":
-        fail("--quantize int8 calibrates on a binarized training split, which an HF-trained folder has not: pass "
-             "--quantize int8-dynamic (activations scaled per call)")
     args.metrics_split = "none"
     check_flags(args)
     check_out(args)
     with tempfile.TemporaryDirectory(prefix="acl-export-hf-") as tmp:
         try:
+            if args.data is not None or args.quantize == "int8":  # its GLUE folder: what static int8 calibrates on
+                args.calibration_texts = multi_exit_folder.training_texts(args.checkpoint, args.data, args.quantize)
             args.weights = multi_exit_folder.weights_file(args.checkpoint)
             args.checkpoint, args.data = multi_exit_folder.materialize(args.checkpoint, tmp)
-        except (multi_exit_folder.UnsupportedCheckpointError, multi_exit_folder.CheckpointError) as e:  # named
+        except (multi_exit_folder.UnsupportedCheckpointError, multi_exit_folder.CheckpointError,
+                glue_tasks.GlueDataError) as e:  # named, with the fix
             fail(str(e))
         return export_run(args)
 

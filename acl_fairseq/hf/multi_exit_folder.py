@@ -18,7 +18,7 @@ exported approximately: the ONNX graphs are fairseq's layers.
 """
 import json
 import os
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from acl_fairseq.checkpoint_safety import CheckpointError  # noqa: F401  (a damaged pytorch_model.bin: named)
 from acl_fairseq.hf import mapping
@@ -90,6 +90,22 @@ def read_task(folder: str) -> Optional[glue_tasks.TaskSpec]:
     with open(path, encoding="utf-8") as f:
         name = json.load(f).get("task")
     return glue_tasks.get_task(name) if name else None
+
+
+def training_texts(folder: str, glue_dir: Optional[str], quantize: Optional[str]) -> List[tuple]:
+    """The training inputs of the GLUE folder ``glue_dir`` an HF-trained ``folder`` was trained on (acl-train-hf's
+    ``--data_dir``), read by the task of its ``result.json``: what ``--quantize int8`` calibrates on."""
+    if quantize != "int8":
+        raise UnsupportedCheckpointError(f"--data {glue_dir}: an HF-trained folder carries its vocabulary and labels, "
+                                         "and its GLUE folder is read by --quantize int8 alone: drop --data")
+    if glue_dir is None:
+        raise UnsupportedCheckpointError("--quantize int8 calibrates on the training split: pass --data GLUE_DIR, the "
+                                         "folder acl-train-hf's --data_dir named, or --quantize int8-dynamic")
+    task = read_task(folder)
+    if task is None:
+        raise UnsupportedCheckpointError(f"--data {glue_dir}: {folder} has no {RESULT_FILE} naming its task, so the "
+                                         "columns of train.tsv are unknown; pass --quantize int8-dynamic")
+    return [example.texts for example in glue_tasks.read_split(glue_dir, "train", task, "train").examples]
 
 
 def label_words(config) -> Optional[list]:
