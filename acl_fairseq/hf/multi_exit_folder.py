@@ -18,7 +18,7 @@ exported approximately: the ONNX graphs are fairseq's layers.
 """
 import json
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from acl_fairseq.checkpoint_safety import CheckpointError  # noqa: F401  (a damaged pytorch_model.bin: named)
 from acl_fairseq.hf import mapping
@@ -35,29 +35,44 @@ NO_MAPPING = {
 }
 
 
-def model_type(folder: str) -> Optional[str]:
-    """The ``model_type`` of ``folder/config.json``, or None (no such file, or not a JSON object)."""
+MODEL_TYPE = "acl-multi-exit"  # acl_hf.configuration.MODEL_TYPE (acl_fairseq never imports acl_hf: the files tell)
+
+
+class MultiExitConfig(NamedTuple):
+    """What the export reads of the folder's config.json (acl_hf.MultiExitConfig, saved)."""
+
+    encoder: Dict  # the encoder's config, as its own config.json would hold it
+    layers: List[int]  # the 1-based layer behind each exit
+    exit_pooling: str
+    head_activation: Optional[str]  # None: the encoder's default (tanh for BERT and RoBERTa, acl_hf.modeling)
+    head_name: str
+    id2label: Dict[int, str]
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.id2label)
+
+
+def read_json(folder: str) -> Optional[Dict]:
+    """``folder/config.json``, or None (no such file, or not a JSON object)."""
     try:
         with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
             config = json.load(f)
     except (OSError, ValueError):
         return None
-    return config.get("model_type") if isinstance(config, dict) else None
+    return config if isinstance(config, dict) else None
 
 
 def is_multi_exit(folder: str) -> bool:
     """``folder`` is a saved :class:`acl_hf.MultiExitForSequenceClassification`."""
-    return os.path.isdir(folder) and model_type(folder) == "acl-multi-exit"  # acl_hf.configuration.MODEL_TYPE
+    return os.path.isdir(folder) and (read_json(folder) or {}).get("model_type") == MODEL_TYPE
 
 
-def load_config(folder: str):
-    """The folder's :class:`acl_hf.MultiExitConfig`, checked for what the fairseq model can hold (one line naming
-    the encoder type and why otherwise)."""
-    from acl_hf.configuration import MODEL_TYPE, MultiExitConfig
-
-    config = MultiExitConfig.from_pretrained(folder)
-    assert config.model_type == MODEL_TYPE
-    encoder = config.encoder.to_dict()
+def load_config(folder: str) -> MultiExitConfig:
+    """The folder's configuration, checked for what the fairseq model can hold (one line naming the encoder type and
+    why otherwise)."""
+    config = read_json(folder)
+    encoder = config.get("encoder") or {}
     kind = encoder.get("model_type")
     if kind not in mapping.SUPPORTED_MODEL_TYPES:
         why = NO_MAPPING.get(kind, "fairseq's roberta arch has no place for its weights")
@@ -68,14 +83,15 @@ def load_config(folder: str):
         mapping.check_config(encoder)
     except UnsupportedCheckpointError as e:
         raise UnsupportedCheckpointError(f"{folder}: its {kind} encoder: {e}") from None
-    return config
+    layers = config.get("exit_layers") or list(range(1, encoder["num_hidden_layers"] + 1))
+    id2label = {int(k): v for k, v in (config.get("id2label") or {0: "LABEL_0", 1: "LABEL_1"}).items()}
+    return MultiExitConfig(encoder, list(layers), config.get("exit_pooling", "cls"), config.get("head_activation"),
+                           config.get("head_name", "sentence_classification_head"), id2label)
 
 
-def head_activation(config) -> str:
+def head_activation(config: MultiExitConfig) -> str:
     """The heads' activation as fairseq's ``--pooler-activation-fn`` names it."""
-    from acl_hf.modeling import head_defaults
-
-    name = config.head_activation or head_defaults(config.encoder)[0]
+    name = config.head_activation or "tanh"
     if name not in mapping.ACTIVATIONS:
         raise UnsupportedCheckpointError(f"the exit heads' activation {name!r} has no fairseq form; expected one of "
                                          f"{sorted(mapping.ACTIVATIONS)}")
@@ -108,7 +124,7 @@ def training_texts(folder: str, glue_dir: Optional[str], quantize: Optional[str]
     return [example.texts for example in glue_tasks.read_split(glue_dir, "train", task, "train").examples]
 
 
-def label_words(config) -> Optional[list]:
+def label_words(config: MultiExitConfig) -> Optional[list]:
     """The label dictionary's words in head order (``id2label``); None for a regression head."""
     if config.num_labels == 1:
         return None
@@ -176,7 +192,7 @@ def materialize(folder: str, out: str, seed: int = 1) -> Tuple[str, str]:
     from acl_fairseq.hf import convert
 
     config = load_config(folder)
-    encoder = config.encoder.to_dict()
+    encoder = config.encoder
     kind = encoder["model_type"]
     source = tokenizer_folder(folder, kind, os.path.join(out, "tokenizer"))
     words, specials = mapping.read_vocab(source, kind)

@@ -182,6 +182,10 @@ def assert_predict_answers_as_the_model(model, tokenizer, folder, tmp_path, text
 
 
 def test_acl_predict_on_the_export_answers_as_the_hf_model_at_every_exit_and_under_early_exit(trained, tmp_path):
+    import acl_hf
+    from acl_fairseq.hf import multi_exit_folder
+
+    assert multi_exit_folder.MODEL_TYPE == acl_hf.MODEL_TYPE  # the plugin knows the folder by its config alone
     model, tokenizer, folder = trained
     manifest = json.loads(open(os.path.join(folder, "manifest.json")).read())
     assert manifest["labels"] == ["0", "1"] and manifest["exit_layers"] == [1, 2, 3]
