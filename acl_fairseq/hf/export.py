@@ -24,10 +24,11 @@ Ctrl-C or SIGTERM. An existing OUT is refused without ``--force``. Every refusal
 checkpoint); a disk that fills or a folder that turns read-only during the export is one line too, and Ctrl-C
 exits 130. A regression model (STS-B) needs no ``label/dict.txt``.
 
-An HF-trained multi-exit folder (acl-train-hf's output, a BERT or RoBERTa encoder) takes no ``--data``: it becomes
-the fairseq run it would have been (:mod:`acl_fairseq.hf.multi_exit_folder`, in a temporary folder: labels from
-``id2label``, the vocabulary from its tokenizer) and is exported by the same code; another encoder is refused naming
-why.
+An HF-trained multi-exit folder (acl-train-hf's output, a BERT or RoBERTa encoder) needs no binarized ``--data`` (its
+GLUE folder is ``--data`` for ``--quantize int8`` alone): it becomes the fairseq run it would have been
+(:mod:`acl_fairseq.hf.multi_exit_folder`, in a temporary folder: labels from ``id2label``, the vocabulary from its
+tokenizer) and is exported to ONNX by the same code (it is a transformers folder already); another encoder is refused
+naming why.
 """
 import argparse
 import errno
@@ -311,6 +312,9 @@ def export(args) -> Dict:
         if args.data is None:
             fail("--data is required with a checkpoint: pass the binarized folder the model was trained on")
         return export_run(args)
+    if "hf" in args.format:
+        fail(f"--format hf: {args.checkpoint} is a transformers folder already (import acl_hf, then "
+             "AutoModelForSequenceClassification loads it); pass --format onnx")
     args.metrics_split = "none"
     check_flags(args)
     check_out(args)

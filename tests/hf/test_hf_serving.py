@@ -255,7 +255,9 @@ def test_an_encoder_without_a_fairseq_mapping_is_refused_in_one_line(tmp_path, c
 @pytest.mark.parametrize("extra, words", [(["--data", "DATA"], ["--data DATA", "--quantize int8 alone", "drop --data"]),
                                           (["--quantize", "int8"], ["--quantize int8", "--data GLUE_DIR",
                                                                     "int8-dynamic"]),
-                                          (["--quantize", "int8", "--data", "DATA"], ["result.json", "int8-dynamic"])])
+                                          (["--quantize", "int8", "--data", "DATA"], ["result.json", "int8-dynamic"]),
+                                          (["--format", "hf"], ["--format hf", "a transformers folder already",
+                                                                "pass --format onnx"])])
 def test_flags_an_hf_folder_cannot_use_are_refused_before_it_loads(tmp_path, capsys, extra, words):
     import hf_encoders
     from acl_fairseq.hf import export
