@@ -26,6 +26,7 @@ from acl_fairseq.hf.mapping import UnsupportedCheckpointError
 from acl_runtime import conventions, glue_tasks, tokenization
 from acl_runtime.io import atomic
 
+MODEL_TYPE = "acl-multi-exit"  # acl_hf.configuration.MODEL_TYPE (acl_fairseq never imports acl_hf: the files tell)
 RESULT_FILE = "result.json"  # acl-train-hf's record of the run, with its task
 # encoder model_type -> why fairseq's post-norm roberta arch (whose layers the exported graphs are) cannot hold it
 NO_MAPPING = {
@@ -33,9 +34,6 @@ NO_MAPPING = {
     "deberta": "DeBERTa's disentangled attention over relative positions (no absolute position table)",
     "modernbert": "ModernBERT's pre-LayerNorm layers with rotary positions and local attention",
 }
-
-
-MODEL_TYPE = "acl-multi-exit"  # acl_hf.configuration.MODEL_TYPE (acl_fairseq never imports acl_hf: the files tell)
 
 
 class MultiExitConfig(NamedTuple):
@@ -166,21 +164,31 @@ def tokenizer_folder(folder: str, kind: str, out: str) -> str:
         raise UnsupportedCheckpointError(f"{folder} holds neither {' nor '.join(mapping.TOKENIZER_FILES[kind])} nor "
                                          "tokenizer.json: save the tokenizer with the model (acl-train-hf does)")
     with open(path, encoding="utf-8") as f:
-        model = json.load(f)["model"]
+        tokenizer = json.load(f)
+    model = tokenizer["model"]
     wants = {"bert": "WordPiece", "roberta": "BPE"}[kind]
     if model.get("type") != wants:
         raise UnsupportedCheckpointError(f"{path}: a {model.get('type')} tokenizer; a {kind} encoder's is {wants}")
-    os.makedirs(out)
     vocab = model["vocab"]
+    if sorted(vocab.values()) != list(range(len(vocab))):
+        raise UnsupportedCheckpointError(f"{path}: the vocabulary's ids are not 0..{len(vocab) - 1} without gaps")
+    os.makedirs(out)
+    if os.path.isfile(os.path.join(folder, "special_tokens_map.json")):
+        _copy(os.path.join(folder, "special_tokens_map.json"), os.path.join(out, "special_tokens_map.json"))
+    settings = {}
+    if os.path.isfile(os.path.join(folder, "tokenizer_config.json")):
+        with open(os.path.join(folder, "tokenizer_config.json"), encoding="utf-8") as f:
+            settings = json.load(f)
     if kind == "bert":
         atomic.write_text(os.path.join(out, "vocab.txt"), "".join(t + "\n" for t in sorted(vocab, key=vocab.get)))
+        normalizer = tokenizer.get("normalizer") or {}
+        if normalizer.get("type") == "BertNormalizer":  # the casing the tokenizer ran with, whatever the config says
+            settings["do_lower_case"] = bool(normalizer.get("lowercase", True))
     else:
         atomic.write_json(os.path.join(out, "vocab.json"), vocab)
         merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
         atomic.write_text(os.path.join(out, "merges.txt"), "".join(m + "\n" for m in ["#version: 0.2"] + merges))
-    for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        if os.path.isfile(os.path.join(folder, name)):
-            _copy(os.path.join(folder, name), os.path.join(out, name))
+    atomic.write_json(os.path.join(out, "tokenizer_config.json"), settings)
     return out
 
 
