@@ -192,9 +192,31 @@ def tokenizer_folder(folder: str, kind: str, out: str) -> str:
     return out
 
 
-def materialize(folder: str, out: str, seed: int = 1) -> Tuple[str, str]:
+def order_labels(heads: Dict, words: List[str], data_words: List[str], folder: str) -> Dict:
+    """The heads with their out_proj rows in the order of ``data_words`` (a binarized folder's label dictionary,
+    which fairseq orders by count) in place of ``words`` (``id2label``'s)."""
+    import torch
+
+    if sorted(data_words) != sorted(words):
+        raise UnsupportedCheckpointError(f"the data's labels {data_words} are not {folder}'s {words}: pass the data "
+                                         "of the task it was trained on")
+    rows = torch.tensor([words.index(w) for w in data_words])
+    return {k: v[rows] if k.endswith(("out_proj.weight", "out_proj.bias")) else v for k, v in heads.items()}
+
+
+def for_data(folder: str, data_bin: str, out: str) -> str:
+    """``out/model.pt`` of the HF multi-exit ``folder`` for the binarized ``data_bin`` (acl-preprocess with the
+    folder's vocabulary: ``--tokenizer wordpiece --vocab vocab.txt``), its classes in the data's label order."""
+    from acl_fairseq.preprocessing.glue_binarize import label_dictionary_order
+
+    path = os.path.join(data_bin, "label", "dict.txt")
+    return materialize(folder, out, labels=label_dictionary_order(path) if os.path.isfile(path) else None)[0]
+
+
+def materialize(folder: str, out: str, seed: int = 1, labels: Optional[List[str]] = None) -> Tuple[str, str]:
     """Write ``out/model.pt`` and the data folder ``out/data`` of the HF multi-exit ``folder``; returns their paths.
-    An :class:`UnsupportedCheckpointError` names what cannot be mapped."""
+    ``labels``: the class order to give the heads (:func:`order_labels`; default ``id2label``'s). An
+    :class:`UnsupportedCheckpointError` names what cannot be mapped."""
     import torch
 
     from acl_fairseq.hf import convert
@@ -208,7 +230,10 @@ def materialize(folder: str, out: str, seed: int = 1) -> Tuple[str, str]:
     encoder_sd, heads = split_state(folder, kind)
     state, _ = mapping.map_state_dict(encoder_sd, encoder, hf_ids)  # no pooler: the multi-exit model drops it
     state.update(heads)
-    labels, task = label_words(config), read_task(folder)
+    words, task = label_words(config), read_task(folder)
+    if labels is not None and words is not None:
+        state.update(order_labels(heads, words, labels, folder))
+    labels = words if labels is None else labels
 
     data = os.path.join(out, "data")
     subs = ["input0"] + (["input1"] if task is None or task.pair else []) + ([] if labels is None else ["label"])

@@ -74,8 +74,8 @@ def export_balanced(model, tokenizer, folder, texts, out, *flags) -> str:
 
 @pytest.fixture(scope="module")
 def trained(tiny, tmp_path_factory):  # noqa: F811
-    """(the HF model, its tokenizer, OUT/onnx): trained by acl-train-hf, balanced, exported with a static int8 copy
-    calibrated on the training texts of its GLUE folder."""
+    """(the HF model, its tokenizer, OUT/onnx, the HF folder): trained by acl-train-hf, balanced, exported with a
+    static int8 copy calibrated on the training texts of its GLUE folder."""
     from transformers import AutoTokenizer
 
     from acl_hf import MultiExitForSequenceClassification, train
@@ -86,7 +86,7 @@ def trained(tiny, tmp_path_factory):  # noqa: F811
     model = MultiExitForSequenceClassification.from_pretrained(run).eval()
     tokenizer = AutoTokenizer.from_pretrained(run)
     return model, tokenizer, export_balanced(model, tokenizer, run, TEXTS, str(root / "out"), "--quantize", "int8",
-                                             "--data", tiny[1])
+                                             "--data", tiny[1]), run
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +186,7 @@ def test_acl_predict_on_the_export_answers_as_the_hf_model_at_every_exit_and_und
     from acl_fairseq.hf import multi_exit_folder
 
     assert multi_exit_folder.MODEL_TYPE == acl_hf.MODEL_TYPE  # the plugin knows the folder by its config alone
-    model, tokenizer, folder = trained
+    model, tokenizer, folder, _ = trained
     manifest = json.loads(open(os.path.join(folder, "manifest.json")).read())
     assert manifest["labels"] == ["0", "1"] and manifest["exit_layers"] == [1, 2, 3]
     assert manifest["texts_per_input"] == 1  # result.json's task, SST-2: single sentences
@@ -210,7 +210,7 @@ def test_a_roberta_pair_model_exports_and_answers_as_the_hf_model(roberta, tmp_p
 def test_acl_serve_on_the_export_answers_as_the_hf_model(trained):
     from serve_helpers import call, start
 
-    model, tokenizer, folder = trained
+    model, tokenizer, folder, _ = trained
     logits = hf_exit_logits(model, tokenizer, TEXTS)
     want = early_exit(model, tokenizer, TEXTS, entropy_threshold(logits))
     proc, url = start(folder)
