@@ -15,7 +15,8 @@ numbers come from one full pass (every exit's logits, then the policies offline:
 ``--test-split`` also writes GLUE leaderboard files (final exit). ``--calibrate max-drop=0.5`` (or
 ``min-speedup=1.5``) also chooses a threshold on the split and writes ``exit_policy.json`` beside the checkpoint
 (:mod:`acl_fairseq.cli.calibrate`).
-Works for plain ``roberta`` checkpoints too (one exit).
+Works for plain ``roberta`` checkpoints too (one exit), and for an HF-trained multi-exit folder (acl-train-hf's
+output over a BERT encoder) with DATA_BIN binarized in its vocabulary (:func:`main`).
 """
 
 import argparse
@@ -23,6 +24,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 from typing import Dict, List, Optional
 
 import torch
@@ -40,7 +42,8 @@ logger = logging.getLogger("acl_fairseq.cli.evaluate")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="acl-evaluate", description=__doc__.split("\n")[0])
-    p.add_argument("checkpoint", help="fairseq checkpoint file (e.g. checkpoints/checkpoint_best.pt)")
+    p.add_argument("checkpoint", help="fairseq checkpoint file (e.g. checkpoints/checkpoint_best.pt), or an HF-trained "
+                   "multi-exit folder (acl-train-hf's --output_dir)")
     p.add_argument("data_bin", help="binarized sentence_prediction data dir (input0/, label/, ...)")
     p.add_argument("--out-dir", required=True, help="where early_exit.json/.csv/.png are written")
     p.add_argument("--split", default="valid", help="split to score (valid; valid1 = MNLI mismatched)")
@@ -267,7 +270,7 @@ def evaluate(args) -> Dict:
     result = {
         "task": ctx["task_name"],
         "split": args.split,
-        "checkpoint": record_path(args.checkpoint, args.out_dir),
+        "checkpoint": record_path(getattr(args, "source", None) or args.checkpoint, args.out_dir),
         "data": record_path(args.data_bin, args.out_dir),
         "head_name": head_name,
         "regression": regression,
@@ -303,8 +306,28 @@ def record_path(path: str, out_dir: str) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> Dict:
+    """An HF-trained multi-exit folder is read as the checkpoint it would be (:mod:`acl_fairseq.hf.multi_exit_folder`,
+    written into a temporary folder, its classes in DATA_BIN's label order), with DATA_BIN binarized in its
+    vocabulary (acl-preprocess --tokenizer wordpiece --vocab its vocab.txt)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    from acl_fairseq.hf import multi_exit_folder
+
+    if not multi_exit_folder.is_multi_exit(args.checkpoint):
+        return run(parser, args)
+    if args.calibrate is not None:
+        parser.error("--calibrate writes exit_policy.json beside a checkpoint, and an HF-trained folder is none: "
+                     "pass the policy to acl-export (--policy, --threshold)")
+    with tempfile.TemporaryDirectory(prefix="acl-evaluate-hf-") as tmp:
+        args.source = args.checkpoint
+        try:
+            args.checkpoint = multi_exit_folder.for_data(args.checkpoint, args.data_bin, tmp)
+        except multi_exit_folder.UnsupportedCheckpointError as e:
+            raise console.UsageError(str(e)) from None
+        return run(parser, args)
+
+
+def run(parser: argparse.ArgumentParser, args) -> Dict:
     evaluate_checks.precheck(parser, args)
     calibrate.precheck(parser, args)
     result = evaluate(args)

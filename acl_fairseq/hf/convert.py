@@ -30,7 +30,7 @@ import logging
 import os
 import shutil
 import warnings
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from acl_fairseq import checkpoint_safety
 from acl_fairseq.hf.mapping import (
@@ -93,11 +93,36 @@ def hub_bpe(tokenizer: dict) -> dict:
 
 def build_checkpoint(config, flags, dict_words, encoder_sd, pooler, num_classes, head_name, seed,
                      record: dict, head: Optional[Dict] = None) -> Dict:
-    """A fairseq checkpoint dict. The fairseq model is built here and loaded strictly, so the file is
-    known to restore; parameters the HF checkpoint lacks (the LM head, a new out_proj) keep
-    fairseq's own initialisation under ``seed``; ``head`` (a whole classification head, dense and out_proj)
-    replaces the pooler there when given. A BERT with a segment embedding is built as a
-    single-exit ``multi_exit_roberta`` (the only model that holds it), anything else as ``roberta``."""
+    """A fairseq checkpoint dict of a pretrained encoder (task ``masked_lm``). Parameters the HF checkpoint lacks
+    (the LM head, a new out_proj) keep fairseq's own initialisation under ``seed``; ``head`` (a whole
+    classification head, dense and out_proj) replaces the pooler there when given. A BERT with a segment embedding
+    is built as a single-exit ``multi_exit_roberta`` (the only model that holds it), anything else as ``roberta``."""
+    arch = ["--arch", "roberta"]
+    if record["segment_embedding"]:
+        arch = ["--arch", "multi_exit_roberta", "--exit-layers", str(config["num_hidden_layers"]),
+                "--conventions", json.dumps(record)]
+    cli = [".", "--task", "masked_lm", "--criterion", "masked_lm", *arch, *flags,
+           "--tokens-per-sample", flags[flags.index("--max-positions") + 1]]
+    if num_classes is not None and pooler is None:
+        raise UnsupportedCheckpointError("--num-classes needs a checkpoint with a pooler (pooler.dense)")
+    state = dict(encoder_sd)
+    if num_classes is not None:
+        state.update({f"classification_heads.{head_name}.{k}": v for k, v in (head or pooler).items()})
+    checkpoint = fairseq_checkpoint(cli, dict_words, state, seed, record,
+                                    None if num_classes is None else (head_name, num_classes),
+                                    fresh=("encoder.lm_head.", "classification_heads.", FRESH_BUFFER))
+    checkpoint[POOLER_KEY] = {k: v.float().contiguous() for k, v in pooler.items()} if pooler else None
+    checkpoint["hf_config"] = config
+    return checkpoint
+
+
+def fairseq_checkpoint(cli: List[str], dict_words: List[str], state: Dict, seed: int, record: dict,
+                       head: Optional[Tuple[str, int]], fresh: Tuple[str, ...]) -> Dict:
+    """The checkpoint dict of the model fairseq-train's ``cli`` (task, criterion, arch and model flags) builds over
+    ``dict_words``, with ``state`` loaded into it. The model is built here and loaded strictly, so the file is known
+    to restore: a parameter of ``state`` it has no place for, or one it lacks outside the prefixes ``fresh`` (which
+    keep fairseq's own initialisation under ``seed``), is a conversion bug. ``head``: ``(name, classes)`` of the
+    classification head(s) to register (every exit's, on ``multi_exit_roberta``)."""
     import torch
     from fairseq import options
     from fairseq.data import Dictionary
@@ -107,34 +132,22 @@ def build_checkpoint(config, flags, dict_words, encoder_sd, pooler, num_classes,
 
     from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
 
-    parser = options.get_training_parser()
-    arch = ["--arch", "roberta"]
-    if record["segment_embedding"]:
-        arch = ["--arch", "multi_exit_roberta", "--exit-layers", str(config["num_hidden_layers"]),
-                "--conventions", json.dumps(record)]
-    cli = [".", "--task", "masked_lm", "--criterion", "masked_lm", *arch, *flags,
-           "--tokens-per-sample", flags[flags.index("--max-positions") + 1], "--seed", str(seed)]
-    args = options.parse_args_and_arch(parser, input_args=cli)
+    args = options.parse_args_and_arch(options.get_training_parser(), input_args=[*cli, "--seed", str(seed)])
     dictionary = Dictionary()
     for w in dict_words + ["<mask>"]:
         dictionary.add_symbol(w)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model_cls = MultiExitRobertaModel if record["segment_embedding"] else RobertaModel
+        model_cls = MultiExitRobertaModel if args.arch == "multi_exit_roberta" else RobertaModel
         model = model_cls.build_model(args, argparse.Namespace(source_dictionary=dictionary))
-        if num_classes is not None:
-            if pooler is None:
-                raise UnsupportedCheckpointError("--num-classes needs a checkpoint with a pooler (pooler.dense)")
-            model.register_classification_head(head_name, num_classes=num_classes)
-    state = dict(encoder_sd)
-    if num_classes is not None:
-        state.update({f"classification_heads.{head_name}.{k}": v for k, v in (head or pooler).items()})
+        if head is not None:
+            model.register_classification_head(head[0], num_classes=head[1])
     missing, unexpected = torch.nn.Module.load_state_dict(model, state, strict=False)
-    fresh = [k for k in missing if k.startswith(("encoder.lm_head.", "classification_heads.", FRESH_BUFFER))]
-    if unexpected or len(fresh) != len(missing):
-        raise RuntimeError(f"conversion bug: missing {sorted(set(missing) - set(fresh))}, unexpected {unexpected}")
-    if fresh:
-        logger.info("kept fairseq's initialisation for %s", ", ".join(k for k in fresh if k != FRESH_BUFFER))
+    kept = [k for k in missing if k.startswith(fresh)]
+    if unexpected or len(kept) != len(missing):
+        raise RuntimeError(f"conversion bug: missing {sorted(set(missing) - set(kept))}, unexpected {unexpected}")
+    if kept:
+        logger.info("kept fairseq's initialisation for %s", ", ".join(k for k in kept if k != FRESH_BUFFER))
     with warnings.catch_warnings():  # hydra's "strict flag is deprecated", raised inside fairseq
         warnings.simplefilter("ignore")
         cfg = OmegaConf.to_container(convert_namespace_to_omegaconf(args), resolve=True, enum_to_str=True)
@@ -150,8 +163,6 @@ def build_checkpoint(config, flags, dict_words, encoder_sd, pooler, num_classes,
                                "lr_scheduler_state": {"best": None}, "num_updates": 0}],
         "extra_state": {"train_iterator": {"epoch": 1, "iterations_in_epoch": 0}},
         "last_optimizer_state": None,
-        POOLER_KEY: {k: v.float().contiguous() for k, v in pooler.items()} if pooler else None,
-        "hf_config": config,
     }
 
 

@@ -1,6 +1,7 @@
 """``acl-export``: a trained (multi-exit) checkpoint out of fairseq, for serving.
 
     acl-export CHECKPOINT --data DATA_BIN --out OUT [--format hf] [--policy entropy --threshold 0.3] [--force]
+    acl-export HF_FOLDER --out OUT --format onnx [--quantize int8 --data GLUE_DIR]   # acl-train-hf's output
 
 The early-exit policy recorded for serving (OUT/hf's ``early_exit.json``, OUT/onnx's manifest, which
 ``acl-predict OUT/onnx`` applies when given no policy) is ``--policy``/``--threshold``; without them, the one
@@ -22,6 +23,12 @@ Ctrl-C or SIGTERM. An existing OUT is refused without ``--force``. Every refusal
 2, made before the model loads where it can be (flags, an OUT that cannot be written, the data folder, the
 checkpoint); a disk that fills or a folder that turns read-only during the export is one line too, and Ctrl-C
 exits 130. A regression model (STS-B) needs no ``label/dict.txt``.
+
+An HF-trained multi-exit folder (acl-train-hf's output, a BERT or RoBERTa encoder) needs no binarized ``--data`` (its
+GLUE folder is ``--data`` for ``--quantize int8`` alone): it becomes the fairseq run it would have been
+(:mod:`acl_fairseq.hf.multi_exit_folder`, in a temporary folder: labels from ``id2label``, the vocabulary from its
+tokenizer) and is exported to ONNX by the same code (it is a transformers folder already); another encoder is refused
+naming why.
 """
 import argparse
 import errno
@@ -30,11 +37,12 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 from typing import Callable, Dict, List, Optional
 
 from acl_fairseq.hf import export_tokenizer
 from acl_fairseq.hf.export_tokenizer import ExportError
-from acl_runtime import calibration, console, paths, request, tokenization
+from acl_runtime import calibration, console, glue_tasks, paths, request, tokenization
 from acl_runtime.io import atomic
 
 logger = logging.getLogger("acl_fairseq.hf.export")
@@ -70,9 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0].strip("`: ").split(": ", 1)[-1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 2)[2])
-    p.add_argument("checkpoint", help="fine-tuned checkpoint (checkpoint_best.pt of a run)")
-    p.add_argument("--data", required=True, help="the binarized folder the model was trained on (its dictionaries, "
-                   "label names and tokenizer record: preprocess/glue.py's stats.json with the tokenizer files)")
+    p.add_argument("checkpoint", help="fine-tuned checkpoint (checkpoint_best.pt of a run), or a folder of an "
+                   "HF-trained multi-exit model (acl-train-hf's --output_dir)")
+    p.add_argument("--data", help="the binarized folder the model was trained on (its dictionaries, label names and "
+                   "tokenizer record: preprocess/glue.py's stats.json with the tokenizer files); required with a "
+                   "checkpoint. With an HF folder (which carries its own): the GLUE folder it was trained on "
+                   "(acl-train-hf's --data_dir), read by --quantize int8 alone, to calibrate on its train.tsv")
     p.add_argument("--out", required=True, help="output folder; each format goes to OUT/<format>/")
     p.add_argument("--format", nargs="+", choices=tuple(FORMATS), default=["hf"],
                    help="what to write (default: %(default)s): hf = a transformers folder, onnx = graphs that "
@@ -87,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float,
                    help="the policy's threshold, in its range (default: the policy's default in exits.POLICIES)")
     p.add_argument("--metrics-split", default="valid", help="split whose per-exit metrics go in the model card "
-                   "(default: %(default)s; 'none' skips them)")
+                   "(default: %(default)s; 'none' skips them; an HF folder has no binarized split: none)")
     p.add_argument("--batch-size", type=int, default=32, help="batch size of the metrics pass (default: %(default)s)")
     p.add_argument("--force", action="store_true", help="replace existing OUT/<format>/ folders (the rest of "
                    "OUT is left alone)")
@@ -148,7 +159,8 @@ def format_problems(args, cfg: Dict) -> Dict[str, List[str]]:
     data and flags: ``{format: [reasons]}``, an empty list where it can."""
     problems: Dict[str, List[str]] = {fmt: [] for fmt in FORMATS}
     split, input0 = args.metrics_split, os.path.join(args.data, "input0")
-    if args.quantize == "int8" and not os.path.isfile(os.path.join(input0, "train.bin")):
+    if args.quantize == "int8" and not getattr(args, "calibration_texts", None) and \
+            not os.path.isfile(os.path.join(input0, "train.bin")):
         problems["onnx"].append(f"--quantize int8 calibrates on the training split, and "
                                 f"{os.path.join(input0, 'train.bin')} is missing: pass the --data folder the model "
                                 "was trained on, or --quantize int8-dynamic (batch-dependent)")
@@ -294,6 +306,32 @@ def _discard(tmp: str, out: str, created: bool) -> None:
 
 def export(args) -> Dict:
     """Check, load, write every format; returns ``{format: [files]}``."""
+    from acl_fairseq.hf import multi_exit_folder
+
+    if not multi_exit_folder.is_multi_exit(args.checkpoint):
+        if args.data is None:
+            fail("--data is required with a checkpoint: pass the binarized folder the model was trained on")
+        return export_run(args)
+    if "hf" in args.format:
+        fail(f"--format hf: {args.checkpoint} is a transformers folder already (import acl_hf, then "
+             "AutoModelForSequenceClassification loads it); pass --format onnx")
+    args.metrics_split = "none"
+    check_flags(args)
+    check_out(args)
+    with tempfile.TemporaryDirectory(prefix="acl-export-hf-") as tmp:
+        try:
+            if args.data is not None or args.quantize == "int8":  # its GLUE folder: what static int8 calibrates on
+                args.calibration_texts = multi_exit_folder.training_texts(args.checkpoint, args.data, args.quantize)
+            args.weights = multi_exit_folder.weights_file(args.checkpoint)
+            args.checkpoint, args.data = multi_exit_folder.materialize(args.checkpoint, tmp)
+        except (multi_exit_folder.UnsupportedCheckpointError, multi_exit_folder.CheckpointError,
+                glue_tasks.GlueDataError) as e:  # named, with the fix
+            fail(str(e))
+        return export_run(args)
+
+
+def export_run(args) -> Dict:
+    """:func:`export` of a fairseq run's checkpoint and data folder."""
     cfg = precheck(args)
     hub = load_hub(args)
     serving_policy(args, hub)

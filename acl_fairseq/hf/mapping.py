@@ -66,6 +66,12 @@ def read_config(hf_dir: str) -> dict:
         raise UnsupportedCheckpointError(f"{path} not found: HF_DIR must be a Hugging Face model folder")
     with open(path, encoding="utf-8") as f:
         config = json.load(f)
+    return check_config(config)
+
+
+def check_config(config: dict) -> dict:
+    """``config`` (an encoder's config.json, as a dict) if fairseq's post-norm ``roberta`` arch can represent it,
+    else an :class:`UnsupportedCheckpointError` naming the variant."""
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         prenorm = "prelayernorm" in str(model_type)
@@ -102,7 +108,7 @@ def load_hf_state_dict(hf_dir: str, model_type: str) -> Dict[str, "torch.Tensor"
     damaged file or a refused global is a one-line :class:`~acl_fairseq.checkpoint_safety.CheckpointError`."""
     from acl_fairseq import checkpoint_safety
 
-    files = _weight_files(hf_dir)
+    files = weight_files(hf_dir)
     sd = {}
     for path in files:
         if path.endswith(".safetensors"):
@@ -119,7 +125,7 @@ def load_hf_state_dict(hf_dir: str, model_type: str) -> Dict[str, "torch.Tensor"
     return out
 
 
-def _weight_files(hf_dir: str) -> List[str]:
+def weight_files(hf_dir: str) -> List[str]:
     for name in ("model.safetensors", "pytorch_model.bin"):
         if os.path.isfile(os.path.join(hf_dir, name)):
             return [os.path.join(hf_dir, name)]

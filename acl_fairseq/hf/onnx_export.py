@@ -128,11 +128,13 @@ def serving_policy(hub, policy: Optional[str], threshold: Optional[float]) -> Di
 
 def write_onnx(hub, out_dir: str, quantize: Optional[str] = None, policy: Optional[str] = None,
                threshold: Optional[float] = None, tokenizer_file: Optional[str] = None,
-               calibration: Optional[Dict] = None, checkpoint: Optional[str] = None) -> List[str]:
+               calibration: Optional[Dict] = None, checkpoint: Optional[str] = None,
+               calibration_texts: Optional[List[tuple]] = None) -> List[str]:
     """Write the ONNX folder of a loaded hub model (``acl_fairseq.inference.hub``) into the existing, empty
     ``out_dir``; returns the file names written. ExportError for what cannot be exported exactly. The manifest
     records every file's sha256 and the checkpoint's (``checkpoint``: its path), which the runtime checks
-    (:mod:`acl_runtime.manifest`)."""
+    (:mod:`acl_runtime.manifest`). ``calibration_texts``: what static int8 calibrates on where the hub's data folder
+    has no binarized training split (an HF-trained folder's training texts)."""
     if not hub.model.classification_heads:
         raise ExportError("the checkpoint has no classification head: export a fine-tuned checkpoint")
     if quantize is not None and quantize not in QUANTIZE:
@@ -146,7 +148,9 @@ def write_onnx(hub, out_dir: str, quantize: Optional[str] = None, policy: Option
                 pairing.MANIFEST_KEY: hub.texts_per_input,  # 1 or 2 texts per input (acl_runtime.pairing)
                 "calibration": calibration,  # the exit_policy.json record the serving policy came from, if any
                 "policy_defaults": {name: row.default for name, row in exits.POLICIES.items()},
-                "quantized": {} if quantize is None else onnx_quantize.quantize_int8(out_dir, graphs, hub, quantize)}
+                "quantized": {} if quantize is None else onnx_quantize.quantize_int8(
+                    out_dir, graphs, hub, quantize, rows=None if calibration_texts is None or quantize != "int8"
+                    else onnx_quantize.calibration_rows(hub, texts=calibration_texts))}
     files = sorted(os.path.relpath(os.path.join(root, n), out_dir).replace(os.sep, "/")
                    for root, _, names in os.walk(out_dir) for n in names)
     manifest["sha256"] = {name: checks.file_sha256(os.path.join(out_dir, name)) for name in files}
@@ -157,8 +161,10 @@ def write_onnx(hub, out_dir: str, quantize: Optional[str] = None, policy: Option
 
 def write(ctx, out_dir: str) -> List[str]:
     """acl-export's format writer: ``ctx.hub`` and ``ctx.args`` (``quantize``, ``policy``, ``threshold``,
-    ``tokenizer``, ``calibration``: settled by acl-export's ``serving_policy``)."""
+    ``tokenizer``, ``calibration``: settled by acl-export's ``serving_policy``; ``weights``: an HF folder's weights
+    file, whose sha256 the manifest records in place of the checkpoint's; ``calibration_texts``: its training texts)."""
     args = ctx.args
     return write_onnx(ctx.hub, out_dir, getattr(args, "quantize", None), args.policy, args.threshold,
                       getattr(args, "tokenizer", None), getattr(args, "calibration", None),
-                      getattr(args, "checkpoint", None))
+                      getattr(args, "weights", None) or getattr(args, "checkpoint", None),
+                      getattr(args, "calibration_texts", None))

@@ -74,9 +74,14 @@ def _imports():
     return onnx, onnxruntime, quantization
 
 
-def calibration_rows(hub, n: int = CALIBRATION_ROWS, seed: int = CALIBRATION_SEED) -> List[np.ndarray]:
+def calibration_rows(hub, n: int = CALIBRATION_ROWS, seed: int = CALIBRATION_SEED,
+                     texts: Optional[List[tuple]] = None) -> List[np.ndarray]:
     """``n`` rows of the hub's training split (a seeded sample without replacement), as the model reads them: the
-    task's own ``src_tokens`` (``<s>``, segments, pairs), unpadded. ExportError when the split is missing."""
+    task's own ``src_tokens`` (``<s>``, segments, pairs), unpadded. ExportError when the split is missing. ``texts``
+    (an HF-trained folder's training split, read from its GLUE folder): the sample is drawn from them, each encoded
+    as the hub encodes an input."""
+    if texts is not None:
+        return [hub.encode(*texts[i]).numpy().astype(np.int64) for i in _sample(len(texts), n, seed)]
     data = hub.cfg.task.data
     if not os.path.isfile(os.path.join(data, "input0", f"{CALIBRATION_SPLIT}.bin")):
         raise ExportError(f"--quantize int8 calibrates on the training split, and "
@@ -84,8 +89,12 @@ def calibration_rows(hub, n: int = CALIBRATION_ROWS, seed: int = CALIBRATION_SEE
                           "folder the model was trained on, or --quantize int8-dynamic (batch-dependent)")
     hub.task.load_dataset(CALIBRATION_SPLIT)
     split = hub.task.dataset(CALIBRATION_SPLIT)
-    picked = np.random.default_rng(seed).choice(len(split), size=min(n, len(split)), replace=False)
-    return [split[int(i)]["net_input.src_tokens"].numpy().astype(np.int64) for i in sorted(picked)]
+    return [split[i]["net_input.src_tokens"].numpy().astype(np.int64) for i in _sample(len(split), n, seed)]
+
+
+def _sample(total: int, n: int, seed: int) -> List[int]:
+    """``min(n, total)`` indices of ``range(total)``, drawn with ``seed`` without replacement, in order."""
+    return [int(i) for i in sorted(np.random.default_rng(seed).choice(total, size=min(n, total), replace=False))]
 
 
 def _session(path: str):

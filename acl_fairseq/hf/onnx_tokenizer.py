@@ -10,6 +10,9 @@ dictionary nor this package's tokenizer code:
   as in training), each piece mapped to its dictionary row; pieces the dictionary lacks map to ``<unk>``'s row.
   Several pieces then share one id, which ``tokenizers`` cannot save itself (it writes one piece per id), so the
   vocabulary is written into the JSON here;
+- ``hf_byte_bpe`` (a converted or HF-trained RoBERTa): the hub's own byte-level BPE (``tokenization``'s, the same
+  pre-tokenizer and merges), its vocabulary re-indexed to the dictionary's rows as ``acl-export --format hf`` re-indexes
+  it (:func:`acl_fairseq.hf.export_tokenizer.bpe_vocab`, which refuses a dictionary that lacks a token);
 - ``whitespace`` (pre-tokenized text, the toy data): ``tokenization.whitespace_parts``, the very split and
   lowercasing the checkpoint's tokenizer runs, each word looked up in the dictionary.
 
@@ -26,7 +29,7 @@ from acl_fairseq.hf.export_tokenizer import ExportError  # noqa: F401  (one erro
 from acl_runtime import tokenization
 
 FILE_NAME = "tokenizer.json"
-KINDS = ("wordpiece", "whitespace")
+KINDS = ("wordpiece", "hf_byte_bpe", "whitespace")
 
 
 def wordpiece_vocab(record: dict, base_dir: str, dictionary) -> Dict[str, int]:
@@ -50,6 +53,15 @@ def build_json(record: dict, base_dir: str, dictionary) -> str:
         spec = json.loads(tok.to_str())
         spec["model"]["vocab"] = vocab  # to_str keeps one piece per id; the pieces that share <unk>'s row too
         return json.dumps(spec, ensure_ascii=False)
+    if kind == "hf_byte_bpe":
+        from acl_fairseq.hf import export_tokenizer
+
+        paths = dict(zip(tokenization.FILES[kind], tokenization.files_of(record, base_dir)))
+        with open(paths["vocab"], encoding="utf-8") as f:
+            vocab = export_tokenizer.bpe_vocab(dictionary.symbols, json.load(f))
+        spec = json.loads(tokenization._hf_byte_bpe(paths).to_str())
+        spec["model"]["vocab"] = vocab  # the merges name tokens, not ids: they stand
+        return json.dumps(spec, ensure_ascii=False)
     if kind == "whitespace":
         specials = tokenization.special_words(dictionary) - {dictionary.unk_word}  # absent: they read as <unk>
         # a repeated word keeps its first row
@@ -60,8 +72,9 @@ def build_json(record: dict, base_dir: str, dictionary) -> str:
             tok.normalizer = normalizer
         return tok.to_str()
     raise ExportError(
-        f"the data folder's tokenizer is {kind!r}: the ONNX export writes {' and '.join(KINDS)} tokenizers only "
-        f"({kind} has no exact tokenizers-file form here yet); export --format hf, or serve with acl-predict")
+        f"the data folder's tokenizer is {kind!r}: the ONNX export writes {', '.join(KINDS[:-1])} and {KINDS[-1]} "
+        f"tokenizers only ({kind} has no exact tokenizers-file form here yet); export --format hf, or serve with "
+        "acl-predict")
 
 
 def write(hub, path: str, tokenizer_file: Optional[str] = None) -> str:

@@ -65,6 +65,11 @@ class MultiExitRobertaModel(RobertaModel):
         if safe_getattr(args, "encoder_layerdrop", 0.0) > 0:
             # LayerDrop skips layers in training, so inner_states would no longer line up with layers
             raise ValueError("multi_exit_roberta does not support --encoder-layerdrop > 0")
+        eps = safe_getattr(args, "layer_norm_eps", None)
+        if eps is not None:  # an encoder trained elsewhere with its own epsilon (BERT's 1e-12): fairseq's is 1e-5
+            for module in self.encoder.modules():
+                if isinstance(module, torch.nn.LayerNorm):
+                    module.eps = float(eps)
         self.conventions = conventions.from_args(args)
         if self.conventions is not None and self.conventions["segment_embedding"]:
             # BERT's token type 1 minus type 0 (type 0 is folded into the positions): see conventions.py.
@@ -102,6 +107,13 @@ class MultiExitRobertaModel(RobertaModel):
             "or its folder: pair format (sets the task's separator token), BERT's segment embedding, head "
             "dropout (the default of --pooler-dropout), tokenizer. The record itself is kept in the "
             "checkpoint. Default: none (RoBERTa, fairseq's behaviour)",
+        )
+        parser.add_argument(
+            "--layer-norm-eps",
+            type=float,
+            metavar="EPS",
+            help="epsilon of every LayerNorm of the encoder, for an encoder trained with another than fairseq's "
+            "(acl-export of a Hugging Face BERT, 1e-12). Default: fairseq's 1e-5",
         )
 
     @classmethod
@@ -223,6 +235,7 @@ def multi_exit_roberta_architecture(args):
         args.pooler_dropout = safe_getattr(args, "pooler_dropout", record["head_dropout"])
     args.exit_layers = safe_getattr(args, "exit_layers", None)  # None: an exit after every layer
     args.exit_pooling = safe_getattr(args, "exit_pooling", "cls")  # fairseq's <s> convention
+    args.layer_norm_eps = safe_getattr(args, "layer_norm_eps", None)  # None: fairseq's LayerNorm default
     roberta_base_architecture(args)
 
 

@@ -353,8 +353,8 @@ def test_a_folder_copied_in_part_or_the_wrong_level_is_a_one_line_error(toy, tmp
 @pytest.mark.parametrize("kind,files", [("gpt2", {"encoder_json": "e.json", "vocab_bpe": "v.bpe"}),
                                         ("sentencepiece", {"model": "m.model"})])
 def test_a_tokenizer_kind_without_an_exact_file_is_refused(kind, files):
-    with pytest.raises(onnx_tokenizer.ExportError, match=f"tokenizer is '{kind}': the ONNX export writes wordpiece "
-                       "and whitespace tokenizers only"):
+    with pytest.raises(onnx_tokenizer.ExportError, match=f"tokenizer is '{kind}': the ONNX export writes wordpiece, "
+                       "hf_byte_bpe and whitespace tokenizers only"):
         onnx_tokenizer.build_json({"kind": kind, "files": files, "lowercase": False}, ".", None)
 
 
