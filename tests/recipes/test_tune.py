@@ -80,12 +80,13 @@ def study_trials(url, name="SST-2-scl-fewshot"):
 
 
 def running_trials(url):
-    """The RUNNING trials, or [] while the worker is still creating the study (its schema, its row)."""
-    from sqlalchemy.exc import OperationalError
+    """The RUNNING trials, or [] while the worker is still creating the study (its schema, its row: this reader
+    races it to create the schema, as two workers do, and the loser's insert of the schema's version fails)."""
+    from sqlalchemy.exc import DBAPIError
 
     try:
         return [t for t in study_trials(url) if t.state.name == "RUNNING"]
-    except (KeyError, OperationalError):
+    except (KeyError, DBAPIError):
         return []
 
 
