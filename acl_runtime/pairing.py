@@ -25,9 +25,9 @@ FIXES: Dict[Tuple[str, int], str] = {
     ("predict", 1): 'send a batch as [["a"], ["b"]]',
     ("infer", 1): 'send the texts in the "text" tensor alone, without "text_pair"',
     ("python", 2): "pass each input as a (text, text_pair) tuple",
-    ("acl-predict", 2): "read two texts per row: --columns N M, the --task the model was trained on, or JSONL with "
+    ("acl-predict", 2): "read two texts per row: --columns N,M, the --task the model was trained on, or JSONL with "
                         "text and text_pair",
-    ("predict", 2): 'send each input as a pair: [["a", "b"]], or {"text": "a", "text_pair": "b"}',
+    ("predict", 2): 'send each input as a pair: ["a", "b"] for one, [["a", "b"], ["c", "d"]] for a batch',
     ("infer", 2): 'send a "text_pair" tensor beside "text", one entry per text',
 }
 
