@@ -55,7 +55,7 @@ def test_the_cut_does_not_change_answers_within_the_budget(pair):  # noqa: F811
         assert truncated and list(ids)[1:-1] == whole[: hub.max_positions - 2]
         far, far_truncated = model.encode_with_info(words)
         assert far_truncated and list(far) == list(ids)
-        near, beyond = model.predict_early_exit([within, words])
+        near, beyond = model.predict_early_exit([(within, "good"), (words, "good")])  # pairs: what it reads
         assert near == beyond
 
 
