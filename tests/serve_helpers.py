@@ -47,6 +47,30 @@ def _export(predict_run, tmp_path_factory):
     return {"folder": folder, "texts": texts, "engine": Engine(folder, threads=1)}
 
 
+@pytest.fixture(scope="module")
+def single_folder(single_run, tmp_path_factory) -> str:
+    """conftest's classifier of one text per input, exported to ONNX: for the clients that send a lone text (a pair
+    model refuses one: tests/inference/test_pairing.py)."""
+    from acl_fairseq.hf import export
+
+    data, ckpt = single_run
+    out = tmp_path_factory.mktemp("serve_single") / "out"
+    export.main([ckpt, "--data", data, "--out", str(out), "--format", "onnx", "--metrics-split", "none"])
+    return os.path.join(str(out), "onnx")
+
+
+@pytest.fixture(scope="module")
+def regression_folder(regression_run, tmp_path_factory):
+    """conftest's tiny multi-exit model trained on the toy task's [0, 1] scores (shared with
+    test_export_errors.py), exported to ONNX, and its validation texts: a model of one text per input."""
+    from acl_fairseq.hf import export
+
+    ckpt, data = regression_run
+    out = tmp_path_factory.mktemp("serve_regression") / "out"
+    export.main([ckpt, "--data", data, "--out", str(out), "--format", "onnx", "--metrics-split", "none"])
+    return os.path.join(str(out), "onnx"), helpers.raw_split(data)[0][:12]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
