@@ -16,12 +16,13 @@ import urllib.error
 
 import pytest
 
-from serve_helpers import (  # noqa: F401  (exported: a fixture)
+from serve_helpers import (  # noqa: F401  (exported, single_folder: fixtures)
     all_accepted,
     call,
     exported,
     oip_body,
     serving,
+    single_folder,
     slow_layer,
     start,
 )
@@ -328,12 +329,13 @@ def test_serve_stop_counts_a_drop_at_the_signal_apart_from_a_drop_before_it():
     assert got["last_taken_ms"] == pytest.approx(300.0)
 
 
-def test_serve_stop_measures_a_stop_with_every_connection_taken_answered(exported, tmp_path):  # noqa: F811
-    """benchmarks/serve_stop.py at its smallest: one run, two clients; its JSON, and no replacing it."""
+def test_serve_stop_measures_a_stop_with_every_connection_taken_answered(single_folder, tmp_path):  # noqa: F811
+    """benchmarks/serve_stop.py at its smallest: one run, two clients; its JSON, and no replacing it. It sends
+    single sentences: a model of one text per input (a pair model refuses them)."""
     import serve_stop
 
     out = tmp_path / "stop.json"
-    argv = ["--folder", exported["folder"], "--workers", "1", "--runs", "1", "--clients", "2", "--before-seconds",
+    argv = ["--folder", single_folder, "--workers", "1", "--runs", "1", "--clients", "2", "--before-seconds",
             "0.5", "--after-seconds", "0.3", "--json", str(out)]
     (row,) = serve_stop.main(argv)
     assert row["exit_code"] == 0 and row["before_200"] > 0 and row["after_refused"] > 0
