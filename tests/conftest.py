@@ -106,8 +106,8 @@ def regression_run(tmp_path_factory):
 @pytest.fixture(scope="session")
 def single_run(tmp_path_factory):
     """(data, checkpoint): predict_run's model trained 2 epochs on the toy task's single sentences, a classifier of
-    one text per input. Trained once for serve_helpers.single_folder (test_serve_hey.py, test_serve_shutdown.py),
-    which only read it."""
+    one text per input. Trained once for serve_helpers.single_folder (test_serve_clients.py, test_serve_hey.py,
+    test_serve_shutdown.py), which only read it."""
     return prebuilt.get("single_run", tmp_path_factory)
 
 

@@ -1,14 +1,25 @@
 """acl-serve with the clients people use, as shipped: huggingface_hub's InferenceClient (TEI's ``/`` and the
 Inference API's ``parameters``), tritonclient.http's model configuration, statistics, classification and
-compression; TEI's ``/health`` and ``/info``."""
+compression; TEI's ``/health`` and ``/info``. InferenceClient.text_classification sends one string: it runs on the
+classifier of one text per input, the others on the pair model (each model refuses the other kind:
+tests/inference/test_pairing.py)."""
 import gzip
 import json
 
 import numpy as np
 import pytest
 
+import helpers
 from acl_runtime import loop
-from serve_helpers import call, exported, oip_body, outputs, serving, triton_pairs  # noqa: F401  (exported: a fixture)
+from serve_helpers import (  # noqa: F401  (exported, single_folder: fixtures)
+    call,
+    exported,
+    oip_body,
+    outputs,
+    serving,
+    single_folder,
+    triton_pairs,
+)
 
 ATOL = 1e-5
 
@@ -19,39 +30,47 @@ def server(exported):  # noqa: F811
         yield running
 
 
+@pytest.fixture(scope="module")
+def single(single_folder, single_run):  # noqa: F811
+    """The classifier of one text per input served: (URL, its engine, six of its validation sentences)."""
+    from acl_runtime.engine import Engine
+
+    with serving(single_folder, max_batch=8, max_queue=64) as (url, _):
+        yield url, Engine(single_folder, threads=1), helpers.raw_split(single_run[0])[0][:6]
+
+
 def _pairs(exported, n=6):  # noqa: F811
-    """The model's inputs, pairs: each as a list, TEI's form of one pair, which InferenceClient sends as its
-    ``inputs`` as it sends a text."""
+    """The pair model's inputs, each as a list: TEI's form of one pair."""
     return [list(t) for t in exported["texts"][:n]]
 
 
-def _logits(exported, pair):  # noqa: F811
-    """The deciding exit's logits of ``pair`` under the server's default (the last exit), as the engine gives them."""
-    p = exported["engine"].predict_early_exit([tuple(pair)])[0]
+def _logits(engine, text):
+    """The deciding exit's logits of ``text`` under the server's default (the last exit), as the engine gives them."""
+    p = engine.predict_early_exit([text])[0]
     return p, np.log([p.probabilities[k] for k in ("0", "1")])
 
 
-def test_huggingface_hubs_inference_client_classifies_through_teis_root_route(server, exported):  # noqa: F811
+def test_huggingface_hubs_inference_client_classifies_through_teis_root_route(single):
     """InferenceClient(base_url).text_classification posts {"inputs": text, "parameters": {...}} to / and reads a
     list per input; every label comes back, best first, with the engine's probabilities."""
     from huggingface_hub import InferenceClient
 
-    url, _ = server
+    url, engine, texts = single
     client = InferenceClient(base_url=url)
-    for text in _pairs(exported):
-        want, _ = _logits(exported, text)
+    for text in texts:
+        want, _ = _logits(engine, text)
         got = client.text_classification(text)
         assert [e.label for e in got] == sorted(want.probabilities, key=want.probabilities.get, reverse=True)
         assert {e.label: e.score for e in got} == pytest.approx(want.probabilities, abs=ATOL)
 
 
-def test_inference_client_top_k_and_function_to_apply_are_honoured(server, exported):  # noqa: F811
+def test_inference_client_top_k_and_function_to_apply_are_honoured(single):
     from huggingface_hub import InferenceClient
 
-    url, _ = server
+    url, engine, texts = single
     client = InferenceClient(base_url=url)
-    text = _pairs(exported)[0]
-    want, logits = _logits(exported, text)
+    text = texts[0]
+    want, logits = _logits(engine, text)
     best = max(want.probabilities, key=want.probabilities.get)
     (top,) = client.text_classification(text, top_k=1)
     assert top.label == best and top.score == pytest.approx(want.probabilities[best], abs=ATOL)
