@@ -123,6 +123,8 @@ def test_the_export_records_it_and_both_routes_refuse_a_pair(single_onnx):
                                                    'input: send a batch as [["a"], ["b"]]'), body
         status, _, body = call(url + "/predict", {"inputs": [["a b"], ["c d"]]})
         assert status == 200 and len(body) == 2, body
+        status, _, body = call(url + "/predict", {"inputs": "a b"})  # TEI's form of one text: one list
+        assert status == 200 and isinstance(body[0], dict) and {e["label"] for e in body} == {"score"}, body
         status, _, body = call(url + "/v2/models/acl/infer", oip_body([("a b", "c d")]))
         assert status == 400 and body["error"].endswith('send the texts in the "text" tensor alone, without '
                                                         '"text_pair"'), body
