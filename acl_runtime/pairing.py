@@ -8,22 +8,27 @@ texts as one, joined by a separator (TEI's ``{"inputs": ["a", "b"]}`` is one pai
 refuses that at every place inputs are read: the Python API (``predict_early_exit``, ``predict_texts``:
 :class:`acl_runtime.loop.EarlyExitPredictor`), acl-predict, and acl-serve's two routes (``/predict``, OIP infer).
 
-A lone text on a pair model is still read (as ``<s> A </s>``, the first side alone), as before: the model's own
-tests probe it that way. A manifest written before the field existed records nothing: its inputs are not checked
-(the graphs take token ids, which do not say), as before.
+A lone text on a pair model is refused too: it was read as ``<s> A </s>``, the first side alone, and answered as
+if it were a pair (RTE's premise without its hypothesis). A manifest written before the field existed records
+nothing: its inputs are not checked (the graphs take token ids, which do not say), as before.
 """
 import os
-from typing import Dict, Iterable, Optional, Sequence, Union
+from typing import Dict, Iterable, Optional, Sequence, Tuple, Union
 
 MANIFEST_KEY = "texts_per_input"
 WHAT = {1: "one text", 2: "a pair of texts"}
-# front end -> how to send single texts
-FIXES: Dict[str, str] = {
-    "python": "pass each input as one string",
-    "acl-predict": "read one text per row: --columns N (one column), the --task the model was trained on, or JSONL "
-                   "without text_pair",
-    "predict": 'send a batch as [["a"], ["b"]]',
-    "infer": 'send the texts in the "text" tensor alone, without "text_pair"',
+# (front end, texts the model reads per input) -> how to send them
+FIXES: Dict[Tuple[str, int], str] = {
+    ("python", 1): "pass each input as one string",
+    ("acl-predict", 1): "read one text per row: --columns N (one column), the --task the model was trained on, or "
+                        "JSONL without text_pair",
+    ("predict", 1): 'send a batch as [["a"], ["b"]]',
+    ("infer", 1): 'send the texts in the "text" tensor alone, without "text_pair"',
+    ("python", 2): "pass each input as a (text, text_pair) tuple",
+    ("acl-predict", 2): "read two texts per row: --columns N,M, the --task the model was trained on, or JSONL with "
+                        "text and text_pair",
+    ("predict", 2): 'send each input as a pair: ["a", "b"] for one, [["a", "b"], ["c", "d"]] for a batch',
+    ("infer", 2): 'send a "text_pair" tensor beside "text", one entry per text',
 }
 
 
@@ -57,15 +62,15 @@ def count(item: Union[str, Sequence[Optional[str]]]) -> int:
 
 
 def check(reads: Optional[int], inputs: Iterable, front: str, where: Optional[Sequence[str]] = None) -> None:
-    """Refuse (:class:`Mismatch`) the first of ``inputs`` that holds more texts than a model of ``reads`` texts per
-    input reads, with ``front``'s fix (a key of :data:`FIXES`). ``where``: each input's name in the message
-    (``file:line``), default ``input K``. ``reads`` None: nothing is known, nothing is checked; 2: a pair model
-    reads a lone text too."""
+    """Refuse (:class:`Mismatch`) the first of ``inputs`` that holds another number of texts than a model of
+    ``reads`` texts per input reads, with ``front``'s fix (a front end of :data:`FIXES`). ``where``: each input's
+    name in the message (``file:line``), default ``input K``. ``reads`` None: nothing is known, nothing is
+    checked."""
     if reads is None:
         return
     for k, item in enumerate(inputs):
         n = count(item)
-        if n > reads:
+        if n != reads:
             name = where[k] if where is not None else f"input {k}"
             raise Mismatch(f"{name} holds {WHAT.get(n, f'{n} texts')}, but this model reads {WHAT[reads]} per "
-                           f"input: {FIXES[front]}")
+                           f"input: {FIXES[front, reads]}")

@@ -183,7 +183,7 @@ def predict(args, hub, source: inputs.Input, writer: Writer) -> dict:
             if item is not None:
                 chunk.append(item)
             if chunk and (item is None or len(chunk) >= args.chunk_size):
-                # a pair on a single-text model: refused, exit 2 (acl_runtime.pairing)
+                # a pair on a single-text model, a lone text on a pair model: refused, exit 2 (acl_runtime.pairing)
                 pairing.check(hub.texts_per_input, [r.texts for r in chunk], "acl-predict",
                               [f"{source.name}:{r.line}" for r in chunk])
                 t0 = time.perf_counter()

@@ -98,9 +98,17 @@ def cls_pair_run(tmp_path_factory):
 @pytest.fixture(scope="session")
 def regression_run(tmp_path_factory):
     """(checkpoint, data): a tiny multi-exit model trained 2 epochs on the toy task's [0, 1] scores (no
-    label/dict.txt). Trained once for test_export_errors.py and test_serve_models.py, which only read it (each
-    exports its own ONNX folder)."""
+    label/dict.txt), a model of one text per input. Trained once for test_export_errors.py, test_pairing.py,
+    test_predict_input.py and test_serve_models.py, which only read it (each exports its own ONNX folder)."""
     return prebuilt.get("regression_run", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def single_run(tmp_path_factory):
+    """(data, checkpoint): predict_run's model trained 2 epochs on the toy task's single sentences, a classifier of
+    one text per input. Trained once for serve_helpers.single_folder (test_serve_clients.py, test_serve_hey.py,
+    test_serve_shutdown.py), which only read it."""
+    return prebuilt.get("single_run", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -63,6 +63,17 @@ def regression_run(root):
     return str(root / "ckpt" / "checkpoint_best.pt"), data
 
 
+def single_run(root):
+    """(data, checkpoint): predict_run's model (mean pooling, every layer an exit) trained 2 epochs on the toy
+    task's single sentences: a classifier of one text per input."""
+    import helpers
+
+    data = helpers.make_data(str(root / "data"))["data"]
+    helpers.train(data, str(root / "ckpt"), criterion="sentence_prediction", arch="multi_exit_roberta",
+                  model_args=helpers.TINY_ROBERTA + ["--exit-pooling", "mean"], max_epoch=2)
+    return data, str(root / "ckpt" / "checkpoint_best.pt")
+
+
 def plugin_task_run(root):
     """(data, run folder): a tiny roberta trained one epoch under the plugin task sentence_prediction_acl."""
     import helpers
@@ -86,8 +97,8 @@ def tiny_bert_mean(root):
     return tiny_hf.bert_on_toy_rte(root, num_classes=2, model_flags=["--exit-pooling", "mean"])
 
 
-BUILDERS = {f.__name__: f for f in (predict_run, cls_pair_run, regression_run, plugin_task_run, tiny_bert_rte,
-                                    tiny_bert_mean)}
+BUILDERS = {f.__name__: f for f in (predict_run, cls_pair_run, regression_run, single_run, plugin_task_run,
+                                    tiny_bert_rte, tiny_bert_mean)}
 
 
 # ---- the session's side ----------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ _EXPORTED = {}  # the test files importing the fixture share one export (20 s), 
 @pytest.fixture(scope="module")
 def exported(predict_run, tmp_path_factory):
     """predict_run's tiny multi-exit model (every layer an exit, sentence pairs) through acl-export --format onnx
-    --quantize int8, its validation texts, and the engine acl-predict would run on the folder."""
+    --quantize int8, its validation pairs (and more pairs: see _export), and the engine acl-predict would run on
+    the folder."""
     if _EXPORTED.get("run") != predict_run:
         _EXPORTED.update(run=predict_run, value=_export(predict_run, tmp_path_factory))
     return _EXPORTED["value"]
@@ -38,10 +39,36 @@ def _export(predict_run, tmp_path_factory):
                  "--metrics-split", "none"])
     folder = str(out / "onnx")
     texts, _ = helpers.raw_split(data)
-    # pairs, their first sentences alone, and the odd ones: spacing, accents, a text over the positions (an empty
-    # text is refused, as acl-predict skips an empty line: tests/serve/test_serve_errors.py)
-    texts = list(texts) + [a for a, _ in texts][:8] + ["  the   movie ", "café naïve", " ".join(["good"] * 400)]
+    # pairs (the model reads a pair per input: a lone text is refused, acl_runtime.pairing), their sides swapped,
+    # and the odd ones: spacing, accents, a text over the positions (an empty text is refused, as acl-predict skips
+    # an empty line: tests/serve/test_serve_errors.py)
+    texts = list(texts) + [(b, a) for a, b in texts][:8] + [
+        ("  the   movie ", texts[0][1]), ("café naïve", texts[1][1]), (" ".join(["good"] * 400), texts[2][1])]
     return {"folder": folder, "texts": texts, "engine": Engine(folder, threads=1)}
+
+
+@pytest.fixture(scope="module")
+def single_folder(single_run, tmp_path_factory) -> str:
+    """conftest's classifier of one text per input, exported to ONNX: for the clients that send a lone text (a pair
+    model refuses one: tests/inference/test_pairing.py)."""
+    from acl_fairseq.hf import export
+
+    data, ckpt = single_run
+    out = tmp_path_factory.mktemp("serve_single") / "out"
+    export.main([ckpt, "--data", data, "--out", str(out), "--format", "onnx", "--metrics-split", "none"])
+    return os.path.join(str(out), "onnx")
+
+
+@pytest.fixture(scope="module")
+def regression_folder(regression_run, tmp_path_factory):
+    """conftest's tiny multi-exit model trained on the toy task's [0, 1] scores (shared with
+    test_export_errors.py), exported to ONNX, and its validation texts: a model of one text per input."""
+    from acl_fairseq.hf import export
+
+    ckpt, data = regression_run
+    out = tmp_path_factory.mktemp("serve_regression") / "out"
+    export.main([ckpt, "--data", data, "--out", str(out), "--format", "onnx", "--metrics-split", "none"])
+    return os.path.join(str(out), "onnx"), helpers.raw_split(data)[0][:12]
 
 
 def free_port() -> int:
@@ -114,6 +141,19 @@ def oip_body(texts, **parameters):
     if parameters:
         body["parameters"] = parameters
     return body
+
+
+def triton_pairs(pairs, binary_data: bool = True) -> list:
+    """tritonclient.http's input tensors ``text`` and ``text_pair`` of (text, text_pair) ``pairs``."""
+    import numpy as np
+    import tritonclient.http as triton
+
+    tensors = []
+    for name, column in (("text", 0), ("text_pair", 1)):
+        t = triton.InferInput(name, [len(pairs)], "BYTES")
+        t.set_data_from_numpy(np.asarray([p[column] for p in pairs], dtype=object), binary_data=binary_data)
+        tensors.append(t)
+    return tensors
 
 
 def outputs(answer) -> dict:

@@ -1,6 +1,7 @@
 """benchmarks/serve_hey.py: hey's CSV dump read into a row (counts, throughput, percentiles), and a tiny run end to
 end: hey and serve_load's client at the same fixed rate against acl-serve on the tiny exported model, every answer
-200, hey's counted by the server, the JSON written and not replaced without --force."""
+200, hey's counted by the server, the JSON written and not replaced without --force. The model reads one text per
+input, as the generators send (a lone text on a pair model is refused: tests/inference/test_pairing.py)."""
 import contextlib
 import io
 import json
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 import helpers
-from serve_helpers import exported  # noqa: F401  (a fixture)
+from serve_helpers import single_folder  # noqa: F401  (a fixture)
 
 
 def test_a_hey_csv_dump_becomes_counts_throughput_and_percentiles():
@@ -89,14 +90,14 @@ def test_the_system_packages_table_names_perf_analyzers_library():
 
 
 @pytest.fixture(scope="module")
-def driven(exported, tmp_path_factory):  # noqa: F811
+def driven(single_folder, tmp_path_factory):  # noqa: F811
     """One serve_hey run (1 s at 20/s from each generator) that both tests below read."""
     if shutil.which("hey") is None:
         helpers.skip_needed("hey", "scripts/system_packages.sh installs Debian's hey")
     import serve_hey
 
     out = tmp_path_factory.mktemp("serve_hey") / "hey.json"
-    argv = ["--folder", exported["folder"], "--rate", "20", "--seconds", "1", "--connections", "2", "--json",
+    argv = ["--folder", single_folder, "--rate", "20", "--seconds", "1", "--connections", "2", "--json",
             str(out)]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):

@@ -84,19 +84,21 @@ def run(request, tmp_path_factory):
 
 
 def _examples(folder):
-    """RTE dev: the first sentences alone, then the pairs."""
+    """RTE dev: the pairs with their sides swapped, then the pairs (the model reads pairs: a lone text is refused,
+    acl_runtime.pairing)."""
     lines = open(os.path.join(folder, "dev.tsv"), encoding="utf-8").read().splitlines()[1:]
     rows = [line.split("\t") for line in lines]
-    return [r[1].strip() for r in rows] + [(r[1].strip(), r[2].strip()) for r in rows]
+    return [(r[2].strip(), r[1].strip()) for r in rows] + [(r[1].strip(), r[2].strip()) for r in rows]
 
 
 def _predict_cli(run, tmp_path):
-    """acl-predict's records for the single sentences (a text file) and the pairs (the GLUE file)."""
+    """acl-predict's records for the swapped pairs (a TSV read with --columns) and the pairs (the GLUE file)."""
     _, _, folder, ckpt, data, _, _ = run
-    singles = tmp_path / "singles.txt"
-    singles.write_text("\n".join(x for x in _examples(folder) if isinstance(x, str)) + "\n", encoding="utf-8")
+    examples = _examples(folder)
+    swapped = tmp_path / "swapped.tsv"
+    swapped.write_text("".join(f"{a}\t{b}\n" for a, b in examples[: len(examples) // 2]), encoding="utf-8")
     records = []
-    for extra, name in ((["--input", str(singles)], "a.jsonl"),
+    for extra, name in ((["--input", str(swapped), "--columns", "1,2"], "a.jsonl"),
                         (["--input", os.path.join(folder, "dev.tsv"), "--task", "RTE"], "b.jsonl")):
         predict.main([ckpt, "--data", data, *extra, "--output", str(tmp_path / name), "--device", "cpu"])
         records += [json.loads(line) for line in open(tmp_path / name)]
@@ -111,12 +113,12 @@ def test_pipeline_gives_acl_predicts_labels_and_probabilities(run, tmp_path):
     classify = transformers.pipeline("text-classification", model=os.path.join(out, "hf"), top_k=None)
     assert type(classify.model).__name__ == {"bert": "BertForSequenceClassification",
                                              "roberta": "RobertaForSequenceClassification"}[family]
+    for a, _ in examples:  # a sentence alone: the same row too, though the model reads pairs
+        assert classify.tokenizer(a)["input_ids"] == model.encode(a).tolist(), a
     labels = []
     for x, rec in zip(examples, records):
-        pair = not isinstance(x, str)
-        ids = classify.tokenizer(*x)["input_ids"] if pair else classify.tokenizer(x)["input_ids"]
-        assert ids == model.encode(*((x,) if not pair else x)).tolist(), x  # the same rows, specials and layout
-        got = classify({"text": x[0], "text_pair": x[1]} if pair else x)
+        assert classify.tokenizer(*x)["input_ids"] == model.encode(*x).tolist(), x  # the same rows, specials, layout
+        got = classify({"text": x[0], "text_pair": x[1]})
         got = {d["label"]: d["score"] for d in (got[0] if isinstance(got[0], list) else got)}
         labels.append(rec["label"])
         assert max(got, key=got.get) == rec["label"], (x, got, rec)

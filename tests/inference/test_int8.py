@@ -180,12 +180,12 @@ def test_the_dynamic_option_states_its_batch_dependence(capsys):
 def test_acl_predict_int8_labels_agree_with_fp32(exported, tmp_path):
     from acl_runtime import predict
 
-    src = tmp_path / "in.txt"
-    src.write_text("".join(f"{a}\n" for a, _ in exported["texts"]))
+    src = tmp_path / "in.tsv"
+    src.write_text("".join(f"{a}\t{b}\n" for a, b in exported["texts"]))
     records = {}
     for precision in ("fp32", "int8"):
-        predict.main([exported["folder"], "--input", str(src), "--output", str(tmp_path / f"{precision}.jsonl"),
-                      "--precision", precision, "--policy", "none"])
+        predict.main([exported["folder"], "--input", str(src), "--columns", "1,2", "--output",
+                      str(tmp_path / f"{precision}.jsonl"), "--precision", precision, "--policy", "none"])
         records[precision] = [json.loads(x) for x in (tmp_path / f"{precision}.jsonl").read_text().splitlines()]
     fp32, int8 = records["fp32"], records["int8"]
     assert [r["id"] for r in fp32] == [r["id"] for r in int8] and len(fp32) == len(exported["texts"])

@@ -4,7 +4,8 @@ Two tiny trained models: the toy task's multi_exit_roberta ([CLS] pooling, white
 format) and a converted random BERT fine-tuned with mean pooling and exits on layers 2 and 3 only (WordPiece,
 one separator, the segment embedding). Their exit heads are sharpened (out_proj times SHARPEN) and their biases
 centred on the test texts so that the examples spread over the exits and over both labels, and a 1e-5
-tolerance means something. Every comparison runs single sentences and pairs; the torch side is the
+tolerance means something. Every comparison of ids and logits runs single sentences and pairs, of predictions
+pairs (the models read pairs: a lone text is refused, acl_runtime.pairing); the torch side is the
 layer-by-layer engine (acl_fairseq.inference.early_exit) through the hub.
 """
 import json
@@ -92,6 +93,11 @@ def _split(x) -> tuple:
     return (x,) if isinstance(x, str) else tuple(x)
 
 
+def _pairs(texts) -> list:
+    """The pairs among ``texts``: what the models' predictions read."""
+    return [t for t in texts if not isinstance(t, str)]
+
+
 def torch_all_exits(model, texts):
     """(B, M, K) float32 logits of every exit in input order, from the torch engine without a policy."""
     tokens = [model.encode(*_split(t)) for t in texts]
@@ -160,7 +166,7 @@ def test_ort_engine_equals_the_torch_engine(exported, policy):
 
 
 def test_fixed_exit_layer_and_predictions_match_the_hub(exported):
-    model, eng, texts = exported["hub"], exported["engine"], exported["texts"]
+    model, eng, texts = exported["hub"], exported["engine"], _pairs(exported["texts"])
     for exit_layer in eng.exit_layers[:-1]:
         theirs = model.predict_early_exit(texts, exit_layer=exit_layer)
         ours = eng.predict_early_exit(texts, exit_layer=exit_layer)
@@ -277,11 +283,12 @@ def test_runtime_runs_where_torch_and_fairseq_cannot_be_imported(toy):
 
 
 def _acl_predict_in_a_subprocess(toy, tmp_path, prelude: str):
-    """acl-predict OUT/onnx on the toy's sentences in a fresh interpreter: (records, top-level torch/fairseq
-    modules loaded at exit)."""
-    texts = [t for t in toy["texts"] if isinstance(t, str) and t.strip()]
-    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
-    argv = ["acl-predict", toy["out"], "--input", str(tmp_path / "in.txt"), "--policy", "patience", "--threshold", "1"]
+    """acl-predict OUT/onnx on the toy's pairs in a fresh interpreter: (records, top-level torch/fairseq modules
+    loaded at exit)."""
+    texts = [t for t in _pairs(toy["texts"]) if all(s.strip() for s in t)]
+    (tmp_path / "in.tsv").write_text("".join(f"{a}\t{b}\n" for a, b in texts))
+    argv = ["acl-predict", toy["out"], "--input", str(tmp_path / "in.tsv"), "--columns", "1,2", "--policy",
+            "patience", "--threshold", "1"]
     code = prelude + (
         "import atexit, sys\n"
         "atexit.register(lambda: print('LOADED', sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'fairseq'}),"
@@ -365,8 +372,8 @@ def test_acl_export_writes_the_folder_that_acl_predict_runs(serve_export, tmp_pa
 
     folder = serve_export["folder"]
     assert sorted(os.listdir(os.path.dirname(folder))) == ["onnx"] and os.path.isdir(os.path.join(folder, "int8"))
-    src = tmp_path / "in.txt"
-    src.write_text("".join(t + "\n" for t in serve_export["texts"] if isinstance(t, str) and t.strip()))
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": a, "text_pair": b}) + "\n" for a, b in serve_export["texts"]))
     for precision in ("fp32", "int8"):
         predict.main([folder, "--input", str(src), "--output", str(tmp_path / f"{precision}.jsonl"),
                       "--precision", precision])
@@ -384,7 +391,7 @@ def test_acl_predict_on_the_folder_writes_the_hubs_records(toy, tmp_path):
     """acl-predict OUT/onnx against the hub acl-predict runs on the checkpoint (the same model in memory)."""
     from acl_runtime import predict
 
-    pairs = [t for t in toy["texts"] if not isinstance(t, str)][:12]
+    pairs = _pairs(toy["texts"])[:12]
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"text": a, "text_pair": b}) + "\n" for a, b in pairs))
     predict.main([toy["out"], "--input", str(src), "--policy", "patience", "--threshold", "1", "--output",

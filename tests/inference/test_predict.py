@@ -285,7 +285,7 @@ def test_converted_tiny_bert_pairs_through_the_hub(tiny_bert_rte):
     a, b, _ = written["dev"][0]
     tokens = m.encode(a, b)
     assert int(tokens.eq(2).sum()) == 2  # <s> A </s> B </s>: BERT's single separator, from the checkpoint
-    preds = m.predict_early_exit([(a, b), a], exit_layer=2)
+    preds = m.predict_early_exit([(a, b), (b, a)], exit_layer=2)
     assert [p.exit_layer for p in preds] == [2, 2] and set(preds[0].probabilities) == {"entailment", "not_entailment"}
     # the converted folder itself, as fairseq's own loader sees it: features, no head
     enc = hub.from_pretrained(out, "model.pt", out)

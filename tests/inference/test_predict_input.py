@@ -1,6 +1,8 @@
 """acl-predict on real-world input: a bad byte or an empty line (skipped with file:line, or --strict stops),
 a binary file, stdin with a GLUE layout and a byte-order mark, ids, JSONL, bad flags and outputs refused
-before the model loads, SIGTERM mid-run. The tiny model is the session's ``predict_run`` (conftest.py)."""
+before the model loads, SIGTERM mid-run. The tiny models are the session's (conftest.py): ``predict_run`` reads
+pairs, and ``regression_run`` one text per input, for the files of one text per line (a model refuses inputs of
+the other kind: test_pairing.py)."""
 import json
 import os
 
@@ -30,11 +32,28 @@ class _Recording:
         return self.model_.predict_texts(texts, *args, **kwargs)
 
 
-@pytest.fixture
-def spy(predict_model, monkeypatch):
-    rec = _Recording(predict_model)
+def _spy(model, monkeypatch) -> _Recording:
+    rec = _Recording(model)
     monkeypatch.setattr(hub, "from_pretrained", lambda *a, **k: rec)
     return rec
+
+
+@pytest.fixture
+def spy(predict_model, monkeypatch):
+    """The pair model, recorded."""
+    return _spy(predict_model, monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def single_model(regression_run):
+    ckpt, data = regression_run
+    return hub.from_pretrained(os.path.dirname(ckpt), os.path.basename(ckpt), data).eval()
+
+
+@pytest.fixture
+def single_spy(single_model, monkeypatch):
+    """The single-text model, recorded."""
+    return _spy(single_model, monkeypatch)
 
 
 @pytest.fixture
@@ -55,8 +74,10 @@ def _records(path):
     return [json.loads(line) for line in open(path, encoding="utf-8")]
 
 
-def test_a_bad_byte_and_an_empty_line_are_skipped_with_file_line_and_strict_stops(predict_run, spy, tmp_path, caplog):
-    _, data, ckpt = predict_run
+def test_a_bad_byte_and_an_empty_line_are_skipped_with_file_line_and_strict_stops(regression_run, single_spy,
+                                                                                    tmp_path, caplog):
+    ckpt, data = regression_run
+    spy = single_spy
     src, out = tmp_path / "bad.txt", tmp_path / "pred.jsonl"
     src.write_bytes(b"the movie was good\nthe plot was \xe9\xff bad\n\nthe acting was dull\n")
     summary = predict.main([ckpt, "--data", data, "--input", str(src), "--output", str(out)])
@@ -69,12 +90,12 @@ def test_a_bad_byte_and_an_empty_line_are_skipped_with_file_line_and_strict_stop
 
 
 @pytest.mark.slow
-def test_one_bad_byte_in_100k_lines_loses_nothing_else(predict_run, spy, tmp_path, caplog):
+def test_one_bad_byte_in_100k_lines_loses_nothing_else(regression_run, single_spy, tmp_path, caplog):
     """The issue's case: 100,000 lines, a bad byte on line 50,000 and an empty line: 99,998 records in input
     order, both lines reported, and with --strict no output at all."""
-    _, data, ckpt = predict_run
+    ckpt, data = regression_run
     texts, _ = helpers.raw_split(data)
-    lines = [texts[i % len(texts)][0].encode() for i in range(100000)]
+    lines = [texts[i % len(texts)].encode() for i in range(100000)]
     lines[49999] = b"the plot was \xe9 bad"
     lines[79999] = b""
     src, out = tmp_path / "big.txt", tmp_path / "pred.jsonl"
@@ -104,8 +125,10 @@ def _stdin(monkeypatch, data: bytes):
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
 
 
-def test_stdin_with_task_reads_the_glue_test_layout_and_a_bom_goes(predict_run, spy, tmp_path, monkeypatch):
-    _, data, ckpt = predict_run
+def test_stdin_with_task_reads_the_glue_test_layout_and_a_bom_goes(regression_run, single_spy, tmp_path,
+                                                                   monkeypatch):
+    ckpt, data = regression_run
+    spy = single_spy
     _stdin(monkeypatch, b"index\tsentence\n7\tthe movie was good\n8\tthe plot was not dull\n")
     predict.main([ckpt, "--data", data, "--input", "-", "--task", "SST-2", "--output", str(tmp_path / "a.jsonl")])
     assert spy.texts == [("the movie was good",), ("the plot was not dull",)]
@@ -124,8 +147,15 @@ def test_stdin_with_task_reads_the_glue_test_layout_and_a_bom_goes(predict_run, 
             "18\t3\t4\tthe plot\twas bad\t1\n", ["17", "18"]),
     ("RTE", "index\tsentence1\tsentence2\n40\tthe movie\twas good\n41\tthe plot\twas bad\n", ["40", "41"]),
 ])
-def test_the_id_is_the_glue_index_column_or_the_line_number(predict_run, spy, tmp_path, task, text, ids):
-    _, data, ckpt = predict_run
+def test_the_id_is_the_glue_index_column_or_the_line_number(predict_run, regression_run, request, tmp_path, task,
+                                                            text, ids):
+    """SST-2's one sentence on the single-text model, the others' pairs on the pair model."""
+    if task == "SST-2":
+        request.getfixturevalue("single_spy")
+        ckpt, data = regression_run
+    else:
+        request.getfixturevalue("spy")
+        _, data, ckpt = predict_run
     src = tmp_path / "in.tsv"
     src.write_text(text)
     predict.main([ckpt, "--data", data, "--input", str(src), "--task", task, "--output", str(tmp_path / "p.jsonl")])
@@ -156,13 +186,14 @@ def test_a_file_of_another_task_or_without_its_header_is_refused_before_the_mode
 def test_jsonl_ids_and_a_null_text(predict_run, spy, tmp_path, caplog):
     _, data, ckpt = predict_run
     src = tmp_path / "in.jsonl"
-    src.write_text('{"text": "the movie was good", "id": "x7"}\n{"text": "the plot was bad"}\n'
-                   '{"text": "the acting was fine", "id": null}\n{"text": null}\n{"text": "a", "text_pair": 3}\n')
+    src.write_text('{"text": "the movie", "text_pair": "was good", "id": "x7"}\n{"text": "the plot", "text_pair": '
+                   '"was bad"}\n{"text": "the acting", "text_pair": "was fine", "id": null}\n{"text": null, '
+                   '"text_pair": "b"}\n{"text": "a", "text_pair": 3}\n')
     summary = predict.main([ckpt, "--data", data, "--input", str(src), "--output", str(tmp_path / "p.jsonl")])
     assert [r["id"] for r in _records(tmp_path / "p.jsonl")] == ["x7", "2", "3"] and summary["skipped"] == 2
     assert f"{src}:4: not a JSON object with a non-empty string 'text'" in caplog.text
     assert f"{src}:5: 'text_pair' is not a non-empty string" in caplog.text
-    assert ("None",) not in spy.texts
+    assert spy.texts == [("the movie", "was good"), ("the plot", "was bad"), ("the acting", "was fine")]
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -198,10 +229,11 @@ def test_sigterm_mid_run_leaves_the_old_output_and_no_temporary(predict_run, tmp
     _, data, ckpt = predict_run
     texts, _ = helpers.raw_split(data)
     src, out = tmp_path / "big.txt", tmp_path / "pred.jsonl"
-    src.write_text("".join(texts[i % len(texts)][0] + "\n" for i in range(400000)))
+    src.write_text("".join("\t".join(texts[i % len(texts)]) + "\n" for i in range(400000)))
     out.write_text("the previous output\n")
     proc = subprocess.Popen([sys.executable, "-m", "acl_runtime.predict", ckpt, "--data", data, "--input",
-                             str(src), "--output", str(out), "--force", "--chunk-size", "64", "--device", "cpu"],
+                             str(src), "--columns", "1,2", "--output", str(out), "--force", "--chunk-size", "64",
+                             "--device", "cpu"],
                             env=dict(os.environ, PYTHONPATH=helpers.REPO, OMP_NUM_THREADS="1"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=helpers.REPO)
     tmp = tmp_path / f"pred.jsonl.tmp{proc.pid}"
@@ -223,10 +255,10 @@ def test_a_reader_that_goes_away_ends_the_run_quietly_with_sigpipes_status(predi
 
     _, data, ckpt = predict_run
     texts, _ = helpers.raw_split(data)
-    src = tmp_path / "many.txt"
-    src.write_text("".join(texts[i % len(texts)][0] + "\n" for i in range(2000)))
+    src = tmp_path / "many.tsv"
+    src.write_text("".join("\t".join(texts[i % len(texts)]) + "\n" for i in range(2000)))
     proc = subprocess.Popen([sys.executable, "-m", "acl_runtime.predict", ckpt, "--data", data, "--input",
-                             str(src), "--chunk-size", "64", "--device", "cpu"],
+                             str(src), "--columns", "1,2", "--chunk-size", "64", "--device", "cpu"],
                             env=dict(os.environ, PYTHONPATH=helpers.REPO, OMP_NUM_THREADS="1"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=helpers.REPO)
     first = proc.stdout.readline()
@@ -241,19 +273,21 @@ def test_stdin_jsonl_is_detected_and_a_tsv_id_stays_on_its_line(predict_run, spy
     """JSONL piped in (auto: the first line is a JSON object with a text) was classified as raw text; a JSONL
     id with a tab and a line break split a --format tsv record over two lines."""
     _, data, ckpt = predict_run
-    _stdin(monkeypatch, b'{"text": "the movie was good", "id": "a\\tb\\nc"}\n{"text": "the plot was bad"}\n')
+    _stdin(monkeypatch, b'{"text": "the movie", "text_pair": "was good", "id": "a\\tb\\nc"}\n'
+                        b'{"text": "the plot", "text_pair": "was bad"}\n')
     predict.main([ckpt, "--data", data, "--input", "-", "--format", "tsv", "--output", str(tmp_path / "p.tsv")])
-    assert spy.texts == [("the movie was good",), ("the plot was bad",)]
+    assert spy.texts == [("the movie", "was good"), ("the plot", "was bad")]
     lines = (tmp_path / "p.tsv").read_text().splitlines()
     assert len(lines) == 3 and len({len(line.split("\t")) for line in lines}) == 1
     assert [line.split("\t")[0] for line in lines[1:]] == ["a\\tb\\nc", "2"]
 
 
-def test_a_named_pipe_is_read_like_a_file(predict_run, spy, tmp_path):
+def test_a_named_pipe_is_read_like_a_file(regression_run, single_spy, tmp_path):
     """What <(zcat dev.tsv.gz) and /dev/stdin hand over: not a regular file, but readable."""
     import threading
 
-    _, data, ckpt = predict_run
+    ckpt, data = regression_run
+    spy = single_spy
     fifo = tmp_path / "in.fifo"
     os.mkfifo(fifo)
 

@@ -170,7 +170,7 @@ def test_a_folder_exported_before_the_sha256_loads_with_one_warning(folder, tmp_
         engine = runtime.Engine(str(folder))
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "records no sha256" in warnings[0], warnings
-    assert len(engine.predict_early_exit(["the movie was good"])) == 1
+    assert len(engine.predict_early_exit([("the movie", "was good")])) == 1
 
 
 def test_a_bad_manifest_policy_blocks_no_explicit_policy_and_names_its_file(folder, tmp_path):
@@ -179,7 +179,7 @@ def test_a_bad_manifest_policy_blocks_no_explicit_policy_and_names_its_file(fold
     _legacy(folder)
     _edit(folder, policy="entropy", threshold=5)
     engine = runtime.Engine(str(folder))
-    assert len(engine.predict_early_exit(["a", "b"], policy="entropy", threshold=0.3)) == 2
+    assert len(engine.predict_early_exit([("a", "b"), ("b", "a")], policy="entropy", threshold=0.3)) == 2
     assert engine.resolve_request("entropy", 0.3).threshold == 0.3
     message = _refused(folder, tmp_path)
     assert message.startswith(f"{folder / 'manifest.json'}: its serving policy \"entropy\" with threshold 5 cannot "
@@ -194,9 +194,9 @@ def test_a_bad_exit_policy_json_blocks_no_explicit_policy(exported, tmp_path):
     shutil.copy(exported["ckpt"], ckpt)
     (ckpt.parent / "exit_policy.json").write_text('{"schema": "acl_fairseq.exit_policy/1", "policy": "entropy", '
                                                   '"threshold": 5}')
-    src = tmp_path / "in.txt"
-    src.write_text("the movie was good\n")
-    common = [str(ckpt), "--data", exported["data"], "--input", str(src), "--device", "cpu"]
+    src = tmp_path / "in.tsv"
+    src.write_text("the movie\twas good\n")
+    common = [str(ckpt), "--data", exported["data"], "--input", str(src), "--columns", "1,2", "--device", "cpu"]
     predict.main(common + ["--output", str(tmp_path / "p.jsonl"), "--policy", "entropy", "--threshold", "0.3"])
     assert len((tmp_path / "p.jsonl").read_text().splitlines()) == 1
     with pytest.raises(SystemExit) as e:

@@ -228,7 +228,7 @@ def test_ort_backend_join_pads_each_row_and_keeps_the_order():
 def test_served_rows_equal_acl_predict_on_a_real_model(exported, side):
     model, engine = exported
     predictor = engine if side == "onnx" else model
-    texts = _texts(60, 13)
+    texts = list(zip(_texts(60, 13), _texts(60, 14)))  # pairs: what the model reads
     requests = [predictor.resolve_request(policy, threshold) for policy, threshold in
                 [("none", None), ("entropy", 0.5), ("patience", 1), ("confidence", 0.9)]]
     want = {r: predictor.predict_texts(texts, r, batch_size=1) for r in requests}  # acl-predict --batch-size 1
@@ -238,7 +238,7 @@ def test_served_rows_equal_acl_predict_on_a_real_model(exported, side):
     jobs = []
     for _ in range(40):
         request, idx = rng.choice(requests), rng.sample(range(len(texts)), rng.randint(1, 5))
-        ids = [predictor.encode_with_info(texts[i])[0] for i in idx]
+        ids = [predictor.encode_with_info(*texts[i])[0] for i in idx]
         jobs.append((request, idx, sched.submit(ids, request)))
         time.sleep(rng.random() * 0.003)
     assert sched.close(timeout=120)

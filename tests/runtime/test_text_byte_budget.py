@@ -55,7 +55,7 @@ def test_the_cut_does_not_change_answers_within_the_budget(pair):  # noqa: F811
         assert truncated and list(ids)[1:-1] == whole[: hub.max_positions - 2]
         far, far_truncated = model.encode_with_info(words)
         assert far_truncated and list(far) == list(ids)
-        near, beyond = model.predict_early_exit([within, words])
+        near, beyond = model.predict_early_exit([(within, "good"), (words, "good")])  # pairs: what it reads
         assert near == beyond
 
 
@@ -140,11 +140,12 @@ def _peak_kb(argv) -> int:
 @pytest.mark.slow
 def test_a_50_mb_line_peaks_under_1_gb_on_both_paths(pair, predict_run, tmp_path):  # noqa: F811
     _, data, ckpt = predict_run
-    line = tmp_path / "huge.txt"
+    line = tmp_path / "huge.tsv"  # pairs, what the model reads: the line's first field is the 50 MB
     with open(line, "w", encoding="utf-8") as f:
-        f.write("the music was not bad " * (50 * 2 ** 20 // 22) + "\nthe music was not bad\n")
+        f.write("the music was not bad " * (50 * 2 ** 20 // 22) + "\tthe plot\nthe music was not bad\tthe plot\n")
     for model in (ckpt, pair[1].folder):
-        argv = [model, "--input", str(line), "--output", str(tmp_path / f"{os.path.basename(model)}.jsonl")]
+        argv = [model, "--input", str(line), "--columns", "1,2", "--output",
+                str(tmp_path / f"{os.path.basename(model)}.jsonl")]
         peak = _peak_kb(argv + (["--data", data] if model == ckpt else []))
         assert peak < PEAK_LIMIT_KB, f"{model}: peak RSS {peak / 1024:.0f} MB"
 

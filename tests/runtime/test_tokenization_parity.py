@@ -132,8 +132,10 @@ def test_exported_file_maps_text_as_the_checkpoint(tmp_path, kind, lowercase):
 # ---- the same answer at every batch size --------------------------------------------------------------
 
 
-SPREAD_TEXTS = ["the music was not bad", "the movie was very good", "bad", "the music was good , not bad at all",
+SPREAD_SIDES = ["the music was not bad", "the movie was very good", "bad", "the music was good , not bad at all",
                 "very very good", "the movie was not very good", "music", "not bad not good"]
+# the model reads pairs (a lone text is refused: acl_runtime.pairing): each side with the next
+SPREAD_TEXTS = list(zip(SPREAD_SIDES, SPREAD_SIDES[1:] + SPREAD_SIDES[:1]))
 
 
 @pytest.fixture(scope="module")
@@ -176,14 +178,15 @@ def test_a_literal_pad_row_answers_alike_at_batch_size_1_and_2(pair):
     for model in pair:
         for line in longer:
             for threshold in np.linspace(0.5, 1.0, 26):
-                one, layers_one = _probabilities(model, [padded, line], 1, "confidence", threshold)
-                two, layers_two = _probabilities(model, [padded, line], 2, "confidence", threshold)
+                rows = [(padded, "good"), (line, "good")]  # pairs: what the model reads
+                one, layers_one = _probabilities(model, rows, 1, "confidence", threshold)
+                two, layers_two = _probabilities(model, rows, 2, "confidence", threshold)
                 np.testing.assert_allclose(one, two, atol=1e-5, err_msg=f"{line!r} at {threshold}")
                 assert layers_one == layers_two
 
 
 @PROPERTY
-@given(inputs=st.lists(st.one_of(text, st.tuples(text, text)), min_size=2, max_size=6))
+@given(inputs=st.lists(st.tuples(text, text), min_size=2, max_size=6))  # pairs: what the model reads
 def test_every_batch_size_gives_the_same_answer(pair, spread, inputs):
     for model, threshold in zip(pair, spread):
         one, layers_one = _probabilities(model, inputs, 1, "entropy", threshold)

@@ -19,15 +19,11 @@ def server(exported):  # noqa: F811
         yield url, service
 
 
-def _split(texts):
-    return [t for t in texts if isinstance(t, str)], [tuple(t) for t in texts if not isinstance(t, str)]
-
-
 def spread_requests(exported):  # noqa: F811
     """Exit requests whose thresholds split the texts between exits: the median of the first exit's normalized
     entropy and of its top probability (the tiny model is barely trained, so the table's defaults exit nowhere)."""
     eng = exported["engine"]
-    encoded = [eng.encode_with_info(*((t,) if isinstance(t, str) else t))[0] for t in exported["texts"]]
+    encoded = [eng.encode_with_info(*t)[0] for t in exported["texts"]]
     first = np.concatenate([eng.run_batch(b[1]).exit_logits[:, 0] for b in eng.make_batches(encoded, 64)])
     p = loop.softmax(first)
     entropy = -(p * np.log(p)).sum(1) / np.log(p.shape[1])
@@ -50,8 +46,9 @@ def test_the_thresholds_spread_the_texts_over_the_exits(exported):  # noqa: F811
 
 def test_oip_answers_are_the_engines(server, exported):  # noqa: F811
     url, _ = server
+    texts = exported["texts"]
     for params in spread_requests(exported):
-        for group in _split(exported["texts"]):
+        for group in (texts[:len(texts) // 2], texts[len(texts) // 2:]):
             status, _, answer = call(f"{url}/v2/models/acl/infer", oip_body(group, **params))
             assert status == 200, answer
             want = expected(exported, group, params)
@@ -67,7 +64,7 @@ def test_oip_answers_are_the_engines(server, exported):  # noqa: F811
 def test_predict_answers_are_the_engines_in_teis_shape(server, exported):  # noqa: F811
     url, _ = server
     texts = exported["texts"]
-    batch = [[t] if isinstance(t, str) else list(t) for t in texts]
+    batch = [list(t) for t in texts]
     for params in spread_requests(exported):
         status, _, answer = call(f"{url}/predict", {"inputs": batch, **params})
         assert status == 200, answer
@@ -79,16 +76,16 @@ def test_predict_answers_are_the_engines_in_teis_shape(server, exported):  # noq
             assert {e["exit_layer"] for e in entries} == {p.exit_layer}
             assert {e["truncated"] for e in entries} == {p.truncated}
             assert max(abs(e["score"] - p.probabilities[e["label"]]) for e in entries) < ATOL
-    # TEI's single forms: a string, and a list of two strings is one pair; an answer is then one list
+    # TEI's single form: a list of two strings is one pair; an answer is then one list
     a, b = texts[0]
-    assert call(f"{url}/predict", {"inputs": a})[2][0]["label"] == expected(exported, [a], {})[0].label
     single = call(f"{url}/predict", {"inputs": [a, b]})[2]
-    assert single[0]["exit_layer"] == expected(exported, [(a, b)], {})[0].exit_layer and "label" in single[0]
-    raw = call(f"{url}/predict", {"inputs": a, "raw_scores": True})[2]  # the deciding exit's logits
+    assert single[0]["exit_layer"] == expected(exported, [(a, b)], {})[0].exit_layer
+    assert single[0]["label"] == expected(exported, [(a, b)], {})[0].label
+    raw = call(f"{url}/predict", {"inputs": [a, b], "raw_scores": True})[2]  # the deciding exit's logits
     logits = np.asarray([[e["score"] for e in raw]])
     assert sum(e["score"] for e in raw) != pytest.approx(1.0)
     probs = dict(zip((e["label"] for e in raw), loop.softmax(logits)[0]))
-    assert probs == pytest.approx(expected(exported, [a], {})[0].probabilities, abs=ATOL)
+    assert probs == pytest.approx(expected(exported, [(a, b)], {})[0].probabilities, abs=ATOL)
 
 
 def test_concurrent_requests_in_random_order_get_the_answers_of_the_engine(server, exported):  # noqa: F811
@@ -97,8 +94,7 @@ def test_concurrent_requests_in_random_order_get_the_answers_of_the_engine(serve
     url, _ = server
     rng = random.Random(0)
     params = spread_requests(exported)[2]
-    singles = [t if isinstance(t, str) else t[0] for t in exported["texts"]]
-    jobs = [rng.sample(singles, rng.randint(1, 5)) for _ in range(60)]
+    jobs = [rng.sample(exported["texts"], rng.randint(1, 5)) for _ in range(60)]
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda group: call(f"{url}/v2/models/acl/infer", oip_body(group, **params)), jobs))
     for group, (status, _, answer) in zip(jobs, answers):
@@ -120,7 +116,7 @@ def test_tritonclient_http_reads_the_model_and_its_answers(server, exported):  #
     assert [i["name"] for i in meta["inputs"]] == ["text", "text_pair"]
     assert {"label", "exit_layer", "probabilities"} <= {o["name"] for o in meta["outputs"]}
     assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
-    pairs = [t for t in exported["texts"] if not isinstance(t, str)][:6]
+    pairs = exported["texts"][:6]
     params = spread_requests(exported)[2]
     want = expected(exported, pairs, params)
     for binary in (True, False):
@@ -137,16 +133,19 @@ def test_tritonclient_http_reads_the_model_and_its_answers(server, exported):  #
         assert result.as_numpy("exit_layer").tolist() == [p.exit_layer for p in want]
         assert np.abs(result.as_numpy("probabilities")[:, 0] - [p.probabilities["0"] for p in want]).max() < ATOL
     with pytest.raises(triton.InferenceServerException, match="out of range"):
-        client.infer("acl", tensors[:1], parameters={"policy": "entropy", "threshold": 2.0})
+        client.infer("acl", tensors, parameters={"policy": "entropy", "threshold": 2.0})
+    with pytest.raises(triton.InferenceServerException, match='this model reads a pair of texts per input: send a '
+                                                              '"text_pair" tensor beside "text"'):
+        client.infer("acl", tensors[:1])  # the texts without their pairs
     client.close()
 
 
 def test_a_text_over_the_models_positions_is_cut_and_flagged(server, exported):  # noqa: F811
     url, _ = server
-    long = " ".join(["good"] * 400)
-    answer = outputs(call(f"{url}/v2/models/acl/infer", oip_body([long, "good"]))[2])
+    long = (" ".join(["good"] * 400), "bad")
+    answer = outputs(call(f"{url}/v2/models/acl/infer", oip_body([long, ("good", "bad")]))[2])
     assert answer["truncated"] == [True, False]
-    entries = call(f"{url}/predict", {"inputs": long})[2]
+    entries = call(f"{url}/predict", {"inputs": list(long)})[2]
     assert all(e["truncated"] for e in entries)
     assert entries[0]["label"] == expected(exported, [long], {})[0].label
 
@@ -155,12 +154,12 @@ def test_metrics_counts_equal_the_requests_rows_and_backend_calls_answered(expor
     """Each histogram's count against what was answered, on a server of its own: a request per status and route
     in the latency histogram, a row per input in the exit-layer one (its buckets the engine's exit layers), and
     the batch-fill one per backend call (Triton's execution_count) and per row through each layer."""
-    texts = ["good", "bad", "the plot was not clever , honestly"]
+    texts = [("good", "bad"), ("bad", "good"), ("the plot was not clever , honestly", "good")]
     want = exported["engine"].predict_early_exit(texts)
     with serving(exported["folder"], max_batch=4) as (url, _):
-        call(f"{url}/predict", {"inputs": [[t] for t in texts[:2]]})
+        call(f"{url}/predict", {"inputs": [list(t) for t in texts[:2]]})
         call(f"{url}/v2/models/acl/infer", oip_body(texts[2:]))
-        call(f"{url}/v2/models/nope/infer", oip_body(["good"]))
+        call(f"{url}/v2/models/nope/infer", oip_body([("good", "bad")]))
         executions = call(f"{url}/v2/models/acl/stats")[2]["model_stats"][0]["execution_count"]
         status, head, text = call(f"{url}/metrics")
     text = text.decode()
@@ -189,7 +188,7 @@ def test_precision_int8_serves_the_int8_copy(exported):  # noqa: F811
     from acl_runtime.engine import Engine
 
     int8 = Engine(exported["folder"], "int8", threads=1)
-    texts = [t if isinstance(t, str) else t[0] for t in exported["texts"]][:6]
+    texts = exported["texts"][-6:]  # the odd pairs among them: int8 moves their probabilities most (by 5e-4)
     with serving(exported["folder"], precision="int8") as (url, _):
         assert call(f"{url}/v2/models/acl")[2]["parameters"]["precision"] == "int8"
         served = [outputs(call(f"{url}/v2/models/acl/infer", oip_body([t]))[2])["probabilities"][1] for t in texts]

@@ -1,14 +1,25 @@
 """acl-serve with the clients people use, as shipped: huggingface_hub's InferenceClient (TEI's ``/`` and the
 Inference API's ``parameters``), tritonclient.http's model configuration, statistics, classification and
-compression; TEI's ``/health`` and ``/info``."""
+compression; TEI's ``/health`` and ``/info``. InferenceClient.text_classification sends one string: it runs on the
+classifier of one text per input, the others on the pair model (each model refuses the other kind:
+tests/inference/test_pairing.py)."""
 import gzip
 import json
 
 import numpy as np
 import pytest
 
+import helpers
 from acl_runtime import loop
-from serve_helpers import call, exported, oip_body, outputs, serving  # noqa: F401  (exported: a fixture)
+from serve_helpers import (  # noqa: F401  (exported, single_folder: fixtures)
+    call,
+    exported,
+    oip_body,
+    outputs,
+    serving,
+    single_folder,
+    triton_pairs,
+)
 
 ATOL = 1e-5
 
@@ -19,37 +30,47 @@ def server(exported):  # noqa: F811
         yield running
 
 
-def _singles(exported, n=6):  # noqa: F811
-    return [t if isinstance(t, str) else t[0] for t in exported["texts"]][:n]
+@pytest.fixture(scope="module")
+def single(single_folder, single_run):  # noqa: F811
+    """The classifier of one text per input served: (URL, its engine, six of its validation sentences)."""
+    from acl_runtime.engine import Engine
+
+    with serving(single_folder, max_batch=8, max_queue=64) as (url, _):
+        yield url, Engine(single_folder, threads=1), helpers.raw_split(single_run[0])[0][:6]
 
 
-def _logits(exported, text):  # noqa: F811
+def _pairs(exported, n=6):  # noqa: F811
+    """The pair model's inputs, each as a list: TEI's form of one pair."""
+    return [list(t) for t in exported["texts"][:n]]
+
+
+def _logits(engine, text):
     """The deciding exit's logits of ``text`` under the server's default (the last exit), as the engine gives them."""
-    p = exported["engine"].predict_early_exit([text])[0]
+    p = engine.predict_early_exit([text])[0]
     return p, np.log([p.probabilities[k] for k in ("0", "1")])
 
 
-def test_huggingface_hubs_inference_client_classifies_through_teis_root_route(server, exported):  # noqa: F811
+def test_huggingface_hubs_inference_client_classifies_through_teis_root_route(single):
     """InferenceClient(base_url).text_classification posts {"inputs": text, "parameters": {...}} to / and reads a
     list per input; every label comes back, best first, with the engine's probabilities."""
     from huggingface_hub import InferenceClient
 
-    url, _ = server
+    url, engine, texts = single
     client = InferenceClient(base_url=url)
-    for text in _singles(exported):
-        want, _ = _logits(exported, text)
+    for text in texts:
+        want, _ = _logits(engine, text)
         got = client.text_classification(text)
         assert [e.label for e in got] == sorted(want.probabilities, key=want.probabilities.get, reverse=True)
         assert {e.label: e.score for e in got} == pytest.approx(want.probabilities, abs=ATOL)
 
 
-def test_inference_client_top_k_and_function_to_apply_are_honoured(server, exported):  # noqa: F811
+def test_inference_client_top_k_and_function_to_apply_are_honoured(single):
     from huggingface_hub import InferenceClient
 
-    url, _ = server
+    url, engine, texts = single
     client = InferenceClient(base_url=url)
-    text = _singles(exported)[0]
-    want, logits = _logits(exported, text)
+    text = texts[0]
+    want, logits = _logits(engine, text)
     best = max(want.probabilities, key=want.probabilities.get)
     (top,) = client.text_classification(text, top_k=1)
     assert top.label == best and top.score == pytest.approx(want.probabilities[best], abs=ATOL)
@@ -61,12 +82,13 @@ def test_inference_client_top_k_and_function_to_apply_are_honoured(server, expor
 
 
 def test_the_root_route_without_parameters_is_teis_predict(server, exported):  # noqa: F811
-    """A body without ``parameters`` is TEI's PredictRequest: one list for one text, as /predict answers."""
+    """A body without ``parameters`` is TEI's PredictRequest: one list for one input, as /predict answers."""
     url, _ = server
-    text = _singles(exported)[0]
+    text = _pairs(exported)[0]
     status, _, root = call(url + "/", {"inputs": text})
     assert status == 200 and root == call(f"{url}/predict", {"inputs": text})[2]
-    assert isinstance(root[0], dict) and root[0]["label"] == exported["engine"].predict_early_exit([text])[0].label
+    assert isinstance(root[0], dict) and root[0]["label"] == exported["engine"].predict_early_exit([tuple(text)])[
+        0].label
 
 
 def test_teis_health_and_info_routes(server, exported):  # noqa: F811
@@ -91,8 +113,9 @@ def test_tritonclient_reads_the_model_configuration_and_statistics(server, expor
                                                                        ("text_pair", "TYPE_STRING")]
     assert {o["name"]: o["dims"] for o in config["output"]}["probabilities"] == [2]
     before = client.get_inference_statistics("acl")["model_stats"][0]
-    assert call(f"{url}/v2/models/acl/infer", oip_body(_singles(exported, 3)))[0] == 200
-    assert call(f"{url}/v2/models/acl/infer", oip_body(["good"], policy="fast"))[0] == 400  # never reached the model
+    assert call(f"{url}/v2/models/acl/infer", oip_body(exported["texts"][:3]))[0] == 200
+    refused = call(f"{url}/v2/models/acl/infer", oip_body([("good", "bad")], policy="fast"))
+    assert refused[0] == 400  # never reached the model
     after = client.get_inference_statistics("acl")["model_stats"][0]
     assert after["inference_count"] - before["inference_count"] == 3
     success = after["inference_stats"]["success"]
@@ -117,7 +140,7 @@ def test_the_metadata_gives_each_input_row_the_configurations_dims_and_such_rows
     dims = {i["name"]: i["dims"] for i in config["input"]}
     assert config["max_batch_size"] > 0 and dims == {"text": [1], "text_pair": [1]}
     assert {i["name"]: i["shape"] for i in meta["inputs"]} == {n: [-1] + d for n, d in dims.items()}
-    pairs = [t for t in exported["texts"] if not isinstance(t, str)][:5]
+    pairs = exported["texts"][:5]
     want = exported["engine"].predict_early_exit(pairs)
     for binary in (True, False):
         answers = []
@@ -147,13 +170,11 @@ def test_triton_classification_answers_score_index_label_strings(server, exporte
 
     url, _ = server
     client = triton.InferenceServerClient(url.removeprefix("http://"))
-    texts = _singles(exported, 4)
-    text = triton.InferInput("text", [len(texts)], "BYTES")
-    text.set_data_from_numpy(np.asarray(texts, dtype=object))
+    texts = exported["texts"][:4]
     for binary in (True, False):
         for count in (1, 2, 5):
             asked = [triton.InferRequestedOutput("probabilities", binary_data=binary, class_count=count)]
-            got = client.infer("acl", [text], outputs=asked).as_numpy("probabilities")
+            got = client.infer("acl", triton_pairs(texts), outputs=asked).as_numpy("probabilities")
             assert got.shape == (len(texts), min(count, 2))
             for row, t in zip(got, texts):
                 want = exported["engine"].predict_early_exit([t])[0].probabilities
@@ -171,13 +192,11 @@ def test_gzip_and_deflate_request_bodies_are_decoded_and_answers_compressed_when
 
     url, _ = server
     client = triton.InferenceServerClient(url.removeprefix("http://"))
-    texts = _singles(exported) * 10
-    text = triton.InferInput("text", [len(texts)], "BYTES")
-    text.set_data_from_numpy(np.asarray(texts, dtype=object))
+    texts = exported["texts"][:6] * 10
     predicted = exported["engine"].predict_early_exit(texts)
     want = [p.label for p in predicted]
     for algorithm in ("gzip", "deflate"):  # every output, binary: over 1 kB, so the answer is gzip too
-        result = client.infer("acl", [text], request_compression_algorithm=algorithm,
+        result = client.infer("acl", triton_pairs(texts), request_compression_algorithm=algorithm,
                               response_compression_algorithm="gzip")
         assert [x.decode() for x in result.as_numpy("label")] == want
         assert np.abs(result.as_numpy("probabilities")[:, 1] - [p.probabilities["1"] for p in predicted]).max() < ATOL
@@ -197,7 +216,7 @@ def test_gzip_and_deflate_request_bodies_are_decoded_and_answers_compressed_when
 
 def test_predict_probabilities_are_the_softmax_of_the_raw_scores(server, exported):  # noqa: F811
     url, _ = server
-    text = _singles(exported)[0]
+    text = _pairs(exported)[0]
     raw = call(f"{url}/predict", {"inputs": text, "raw_scores": True})[2]
     probs = call(f"{url}/predict", {"inputs": text})[2]
     logits = np.asarray([[e["score"] for e in sorted(raw, key=lambda e: e["label"])]])

@@ -10,7 +10,7 @@ import pytest
 from acl_runtime.serve import cli
 from serve_helpers import call, exported, serving  # noqa: F401  (exported: a fixture)
 
-BODY = b'{"inputs": "the movie was good"}'
+BODY = b'{"inputs": ["the movie", "was good"]}'
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,12 @@ def _text(n=1):
     return {"name": "text", "shape": [n], "datatype": "BYTES", "data": ["good"] * n}
 
 
+def _pair(n=1):
+    """Both tensors of n pairs: what the pair model reads (a lone text is refused, tests/inference/test_pairing.py),
+    for the requests refused for something else."""
+    return [_text(n), {**_text(n), "name": "text_pair"}]
+
+
 OIP_ERRORS = [  # (path, body, status, words of the message)
     ("acl/infer", b"{not json", 400, "not valid JSON"),
     ("acl/infer", [1, 2], 400, "JSON object"),
@@ -49,13 +55,13 @@ OIP_ERRORS = [  # (path, body, status, words of the message)
      "parameters.policy: expected 'str | null', got 'int'"),
     ("acl/infer", {"inputs": [_text()], "parameters": {"policy": "entropy", "threshold": "0.3"}}, 400,
      "parameters.threshold: expected 'int | float | null', got 'str'"),
-    ("acl/infer", {"inputs": [_text()], "parameters": {"policy": "fast"}}, 400, "unknown early-exit policy 'fast'"),
-    ("acl/infer", {"inputs": [_text()], "parameters": {"threshold": 0.3}}, 400, "a threshold needs its policy"),
-    ("acl/infer", {"inputs": [_text()], "parameters": {"exit_layer": 7}}, 400, "exit layer 7 is not one of"),
+    ("acl/infer", {"inputs": _pair(), "parameters": {"policy": "fast"}}, 400, "unknown early-exit policy 'fast'"),
+    ("acl/infer", {"inputs": _pair(), "parameters": {"threshold": 0.3}}, 400, "a threshold needs its policy"),
+    ("acl/infer", {"inputs": _pair(), "parameters": {"exit_layer": 7}}, 400, "exit layer 7 is not one of"),
     ("acl/infer", {"inputs": [_text()], "parameters": {"exit_layer": True}}, 400,
      "parameters.exit_layer: expected 'int | null', got 'bool'"),
-    ("acl/infer", {"inputs": [_text()], "parameters": {"policy": "entropy", "exit_layer": 2}}, 400, "not both"),
-    ("acl/infer", {"inputs": [_text(MAX_QUEUE + 1)]}, 413, f"more than the queue holds (--max-queue {MAX_QUEUE})"),
+    ("acl/infer", {"inputs": _pair(), "parameters": {"policy": "entropy", "exit_layer": 2}}, 400, "not both"),
+    ("acl/infer", {"inputs": _pair(MAX_QUEUE + 1)}, 413, f"more than the queue holds (--max-queue {MAX_QUEUE})"),
     ("nope/infer", {"inputs": [_text()]}, 404, "unknown model 'nope': this server serves 'acl'"),
     ("acl/versions/2/infer", {"inputs": [_text()]}, 404, "unknown model 'acl' version '2'"),
     ("nope", None, 404, "unknown model 'nope'"),
@@ -103,8 +109,8 @@ TEI_ERRORS = [  # (body, status, error_type, words of the message)
     ({"inputs": [["a"], "b"]}, 422, "Validation", "inputs[1] must be"),
     ({"inputs": "a", "raw_scores": "yes"}, 422, "Validation", "raw_scores: expected 'bool', got 'str'"),
     ({"inputs": "a", "normalize": True}, 422, "Validation", "unknown field 'normalize'"),
-    ({"inputs": "a", "policy": "confidence", "threshold": 2}, 400, "Validation", "out of range"),
-    ({"inputs": [["good"]] * (MAX_QUEUE + 1)}, 413, "Validation", "--max-queue"),
+    ({"inputs": ["a", "b"], "policy": "confidence", "threshold": 2}, 400, "Validation", "out of range"),
+    ({"inputs": [["good", "bad"]] * (MAX_QUEUE + 1)}, 413, "Validation", "--max-queue"),
     ({"inputs": "a", "parameters": "top_k"}, 422, "Validation", "parameters: expected 'object | null', got 'str'"),
     ({"inputs": "a", "parameters": [1]}, 422, "Validation", "parameters: expected 'object | null', got a list"),
     ({"inputs": "a", "parameters": {"top_k": 0}}, 422, "Validation", "parameters.top_k: expected 'int' >= 1"),
@@ -144,7 +150,8 @@ def test_a_threshold_out_of_range_is_named_as_acl_predict_names_it(server, polic
     url, _ = server
     with pytest.raises(ValueError) as flag:  # what acl-predict --policy P --threshold T says
         exits.validate(policy, threshold)
-    status, _, answer = call(f"{url}/v2/models/acl/infer", oip_body(["good"], policy=policy, threshold=threshold))
+    status, _, answer = call(f"{url}/v2/models/acl/infer", oip_body([("good", "bad")], policy=policy,
+                                                                        threshold=threshold))
     assert (status, answer["error"]) == (400, str(flag.value))
 
 
@@ -186,8 +193,8 @@ def test_a_model_failure_answers_500_with_a_request_id_only_and_logs_the_cause_u
     backend.layer = broken
     try:
         with caplog.at_level("ERROR", logger="acl_runtime.serve"):
-            status, head, answer = call(f"{url}/predict", {"inputs": "good"})
-            oip = call(f"{url}/v2/models/acl/infer", oip_body(["good"]))
+            status, head, answer = call(f"{url}/predict", {"inputs": ["good", "bad"]})
+            oip = call(f"{url}/v2/models/acl/infer", oip_body([("good", "bad")]))
     finally:
         backend.layer = layer
     rid = head["x-request-id"]
@@ -196,13 +203,13 @@ def test_a_model_failure_answers_500_with_a_request_id_only_and_logs_the_cause_u
     logged = [r for r in caplog.records if rid in r.getMessage()]
     assert len(logged) == 1 and "the device went away" in caplog.text
     assert "RuntimeError" in (logged[0].exc_text or "") and "the device went away" in logged[0].exc_text
-    assert call(f"{url}/predict", {"inputs": "good"})[0] == 200
+    assert call(f"{url}/predict", {"inputs": ["good", "bad"]})[0] == 200
 
 
 def test_the_server_still_answers_after_every_bad_request(server):
     url, _ = server
     assert call(f"{url}/v2/health/ready")[0] == 200
-    status, _, answer = call(f"{url}/v2/models/acl/infer", oip_body(["good", "bad"]))
+    status, _, answer = call(f"{url}/v2/models/acl/infer", oip_body([("good", "bad"), ("bad", "good")]))
     assert status == 200 and len(outputs(answer)["label"]) == 2
 
 
@@ -219,7 +226,6 @@ def test_a_full_queue_answers_503_with_retry_after_and_every_request_exactly_onc
 
         backend.layer = slow_layer
         groups = [[exported["texts"][(3 * k + j) % len(exported["texts"])] for j in range(3)] for k in range(40)]
-        groups = [[t if isinstance(t, str) else t[0] for t in g] for g in groups]
         with concurrent.futures.ThreadPoolExecutor(40) as pool:
             answers = list(pool.map(lambda g: call(f"{url}/v2/models/acl/infer", oip_body(g)), groups))
         statuses = [status for status, _, _ in answers]
@@ -253,11 +259,13 @@ def test_json_nested_thousands_deep_is_refused_not_a_500(server, path, status, w
 def test_bytes_left_after_the_last_binary_tensor_are_refused(server):
     url, _ = server
     raw = struct.pack("<I", 4) + b"good"
-    head = json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
-                                   "parameters": {"binary_data_size": len(raw)}}]}).encode()
-    ok = call(f"{url}/v2/models/acl/infer", head + raw, headers={"Inference-Header-Content-Length": str(len(head))})
-    assert ok[0] == 200
-    status, _, answer = call(f"{url}/v2/models/acl/infer", head + raw + b"junk",
+    head = json.dumps({"inputs": [{"name": name, "shape": [1], "datatype": "BYTES",
+                                   "parameters": {"binary_data_size": len(raw)}} for name in ("text", "text_pair")]
+                       }).encode()
+    ok = call(f"{url}/v2/models/acl/infer", head + raw + raw, headers={"Inference-Header-Content-Length":
+                                                                         str(len(head))})
+    assert ok[0] == 200, ok
+    status, _, answer = call(f"{url}/v2/models/acl/infer", head + raw + raw + b"junk",
                              headers={"Inference-Header-Content-Length": str(len(head))})
     assert status == 400 and "4 bytes are left after the last binary tensor" in answer["error"], answer
 

@@ -12,11 +12,11 @@ AT = 2  # the layer that fails
 
 
 def _bad_text(engine, others):
-    """A text whose token count no other text has, so that a fault can recognise it in any batch by its length."""
-    taken = {len(engine.encode_with_info(t)[0]) for t in others}
+    """A pair whose token count no other pair has, so that a fault can recognise it in any batch by its length."""
+    taken = {len(engine.encode_with_info(*t)[0]) for t in others}
     for n in range(1, 40):
-        text = " ".join(["fine"] * n)
-        length = len(engine.encode_with_info(text)[0])
+        text = (" ".join(["fine"] * n), "fine")
+        length = len(engine.encode_with_info(*text)[0])
         if length not in taken:
             return text, length
     raise AssertionError("no free length")
@@ -25,10 +25,10 @@ def _bad_text(engine, others):
 @pytest.mark.parametrize("refill", [True, False])
 def test_a_fault_on_one_text_fails_only_its_request(exported, refill):  # noqa: F811
     engine = exported["engine"]
-    singles = [t if isinstance(t, str) else t[0] for t in exported["texts"]][:24]
-    bad, length = _bad_text(engine, singles)
-    groups = [singles[k: k + 3] for k in range(0, 24, 3)]
-    groups.insert(3, [singles[0], bad])
+    inputs = exported["texts"][:24]  # pairs: what the model reads
+    bad, length = _bad_text(engine, inputs)
+    groups = [inputs[k: k + 3] for k in range(0, 24, 3)]
+    groups.insert(3, [inputs[0], bad])
     with serving(exported["folder"], max_batch=8, max_queue=256, refill=refill) as (url, service):
         backend = service.scheduler.backend
         layer = backend.layer

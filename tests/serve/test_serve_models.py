@@ -2,13 +2,19 @@
 batches (mixed policies and sizes), and a regression head over HTTP (an FP32 ``label``, patience its only policy).
 Each answer against the engine's (what acl-predict computes), probabilities or values to 1e-5."""
 import concurrent.futures
-import os
 import random
 
 import pytest
 
-import helpers
-from serve_helpers import assert_oip_equals_engine, call, exported, oip_body, outputs, serving  # noqa: F401
+from serve_helpers import (  # noqa: F401  (exported, regression_folder: fixtures)
+    assert_oip_equals_engine,
+    call,
+    exported,
+    oip_body,
+    outputs,
+    regression_folder,
+    serving,
+)
 
 POLICIES = [{}, {"policy": "none"}, {"policy": "entropy", "threshold": 0.6}, {"policy": "patience", "threshold": 1},
             {"policy": "confidence", "threshold": 0.7}, {"exit_layer": 2}]
@@ -21,10 +27,8 @@ def test_int8_answers_under_concurrency_equal_the_int8_engine_row_by_row(exporte
 
     engine = Engine(exported["folder"], "int8", threads=1)
     rng = random.Random(5)
-    pairs = [t for t in exported["texts"] if not isinstance(t, str)]
-    singles = [t for t in exported["texts"] if isinstance(t, str)] + [a for a, _ in pairs]
-    # a request's inputs are all pairs or all single texts (OIP's text_pair tensor is for every input or none)
-    jobs = [(rng.sample(rng.choice([pairs, singles]), rng.randint(1, 5)), rng.choice(POLICIES)) for _ in range(40)]
+    pairs = exported["texts"]  # the model reads pairs: a lone text is refused (tests/inference/test_pairing.py)
+    jobs = [(rng.sample(pairs, rng.randint(1, 5)), rng.choice(POLICIES)) for _ in range(40)]
     with serving(exported["folder"], precision="int8", max_batch=6) as (url, service):
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             answers = list(pool.map(lambda job: call(f"{url}/v2/models/acl/infer", oip_body(*job[:1], **job[1])),
@@ -51,19 +55,7 @@ def _count(metrics: str, bucket_line: str) -> float:
     return next(line.split()[-1] for line in metrics.splitlines() if line.startswith(name + " "))
 
 
-@pytest.fixture(scope="module")
-def regression_folder(regression_run, tmp_path_factory):
-    """conftest's tiny multi-exit model trained on the toy task's [0, 1] scores (shared with
-    test_export_errors.py), exported to ONNX; its validation texts."""
-    from acl_fairseq.hf import export
-
-    ckpt, data = regression_run
-    out = tmp_path_factory.mktemp("serve_regression") / "out"
-    export.main([ckpt, "--data", data, "--out", str(out), "--format", "onnx", "--metrics-split", "none"])
-    return os.path.join(str(out), "onnx"), helpers.raw_split(data)[0][:12]
-
-
-def test_a_regression_model_answers_its_fp32_values_with_patience_over_http(regression_folder):
+def test_a_regression_model_answers_its_fp32_values_with_patience_over_http(regression_folder):  # noqa: F811
     from acl_runtime.engine import Engine
 
     folder, texts = regression_folder

@@ -44,15 +44,15 @@ def test_confidence_exits_at_a_probability_equal_to_the_threshold(exported, thre
     with serving(exported["folder"]) as (url, service):
         _plant(service, per_exit)
         status, _, answer = call(f"{url}/v2/models/acl/infer",
-                                 oip_body(["good", "bad"], policy="confidence", threshold=threshold))
+                                 oip_body([("good", "bad"), ("bad", "good")], policy="confidence", threshold=threshold))
     assert status == 200 and outputs(answer)["exit_layer"] == [layer, layer], answer
 
 
 def test_an_oip_answers_parameters_are_the_requests_that_ran(exported):  # noqa: F811
     with serving(exported["folder"], policy="entropy", threshold=0.3) as (url, _):
-        asked = call(f"{url}/v2/models/acl/infer", oip_body(["good"], policy="confidence", threshold=0.7))[2]
-        fixed = call(f"{url}/v2/models/acl/infer", oip_body(["good"], exit_layer=2))[2]
-        default = call(f"{url}/v2/models/acl/infer", oip_body(["good"]))[2]
+        asked = call(f"{url}/v2/models/acl/infer", oip_body([("good", "bad")], policy="confidence", threshold=0.7))[2]
+        fixed = call(f"{url}/v2/models/acl/infer", oip_body([("good", "bad")], exit_layer=2))[2]
+        default = call(f"{url}/v2/models/acl/infer", oip_body([("good", "bad")]))[2]
     assert asked["parameters"] == {"policy": "confidence", "threshold": 0.7, "truncated": 0}, asked
     assert fixed["parameters"] == {"policy": "none", "exit_layer": 2, "truncated": 0}, fixed
     assert outputs(fixed)["exit_layer"] == [2]
@@ -85,7 +85,7 @@ def test_a_chunked_body_over_max_body_bytes_is_413(exported, path):  # noqa: F81
 
 
 def test_binary_data_output_returns_the_listed_outputs_binary_and_binary_data_false_keeps_one_json(exported):  # noqa
-    body = oip_body(["good", "bad"], binary_data_output=True)
+    body = oip_body([("good", "bad"), ("bad", "good")], binary_data_output=True)
     body["outputs"] = [{"name": "exit_layer"}, {"name": "label", "parameters": {"binary_data": False}}]
     with serving(exported["folder"]) as (url, _):
         status, headers, raw = call(f"{url}/v2/models/acl/infer", body)
@@ -116,10 +116,10 @@ def test_predict_refuses_a_truncation_direction_other_than_right(exported):  # n
 
 def test_a_failed_request_counts_in_triton_fail_not_success(exported):  # noqa: F811
     with serving(exported["folder"]) as (url, service):
-        assert call(f"{url}/v2/models/acl/infer", oip_body(["good"]))[0] == 200
+        assert call(f"{url}/v2/models/acl/infer", oip_body([("good", "bad")]))[0] == 200
         backend = service.scheduler.backend
         backend.layer = lambda i, x, mask: (_ for _ in ()).throw(RuntimeError("a planted fault"))
-        assert call(f"{url}/v2/models/acl/infer", oip_body(["good"]))[0] == 500
+        assert call(f"{url}/v2/models/acl/infer", oip_body([("good", "bad")]))[0] == 500
         stats = call(f"{url}/v2/models/acl/stats")[2]["model_stats"][0]
     assert stats["inference_stats"]["success"]["count"] == 1 and stats["inference_stats"]["fail"]["count"] == 1
     assert stats["inference_count"] == 1, stats
@@ -137,16 +137,16 @@ def test_no_backend_call_is_over_max_batch(exported):  # noqa: F811
             return layer(i, x, mask)
 
         backend.layer = counted
-        status, _, answer = call(f"{url}/v2/models/acl/infer", oip_body(["good movie"] * 9))
+        status, _, answer = call(f"{url}/v2/models/acl/infer", oip_body([("good movie", "bad")] * 9))
     assert status == 200 and len(outputs(answer)["label"]) == 9
     assert rows and max(rows) == 2, rows
 
 
 def test_policy_none_answers_from_the_last_exit_whatever_the_default(exported):  # noqa: F811
     with serving(exported["folder"], policy="confidence", threshold=0.0) as (url, _):  # the default: the first exit
-        none = call(f"{url}/v2/models/acl/infer", oip_body(["good", "bad"], policy="none"))[2]
-        default = call(f"{url}/v2/models/acl/infer", oip_body(["good", "bad"]))[2]
-        tei = call(f"{url}/predict", {"inputs": "good", "policy": "none"})[2]
+        none = call(f"{url}/v2/models/acl/infer", oip_body([("good", "bad"), ("bad", "good")], policy="none"))[2]
+        default = call(f"{url}/v2/models/acl/infer", oip_body([("good", "bad"), ("bad", "good")]))[2]
+        tei = call(f"{url}/predict", {"inputs": ["good", "bad"], "policy": "none"})[2]
     assert outputs(none)["exit_layer"] == [3, 3] and none["parameters"]["policy"] == "none", none
     assert outputs(default)["exit_layer"] == [1, 1], default
     assert tei[0]["exit_layer"] == 3, tei

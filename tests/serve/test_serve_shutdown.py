@@ -16,18 +16,20 @@ import urllib.error
 
 import pytest
 
-from serve_helpers import (  # noqa: F401  (exported: a fixture)
+from serve_helpers import (  # noqa: F401  (exported, single_folder: fixtures)
     all_accepted,
     call,
     exported,
     oip_body,
     serving,
+    single_folder,
     slow_layer,
     start,
 )
 
-REQUEST = (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 28\r\n\r\n"
-           b'{"inputs": "the movie was"}')
+BODY = b'{"inputs": ["the movie", "was"]}'  # a pair: what the model reads
+REQUEST = (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+           % len(BODY) + BODY)
 
 
 def _answer(conn: socket.socket) -> bytes:
@@ -102,7 +104,7 @@ def test_after_sigterm_new_connections_are_refused_and_every_taken_one_is_answer
     proc, url = start(exported["folder"], "--max-batch", "2", "--drain-seconds", "20", "--workers", workers,
                       prelude=slow_layer(0.03))
     port = int(url.rsplit(":", 1)[1])
-    texts = [t if isinstance(t, str) else t[0] for t in exported["texts"]]
+    texts = exported["texts"]
     groups = [texts[k: k + 3] for k in range(0, 24, 3)]
     idle = socket.create_connection(("127.0.0.1", port))  # taken before SIGTERM, its request sent after
     with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:
@@ -188,10 +190,10 @@ def test_a_drain_out_of_time_answers_what_is_left_503_and_exits_0(exported):  # 
     """Past --drain-seconds uvicorn cancels the handlers still waiting: each answers 503 with Retry-After (it
     sent nothing) and its rows leave the queue (they were computed for no one, and logged as left queued)."""
     proc, url = start(exported["folder"], "--max-batch", "2", "--drain-seconds", "1", prelude=slow_layer(0.05))
-    texts = [t if isinstance(t, str) else t[0] for t in exported["texts"]]
+    texts = exported["texts"]
     groups = [texts[k: k + 3] for k in range(0, 36, 3)]
     with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:
-        futures = [pool.submit(call, f"{url}/predict", {"inputs": [[t] for t in g]}) for g in groups]
+        futures = [pool.submit(call, f"{url}/predict", {"inputs": [list(t) for t in g]}) for g in groups]
         all_accepted(url, sum(map(len, groups)), futures)
         proc.send_signal(signal.SIGTERM)
         stopped = time.monotonic()
@@ -210,7 +212,7 @@ def test_a_drain_out_of_time_answers_what_is_left_503_and_exits_0(exported):  # 
 
 def test_a_client_that_disconnects_while_queued_frees_its_rows(exported):  # noqa: F811
     """Its rows were computed to the end for no one, and counted against --max-queue meanwhile."""
-    texts = [t if isinstance(t, str) else t[0] for t in exported["texts"]][:8]
+    texts = exported["texts"][:8]
     with serving(exported["folder"], max_batch=1, max_queue=64) as (url, service):
         backend = service.scheduler.backend
         layer, calls = backend.layer, []
@@ -221,7 +223,7 @@ def test_a_client_that_disconnects_while_queued_frees_its_rows(exported):  # noq
             return layer(i, x, mask)
 
         backend.layer = slow
-        body = ('{"inputs": [%s]}' % ", ".join(f'["{t}"]' for t in texts)).encode()
+        body = json.dumps({"inputs": [list(t) for t in texts]}).encode()
         port = int(url.rsplit(":", 1)[1])
         conn = socket.create_connection(("127.0.0.1", port))
         conn.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
@@ -237,7 +239,7 @@ def test_a_client_that_disconnects_while_queued_frees_its_rows(exported):  # noq
         done = len(calls)
         metrics = call(f"{url}/metrics")[2].decode()
         backend.layer = layer
-        status, _, answer = call(f"{url}/predict", {"inputs": texts[0]})
+        status, _, answer = call(f"{url}/predict", {"inputs": list(texts[0])})
     assert done < len(texts) * 2, done  # most rows never ran a layer (all of them: 8 rows x 3 layers)
     assert 'acl_requests_total{route="predict",status="499"} 1.0' in metrics
     assert status == 200 and answer[0]["label"] == exported["engine"].predict_early_exit(texts[:1])[0].label
@@ -327,12 +329,13 @@ def test_serve_stop_counts_a_drop_at_the_signal_apart_from_a_drop_before_it():
     assert got["last_taken_ms"] == pytest.approx(300.0)
 
 
-def test_serve_stop_measures_a_stop_with_every_connection_taken_answered(exported, tmp_path):  # noqa: F811
-    """benchmarks/serve_stop.py at its smallest: one run, two clients; its JSON, and no replacing it."""
+def test_serve_stop_measures_a_stop_with_every_connection_taken_answered(single_folder, tmp_path):  # noqa: F811
+    """benchmarks/serve_stop.py at its smallest: one run, two clients; its JSON, and no replacing it. It sends
+    single sentences: a model of one text per input (a pair model refuses them)."""
     import serve_stop
 
     out = tmp_path / "stop.json"
-    argv = ["--folder", exported["folder"], "--workers", "1", "--runs", "1", "--clients", "2", "--before-seconds",
+    argv = ["--folder", single_folder, "--workers", "1", "--runs", "1", "--clients", "2", "--before-seconds",
             "0.5", "--after-seconds", "0.3", "--json", str(out)]
     (row,) = serve_stop.main(argv)
     assert row["exit_code"] == 0 and row["before_200"] > 0 and row["after_refused"] > 0

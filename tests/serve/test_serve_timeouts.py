@@ -38,7 +38,7 @@ def test_headers_not_in_within_the_read_timeout_are_408_and_closed(server, sent)
     took, answer = _stall(url, sent)
     assert TIMEOUT * 0.9 <= took < 8 * TIMEOUT, took  # not early; the 408 says it was the timeout (slack: load)
     assert answer.startswith(b"HTTP/1.1 408 ") and b"--read-timeout" in answer, answer
-    assert call(f"{url}/predict", {"inputs": "good"})[0] == 200
+    assert call(f"{url}/predict", {"inputs": ["good", "bad"]})[0] == 200
 
 
 @pytest.mark.parametrize("path", ["/predict", "/v2/models/acl/infer"])
@@ -48,7 +48,7 @@ def test_a_body_not_in_within_the_read_timeout_is_408_and_closed(server, path):
     took, answer = _stall(url, head.encode() + b'{"inputs": "go')
     assert TIMEOUT * 0.9 <= took < 8 * TIMEOUT, took  # not early; the 408 says it was the timeout (slack: load)
     assert answer.startswith(b"HTTP/1.1 408 ") and b"did not all arrive within 1 s (--read-timeout)" in answer
-    assert call(f"{url}/predict", {"inputs": "good"})[0] == 200
+    assert call(f"{url}/predict", {"inputs": ["good", "bad"]})[0] == 200
     deadline = time.monotonic() + 10  # the scheduler's count drops just after the answer goes out
     while service.scheduler.depth() and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -64,7 +64,7 @@ def test_a_kept_alive_connection_is_not_timed_out_between_quick_requests(server)
     conn = http.client.HTTPConnection(host, int(port), timeout=10)
     start = time.monotonic()
     while time.monotonic() - start < 2.5 * TIMEOUT:
-        conn.request("POST", "/predict", b'{"inputs": "good"}', {"Content-Type": "application/json"})
+        conn.request("POST", "/predict", b'{"inputs": ["good", "bad"]}', {"Content-Type": "application/json"})
         response = conn.getresponse()
         assert response.status == 200 and response.read()
         time.sleep(0.2)

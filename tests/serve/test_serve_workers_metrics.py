@@ -16,8 +16,9 @@ def test_triton_statistics_are_the_workers_totals(exported):  # noqa: F811
     proc, url = start(exported["folder"], "--workers", "2")
     log = _Log(proc)
     try:
+        pairs = [("good", "bad"), ("bad", "good")]
         for k in range(12):  # a new connection each: the kernel spreads them over the workers
-            assert call(f"{url}/v2/models/acl/infer", oip_body(["good", "bad"][: 1 + k % 2]))[0] == 200
+            assert call(f"{url}/v2/models/acl/infer", oip_body(pairs[: 1 + k % 2]))[0] == 200
         assert call(f"{url}/v2/models/acl/infer", {"inputs": []})[0] == 400  # not an inference: counted nowhere
         reads = [call(f"{url}/v2/models/acl/stats")[2]["model_stats"][0] for _ in range(8)]
     finally:
@@ -59,10 +60,10 @@ def test_a_full_disk_under_the_metrics_folder_costs_metrics_never_a_request_or_a
         inside = f"/proc/{proc.pid}/root{disk}"  # the file system as the server sees it
         subprocess.run(["sh", "-c", f'dd if=/dev/zero of="{inside}/fill" bs=4k 2>/dev/null'], timeout=30)
         assert os.path.getsize(f"{inside}/fill") > 0
-    texts = ["good", "bad", "the movie was fine", "a b c d e f g h"]
+    texts = [("good", "bad"), ("bad", "good"), ("the movie was fine", "good"), ("a b c d e f g h", "bad")]  # pairs
     try:
         statuses = [call(f"{url}{route}", body)[0] for route, body in
-                    [("/predict", {"inputs": t}) for t in texts] + [("/predict", {"inputs": ""})] +
+                    [("/predict", {"inputs": list(t)}) for t in texts] + [("/predict", {"inputs": ""})] +
                     [("/v2/models/acl/infer", oip_body(texts[: k + 1])) for k in range(4)] +
                     [("/v2/models/acl", None), ("/v2/models/acl/config", None), ("/v2/models/acl/ready", None),
                      ("/v2/models/acl/stats", None), ("/metrics", None)] * 2]
