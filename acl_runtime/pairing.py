@@ -12,6 +12,7 @@ A lone text on a pair model is refused too: it was read as ``<s> A </s>``, the f
 if it were a pair (RTE's premise without its hypothesis). A manifest written before the field existed records
 nothing: its inputs are not checked (the graphs take token ids, which do not say), as before.
 """
+import json
 import os
 from typing import Dict, Iterable, Optional, Sequence, Tuple, Union
 
@@ -37,10 +38,18 @@ class Mismatch(ValueError):
 
 
 def from_data(data_dir: Optional[str]) -> Optional[int]:
-    """2 for a binarized folder with ``input1/`` (pairs), 1 for one with ``input0/`` only, None otherwise (an
-    encoder without a task's data: not checked)."""
+    """What a binarized folder's model reads: its stats.json's :data:`MANIFEST_KEY` where it records one (an
+    HF-trained folder read as a run, whose data folder holds ``input1/`` for the pair layout: None when its task is
+    unknown, and then nothing is checked), else 2 for a folder with ``input1/`` (pairs), 1 for one with
+    ``input0/`` only; None otherwise (an encoder without a task's data: not checked)."""
     if not data_dir or not os.path.isdir(os.path.join(data_dir, "input0")):
         return None
+    stats = os.path.join(data_dir, "stats.json")
+    if os.path.isfile(stats):
+        with open(stats, encoding="utf-8") as f:
+            record = json.load(f)
+        if MANIFEST_KEY in record:
+            return from_manifest(record)
     return 2 if os.path.isdir(os.path.join(data_dir, "input1")) else 1
 
 

@@ -23,7 +23,7 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 from acl_fairseq.checkpoint_safety import CheckpointError  # noqa: F401  (a damaged pytorch_model.bin: named)
 from acl_fairseq.hf import mapping
 from acl_fairseq.hf.mapping import UnsupportedCheckpointError
-from acl_runtime import conventions, glue_tasks, tokenization
+from acl_runtime import conventions, glue_tasks, pairing, tokenization
 from acl_runtime.io import atomic
 
 MODEL_TYPE = "acl-multi-exit"  # acl_hf.configuration.MODEL_TYPE (acl_fairseq never imports acl_hf: the files tell)
@@ -246,8 +246,9 @@ def materialize(folder: str, out: str, seed: int = 1, labels: Optional[List[str]
     for name in tokenization.FILES[record["tokenizer"]["kind"]]:
         file = os.path.join(source, record["tokenizer"]["files"][name])
         atomic.write_through(os.path.join(data, os.path.basename(file)), lambda tmp, file=file: _copy(file, tmp))
-    atomic.write_json(os.path.join(data, "stats.json"),
-                      {"task": task.name if task else None, "tokenizer": record["tokenizer"]})
+    atomic.write_json(os.path.join(data, "stats.json"),  # no task: input1/ for the pair layout, either input read
+                      {"task": task.name if task else None, "tokenizer": record["tokenizer"],
+                       pairing.MANIFEST_KEY: len(task.inputs) if task else None})
 
     layers = ",".join(str(layer) for layer in config.layers)
     cli = [data, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
