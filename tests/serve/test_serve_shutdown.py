@@ -65,21 +65,32 @@ def _connect(port: int, timeout: float):
 
 
 def _probe(port: int, since: float, until: float, out: list) -> None:
-    """New connections, each with one request, until ``until``: (seconds after SIGTERM, what came back)."""
+    """New connections, each with one request, until ``until``: (seconds after SIGTERM, what came back), in order
+    of ``at``. A connection taken is answered in a thread of its own, so that one served to the end (taken before
+    the stop) does not hold up the probes after it."""
+    answers, readers = [], []
+
+    def read(at: float, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.sendall(REQUEST)
+                answers.append((at, _answer(conn)))
+            except ConnectionError as e:
+                answers.append((at, f"reset: {e}"))
+
     while time.monotonic() < until:
         at = time.monotonic() - since
         conn = _connect(port, 0.1)
         if isinstance(conn, str):
-            out.append((at, conn))
+            answers.append((at, conn))
         else:
             conn.settimeout(30)
-            with conn:
-                try:
-                    conn.sendall(REQUEST)
-                    out.append((at, _answer(conn)))
-                except ConnectionError as e:
-                    out.append((at, f"reset: {e}"))
+            readers.append(threading.Thread(target=read, args=(at, conn)))
+            readers[-1].start()
         time.sleep(0.003)
+    for reader in readers:
+        reader.join(timeout=60)
+    out.extend(sorted(answers, key=lambda a: a[0]))
 
 
 def _status(answer: bytes) -> int:
