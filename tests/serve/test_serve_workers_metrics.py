@@ -52,9 +52,13 @@ def test_a_full_disk_under_the_metrics_folder_costs_metrics_never_a_request_or_a
     fill = 'dd if=/dev/zero of="$0/fill" bs=4k count=254 2>/dev/null; ' if full == "at start" else ""
     wrap = ["unshare", "-rm", "sh", "-c", f'mount -t tmpfs -o size=1m tmpfs "$0" && {fill}exec "$@"', str(disk)]
     monkeypatch.setenv("TMPDIR", str(disk))
+    monkeypatch.setenv("LOGLEVEL", "info")  # uvicorn says when each worker serves
     proc, url = start(exported["folder"], "--workers", "2", wrap=wrap)
     log = _Log(proc)
-    time.sleep(3)  # both workers serve
+    deadline = time.monotonic() + 60  # both workers serve (a fixed 3 s sleep was once too short for the second)
+    while sum("Application startup complete" in line for line in list(log.lines)) < 2:
+        assert time.monotonic() < deadline and proc.poll() is None, "".join(log.lines)[-3000:]
+        time.sleep(0.05)
     workers = set(_workers(proc.pid))
     if full == "while serving":
         inside = f"/proc/{proc.pid}/root{disk}"  # the file system as the server sees it
