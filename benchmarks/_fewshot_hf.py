@@ -74,8 +74,8 @@ def train(hf_dir: str, glue_dir: str, enc: "_glue_runs.Encoder", n: int, method:
            "total_updates": per_epoch * sch["epochs"], "schedule": sch, "test_metrics": test, "valid_metrics": valid,
            "seconds": round(harness.since(t0)[0], 1),
            **{k: v for k, v in harness.machine().items() if k in ("cpu_kind", "cpu_flags")}}
-    if not keep:
+    if not keep:  # the weights, and the Trainer's log (its numbers that the tables read are in ``out``)
         for name in os.listdir(rd):
-            if name.endswith((".safetensors", ".bin")):
+            if name.endswith((".safetensors", ".bin")) or name == res["train_log"]:
                 os.remove(os.path.join(rd, name))
     return out

@@ -125,6 +125,7 @@ def test_fewshot_benchmark_toy_end_to_end(tmp_path):
     assert pairs["paired"][0]["hf_minus_fairseq_per_seed"] == [hf_run["test_accuracy"] - fairseq_accuracy]
     trained = tmp_path / "work" / "fewshot_hf" / "N8" / "runs" / "SST-2" / "ce" / "seed1"
     assert not any(name.endswith(".safetensors") for name in os.listdir(trained))  # the weights are not kept
+    assert sorted(os.listdir(record)) == ["command.sh", "fewshot_result.json", "result.json", "train.log"]
 
     # --bf16: the same run in bf16 autocast, in its own folder and records, paired with its fp32 record
     bf16 = [c for c in cmd if c not in METHODS[1:]]
