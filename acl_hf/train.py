@@ -78,6 +78,8 @@ def check(model_args: ModelArguments, data_args: DataTrainingArguments, training
         value = getattr(data_args, key)
         if value is not None and value < 1:
             raise UsageError(f"--{key} must be a positive integer, got {value}")
+    if data_args.few_shot and data_args.max_train_samples:
+        raise UsageError("--few_shot N draws the training examples itself: drop --max_train_samples")
     done = os.path.join(training.output_dir, "result.json")
     if os.path.exists(done) and not data_args.force and not training.resume_from_checkpoint:
         raise UsageError(f"{done} exists: a finished run; pass --force to train again into it, or another "

@@ -128,6 +128,7 @@ def test_few_shot_draws_the_preprocess_splits_and_scores_the_test_half_at_the_be
     (["--max_train_samples", "0"], "--max_train_samples must be a positive integer"),
     (["--few_shot", "0"], "--few_shot must be a positive integer"),
     (["--few_shot", "25"], "--few-shot 25: the training set has 24 examples"),
+    (["--few_shot", "6", "--max_train_samples", "4"], "--few_shot N draws the training examples itself"),
 ])
 def test_bad_arguments_are_refused_in_one_line_with_exit_2(tiny, tmp_path, capsys, change, message):
     from acl_hf import train
