@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import warnings
 from typing import Dict, List, Optional, Tuple
 
@@ -183,11 +184,31 @@ def _keep_classifier(head: Optional[Dict], pooler: Optional[Dict], num_classes: 
 def convert(hf_dir: str, out_dir: str, num_classes: Optional[int] = None,
             head_name: str = "sentence_classification_head", seed: int = 1) -> Dict[str, object]:
     """Convert ``hf_dir`` into ``out_dir``; returns ``{"model_args": [...], "files": [...]}``."""
-    import torch
-
     config = read_config(hf_dir)
     model_type = config["model_type"]
-    words, specials = read_vocab(hf_dir, model_type)
+    with tempfile.TemporaryDirectory(prefix="acl_convert_hf_") as tmp:
+        return _convert(hf_dir, _tokenizer_files(hf_dir, model_type, tmp), out_dir, config, num_classes, head_name,
+                        seed)
+
+
+def _tokenizer_files(hf_dir: str, model_type: str, tmp: str) -> str:
+    """The folder holding the vocabulary files :func:`read_vocab` reads: ``hf_dir`` itself, or for a folder saved by
+    transformers 5 with its ``tokenizer.json`` alone, ``tmp`` with them written from it (one home:
+    :func:`acl_fairseq.hf.multi_exit_folder.tokenizer_folder`)."""
+    if all(os.path.isfile(os.path.join(hf_dir, n)) for n in TOKENIZER_FILES[model_type]) or not os.path.isfile(
+            os.path.join(hf_dir, "tokenizer.json")):
+        return hf_dir  # read_vocab names what is missing
+    from acl_fairseq.hf.multi_exit_folder import tokenizer_folder
+
+    return tokenizer_folder(hf_dir, model_type, os.path.join(tmp, "tokenizer"))
+
+
+def _convert(hf_dir: str, vocab_dir: str, out_dir: str, config: dict, num_classes: Optional[int], head_name: str,
+             seed: int) -> Dict[str, object]:
+    import torch
+
+    model_type = config["model_type"]
+    words, specials = read_vocab(vocab_dir, model_type)
     if model_type == "roberta" and specials["pad_token"] != config.get("pad_token_id", 1):
         raise UnsupportedCheckpointError(
             f"config pad_token_id {config.get('pad_token_id')} differs from the tokenizer's {specials['pad_token']}"
@@ -203,7 +224,7 @@ def convert(hf_dir: str, out_dir: str, num_classes: Optional[int] = None,
     # failure or a signal, and what a killed run left removed by the next
     dict_path = os.path.join(out_dir, "dict.txt")
     atomic.write_text(dict_path, "".join(f"{w} 1\n" for w in dict_words))
-    record = make_conventions(config, hf_dir, conventions.dictionary_sha256(dict_path))
+    record = make_conventions(config, vocab_dir, conventions.dictionary_sha256(dict_path))
     checkpoint = build_checkpoint(config, flags, dict_words, encoder_sd, pooler, num_classes, head_name, seed, record,
                                   head)
 
@@ -213,8 +234,9 @@ def convert(hf_dir: str, out_dir: str, num_classes: Optional[int] = None,
     write_readme(out_dir, flags)
     files = ["model.pt", "dict.txt", "model_args.txt", conventions.FILE_NAME, README]
     for name in TOKENIZER_FILES[model_type] + OPTIONAL_TOKENIZER_FILES:
-        if os.path.isfile(os.path.join(hf_dir, name)):
-            source = os.path.join(hf_dir, name)
+        source = next((p for p in (os.path.join(vocab_dir, name), os.path.join(hf_dir, name)) if os.path.isfile(p)),
+                      None)
+        if source:
             atomic.write_through(os.path.join(out_dir, name), lambda tmp, source=source: shutil.copyfile(source, tmp))
             files.append(name)
     logger.info("wrote %s to %s; architecture flags: %s", ", ".join(files), out_dir, " ".join(flags))
@@ -262,7 +284,8 @@ def get_parser() -> argparse.ArgumentParser:
         f"{HUB_USAGE} (OUT_DIR/README.txt says so too).",
     )
     parser.add_argument("hf_dir", metavar="HF_DIR", help="folder with config.json, model.safetensors or "
-                        "pytorch_model.bin, and vocab.txt (BERT) or vocab.json + merges.txt (RoBERTa)")
+                        "pytorch_model.bin, and vocab.txt (BERT) or vocab.json + merges.txt (RoBERTa), or the "
+                        "tokenizer.json transformers 5 saves alone")
     parser.add_argument("out_dir", metavar="OUT_DIR", help="output folder (created if missing)")
     parser.add_argument("--num-classes", type=int, default=None,
                         help="also store a classification head with this many classes whose dense layer is "

@@ -335,3 +335,28 @@ def test_early_exit_engine_adds_the_segment_like_the_forward(bert):
         unsegmented, _ = model(src, classification_head_name="sentence_classification_head")
     torch.testing.assert_close(engine, logits, atol=1e-5, rtol=1e-5)
     assert (unsegmented - logits).abs().max() > 1e-4  # 10x the tolerance above: the segment is there
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta"])
+def test_a_folder_with_tokenizer_json_alone_converts_as_its_vocabulary_files_do(tmp_path, kind):
+    """transformers 5 saves a fast tokenizer as tokenizer.json (+ tokenizer_config.json) alone: acl-convert-hf reads
+    the vocabulary from it, and the conversion equals the one from vocab.txt / vocab.json + merges.txt."""
+    files = {"bert": ["vocab.txt"], "roberta": ["vocab.json", "merges.txt"]}[kind]
+    (write_bert if kind == "bert" else write_roberta)(str(tmp_path / "full"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "full"))
+    os.makedirs(tmp_path / "alone")
+    for name in os.listdir(tmp_path / "full"):
+        if name not in files:
+            os.symlink(tmp_path / "full" / name, tmp_path / "alone" / name)
+    tokenizer.backend_tokenizer.save(str(tmp_path / "alone" / "tokenizer.json"))
+    assert not any(os.path.exists(tmp_path / "alone" / n) for n in files)
+    full = convert_hf.convert(str(tmp_path / "full"), str(tmp_path / "fs_full"))
+    alone = convert_hf.convert(str(tmp_path / "alone"), str(tmp_path / "fs_alone"))
+    assert set(files) <= set(alone["files"]) and full["model_args"] == alone["model_args"]
+    for name in files + ["dict.txt"]:
+        a, b = ((tmp_path / d / name).read_text() for d in ("fs_alone", "fs_full"))
+        assert (json.loads(a) == json.loads(b)) if name.endswith(".json") else a == b, name
+    record = conventions.read(str(tmp_path / "fs_alone" / conventions.FILE_NAME))
+    assert record == conventions.read(str(tmp_path / "fs_full" / conventions.FILE_NAME))
+    a, b = (torch.load(str(tmp_path / d / "model.pt"), weights_only=True)["model"] for d in ("fs_full", "fs_alone"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
