@@ -195,29 +195,34 @@ def _hf_speed(tmp_path, *flags):
 @pytest.mark.slow  # fairseq-train runs / model loads: kept out of make test's 10 minutes
 def test_hf_speed_at_toy_size(tmp_path):
     """The HF-vs-plugin step benchmark on a tiny random BERT: every system timed, ratios against HF."""
-    rows = _hf_speed(tmp_path, "--modes", "eager", "--hf-modes", "eager")
-    assert [r["system"] for r in rows] == [
-        "hf", "plugin/sentence_ce", "plugin/sentence_ce/all exits", "plugin/sentence_scl", "plugin/acl_embed",
-        "plugin/acl_grad/features", "plugin/acl_grad/params", "plugin/acl_cross_layer/features/all exits",
-        "plugin/multi_exit_kd/all exits"]
+    rows = _hf_speed(tmp_path, "--modes", "eager", "--hf-modes", "eager", "--trainer-modes", "eager")
+    criteria = ["sentence_ce", "sentence_ce/all exits", "sentence_scl", "acl_embed", "acl_grad/features",
+                "acl_grad/params", "acl_cross_layer/features/all exits", "multi_exit_kd/all exits"]
+    assert [r["system"] for r in rows] == ["hf"] + [f"plugin/{c}" for c in criteria] + ["trainer"] + [
+        f"acl_hf/{c}" for c in criteria]
     assert rows[0]["ratio_to_hf"] == 1.0 and all(r["ratio_to_hf"] > 0 and r["peak_mem_mb"] is not None for r in rows)
-    assert len(json.load(open(tmp_path / "s.json"))) == 9
-    ce = {r["system"]: r["ratio_to_ce"] for r in rows}  # each against CE with the same exits
+    assert len(json.load(open(tmp_path / "s.json"))) == 18
+    ce = {r["system"]: r["ratio_to_ce"] for r in rows}  # each against CE with the same exits, in its own trainer
     assert ce["plugin/sentence_ce"] == 1.0 and ce["plugin/sentence_ce/all exits"] == 1.0
+    assert ce["trainer"] == 1.0 and ce["acl_hf/sentence_ce/all exits"] == 1.0  # AclTrainer's one-exit CE: vs Trainer
     assert all(ce[s] > 0 for s in ce if s != "hf")
+    trainer = {r["system"]: r["ratio_to_trainer"] for r in rows}
+    assert trainer["trainer"] == 1.0 and all(v > 0 for v in trainer.values())
 
 
 @pytest.mark.slow  # compiles (aot_eager: traced, no code generated) every mode of both sides: about 90 s
 def test_hf_speed_times_every_mode_side_by_side(tmp_path):
     from acl_torch import acceleration
 
-    rows = _hf_speed(tmp_path, "--criteria", "acl_embed", "--compile-backend", "aot_eager")
+    rows = _hf_speed(tmp_path, "--criteria", "acl_embed", "--compile-backend", "aot_eager", "--trainer-modes", "eager",
+                     "compiled")
     if acceleration.read_cpu_kind().bf16_unit is None:  # left out in one line (the test below), the rest timed
         assert {m for _, m in ((r["system"], r["mode"]) for r in rows)} == {"eager", "compiled"}
         return
     modes = [(r["system"], r["mode"]) for r in rows]
     assert modes[:3] == [("hf", "eager"), ("hf", "compiled"), ("hf", "bf16")]
     assert {m for s, m in modes if s == "plugin/acl_embed"} == {"eager", "compiled", "bf16", "compiled-bf16"}
+    assert {m for s, m in modes if s == "acl_hf/acl_embed"} == {"eager", "compiled"}  # the Trainer's torch_compile
     assert all(r["cpu_kind"] == acceleration.read_cpu_kind().describe() and r["gflops"] > 0 for r in rows)
     assert all((r["compile_s"] is None) == ("compiled" not in r["mode"]) for r in rows)
     assert all(r["ratio_to_ce"] > 0 for r in rows if r["system"].startswith("plugin/"))
@@ -226,8 +231,9 @@ def test_hf_speed_times_every_mode_side_by_side(tmp_path):
 @pytest.mark.slow  # model loads
 def test_hf_speed_leaves_compiled_modes_out_in_one_line_where_compiling_fails(tmp_path, capsys):
     rows = _hf_speed(tmp_path, "--criteria", "sentence_ce", "--modes", "eager", "compiled", "--hf-modes", "eager",
-                     "compiled", "--compile-backend", "no_such_backend")
-    assert {(r["system"], r["mode"]) for r in rows} == {("hf", "eager"), ("plugin/sentence_ce", "eager")}
+                     "compiled", "--trainer-modes", "eager", "compiled", "--compile-backend", "no_such_backend")
+    assert {(r["system"], r["mode"]) for r in rows} == {("hf", "eager"), ("plugin/sentence_ce", "eager"),
+                                                        ("trainer", "eager"), ("acl_hf/sentence_ce", "eager")}
     assert capsys.readouterr().out.count("compiled modes left out: torch.compile (backend no_such_backend)") == 1
 
 
@@ -240,8 +246,10 @@ def test_hf_speed_leaves_bf16_modes_out_in_one_line_on_a_cpu_without_bf16_units(
     from test_acceleration import ROME
 
     monkeypatch.setattr(acceleration, "read_cpu_kind", lambda text=None: read_cpu_kind(ROME))
-    rows = _hf_speed(tmp_path, "--criteria", "sentence_ce", "--modes", "eager", "bf16", "--hf-modes", "eager", "bf16")
-    assert {(r["system"], r["mode"]) for r in rows} == {("hf", "eager"), ("plugin/sentence_ce", "eager")}
+    rows = _hf_speed(tmp_path, "--criteria", "sentence_ce", "--modes", "eager", "bf16", "--hf-modes", "eager", "bf16",
+                     "--trainer-modes", "eager", "bf16")
+    assert {(r["system"], r["mode"]) for r in rows} == {("hf", "eager"), ("plugin/sentence_ce", "eager"),
+                                                        ("trainer", "eager"), ("acl_hf/sentence_ce", "eager")}
     assert capsys.readouterr().out.count("# bf16 modes left out: this CPU (AMD EPYC 7B12, AVX2 only") == 1
 
 
@@ -251,9 +259,10 @@ def test_hf_speed_leaves_out_only_the_modes_that_need_what_is_missing(needs, kep
 
     import hf_speed
 
-    args = argparse.Namespace(modes=list(hf_speed.MODES), hf_modes=["eager", "compiled", "bf16"])
+    args = argparse.Namespace(modes=list(hf_speed.MODES), hf_modes=["eager", "compiled", "bf16"],
+                              trainer_modes=list(hf_speed.MODES))
     hf_speed.leave_out(args, needs, "some modes", lambda: "the reason")
-    assert args.modes == args.hf_modes == kept
+    assert args.modes == args.hf_modes == args.trainer_modes == kept
     assert capsys.readouterr().out == "# some modes left out: the reason\n"
     hf_speed.leave_out(args, needs, "some modes", lambda: None)  # nothing missing: nothing dropped, nothing said
     assert args.modes == kept and capsys.readouterr().out == ""
