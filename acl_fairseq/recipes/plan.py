@@ -19,7 +19,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from acl_fairseq.recipes.model_flags import RecipeError, decide
 from acl_fairseq.recipes.recipe_tables import REPO, Method, Task, method, refusal, tasks
@@ -195,6 +195,27 @@ class Plan:
         return {**self.settings, "PYTHONPATH": self.repo}
 
 
+def _checkpoint_paths(s: Dict[str, str], environ: Mapping[str, str]) -> Tuple[str, str, str]:
+    """``(model_dir, default_checkpoint, checkpoint)``: where pretrained models are kept, the MODEL's file there,
+    and the checkpoint the run restores ("" with RESTORE=none)."""
+    model_dir = s["MODEL_DIR"] or os.path.join(
+        environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME", ""), ".cache"), "acl_fairseq")
+    default_checkpoint = os.path.join(model_dir, f"roberta.{s['MODEL']}", "model.pt")
+    checkpoint = "" if s["RESTORE"] == "none" else s["ROBERTA_PATH"] or default_checkpoint
+    return model_dir, default_checkpoint, checkpoint
+
+
+def _device_and_fp16(s: Dict[str, str], environ: Mapping[str, str]) -> Tuple[str, str]:
+    """``(device, fp16)`` with "auto" resolved; a precision the device cannot run is refused."""
+    device = s["DEVICE"] if s["DEVICE"] != "auto" else "cuda" if has_gpu(environ) else "cpu"
+    fp16 = s["FP16"] if s["FP16"] != "auto" else "1" if device == "cuda" else "0"
+    if device == "cpu" and fp16 == "1":
+        raise RecipeError("FP16=1 needs a GPU (DEVICE=cpu)", 2)
+    if fp16 == "1" and s["BF16"] == "1":
+        raise RecipeError("BF16=1 and FP16 on: choose one precision (FP16=0 for bf16)", 2)
+    return device, fp16
+
+
 def build_plan(task_name: str, method_name: str, seed: Optional[object] = None,
                overrides: Optional[Mapping[str, object]] = None, extra: Sequence[str] = (),
                environ: Mapping[str, str] = os.environ, repo: str = REPO) -> Plan:
@@ -202,18 +223,10 @@ def build_plan(task_name: str, method_name: str, seed: Optional[object] = None,
     fairseq-train flags that go last; ``seed`` is SEED."""
     s = settings(environ, {**(overrides or {}), **({"SEED": seed} if seed is not None else {})})
     task, m = _checked(s, task_name, method_name)
-    model_dir = s["MODEL_DIR"] or os.path.join(
-        environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME", ""), ".cache"), "acl_fairseq")
-    default_checkpoint = os.path.join(model_dir, f"roberta.{s['MODEL']}", "model.pt")
-    checkpoint = "" if s["RESTORE"] == "none" else s["ROBERTA_PATH"] or default_checkpoint
+    model_dir, default_checkpoint, checkpoint = _checkpoint_paths(s, environ)
     d = decide(s["MODEL"], m.exits, m.name, s["ARCH"], s["MODEL_ARGS"], checkpoint or None, s["EXIT_LAYERS"],
                s["EXIT_POOLING"])
-    device = s["DEVICE"] if s["DEVICE"] != "auto" else "cuda" if has_gpu(environ) else "cpu"
-    fp16 = s["FP16"] if s["FP16"] != "auto" else "1" if device == "cuda" else "0"
-    if device == "cpu" and fp16 == "1":
-        raise RecipeError("FP16=1 needs a GPU (DEVICE=cpu)", 2)
-    if fp16 == "1" and s["BF16"] == "1":
-        raise RecipeError("BF16=1 and FP16 on: choose one precision (FP16=0 for bf16)", 2)
+    device, fp16 = _device_and_fp16(s, environ)
     data_bin = s["DATA_BIN"] or os.path.join(s["DATA_ROOT"] or os.path.join(repo, "data-bin"), f"{task.name}-bin")
     out_root = s["OUT_ROOT"] or os.path.join(repo, "runs", "glue")
     rd = run_dir(out_root, task.name, m.name, s["SEED"])
