@@ -101,7 +101,8 @@ def _check_outputs(folder: str, m: dict) -> None:
                                f"(num_classes)")
 
 
-def _check_layout(folder: str, layout) -> None:
+def _check_layout_keys(folder: str, layout) -> None:
+    """input_layout names every key a graph needs; max_positions and pad are whole numbers."""
     absent = [k for k in LAYOUT_KEYS if not isinstance(layout, dict) or k not in layout]
     if absent:
         raise _bad(folder, f"input_layout has no {', '.join(absent)}")
@@ -126,7 +127,7 @@ def check(folder: str, m: dict) -> None:
         raise _bad(folder, f"exit_layers is {json.dumps(exit_layers)}, not increasing layers of 1..{num_layers}")
     _check_layers(folder, m["layers"], exit_layers)
     _check_outputs(folder, m)
-    _check_layout(folder, m["input_layout"])
+    _check_layout_keys(folder, m["input_layout"])
     for name in files(folder, m, None):
         inside(folder, name)
 
