@@ -216,6 +216,22 @@ def settings(args, logits: torch.Tensor, layers: List[int]) -> List[tuple]:
     return out
 
 
+def _speedups(found: Dict, num_layers: int) -> Dict:
+    """A setting's exit layer and speed-ups: the layers saved, the wall clock and CPU time saved, and each time
+    speed-up's share of the layer speed-up (its efficiency)."""
+    layer_speedup = num_layers / found["avg_exit_layer"]
+    return {
+        "avg_exit_layer": found["avg_exit_layer"],
+        "layer_speedup": layer_speedup,
+        "wallclock_speedup": found["wallclock_speedup"],
+        "efficiency": found["wallclock_speedup"] / layer_speedup,
+        "cpu_speedup": found["cpu_speedup"],
+        "cpu_efficiency": found["cpu_speedup"] / layer_speedup,
+        "full_ms_per_example": found["full_ms_per_example"],
+        "exit_ms_per_example": found["exit_ms_per_example"],
+    }
+
+
 def run(args) -> List[Dict]:
     from acl_fairseq.inference import early_exit
 
@@ -237,26 +253,11 @@ def run(args) -> List[Dict]:
     for policy, threshold in settings(args, logits, layers):
         for bs, batches in ((1, single), (args.batch, batched)):
             found = time_setting(model, batches, policy, threshold, args.repeats)
-            layer_speedup = num_layers / found["avg_exit_layer"]
-            rows.append({
-                "policy": policy,
-                "threshold": threshold,
-                "batch": bs,
-                "avg_exit_layer": found["avg_exit_layer"],
-                "layer_speedup": layer_speedup,
-                "wallclock_speedup": found["wallclock_speedup"],
-                "efficiency": found["wallclock_speedup"] / layer_speedup,
-                "cpu_speedup": found["cpu_speedup"],
-                "cpu_efficiency": found["cpu_speedup"] / layer_speedup,
-                "full_ms_per_example": found["full_ms_per_example"],
-                "exit_ms_per_example": found["exit_ms_per_example"],
-                "model": name,
-                "num_layers": num_layers,
-                "seq_len": args.seq_len if not args.checkpoint else None,
-                "examples": sum(t.size(0) for t in batches),
-                "device": args.device,
-                "threads": torch.get_num_threads(),
-            })
+            rows.append({"policy": policy, "threshold": threshold, "batch": bs,
+                         **_speedups(found, num_layers), "model": name, "num_layers": num_layers,
+                         "seq_len": args.seq_len if not args.checkpoint else None,
+                         "examples": sum(t.size(0) for t in batches), "device": args.device,
+                         "threads": torch.get_num_threads()})
     return rows
 
 
