@@ -227,3 +227,25 @@ def test_int8_answers_are_the_same_on_an_avx2_only_cpu_and_8_bit_weights_would_n
     saturated = np.abs(probe.run_rows(folder, rows, 8, "fp32", full, exact=True) -
                        probe.run_emulated(folder, rows, 8, "fp32", "EPYC-Rome", full)).max()
     assert saturated > 1e-4 * scale, saturated
+
+
+def test_acl_export_writes_the_folder_that_acl_predict_runs(serve_export, tmp_path):  # noqa: F811
+    """acl-export --format onnx --quantize int8 end to end (the serving tests' export, made by export.main): OUT/onnx
+    with its int8 copy, run by acl-predict."""
+    from acl_runtime import predict
+
+    folder = serve_export["folder"]
+    assert sorted(os.listdir(os.path.dirname(folder))) == ["onnx"] and os.path.isdir(os.path.join(folder, "int8"))
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": a, "text_pair": b}) + "\n" for a, b in serve_export["texts"]))
+    for precision in ("fp32", "int8"):
+        predict.main([folder, "--input", str(src), "--output", str(tmp_path / f"{precision}.jsonl"),
+                      "--precision", precision])
+    fp32, int8 = ([json.loads(line) for line in (tmp_path / f"{p}.jsonl").read_text().splitlines()]
+                  for p in ("fp32", "int8"))
+    assert len(fp32) == len(int8) > 0 and [r["id"] for r in fp32] == [r["id"] for r in int8]
+    # the same answers but where fp32 itself is within int8's error of a tie (tests/inference/test_int8.py measures
+    # more)
+    for r, q in zip(fp32, int8):
+        p, pq = (np.array(list(x["probabilities"].values())) for x in (r, q))
+        assert np.abs(p - pq).max() < 0.1 and (r["label"] == q["label"] or np.ptp(p) < 0.2), (r, q)
