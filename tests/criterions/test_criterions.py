@@ -240,16 +240,16 @@ def _grads(model):
 
 def _two_pass_reference(model, crit, sample):
     """g_CE and g_ACL by two separate backward passes (the obvious, slow way)."""
-    import acl_torch.losses as L
     from acl_fairseq.heads import collect_exit_outputs
+    from acl_torch import losses
 
     def part(which):
         model.zero_grad()
         exits = collect_exit_outputs(model, sample["net_input"], crit.head_name)
         target = sample["target"].view(-1)
-        w = L.exit_weights(exits.layers, crit.cfg.exit_weighting)
+        w = losses.exit_weights(exits.layers, crit.cfg.exit_weighting)
         if which == "ce":
-            loss = L.weighted_exit_sum([crit._task_loss(lg, target) for lg in exits.logits], w)
+            loss = losses.weighted_exit_sum([crit._task_loss(lg, target) for lg in exits.logits], w)
         else:
             loss = sum(wt * v for wt, v in crit.aux_terms(exits, target, w).values()) * target.numel()
         loss.backward()

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-import recipe_dry_runs as D
+import recipe_dry_runs as dry_runs
 from acl_fairseq.recipes import plan as run_plan
 from acl_fairseq.recipes import recipe_tables
 from acl_fairseq.recipes.model_flags import RecipeError
@@ -18,7 +18,7 @@ from recipe_helpers import GLUE, fake_data, recipe_env
 
 
 def _fixture_blocks():
-    with open(D.FIXTURE, encoding="utf-8") as f:
+    with open(dry_runs.FIXTURE, encoding="utf-8") as f:
         text = f.read()
     blocks = re.split(r"(?m)^(?==== )", text)
     return {b.split("\n", 1)[0]: b for b in blocks if b}
@@ -29,12 +29,12 @@ def _header(case):
 
 
 FIXTURE = _fixture_blocks()
-CASES = [c.name for c in D.cases("/nowhere")]
+CASES = [c.name for c in dry_runs.cases("/nowhere")]
 
 
 def test_the_fixture_holds_every_case_and_every_task_x_method():
-    assert sorted(FIXTURE) == sorted(_header(c) for c in D.cases("/nowhere"))
-    for task in D.TASKS:
+    assert sorted(FIXTURE) == sorted(_header(c) for c in dry_runs.cases("/nowhere"))
+    for task in dry_runs.TASKS:
         for method in recipe_tables.method_names():
             assert f"=== {task} {method}: {task}.sh {method} --dry-run" in FIXTURE, (task, method)
     assert sum("exit 0\n" in b for b in FIXTURE.values()) > 150  # most cases print commands
@@ -42,8 +42,8 @@ def test_the_fixture_holds_every_case_and_every_task_x_method():
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=CASES)
 def test_dry_run_is_byte_identical_to_the_fixture(index, tmp_path):
-    case = D.cases(str(tmp_path))[index]
-    assert D.render(case, str(tmp_path)) == FIXTURE[_header(case)]
+    case = dry_runs.cases(str(tmp_path))[index]
+    assert dry_runs.render(case, str(tmp_path)) == FIXTURE[_header(case)]
 
 
 # ---- the plan function ----------------------------------------------------------------------------
@@ -175,7 +175,7 @@ def test_the_runners_own_command_runs_the_same_plan(env):
 
 
 def test_no_recipe_script_evaluates_generated_code():
-    scripts = sorted(pathlib.Path(D.REPO, "recipes").rglob("*.sh"))
+    scripts = sorted(pathlib.Path(dry_runs.REPO, "recipes").rglob("*.sh"))
     assert len(scripts) >= 12
     assert not [str(p) for p in scripts if re.search(r"\beval\b", p.read_text())]
 
@@ -254,24 +254,25 @@ def test_task_table_is_what_the_plan_and_the_hf_loop_read(tmp_path, env):
 
 def test_the_runner_without_a_command_prints_its_usage():
     proc = subprocess.run([sys.executable, "-S", "-m", "acl_fairseq.recipes.runner"], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=D.REPO))
+                          env=dict(os.environ, PYTHONPATH=dry_runs.REPO))
     assert proc.returncode == 2 and "runner finetune [--repo REPO] TASK METHOD" in proc.stderr
 
 
 def test_benchmark_runs_are_planned_and_refused_before_the_driver_starts(env, tmp_path, monkeypatch):
-    import _glue_runs as G
+    import _glue_runs as glue_runs
 
     ran = []
-    monkeypatch.setattr(G.runner, "run", lambda plan, environ, stdout=None: ran.append((plan, environ)) or 0)
+    monkeypatch.setattr(glue_runs.runner, "run", lambda plan, environ, stdout=None: ran.append((plan, environ)) or 0)
     with pytest.raises(RuntimeError, match="STS-B scl: STS-B is a regression task"):
-        G.finetune("STS-B", "scl", dict(env, OMP_NUM_THREADS="1"))
+        glue_runs.finetune("STS-B", "scl", dict(env, OMP_NUM_THREADS="1"))
     assert ran == [] and not os.path.exists(env["OUT_ROOT"])
     with pytest.raises(FileNotFoundError):  # the stub trains nothing, so there is no result.json to read
-        G.finetune("RTE", "ce", dict(env, SEED="4", OMP_NUM_THREADS="1"), ["--update-freq", "2"])
+        glue_runs.finetune("RTE", "ce", dict(env, SEED="4", OMP_NUM_THREADS="1"), ["--update-freq", "2"])
     (plan, run_env), = ran  # the runner in-process, on the plan of these settings
     assert plan.train[-2:] == ["--update-freq", "2"] and (plan.task.name, plan.method.name) == ("RTE", "ce")
     assert plan.seed == "4" and run_env["OMP_NUM_THREADS"] == "1" and plan.device == "cpu"
-    assert G.run_dir(env["OUT_ROOT"], "RTE", "ce", 4) == run_plan.build_plan("RTE", "ce", seed=4, environ=env).run_dir
+    assert glue_runs.run_dir(env["OUT_ROOT"], "RTE", "ce", 4) == run_plan.build_plan("RTE", "ce", seed=4,
+                                                                                     environ=env).run_dir
 
 
 def test_a_real_run_downloads_then_plans_again_with_the_checkpoints_dictionary(env, tmp_path):
@@ -284,7 +285,7 @@ def test_a_real_run_downloads_then_plans_again_with_the_checkpoints_dictionary(e
     from test_recipe_runs import FAKE_TRAIN
 
     repo = tmp_path / "repo"
-    shutil.copytree(os.path.join(D.REPO, "acl_fairseq"), repo / "acl_fairseq",
+    shutil.copytree(os.path.join(dry_runs.REPO, "acl_fairseq"), repo / "acl_fairseq",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(GLUE, repo / "recipes" / "glue", ignore=shutil.ignore_patterns("__pycache__"))
     write_exe(repo / "recipes" / "download_roberta.sh", '#!/usr/bin/env bash\nmkdir -p "$2/roberta.$1"\n'
