@@ -51,7 +51,7 @@ def parse_args(argv=None):
     p.add_argument("--num-classes", type=int, default=2)
     p.add_argument("--examples", type=int, default=64, help="examples timed per setting and mode")
     p.add_argument("--batch-size", dest="batch", type=int, default=32,
-                   help="batch size of the batched mode (--batch: deprecated spelling)")
+                   help="batch size of the batched mode")
     p.add_argument("--policy", nargs="+", default=["entropy"], choices=list(exits.POLICIES),
                    help="early-exit policies to time (default: %(default)s)")
     console.add_sweep_arguments(p, {"entropy": "chosen so that the average exit layer spans 1..L"})
