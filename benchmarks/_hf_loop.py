@@ -15,7 +15,7 @@ from torch import nn
 
 import _glue_runs
 import harness
-from acl_fairseq.recipes import plan, recipe_tables
+from acl_fairseq.runs import plan, recipe_tables
 from acl_runtime.glue_tasks import TASKS, TaskSpec, get_task, read_split
 from acl_torch import glue_metrics
 from acl_torch.exit_heads import POOLING_MODES, head_forward, pool_states

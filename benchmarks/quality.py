@@ -50,7 +50,7 @@ from _quality_tables import (
     restored_markdown,
     training_minutes,
 )
-from acl_fairseq.recipes import recipe_tables
+from acl_fairseq.runs import recipe_tables
 
 SINGLE = ["ce", "scl", "acl_embed", "acl_grad"]
 # multi-exit: the CE baseline, the paper's method, self-distillation (a teacher exit without the contrastive form)

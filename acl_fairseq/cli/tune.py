@@ -4,7 +4,7 @@
     acl-tune SST-2 scl --data-bin data-bin/SST-2-N20-seed{seed}-bin --evaluate-best --seeds 1 2 3 4 5
 
 A trial draws the method's hyperparameters from recipes/glue/search_spaces.tsv with a seeded TPE sampler,
-builds the run with acl_fairseq/recipes/plan.py (``build_plan``) and runs it with the recipes' runner; every
+builds the run with acl_fairseq/runs/plan.py (``build_plan``) and runs it with the recipes' runner; every
 validation fairseq-train logs is reported to Optuna's median pruner, which stops the run when it trails. The
 objective is the best validation metric of the run (its ``result.json``), measured on a split that the results
 never report (acl_fairseq/tuning/data.py). The study lives in an Optuna storage: an SQLite file by default; any
@@ -24,9 +24,9 @@ import time
 import warnings
 from typing import Dict, List, Optional
 
-from acl_fairseq.recipes.model_flags import RecipeError
-from acl_fairseq.recipes.plan import REPO, build_plan, settings
-from acl_fairseq.recipes.recipe_tables import tasks
+from acl_fairseq.runs.model_flags import RecipeError
+from acl_fairseq.runs.plan import REPO, build_plan, settings
+from acl_fairseq.runs.recipe_tables import tasks
 from acl_fairseq.tuning import data as tune_data
 from acl_fairseq.tuning import space as tuning_space
 from acl_runtime import console

@@ -14,8 +14,8 @@ import statistics
 import subprocess
 from typing import Dict, List, Optional
 
-from acl_fairseq.recipes import runner
-from acl_fairseq.recipes.plan import build_plan
+from acl_fairseq.runs import runner
+from acl_fairseq.runs.plan import build_plan
 from acl_fairseq.tuning import data as tune_data
 from acl_fairseq.tuning import space as tuning_space
 from acl_runtime.io import atomic

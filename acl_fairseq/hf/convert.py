@@ -260,7 +260,7 @@ or `import acl_fairseq` before loading, or with the plugin's own hub:
 Fine-tune it: fairseq-train DATA --user-dir {PLUGIN_DIR} --arch multi_exit_roberta {" ".join(flags)}
     --conventions THIS_FOLDER --restore-file THIS_FOLDER/model.pt --reset-optimizer --reset-dataloader
     --reset-meters plus the task flags of its input layout:
-    python -m acl_fairseq.recipes.model_flags flags --conventions THIS_FOLDER
+    python -m acl_fairseq.runs.model_flags flags --conventions THIS_FOLDER
 or recipes/glue/finetune.sh with ROBERTA_PATH=THIS_FOLDER/model.pt. Binarize data with --srcdict
 THIS_FOLDER/dict.txt.
 
@@ -278,7 +278,7 @@ def get_parser() -> argparse.ArgumentParser:
         epilog="Then: fairseq-train ... --arch multi_exit_roberta $(cat OUT_DIR/model_args.txt) --conventions "
         "OUT_DIR --restore-file OUT_DIR/model.pt --reset-optimizer --reset-dataloader --reset-meters, with data "
         "binarized with --srcdict OUT_DIR/dict.txt and the task flags that "
-        "'python -m acl_fairseq.recipes.model_flags flags "
+        "'python -m acl_fairseq.runs.model_flags flags "
         "--conventions OUT_DIR' prints (a BERT has one separator). recipes/glue/finetune.sh does all of this from "
         "ROBERTA_PATH=OUT_DIR/model.pt. fairseq's hub loads OUT_DIR only with the plugin: "
         f"{HUB_USAGE} (OUT_DIR/README.txt says so too).",

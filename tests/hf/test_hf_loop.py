@@ -102,7 +102,7 @@ def test_truncation_longest_first_vs_tail(tiny):
 
 def test_warmup_rounding_matches_the_recipes():
     # the recipes' run plan: 6 % rounded up, (TOTAL_UPDATES * 6 + 99) / 100 in integers as finetune.sh had it
-    from acl_fairseq.recipes import plan
+    from acl_fairseq.runs import plan
 
     assert all(_hf_loop.warmup_updates(t, 0.06) == (t * 6 + 99) // 100 == plan.warmup_updates(t)
                for t in range(1, 5000))

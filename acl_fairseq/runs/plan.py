@@ -4,14 +4,14 @@
     plan.train        # the fairseq-train argv (resuming from checkpoint_last.pt when the same command was killed)
     plan.evaluations  # one acl-evaluate argv per validation subset (multi-exit methods)
     plan.resume, plan.finished, plan.stops  # what a real run would do, or why it would stop
-    runner.run(plan)  # nothing runs, reads only, until this (acl_fairseq/recipes/runner.py)
+    runner.run(plan)  # nothing runs, reads only, until this (acl_fairseq/runs/runner.py)
 
 ``build_plan`` refuses settings that cannot work (:class:`RecipeError`; ``status`` 2 for a usage error)
 before it looks at the data or the run folder. It reads the tables (recipes/glue/hparams.tsv per task, methods.tsv per
-method), the checkpoint's folder (acl_fairseq/recipes/model_flags.py decides the architecture and layout), the data
+method), the checkpoint's folder (acl_fairseq/runs/model_flags.py decides the architecture and layout), the data
 folder and the run folder; it writes nothing. The settings are the driver's environment variables
 (:data:`SETTINGS`), lower-cased as ``overrides`` keys. Standard library only: the runner runs it with
-``python -S`` (acl_fairseq/recipes/runner.py).
+``python -S`` (acl_fairseq/runs/runner.py).
 """
 import os
 import re
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from acl_fairseq.recipes.model_flags import RecipeError, decide
-from acl_fairseq.recipes.recipe_tables import REPO, Method, Task, method, refusal, tasks
+from acl_fairseq.runs.model_flags import RecipeError, decide
+from acl_fairseq.runs.recipe_tables import REPO, Method, Task, method, refusal, tasks
 
 WARMUP_FRACTION = 0.06  # fairseq's RoBERTa GLUE recipe: 6 % of the updates, rounded up
 # (variable, default, meaning): the driver's settings, read from the environment; empty = the default
@@ -186,7 +186,7 @@ class Plan:
         """The runner's command line for this plan (its settings go in the environment, :meth:`environment`),
         for a caller that runs it as a process of its own (acl-tune, to stop a pruned trial's whole group); run
         in-process, it is ``runner.run(plan)``."""
-        return [self.settings["PYTHON"], "-S", "-m", "acl_fairseq.recipes.runner", "finetune", self.task.name,
+        return [self.settings["PYTHON"], "-S", "-m", "acl_fairseq.runs.runner", "finetune", self.task.name,
                 self.method.name, *self.extra]
 
     def environment(self) -> Dict[str, str]:
@@ -237,7 +237,7 @@ def build_plan(task_name: str, method_name: str, seed: Optional[object] = None,
     train = head + (restore if checkpoint else []) + rest
     train_line = f"{quote(train)} 2>&1 | tee {quote([os.path.join(rd, 'train.log')])}"
     evaluations, early_exit = _evaluations(s, task, m, rd, tb, data_bin, device)
-    result = [s["PYTHON"], "-S", "-m", "acl_fairseq.recipes.result", rd, "--task", task.name,
+    result = [s["PYTHON"], "-S", "-m", "acl_fairseq.runs.result", rd, "--task", task.name,
               "--method", m.name, "--seed", s["SEED"], "--criterion", m.criterion, "--arch", d.arch,
               "--best-metric", task.best_metric, "--valid-subsets", ",".join(task.valid_subsets), *early_exit]
     download, missing_checkpoint = _pretrained(s, checkpoint, default_checkpoint, model_dir, repo)

@@ -4,9 +4,9 @@ from fairseq's ``--log-format json`` log (RUN_DIR/train.log), and where its earl
 The best validation is the one ``checkpoint_best.pt`` holds: the largest ``--best-checkpoint-metric`` on
 the first validation subset, the *last* one on ties (fairseq saves on ``>=``). Other subsets (MNLI's
 ``valid1``) are reported at the same update. Standard library only: the runner's last step
-(acl_fairseq/recipes/runner.py), recorded in command.sh as
+(acl_fairseq/runs/runner.py), recorded in command.sh as
 
-    python3 -S -m acl_fairseq.recipes.result RUN_DIR --task CoLA --method ce --seed 1 --best-metric mcc
+    python3 -S -m acl_fairseq.runs.result RUN_DIR --task CoLA --method ce --seed 1 --best-metric mcc
         [--valid-subsets valid]
         [--early-exit valid=early_exit/early_exit.json ...]
 """
