@@ -123,6 +123,28 @@ def snapshot_rows(
     return Snapshot(tag=f"exit{layer}", mat=mat, metadata=meta)
 
 
+def _run_batches(model, dataset, indices: Sequence[int], head_name: str, batch_size: int):
+    """``(features, logits, targets, ids, last output)``: per batch, every exit's features and logits (float32, on
+    the CPU), the targets where the data has them, and the dataset indices in the collated order."""
+    from fairseq import utils
+
+    device = next(model.parameters()).device
+    feats: List[List[torch.Tensor]] = []
+    logits: List[List[torch.Tensor]] = []
+    targets: List[torch.Tensor] = []
+    ids: List[int] = []
+    for start in range(0, len(indices), batch_size):
+        sample = dataset.collater([dataset[i] for i in indices[start : start + batch_size]])
+        sample = utils.apply_to_sample(lambda t: t.to(device), sample)
+        out = collect_exit_outputs(model, sample["net_input"], head_name)
+        feats.append([f.float().cpu() for f in out.features])
+        logits.append([lg.float().cpu() for lg in out.logits])
+        if sample.get("target") is not None:
+            targets.append(sample["target"].cpu())
+        ids.extend(sample["id"].tolist())  # dataset indices, in the collated order
+    return feats, logits, targets, ids, out
+
+
 @torch.no_grad()
 def compute_snapshots(
     model,
@@ -135,27 +157,12 @@ def compute_snapshots(
 ) -> List[Snapshot]:
     """Run ``model`` in eval mode (then restore its mode) on ``dataset[indices]`` in batches of
     ``batch_size`` via :func:`collect_exit_outputs`; one :class:`Snapshot` per exit."""
-    from fairseq import utils
-
     if len(indices) == 0:
         return []
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
-    feats: List[List[torch.Tensor]] = []
-    logits: List[List[torch.Tensor]] = []
-    targets: List[torch.Tensor] = []
-    ids: List[int] = []
     try:
-        for start in range(0, len(indices), batch_size):
-            sample = dataset.collater([dataset[i] for i in indices[start : start + batch_size]])
-            sample = utils.apply_to_sample(lambda t: t.to(device), sample)
-            out = collect_exit_outputs(model, sample["net_input"], head_name)
-            feats.append([f.float().cpu() for f in out.features])
-            logits.append([lg.float().cpu() for lg in out.logits])
-            if sample.get("target") is not None:
-                targets.append(sample["target"].cpu())
-            ids.extend(sample["id"].tolist())  # dataset indices, in the collated order
+        feats, logits, targets, ids, out = _run_batches(model, dataset, indices, head_name, batch_size)
         label_embeddings, layers = out.label_embeddings, out.layers
     finally:
         model.train(was_training)

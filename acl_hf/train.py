@@ -132,6 +132,42 @@ def best_validation(history: List[dict], subsets: List[str], best_metric: str) -
     return out
 
 
+def _read_data(data_args, spec, seed: int, tokenizer):
+    """``(train, {name: eval set}, split sizes or None)``: the few-shot protocol's draw under ``seed``, or the
+    task's train and dev files, tokenised."""
+    from . import data
+
+    if data_args.few_shot:
+        return data.few_shot(data_args.data_dir, spec, data_args.few_shot, seed, tokenizer,
+                             data_args.max_seq_length, data_args.max_eval_samples)
+    train = data.read(data_args.data_dir, spec, "train", "train", tokenizer, data_args.max_seq_length,
+                      data_args.max_train_samples)
+    evals = {name: data.read(data_args.data_dir, spec, stem, "dev", tokenizer, data_args.max_seq_length,
+                             data_args.max_eval_samples) for name, stem in data.dev_subsets(spec).items()}
+    return train, evals, None
+
+
+def _result(trainer, model, spec, data_args, criterion, eval_names: List[str], sizes) -> dict:
+    """result.json of the run, in the recipes' format: the best validation by the task's metric, the few-shot
+    protocol's test half at it, and the CPU kind."""
+    row = next(r for r in glue_tasks.rows() if r["task"] == spec.name)
+    best_metric = row["best_metric"]
+    result = {"task": spec.name, "method": data_args.method or criterion.criterion, "seed": trainer.args.seed,
+              "criterion": criterion.criterion, "arch": f"hf:{model.config.encoder.model_type}",
+              "best_metric": best_metric}
+    best = best_validation(trainer.state.log_history, eval_names, best_metric)
+    tests = {name: best["best_valid"].pop(name) for name in list(best["best_valid"]) if name.startswith("test")}
+    result["best_value"] = best["best_valid"][eval_names[0]][best_metric]
+    result.update(best)
+    if sizes is not None:  # the few-shot protocol: the test half at the best validation (selected on valid alone)
+        result.update(few_shot=data_args.few_shot, split_sizes=sizes, test_metrics=tests)
+    result["early_exit_json"], result["early_exit_jsons"] = None, {}
+    kind = read_cpu_kind()
+    result["cpu_kind"], result["cpu_flags"] = kind.describe(), [f for f in CPU_FLAGS if f in kind.flags]
+    result["checkpoint"], result["train_log"] = ".", "log_history.json"
+    return result
+
+
 def run(argv: Optional[List[str]] = None) -> dict:
     import transformers
     from transformers import AutoTokenizer, DataCollatorWithPadding
@@ -145,16 +181,8 @@ def run(argv: Optional[List[str]] = None) -> dict:
     transformers.set_seed(training.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path)
     num_labels = 1 if spec.regression else len(spec.labels)
-    sizes = None
     with training.main_process_first(desc="tokenising"):
-        if data_args.few_shot:
-            train, evals, sizes = data.few_shot(data_args.data_dir, spec, data_args.few_shot, training.seed, tokenizer,
-                                                data_args.max_seq_length, data_args.max_eval_samples)
-        else:
-            train = data.read(data_args.data_dir, spec, "train", "train", tokenizer, data_args.max_seq_length,
-                              data_args.max_train_samples)
-            evals = {name: data.read(data_args.data_dir, spec, stem, "dev", tokenizer, data_args.max_seq_length,
-                                     data_args.max_eval_samples) for name, stem in data.dev_subsets(spec).items()}
+        train, evals, sizes = _read_data(data_args, spec, training.seed, tokenizer)
     model = build_model(model_args, num_labels)
     names = data.label_names(spec)
     if names:
@@ -171,21 +199,7 @@ def run(argv: Optional[List[str]] = None) -> dict:
     trainer.train(resume_from_checkpoint=resume)
     trainer.evaluate()  # the final model's validation, whatever --eval_strategy said
     trainer.save_model(training.output_dir)
-    row = next(r for r in glue_tasks.rows() if r["task"] == spec.name)
-    best_metric = row["best_metric"]
-    result = {"task": spec.name, "method": data_args.method or criterion.criterion, "seed": training.seed,
-              "criterion": criterion.criterion, "arch": f"hf:{model.config.encoder.model_type}",
-              "best_metric": best_metric}
-    best = best_validation(trainer.state.log_history, list(evals), best_metric)
-    tests = {name: best["best_valid"].pop(name) for name in list(best["best_valid"]) if name.startswith("test")}
-    result["best_value"] = best["best_valid"][next(iter(evals))][best_metric]
-    result.update(best)
-    if sizes is not None:  # the few-shot protocol: the test half at the best validation (selected on valid alone)
-        result.update(few_shot=data_args.few_shot, split_sizes=sizes, test_metrics=tests)
-    result["early_exit_json"], result["early_exit_jsons"] = None, {}
-    kind = read_cpu_kind()
-    result["cpu_kind"], result["cpu_flags"] = kind.describe(), [f for f in CPU_FLAGS if f in kind.flags]
-    result["checkpoint"], result["train_log"] = ".", "log_history.json"
+    result = _result(trainer, model, spec, data_args, criterion, list(evals), sizes)
     if trainer.is_world_process_zero():
         atomic.write_text(os.path.join(training.output_dir, "log_history.json"),
                           json.dumps(trainer.state.log_history, indent=1) + "\n")

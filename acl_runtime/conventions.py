@@ -28,7 +28,7 @@ When read from a path the record gains ``dictionary_path``, the dict.txt beside 
 
 The input layout (the init token, the separators, where the second segment starts) is decided here only,
 by :func:`input_layout`: the hub's ``encode``, the fairseq-train task flags of the recipes, benchmarks,
-demo and tests (:meth:`InputLayout.fairseq_flags`, or ``python -m acl_fairseq.recipes.model_flags flags``) and the
+demo and tests (:meth:`InputLayout.fairseq_flags`, or ``python -m acl_fairseq.runs.model_flags flags``) and the
 model's check at build time (:func:`apply_to_task`) all come from it. This module is the one place that
 spells fairseq's separator flag (a test holds every other tracked file to that). It imports neither torch
 nor fairseq, so a runtime without them builds inputs exactly as training did.

@@ -57,6 +57,38 @@ def _listed_file(folder: str, name: str) -> str:
     return path
 
 
+def _graph_files(folder: str, m: dict, precision: str) -> dict:
+    """``{"embeddings": file, "layers": {fp32 file: file}}`` of ``precision`` as the manifest ``m`` lists them."""
+    try:
+        files = {"embeddings": m["embeddings"], "layers": {r["file"]: r["file"] for r in m["layers"]}}
+        if precision != "fp32":
+            if precision not in m["quantized"]:
+                raise ValueError(f"{folder} has no {precision} copy: export it with --quantize {precision}")
+            files = m["quantized"][precision]
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{os.path.join(folder, MANIFEST)}: no valid {e} entry: export the folder again") from None
+    return files
+
+
+def _session(ort, options, folder: str, name: str):
+    """An ONNX Runtime CPU session of the folder's listed graph ``name``; a graph it cannot load is a ValueError."""
+    path = _listed_file(folder, name)
+    try:
+        return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"],
+                                    disabled_optimizers=DISABLED_OPTIMIZERS)
+    except Exception as e:  # onnxruntime's own errors (pybind classes: InvalidProtobuf, Fail, ...)
+        raise ValueError(f"{path}: ONNX Runtime cannot load it ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}); export the folder again") from None
+
+
+def _read_tokenizer(tokenizers, path: str):
+    try:
+        return tokenizers.Tokenizer.from_file(path)
+    except Exception as e:  # the tokenizers package's own error (a bare Exception: "EOF while parsing ...")
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{path}: not a readable tokenizers file ({reason}); export the folder again") from None
+
+
 class OrtBackend:
     """The exported graphs as a backend of :func:`acl_runtime.loop.run_batch`: ``embed.onnx``, then
     ``layerN.onnx`` (``(x, padding_mask) -> x``, and the exit's logits where the layer has one). States are
@@ -97,38 +129,16 @@ class Engine(loop.EarlyExitPredictor):
         ort, tokenizers = _import("onnxruntime"), _import("tokenizers")
         self.folder, self.precision = folder, precision
         self.manifest = m = read_manifest(folder)
-        try:
-            files = {"embeddings": m["embeddings"], "layers": {r["file"]: r["file"] for r in m["layers"]}}
-            if precision != "fp32":
-                if precision not in m["quantized"]:
-                    raise ValueError(f"{folder} has no {precision} copy: export it with --quantize {precision}")
-                files = m["quantized"][precision]
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"{os.path.join(folder, MANIFEST)}: no valid {e} entry: export the folder again") from None
+        files = _graph_files(folder, m, precision)
         options = ort.SessionOptions()
         if threads is not None:
             options.intra_op_num_threads = options.inter_op_num_threads = threads
-
-        def session(name):
-            path = _listed_file(folder, name)
-            try:
-                return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"],
-                                            disabled_optimizers=DISABLED_OPTIMIZERS)
-            except Exception as e:  # onnxruntime's own errors (pybind classes: InvalidProtobuf, Fail, ...)
-                raise ValueError(f"{path}: ONNX Runtime cannot load it ({type(e).__name__}: "
-                                 f"{str(e).splitlines()[0] if str(e) else ''}); export the folder again") from None
-
-        embeddings = session(files["embeddings"])
-        self.layers = [session(files["layers"][r["file"]]) for r in m["layers"]]
+        embeddings = _session(ort, options, folder, files["embeddings"])
+        self.layers = [_session(ort, options, folder, files["layers"][r["file"]]) for r in m["layers"]]
         tokenizer_path = _listed_file(folder, m["tokenizer"])
         checks.verify_files(folder, m, [files["embeddings"], m["tokenizer"]] +
                             [files["layers"][r["file"]] for r in m["layers"]])
-        try:
-            self.tokenizer = tokenizers.Tokenizer.from_file(tokenizer_path)
-        except Exception as e:  # the tokenizers package's own error (a bare Exception: "EOF while parsing ...")
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise ValueError(f"{tokenizer_path}: not a readable tokenizers file ({reason}); export the folder "
-                             "again") from None
+        self.tokenizer = _read_tokenizer(tokenizers, tokenizer_path)
         checks.check_graphs(folder, m, files, embeddings, self.layers, self.tokenizer)
         self.layout = m["input_layout"]
         self.input_layout = conventions.InputLayout(**{k: self.layout[k] for k in conventions.InputLayout._fields})

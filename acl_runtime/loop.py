@@ -62,6 +62,14 @@ class BatchOutput(NamedTuple):
     exit_logits: np.ndarray  # (B, M, K) float32: every exit computed for the row, NaN after its exit
 
 
+def _keep_rows(backend: Backend, state: Any, mask: np.ndarray, keep: np.ndarray):
+    """``(state, mask)`` of the rows ``keep`` only, cut to their longest row (right padding: columns past it are
+    padding in every kept row)."""
+    mask = mask[keep]
+    length = int((~mask).sum(1).max())
+    return backend.take(state, keep, length), np.ascontiguousarray(mask[:, :length])
+
+
 def run_batch(backend: Backend, ids: Any, mask: np.ndarray, request: ExitRequest = LAST_EXIT,
               regression: bool = False, delta: float = exits.DEFAULT_REGRESSION_DELTA) -> BatchOutput:
     """One right-padded batch through ``backend``, each row leaving where ``request`` says. ``mask``: (B, T) bool,
@@ -97,9 +105,7 @@ def run_batch(backend: Backend, ids: Any, mask: np.ndarray, request: ExitRequest
         keep = np.flatnonzero(~fire)
         if keep.size == 0:
             break
-        mask = mask[keep]
-        length = int((~mask).sum(1).max())  # right padding: columns >= length are padding in every kept row
-        state, mask = backend.take(state, keep, length), np.ascontiguousarray(mask[:, :length])
+        state, mask = _keep_rows(backend, state, mask, keep)
         rows, policy_state = rows[keep], policy_state[keep]
     final = exit_logits[np.arange(batch_size), exit_index]
     return BatchOutput(final, exit_index, np.asarray(layers)[exit_index], computed, exit_logits)

@@ -71,6 +71,45 @@ def inside(folder: str, name) -> str:
     return path
 
 
+def _check_layers(folder: str, layers, exit_layers: list) -> None:
+    """The ``layers`` records: every layer up to the last exit, in order, with the exits where exit_layers says."""
+    if not isinstance(layers, list) or not all(isinstance(r, dict) and {"layer", "file", "exit"} <= set(r)
+                                               for r in layers):
+        raise _bad(folder, "layers is not a list of {layer, file, exit} records")
+    numbers = [r["layer"] for r in layers]
+    if numbers != list(range(1, exit_layers[-1] + 1)):
+        raise _bad(folder, f"layers lists layers {numbers}, but the exits {exit_layers} need layers "
+                           f"1..{exit_layers[-1]}")
+    exits_listed = [r["layer"] for r in layers if r["exit"] is not None]
+    indices = [r["exit"] for r in layers if r["exit"] is not None]
+    if exits_listed != exit_layers or indices != list(range(len(exit_layers))):
+        raise _bad(folder, f"layers has exits on layers {exits_listed} (indices {indices}), but exit_layers is "
+                           f"{exit_layers}")
+
+
+def _check_outputs(folder: str, m: dict) -> None:
+    """A regression model has one output; a classifier names each of its num_classes once."""
+    num_classes = m["num_classes"]
+    if m["regression"]:
+        if num_classes != 1:
+            raise _bad(folder, f"a regression model has 1 output, not num_classes {num_classes}")
+    else:
+        labels = m["labels"]
+        if not isinstance(labels, list) or len(labels) != num_classes or \
+                not all(isinstance(x, str) and x for x in labels) or len(set(labels)) != len(labels):
+            raise _bad(folder, f"labels is {json.dumps(labels)[:80]}, not {num_classes} distinct names "
+                               f"(num_classes)")
+
+
+def _check_layout_keys(folder: str, layout) -> None:
+    """input_layout names every key a graph needs; max_positions and pad are whole numbers."""
+    absent = [k for k in LAYOUT_KEYS if not isinstance(layout, dict) or k not in layout]
+    if absent:
+        raise _bad(folder, f"input_layout has no {', '.join(absent)}")
+    if not _int(layout["max_positions"]) or layout["max_positions"] < 2 or not _int(layout["pad"]):
+        raise _bad(folder, "input_layout's max_positions or pad is not a whole number")
+
+
 def check(folder: str, m: dict) -> None:
     """The manifest's parts against each other, before any file is opened."""
     missing = [k for k in REQUIRED if k not in m]
@@ -86,34 +125,9 @@ def check(folder: str, m: dict) -> None:
     if not isinstance(exit_layers, list) or not exit_layers or not all(_int(x) for x in exit_layers) or \
             exit_layers != sorted(set(exit_layers)) or exit_layers[0] < 1 or exit_layers[-1] > num_layers:
         raise _bad(folder, f"exit_layers is {json.dumps(exit_layers)}, not increasing layers of 1..{num_layers}")
-    layers = m["layers"]
-    if not isinstance(layers, list) or not all(isinstance(r, dict) and {"layer", "file", "exit"} <= set(r)
-                                               for r in layers):
-        raise _bad(folder, "layers is not a list of {layer, file, exit} records")
-    numbers = [r["layer"] for r in layers]
-    if numbers != list(range(1, exit_layers[-1] + 1)):
-        raise _bad(folder, f"layers lists layers {numbers}, but the exits {exit_layers} need layers "
-                           f"1..{exit_layers[-1]}")
-    exits_listed = [r["layer"] for r in layers if r["exit"] is not None]
-    indices = [r["exit"] for r in layers if r["exit"] is not None]
-    if exits_listed != exit_layers or indices != list(range(len(exit_layers))):
-        raise _bad(folder, f"layers has exits on layers {exits_listed} (indices {indices}), but exit_layers is "
-                           f"{exit_layers}")
-    if m["regression"]:
-        if num_classes != 1:
-            raise _bad(folder, f"a regression model has 1 output, not num_classes {num_classes}")
-    else:
-        labels = m["labels"]
-        if not isinstance(labels, list) or len(labels) != num_classes or \
-                not all(isinstance(x, str) and x for x in labels) or len(set(labels)) != len(labels):
-            raise _bad(folder, f"labels is {json.dumps(labels)[:80]}, not {num_classes} distinct names "
-                               f"(num_classes)")
-    layout = m["input_layout"]
-    absent = [k for k in LAYOUT_KEYS if not isinstance(layout, dict) or k not in layout]
-    if absent:
-        raise _bad(folder, f"input_layout has no {', '.join(absent)}")
-    if not _int(layout["max_positions"]) or layout["max_positions"] < 2 or not _int(layout["pad"]):
-        raise _bad(folder, "input_layout's max_positions or pad is not a whole number")
+    _check_layers(folder, m["layers"], exit_layers)
+    _check_outputs(folder, m)
+    _check_layout_keys(folder, m["input_layout"])
     for name in files(folder, m, None):
         inside(folder, name)
 

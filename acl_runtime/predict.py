@@ -42,6 +42,32 @@ EXIT_STATUSES = ("Exit status: 0 when every row was read (bad rows skipped are c
                  "left by a killed run goes at the next run.")
 
 
+def _add_input_args(p: argparse.ArgumentParser) -> None:
+    """Where the inputs are and how they are read."""
+    p.add_argument("--input", required=True, help="input file, or - for standard input")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--task", help="the input is a GLUE TSV of this task (RTE, SST-2, ...): columns and header "
+                     "as the GLUE files have them")
+    fmt.add_argument("--columns", type=inputs.parse_columns,
+                     help="the input is a TSV: the 1-based text column(s), e.g. 2 or 2,3 (a pair)")
+    p.add_argument("--input-format", choices=inputs.KINDS, default="auto",
+                   help="auto: tsv with --task/--columns; jsonl for *.jsonl and *.ndjson, or where the first line "
+                   "is a JSON object with a 'text' (stdin too); else text (one sentence per line)")
+    p.add_argument("--header", action="store_true", help="with --columns: the first line is a header")
+
+
+def _add_exit_args(p: argparse.ArgumentParser) -> None:
+    """Where each input leaves the model: a policy and its threshold, or one exit layer."""
+    p.add_argument("--policy", choices=calibration.policy_choices(), help="early-exit policy (multi-exit models "
+                   f"only). Default: the calibrated one in {calibration.FILE_NAME} beside the checkpoint (acl-evaluate "
+                   "--calibrate; for an OUT/onnx folder its manifest's serving policy), else none; none: the last "
+                   "exit decides, whatever was calibrated")
+    p.add_argument("--threshold", type=float, help="the --policy's threshold (it needs --policy): entropy/confidence "
+                   "level or patience count. " + "; ".join(f"{r.name}: {r.rule}, {r.range_text}, default {r.default:g}"
+                                         for r in exits.POLICIES.values()))
+    p.add_argument("--exit-layer", type=int, help="every input leaves at this exit (one of the model's layers)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     epilog = "\n\n".join([__doc__.split("\n\n", 2)[2].rstrip(), textwrap.fill(inputs.ID_RULE, 108),
                           textwrap.fill(EXIT_STATUSES, 108)])
@@ -54,24 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "checkpoint, not with an OUT/onnx folder (it carries its own)")
     p.add_argument("--precision", choices=manifest.PRECISIONS, default="fp32", help="with an OUT/onnx folder: its fp32 "
                    "graphs or the int8 copy that acl-export --quantize int8 wrote (default: %(default)s)")
-    p.add_argument("--input", required=True, help="input file, or - for standard input")
-    fmt = p.add_mutually_exclusive_group()
-    fmt.add_argument("--task", help="the input is a GLUE TSV of this task (RTE, SST-2, ...): columns and header "
-                     "as the GLUE files have them")
-    fmt.add_argument("--columns", type=inputs.parse_columns,
-                     help="the input is a TSV: the 1-based text column(s), e.g. 2 or 2,3 (a pair)")
-    p.add_argument("--input-format", choices=inputs.KINDS, default="auto",
-                   help="auto: tsv with --task/--columns; jsonl for *.jsonl and *.ndjson, or where the first line "
-                   "is a JSON object with a 'text' (stdin too); else text (one sentence per line)")
-    p.add_argument("--header", action="store_true", help="with --columns: the first line is a header")
-    p.add_argument("--policy", choices=calibration.policy_choices(), help="early-exit policy (multi-exit models "
-                   f"only). Default: the calibrated one in {calibration.FILE_NAME} beside the checkpoint (acl-evaluate "
-                   "--calibrate; for an OUT/onnx folder its manifest's serving policy), else none; none: the last "
-                   "exit decides, whatever was calibrated")
-    p.add_argument("--threshold", type=float, help="the --policy's threshold (it needs --policy): entropy/confidence "
-                   "level or patience count. " + "; ".join(f"{r.name}: {r.rule}, {r.range_text}, default {r.default:g}"
-                                         for r in exits.POLICIES.values()))
-    p.add_argument("--exit-layer", type=int, help="every input leaves at this exit (one of the model's layers)")
+    _add_input_args(p)
+    _add_exit_args(p)
     p.add_argument("--batch-size", type=positive_int, default=32, help="inputs per batch (default: %(default)s)")
     p.add_argument("--chunk-size", type=positive_int, default=8192, help="inputs read and length-sorted together "
                    "before batching; output is written per chunk, in input order (default: %(default)s)")

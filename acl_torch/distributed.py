@@ -69,6 +69,24 @@ def _all_gather_rows(x: Tensor, sizes: Sequence[int]) -> List[Tensor]:
     return [t[:s] for t, s in zip(out, sizes)]
 
 
+def _gather_floats(local: List[Tensor], sizes: List[int], me: int, ws: int) -> List[Tensor]:
+    """Every rank's rows of each tensor of ``local`` (each (B_r, D_i)), in rank order, this rank's own tensors kept.
+
+    One all_gather for every float tensor: concatenated along dim 1 in a common (wider) dtype, so no value is
+    rounded; each part is cast back to its own dtype afterwards."""
+    dtype = local[0].dtype
+    for t in local[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    widths = [t.shape[1] for t in local]
+    packed = torch.cat([t.detach().to(dtype) for t in local], dim=1)
+    per_rank = [rows.split(widths, dim=1) for rows in _all_gather_rows(packed, sizes)]
+    merged = []
+    for i, mine in enumerate(local):
+        parts = [mine if r == me else per_rank[r][i].to(mine.dtype) for r in range(ws)]
+        merged.append(torch.cat(parts))
+    return merged
+
+
 def gather_for_contrast(exits: ExitOutputs, targets: Tensor, real: bool = True) -> Tuple[ExitOutputs, Tensor, int]:
     """The global contrastive set: every rank's exits' ``features`` and ``pooled`` and targets.
 
@@ -97,19 +115,7 @@ def gather_for_contrast(exits: ExitOutputs, targets: Tensor, real: bool = True) 
         targets = targets[:0]
     sizes = all_gather_sizes(targets.shape[0], targets.device)
     contributing = sum(1 for s in sizes if s > 0)
-    local = list(exits.features) + list(exits.pooled)
-    # one all_gather for every float tensor: concatenated along dim 1 in a common (wider) dtype,
-    # so no value is rounded; each part is cast back to its own dtype afterwards
-    dtype = local[0].dtype
-    for t in local[1:]:
-        dtype = torch.promote_types(dtype, t.dtype)
-    widths = [t.shape[1] for t in local]
-    packed = torch.cat([t.detach().to(dtype) for t in local], dim=1)
-    per_rank = [rows.split(widths, dim=1) for rows in _all_gather_rows(packed, sizes)]
-    merged = []
-    for i, mine in enumerate(local):
-        parts = [mine if r == me else per_rank[r][i].to(mine.dtype) for r in range(ws)]
-        merged.append(torch.cat(parts))
+    merged = _gather_floats(list(exits.features) + list(exits.pooled), sizes, me, ws)
     m = len(exits.features)
     targets_parts = _all_gather_rows(targets, sizes)
     targets_parts[me] = targets

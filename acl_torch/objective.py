@@ -220,17 +220,23 @@ def task_loss(logits: torch.Tensor, targets: torch.Tensor, regression: bool) -> 
     return F.nll_loss(F.log_softmax(logits, dim=-1, dtype=torch.float32), targets, reduction="sum")
 
 
+def _aux_parts(terms: Terms, exits: ExitOutputs, targets: torch.Tensor, weights: torch.Tensor, gather: bool,
+               real: bool):
+    """``({name: (weight, value)}, n_contrast)``: the criterion's auxiliary terms over the contrastive set (this
+    rank's rows, or every rank's with ``gather``) and that set's size; no terms over an empty set."""
+    aux_exits, aux_targets, n_contrast = exits, targets, targets.numel()
+    if gather and distributed.world_size() > 1:
+        aux_exits, aux_targets, n_contrast = distributed.gather_for_contrast(exits, targets, real=real)
+    return (terms.aux_terms(aux_exits, aux_targets, weights) if n_contrast > 0 else {}), n_contrast
+
+
 def objective(
     terms: Terms,
     exits: ExitOutputs,
     targets: torch.Tensor,
     *,
-    params: Callable[[], Sequence[torch.Tensor]],
-    training: bool,
-    loss_scaler: bool,
-    regression: bool = False,
-    gather: bool = False,
-    real: bool = True,
+    params: Callable[[], Sequence[torch.Tensor]], training: bool, loss_scaler: bool,
+    regression: bool = False, gather: bool = False, real: bool = True,
     where: Callable[[], str] = lambda: "this step",
     advice: str = gate.FAIRSEQ_ADVICE,
 ) -> Parts:
@@ -249,10 +255,7 @@ def objective(
     n = targets.numel()
     weights = losses.exit_weights(exits.layers, terms.cfg.exit_weighting).to(targets.device)
     ce = losses.weighted_exit_sum([task_loss(logits, targets, regression) for logits in exits.logits], weights)
-    aux_exits, aux_targets, n_contrast = exits, targets, n
-    if gather and distributed.world_size() > 1:
-        aux_exits, aux_targets, n_contrast = distributed.gather_for_contrast(exits, targets, real=real)
-    aux_parts = terms.aux_terms(aux_exits, aux_targets, weights) if n_contrast > 0 else {}
+    aux_parts, n_contrast = _aux_parts(terms, exits, targets, weights, gather, real)
     # sum convention: a batch-mean term counts once per sample of the set it was computed on
     aux = sum(w * v for w, v in aux_parts.values()) * n_contrast if aux_parts else ce.new_zeros(())
     weighted_ce = terms.ce_weight * ce

@@ -10,7 +10,7 @@ from typing import Dict, Optional, Tuple
 
 import _glue_runs
 import _records
-from acl_fairseq.recipes import recipe_tables
+from acl_fairseq.runs import recipe_tables
 from acl_runtime.tables import read_tsv
 
 CONVERTED_TABLE = os.path.join(_glue_runs.REPO, "recipes", "glue", "converted.tsv")

@@ -1,7 +1,7 @@
 """Shared plumbing of the real-data benchmarks (quality.py, fewshot.py): convert the encoder, binarize GLUE,
-run the recipes' runner (acl_fairseq/recipes/runner.py, in-process), score a checkpoint on a split with acl-evaluate.
+run the recipes' runner (acl_fairseq/runs/runner.py, in-process), score a checkpoint on a split with acl-evaluate.
 
-Nothing here trains by itself: every fine-tuning run is the recipes' run plan (acl_fairseq/recipes/plan.py) with
+Nothing here trains by itself: every fine-tuning run is the recipes' run plan (acl_fairseq/runs/plan.py) with
 the settings the driver documents (ROBERTA_PATH, ARCH, MODEL_ARGS, DATA_BIN, OUT_ROOT, SEED, LR, BATCH_SIZE,
 MAX_EPOCH, TOTAL_UPDATES, DEVICE=cpu ...), run as ``recipes/glue/finetune.sh TASK METHOD`` runs it. A run with a
 result.json is skipped.
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 import _records
-from acl_fairseq.recipes import plan as run_plan
-from acl_fairseq.recipes import runner
+from acl_fairseq.runs import plan as run_plan
+from acl_fairseq.runs import runner
 from harness.clock import now, since
 from harness.study import log  # the progress line every study prints
 

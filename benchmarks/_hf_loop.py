@@ -15,7 +15,7 @@ from torch import nn
 
 import _glue_runs
 import harness
-from acl_fairseq.recipes import plan, recipe_tables
+from acl_fairseq.runs import plan, recipe_tables
 from acl_runtime.glue_tasks import TASKS, TaskSpec, get_task, read_split
 from acl_torch import glue_metrics
 from acl_torch.exit_heads import POOLING_MODES, head_forward, pool_states
@@ -280,6 +280,33 @@ def evaluate(model: nn.Module, tokenizer, examples: Examples, cfg: HFConfig) -> 
     return glue_metrics.classification_metrics(preds, targets, positive_class(spec))
 
 
+def _train_epochs(model, tokenizer, encoded, labels, dev, cfg: HFConfig, spec, optimizer, scheduler, total: int):
+    """The training loop: epochs of batches (up to ``cfg.max_updates`` updates), dev evaluated after each epoch;
+    returns ``(dev metrics per epoch, mean train loss per epoch, updates, samples, training seconds)``."""
+    primary = recipe_tables.tasks()[spec.name].metrics[0]
+    per_epoch, losses_per_epoch, updates, samples, train_s = [], [], 0, 0, 0.0
+    batches_of = epoch_batches([len(ids) for ids, _ in encoded], cfg, np.random.RandomState(cfg.seed))
+    for epoch in range(1, cfg.epochs + 1):
+        t0, losses = harness.now(), []
+        for idx in next(batches_of):
+            if cfg.max_updates is not None and updates >= cfg.max_updates:
+                break
+            batch = collate([encoded[i] for i in idx], tokenizer.pad_token_id)
+            batch["labels"] = labels[torch.as_tensor(idx)]
+            batch = {k: v.to(cfg.device) for k, v in batch.items()}
+            losses.append(train_step(model, batch, optimizer, scheduler, cfg, spec.regression))
+            updates, samples = updates + 1, samples + len(idx)
+        train_s += harness.since(t0)[0]
+        per_epoch.append(evaluate(model, tokenizer, dev, cfg))
+        losses_per_epoch.append(sum(losses) / max(len(losses), 1))
+        _glue_runs.log(f"hf {spec.name} seed {cfg.seed} epoch {epoch}/{cfg.epochs}: {updates}/{total} updates, "
+                       f"train loss {losses_per_epoch[-1]:.4f}, dev {primary} {per_epoch[-1][primary]:.2f} "
+                       f"({train_s:.0f}s training)")
+        if cfg.max_updates is not None and updates >= cfg.max_updates:
+            break
+    return per_epoch, losses_per_epoch, updates, samples, train_s
+
+
 def train_hf(cfg: HFConfig, glue_dir: str = _glue_runs.GLUE_DIR, train_examples: Optional[Examples] = None) -> dict:
     """Fine-tune, evaluate on dev after every epoch; ``train_examples`` replaces GLUE_DIR/TASK/train.tsv."""
     cfg = dataclasses.replace(cfg, hf_dir=cfg.hf_dir or _glue_runs.packaged_minilm())
@@ -308,26 +335,8 @@ def train_hf(cfg: HFConfig, glue_dir: str = _glue_runs.GLUE_DIR, train_examples:
     optimizer, scheduler = make_optimizer_and_schedule(model, cfg, total)
     primary = recipe_tables.tasks()[spec.name].metrics[0]
 
-    per_epoch, losses_per_epoch, updates, samples, train_s = [], [], 0, 0, 0.0
-    batches_of = epoch_batches([len(ids) for ids, _ in encoded], cfg, np.random.RandomState(cfg.seed))
-    for epoch in range(1, cfg.epochs + 1):
-        t0, losses = harness.now(), []
-        for idx in next(batches_of):
-            if cfg.max_updates is not None and updates >= cfg.max_updates:
-                break
-            batch = collate([encoded[i] for i in idx], tokenizer.pad_token_id)
-            batch["labels"] = labels[torch.as_tensor(idx)]
-            batch = {k: v.to(cfg.device) for k, v in batch.items()}
-            losses.append(train_step(model, batch, optimizer, scheduler, cfg, spec.regression))
-            updates, samples = updates + 1, samples + len(idx)
-        train_s += harness.since(t0)[0]
-        per_epoch.append(evaluate(model, tokenizer, dev, cfg))
-        losses_per_epoch.append(sum(losses) / max(len(losses), 1))
-        _glue_runs.log(f"hf {spec.name} seed {cfg.seed} epoch {epoch}/{cfg.epochs}: {updates}/{total} updates, "
-                       f"train loss {losses_per_epoch[-1]:.4f}, dev {primary} {per_epoch[-1][primary]:.2f} "
-                       f"({train_s:.0f}s training)")
-        if cfg.max_updates is not None and updates >= cfg.max_updates:
-            break
+    per_epoch, losses_per_epoch, updates, samples, train_s = _train_epochs(model, tokenizer, encoded, labels, dev,
+                                                                           cfg, spec, optimizer, scheduler, total)
     best = max(range(len(per_epoch)), key=lambda i: (per_epoch[i][primary], i))  # ties: the later epoch
     return {
         "task": spec.name, "primary_metric": primary, "per_epoch": per_epoch, "train_loss": losses_per_epoch,

@@ -2,7 +2,7 @@
 (:func:`run_rows`) or under ``qemu-x86_64 -cpu CPU`` (:func:`run_emulated`, this file as the child), for the int8
 benchmarks (int8_portability.py, int8_static.py) and tests/inference/test_int8.py.
 
-    python benchmarks/_int8_chain.py DIR --folder OUT/onnx --precision int8 --batch 8 [--layer-dir D]
+    python benchmarks/_int8_chain.py DIR --folder OUT/onnx --precision int8 --batch-size 8 [--layer-dir D]
 
 (the child: DIR/rows.npz in, DIR/logits.npy out)."""
 import argparse
@@ -86,7 +86,8 @@ def run_emulated(folder: str, rows: List[np.ndarray], batch: int, precision: str
     with tempfile.TemporaryDirectory() as tmp:
         np.savez(os.path.join(tmp, "rows.npz"), *rows)
         argv = ["qemu-x86_64", "-cpu", cpu, sys.executable, os.path.abspath(__file__), tmp, "--folder", folder,
-                "--precision", precision, "--batch", str(batch)] + (["--layer-dir", layer_dir] if layer_dir else [])
+                "--precision", precision, "--batch-size", str(batch)]
+        argv += ["--layer-dir", layer_dir] if layer_dir else []
         done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"emulated run failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -99,12 +100,12 @@ def child(argv=None) -> None:
     p.add_argument("dir")
     p.add_argument("--folder", required=True)
     p.add_argument("--precision", default="fp32")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--layer-dir")
     args = p.parse_args(argv)
     data = np.load(os.path.join(args.dir, "rows.npz"))
     rows = [data[f"arr_{i}"] for i in range(len(data.files))]
-    np.save(os.path.join(args.dir, "logits.npy"), run_rows(args.folder, rows, args.batch, args.precision,
+    np.save(os.path.join(args.dir, "logits.npy"), run_rows(args.folder, rows, args.batch_size, args.precision,
                                                              args.layer_dir))
 
 

@@ -51,7 +51,7 @@ def parse_args(argv=None):
     p.add_argument("--num-classes", type=int, default=2)
     p.add_argument("--examples", type=int, default=64, help="examples timed per setting and mode")
     p.add_argument("--batch-size", dest="batch", type=int, default=32,
-                   help="batch size of the batched mode (--batch: deprecated spelling)")
+                   help="batch size of the batched mode")
     p.add_argument("--policy", nargs="+", default=["entropy"], choices=list(exits.POLICIES),
                    help="early-exit policies to time (default: %(default)s)")
     console.add_sweep_arguments(p, {"entropy": "chosen so that the average exit layer spans 1..L"})
@@ -216,6 +216,22 @@ def settings(args, logits: torch.Tensor, layers: List[int]) -> List[tuple]:
     return out
 
 
+def _speedups(found: Dict, num_layers: int) -> Dict:
+    """A setting's exit layer and speed-ups: the layers saved, the wall clock and CPU time saved, and each time
+    speed-up's share of the layer speed-up (its efficiency)."""
+    layer_speedup = num_layers / found["avg_exit_layer"]
+    return {
+        "avg_exit_layer": found["avg_exit_layer"],
+        "layer_speedup": layer_speedup,
+        "wallclock_speedup": found["wallclock_speedup"],
+        "efficiency": found["wallclock_speedup"] / layer_speedup,
+        "cpu_speedup": found["cpu_speedup"],
+        "cpu_efficiency": found["cpu_speedup"] / layer_speedup,
+        "full_ms_per_example": found["full_ms_per_example"],
+        "exit_ms_per_example": found["exit_ms_per_example"],
+    }
+
+
 def run(args) -> List[Dict]:
     from acl_fairseq.inference import early_exit
 
@@ -237,26 +253,11 @@ def run(args) -> List[Dict]:
     for policy, threshold in settings(args, logits, layers):
         for bs, batches in ((1, single), (args.batch, batched)):
             found = time_setting(model, batches, policy, threshold, args.repeats)
-            layer_speedup = num_layers / found["avg_exit_layer"]
-            rows.append({
-                "policy": policy,
-                "threshold": threshold,
-                "batch": bs,
-                "avg_exit_layer": found["avg_exit_layer"],
-                "layer_speedup": layer_speedup,
-                "wallclock_speedup": found["wallclock_speedup"],
-                "efficiency": found["wallclock_speedup"] / layer_speedup,
-                "cpu_speedup": found["cpu_speedup"],
-                "cpu_efficiency": found["cpu_speedup"] / layer_speedup,
-                "full_ms_per_example": found["full_ms_per_example"],
-                "exit_ms_per_example": found["exit_ms_per_example"],
-                "model": name,
-                "num_layers": num_layers,
-                "seq_len": args.seq_len if not args.checkpoint else None,
-                "examples": sum(t.size(0) for t in batches),
-                "device": args.device,
-                "threads": torch.get_num_threads(),
-            })
+            rows.append({"policy": policy, "threshold": threshold, "batch": bs,
+                         **_speedups(found, num_layers), "model": name, "num_layers": num_layers,
+                         "seq_len": args.seq_len if not args.checkpoint else None,
+                         "examples": sum(t.size(0) for t in batches), "device": args.device,
+                         "threads": torch.get_num_threads()})
     return rows
 
 

@@ -24,12 +24,12 @@ fewshot.json (mean, std, per-seed values per cell), fewshot.md (table next to th
 ``--encoder-dir`` and a tiny GLUE-format folder with ``--glue-dir``).
 """
 import json
-import math
 import os
 import sys
 from typing import Dict, List, Tuple
 
 import _fewshot
+import _fewshot_fairseq
 import _fewshot_hf
 import _glue_runs
 import _paired
@@ -90,43 +90,14 @@ def one_run(args, enc: _glue_runs.Encoder, n: int, method: str, seed: int, runs:
         if args.trainer == "hf":
             out = _fewshot_hf.train(args.hf_dir or _glue_runs.packaged_minilm(), args.glue_dir, enc, n, method, seed,
                                     rd, sch, args.threads, args.keep_checkpoints)
-            harness.write_json(os.path.join(rd, RESULT), out, indent=2)
-            _glue_runs.log(f"  N={n} {method} seed {seed} (hf): test acc {out['test_accuracy']:.2f} (valid "
-                           f"{out['valid_accuracy']:.2f}, best at update {out['best_num_updates']})")
-            return
-        db = _glue_runs.preprocess(_fewshot.TASK, args.glue_dir, _fewshot.data_bin(args.work, n, seed), enc,
-                                   ["--few-shot", str(n), "--seed", str(seed)])
-        per_epoch = math.ceil(n / sch["batch"])
-        updates = per_epoch * sch["epochs"]
-        env = _glue_runs.driver_env(enc, db, root, seed, multi=False, schedule=dict(
-            LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"], TOTAL_UPDATES=updates,
-            LOG_INTERVAL=max(1, per_epoch)))
-        env["OMP_NUM_THREADS"] = str(args.threads)
-        if args.bf16:
-            env["BF16"] = "1"  # the recipes' switch: --autocast-bf16 on every fairseq-train run
-        t0 = harness.now()
-        res = _glue_runs.finetune(_fewshot.TASK, method, env, ["--validate-interval", str(sch["every"]),
-                                                               "--save-interval",
-                                             str(sch["every"]), "--no-last-checkpoints", "--no-save-optimizer-state"])
-        ev = _glue_runs.evaluate_split(rd, db, "test", _fewshot.TASK)
-        test_metrics = ev["per_exit"][-1]["metrics"]
-        valid_metrics = res["best_valid"]["valid"]
-        with open(os.path.join(db, "stats.json")) as f:
-            sizes = {k: v["examples"] for k, v in json.load(f)["splits"].items()}
-        out = {
-            "task": _fewshot.TASK, "n": n, "method": method, "seed": seed, "split_sizes": sizes,
-            "test_accuracy": float(test_metrics["accuracy"]),
-            "valid_accuracy": float(valid_metrics["accuracy"]),
-            "best_num_updates": res.get("best_num_updates"), "total_updates": updates,
-            "schedule": sch, "test_metrics": test_metrics, "valid_metrics": valid_metrics,
-            "seconds": round(harness.since(t0)[0], 1),
-            **{k: v for k, v in harness.machine().items() if k in ("cpu_kind", "cpu_flags")},
-        }
+        else:
+            out = _fewshot_fairseq.train(args, enc, n, method, seed, root, rd, sch)
         harness.write_json(os.path.join(rd, RESULT), out, indent=2)
-        if not args.keep_checkpoints:
+        if args.trainer != "hf" and not args.keep_checkpoints:
             _glue_runs.drop_checkpoints(rd)
-        _glue_runs.log(f"  N={n} {method} seed {seed}: test acc {out['test_accuracy']:.2f} (valid "
-                       f"{out['valid_accuracy']:.2f}, best at update {out['best_num_updates']}/{updates})")
+        trainer, total = (" (hf)", "") if args.trainer == "hf" else ("", f"/{out['total_updates']}")
+        _glue_runs.log(f"  N={n} {method} seed {seed}{trainer}: test acc {out['test_accuracy']:.2f} (valid "
+                       f"{out['valid_accuracy']:.2f}, best at update {out['best_num_updates']}{total})")
 
     def check(done):
         check_finished(done, sch, enc)
@@ -162,8 +133,8 @@ def _fmt(mean, std, n):
     return f"{mean:.1f}" + ("" if std is None else f" ± {std:.1f}") + f" (n={n})"
 
 
-def markdown(summary: dict) -> str:
-    ns = sorted({c["n"] for c in summary["cells"]})
+def _table(summary: dict, ns: List[int]) -> List[str]:
+    """The markdown table: a row per method (test accuracy per N), then the paired differences' rows."""
     methods = [m for m in _fewshot.METHODS if any(c["method"] == m for c in summary["cells"])]
     lines = ["| method | " + " | ".join(f"N={n}" for n in ns) + " |", "|---|" + "---|" * len(ns)]
     for m in methods:
@@ -179,9 +150,15 @@ def markdown(summary: dict) -> str:
             d = next((d for d in paired if (d["n"], d["method"], d.get("base", "ce")) == (n, m, base)), None)
             row.append(_paired.cell(d.get("delta_vs_ce", d.get("delta")), 1) if d else "–")
         lines.append(f"| Δ {m} − {base} (paired by seed) | " + " | ".join(row) + " |")
+    return lines
+
+
+def _notes(summary: dict, ns: List[int]) -> List[str]:
+    """The lines under the table: the protocol, the schedules of the Ns shown, the paper's finding and the values
+    per seed."""
     p = summary["protocol"]
     sizes = summary["runs"][0].get("split_sizes", {})
-    lines += [
+    lines = [
         "",
         f"SST-2 test half of dev ({sizes.get('test', '?')} examples), accuracy (%) of the checkpoint selected on "
         f"valid ({sizes.get('valid', '?')} other dev examples); mean ± sample std over seeds (the seed draws the N "
@@ -204,7 +181,12 @@ def markdown(summary: dict) -> str:
     for c in summary["cells"]:
         vals = ", ".join(f"s{s}: {v:.1f}" for s, v in zip(c["seeds"], c["test_accuracy"]))
         lines.append(f"- N={c['n']} {c['method']}: {vals}")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def markdown(summary: dict) -> str:
+    ns = sorted({c["n"] for c in summary["cells"]})
+    return "\n".join(_table(summary, ns) + _notes(summary, ns)) + "\n"
 
 
 def plot(summary: dict, path: str) -> None:
@@ -279,9 +261,7 @@ def write_pairs(args, encoder: str, records: str, kind: str) -> int:
     return 0
 
 
-def parse_args(argv=None):
-    """The flags, the toy defaults, and --bf16 refused before the first run where the CPU has no native bf16;
-    returns (the parser, the arguments)."""
+def build_parser():
     p = harness.parser(__doc__, threads=2)
     p.add_argument("--ns", type=int, nargs="+", default=[20, 100, 1000])
     p.add_argument("--methods", nargs="+", default=_fewshot.METHODS, choices=_fewshot.METHODS)
@@ -313,6 +293,13 @@ def parse_args(argv=None):
                         "fewshot.json/.md/.png")
     p.add_argument("--force", action="store_true",
                    help="replace a fewshot.json of another encoder or of the toy protocol in --results")
+    return p
+
+
+def parse_args(argv=None):
+    """The flags, the toy defaults, and --bf16 refused before the first run where the CPU has no native bf16;
+    returns (the parser, the arguments)."""
+    p = build_parser()
     args = p.parse_args(argv)
     if args.results is None:
         if args.toy:

@@ -258,7 +258,7 @@ def prepare(args):
     return _converted.binarize("RTE", args.work, enc), enc, args.epochs * math.ceil(_converted.TRAIN_SIZES["RTE"] / 16)
 
 
-def main(argv=None) -> int:
+def build_parser():
     p = harness.parser(__doc__, threads=1)
     p.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS), help="what each run trains with")
     p.add_argument("--seeds", type=int, nargs="+", default=[1], help="training seeds (default: %(default)s)")
@@ -271,6 +271,44 @@ def main(argv=None) -> int:
     p.add_argument("--hf-dir", default=None, help="HF BERT folder (default: the packaged MiniLM)")
     p.add_argument("--collect-only", action="store_true", help="only rebuild the summary from the records")
     p.add_argument("--toy", action="store_true", help="a tiny random model on generated data, a few updates")
+    return p
+
+
+def _run_missing(args, records: str) -> None:
+    """Train and measure every (run, seed) that has no steps.json under ``records`` yet."""
+    data, enc, updates = prepare(args)
+    for run in args.runs:
+        for seed in args.seeds:
+            path = os.path.join(records, run_dir_name(run, seed), "steps.json")
+            if os.path.isfile(path):
+                _glue_runs.log(f"recorded: {run} seed {seed} ({path})")
+                continue
+            _glue_runs.log(f"train: RTE with {run}, seed {seed}, {updates} updates, measuring "
+                           f"{measuring(args.measure_every)}")
+            with tempfile.TemporaryDirectory(prefix="acl_grad_conflict_") as tmp:
+                argv_run = train_argv(data, tmp, run, seed, args.epochs, updates, enc)
+                steps = train_and_measure(argv_run, args.measure_every)
+            portable = portable_args(argv_run[1:], {"SAVE_DIR": tmp, "WORK": os.path.abspath(args.work),
+                                                    "REPO": _glue_runs.REPO})
+            harness.write_json(path, {"run": run, "seed": seed, "toy": args.toy, "epochs": args.epochs,
+                                      "measure_every": args.measure_every, "fairseq_train_args": portable,
+                                      "steps": steps}, indent=None)
+
+
+def _recorded_steps(args, records: str) -> Dict[str, list]:
+    """{run folder name: its measured steps} of every (run, seed) recorded under ``records``."""
+    steps = {}
+    for run in args.runs:
+        for seed in args.seeds:
+            path = os.path.join(records, run_dir_name(run, seed), "steps.json")
+            if os.path.isfile(path):
+                with open(path) as f:
+                    steps[run_dir_name(run, seed)] = json.load(f)["steps"]
+    return steps
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.measure_every < 1:
         p.error(f"--measure-every must be a positive whole number, got {args.measure_every}")
@@ -281,30 +319,8 @@ def main(argv=None) -> int:
     harness.set_threads(args.threads)
     records = os.path.join(args.results, "runs", "grad_conflict")
     if not args.collect_only:
-        data, enc, updates = prepare(args)
-        for run in args.runs:
-            for seed in args.seeds:
-                path = os.path.join(records, run_dir_name(run, seed), "steps.json")
-                if os.path.isfile(path):
-                    _glue_runs.log(f"recorded: {run} seed {seed} ({path})")
-                    continue
-                _glue_runs.log(f"train: RTE with {run}, seed {seed}, {updates} updates, measuring "
-                               f"{measuring(args.measure_every)}")
-                with tempfile.TemporaryDirectory(prefix="acl_grad_conflict_") as tmp:
-                    argv_run = train_argv(data, tmp, run, seed, args.epochs, updates, enc)
-                    steps = train_and_measure(argv_run, args.measure_every)
-                portable = portable_args(argv_run[1:], {"SAVE_DIR": tmp, "WORK": os.path.abspath(args.work),
-                                                        "REPO": _glue_runs.REPO})
-                harness.write_json(path, {"run": run, "seed": seed, "toy": args.toy, "epochs": args.epochs,
-                                          "measure_every": args.measure_every, "fairseq_train_args": portable,
-                                          "steps": steps}, indent=None)
-    steps = {}
-    for run in args.runs:
-        for seed in args.seeds:
-            path = os.path.join(records, run_dir_name(run, seed), "steps.json")
-            if os.path.isfile(path):
-                with open(path) as f:
-                    steps[run_dir_name(run, seed)] = json.load(f)["steps"]
+        _run_missing(args, records)
+    steps = _recorded_steps(args, records)
     if not steps:
         _glue_runs.log("no finished runs")
         return 1

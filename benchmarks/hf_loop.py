@@ -4,7 +4,7 @@
     python benchmarks/hf_loop.py --task RTE --seed 1 --lr 3e-5 --epochs 3 --out result.json
 
 hf_parity.py compares its quality with the plugin's fairseq runs; hf_speed.py times :func:`train_step`.
-Defaults are what the recipes' run plan gives fairseq-train (acl_fairseq/recipes/plan.py's RECIPE and warm-up),
+Defaults are what the recipes' run plan gives fairseq-train (acl_fairseq/runs/plan.py's RECIPE and warm-up),
 so that a gap is one of the framework:
 AdamW (0.9/0.98, eps 1e-6) decaying EVERY parameter by 0.1 (fairseq's adam exempts nothing, unlike HF's
 Trainer); fairseq's polynomial_decay (lr = peak * n / W while n <= W, then linear to 0 at T, n = finished

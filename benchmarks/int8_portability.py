@@ -36,18 +36,9 @@ SCHEMES = {  # name -> (static?, activation type, reduce_range, per-channel weig
 }
 
 
-def quantize_schemes(folder: str, rows: List[np.ndarray], out: str) -> Dict[str, str]:
-    """Each scheme's layer graphs in ``out/<i>``, static ones calibrated on ``rows``; returns name -> folder."""
-    import onnx
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        QuantFormat,
-        QuantType,
-        quantize_dynamic,
-        quantize_static,
-    )
-
-    m, embed, layers = chain.sessions(folder, "fp32")
+def _calibration_feeds(m: dict, embed, layers, rows: List[np.ndarray]) -> Dict[str, List[dict]]:
+    """{layer graph file: its inputs}: ``rows`` run through the fp32 chain (manifest ``m``, its sessions) in batches
+    of 8, each layer's input kept for the static schemes' calibration."""
     feeds = {r["file"]: [] for r in m["layers"]}
     for start in range(0, len(rows), 8):
         chunk = rows[start:start + 8]
@@ -58,6 +49,20 @@ def quantize_schemes(folder: str, rows: List[np.ndarray], out: str) -> Dict[str,
         for rec, session in zip(m["layers"], layers):
             feeds[rec["file"]].append({"x": x, "padding_mask": mask})
             x = session.run(None, {"x": x, "padding_mask": mask})[0]
+    return feeds
+
+
+def _quantize_layer(source: str, target: str, scheme: tuple, calibration: List[dict]) -> None:
+    """The layer graph ``source`` quantized by ``scheme`` (static, activation type, reduce_range, per_channel) into
+    ``target``; a static scheme calibrates on the inputs ``calibration``."""
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
 
     class Reader(CalibrationDataReader):
         def __init__(self, items):
@@ -66,27 +71,36 @@ def quantize_schemes(folder: str, rows: List[np.ndarray], out: str) -> Dict[str,
         def get_next(self):
             return next(self.items, None)
 
+    static, activation, reduce_range, per_channel = scheme
+    model = onnx.load(source)
+    del model.graph.value_info[:]  # as acl-export does: the quantizer infers its own shapes
+    folder = os.path.dirname(target)
+    bare = os.path.join(folder, "bare.onnx")
+    onnx.save(model, bare)
+    if static:
+        quantize_static(bare, target, Reader(calibration), quant_format=QuantFormat.QDQ,
+                        op_types_to_quantize=["MatMul", "Gemm"], activation_type=getattr(QuantType, activation),
+                        weight_type=QuantType.QInt8, reduce_range=reduce_range, per_channel=per_channel)
+    else:
+        quantize_dynamic(bare, target, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"],
+                         reduce_range=reduce_range, per_channel=per_channel)
+    for leftover in (bare, os.path.join(folder, "bare-inferred.onnx")):
+        if os.path.exists(leftover):
+            os.remove(leftover)
+
+
+def quantize_schemes(folder: str, rows: List[np.ndarray], out: str) -> Dict[str, str]:
+    """Each scheme's layer graphs in ``out/<i>``, static ones calibrated on ``rows``; returns name -> folder."""
+    m, embed, layers = chain.sessions(folder, "fp32")
+    feeds = _calibration_feeds(m, embed, layers, rows)
     logging.getLogger().setLevel(logging.ERROR)
     folders = {}
-    for i, (name, (static, activation, reduce_range, per_channel)) in enumerate(SCHEMES.items()):
+    for i, (name, scheme) in enumerate(SCHEMES.items()):
         target = os.path.join(out, str(i))
         os.makedirs(target)
         for rec in m["layers"]:
-            model = onnx.load(os.path.join(folder, rec["file"]))
-            del model.graph.value_info[:]  # as acl-export does: the quantizer infers its own shapes
-            bare = os.path.join(target, "bare.onnx")
-            onnx.save(model, bare)
-            dst = os.path.join(target, rec["file"])
-            if static:
-                quantize_static(bare, dst, Reader(feeds[rec["file"]]), quant_format=QuantFormat.QDQ,
-                                op_types_to_quantize=["MatMul", "Gemm"], activation_type=getattr(QuantType, activation),
-                                weight_type=QuantType.QInt8, reduce_range=reduce_range, per_channel=per_channel)
-            else:
-                quantize_dynamic(bare, dst, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"],
-                                 reduce_range=reduce_range, per_channel=per_channel)
-            for leftover in (bare, os.path.join(target, "bare-inferred.onnx")):
-                if os.path.exists(leftover):
-                    os.remove(leftover)
+            _quantize_layer(os.path.join(folder, rec["file"]), os.path.join(target, rec["file"]), scheme,
+                            feeds[rec["file"]])
         folders[name] = target
     return folders
 

@@ -16,21 +16,13 @@ import harness
 KW = dict(lr=1e-5, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.1)
 
 
-def main(argv=None):
-    p = harness.parser(__doc__, json="write the rows here", threads=1)
-    p.add_argument("--model", choices=sorted(common.MODEL_SIZES), default="minilm")
-    p.add_argument("--repeats", type=int, default=9)
-    args = p.parse_args(argv)
-    harness.set_threads(args.threads)
+def _systems(shapes: list, numel: int) -> dict:
+    """{(layout, optimizer): (optimizer over random parameters and gradients, its step times)}: the model's
+    parameter shapes as separate tensors, and as one flat tensor."""
     from fairseq.optim.adam import Adam
 
     from acl_fairseq.optim.adamw_torch import BiasCorrectedEpsAdamW
 
-    with common.temp_dir("acl_opt_") as tmp:
-        data = common.make_dict_dir(tmp, common.MODEL_SIZES[args.model]["vocab"], 2)
-        _, _, model, _ = common.build(common.train_argv(data, "sentence_ce", "roberta", args.model, 128, 2, 16, "cpu"))
-    shapes = [tuple(q.shape) for q in model.parameters() if q.requires_grad]
-    numel = sum(torch.Size(s).numel() for s in shapes)
     makers = {
         "fairseq adam": lambda ps: Adam(ps, **KW),
         "adamw_torch fused": lambda ps: BiasCorrectedEpsAdamW(ps, **KW, fused=True),
@@ -47,6 +39,21 @@ def main(argv=None):
             for q in ps:
                 q.grad = torch.randn(q.shape, generator=gen)
             systems[(layout, name)] = (make(ps), [])
+    return systems
+
+
+def main(argv=None):
+    p = harness.parser(__doc__, json="write the rows here", threads=1)
+    p.add_argument("--model", choices=sorted(common.MODEL_SIZES), default="minilm")
+    p.add_argument("--repeats", type=int, default=9)
+    args = p.parse_args(argv)
+    harness.set_threads(args.threads)
+    with common.temp_dir("acl_opt_") as tmp:
+        data = common.make_dict_dir(tmp, common.MODEL_SIZES[args.model]["vocab"], 2)
+        _, _, model, _ = common.build(common.train_argv(data, "sentence_ce", "roberta", args.model, 128, 2, 16, "cpu"))
+    shapes = [tuple(q.shape) for q in model.parameters() if q.requires_grad]
+    numel = sum(torch.Size(s).numel() for s in shapes)
+    systems = _systems(shapes, numel)
     for r, order in harness.rounds(list(systems), args.repeats + 1, "shuffle", seed=0):
         for key in order:
             opt, times = systems[key]

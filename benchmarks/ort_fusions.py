@@ -281,6 +281,33 @@ def rows_of(specs: List[Dict], times: Dict, checks: Dict, ops: Dict) -> List[Dic
     return rows
 
 
+def _sessions_and_checks(paths: Dict[str, str], specs: List[dict], inputs: dict):
+    """``(sessions, ops, checks)`` per system: its session, the ops each session (and each plain graph) runs, and
+    its rows checked against its base system's, with its call floor."""
+    import onnx
+
+    sessions = {s["name"]: session(paths[s["graph"]], s["level"], disabled=s.get("disabled", ())) for s in specs}
+    ops = {s["name"]: session_ops(paths[s["graph"]], s["level"], s.get("disabled", ())) for s in specs}
+    ops["plain"] = {g: Counter(n.op_type for n in onnx.load(p).graph.node) for g, p in paths.items()}
+    out = {n: {b: outputs(sess, inputs[b]) for b in ("b1", "b32")} for n, sess in sessions.items()}
+    checks = {s["name"]: {**row_checks(out[s["name"]], out[s["base"]], inputs),
+                          "call_us": call_floor(sessions[s["name"]], inputs["b1"][0])} for s in specs}
+    return sessions, ops, checks
+
+
+def _print_profiles(layer_prof: Dict[str, dict], served: List[dict]) -> None:
+    """Where the kernel time goes: the layer's copies at batch 32, then the whole served path."""
+    for g, prof in layer_prof.items():
+        total = sum(prof["ops_us"].values())
+        top = ", ".join(f"{k} {v / total:.0%}" for k, v in list(prof["ops_us"].items())[:6])
+        print(f"# layer profile, {g}, batch 32: {total / 1e3:.0f} ms in kernels: {top}")
+    for s in served:
+        top = ", ".join(f"{k} {v / s['kernel_s']:.0%}" for k, v in list(s["ops_s"].items())[:6])
+        print(f"# served path, {s['precision']}, batch 32, all layers: {s['wall_s']:.2f} s wall, {s['calls']} calls, "
+              f"{s['kernel_s']:.2f} s in kernels ({top}); per call: ORT {s['ort_overhead_us_per_call']:.0f} us "
+              f"beyond its kernels, Python {s['python_us_per_call']:.0f} us between calls")
+
+
 def main(argv=None) -> Dict:
     args = parse_args(argv)
     import onnx
@@ -295,12 +322,7 @@ def main(argv=None) -> Dict:
     with tempfile.TemporaryDirectory(prefix="ort_fusions_") as work:
         built = build_graphs(folder, layer_file, work, inputs["calibration"], heads, hidden)
         paths, specs = built["paths"], systems()
-        sessions = {s["name"]: session(paths[s["graph"]], s["level"], disabled=s.get("disabled", ())) for s in specs}
-        ops = {s["name"]: session_ops(paths[s["graph"]], s["level"], s.get("disabled", ())) for s in specs}
-        ops["plain"] = {g: Counter(n.op_type for n in onnx.load(p).graph.node) for g, p in paths.items()}
-        out = {n: {b: outputs(sess, inputs[b]) for b in ("b1", "b32")} for n, sess in sessions.items()}
-        checks = {s["name"]: {**row_checks(out[s["name"]], out[s["base"]], inputs),
-                              "call_us": call_floor(sessions[s["name"]], inputs["b1"][0])} for s in specs}
+        sessions, ops, checks = _sessions_and_checks(paths, specs, inputs)
         _glue_runs.log(f"timing: {len(specs)} systems, {args.repeats} rounds")
         times = time_rounds(sessions, inputs, args.repeats)
         _glue_runs.log("profiling: the layer's copies, then the served path at batch 32")
@@ -321,15 +343,7 @@ def main(argv=None) -> Dict:
           f"batch 32: {len(inputs['b32'])} batches; 1 thread; {args.repeats} rounds, medians")
     print(f"# bert optimizer fusions that fired: {built['bert_optimizer_fusions'] or 'none'}")
     harness.print_noted_table(rows, COLUMNS, FORMATS)
-    for g, prof in layer_prof.items():
-        total = sum(prof["ops_us"].values())
-        top = ", ".join(f"{k} {v / total:.0%}" for k, v in list(prof["ops_us"].items())[:6])
-        print(f"# layer profile, {g}, batch 32: {total / 1e3:.0f} ms in kernels: {top}")
-    for s in served:
-        top = ", ".join(f"{k} {v / s['kernel_s']:.0%}" for k, v in list(s["ops_s"].items())[:6])
-        print(f"# served path, {s['precision']}, batch 32, all layers: {s['wall_s']:.2f} s wall, {s['calls']} calls, "
-              f"{s['kernel_s']:.2f} s in kernels ({top}); per call: ORT {s['ort_overhead_us_per_call']:.0f} us "
-              f"beyond its kernels, Python {s['python_us_per_call']:.0f} us between calls")
+    _print_profiles(layer_prof, served)
     harness.write_json(args.json, result)
     return result
 

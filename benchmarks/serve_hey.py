@@ -219,20 +219,9 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None) -> Dict:
-    args = parse_args(argv)
-    hey = shutil.which("hey")
-    if hey is None:
-        sys.exit("serve_hey: hey is not installed (Debian: apt-get install hey; scripts/system_packages.sh)")
-    perf_analyzer, note = find_perf_analyzer(args.perf_analyzer)
-    if note:
-        print(note, file=sys.stderr)
-    if args.folder:
-        folder, sentences = args.folder, []
-    else:
-
-        folder, sentences = _serving.model_and_sentences(args)
-    text = args.text or (sentences[0] if sentences else "the movie was good")
+def _rounds(args, hey: str, perf_analyzer, folder: str, text: str):
+    """``(rows, the server's stop record)``: one acl-serve, and per round hey, the Python client and perf_analyzer
+    (where installed) in turn."""
     rows: List[Dict] = []
     with tempfile.TemporaryDirectory(prefix="serve_hey_") as tmp:
         port, log = server.free_port(), os.path.join(tmp, "server.log")
@@ -247,6 +236,23 @@ def main(argv=None) -> Dict:
                     rows.append({**run_perf_analyzer(perf_analyzer, port, text, args, tmp, k), "round": k + 1})
         finally:
             stopped = server.stop_server(proc, 30.0)
+    return rows, stopped
+
+
+def main(argv=None) -> Dict:
+    args = parse_args(argv)
+    hey = shutil.which("hey")
+    if hey is None:
+        sys.exit("serve_hey: hey is not installed (Debian: apt-get install hey; scripts/system_packages.sh)")
+    perf_analyzer, note = find_perf_analyzer(args.perf_analyzer)
+    if note:
+        print(note, file=sys.stderr)
+    if args.folder:
+        folder, sentences = args.folder, []
+    else:
+        folder, sentences = _serving.model_and_sentences(args)
+    text = args.text or (sentences[0] if sentences else "the movie was good")
+    rows, stopped = _rounds(args, hey, perf_analyzer, folder, text)
     lost = {g: [r for r in rows if r["generator"] == g and r["server_counted"] != r["ok"]]
             for g in ("hey", "perf_analyzer")}
     record = {"benchmark": "serve_hey", "setup": {"folder": folder, "text": text, "rate_per_s": args.rate,

@@ -53,7 +53,7 @@ def parse_args(argv=None):
     p = harness.parser(__doc__, json="write the rows here", threads=1)
     p.add_argument("--model", choices=sorted(common.MODEL_SIZES), default="minilm")
     p.add_argument("--batch-size", dest="batch", type=int, default=16,
-                   help="sentences per step (--batch: deprecated spelling)")
+                   help="sentences per step")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--num-classes", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5, help="timed rounds (each runs every variant once)")

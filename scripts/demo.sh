@@ -21,7 +21,7 @@ python "$ROOT/scripts/toy_data.py" "$OUT/data" --n-train 4000 --n-valid 500 > "$
 mv "$OUT.preprocess.log" "$OUT/preprocess.log"
 
 # the task flags of RoBERTa's input layout, from the one place that decides it (acl_runtime/conventions.py)
-read -r -a layout_flags <<<"$(PYTHONPATH="$ROOT" python -S -m acl_fairseq.recipes.model_flags flags)"
+read -r -a layout_flags <<<"$(PYTHONPATH="$ROOT" python -S -m acl_fairseq.runs.model_flags flags)"
 echo "[demo] training: multi_exit_roberta (4 layers, dim 64), criterion $CRITERION, $MAX_EPOCH epochs on CPU"
 fairseq-train "$OUT/data" --user-dir "$ROOT/acl_fairseq" \
   --task sentence_prediction_acl "${layout_flags[@]}" --num-classes 2 \

@@ -8,7 +8,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import hf_encoders as H  # noqa: E402
+import hf_encoders as hf_encoders  # noqa: E402
 
 
 def main(out: str, batch: int, criterion: str, *options: str) -> None:
@@ -19,13 +19,13 @@ def main(out: str, batch: int, criterion: str, *options: str) -> None:
 
     kw = {k: (v == "true") if v in ("true", "false") else float(v) if v[0].isdigit() or v[0] == "-" else v
           for k, v in (o.split("=", 1) for o in options)}
-    model = H.multi_exit("bert", seed=0)
+    model = hf_encoders.multi_exit("bert", seed=0)
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
     args = TrainingArguments(os.path.dirname(out) + "/trainer", max_steps=1, per_device_train_batch_size=batch,
                              use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True, optim="sgd",
                              learning_rate=1.0, lr_scheduler_type="constant", max_grad_norm=0.0, weight_decay=0.0,
                              logging_steps=1, seed=3, dataloader_drop_last=True)
-    trainer = AclTrainer(model=model, args=args, train_dataset=H.ToySet(16),
+    trainer = AclTrainer(model=model, args=args, train_dataset=hf_encoders.ToySet(16),
                          criterion=CriterionArguments(criterion=criterion, **kw))
     trainer.train()
     if trainer.is_world_process_zero():

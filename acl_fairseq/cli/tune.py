@@ -4,7 +4,7 @@
     acl-tune SST-2 scl --data-bin data-bin/SST-2-N20-seed{seed}-bin --evaluate-best --seeds 1 2 3 4 5
 
 A trial draws the method's hyperparameters from recipes/glue/search_spaces.tsv with a seeded TPE sampler,
-builds the run with acl_fairseq/recipes/plan.py (``build_plan``) and runs it with the recipes' runner; every
+builds the run with acl_fairseq/runs/plan.py (``build_plan``) and runs it with the recipes' runner; every
 validation fairseq-train logs is reported to Optuna's median pruner, which stops the run when it trails. The
 objective is the best validation metric of the run (its ``result.json``), measured on a split that the results
 never report (acl_fairseq/tuning/data.py). The study lives in an Optuna storage: an SQLite file by default; any
@@ -24,9 +24,9 @@ import time
 import warnings
 from typing import Dict, List, Optional
 
-from acl_fairseq.recipes.model_flags import RecipeError
-from acl_fairseq.recipes.plan import REPO, build_plan, settings
-from acl_fairseq.recipes.recipe_tables import tasks
+from acl_fairseq.runs.model_flags import RecipeError
+from acl_fairseq.runs.plan import REPO, build_plan, settings
+from acl_fairseq.runs.recipe_tables import tasks
 from acl_fairseq.tuning import data as tune_data
 from acl_fairseq.tuning import space as tuning_space
 from acl_runtime import console
@@ -152,15 +152,34 @@ class Objective:
         trial.set_user_attr("run_dir", earlier.user_attrs.get("run_dir"))
 
     def __call__(self, trial) -> float:
-        import optuna
-
         self._check_surplus(trial)
         values = {p.name: p.suggest(trial) for p in self.space}
         repeated = self._repeat(trial)
         if repeated is not None:
             return repeated
-        overrides, extra = tuning_space.plan_arguments(self.space, values)
         root = os.path.join(self.args.study_dir, "trials", f"trial{trial.number:04d}")
+        plan = self._plan(trial, values, root)
+        os.makedirs(plan.run_dir, exist_ok=True)
+        reader = ValidationReader(os.path.join(plan.run_dir, "train.log"), self.metric, plan.task.valid_subsets[0])
+        with open(os.path.join(root, "driver.log"), "ab") as out:
+            # the runner as a process: the trial reads the log while the run writes it and stops it when pruned
+            proc = subprocess.Popen(plan.driver(), env={**tune_data.child_env(self.args.threads), **plan.environment()},
+                                    cwd=plan.repo, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        trial.set_user_attr("pgid", proc.pid)
+        try:
+            self._follow(trial, proc, reader)
+            if proc.returncode != 0:
+                raise TrialFailed(f"the run exited with status {proc.returncode}: see {root}/driver.log")
+            result = tune_data.load_json(os.path.join(plan.run_dir, "result.json"))
+            return float(result["best_value"])
+        finally:
+            _kill(proc)
+            if not self.args.keep_checkpoints:
+                tune_data.drop_checkpoints(plan.run_dir)
+
+    def _plan(self, trial, values: Dict[str, str], root: str):
+        """The trial's run plan, its values over the study's settings; a refused plan fails the trial."""
+        overrides, extra = tuning_space.plan_arguments(self.space, values)
         try:
             plan = build_plan(self.args.task, self.args.method, self.args.seed, {
                 **self.overrides, **overrides, "DATA_BIN": self.data_bin, "OUT_ROOT": root, "FRESH": "1",
@@ -173,33 +192,23 @@ class Objective:
         trial.set_user_attr("host", os.uname().nodename)
         trial.set_user_attr("worker", f"{os.uname().nodename}:{os.getpid()}")  # which acl-tune process ran it
         log.info("trial %d: %s -> %s", trial.number, " ".join(f"{k}={v}" for k, v in values.items()), plan.run_dir)
-        os.makedirs(plan.run_dir, exist_ok=True)
-        reader = ValidationReader(os.path.join(plan.run_dir, "train.log"), self.metric, plan.task.valid_subsets[0])
-        with open(os.path.join(root, "driver.log"), "ab") as out:
-            # the runner as a process: the trial reads the log while the run writes it and stops it when pruned
-            proc = subprocess.Popen(plan.driver(), env={**tune_data.child_env(self.args.threads), **plan.environment()},
-                                    cwd=plan.repo, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        trial.set_user_attr("pgid", proc.pid)
-        try:
-            while True:
-                running = proc.poll() is None
-                for step, value in reader.new():
-                    trial.report(value, step)
-                    log.info("trial %d: update %d, valid %s %.4g", trial.number, step, self.metric, value)
-                    if trial.should_prune():
-                        _kill(proc)
-                        raise optuna.TrialPruned(f"valid {self.metric} {value:g} at update {step} is below the median")
-                if not running:
-                    break
-                time.sleep(self.args.poll)
-            if proc.returncode != 0:
-                raise TrialFailed(f"the run exited with status {proc.returncode}: see {root}/driver.log")
-            result = tune_data.load_json(os.path.join(plan.run_dir, "result.json"))
-            return float(result["best_value"])
-        finally:
-            _kill(proc)
-            if not self.args.keep_checkpoints:
-                tune_data.drop_checkpoints(plan.run_dir)
+        return plan
+
+    def _follow(self, trial, proc, reader: "ValidationReader") -> None:
+        """Report each validation of the running run to Optuna until the run ends; stop it when pruned."""
+        import optuna
+
+        while True:
+            running = proc.poll() is None
+            for step, value in reader.new():
+                trial.report(value, step)
+                log.info("trial %d: update %d, valid %s %.4g", trial.number, step, self.metric, value)
+                if trial.should_prune():
+                    _kill(proc)
+                    raise optuna.TrialPruned(f"valid {self.metric} {value:g} at update {step} is below the median")
+            if not running:
+                return
+            time.sleep(self.args.poll)
 
 
 def run_worker(study, objective: Objective, n: int, poll: float, max_failures: int) -> int:
@@ -241,7 +250,7 @@ def _best(study) -> str:
     return f"trial {t.number}, {t.value:g} with {t.params}"
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="acl-tune", description=__doc__.split("\n\n")[0],
                                 epilog="Flags after -- go to fairseq-train, before the tuned ones. docs/tuning.md")
     p.add_argument("task", help="a GLUE task of recipes/glue/hparams.tsv")
@@ -276,6 +285,12 @@ def parse_args(argv=None):
                    help="run no trials: train the best trial's setting and the default on --seeds, score them where "
                         "the results are reported (dev; few-shot: the test half) and write STUDY_DIR/best.{json,md}")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5], help="--evaluate-best's seeds")
+    return p
+
+
+def parse_args(argv=None):
+    """(parser, args): acl-tune's flags before ``--``, fairseq-train's after it (``args.extra``)."""
+    p = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
@@ -289,41 +304,26 @@ def parse_args(argv=None):
     return p, args
 
 
-def main(argv=None) -> int:
-    from acl_runtime.console import setup_logging
-
-    p, args = parse_args(argv)
-    setup_logging()
-    # SIGTERM as Ctrl-C: the running trial's run is stopped and the trial is marked FAIL, not left RUNNING
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    import optuna
-
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+def _check_request(p, args):
+    """The settings and the task's row; the plan's refusals come first, before any data is read."""
     try:
         s = settings(overrides=args.overrides)
         task = tasks(s["HPARAMS_TABLE"]).get(args.task)
         if task is None:
             raise RecipeError(f"unknown task '{args.task}'", 2)
-        build_plan(args.task, args.method, args.seed, args.overrides)  # refusals first, before any data is read
+        build_plan(args.task, args.method, args.seed, args.overrides)
     except RecipeError as e:
         p.error(str(e))
-    template = args.data_bin or s["DATA_BIN"] or os.path.join(s["DATA_ROOT"] or os.path.join(REPO, "data-bin"),
-                                                              f"{args.task}-bin")
-    data_bin = template.replace("{seed}", str(args.seed))
-    if not os.path.isdir(data_bin):
-        p.error(f"binarized data not found: {data_bin} (--data-bin)")
-    setting = tune_data.setting_of(data_bin)
-    try:
-        space = tuning_space.search_space(args.method, args.task, setting, args.space_table)
-    except (ValueError, OSError) as e:
-        p.error(str(e))
-    args.study_dir = os.path.abspath(args.study_dir or os.path.join(REPO, "runs", "tune", args.task, args.method))
-    os.makedirs(args.study_dir, exist_ok=True)
-    url = args.storage or f"sqlite:///{os.path.join(args.study_dir, 'study.db')}"
-    name = args.study_name or f"{args.task}-{args.method}-{setting}"
+    return s, task
+
+
+def _open_study(p, args, setting: str, template: str):
+    """The Optuna study in --storage, made (or found again) for this task, method, setting and seed."""
+    import optuna
     from sqlalchemy.exc import SQLAlchemyError
 
+    url = args.storage or f"sqlite:///{os.path.join(args.study_dir, 'study.db')}"
+    name = args.study_name or f"{args.task}-{args.method}-{setting}"
     try:
         storage = storage_for(url, args.heartbeat, args.grace)
     except (SQLAlchemyError, ImportError) as e:
@@ -338,6 +338,46 @@ def main(argv=None) -> int:
         p.error(f"study '{name}' in {url} was made for {study.user_attrs}, not {about}: pass another --study-name")
     for k, v in about.items():
         study.set_user_attr(k, v)
+    return study, name, url
+
+
+def _carve(p, args, data_bin: str, task) -> str:
+    """Full GLUE data: the study's own validation split carved from train; returns the carved folder."""
+    carved = os.path.join(args.study_dir, f"data-seed{args.seed}")
+    try:
+        rec = tune_data.carve(data_bin, carved, args.seed, args.carve_fraction, task.valid_subsets)
+    except ValueError as e:
+        p.error(str(e))
+    log.info("objective on %d training examples carved from %s (seed %d); training on the other %d",
+             rec["valid_examples"], data_bin, args.seed, rec["train_examples"])
+    return carved
+
+
+def main(argv=None) -> int:
+    from acl_runtime.console import setup_logging
+
+    p, args = parse_args(argv)
+    setup_logging()
+    # SIGTERM as Ctrl-C: the running trial's run is stopped and the trial is marked FAIL, not left RUNNING
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    import optuna
+
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    s, task = _check_request(p, args)
+    template = args.data_bin or s["DATA_BIN"] or os.path.join(s["DATA_ROOT"] or os.path.join(REPO, "data-bin"),
+                                                              f"{args.task}-bin")
+    data_bin = template.replace("{seed}", str(args.seed))
+    if not os.path.isdir(data_bin):
+        p.error(f"binarized data not found: {data_bin} (--data-bin)")
+    setting = tune_data.setting_of(data_bin)
+    try:
+        space = tuning_space.search_space(args.method, args.task, setting, args.space_table)
+    except (ValueError, OSError) as e:
+        p.error(str(e))
+    args.study_dir = os.path.abspath(args.study_dir or os.path.join(REPO, "runs", "tune", args.task, args.method))
+    os.makedirs(args.study_dir, exist_ok=True)
+    study, name, url = _open_study(p, args, setting, template)
     log.info("study %s (%s): %s on %s, %s setting; space %s", name, url.split("@")[-1], args.method, args.task,
              setting, ", ".join(f"{q.name} -> {q.target} ({q.kind} {','.join(q.values)})" for q in space))
     if args.evaluate_best:
@@ -345,14 +385,7 @@ def main(argv=None) -> int:
 
         return evaluate_best(args, study, space, template, setting, task)
     if setting == "full":
-        carved = os.path.join(args.study_dir, f"data-seed{args.seed}")
-        try:
-            rec = tune_data.carve(data_bin, carved, args.seed, args.carve_fraction, task.valid_subsets)
-        except ValueError as e:
-            p.error(str(e))
-        log.info("objective on %d training examples carved from %s (seed %d); training on the other %d",
-                 rec["valid_examples"], data_bin, args.seed, rec["train_examples"])
-        data_bin = carved
+        data_bin = _carve(p, args, data_bin, task)
     objective = Objective(args, space, data_bin, task.best_metric, args.overrides)
     return run_worker(study, objective, args.trials, args.poll, args.max_failures)
 

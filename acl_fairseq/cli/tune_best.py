@@ -14,8 +14,8 @@ import statistics
 import subprocess
 from typing import Dict, List, Optional
 
-from acl_fairseq.recipes import runner
-from acl_fairseq.recipes.plan import build_plan
+from acl_fairseq.runs import runner
+from acl_fairseq.runs.plan import build_plan
 from acl_fairseq.tuning import data as tune_data
 from acl_fairseq.tuning import space as tuning_space
 from acl_runtime.io import atomic
@@ -97,9 +97,23 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _score_both(args, template: str, setting: str, task, overrides: dict, extra: list) -> Dict[str, Dict[str, float]]:
+    """{"default"|"tuned": {seed: score}}: the method's default setting and the best trial's, trained on --seeds."""
+    env = tune_data.child_env(args.threads)
+    values: Dict[str, Dict[str, float]] = {}
+    for name, (ov, ex) in (("default", ({}, [])), ("tuned", (overrides, extra))):
+        values[name] = {}
+        for seed in args.seeds:
+            plan = build_plan(args.task, args.method, seed, {
+                **args.overrides, **ov, "DATA_BIN": template.replace("{seed}", str(seed)),
+                "OUT_ROOT": os.path.join(args.study_dir, "best", name)}, extra=[*args.extra, *ex])
+            values[name][str(seed)] = score(plan, setting, task.best_metric, env, args.keep_checkpoints)
+            log.info("%s seed %d: %s %.2f", name, seed, task.best_metric, values[name][str(seed)])
+    return values
+
+
 def evaluate_best(args, study, space, template: str, setting: str, task) -> int:
     from optuna.trial import TrialState
-
 
     trials = study.get_trials(deepcopy=False)
     finished = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
@@ -111,16 +125,7 @@ def evaluate_best(args, study, space, template: str, setting: str, task) -> int:
                     study.study_name, finished, args.trials)
     best = study.best_trial
     overrides, extra = tuning_space.plan_arguments(space, best.params)
-    env = tune_data.child_env(args.threads)
-    values: Dict[str, Dict[str, float]] = {}
-    for name, (ov, ex) in (("default", ({}, [])), ("tuned", (overrides, extra))):
-        values[name] = {}
-        for seed in args.seeds:
-            plan = build_plan(args.task, args.method, seed, {
-                **args.overrides, **ov, "DATA_BIN": template.replace("{seed}", str(seed)),
-                "OUT_ROOT": os.path.join(args.study_dir, "best", name)}, extra=[*args.extra, *ex])
-            values[name][str(seed)] = score(plan, setting, task.best_metric, env, args.keep_checkpoints)
-            log.info("%s seed %d: %s %.2f", name, seed, task.best_metric, values[name][str(seed)])
+    values = _score_both(args, template, setting, task, overrides, extra)
     diffs = [values["tuned"][str(s)] - values["default"][str(s)] for s in args.seeds]
     summary = {
         "task": args.task, "method": args.method, "setting": setting, "metric": task.best_metric,

@@ -117,19 +117,13 @@ def build_checkpoint(config, flags, dict_words, encoder_sd, pooler, num_classes,
     return checkpoint
 
 
-def fairseq_checkpoint(cli: List[str], dict_words: List[str], state: Dict, seed: int, record: dict,
-                       head: Optional[Tuple[str, int]], fresh: Tuple[str, ...]) -> Dict:
-    """The checkpoint dict of the model fairseq-train's ``cli`` (task, criterion, arch and model flags) builds over
-    ``dict_words``, with ``state`` loaded into it. The model is built here and loaded strictly, so the file is known
-    to restore: a parameter of ``state`` it has no place for, or one it lacks outside the prefixes ``fresh`` (which
-    keep fairseq's own initialisation under ``seed``), is a conversion bug. ``head``: ``(name, classes)`` of the
-    classification head(s) to register (every exit's, on ``multi_exit_roberta``)."""
+def _build_model(cli: List[str], dict_words: List[str], seed: int, head: Optional[Tuple[str, int]]):
+    """``(args, model)``: fairseq-train's ``cli`` parsed and its model built over ``dict_words`` under ``seed``
+    (the generator's state is restored after), with the classification head(s) ``head`` registered."""
     import torch
     from fairseq import options
     from fairseq.data import Dictionary
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.models.roberta import RobertaModel
-    from omegaconf import OmegaConf
 
     from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
 
@@ -143,12 +137,33 @@ def fairseq_checkpoint(cli: List[str], dict_words: List[str], state: Dict, seed:
         model = model_cls.build_model(args, argparse.Namespace(source_dictionary=dictionary))
         if head is not None:
             model.register_classification_head(head[0], num_classes=head[1])
+    return args, model
+
+
+def _load_strictly(model, state: Dict, fresh: Tuple[str, ...]) -> None:
+    """Load ``state`` into ``model``; only parameters under the prefixes ``fresh`` may be missing from it."""
+    import torch
+
     missing, unexpected = torch.nn.Module.load_state_dict(model, state, strict=False)
     kept = [k for k in missing if k.startswith(fresh)]
     if unexpected or len(kept) != len(missing):
         raise RuntimeError(f"conversion bug: missing {sorted(set(missing) - set(kept))}, unexpected {unexpected}")
     if kept:
         logger.info("kept fairseq's initialisation for %s", ", ".join(k for k in kept if k != FRESH_BUFFER))
+
+
+def fairseq_checkpoint(cli: List[str], dict_words: List[str], state: Dict, seed: int, record: dict,
+                       head: Optional[Tuple[str, int]], fresh: Tuple[str, ...]) -> Dict:
+    """The checkpoint dict of the model fairseq-train's ``cli`` (task, criterion, arch and model flags) builds over
+    ``dict_words``, with ``state`` loaded into it. The model is built here and loaded strictly, so the file is known
+    to restore: a parameter of ``state`` it has no place for, or one it lacks outside the prefixes ``fresh`` (which
+    keep fairseq's own initialisation under ``seed``), is a conversion bug. ``head``: ``(name, classes)`` of the
+    classification head(s) to register (every exit's, on ``multi_exit_roberta``)."""
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from omegaconf import OmegaConf
+
+    args, model = _build_model(cli, dict_words, seed, head)
+    _load_strictly(model, state, fresh)
     with warnings.catch_warnings():  # hydra's "strict flag is deprecated", raised inside fairseq
         warnings.simplefilter("ignore")
         cfg = OmegaConf.to_container(convert_namespace_to_omegaconf(args), resolve=True, enum_to_str=True)
@@ -233,16 +248,23 @@ def _convert(hf_dir: str, vocab_dir: str, out_dir: str, config: dict, num_classe
     conventions.write(os.path.join(out_dir, conventions.FILE_NAME), record)
     write_readme(out_dir, flags)
     files = ["model.pt", "dict.txt", "model_args.txt", conventions.FILE_NAME, README]
+    files += _copy_tokenizer_files(hf_dir, out_dir, model_type)
+    logger.info("wrote %s to %s; architecture flags: %s", ", ".join(files), out_dir, " ".join(flags))
+    logger.info("its arch is this plugin's multi_exit_roberta: load it with %s (a process that has not imported "
+                "acl_fairseq fails with KeyError 'no_progress_bar')", HUB_USAGE.replace("OUT_DIR", repr(out_dir)))
+    return {"model_args": flags, "files": files}
+
+
+def _copy_tokenizer_files(hf_dir: str, out_dir: str, model_type: str) -> List[str]:
+    """Copy the tokenizer's files that ``hf_dir`` has into ``out_dir``, each atomically; returns their names."""
+    files = []
     for name in TOKENIZER_FILES[model_type] + OPTIONAL_TOKENIZER_FILES:
         source = next((p for p in (os.path.join(vocab_dir, name), os.path.join(hf_dir, name)) if os.path.isfile(p)),
                       None)
         if source:
             atomic.write_through(os.path.join(out_dir, name), lambda tmp, source=source: shutil.copyfile(source, tmp))
             files.append(name)
-    logger.info("wrote %s to %s; architecture flags: %s", ", ".join(files), out_dir, " ".join(flags))
-    logger.info("its arch is this plugin's multi_exit_roberta: load it with %s (a process that has not imported "
-                "acl_fairseq fails with KeyError 'no_progress_bar')", HUB_USAGE.replace("OUT_DIR", repr(out_dir)))
-    return {"model_args": flags, "files": files}
+    return files
 
 
 def write_readme(out_dir: str, flags: List[str]) -> None:
@@ -260,7 +282,7 @@ or `import acl_fairseq` before loading, or with the plugin's own hub:
 Fine-tune it: fairseq-train DATA --user-dir {PLUGIN_DIR} --arch multi_exit_roberta {" ".join(flags)}
     --conventions THIS_FOLDER --restore-file THIS_FOLDER/model.pt --reset-optimizer --reset-dataloader
     --reset-meters plus the task flags of its input layout:
-    python -m acl_fairseq.recipes.model_flags flags --conventions THIS_FOLDER
+    python -m acl_fairseq.runs.model_flags flags --conventions THIS_FOLDER
 or recipes/glue/finetune.sh with ROBERTA_PATH=THIS_FOLDER/model.pt. Binarize data with --srcdict
 THIS_FOLDER/dict.txt.
 
@@ -278,7 +300,7 @@ def get_parser() -> argparse.ArgumentParser:
         epilog="Then: fairseq-train ... --arch multi_exit_roberta $(cat OUT_DIR/model_args.txt) --conventions "
         "OUT_DIR --restore-file OUT_DIR/model.pt --reset-optimizer --reset-dataloader --reset-meters, with data "
         "binarized with --srcdict OUT_DIR/dict.txt and the task flags that "
-        "'python -m acl_fairseq.recipes.model_flags flags "
+        "'python -m acl_fairseq.runs.model_flags flags "
         "--conventions OUT_DIR' prints (a BERT has one separator). recipes/glue/finetune.sh does all of this from "
         "ROBERTA_PATH=OUT_DIR/model.pt. fairseq's hub loads OUT_DIR only with the plugin: "
         f"{HUB_USAGE} (OUT_DIR/README.txt says so too).",

@@ -237,6 +237,28 @@ def _position_offset(config: dict) -> int:
     return config.get("pad_token_id", 1) + 1 if config["model_type"] == "roberta" else 0
 
 
+def _positions(hf: Dict, config: dict, se: str) -> Dict:
+    """fairseq's position table (and ``segment_delta`` where segments are kept), taken out of ``hf``: fairseq row
+    padding_idx + 1 + i <- HF row offset + i, plus token type 0 (no segments in fairseq)."""
+    if "embeddings.position_embeddings.weight" not in hf:
+        raise UnsupportedCheckpointError(
+            "the checkpoint has no absolute position embeddings (embeddings.position_embeddings.weight): "
+            "fairseq roberta needs a learned absolute position table"
+        )
+    out = {}
+    hf_pos = hf.pop("embeddings.position_embeddings.weight")
+    start, n = _position_offset(config), hf_pos.size(0) - _position_offset(config)
+    pos = hf_pos.new_zeros(n + 2, hf_pos.size(1))
+    pos[2:] = hf_pos[start:]
+    token_type = hf.pop("embeddings.token_type_embeddings.weight", None)
+    if token_type is not None:
+        pos[2:] += token_type[0]
+        if has_segment(config):
+            out["segment_delta"] = token_type[1] - token_type[0]
+    out[se + "embed_positions.weight"] = pos
+    return out
+
+
 def map_state_dict(hf: Dict, config: dict, hf_ids: List[int]) -> Tuple[Dict, Optional[Dict]]:
     """``(fairseq encoder state dict, pooler or None)``; raises on HF parameters it cannot place."""
     import torch
@@ -252,22 +274,7 @@ def map_state_dict(hf: Dict, config: dict, hf_ids: List[int]) -> Tuple[Dict, Opt
         )
     out = {se + "embed_tokens.weight": take("embeddings.word_embeddings.weight")[rows]}
 
-    # fairseq row padding_idx + 1 + i <- HF row offset + i, plus token type 0 (no segments in fairseq)
-    if "embeddings.position_embeddings.weight" not in hf:
-        raise UnsupportedCheckpointError(
-            "the checkpoint has no absolute position embeddings (embeddings.position_embeddings.weight): "
-            "fairseq roberta needs a learned absolute position table"
-        )
-    hf_pos = take("embeddings.position_embeddings.weight")
-    start, n = _position_offset(config), hf_pos.size(0) - _position_offset(config)
-    pos = hf_pos.new_zeros(n + 2, hf_pos.size(1))
-    pos[2:] = hf_pos[start:]
-    token_type = hf.pop("embeddings.token_type_embeddings.weight", None)
-    if token_type is not None:
-        pos[2:] += token_type[0]
-        if has_segment(config):
-            out["segment_delta"] = token_type[1] - token_type[0]
-    out[se + "embed_positions.weight"] = pos
+    out.update(_positions(hf, config, se))
     _move(hf, out, "embeddings.LayerNorm", se + "layernorm_embedding")
 
     for i in range(config["num_hidden_layers"]):

@@ -213,6 +213,41 @@ def for_data(folder: str, data_bin: str, out: str) -> str:
     return materialize(folder, out, labels=label_dictionary_order(path) if os.path.isfile(path) else None)[0]
 
 
+def _write_data(data: str, source: str, encoder: dict, task, labels: Optional[List[str]],
+                dict_words: List[str]) -> dict:
+    """The data folder fairseq loads the model over: dictionaries, the tokenizer's files and stats.json; returns
+    the conventions record of the encoder and its tokenizer."""
+    from acl_fairseq.hf import convert
+
+    subs = ["input0"] + (["input1"] if task is None or task.pair else []) + ([] if labels is None else ["label"])
+    for sub in subs:
+        os.makedirs(os.path.join(data, sub))
+        atomic.write_text(os.path.join(data, sub, "dict.txt"),
+                          "".join(f"{w} 1\n" for w in (labels if sub == "label" else dict_words)))
+    record = convert.make_conventions(encoder, source, conventions.dictionary_sha256(
+        os.path.join(data, "input0", "dict.txt")))
+    for name in tokenization.FILES[record["tokenizer"]["kind"]]:
+        file = os.path.join(source, record["tokenizer"]["files"][name])
+        atomic.write_through(os.path.join(data, os.path.basename(file)), lambda tmp, file=file: _copy(file, tmp))
+    atomic.write_json(os.path.join(data, "stats.json"),  # no task: input1/ for the pair layout, either input read
+                      {"task": task.name if task else None, "tokenizer": record["tokenizer"],
+                       pairing.MANIFEST_KEY: len(task.inputs) if task else None})
+    return record
+
+
+def _model_flags(config, record: dict, labels: Optional[List[str]]) -> List[str]:
+    """fairseq-train's task, criterion, arch and model flags that rebuild the multi-exit model of ``config``."""
+    encoder = config.encoder
+    layers = ",".join(str(layer) for layer in config.layers)
+    return ["--task", "sentence_prediction", "--criterion", "sentence_prediction",
+            "--classification-head-name", config.head_name, "--num-classes", str(config.num_labels),
+            "--arch", "multi_exit_roberta", "--exit-layers", layers, "--exit-pooling", config.exit_pooling,
+            "--conventions", json.dumps(record), "--pooler-activation-fn", head_activation(config),
+            "--layer-norm-eps", repr(float(encoder.get("layer_norm_eps", 1e-12))),
+            *conventions.input_layout(record).fairseq_flags(), *mapping.model_args(encoder),
+            *(["--regression-target"] if labels is None else [])]
+
+
 def materialize(folder: str, out: str, seed: int = 1, labels: Optional[List[str]] = None) -> Tuple[str, str]:
     """Write ``out/model.pt`` and the data folder ``out/data`` of the HF multi-exit ``folder``; returns their paths.
     ``labels``: the class order to give the heads (:func:`order_labels`; default ``id2label``'s). An
@@ -236,28 +271,8 @@ def materialize(folder: str, out: str, seed: int = 1, labels: Optional[List[str]
     labels = words if labels is None else labels
 
     data = os.path.join(out, "data")
-    subs = ["input0"] + (["input1"] if task is None or task.pair else []) + ([] if labels is None else ["label"])
-    for sub in subs:
-        os.makedirs(os.path.join(data, sub))
-        atomic.write_text(os.path.join(data, sub, "dict.txt"),
-                          "".join(f"{w} 1\n" for w in (labels if sub == "label" else dict_words)))
-    record = convert.make_conventions(encoder, source, conventions.dictionary_sha256(
-        os.path.join(data, "input0", "dict.txt")))
-    for name in tokenization.FILES[record["tokenizer"]["kind"]]:
-        file = os.path.join(source, record["tokenizer"]["files"][name])
-        atomic.write_through(os.path.join(data, os.path.basename(file)), lambda tmp, file=file: _copy(file, tmp))
-    atomic.write_json(os.path.join(data, "stats.json"),  # no task: input1/ for the pair layout, either input read
-                      {"task": task.name if task else None, "tokenizer": record["tokenizer"],
-                       pairing.MANIFEST_KEY: len(task.inputs) if task else None})
-
-    layers = ",".join(str(layer) for layer in config.layers)
-    cli = [data, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
-           "--classification-head-name", config.head_name, "--num-classes", str(config.num_labels),
-           "--arch", "multi_exit_roberta", "--exit-layers", layers, "--exit-pooling", config.exit_pooling,
-           "--conventions", json.dumps(record), "--pooler-activation-fn", head_activation(config),
-           "--layer-norm-eps", repr(float(encoder.get("layer_norm_eps", 1e-12))),
-           *conventions.input_layout(record).fairseq_flags(), *mapping.model_args(encoder),
-           *(["--regression-target"] if labels is None else [])]
+    record = _write_data(data, source, encoder, task, labels, dict_words)
+    cli = [data, *_model_flags(config, record, labels)]
     checkpoint = convert.fairseq_checkpoint(cli, dict_words, state, seed, record, (config.head_name, config.num_labels),
                                             fresh=("encoder.lm_head.", convert.FRESH_BUFFER))
     path = os.path.join(out, "model.pt")

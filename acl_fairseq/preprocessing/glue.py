@@ -52,14 +52,10 @@ def _nproc() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def _add_tokenizer_args(p: argparse.ArgumentParser) -> None:
+    """The tokenizer and its dictionary: gpt2 BPE, sentencepiece or wordpiece."""
     from acl_fairseq.preprocessing.gpt2_files import GPT2_BPE_URL, default_bpe_dir
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", required=True, help=f"one of {', '.join(TASKS)} (case and dashes ignored)")
-    p.add_argument("--input", required=True, help="the GLUE task folder (train.tsv, dev.tsv, test.tsv)")
-    p.add_argument("--output", required=True, help="destination folder (fairseq data dir)")
     p.add_argument("--tokenizer", choices=["gpt2", "sentencepiece", "wordpiece"], default="gpt2",
                    help="default: gpt2 (what roberta.base/large use)")
     p.add_argument("--srcdict", help="fairseq dict.txt for the inputs (gpt2 default: BPE_DIR/dict.txt, the one "
@@ -80,6 +76,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dict-from", choices=["vocab", "train"], default="vocab", help="sentencepiece/wordpiece without "
                    "--srcdict: dict.txt lists the tokenizer's vocabulary, or is built by fairseq from the training "
                    "tokens (default: %(default)s)")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", required=True, help=f"one of {', '.join(TASKS)} (case and dashes ignored)")
+    p.add_argument("--input", required=True, help="the GLUE task folder (train.tsv, dev.tsv, test.tsv)")
+    p.add_argument("--output", required=True, help="destination folder (fairseq data dir)")
+    _add_tokenizer_args(p)
     p.add_argument("--few-shot", type=int, metavar="N", help="SCL protocol: N stratified training examples; dev split "
                    "into test (half) and valid (500 others); replaces the GLUE test split")
     p.add_argument("--label-noise", type=float, metavar="F",
@@ -255,8 +260,9 @@ def collect_stats(splits: List[OutSplit], n_inputs: int, spec: TaskSpec, tmp: st
 # --------------------------------------------------------------------------- main
 
 
-def run(args) -> str:
-    spec = get_task(args.task)
+def _output_path(args, spec) -> str:
+    """The absolute --output, refused when --input is missing, it exists without --force or fairseq cannot
+    take its path."""
     if not os.path.isdir(args.input):
         raise GlueDataError(
             f"{args.input}: no such folder. Fix: pass --input GLUE_DIR/{spec.name} (the unpacked GLUE task folder)"
@@ -265,31 +271,41 @@ def run(args) -> str:
     if os.path.exists(out) and not args.force:
         raise GlueDataError(f"{out}: output exists. Fix: pass --force to replace it (the old output is swapped out "
                             "only after the new one is complete) or choose another --output")
-    parent = os.path.dirname(out)
-    if "," in parent:
+    if "," in os.path.dirname(out):
         raise GlueDataError(
             f"{out}: the output path contains a comma, which fairseq-preprocess cannot take. Fix: rename it"
         )
+    return out
+
+
+def _build(args, spec, out: str, tmp: str, work: str) -> dict:
+    """Read, tokenize and binarize the splits into ``tmp`` (text in ``work``); returns stats.json's content."""
+    _make_work_folder(out, work)  # first: an --output that cannot be written fails before the splits are read
+    splits, record, train_full = plan_splits(args, spec)
+    check_label_coverage(splits, spec)
+    enc, srcdict, info = glue_tokenizers.setup_tokenizer(args, tmp, work, train_full)
+    n_inputs = len(spec.inputs)
+    write_token_files(splits, n_inputs, enc, work, args.workers)
+    t1 = time.time()
+    binarize(splits, n_inputs, spec, srcdict, tmp, work, args.workers)
+    logger.info(f"binarized with fairseq-preprocess in {time.time() - t1:.1f}s")
+    shutil.rmtree(work)
+    stats = collect_stats(splits, n_inputs, spec, tmp, args, info, record)
+    if "few_shot" in record or "label_noise" in record:
+        _write_json(os.path.join(tmp, "protocol.json"), record)
+    return stats
+
+
+def run(args) -> str:
+    spec = get_task(args.task)
+    out = _output_path(args, spec)
     t0 = time.time()
-    atomic.clean_stale(parent, os.path.basename(out))  # what a killed run (SIGKILL) left
+    atomic.clean_stale(os.path.dirname(out), os.path.basename(out))  # what a killed run (SIGKILL) left
     tmp = atomic.temp_path(out)
-    work = os.path.join(tmp, ".text")
     try:  # removes tmp on any error, on Ctrl-C and on SIGTERM (cli_main turns it into SystemExit)
-        _make_work_folder(out, work)  # first: an --output that cannot be written fails before the splits are read
-        splits, record, train_full = plan_splits(args, spec)
-        check_label_coverage(splits, spec)
-        enc, srcdict, info = glue_tokenizers.setup_tokenizer(args, tmp, work, train_full)
-        n_inputs = len(spec.inputs)
-        write_token_files(splits, n_inputs, enc, work, args.workers)
-        t1 = time.time()
-        binarize(splits, n_inputs, spec, srcdict, tmp, work, args.workers)
-        logger.info(f"binarized with fairseq-preprocess in {time.time() - t1:.1f}s")
-        shutil.rmtree(work)
-        stats = collect_stats(splits, n_inputs, spec, tmp, args, info, record)
+        stats = _build(args, spec, out, tmp, os.path.join(tmp, ".text"))
         stats["seconds"] = round(time.time() - t0, 2)
         _write_json(os.path.join(tmp, "stats.json"), stats)
-        if "few_shot" in record or "label_noise" in record:
-            _write_json(os.path.join(tmp, "protocol.json"), record)
         _publish(tmp, out)
     finally:
         if os.path.exists(tmp):

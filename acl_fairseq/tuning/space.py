@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Sequence, Tuple
 
-from acl_fairseq.recipes.plan import REPO
+from acl_fairseq.runs.plan import REPO
 from acl_runtime.tables import read_tsv
 
 SPACE_TABLE = os.path.join(REPO, "recipes", "glue", "search_spaces.tsv")

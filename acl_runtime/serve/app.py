@@ -14,7 +14,6 @@ import json
 import logging
 import time
 import uuid
-import zlib
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -22,23 +21,21 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.gzip import GZipMiddleware
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from acl_runtime import loop
 from acl_runtime.scheduler import Closed, DeadlineExpired, QueueFull
 from acl_runtime.serve import protocol, schema, tei
+from acl_runtime.serve.body import disconnected, read_body
 from acl_runtime.serve.edges import Edges
 from acl_runtime.serve.metrics import CONTENT_TYPE
 from acl_runtime.serve.protocol import BadRequest
 from acl_runtime.serve.service import VERSION, Answered, ClientGone, Service, Settings  # noqa: F401  (Settings: the API)
-from acl_runtime.serve.transport import STOPPING
 
 logger = logging.getLogger("acl_runtime.serve")
 CLOSE_SECONDS = 1.0  # the scheduler's own drain, after uvicorn's (see lifespan)
-ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS, "identity": None}
-GZIP_MAGIC = b"\x1f\x8b"  # a gzip member's first bytes
 
 
 def _service(request: Request) -> Service:
@@ -59,84 +56,7 @@ async def lifespan(app: Starlette):
                      service.settings.drain_seconds)
 
 
-# ---- the request's edge: body, decoding, errors ---------------------------------------------------------------
-
-
-async def read_body(request: Request, limit: int, timeout: Optional[float] = None) -> bytes:
-    """The body, decoded from its ``Content-Encoding`` (gzip, deflate); refused with 413 past ``limit`` bytes, by
-    its Content-Length, as it streams in, and again as it decompresses (a bomb is refused by what it inflates
-    to); 408 when it has not all arrived within ``timeout`` seconds of its headers (``--read-timeout``)."""
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding not in ENCODINGS:
-        raise BadRequest(415, f"Content-Encoding {encoding!r} is not supported: send gzip, deflate or identity")
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise BadRequest(413, f"the body is {length} bytes, over the limit of {limit} bytes (--max-body-bytes): "
-                         "send fewer or shorter texts per request")
-    inflate = None if ENCODINGS[encoding] is None else zlib.decompressobj(ENCODINGS[encoding])
-    chunks, size, pending = [], 0, b""  # pending: a byte after a gzip member, too few to tell what follows
-    async for chunk in _stream(request, timeout):
-        if inflate is None:
-            size += len(chunk)
-            _check_size(size, limit, False)
-            chunks.append(chunk)
-            continue
-        data, pending = pending + chunk, b""
-        while data:
-            if inflate.eof:  # a complete stream, and bytes after it: gzip's next member (RFC 1952 2.2), else refused
-                if encoding == "gzip" and len(data) < len(GZIP_MAGIC) and GZIP_MAGIC.startswith(data):
-                    pending = data
-                    break
-                if encoding != "gzip" or not data.startswith(GZIP_MAGIC):
-                    raise BadRequest(400, f"the body has bytes after its {encoding} data: send the compressed "
-                                     "stream alone")
-                inflate = zlib.decompressobj(ENCODINGS[encoding])
-            try:
-                out = inflate.decompress(data, limit + 1 - size)
-            except zlib.error as e:
-                raise BadRequest(400, f"the body is not valid {encoding} data ({e})") from None
-            size = limit + 1 if inflate.unconsumed_tail else size + len(out)  # a tail: more would come out
-            _check_size(size, limit, True)
-            chunks.append(out)
-            data = inflate.unused_data if inflate.eof else b""
-    if inflate is not None and (pending or not inflate.eof):
-        raise BadRequest(400, f"the body is not valid {encoding} data (it ends before the compressed stream does)")
-    return b"".join(chunks)
-
-
-def _check_size(size: int, limit: int, decompressed: bool) -> None:
-    if size > limit:
-        raise BadRequest(413, f"the body is over the limit of {limit} bytes (--max-body-bytes"
-                         f"{', decompressed' if decompressed else ''}): send fewer or shorter texts per request")
-
-
-async def _stream(request: Request, timeout: Optional[float]):
-    """The body's chunks, the whole within ``timeout`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = None if timeout is None else loop.time() + timeout
-    chunks = request.stream().__aiter__()
-    while True:
-        try:
-            if deadline is None:
-                chunk = await chunks.__anext__()
-            else:
-                chunk = await asyncio.wait_for(chunks.__anext__(), max(deadline - loop.time(), 0))
-        except StopAsyncIteration:
-            return
-        except asyncio.TimeoutError:
-            raise BadRequest(408, f"the request's body did not all arrive within {timeout:g} s (--read-timeout); "
-                             "send it at once") from None
-        except ClientDisconnect:
-            if request.scope.get(STOPPING):  # the drain started: the connection was answered 503 (transport.py)
-                raise Closed("the server is stopping: the request's body was still arriving") from None
-            raise BadRequest(408, "the client closed the connection before its body was read") from None
-        yield chunk
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns once the client has closed its connection (its whole body already read)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+# ---- the request's edge: errors (the body: body.py) ------------------------------------------------------------
 
 
 def error(status: int, message: str, tei_shape: bool = False, kind: str = "Validation",
@@ -252,7 +172,7 @@ async def infer(request: Request, service: Service) -> Response:
     req = protocol.parse_infer(body, request.headers.get("inference-header-content-length"), service.output_names())
     protocol.check_texts(service.engine.texts_per_input, req.texts, "infer")
     _phase(request, "read")
-    answered = await service.predict(req.texts, req.params, functools.partial(_disconnected, request), req.deadline)
+    answered = await service.predict(req.texts, req.params, functools.partial(disconnected, request), req.deadline)
     back = time.perf_counter()
     truncated = [p.truncated for p in answered.predictions]
     # why each input left where it did, beside its exit layer (OIP parameters are scalars: one per input, in order)
@@ -315,7 +235,7 @@ async def predict(request: Request, service: Service) -> Response:
     req = tei.parse_predict(body, request.headers.get("x-deadline-ms"))
     protocol.check_texts(service.engine.texts_per_input, req.texts, "predict", 422)
     _phase(request, "read")
-    answered = await service.predict(req.texts, req.params, functools.partial(_disconnected, request), req.deadline)
+    answered = await service.predict(req.texts, req.params, functools.partial(disconnected, request), req.deadline)
     back = time.perf_counter()
     if service.engine.regression:
         names, scores = ["score"], np.asarray([[p.label] for p in answered.predictions], dtype=np.float32)

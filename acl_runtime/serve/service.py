@@ -174,6 +174,21 @@ class Service:
         except ValueError as e:
             raise BadRequest(400, str(e)) from None
 
+    async def _wait(self, future, gone: Optional[Callable[[], Awaitable]], n: int, start: float):
+        """The scheduler's answer to the ``n`` submitted rows; a request given up, expired or failed frees its rows
+        and is counted as unanswered."""
+        self.metrics.track_depth()
+        try:
+            return await _first(asyncio.wrap_future(future), gone)
+        except BaseException as e:
+            if isinstance(e, DeadlineExpired):
+                self.metrics.expired.inc(n)
+            self.scheduler.cancel(future)
+            self.stats.answered(False, n, int(1e9 * (time.perf_counter() - start)))
+            raise
+        finally:
+            self.metrics.track_depth()
+
     async def predict(self, texts: List[protocol.Pair], params: Dict,
                       gone: Optional[Callable[[], Awaitable]] = None, deadline: Optional[float] = None) -> Answered:
         """The inputs' answers. ``gone()``, when given, returns once the client has disconnected: the request is
@@ -191,17 +206,7 @@ class Service:
             future = self.scheduler.submit([ids for ids, _ in encoded], request, deadline)
         except ValueError as e:
             raise BadRequest(400, str(e)) from None
-        self.metrics.track_depth()
-        try:
-            answer = await _first(asyncio.wrap_future(future), gone)
-        except BaseException as e:
-            if isinstance(e, DeadlineExpired):
-                self.metrics.expired.inc(len(texts))
-            self.scheduler.cancel(future)
-            self.stats.answered(False, len(texts), int(1e9 * (time.perf_counter() - start)))
-            raise
-        finally:
-            self.metrics.track_depth()
+        answer = await self._wait(future, gone, len(texts), start)
         answered = time.perf_counter()
         slowest = int(np.argmax(answer.waits.sum(axis=1) + answer.model))
         queue, model = float(answer.waits[slowest].sum()), float(answer.model[slowest])

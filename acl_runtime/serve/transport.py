@@ -8,7 +8,7 @@ config, which names this class).
 - A read timeout for request headers (``--read-timeout``, read from ``config.acl_read_timeout``): a connection
   that opens, or starts a request, and has not completed its headers within it is answered 408 and closed (uvicorn
   waits for ever; its keep-alive timer only runs between requests). The body's own timeout is the app's
-  (``app.read_body``).
+  (``body.read_body``).
 - At drain start (SIGTERM) a connection with no request under way (idle, or not yet sent), or still sending its
   request's headers or body, is answered 503 with ``Retry-After`` and ``Connection: close`` (uvicorn closed it
   unanswered, and a request already sent was lost). Waiting for a body would hold the drain for up to

@@ -3,7 +3,7 @@
 #
 #   TASKS="RTE MRPC" METHODS="ce acl_embed" SEEDS="1 2 3" recipes/glue/sweep.sh [--dry-run] [extra fairseq flags...]
 #
-# The run plan (acl_fairseq/recipes/plan.py) checks the names and skips the pairs it refuses (contrastive methods
+# The run plan (acl_fairseq/runs/plan.py) checks the names and skips the pairs it refuses (contrastive methods
 # on STS-B, a regression task). Runs with a result.json are skipped (FORCE=1 reruns them).
 # Every other setting (MODEL, OUT_ROOT, DATA_ROOT, ...) passes through the environment to each run.
 #   TASKS    GLUE tasks to run, space-separated (default: every row of hparams.tsv)

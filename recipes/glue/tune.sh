@@ -5,7 +5,7 @@
 #   recipes/glue/tune.sh SST-2 scl --data-bin data-bin/SST-2-N20-seed1-bin --trials 24 --threads 1
 #   recipes/glue/tune.sh SST-2 scl --data-bin 'data-bin/SST-2-N20-seed{seed}-bin' --evaluate-best --seeds 1 2 3 4 5
 #
-# Every trial is a run of the run plan (acl_fairseq/recipes/plan.py) through finetune.sh; the driver's settings
+# Every trial is a run of the run plan (acl_fairseq/runs/plan.py) through finetune.sh; the driver's settings
 # (SEED aside) come from the environment as for finetune.sh, or from --set NAME=VALUE. Start the same command
 # on more machines with one --storage URL (postgresql://...) to share the study; a stopped study resumes.
 set -euo pipefail

@@ -110,7 +110,7 @@ def test_quality_plan_runs_each_method_where_it_applies():
 
 
 def test_quality_schedule_is_the_converted_table_and_a_stale_run_stops_it(tmp_path):
-    import _glue_runs as G
+    import _glue_runs as glue_runs
     import quality
 
     assert set(_converted.PROTOCOL) == set(quality.TASKS)
@@ -123,7 +123,7 @@ def test_quality_schedule_is_the_converted_table_and_a_stale_run_stops_it(tmp_pa
     _converted.check_finished(str(rd), sch)  # no result yet: nothing to check
     (rd / "result.json").write_text("{}")
     _converted.check_finished(str(rd), sch)  # the same schedule: it may be skipped
-    assert G.trained_setting(str(rd))["conventions"] is True
+    assert glue_runs.trained_setting(str(rd))["conventions"] is True
     other = "mean" if sch["pooling"] == "cls" else "cls"
     with pytest.raises(SystemExit, match=f"trained with lr {sch['lr']:g}, {sch['pooling']} pooling.*now says lr "
                        f"{sch['lr']:g}, {other} pooling.*move the run away"):
@@ -385,13 +385,13 @@ def test_hf_parity_samples_per_s_uses_each_epochs_train_wall(tmp_path):
 
 def test_report_keeps_the_earlier_json_when_the_rows_cannot_be_written(tmp_path, capsys):
     """A row that json cannot encode must not leave a truncated file where the earlier results were."""
-    import harness as H
+    import harness
 
     path = tmp_path / "rows.json"
-    H.report([{"a": 1}], ["a"], {}, str(path))
+    harness.report([{"a": 1}], ["a"], {}, str(path))
     first = json.loads(path.read_text())
     assert [r["a"] for r in first] == [1]
     with pytest.raises(TypeError):
-        H.report([{"a": object()}], ["a"], {}, str(path))
+        harness.report([{"a": object()}], ["a"], {}, str(path))
     assert json.loads(path.read_text()) == first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.json"]

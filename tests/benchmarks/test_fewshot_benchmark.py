@@ -222,7 +222,7 @@ def test_fewshot_keeps_a_table_it_cannot_rebuild_and_one_of_another_protocol(tmp
 
 def test_a_finished_fewshot_run_of_another_schedule_or_from_before_the_conventions_record_is_refused(tmp_path):
     import _fewshot
-    import _glue_runs as G
+    import _glue_runs as glue_runs
     fewshot = _fewshot_module()
 
     enc = tmp_path / "enc"
@@ -234,12 +234,12 @@ def test_a_finished_fewshot_run_of_another_schedule_or_from_before_the_conventio
     (rd / "fewshot_result.json").write_text(json.dumps({"schedule": sch}))
     command = f"fairseq-train x --lr {sch['lr']:g} --exit-pooling mean --max-epoch {sch['epochs']} --conventions c.json"
     (rd / "command.sh").write_text(command + "\n")
-    fewshot.check_finished(str(rd), sch, G.Encoder(str(enc)))  # the same schedule and record: it may be reused
+    fewshot.check_finished(str(rd), sch, glue_runs.Encoder(str(enc)))  # the same schedule and record: it may be reused
     with pytest.raises(SystemExit, match="move it away"):
-        fewshot.check_finished(str(rd), dict(sch, lr=sch["lr"] / 2), G.Encoder(str(enc)))
+        fewshot.check_finished(str(rd), dict(sch, lr=sch["lr"] / 2), glue_runs.Encoder(str(enc)))
     (rd / "command.sh").write_text(command.replace(" --conventions c.json", "") + "\n")  # an earlier pipeline's
     with pytest.raises(SystemExit, match="conventions record absent; this run asks for .* record passed"):
-        fewshot.check_finished(str(rd), sch, G.Encoder(str(enc)))
+        fewshot.check_finished(str(rd), sch, glue_runs.Encoder(str(enc)))
 
 
 def test_fewshot_bf16_on_a_cpu_without_bf16_units_is_refused_before_any_run(tmp_path, monkeypatch, capsys):

@@ -28,7 +28,7 @@ def _finished_run(rd, result, log=TRAIN_LOG, command="fairseq-train x\n"):
 
 
 def test_a_record_keeps_the_result_the_command_the_named_report_and_the_log_lines_the_collectors_read(tmp_path):
-    import _records as R
+    import _records as run_records
 
     rd = tmp_path / "work" / "quality" / "runs" / "SST-2" / "acl_cross_layer" / "seed1"
     _finished_run(str(rd), {"task": "SST-2", "early_exit_json": "early_exit/early_exit.json",
@@ -38,64 +38,64 @@ def test_a_record_keeps_the_result_the_command_the_named_report_and_the_log_line
     (rd / "checkpoint_best.pt").write_bytes(b"x" * 1000)
     (tmp_path / "work" / "quality" / "runs" / "outside.json").write_text("{}")
 
-    dest = R.record_dir(str(rd), str(tmp_path / "work"), str(tmp_path / "records"))
+    dest = run_records.record_dir(str(rd), str(tmp_path / "work"), str(tmp_path / "records"))
     assert dest == str(tmp_path / "records" / "quality" / "runs" / "SST-2" / "acl_cross_layer" / "seed1")
-    assert R.save(str(rd), dest)
+    assert run_records.save(str(rd), dest)
     kept = sorted(os.path.relpath(os.path.join(d, f), dest) for d, _, files in os.walk(dest) for f in files)
     assert kept == ["command.sh", os.path.join("early_exit", "early_exit.json"), "result.json", "train.log"]
     assert not (tmp_path / "records" / "quality" / "outside.json").exists()  # a name leaving the run is not followed
     log = open(os.path.join(dest, "train.log")).read().splitlines()
     assert [line.split(" | ")[2] for line in log] == ["fairseq_cli.train", "valid", "train", "fairseq_cli.train"]
-    assert R.load(dest) == R.load(str(rd))
+    assert run_records.load(dest) == run_records.load(str(rd))
 
     (rd / "result.json").write_text(json.dumps({"task": "SST-2"}))  # trained again, without the early-exit report
-    assert R.save(str(rd), dest)
-    assert not os.path.exists(os.path.join(dest, "early_exit")) and R.load(dest) == {"task": "SST-2"}
+    assert run_records.save(str(rd), dest)
+    assert not os.path.exists(os.path.join(dest, "early_exit")) and run_records.load(dest) == {"task": "SST-2"}
     assert sorted(os.listdir(os.path.dirname(dest))) == ["seed1"]  # no temporary folders left
 
     unfinished = tmp_path / "work" / "quality" / "runs" / "RTE" / "ce" / "seed1"
     unfinished.mkdir(parents=True)
     (unfinished / "train.log").write_text(TRAIN_LOG)
-    assert not R.save(str(unfinished), str(tmp_path / "records" / "x"))
+    assert not run_records.save(str(unfinished), str(tmp_path / "records" / "x"))
     assert not (tmp_path / "records" / "x").exists()
     with pytest.raises(ValueError, match="not inside the work folder"):
-        R.record_dir(str(tmp_path / "elsewhere"), str(tmp_path / "work"), str(tmp_path / "records"))
+        run_records.record_dir(str(tmp_path / "elsewhere"), str(tmp_path / "work"), str(tmp_path / "records"))
 
 
 def test_sync_writes_the_missing_and_the_newer_records_only(tmp_path, capsys):
-    import _records as R
+    import _records as run_records
 
     work, records = str(tmp_path / "work"), str(tmp_path / "records")
     for seed in (1, 2):
         _finished_run(os.path.join(work, "quality", "runs", "RTE", "ce", f"seed{seed}"), {"seed": seed, "v": 50})
     os.makedirs(os.path.join(work, "quality", "runs", "RTE", "ce", "seed3"))  # running: no result yet
-    assert R.sync(work, "quality", records) == 2
-    assert R.sync(work, "quality", records) == 0  # nothing new
+    assert run_records.sync(work, "quality", records) == 2
+    assert run_records.sync(work, "quality", records) == 0  # nothing new
     run2, rec2 = (os.path.join(root, "quality", "runs", "RTE", "ce", "seed2") for root in (work, records))
     _finished_run(run2, {"seed": 2, "v": 51})  # trained again
     os.utime(os.path.join(run2, "result.json"), (2e9, 2e9))
-    assert R.sync(work, "quality", records) == 1
-    assert R.load(rec2)["v"] == 51
+    assert run_records.sync(work, "quality", records) == 1
+    assert run_records.load(rec2)["v"] == 51
 
     _finished_run(run2, {"seed": 2, "v": 49})  # a stale run: older than the record (say, the record was pulled)
     os.utime(os.path.join(run2, "result.json"), (1e9, 1e9))
-    assert R.sync(work, "quality", records) == 0
-    assert R.load(rec2)["v"] == 51 and "kept" in capsys.readouterr().err
-    assert R.sync(work, "parity", records) == 0  # no such folder
+    assert run_records.sync(work, "quality", records) == 0
+    assert run_records.load(rec2)["v"] == 51 and "kept" in capsys.readouterr().err
+    assert run_records.sync(work, "parity", records) == 0  # no such folder
 
 
 def _encoder(tmp_path):
-    import _glue_runs as G
+    import _glue_runs as glue_runs
 
     enc = tmp_path / "enc"
     enc.mkdir(exist_ok=True)
     (enc / "model_args.txt").write_text("--encoder-layers 2 --encoder-embed-dim 8\n")
-    return G.Encoder(str(enc))
+    return glue_runs.Encoder(str(enc))
 
 
 def test_quality_skips_a_recorded_run_and_records_a_new_one(tmp_path, monkeypatch):
-    import _glue_runs as G
-    import _records as R
+    import _glue_runs as glue_runs
+    import _records as run_records
 
     work, records = str(tmp_path / "work"), str(tmp_path / "records")
     sch = _converted.PROTOCOL["RTE"]
@@ -105,13 +105,13 @@ def test_quality_skips_a_recorded_run_and_records_a_new_one(tmp_path, monkeypatc
     trained = []
 
     def finetune(task, method, env, extra):
-        rd = G.run_dir(env["OUT_ROOT"], task, method, int(env["SEED"]))
+        rd = glue_runs.run_dir(env["OUT_ROOT"], task, method, int(env["SEED"]))
         trained.append((task, method, int(env["SEED"])))
         _finished_run(rd, {"task": task, "method": method, "seed": int(env["SEED"]), "best_value": 57.0},
                       command=command)
-        return R.load(rd)
+        return run_records.load(rd)
 
-    monkeypatch.setattr(G, "finetune", finetune)
+    monkeypatch.setattr(glue_runs, "finetune", finetune)
     recorded = os.path.join(records, "quality", "runs", "RTE", "ce", "seed1")  # from another machine
     _finished_run(recorded, {"task": "RTE", "method": "ce", "seed": 1, "best_value": 56.0}, command=command)
 
@@ -119,15 +119,15 @@ def test_quality_skips_a_recorded_run_and_records_a_new_one(tmp_path, monkeypatc
     assert (rd, res["best_value"], trained) == (recorded, 56.0, [])  # not trained again
 
     rd, res = _converted.run_one("RTE", "ce", 2, work, _encoder(tmp_path), records=records)
-    assert trained == [("RTE", "ce", 2)] and rd == G.run_dir(os.path.join(work, "quality"), "RTE", "ce", 2)
-    assert R.load(os.path.join(records, "quality", "runs", "RTE", "ce", "seed2"))["best_value"] == 57.0
+    assert trained == [("RTE", "ce", 2)] and rd == glue_runs.run_dir(os.path.join(work, "quality"), "RTE", "ce", 2)
+    assert run_records.load(os.path.join(records, "quality", "runs", "RTE", "ce", "seed2"))["best_value"] == 57.0
 
     # a run left in the work folder, older than the record that came with the repository: the record wins
-    old_run = G.run_dir(os.path.join(work, "quality"), "RTE", "ce", 1)
+    old_run = glue_runs.run_dir(os.path.join(work, "quality"), "RTE", "ce", 1)
     _finished_run(old_run, {"task": "RTE", "method": "ce", "seed": 1, "best_value": 50.0}, command=command)
     os.utime(os.path.join(old_run, "result.json"), (1e9, 1e9))
     rd, res = _converted.run_one("RTE", "ce", 1, work, _encoder(tmp_path), records=records)
-    assert (rd, res["best_value"], R.load(recorded)["best_value"]) == (recorded, 56.0, 56.0)
+    assert (rd, res["best_value"], run_records.load(recorded)["best_value"]) == (recorded, 56.0, 56.0)
 
     stale = os.path.join(records, "quality", "runs", "RTE", "ce", "seed3")  # a record of another schedule
     _finished_run(stale, {"task": "RTE"}, command=command.replace(f"--lr {sch['lr']:g}", "--lr 0.001"))
@@ -136,7 +136,7 @@ def test_quality_skips_a_recorded_run_and_records_a_new_one(tmp_path, monkeypatc
 
 
 def test_hf_parity_does_not_train_a_recorded_hf_run_again(tmp_path, monkeypatch):
-    import _glue_runs as G
+    import _glue_runs as glue_runs
     import hf_parity
 
     results, work = tmp_path / "results", tmp_path / "work"
@@ -144,7 +144,7 @@ def test_hf_parity_does_not_train_a_recorded_hf_run_again(tmp_path, monkeypatch)
     rec.mkdir(parents=True)
     (rec / "result.json").write_text(json.dumps({"best": {"accuracy": 57.0}, "primary_metric": "accuracy",
                                                  "train_samples_per_s": 3.0}))
-    monkeypatch.setattr(G, "run", lambda *a, **k: pytest.fail("a recorded run was trained again"))
+    monkeypatch.setattr(glue_runs, "run", lambda *a, **k: pytest.fail("a recorded run was trained again"))
     args = hf_parity.build_parser().parse_args(["--work", str(work), "--results", str(results)])
     out = hf_parity.hf_job(args, None, "RTE", 1, 2e-5, "cls", str(work / "parity" / "lr2e-05_cls"))
     assert out["metric"] == 57.0
@@ -154,7 +154,7 @@ def test_hf_parity_does_not_train_a_recorded_hf_run_again(tmp_path, monkeypatch)
 def test_the_tables_are_built_from_the_records_when_the_work_folder_is_gone(tmp_path, capsys):
     import shutil
 
-    import _records as R
+    import _records as run_records
     import hf_parity
     import quality
 
@@ -165,7 +165,7 @@ def test_the_tables_are_built_from_the_records_when_the_work_folder_is_gone(tmp_
             "task": "RTE", "method": "ce", "seed": seed, "best_metric": "accuracy", "best_value": acc,
             "best_valid": {"valid": {"accuracy": acc}}},
             command="fairseq-train x --lr 2e-05 --exit-pooling cls --max-epoch 5 --conventions c.json\n")
-    assert R.sync(str(work), "quality", str(results / "runs")) == 2
+    assert run_records.sync(str(work), "quality", str(results / "runs")) == 2
     shutil.rmtree(work)
     restored = results / "runs" / "quality" / "runs" / "RTE" / "scl" / "seed1"  # restored from a table: result only
     restored.mkdir(parents=True)
@@ -194,21 +194,22 @@ def test_the_tables_are_built_from_the_records_when_the_work_folder_is_gone(tmp_
 
 
 def test_result_or_train_trains_only_what_no_folder_holds_and_records_it(tmp_path):
-    import _records as R
+    import _records as run_records
 
     work, records = str(tmp_path / "work"), str(tmp_path / "records")
     rd = os.path.join(work, "parity", "x", "RTE", "ce", "seed1")
     trained, checked = [], []
     train = lambda: trained.append(1) or _finished_run(rd, {"v": 1})  # noqa: E731
-    assert R.result_or_train(rd, work, records, train, checked.append) == (rd, {"v": 1})
+    assert run_records.result_or_train(rd, work, records, train, checked.append) == (rd, {"v": 1})
     assert (trained, checked) == ([1], [])  # a run just trained is not vetted as an old one
-    assert R.load(R.record_dir(rd, work, records)) == {"v": 1}
+    assert run_records.load(run_records.record_dir(rd, work, records)) == {"v": 1}
 
     old = os.path.join(work, "parity", "x", "RTE", "ce", "seed2")  # finished by a version without records
     _finished_run(old, {"v": 2})
-    assert R.result_or_train(old, work, records, train, checked.append) == (old, {"v": 2})
-    assert trained == [1] and checked == [old] and R.load(R.record_dir(old, work, records)) == {"v": 2}
+    assert run_records.result_or_train(old, work, records, train, checked.append) == (old, {"v": 2})
+    assert trained == [1] and checked == [old]
+    assert run_records.load(run_records.record_dir(old, work, records)) == {"v": 2}
 
     broken = os.path.join(work, "parity", "x", "RTE", "ce", "seed3")
     with pytest.raises(RuntimeError, match="seed3: training finished without a result.json"):
-        R.result_or_train(broken, work, records, lambda: None)
+        run_records.result_or_train(broken, work, records, lambda: None)

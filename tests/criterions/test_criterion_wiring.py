@@ -1,5 +1,6 @@
 """Properties of the criteria's wiring (the shared forward, the gate) that `make mutation` found unchecked by the
-criterion and loss tests: each test here failed on a mutant that survived them (docs/tests.md, "Mutation score")."""
+criterion and loss tests: each test here failed on a mutant that survived them (docs/tests.md, "Mutation score");
+and the shared base's independence from the gate."""
 import pytest
 import torch
 
@@ -337,3 +338,20 @@ def test_weighted_exit_sum_moves_the_weights_to_the_values_device():
 
     got = losses.weighted_exit_sum([torch.ones((), device="meta")] * 2, losses.exit_weights([1, 2]))
     assert got.device.type == "meta"
+
+
+def test_the_base_class_knows_nothing_of_acl_grad():
+    """criterions/base.py neither imports the gate nor reads ACL-Grad's flags: a criterion that wants the gate
+    overrides ``combine`` (as acl_grad.py does) without inheriting AclGradConfig."""
+    import ast
+    import pathlib
+
+    source = pathlib.Path(helpers.USER_DIR, "criterions", "base.py").read_text()
+    imported = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            imported |= {node.module or ""} | {a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            imported |= {a.name for a in node.names}
+    assert not {m for m in imported if "gating" in m}, imported
+    assert "acl_grad_" not in source

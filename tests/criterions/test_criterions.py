@@ -240,16 +240,16 @@ def _grads(model):
 
 def _two_pass_reference(model, crit, sample):
     """g_CE and g_ACL by two separate backward passes (the obvious, slow way)."""
-    import acl_torch.losses as L
     from acl_fairseq.heads import collect_exit_outputs
+    from acl_torch import losses
 
     def part(which):
         model.zero_grad()
         exits = collect_exit_outputs(model, sample["net_input"], crit.head_name)
         target = sample["target"].view(-1)
-        w = L.exit_weights(exits.layers, crit.cfg.exit_weighting)
+        w = losses.exit_weights(exits.layers, crit.cfg.exit_weighting)
         if which == "ce":
-            loss = L.weighted_exit_sum([crit._task_loss(lg, target) for lg in exits.logits], w)
+            loss = losses.weighted_exit_sum([crit._task_loss(lg, target) for lg in exits.logits], w)
         else:
             loss = sum(wt * v for wt, v in crit.aux_terms(exits, target, w).values()) * target.numel()
         loss.backward()
@@ -382,20 +382,3 @@ def test_gated_update_is_linear_in_loss_scale_and_finite_in_bf16(data, scope):
     assert all(torch.isfinite(g).all() for g in g16.values()) and g16.keys() == g1.keys()
     error = math.sqrt(sum(((g16[k].double() - g1[k].double()) ** 2).sum() for k in g1))
     assert error < 0.1 * math.sqrt(sum((g.double() ** 2).sum() for g in g1.values()))
-
-
-def test_the_base_class_knows_nothing_of_acl_grad():
-    """criterions/base.py neither imports the gate nor reads ACL-Grad's flags: a criterion that wants the gate
-    overrides ``combine`` (as acl_grad.py does) without inheriting AclGradConfig."""
-    import ast
-    import pathlib
-
-    source = pathlib.Path(helpers.USER_DIR, "criterions", "base.py").read_text()
-    imported = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom):
-            imported |= {node.module or ""} | {a.name for a in node.names}
-        elif isinstance(node, ast.Import):
-            imported |= {a.name for a in node.names}
-    assert not {m for m in imported if "gating" in m}, imported
-    assert "acl_grad_" not in source

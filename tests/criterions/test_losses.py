@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import acl_torch.losses as L
+from acl_torch import losses
 from acl_torch.losses import (
     acl_embed_loss,
     cross_layer_acl_loss,
@@ -261,10 +261,10 @@ def test_supcon_on_perfect_clusters_decreases_with_temperature_to_log_positive_c
     # identical members per class, classes orthogonal: the positives take all the mass as tau -> 0
     feats = torch.eye(3, dtype=torch.float64)[[0, 0, 0, 1, 1, 2, 2, 2, 2]]
     labels = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2])
-    losses = [supcon_loss(feats, labels, tau).item() for tau in (1.0, 0.5, 0.1, 0.01)]
-    assert losses == sorted(losses, reverse=True)
+    values = [supcon_loss(feats, labels, tau).item() for tau in (1.0, 0.5, 0.1, 0.01)]
+    assert values == sorted(values, reverse=True)
     n_pos = [2, 2, 2, 1, 1, 3, 3, 3, 3]
-    assert losses[-1] == pytest.approx(sum(math.log(p) for p in n_pos) / 9, abs=1e-6)
+    assert values[-1] == pytest.approx(sum(math.log(p) for p in n_pos) / 9, abs=1e-6)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -307,12 +307,12 @@ def test_invalid_arguments_raise_value_error():
         supcon_loss(feats, labels, 0.0)
     # every public function checks its arguments once at entry (the fused core itself checks nothing)
     with pytest.raises(ValueError, match="anchors must be one of"):
-        L.acl_embed_losses([feats, feats], labels, [emb, emb], 0.5, anchors="labels")
+        losses.acl_embed_losses([feats, feats], labels, [emb, emb], 0.5, anchors="labels")
     for tau in (0.0, -0.1):
         for call in (lambda tau=tau: acl_embed_loss(feats, labels, emb, tau),
-                     lambda tau=tau: L.acl_embed_losses([feats], labels, [emb], tau),
+                     lambda tau=tau: losses.acl_embed_losses([feats], labels, [emb], tau),
                      lambda tau=tau: cross_layer_acl_loss(feats, feats, labels, emb, tau),
-                     lambda tau=tau: L.cross_layer_acl_losses([feats, feats], feats, labels, emb, tau)):
+                     lambda tau=tau: losses.cross_layer_acl_losses([feats, feats], feats, labels, emb, tau)):
             with pytest.raises(ValueError, match="temperature must be > 0"):
                 call()
 
@@ -361,13 +361,13 @@ def test_batched_exit_losses_equal_one_call_per_exit(anchors):
     labels = torch.randint(0, k, (n,))
     feats = [torch.randn(n, d, dtype=torch.float64, requires_grad=True) for _ in range(m)]
     embs = [torch.randn(k, d, dtype=torch.float64, requires_grad=True) for _ in range(m)]
-    batched = L.acl_embed_losses(feats, labels, embs, 0.4, anchors=anchors)
-    single = torch.stack([L.acl_embed_loss(f, labels, e, 0.4, anchors=anchors) for f, e in zip(feats, embs)])
+    batched = losses.acl_embed_losses(feats, labels, embs, 0.4, anchors=anchors)
+    single = torch.stack([losses.acl_embed_loss(f, labels, e, 0.4, anchors=anchors) for f, e in zip(feats, embs)])
     assert torch.allclose(batched, single, atol=1e-10)
     g1 = torch.autograd.grad(batched.sum(), feats + embs)
     g2 = torch.autograd.grad(single.sum(), feats + embs)
     assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(g1, g2))
 
-    cl_batched = L.cross_layer_acl_losses(feats[:-1], feats[-1], labels, embs[-1], 0.4)
-    cl_single = torch.stack([L.cross_layer_acl_loss(f, feats[-1], labels, embs[-1], 0.4) for f in feats[:-1]])
+    cl_batched = losses.cross_layer_acl_losses(feats[:-1], feats[-1], labels, embs[-1], 0.4)
+    cl_single = torch.stack([losses.cross_layer_acl_loss(f, feats[-1], labels, embs[-1], 0.4) for f in feats[:-1]])
     assert torch.allclose(cl_batched, cl_single, atol=1e-10)

@@ -235,7 +235,7 @@ def test_fairseq_hub_needs_the_plugin_and_the_folder_says_how(bert, tmp_path, ca
     with open(os.path.join(out, "README.txt")) as f:
         readme = f.read()
     assert f'user_dir="{helpers.USER_DIR}"' in readme and "no_progress_bar" in readme and "import acl_fairseq" in readme
-    assert "acl_fairseq.recipes.model_flags flags --conventions" in readme
+    assert "acl_fairseq.runs.model_flags flags --conventions" in readme
     with caplog.at_level("INFO"):
         convert_hf.convert(hf_dir, str(tmp_path / "again"))
     assert f'user_dir="{helpers.USER_DIR}"' in caplog.text and "no_progress_bar" in caplog.text

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-import _hf_loop as H  # benchmarks/_hf_loop.py (benchmarks/ is on the path: conftest.py)
+import _hf_loop  # benchmarks/_hf_loop.py (benchmarks/ is on the path: conftest.py)
 import hf_loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -55,7 +55,7 @@ def tiny(tmp_path_factory):
 
 def _cfg(hf_dir, **kw):
     base = dict(task="RTE", hf_dir=hf_dir, seed=1, lr=1e-3, epochs=2, batch_size=4, max_len=32, threads=1)
-    return H.HFConfig(**{**base, **kw})
+    return _hf_loop.HFConfig(**{**base, **kw})
 
 
 def _tokens(tok, ids):
@@ -64,20 +64,20 @@ def _tokens(tok, ids):
 
 def test_pair_formats_and_token_types(tiny):
     hf_dir, _ = tiny
-    tok = H.load_tokenizer(hf_dir)
+    tok = _hf_loop.load_tokenizer(hf_dir)
     pair = [("The cat sat.", "A dog ran")]
-    ids, types = H.encode(tok, pair, _cfg(hf_dir, pair_format="single"))[0]
+    ids, types = _hf_loop.encode(tok, pair, _cfg(hf_dir, pair_format="single"))[0]
     assert _tokens(tok, ids) == ["[CLS]", "the", "cat", "sat", ".", "[SEP]", "a", "dog", "ran", "[SEP]"]
     assert types == [0] * 6 + [1] * 4  # type 1 on B and its [SEP]
-    ids, types = H.encode(tok, pair, _cfg(hf_dir, pair_format="double"))[0]
+    ids, types = _hf_loop.encode(tok, pair, _cfg(hf_dir, pair_format="double"))[0]
     assert _tokens(tok, ids) == ["[CLS]", "the", "cat", "sat", ".", "[SEP]", "[SEP]", "a", "dog", "ran", "[SEP]"]
     assert types == [0] * 6 + [1] * 5  # the separator fairseq prepends to B belongs to B
-    ids, types = H.encode(tok, pair, _cfg(hf_dir, pair_format="double", token_types=False))[0]
+    ids, types = _hf_loop.encode(tok, pair, _cfg(hf_dir, pair_format="double", token_types=False))[0]
     assert len(ids) == 11 and types == [0] * 11
-    ids, types = H.encode(tok, ["Big red CAT"], _cfg(hf_dir))[0]
+    ids, types = _hf_loop.encode(tok, ["Big red CAT"], _cfg(hf_dir))[0]
     assert _tokens(tok, ids) == ["[CLS]", "big", "red", "cat", "[SEP]"] and types == [0] * 5
 
-    batch = H.encode_batch(tok, [("the cat", "a dog"), ("the big red cat sat", "a dog")], _cfg(hf_dir))
+    batch = _hf_loop.encode_batch(tok, [("the cat", "a dog"), ("the big red cat sat", "a dog")], _cfg(hf_dir))
     assert batch["input_ids"].shape == (2, 10)
     assert batch["attention_mask"].tolist() == [[1] * 7 + [0] * 3, [1] * 10]
     assert batch["input_ids"][0, 7:].tolist() == [tok.pad_token_id] * 3 == [0] * 3
@@ -86,31 +86,34 @@ def test_pair_formats_and_token_types(tiny):
 
 def test_truncation_longest_first_vs_tail(tiny):
     hf_dir, _ = tiny
-    tok = H.load_tokenizer(hf_dir)
+    tok = _hf_loop.load_tokenizer(hf_dir)
     pair = [("the big red cat sat on the mat very happy", "a dog")]  # A 10 tokens, B 2
-    ids, types = H.encode(tok, pair, _cfg(hf_dir, max_len=8, truncation="longest_first"))[0]
+    ids, types = _hf_loop.encode(tok, pair, _cfg(hf_dir, max_len=8, truncation="longest_first"))[0]
     assert _tokens(tok, ids) == ["[CLS]", "the", "big", "red", "[SEP]", "a", "dog", "[SEP]"]  # only A trimmed
     assert types == [0] * 5 + [1] * 3
-    ids, _ = H.encode(tok, pair, _cfg(hf_dir, max_len=8, truncation="tail"))[0]
+    ids, _ = _hf_loop.encode(tok, pair, _cfg(hf_dir, max_len=8, truncation="tail"))[0]
     assert _tokens(tok, ids) == ["[CLS]", "the", "big", "red", "cat", "sat", "on", "the"]  # fairseq: cut the end
-    ids, types = H.encode(tok, pair, _cfg(hf_dir, max_len=8, truncation="longest_first", pair_format="double"))[0]
+    ids, types = _hf_loop.encode(tok, pair, _cfg(hf_dir, max_len=8, truncation="longest_first",
+                                                 pair_format="double"))[0]
     assert _tokens(tok, ids) == ["[CLS]", "the", "big", "[SEP]", "[SEP]", "a", "dog", "[SEP]"]
-    ids, _ = H.encode(tok, pair, _cfg(hf_dir, max_len=64, truncation="tail"))[0]
+    ids, _ = _hf_loop.encode(tok, pair, _cfg(hf_dir, max_len=64, truncation="tail"))[0]
     assert len(ids) == 15  # nothing cut below max_len
 
 
 def test_warmup_rounding_matches_the_recipes():
     # the recipes' run plan: 6 % rounded up, (TOTAL_UPDATES * 6 + 99) / 100 in integers as finetune.sh had it
-    from acl_fairseq.recipes import plan
+    from acl_fairseq.runs import plan
 
-    assert all(H.warmup_updates(t, 0.06) == (t * 6 + 99) // 100 == plan.warmup_updates(t) for t in range(1, 5000))
-    assert H.HFConfig(task="RTE").warmup == plan.WARMUP_FRACTION and H.HFConfig(task="RTE").adam_eps == 1e-06
+    assert all(_hf_loop.warmup_updates(t, 0.06) == (t * 6 + 99) // 100 == plan.warmup_updates(t)
+               for t in range(1, 5000))
+    config = _hf_loop.HFConfig(task="RTE")
+    assert config.warmup == plan.WARMUP_FRACTION and config.adam_eps == 1e-06
 
 
 def test_lr_schedule_warmup_then_linear_decay_to_zero():
     model = torch.nn.Linear(3, 2)
-    cfg = H.HFConfig(task="RTE", lr=1.0, warmup=0.2)
-    opt, sched = H.make_optimizer_and_schedule(model, cfg, total_updates=10)  # 2 warm-up updates
+    cfg = _hf_loop.HFConfig(task="RTE", lr=1.0, warmup=0.2)
+    opt, sched = _hf_loop.make_optimizer_and_schedule(model, cfg, total_updates=10)  # 2 warm-up updates
     seen = []
     for _ in range(10):
         seen.append(opt.param_groups[0]["lr"])
@@ -125,9 +128,9 @@ def test_lr_schedule_warmup_then_linear_decay_to_zero():
 
 def test_weight_decay_on_every_parameter(tiny):
     hf_dir, _ = tiny
-    model = H.HFClassifier(hf_dir, num_classes=2)
-    cfg = H.HFConfig(task="RTE", lr=0.01, warmup=0.0, weight_decay=0.1)
-    opt, _ = H.make_optimizer_and_schedule(model, cfg, total_updates=10)
+    model = _hf_loop.HFClassifier(hf_dir, num_classes=2)
+    cfg = _hf_loop.HFConfig(task="RTE", lr=0.01, warmup=0.0, weight_decay=0.1)
+    opt, _ = _hf_loop.make_optimizer_and_schedule(model, cfg, total_updates=10)
     params = dict(model.named_parameters())
     assert sum(len(g["params"]) for g in opt.param_groups) == len(params)
     assert all(g["weight_decay"] == 0.1 for g in opt.param_groups)
@@ -147,7 +150,7 @@ def test_fold_token_types_keeps_the_forward_and_trains_the_converters_parameters
     models = []
     for fold in (False, True):
         torch.manual_seed(0)  # the same head
-        models.append(H.HFClassifier(hf_dir, 2, "cls", 0.0, 0.0, 0.0, fold_token_types=fold))
+        models.append(_hf_loop.HFClassifier(hf_dir, 2, "cls", 0.0, 0.0, 0.0, fold_token_types=fold))
     plain, folded = models
     ids = torch.randint(5, 25, (3, 8))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor([0, 1, 1]),
@@ -161,9 +164,9 @@ def test_fold_token_types_keeps_the_forward_and_trains_the_converters_parameters
 
     cfg = _cfg(hf_dir, lr=1e-2, warmup=0.0)
     for model in models:
-        opt, sched = H.make_optimizer_and_schedule(model, cfg, total_updates=10)
+        opt, sched = _hf_loop.make_optimizer_and_schedule(model, cfg, total_updates=10)
         for _ in range(3):
-            H.train_step(model, batch, opt, sched, cfg, regression=False)
+            _hf_loop.train_step(model, batch, opt, sched, cfg, regression=False)
     types = emb.token_type_embeddings.weight
     assert torch.equal(types[0], torch.zeros_like(types[0])) and not torch.equal(types[1], rows[1] - rows[0])
     # what differs is the update, not the model: position 0 of segment 0 as each system now embeds it
@@ -173,21 +176,21 @@ def test_fold_token_types_keeps_the_forward_and_trains_the_converters_parameters
 
 def test_load_examples_targets(tiny):
     _, glue = tiny
-    texts, targets = H.load_examples("STS-B", glue, "train")
+    texts, targets = _hf_loop.load_examples("STS-B", glue, "train")
     with open(os.path.join(glue, "STS-B", "train.tsv")) as f:
         first = f.read().splitlines()[1].split("\t")
     assert texts[0] == (first[7], first[8]) and targets[0] == pytest.approx(float(first[9]) / 5)
-    texts, targets = H.load_examples("RTE", glue, "dev")
+    texts, targets = _hf_loop.load_examples("RTE", glue, "dev")
     assert len(texts) == 8 and set(targets) <= {0, 1} and isinstance(texts[0], tuple)
 
 
 def test_train_subset_is_quality_py_rule(tiny):
     _, glue = tiny
-    texts, _ = H.load_examples("RTE", glue, "train")
+    texts, _ = _hf_loop.load_examples("RTE", glue, "train")
     with open(os.path.join(glue, "RTE", "train.tsv"), encoding="utf-8") as f:  # as benchmarks/quality.py reads it
         header, *rows = f.read().splitlines()
     keep = sorted(random.Random(1).sample(range(len(rows)), 10))
-    picked = [texts[i] for i in H.subset_indices(len(texts), 10, 1)]
+    picked = [texts[i] for i in _hf_loop.subset_indices(len(texts), 10, 1)]
     assert picked == [tuple(rows[i].split("\t")[1:3]) for i in keep]
 
 
@@ -203,16 +206,16 @@ def _check_result(res, cfg, n_train, metric_keys):
 def test_train_hf_rte_and_stsb(tiny):
     hf_dir, glue = tiny
     cfg = _cfg(hf_dir, pair_format="double", token_types=False, truncation="tail", batching="fixed")
-    _check_result(H.train_hf(cfg, glue), cfg, 24, {"accuracy", "f1", "mcc"})
+    _check_result(_hf_loop.train_hf(cfg, glue), cfg, 24, {"accuracy", "f1", "mcc"})
     cfg = _cfg(hf_dir, task="STS-B", pooling="cls", clip_norm=1.0, train_subset=15)
-    res = H.train_hf(cfg, glue)
+    res = _hf_loop.train_hf(cfg, glue)
     _check_result(res, cfg, 15, {"pearson", "spearman"})
     assert res["primary_metric"] == "pearson"
 
 
 def test_same_seed_same_result(tiny):
     hf_dir, glue = tiny
-    runs = [H.train_hf(_cfg(hf_dir, seed=s), glue) for s in (3, 3, 4)]
+    runs = [_hf_loop.train_hf(_cfg(hf_dir, seed=s), glue) for s in (3, 3, 4)]
     key = lambda r: (r["train_loss"], r["per_epoch"])  # noqa: E731
     assert key(runs[0]) == key(runs[1])
     assert runs[0]["train_loss"] != runs[2]["train_loss"]
@@ -237,13 +240,13 @@ def test_cli_writes_json_and_refuses_overwrite(tiny, tmp_path, capsys):
 
 
 def _three_epochs(mode, lengths):
-    batches = H.epoch_batches(lengths, _cfg("unused", batching=mode), np.random.RandomState(0))
+    batches = _hf_loop.epoch_batches(lengths, _cfg("unused", batching=mode), np.random.RandomState(0))
     return [[tuple(sorted(b.tolist())) for b in next(batches)] for _ in range(3)]
 
 
 def test_batching_modes():
     lengths = np.random.RandomState(1).randint(5, 60, size=40)
-    for mode in H.BATCHING_MODES:
+    for mode in _hf_loop.BATCHING_MODES:
         for epoch in _three_epochs(mode, lengths):
             assert sorted(i for b in epoch for i in b) == list(range(40))  # every example once per epoch
     fixed, bucket, shuffle = (_three_epochs(m, lengths) for m in ("fixed", "bucket", "shuffle"))

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-import hf_encoders as H
+import hf_encoders
 
 pytest.importorskip("transformers")
 
@@ -21,7 +21,7 @@ def _train(model, tmp_path, criterion="acl_grad", steps=5, **criterion_kw):
     args = TrainingArguments(str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=8, use_cpu=True,
                              report_to="none", logging_steps=steps, save_strategy="no", disable_tqdm=True,
                              learning_rate=1e-3)
-    trainer = AclTrainer(model=model, args=args, train_dataset=H.ToySet(32),
+    trainer = AclTrainer(model=model, args=args, train_dataset=hf_encoders.ToySet(32),
                          criterion=CriterionArguments(criterion=criterion, **criterion_kw))
     trainer.train()
     return trainer
@@ -39,7 +39,7 @@ def _reload_answers_the_same(model, tmp_path):
     again.save_pretrained(str(tmp_path / "again"))
     configs = [json.load(open(os.path.join(d, "config.json"))) for d in (folder, str(tmp_path / "again"))]
     assert configs[0] == configs[1] and configs[0]["model_type"] == "acl-multi-exit"
-    batch = torch.utils.data.default_collate([H.ToySet(6, seed=1)[i] for i in range(6)])
+    batch = torch.utils.data.default_collate([hf_encoders.ToySet(6, seed=1)[i] for i in range(6)])
     model.eval()
     again.eval()
     with torch.no_grad():
@@ -49,9 +49,9 @@ def _reload_answers_the_same(model, tmp_path):
     return again
 
 
-@pytest.mark.parametrize("encoder", H.ENCODERS)
+@pytest.mark.parametrize("encoder", hf_encoders.ENCODERS)
 def test_every_encoder_trains_saves_reloads_and_answers_the_same(encoder, tmp_path):
-    model = H.multi_exit(encoder)
+    model = hf_encoders.multi_exit(encoder)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     trainer = _train(model, tmp_path)
     moved = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
@@ -64,16 +64,16 @@ def test_every_encoder_trains_saves_reloads_and_answers_the_same(encoder, tmp_pa
 @pytest.mark.slow
 @pytest.mark.parametrize("criterion", ["sentence_ce", "sentence_scl", "acl_embed", "acl_cross_layer",
                                        "multi_exit_kd"])
-@pytest.mark.parametrize("encoder", H.ENCODERS)
+@pytest.mark.parametrize("encoder", hf_encoders.ENCODERS)
 def test_every_encoder_trains_with_every_multi_exit_criterion(encoder, criterion, tmp_path):
-    model = H.multi_exit(encoder)
+    model = hf_encoders.multi_exit(encoder)
     trainer = _train(model, tmp_path, criterion=criterion)
     assert trainer.state.global_step == 5
     _reload_answers_the_same(model, tmp_path)
 
 
 def test_the_heads_carry_the_fairseq_model_s_names_and_no_pooler_is_left():
-    model = H.multi_exit("bert", exit_layers=[1, 3])
+    model = hf_encoders.multi_exit("bert", exit_layers=[1, 3])
     heads = sorted({k.rsplit(".", 2)[0] for k in model.state_dict() if k.startswith("classification_heads.")})
     assert heads == ["classification_heads.sentence_classification_head",
                      "classification_heads.sentence_classification_head_exit1"]
@@ -87,11 +87,11 @@ def test_the_heads_carry_the_fairseq_model_s_names_and_no_pooler_is_left():
 
 
 def test_a_pre_ln_encoder_has_a_norm_per_shallow_exit_and_inputs_follow_the_encoder_s_signature():
-    modern, bert, distil = H.multi_exit("modernbert"), H.multi_exit("bert"), H.multi_exit("distilbert")
+    modern, bert, distil = (hf_encoders.multi_exit(kind) for kind in ("modernbert", "bert", "distilbert"))
     assert sorted(modern.exit_norms) == ["1", "2"] and len(bert.exit_norms) == 0
     assert "token_type_ids" not in modern._encoder_inputs and "token_type_ids" not in distil._encoder_inputs
     assert "token_type_ids" in bert._encoder_inputs
-    batch = torch.utils.data.default_collate([H.ToySet(4)[i] for i in range(4)])
+    batch = torch.utils.data.default_collate([hf_encoders.ToySet(4)[i] for i in range(4)])
     out = modern(**batch)  # token_type_ids given, not passed on
     assert out.loss is not None and len(out.exit_logits) == 3
     with torch.no_grad():  # the norm is on the shallow exit's path
@@ -102,14 +102,14 @@ def test_a_pre_ln_encoder_has_a_norm_per_shallow_exit_and_inputs_follow_the_enco
 
 def test_bad_exit_layers_and_pooling_are_refused_in_one_line():
     with pytest.raises(Exception, match=r"exit_layers must be increasing 1-based layers in 1\.\.3"):
-        H.multi_exit("bert", exit_layers=[2, 4])
+        hf_encoders.multi_exit("bert", exit_layers=[2, 4])
     with pytest.raises(Exception, match="exit_pooling must be one of"):
-        H.multi_exit("bert", exit_pooling="max")
+        hf_encoders.multi_exit("bert", exit_pooling="max")
 
 
 def test_early_exit_stops_the_encoder_once_every_row_has_left():
-    model = H.multi_exit("roberta").eval()
-    batch = torch.utils.data.default_collate([H.ToySet(5)[i] for i in range(5)])
+    model = hf_encoders.multi_exit("roberta").eval()
+    batch = torch.utils.data.default_collate([hf_encoders.ToySet(5)[i] for i in range(5)])
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     layers = model.encoder.encoder.layer
     calls = []
@@ -132,9 +132,9 @@ def test_early_exit_stops_the_encoder_once_every_row_has_left():
 def test_the_plain_trainer_trains_the_model_on_its_own_loss(tmp_path):
     from transformers import Trainer, TrainingArguments
 
-    model = H.multi_exit("bert")
+    model = hf_encoders.multi_exit("bert")
     args = TrainingArguments(str(tmp_path), max_steps=2, per_device_train_batch_size=8, use_cpu=True,
                              report_to="none", save_strategy="no", disable_tqdm=True)
-    trainer = Trainer(model=model, args=args, train_dataset=H.ToySet(16))
+    trainer = Trainer(model=model, args=args, train_dataset=hf_encoders.ToySet(16))
     result = trainer.train()
     assert result.global_step == 2 and result.training_loss > 0

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-import hf_encoders as H
+import hf_encoders
 
 pytest.importorskip("transformers")
 
@@ -22,13 +22,13 @@ def _trainer(tmp_path, model, criterion="sentence_ce", n=32, **args_kw):
                     optim="sgd", learning_rate=1.0, lr_scheduler_type="constant", max_grad_norm=0.0,
                     weight_decay=0.0, logging_steps=1, seed=3)
     args = TrainingArguments(str(tmp_path / "out"), **{**defaults, **args_kw})
-    return AclTrainer(model=model, args=args, train_dataset=H.ToySet(n),
+    return AclTrainer(model=model, args=args, train_dataset=hf_encoders.ToySet(n),
                       criterion=CriterionArguments(criterion=criterion, **crit_kw))
 
 
 def _update(tmp_path, criterion, batch, accumulation, **kw):
     """One optimizer step of plain SGD at lr 1: the parameters' change is minus the step's gradient."""
-    model = H.multi_exit("bert", seed=0)
+    model = hf_encoders.multi_exit("bert", seed=0)
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
     trainer = _trainer(tmp_path / f"{batch}x{accumulation}", model, criterion, per_device_train_batch_size=batch,
                        gradient_accumulation_steps=accumulation, **kw)
@@ -64,7 +64,7 @@ def test_an_accumulated_contrastive_step_is_the_sum_of_its_micro_batches_objecti
     monkeypatch.setattr(trainer_module.AclTrainer, "compute_loss", recording)
     g8, trainer = _update(tmp_path, "acl_grad", 8, 4, criterion_kw={"acl_grad_threshold": -1.0})
     assert [len(b["labels"]) for b in seen] == [8, 8, 8, 8]
-    model = H.multi_exit("bert", seed=0).train()
+    model = hf_encoders.multi_exit("bert", seed=0).train()
     for batch in seen:
         labels = batch.pop("labels")
         out = model(**batch, output_exit_features=True)
@@ -92,7 +92,7 @@ def _inf_on_first_backward(model):
 def test_under_a_loss_scaler_an_overflowed_step_is_skipped_not_raised_by_the_gate(tmp_path):
     """fp16 on a GPU runs a GradScaler: the gate passes the inf on, the scaler skips the step and lowers the scale.
     accelerate builds no scaler on a CPU, so one is given here, where the GPU's would be."""
-    model = H.multi_exit("bert")
+    model = hf_encoders.multi_exit("bert")
     trainer = _trainer(tmp_path, model, "acl_grad", fp16=True, max_steps=2, per_device_train_batch_size=8,
                        learning_rate=0.1)
     trainer.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
@@ -111,7 +111,7 @@ def test_under_a_loss_scaler_an_overflowed_step_is_skipped_not_raised_by_the_gat
 
 
 def test_without_a_loss_scaler_an_inf_gradient_is_raised_in_one_line_with_the_trainer_s_flags(tmp_path):
-    model = H.multi_exit("bert")
+    model = hf_encoders.multi_exit("bert")
     trainer = _trainer(tmp_path, model, "acl_grad", per_device_train_batch_size=8)
     assert trainer.accelerator.scaler is None
     _inf_on_first_backward(model)
@@ -126,7 +126,7 @@ def test_bf16_on_a_cpu_without_bf16_units_is_refused_in_one_line(tmp_path, monke
     avx2 = CpuKind("AuthenticAMD", "AMD EPYC 7B12", frozenset({"avx2", "fma"}), 2250.0)
     monkeypatch.setattr(acceleration, "read_cpu_kind", lambda: avx2)
     with pytest.raises(ValueError, match=r"^--bf16: this CPU \(AMD EPYC 7B12.*has no native bf16") as err:
-        _trainer(tmp_path, H.multi_exit("bert"), bf16=True)
+        _trainer(tmp_path, hf_encoders.multi_exit("bert"), bf16=True)
     assert "\n" not in str(err.value)
 
 
@@ -138,25 +138,25 @@ def test_bf16_on_a_cpu_without_bf16_units_is_refused_in_one_line(tmp_path, monke
 ])
 def test_bad_criterion_options_are_refused_in_one_line(tmp_path, criterion, options, message):
     with pytest.raises(ValueError, match=message):
-        _trainer(tmp_path, H.multi_exit("bert"), criterion, criterion_kw=options)
+        _trainer(tmp_path, hf_encoders.multi_exit("bert"), criterion, criterion_kw=options)
 
 
 def test_the_features_scope_is_refused_under_torch_compile(tmp_path):
     """A compiled model returns u and the logits as separate graph outputs: CE's gradient with respect to u is None,
     and the rule would decide nothing (measured: grad_cos never logged). The params scope trains compiled."""
     with pytest.raises(ValueError, match="features scope cannot run with --torch_compile"):
-        _trainer(tmp_path, H.multi_exit("bert"), "acl_grad", torch_compile=True,
+        _trainer(tmp_path, hf_encoders.multi_exit("bert"), "acl_grad", torch_compile=True,
                  criterion_kw={"acl_grad_scope": "features"})
     with pytest.raises(ValueError, match="features scope cannot run with --torch_compile"):
-        _trainer(tmp_path, H.multi_exit("bert"), "sentence_scl", torch_compile=True,
+        _trainer(tmp_path, hf_encoders.multi_exit("bert"), "sentence_scl", torch_compile=True,
                  criterion_kw={"scl_grad": True, "scl_grad_scope": "features"})
 
 
 def test_multi_exit_criteria_need_two_exits_and_contrastive_ones_class_labels(tmp_path):
     with pytest.raises(ValueError, match="needs at least two exits"):
-        _trainer(tmp_path, H.multi_exit("bert", exit_layers=[3]), "acl_cross_layer")
+        _trainer(tmp_path, hf_encoders.multi_exit("bert", exit_layers=[3]), "acl_cross_layer")
     with pytest.raises(ValueError, match="needs class labels.*use --criterion sentence_ce"):
-        _trainer(tmp_path, H.multi_exit("bert", num_labels=1), "acl_grad")
+        _trainer(tmp_path, hf_encoders.multi_exit("bert", num_labels=1), "acl_grad")
 
 
 def test_the_options_and_defaults_are_the_fairseq_criteria_s():
@@ -234,7 +234,7 @@ def test_tensorboard_gets_the_fairseq_task_s_tags_under_train(tmp_path, monkeypa
     import helpers
 
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))  # transformers 5's place for it
-    model = H.multi_exit("bert")
+    model = hf_encoders.multi_exit("bert")
     trainer = _trainer(tmp_path, model, "acl_cross_layer", max_steps=2, per_device_train_batch_size=8,
                        report_to="tensorboard", learning_rate=1e-3)
     trainer.train()
@@ -252,7 +252,7 @@ def test_bf16_autocast_trains_with_the_gate_deciding_in_fp32(tmp_path):
 
     if read_cpu_kind().bf16_unit is None:
         pytest.skip("this CPU has no bf16 units: --bf16 is refused here (tested above)")
-    model = H.multi_exit("bert")
+    model = hf_encoders.multi_exit("bert")
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
     trainer = _trainer(tmp_path, model, "acl_grad", bf16=True, max_steps=2, per_device_train_batch_size=8,
                        learning_rate=1e-3, optim="adamw_torch")

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import _hf_loop as H  # benchmarks/_hf_loop.py (benchmarks/ is on the path: conftest.py)
+import _hf_loop  # benchmarks/_hf_loop.py (benchmarks/ is on the path: conftest.py)
 from acl_fairseq.hf import convert as convert_hf
 from tiny_hf import BERT_VOCAB, batch, bert_pairs, fairseq_ids, load_fairseq, write_bert
 
@@ -37,7 +37,7 @@ def _train_plugin(fs_dir, head_state, src, labels):
     opt = Adam(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=DECAY)
     losses = []
     for n in range(UPDATES):
-        opt.param_groups[0]["lr"] = LR * H.lr_factor(n, UPDATES, 0)  # polynomial_decay, as hf_loop's schedule
+        opt.param_groups[0]["lr"] = LR * _hf_loop.lr_factor(n, UPDATES, 0)  # polynomial_decay, as hf_loop's schedule
         model.train()
         logits, _ = model(src, classification_head_name=HEAD)
         loss = F.cross_entropy(logits, labels)
@@ -50,12 +50,12 @@ def _train_plugin(fs_dir, head_state, src, labels):
 
 def _train_hf(hf_dir, head_state, ids, mask, types, labels, fold):
     """hf_loop's own optimizer, schedule and train_step."""
-    model = H.HFClassifier(hf_dir, 2, "cls", 0.0, 0.0, 0.0, fold_token_types=fold)
+    model = _hf_loop.HFClassifier(hf_dir, 2, "cls", 0.0, 0.0, 0.0, fold_token_types=fold)
     model.head.load_state_dict(head_state)
-    cfg = H.HFConfig(task="RTE", lr=LR, adam_betas=BETAS, adam_eps=EPS, weight_decay=DECAY, warmup=0.0)
-    opt, sched = H.make_optimizer_and_schedule(model, cfg, UPDATES)
+    cfg = _hf_loop.HFConfig(task="RTE", lr=LR, adam_betas=BETAS, adam_eps=EPS, weight_decay=DECAY, warmup=0.0)
+    opt, sched = _hf_loop.make_optimizer_and_schedule(model, cfg, UPDATES)
     batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types, "labels": labels}
-    losses = [H.train_step(model, batch, opt, sched, cfg, regression=False) for _ in range(UPDATES)]
+    losses = [_hf_loop.train_step(model, batch, opt, sched, cfg, regression=False) for _ in range(UPDATES)]
     return model.eval(), losses
 
 
@@ -66,7 +66,7 @@ def test_converted_bert_trains_like_hf_once_the_token_types_are_folded(converted
     _, dictionary, _ = load_fairseq(fs_dir)
     src = torch.tensor([fairseq_ids(dictionary, BERT_VOCAB, row) for row in toks])
     torch.manual_seed(0)
-    head = H._Head(20, 2, 0.0).state_dict()  # one fresh head both systems start from
+    head = _hf_loop._Head(20, 2, 0.0).state_dict()  # one fresh head both systems start from
 
     fs_model, fs_losses = _train_plugin(fs_dir, head, src, labels)
     with torch.no_grad():

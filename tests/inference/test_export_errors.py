@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import helpers
-from acl_fairseq.hf import export
+from acl_fairseq.hf import export, onnx_tokenizer
 
 
 @pytest.fixture
@@ -157,3 +157,11 @@ def test_a_regression_model_exports_and_serves_its_values(regression_run, tmp_pa
     got = [p.label for p in engine.Engine(str(out / "onnx")).predict_early_exit(texts)]
     assert len(set(round(v, 4) for v in expected)) > 1  # values, not one constant
     assert got == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.parametrize("kind,files", [("gpt2", {"encoder_json": "e.json", "vocab_bpe": "v.bpe"}),
+                                        ("sentencepiece", {"model": "m.model"})])
+def test_a_tokenizer_kind_without_an_exact_file_is_refused(kind, files):
+    with pytest.raises(onnx_tokenizer.ExportError, match=f"tokenizer is '{kind}': the ONNX export writes wordpiece, "
+                       "hf_byte_bpe and whitespace tokenizers only"):
+        onnx_tokenizer.build_json({"kind": kind, "files": files, "lowercase": False}, ".", None)

@@ -23,7 +23,7 @@ def exported(predict_run, predict_model, serve_export, tmp_path_factory):  # noq
     """predict_run's tiny multi-exit model through acl-export --format onnx --quantize int8 --metrics-split none
     (the folder the acl-serve tests serve, exported once for both: an export took 10-20 s of make test; read
     only here), and a dynamic copy of the same fp32 graphs (``--quantize int8-dynamic``'s scheme), for contrast."""
-    from acl_fairseq.hf import onnx_quantize as Q
+    from acl_fairseq.hf import onnx_quantize
 
     _, data, ckpt = predict_run
     folder = serve_export["folder"]
@@ -32,8 +32,8 @@ def exported(predict_run, predict_model, serve_export, tmp_path_factory):  # noq
     dynamic = str(tmp_path_factory.mktemp("int8") / "dynamic")
     os.makedirs(dynamic)
     for rec in m["layers"]:
-        Q.quantize_graph(os.path.join(folder, rec["file"]), os.path.join(dynamic, rec["file"]),
-                         Q.SCHEMES["int8-dynamic"])
+        onnx_quantize.quantize_graph(os.path.join(folder, rec["file"]), os.path.join(dynamic, rec["file"]),
+                         onnx_quantize.SCHEMES["int8-dynamic"])
     texts, _ = helpers.raw_split(data)
     return {"folder": folder, "data": data, "ckpt": ckpt, "texts": texts, "rows": valid_rows(data),
             "dynamic": dynamic, "manifest": m, "hub": predict_model}
@@ -98,14 +98,14 @@ def test_the_int8_gelu_is_one_biasgelu_op_with_the_unfused_copys_answers(exporte
     scheme and calibration without the fusion gives the same logits at every exit, to float rounding."""
     import onnx
 
-    from acl_fairseq.hf import onnx_quantize as Q
+    from acl_fairseq.hf import onnx_quantize
 
     folder, m = exported["folder"], exported["manifest"]
     assert m["quantized"]["int8"]["method"]["fused"] == ["BiasGelu"]
-    feeds = Q.layer_feeds(folder, m, Q.calibration_rows(exported["hub"]))
+    feeds = onnx_quantize.layer_feeds(folder, m, onnx_quantize.calibration_rows(exported["hub"]))
     for rec in m["layers"]:
-        Q.quantize_graph(os.path.join(folder, rec["file"]), str(tmp_path / rec["file"]), Q.SCHEMES["int8"],
-                         feeds[rec["file"]], fuse=False)
+        onnx_quantize.quantize_graph(os.path.join(folder, rec["file"]), str(tmp_path / rec["file"]),
+                                     onnx_quantize.SCHEMES["int8"], feeds[rec["file"]], fuse=False)
         assert "BiasGelu" not in [n.op_type for n in onnx.load(str(tmp_path / rec["file"])).graph.node]
     rows = exported["rows"]
     fused = probe.run_rows(folder, rows, 8, "int8")
@@ -139,16 +139,16 @@ def test_int8_is_close_to_fp32_and_not_the_fp32_files(exported):
 
 
 def test_calibration_rows_are_a_seeded_sample_of_the_training_split_as_the_task_builds_it(exported):
-    from acl_fairseq.hf import onnx_quantize as Q
+    from acl_fairseq.hf import onnx_quantize
 
     hub = exported["hub"]
-    first, again = Q.calibration_rows(hub, 20), Q.calibration_rows(hub, 20)
+    first, again = onnx_quantize.calibration_rows(hub, 20), onnx_quantize.calibration_rows(hub, 20)
     assert len(first) == 20 and all(np.array_equal(a, b) for a, b in zip(first, again))
     split = hub.task.dataset("train")
     every = {tuple(split[i]["net_input.src_tokens"].tolist()) for i in range(len(split))}
     assert all(tuple(r.tolist()) in every for r in first)
     assert all(r[0] == hub.task.source_dictionary.bos() for r in first)  # the task's <s>, pairs joined as trained
-    assert len(Q.calibration_rows(hub)) == len(split) == 48  # fewer rows than CALIBRATION_ROWS: all of them
+    assert len(onnx_quantize.calibration_rows(hub)) == len(split) == 48  # fewer rows than CALIBRATION_ROWS: all of them
 
 
 def test_int8_without_a_training_split_is_refused_before_the_model_loads(exported, tmp_path, capsys):
@@ -165,16 +165,16 @@ def test_int8_without_a_training_split_is_refused_before_the_model_loads(exporte
 
 
 def test_the_dynamic_option_states_its_batch_dependence(capsys):
-    from acl_fairseq.hf import export
-    from acl_fairseq.hf import onnx_quantize as Q
+    from acl_fairseq.hf import export, onnx_quantize
 
     with pytest.raises(SystemExit):
         export.build_parser().parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "int8-dynamic: activations scaled per call, so a row's answer can change with the rows that share its " \
            "batch" in text
-    assert Q.SCHEMES["int8-dynamic"]["batch_dependent"] is True and Q.SCHEMES["int8"]["batch_dependent"] is False
-    assert export.QUANTIZE == tuple(Q.SCHEMES)
+    schemes = onnx_quantize.SCHEMES
+    assert schemes["int8-dynamic"]["batch_dependent"] is True and schemes["int8"]["batch_dependent"] is False
+    assert export.QUANTIZE == tuple(onnx_quantize.SCHEMES)
 
 
 def test_acl_predict_int8_labels_agree_with_fp32(exported, tmp_path):
@@ -205,17 +205,17 @@ def test_int8_answers_are_the_same_on_an_avx2_only_cpu_and_8_bit_weights_would_n
     (its pair sums saturate there), which is why the copy holds on both kinds. The reference is the exact
     arithmetic, not this CPU: on an AVX2-only host both chains saturate alike, and qemu 7.2 (Debian 12) cannot
     emulate AVX-512 or VNNI, so a comparison of two emulated CPU models would see one kind twice."""
-    from acl_fairseq.hf import onnx_quantize as Q
+    from acl_fairseq.hf import onnx_quantize
 
     if shutil.which("qemu-x86_64") is None:
         helpers.skip_needed("qemu-x86_64", "scripts/system_packages.sh installs Debian's qemu-user")
     folder, rows = exported["folder"], exported["rows"]
     full = str(tmp_path / "full")
     os.makedirs(full)
-    feeds = Q.layer_feeds(folder, exported["manifest"], Q.calibration_rows(exported["hub"]))
+    feeds = onnx_quantize.layer_feeds(folder, exported["manifest"], onnx_quantize.calibration_rows(exported["hub"]))
     for rec in exported["manifest"]["layers"]:
-        Q.quantize_graph(os.path.join(folder, rec["file"]), os.path.join(full, rec["file"]),
-                         {**Q.SCHEMES["int8"], "reduce_range": False}, feeds[rec["file"]])
+        onnx_quantize.quantize_graph(os.path.join(folder, rec["file"]), os.path.join(full, rec["file"]),
+                         {**onnx_quantize.SCHEMES["int8"], "reduce_range": False}, feeds[rec["file"]])
     scale = max(1.0, np.abs(probe.run_rows(folder, rows, 8, "fp32")).max())
     exact = probe.run_rows(folder, rows, 8, "int8", exact=True)
     native = probe.run_rows(folder, rows, 8, "int8")
@@ -227,3 +227,25 @@ def test_int8_answers_are_the_same_on_an_avx2_only_cpu_and_8_bit_weights_would_n
     saturated = np.abs(probe.run_rows(folder, rows, 8, "fp32", full, exact=True) -
                        probe.run_emulated(folder, rows, 8, "fp32", "EPYC-Rome", full)).max()
     assert saturated > 1e-4 * scale, saturated
+
+
+def test_acl_export_writes_the_folder_that_acl_predict_runs(serve_export, tmp_path):  # noqa: F811
+    """acl-export --format onnx --quantize int8 end to end (the serving tests' export, made by export.main): OUT/onnx
+    with its int8 copy, run by acl-predict."""
+    from acl_runtime import predict
+
+    folder = serve_export["folder"]
+    assert sorted(os.listdir(os.path.dirname(folder))) == ["onnx"] and os.path.isdir(os.path.join(folder, "int8"))
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": a, "text_pair": b}) + "\n" for a, b in serve_export["texts"]))
+    for precision in ("fp32", "int8"):
+        predict.main([folder, "--input", str(src), "--output", str(tmp_path / f"{precision}.jsonl"),
+                      "--precision", precision])
+    fp32, int8 = ([json.loads(line) for line in (tmp_path / f"{p}.jsonl").read_text().splitlines()]
+                  for p in ("fp32", "int8"))
+    assert len(fp32) == len(int8) > 0 and [r["id"] for r in fp32] == [r["id"] for r in int8]
+    # the same answers but where fp32 itself is within int8's error of a tie (tests/inference/test_int8.py measures
+    # more)
+    for r, q in zip(fp32, int8):
+        p, pq = (np.array(list(x["probabilities"].values())) for x in (r, q))
+        assert np.abs(p - pq).max() < 0.1 and (r["label"] == q["label"] or np.ptp(p) < 0.2), (r, q)

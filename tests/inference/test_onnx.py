@@ -19,11 +19,10 @@ import torch
 
 import exit_parity
 import helpers
-from acl_fairseq.hf import onnx_export, onnx_tokenizer
+from acl_fairseq.hf import onnx_export
 from acl_fairseq.inference import early_exit, hub
 from acl_runtime import engine as runtime
 from acl_runtime import exits
-from serve_helpers import exported as serve_export  # noqa: F401  (a fixture: the serving tests' int8 export)
 
 SHARPEN = 8.0
 ATOL = 1e-5
@@ -355,36 +354,6 @@ def test_a_folder_copied_in_part_or_the_wrong_level_is_a_one_line_error(toy, tmp
     first = json.load(open(out / "onnx" / "manifest.json"))["embeddings"]
     (out / "onnx" / first).write_bytes(b"not a graph")
     assert "ONNX Runtime cannot load it" in refused(out / "onnx")
-
-
-@pytest.mark.parametrize("kind,files", [("gpt2", {"encoder_json": "e.json", "vocab_bpe": "v.bpe"}),
-                                        ("sentencepiece", {"model": "m.model"})])
-def test_a_tokenizer_kind_without_an_exact_file_is_refused(kind, files):
-    with pytest.raises(onnx_tokenizer.ExportError, match=f"tokenizer is '{kind}': the ONNX export writes wordpiece, "
-                       "hf_byte_bpe and whitespace tokenizers only"):
-        onnx_tokenizer.build_json({"kind": kind, "files": files, "lowercase": False}, ".", None)
-
-
-def test_acl_export_writes_the_folder_that_acl_predict_runs(serve_export, tmp_path):  # noqa: F811
-    """acl-export --format onnx --quantize int8 end to end (the serving tests' export, made by export.main): OUT/onnx
-    with its int8 copy, run by acl-predict."""
-    from acl_runtime import predict
-
-    folder = serve_export["folder"]
-    assert sorted(os.listdir(os.path.dirname(folder))) == ["onnx"] and os.path.isdir(os.path.join(folder, "int8"))
-    src = tmp_path / "in.jsonl"
-    src.write_text("".join(json.dumps({"text": a, "text_pair": b}) + "\n" for a, b in serve_export["texts"]))
-    for precision in ("fp32", "int8"):
-        predict.main([folder, "--input", str(src), "--output", str(tmp_path / f"{precision}.jsonl"),
-                      "--precision", precision])
-    fp32, int8 = ([json.loads(line) for line in (tmp_path / f"{p}.jsonl").read_text().splitlines()]
-                  for p in ("fp32", "int8"))
-    assert len(fp32) == len(int8) > 0 and [r["id"] for r in fp32] == [r["id"] for r in int8]
-    # the same answers but where fp32 itself is within int8's error of a tie (tests/inference/test_int8.py measures
-    # more)
-    for r, q in zip(fp32, int8):
-        p, pq = (np.array(list(x["probabilities"].values())) for x in (r, q))
-        assert np.abs(p - pq).max() < 0.1 and (r["label"] == q["label"] or np.ptp(p) < 0.2), (r, q)
 
 
 def test_acl_predict_on_the_folder_writes_the_hubs_records(toy, tmp_path):

@@ -131,7 +131,7 @@ def test_dry_run_command(task, method, env):
         assert ev[1] == os.path.join(out, "runs", task, method, "seed1", "checkpoint_best.pt")
         assert flag(ev, "--task-name") == task
         assert flag(ev, "--device") == ("cpu" if "--cpu" in argv else "cuda")  # the training run's device
-    assert "acl_fairseq.recipes.result" in proc.stdout.splitlines()[-1]
+    assert "acl_fairseq.runs.result" in proc.stdout.splitlines()[-1]
     assert not os.path.exists(out), "a dry run must not create anything"
 
 
@@ -242,8 +242,8 @@ def test_explicit_conventions_in_the_model_flags_set_the_pair_format(env, tmp_pa
 
 
 def recipe_cli(*args):
-    """``python -S -m acl_fairseq.recipes.model_flags``, as the driver runs it (standard library only)."""
-    return subprocess.run([sys.executable, "-S", "-m", "acl_fairseq.recipes.model_flags", *args], capture_output=True,
+    """``python -S -m acl_fairseq.runs.model_flags``, as the driver runs it (standard library only)."""
+    return subprocess.run([sys.executable, "-S", "-m", "acl_fairseq.runs.model_flags", *args], capture_output=True,
                           text=True, env=dict(os.environ, PYTHONPATH=REPO))
 
 

@@ -95,7 +95,7 @@ def test_the_models_build_check_sets_the_tasks_separator_from_the_layout(caplog)
 
 def test_the_layout_imports_and_builds_without_torch_or_fairseq():
     """``python -S``: no site-packages, so neither torch nor fairseq can be imported (a serving runtime's case,
-    and how recipes/glue/finetune.sh runs acl_fairseq.recipes.model_flags)."""
+    and how recipes/glue/finetune.sh runs acl_fairseq.runs.model_flags)."""
     code = ("import sys\n"
             "from acl_runtime import conventions\n"
             "print(conventions.input_layout({'pair_format': 'single'}).build([5], [6]))\n"
@@ -130,5 +130,5 @@ def test_only_the_home_spells_the_separator_flag():
             with open(full, "rb") as f:
                 if needle in f.read():
                     spelled.append(path)
-    fix = "conventions.input_layout(...).fairseq_flags() or `python -m acl_fairseq.recipes.model_flags flags`"
+    fix = "conventions.input_layout(...).fairseq_flags() or `python -m acl_fairseq.runs.model_flags flags`"
     assert spelled == [HOME], f"only {HOME} may spell {SEPARATOR_FLAG}, found in {spelled}: take the flags from {fix}"

@@ -151,7 +151,7 @@ def test_user_dir_loads_only_what_training_uses():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(proc.stdout.split())
     assert {"acl_fairseq.criterions", "acl_fairseq.models", "acl_fairseq.tasks", "acl_fairseq.optim"} <= loaded
-    tools = {"cli", "inference", "hf", "preprocessing", "recipes", "tuning"}  # every tool lives in one of these
+    tools = {"cli", "inference", "hf", "preprocessing", "runs", "tuning"}  # every tool lives in one of these
     assert not loaded & {f"acl_fairseq.{t}" for t in tools}, sorted(loaded)
     top = sorted(p.stem for p in pathlib.Path(helpers.USER_DIR).glob("*.py") if p.stem != "__init__")
     assert len(top) <= 12, top  # the top level stays small: what training loads, the tools in subpackages

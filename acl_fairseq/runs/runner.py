@@ -1,7 +1,7 @@
-"""The GLUE recipes' runner: it runs a run plan (:mod:`acl_fairseq.recipes.plan`) itself, in Python.
+"""The GLUE recipes' runner: it runs a run plan (:mod:`acl_fairseq.runs.plan`) itself, in Python.
 
-    python -S -m acl_fairseq.recipes.runner finetune [--repo REPO] TASK METHOD [--dry-run] [--fresh] [flags...]
-    python -S -m acl_fairseq.recipes.runner sweep [--repo REPO] [--dry-run] [flags...]   (TASKS, METHODS, SEEDS)
+    python -S -m acl_fairseq.runs.runner finetune [--repo REPO] TASK METHOD [--dry-run] [--fresh] [flags...]
+    python -S -m acl_fairseq.runs.runner sweep [--repo REPO] [--dry-run] [flags...]   (TASKS, METHODS, SEEDS)
 
 recipes/glue/finetune.sh and sweep.sh are these two lines. ``finetune`` builds the plan from the environment's
 settings and, unless it is a dry run, :func:`run` s it: fetch roberta.$MODEL when it is missing, fairseq-train with
@@ -18,9 +18,9 @@ import subprocess
 import sys
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from acl_fairseq.recipes import plan as run_plan
-from acl_fairseq.recipes import recipe_tables
-from acl_fairseq.recipes.model_flags import RecipeError
+from acl_fairseq.runs import plan as run_plan
+from acl_fairseq.runs import recipe_tables
+from acl_fairseq.runs.model_flags import RecipeError
 from acl_runtime.io import atomic
 
 USAGE = """usage: recipes/glue/finetune.sh TASK METHOD [--dry-run] [--fresh] [extra fairseq-train flags...]
@@ -84,7 +84,7 @@ def run(plan: run_plan.Plan, environ: Mapping[str, str] = os.environ, stdout=Non
     """Run ``plan`` (a real run: its DRY_RUN is ignored); returns the exit status. ``stdout``: a file opened in
     binary mode that gets every step's output (fairseq-train's besides train.log), the progress notes and the
     error; default: this process's stdout, and stderr for the notes."""
-    # the result step is `python -S -m acl_fairseq.recipes.result`: this checkout's package, wherever the run is
+    # the result step is `python -S -m acl_fairseq.runs.result`: this checkout's package, wherever the run is
     env = {**environ, **plan.environment(), "PYTHONPATH": os.pathsep.join(
         [plan.repo] + [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
     try:

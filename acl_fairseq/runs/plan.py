@@ -4,14 +4,14 @@
     plan.train        # the fairseq-train argv (resuming from checkpoint_last.pt when the same command was killed)
     plan.evaluations  # one acl-evaluate argv per validation subset (multi-exit methods)
     plan.resume, plan.finished, plan.stops  # what a real run would do, or why it would stop
-    runner.run(plan)  # nothing runs, reads only, until this (acl_fairseq/recipes/runner.py)
+    runner.run(plan)  # nothing runs, reads only, until this (acl_fairseq/runs/runner.py)
 
 ``build_plan`` refuses settings that cannot work (:class:`RecipeError`; ``status`` 2 for a usage error)
 before it looks at the data or the run folder. It reads the tables (recipes/glue/hparams.tsv per task, methods.tsv per
-method), the checkpoint's folder (acl_fairseq/recipes/model_flags.py decides the architecture and layout), the data
+method), the checkpoint's folder (acl_fairseq/runs/model_flags.py decides the architecture and layout), the data
 folder and the run folder; it writes nothing. The settings are the driver's environment variables
 (:data:`SETTINGS`), lower-cased as ``overrides`` keys. Standard library only: the runner runs it with
-``python -S`` (acl_fairseq/recipes/runner.py).
+``python -S`` (acl_fairseq/runs/runner.py).
 """
 import os
 import re
@@ -19,10 +19,10 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from acl_fairseq.recipes.model_flags import RecipeError, decide
-from acl_fairseq.recipes.recipe_tables import REPO, Method, Task, method, refusal, tasks
+from acl_fairseq.runs.model_flags import RecipeError, decide
+from acl_fairseq.runs.recipe_tables import REPO, Method, Task, method, refusal, tasks
 
 WARMUP_FRACTION = 0.06  # fairseq's RoBERTa GLUE recipe: 6 % of the updates, rounded up
 # (variable, default, meaning): the driver's settings, read from the environment; empty = the default
@@ -186,13 +186,34 @@ class Plan:
         """The runner's command line for this plan (its settings go in the environment, :meth:`environment`),
         for a caller that runs it as a process of its own (acl-tune, to stop a pruned trial's whole group); run
         in-process, it is ``runner.run(plan)``."""
-        return [self.settings["PYTHON"], "-S", "-m", "acl_fairseq.recipes.runner", "finetune", self.task.name,
+        return [self.settings["PYTHON"], "-S", "-m", "acl_fairseq.runs.runner", "finetune", self.task.name,
                 self.method.name, *self.extra]
 
     def environment(self) -> Dict[str, str]:
         """The settings as the runner's environment variables (a plan built as a dry run runs as one), and the
         path to this checkout's package."""
         return {**self.settings, "PYTHONPATH": self.repo}
+
+
+def _checkpoint_paths(s: Dict[str, str], environ: Mapping[str, str]) -> Tuple[str, str, str]:
+    """``(model_dir, default_checkpoint, checkpoint)``: where pretrained models are kept, the MODEL's file there,
+    and the checkpoint the run restores ("" with RESTORE=none)."""
+    model_dir = s["MODEL_DIR"] or os.path.join(
+        environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME", ""), ".cache"), "acl_fairseq")
+    default_checkpoint = os.path.join(model_dir, f"roberta.{s['MODEL']}", "model.pt")
+    checkpoint = "" if s["RESTORE"] == "none" else s["ROBERTA_PATH"] or default_checkpoint
+    return model_dir, default_checkpoint, checkpoint
+
+
+def _device_and_fp16(s: Dict[str, str], environ: Mapping[str, str]) -> Tuple[str, str]:
+    """``(device, fp16)`` with "auto" resolved; a precision the device cannot run is refused."""
+    device = s["DEVICE"] if s["DEVICE"] != "auto" else "cuda" if has_gpu(environ) else "cpu"
+    fp16 = s["FP16"] if s["FP16"] != "auto" else "1" if device == "cuda" else "0"
+    if device == "cpu" and fp16 == "1":
+        raise RecipeError("FP16=1 needs a GPU (DEVICE=cpu)", 2)
+    if fp16 == "1" and s["BF16"] == "1":
+        raise RecipeError("BF16=1 and FP16 on: choose one precision (FP16=0 for bf16)", 2)
+    return device, fp16
 
 
 def build_plan(task_name: str, method_name: str, seed: Optional[object] = None,
@@ -202,18 +223,10 @@ def build_plan(task_name: str, method_name: str, seed: Optional[object] = None,
     fairseq-train flags that go last; ``seed`` is SEED."""
     s = settings(environ, {**(overrides or {}), **({"SEED": seed} if seed is not None else {})})
     task, m = _checked(s, task_name, method_name)
-    model_dir = s["MODEL_DIR"] or os.path.join(
-        environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME", ""), ".cache"), "acl_fairseq")
-    default_checkpoint = os.path.join(model_dir, f"roberta.{s['MODEL']}", "model.pt")
-    checkpoint = "" if s["RESTORE"] == "none" else s["ROBERTA_PATH"] or default_checkpoint
+    model_dir, default_checkpoint, checkpoint = _checkpoint_paths(s, environ)
     d = decide(s["MODEL"], m.exits, m.name, s["ARCH"], s["MODEL_ARGS"], checkpoint or None, s["EXIT_LAYERS"],
                s["EXIT_POOLING"])
-    device = s["DEVICE"] if s["DEVICE"] != "auto" else "cuda" if has_gpu(environ) else "cpu"
-    fp16 = s["FP16"] if s["FP16"] != "auto" else "1" if device == "cuda" else "0"
-    if device == "cpu" and fp16 == "1":
-        raise RecipeError("FP16=1 needs a GPU (DEVICE=cpu)", 2)
-    if fp16 == "1" and s["BF16"] == "1":
-        raise RecipeError("BF16=1 and FP16 on: choose one precision (FP16=0 for bf16)", 2)
+    device, fp16 = _device_and_fp16(s, environ)
     data_bin = s["DATA_BIN"] or os.path.join(s["DATA_ROOT"] or os.path.join(repo, "data-bin"), f"{task.name}-bin")
     out_root = s["OUT_ROOT"] or os.path.join(repo, "runs", "glue")
     rd = run_dir(out_root, task.name, m.name, s["SEED"])
@@ -224,7 +237,7 @@ def build_plan(task_name: str, method_name: str, seed: Optional[object] = None,
     train = head + (restore if checkpoint else []) + rest
     train_line = f"{quote(train)} 2>&1 | tee {quote([os.path.join(rd, 'train.log')])}"
     evaluations, early_exit = _evaluations(s, task, m, rd, tb, data_bin, device)
-    result = [s["PYTHON"], "-S", "-m", "acl_fairseq.recipes.result", rd, "--task", task.name,
+    result = [s["PYTHON"], "-S", "-m", "acl_fairseq.runs.result", rd, "--task", task.name,
               "--method", m.name, "--seed", s["SEED"], "--criterion", m.criterion, "--arch", d.arch,
               "--best-metric", task.best_metric, "--valid-subsets", ",".join(task.valid_subsets), *early_exit]
     download, missing_checkpoint = _pretrained(s, checkpoint, default_checkpoint, model_dir, repo)

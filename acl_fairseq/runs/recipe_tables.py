@@ -1,5 +1,5 @@
 """What the recipe tables say: a task's row of hparams.tsv (its schedule and facts) and a method's row of
-methods.tsv, read for the run plan (:mod:`acl_fairseq.recipes.plan`), the runner's usage and sweep, acl-tune and the
+methods.tsv, read for the run plan (:mod:`acl_fairseq.runs.plan`), the runner's usage and sweep, acl-tune and the
 benchmarks. Standard library only, as the plan (the runner runs it with ``python -S``)."""
 import os
 from dataclasses import dataclass

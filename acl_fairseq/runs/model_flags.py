@@ -1,7 +1,7 @@
 """The architecture, model flags and input layout of a recipe run (:func:`decide`, called by the run plan,
-acl_fairseq/recipes/plan.py), and the input-layout flags of anything else.
+acl_fairseq/runs/plan.py), and the input-layout flags of anything else.
 
-    python -m acl_fairseq.recipes.model_flags flags [--conventions PATH]
+    python -m acl_fairseq.runs.model_flags flags [--conventions PATH]
 
 ``flags`` prints the ``sentence_prediction`` task flags of an encoder's input layout on one line (RoBERTa's
 without ``--conventions``; the record's with it): what ``scripts/demo.sh`` and users of plain fairseq-train
@@ -107,7 +107,7 @@ def decide(model: str, exits: str, method: str, arch: str = "", model_args: str 
 
 
 def get_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m acl_fairseq.recipes.model_flags",
+    parser = argparse.ArgumentParser(prog="python -m acl_fairseq.runs.model_flags",
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     flags = sub.add_parser("flags", help="print the fairseq-train task flags of an input layout on one line")

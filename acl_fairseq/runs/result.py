@@ -4,9 +4,9 @@ from fairseq's ``--log-format json`` log (RUN_DIR/train.log), and where its earl
 The best validation is the one ``checkpoint_best.pt`` holds: the largest ``--best-checkpoint-metric`` on
 the first validation subset, the *last* one on ties (fairseq saves on ``>=``). Other subsets (MNLI's
 ``valid1``) are reported at the same update. Standard library only: the runner's last step
-(acl_fairseq/recipes/runner.py), recorded in command.sh as
+(acl_fairseq/runs/runner.py), recorded in command.sh as
 
-    python3 -S -m acl_fairseq.recipes.result RUN_DIR --task CoLA --method ce --seed 1 --best-metric mcc
+    python3 -S -m acl_fairseq.runs.result RUN_DIR --task CoLA --method ce --seed 1 --best-metric mcc
         [--valid-subsets valid]
         [--early-exit valid=early_exit/early_exit.json ...]
 """
@@ -88,7 +88,7 @@ def best_validation(log_path: str, subsets: List[str], best_metric: str) -> Dict
     return out
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir")
     p.add_argument("--task", required=True)
@@ -101,8 +101,33 @@ def main(argv=None) -> int:
     p.add_argument("--log", default="train.log", help="the json log, relative to run_dir")
     p.add_argument("--early-exit", action="append", default=[], metavar="SUBSET=PATH",
                    help="early_exit.json of a subset, relative to run_dir (repeatable)")
-    args = p.parse_args(argv)
+    return p
 
+
+def _early_exit_paths(run_dir: str, items: List[str]) -> Dict[str, str]:
+    """{subset: path relative to run_dir} of the --early-exit evaluations; one the evaluation did not write stops."""
+    early_exit = {}
+    for item in items:
+        subset, _, path = item.partition("=")
+        if not os.path.isfile(os.path.join(run_dir, path)):
+            raise SystemExit(f"error: the early-exit evaluation wrote no {os.path.join(run_dir, path)}")
+        early_exit[subset] = path
+    return early_exit
+
+
+def _provenance(run_dir: str) -> dict:
+    """The machine the run trained on (for every record built from it) and the commit it ran, where recorded."""
+    kind = read_cpu_kind()
+    out = {"cpu_kind": kind.describe(), "cpu_flags": [f for f in CPU_FLAGS if f in kind.flags]}
+    head_file = os.path.join(run_dir, "git_head.txt")
+    if os.path.isfile(head_file):
+        with open(head_file) as f:
+            out["git_head"] = f.read().split("\n")[0].strip()
+    return out
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     subsets = args.valid_subsets.split(",")
     result = {
         "task": args.task,
@@ -115,25 +140,15 @@ def main(argv=None) -> int:
     best = best_validation(os.path.join(args.run_dir, args.log), subsets, args.best_metric)
     result["best_value"] = best["best_valid"][subsets[0]][args.best_metric]
     result.update(best)
-
-    early_exit = {}
-    for item in args.early_exit:
-        subset, _, path = item.partition("=")
-        if not os.path.isfile(os.path.join(args.run_dir, path)):
-            raise SystemExit(f"error: the early-exit evaluation wrote no {os.path.join(args.run_dir, path)}")
-        early_exit[subset] = path
+    early_exit = _early_exit_paths(args.run_dir, args.early_exit)
     result["early_exit_json"] = early_exit.get(subsets[0])  # relative to this result.json
     result["early_exit_jsons"] = early_exit
-
-    kind = read_cpu_kind()  # the machine the run trained on, for every record built from it
-    result["cpu_kind"], result["cpu_flags"] = kind.describe(), [f for f in CPU_FLAGS if f in kind.flags]
+    provenance = _provenance(args.run_dir)
+    result["cpu_kind"], result["cpu_flags"] = provenance["cpu_kind"], provenance["cpu_flags"]
     result["checkpoint"] = "checkpoint_best.pt"
     result["train_log"] = args.log
-    head_file = os.path.join(args.run_dir, "git_head.txt")
-    if os.path.isfile(head_file):
-        with open(head_file) as f:
-            result["git_head"] = f.read().split("\n")[0].strip()
-
+    if "git_head" in provenance:
+        result["git_head"] = provenance["git_head"]
     path = os.path.join(args.run_dir, "result.json")
     atomic.write_text(path, json.dumps(result, indent=2, sort_keys=False) + "\n")
     print(
