@@ -5,6 +5,10 @@ The compiled-versus-eager checks here use the ``aot_eager`` backend (dynamo's gr
 autograd, no code generation: seconds); the ``inductor`` version of the same check is marked slow.
 """
 import logging
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -18,6 +22,9 @@ ZEN4 = ("vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\ncpu MHz\t\t: 2500.00
 SAPPHIRE = ("vendor_id\t: GenuineIntel\nmodel name\t: Intel Xeon Platinum 8480\ncpu MHz\t\t: 2000.0\n"
             "flags\t\t: avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n")
 ROME = "vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B12\ncpu MHz\t\t: 2250.0\nflags\t\t: avx2 fma\n"
+BROADWELL = ("vendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) CPU E5-2686 v4 @ 2.30GHz\n"
+             "flags\t\t: fpu sse avx avx2 fma\n")
+BROADWELL_KIND = "Intel(R) Xeon(R) CPU E5-2686 v4 @ 2.30GHz, AVX2 only, no bf16 instructions"
 READ = acceleration.read_cpu_kind  # the parser itself (the fixtures below replace the module's name)
 # every registered criterion, with the model it needs
 CASES = [("sentence_ce", "roberta", []), ("sentence_scl", "roberta", []), ("acl_embed", "roberta", []),
@@ -271,3 +278,35 @@ def test_a_checkpoint_saved_before_these_flags_loads_for_use(tmp_path, plugin_ta
     models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": data})
     assert task.compiled is None and task._precision("crit") == "crit" and task.device_type == "cpu"
     assert not hasattr(models[0], "_compiled_call_impl") or models[0]._compiled_call_impl is None
+
+
+def test_fairseq_train_refuses_autocast_bf16_on_an_avx2_cpu_in_one_line_and_gpu_check_reads_the_kind(tmp_path, data):
+    """fairseq-train --autocast-bf16 on a CPU without bf16 units (an AVX2-only Xeon's /proc/cpuinfo, read by the
+    child): exit 2 and one ERROR line naming the CPU kind, no traceback (it was a 25-line one); and
+    benchmarks/gpu_check.sh's step 5, run on that output, prints the whole CPU kind (it printed the traceback's
+    source line, then cut a model name at its first parenthesis: "this CPU (Intel(R)")."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(BROADWELL)
+    child = ("import runpy, sys; from acl_runtime import machine; machine.CPUINFO = sys.argv.pop(1); "
+             "runpy.run_module('fairseq_cli.train', run_name='__main__', alter_sys=True)")
+    args = helpers.train_args(data, str(tmp_path / "ckpt"), task="sentence_prediction_acl", extra=["--autocast-bf16"])
+    proc = helpers._run([sys.executable, "-c", child, str(cpuinfo), *args], "fairseq-train", None, False)
+    out = proc.stdout + proc.stderr
+    errors = [line for line in out.splitlines() if "| ERROR |" in line]
+    assert proc.returncode == 2 and "Traceback" not in out, out[-3000:]
+    assert len(errors) == 1 and errors[0].endswith("torch would emulate it, ~40x slower than fp32: drop the flag")
+    assert f"--autocast-bf16: this CPU ({BROADWELL_KIND})" in errors[0]
+    assert not (tmp_path / "ckpt" / "checkpoint_last.pt").exists()
+    # gpu_check.sh's bf16 step, as written there, with a fairseq-train that replays this run's output and status
+    saved = tmp_path / "saved.log"
+    saved.write_text(out)
+    replay = tmp_path / "replay"
+    replay.write_text(f"#!/bin/sh\ncat {saved} >&2\nexit {proc.returncode}\n")
+    replay.chmod(0o755)
+    script = open(os.path.join(helpers.REPO, "benchmarks", "gpu_check.sh"), encoding="utf-8").read()
+    step = re.search(r'\nrc=0; "\$PY" -m fairseq_cli.train .*?--autocast-bf16 .*?\nfi\n', script, re.S)
+    assert step, "gpu_check.sh's bf16 step is not where this test reads it"
+    shown = subprocess.run(["bash", "-c", f"set -euo pipefail; OUT={tmp_path}; PY={replay}; train=(); {step.group(0)}"],
+                           capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == f"[gpu_check] 5/5 bf16 refused as it should be here: this CPU ({BROADWELL_KIND})"
