@@ -174,7 +174,7 @@ def prediction_file_names(task_name: Optional[str], splits: List[str]) -> List[s
     then ``MNLI-mm.tsv``); ``<task>-<split>.tsv`` beyond them and for other tasks."""
     stem = task_name or "predictions"
     names = [f"{stem}.tsv" if i == 0 else f"{stem}-{s}.tsv" for i, s in enumerate(splits)]
-    known = glue_tasks.facts().get(task_name)
+    known = glue_tasks.tasks().get(task_name)
     if known:
         names[: len(known.leaderboard)] = known.leaderboard[: len(splits)]
     return names
@@ -192,7 +192,7 @@ def write_test_predictions(model, task, args, head_name: str, ctx: Dict) -> List
         batches = make_batches(dataset, list(range(len(dataset))), args.batch_size)
         ids, exit_logits, _ = collect_exit_logits(model, batches, head_name)
         order = ids.argsort()
-        known = glue_tasks.facts().get(ctx["task_name"])
+        known = glue_tasks.tasks().get(ctx["task_name"])
         values = format_predictions(exit_logits[order, -1], task.label_dictionary, ctx["regression"],
                                     known.regression_scale if known else None)
         path = os.path.join(args.predictions_dir, name)
