@@ -19,9 +19,9 @@ from typing import List, Optional
 
 from acl_runtime import glue_tasks
 from acl_runtime.io import atomic
-from acl_runtime.machine import CPU_FLAGS, read_cpu_kind
 from acl_torch.exit_heads import POOLING_MODES
 from acl_torch.losses import EXIT_WEIGHTINGS
+from acl_torch.machine import CPU_FLAGS, read_cpu_kind
 
 from .arguments import CriterionArguments
 

@@ -21,7 +21,8 @@ from typing import Dict, List, Optional, Tuple
 
 from acl_runtime import glue_tasks
 from acl_runtime.io import atomic  # noqa: E402
-from acl_runtime.tables import mean_std, read_tsv
+from acl_runtime.tables import read_tsv
+from acl_torch.glue_metrics import mean_std
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HPARAMS = glue_tasks.TABLE  # the task table (recipes/glue/hparams.tsv links to it)

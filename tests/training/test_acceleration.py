@@ -287,7 +287,7 @@ def test_fairseq_train_refuses_autocast_bf16_on_an_avx2_cpu_in_one_line_and_gpu_
     source line, then cut a model name at its first parenthesis: "this CPU (Intel(R)")."""
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(BROADWELL)
-    child = ("import runpy, sys; from acl_runtime import machine; machine.CPUINFO = sys.argv.pop(1); "
+    child = ("import runpy, sys; from acl_torch import machine; machine.CPUINFO = sys.argv.pop(1); "
              "runpy.run_module('fairseq_cli.train', run_name='__main__', alter_sys=True)")
     args = helpers.train_args(data, str(tmp_path / "ckpt"), task="sentence_prediction_acl", extra=["--autocast-bf16"])
     proc = helpers._run([sys.executable, "-c", child, str(cpuinfo), *args], "fairseq-train", None, False)
