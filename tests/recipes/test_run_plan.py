@@ -208,6 +208,7 @@ def test_the_package_reads_the_task_row_that_the_plan_reads():
     for name, t in table.items():
         assert t.best_metric == t.metrics[0] and len(t.test_files) == len(t.leaderboard), name
         assert t.regression == (t.regression_scale is not None) == (t.labels is None) == (t.score_range is not None)
+        assert int(t.num_classes) == (1 if t.regression else len(t.labels)), name
     assert table["STS-B"].regression_scale == 5.0 and table["STS-B"].score_range == (0.0, 5.0)
     assert table["MNLI"].test == ("test_matched", "test_mismatched") and table["MNLI"].dev_label == 15
 
