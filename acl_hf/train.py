@@ -19,9 +19,9 @@ from typing import List, Optional
 
 from acl_runtime import glue_tasks
 from acl_runtime.io import atomic
-from acl_runtime.machine import CPU_FLAGS, read_cpu_kind
 from acl_torch.exit_heads import POOLING_MODES
 from acl_torch.losses import EXIT_WEIGHTINGS
+from acl_torch.machine import CPU_FLAGS, read_cpu_kind
 
 from .arguments import CriterionArguments
 
@@ -150,8 +150,7 @@ def _read_data(data_args, spec, seed: int, tokenizer):
 def _result(trainer, model, spec, data_args, criterion, eval_names: List[str], sizes) -> dict:
     """result.json of the run, in the recipes' format: the best validation by the task's metric, the few-shot
     protocol's test half at it, and the CPU kind."""
-    row = next(r for r in glue_tasks.rows() if r["task"] == spec.name)
-    best_metric = row["best_metric"]
+    best_metric = spec.best_metric  # the task row's
     result = {"task": spec.name, "method": data_args.method or criterion.criterion, "seed": trainer.args.seed,
               "criterion": criterion.criterion, "arch": f"hf:{model.config.encoder.model_type}",
               "best_metric": best_metric}

@@ -21,7 +21,7 @@ from acl_runtime import conventions, exits, loop, pairing, tokenization
 from acl_runtime import manifest as checks
 from acl_runtime.loop import BatchOutput
 
-MANIFEST, SCHEMA, PRECISIONS = checks.MANIFEST, checks.SCHEMA, checks.PRECISIONS  # the contract: acl_runtime.manifest
+MANIFEST, PRECISIONS = checks.MANIFEST, checks.PRECISIONS  # the contract: acl_runtime.manifest
 # onnxruntime's graph optimizations every session runs without, at its default level (all) otherwise.
 # SkipLayerNormFusion joins each residual Add and the LayerNormalization after it into one SkipLayerNormalization,
 # whose CPU kernel took longer than the two ops it replaces: unfused, a MiniLM layer is 5 to 11% faster at batch 1

@@ -10,53 +10,116 @@ here 0-based). Quirks handled here, each noted where it is handled:
 """
 import functools
 import json
+import math
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from acl_runtime.tables import read_tsv
 
-# The task table: one row per task, its facts and the recipe's schedule. It lives here, shipped in the wheel (setup.py
-# package_data); recipes/glue/hparams.tsv is a link to it, and every reader (this module, the run plan,
-# collect_results.py) goes through rows().
+# The task table: one row per task, every fact of the task and the recipe's schedule a column. It lives here, shipped
+# in the wheel (setup.py package_data); recipes/glue/hparams.tsv is a link to it, and every reader (this module, the
+# run plan, collect_results.py) goes through tasks().
 TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "glue_tasks.tsv")
 
 
-def rows(table: Optional[str] = None) -> List[Dict[str, str]]:
-    """The task table's rows (``table``: another file of its format; default ``TABLE``), in order: the one reader."""
-    return list(_read_rows(table or TABLE))
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task's row of the table, parsed: every fact of the task a column (the table's header comment says what each
+    holds), the one record of a task for every reader (acl-preprocess, acl-evaluate, the hub, the run plan, the
+    benchmarks). The recipe's schedule stays text, as the run plan writes it into fairseq-train's flags."""
 
-
-@functools.lru_cache(maxsize=None)
-def _read_rows(table: str) -> Tuple[Dict[str, str], ...]:
-    return tuple(read_tsv(table))
-
-
-class Facts(NamedTuple):
+    name: str
+    num_classes: str
+    lr: str
+    batch_size: str
+    total_updates: str
+    warmup_updates: str
+    best_metric: str
+    regression: bool  # a score to regress, not classes: the criteria that need class labels refuse it
+    valid_subsets: List[str]
+    report: str
     metrics: List[str]  # GLUE's metrics of the task, the one to select checkpoints on first
     regression_scale: Optional[float]  # GLUE's score = the model's target x this (STS-B: 5); None: classification
     leaderboard: List[str]  # the GLUE leaderboard file of each test split, in order (MNLI: matched, mismatched)
     test_files: List[str]  # the GLUE folder's unlabelled test files, in the same order
+    inputs: Tuple[int, ...]  # text columns of train/dev (0-based)
+    label: int  # label column of train
+    dev_label: Optional[int]  # label column of dev when it differs from train (MNLI)
+    labels: Optional[Tuple[str, ...]]  # allowed label strings, in class order; None: a regression score
+    test_inputs: Tuple[int, ...]  # text columns of test (test has no label)
+    label_header: Optional[str]  # header name of the label column, checked to catch a wrong --task
+    header: bool  # train/dev start with a header row (test always does)
+    ncols: Optional[int]  # field count of header-less files
+    dev_files: List[str]  # labelled dev files -> fairseq splits valid, valid1, ...
+    filter_malformed: bool  # drop train/dev rows with a wrong field count (QQP) instead of failing
+    score_range: Optional[Tuple[float, float]]  # the scores a regression task's files may hold (STS-B: 0 to 5)
+
+    @property
+    def pair(self) -> bool:
+        return len(self.inputs) == 2
+
+    @property
+    def dev(self) -> Tuple[str, ...]:
+        """The dev files' stems (``dev_matched``)."""
+        return tuple(f[: -len(".tsv")] for f in self.dev_files)
+
+    @property
+    def test(self) -> Tuple[str, ...]:
+        """The test files' stems, in leaderboard order."""
+        return tuple(f[: -len(".tsv")] for f in self.test_files)
 
 
-def facts(table: Optional[str] = None) -> Dict[str, Facts]:
-    """Every task's facts, by GLUE name, from the task table (one row per task; default ``TABLE``)."""
-    return _read_facts(table or TABLE)
+def tasks(table: Optional[str] = None) -> Dict[str, TaskSpec]:
+    """Every task's record, by GLUE name, in the table's order (``table``: another file of its format; default
+    ``TABLE``)."""
+    return _read_tasks(table or TABLE)
 
 
 @functools.lru_cache(maxsize=None)
-def _read_facts(table: str) -> Dict[str, Facts]:
-    def listed(value: str) -> List[str]:
-        return [] if value in ("", "-") else value.split(",")
+def _read_tasks(table: str) -> Dict[str, TaskSpec]:
+    rows = read_tsv(table)
+    missing = [c for c in COLUMNS if rows and c not in rows[0]]
+    if missing:
+        raise GlueDataError(f"{table}: no column {', '.join(missing)}. Fix: give the table every column of {TABLE}")
+    return {r["task"]: _parse(table, r) for r in rows}
 
-    return {r["task"]: Facts(r["metrics"].split(","), None if r["regression_scale"] in ("", "-")
-                             else float(r["regression_scale"]), listed(r["leaderboard"]), listed(r["test_files"]))
-            for r in _read_rows(table)}
+
+COLUMNS = ("task", "num_classes", "lr", "batch_size", "total_updates", "warmup_updates", "best_metric", "regression",
+           "valid_subsets", "report", "metrics", "regression_scale", "leaderboard", "test_files", "inputs", "label",
+           "dev_label", "labels", "test_inputs", "label_header", "header", "ncols", "dev_files", "filter_malformed",
+           "score_range")
+
+
+def _parse(table: str, r: Dict[str, str]) -> TaskSpec:
+    def listed(column: str) -> List[str]:
+        return [] if r[column] in ("", "-") else r[column].split(",")
+
+    def numbers(column: str, kind=int) -> Optional[tuple]:
+        try:
+            return tuple(kind(x) for x in listed(column)) or None
+        except ValueError:
+            raise GlueDataError(f"{table}: {r['task']}'s {column} {r[column]!r} is not a list of numbers. Fix: correct "
+                                "the row") from None
+
+    scale, bounds = numbers("regression_scale", float), numbers("score_range", float)
+    if (r["regression"] == "1") == bool(listed("labels")):
+        raise GlueDataError(f"{table}: {r['task']} has regression {r['regression']} and labels {r['labels']!r}: a "
+                            "regression task lists no labels ('-'), a classification task lists them. Fix: correct "
+                            "the row")
+    return TaskSpec(
+        r["task"], r["num_classes"], r["lr"], r["batch_size"], r["total_updates"], r["warmup_updates"],
+        r["best_metric"], r["regression"] == "1", listed("valid_subsets"), r["report"], listed("metrics"),
+        scale[0] if scale else None, listed("leaderboard"), listed("test_files"), numbers("inputs"),
+        numbers("label")[0], (numbers("dev_label") or (None,))[0],
+        tuple(listed("labels")) or None, numbers("test_inputs"), (listed("label_header") or [None])[0],
+        r["header"] == "1", (numbers("ncols") or (None,))[0], listed("dev_files"), r["filter_malformed"] == "1",
+        bounds)
 
 
 def regression_scale(task_name: Optional[str]) -> float:
     """GLUE's score per unit of the model's regression output: the task row's scale, 1 for other tasks."""
-    known = facts().get(task_name)
+    known = tasks().get(task_name)
     return known.regression_scale if known and known.regression_scale is not None else 1.0
 
 
@@ -74,73 +137,23 @@ def task_of_data(data_dir: Optional[str]) -> Optional[str]:
             return task
     stem = os.path.basename(os.path.normpath(data_dir))
     stem = stem[: -len("-bin")] if stem.endswith("-bin") else stem
-    return stem if stem in facts() else None
+    return stem if stem in tasks() else None
 
 
 class GlueDataError(Exception):
     """Bad input or settings; the message names the file (and line) and the fix. No traceback is shown."""
 
 
-@dataclass(frozen=True)
-class TaskSpec:
-    name: str
-    inputs: Tuple[int, ...]  # text columns of train/dev (0-based)
-    label: int  # label column of train
-    labels: Optional[Tuple[str, ...]]  # allowed label strings; None = regression (a float score)
-    test_inputs: Tuple[int, ...]  # text columns of test (test has no label)
-    label_header: Optional[str] = None  # header name of the label column, checked to catch a wrong --task
-    dev_label: Optional[int] = None  # label column of dev when it differs from train (MNLI)
-    header: bool = True  # train/dev start with a header row (test always does)
-    ncols: Optional[int] = None  # field count of header-less files
-    dev: Tuple[str, ...] = ("dev",)  # dev files -> fairseq splits valid, valid1, ...
-    test: Tuple[str, ...] = ("test",)  # test files -> fairseq splits test, test1, ...: the task row's test_files
-    filter_malformed: bool = False  # drop train/dev rows with a wrong field count (QQP) instead of failing
-
-    @property
-    def regression(self) -> bool:
-        return self.labels is None
-
-    @property
-    def pair(self) -> bool:
-        return len(self.inputs) == 2
-
-
-_BINARY = ("0", "1")
-_NLI2 = ("entailment", "not_entailment")
-TASKS: Dict[str, TaskSpec] = {
-    t.name: t
-    for t in [
-        # CoLA: "source  label  original-label  sentence", no header in train/dev
-        TaskSpec("CoLA", (3,), 1, _BINARY, (1,), header=False, ncols=4),
-        TaskSpec("SST-2", (0,), 1, _BINARY, (1,), label_header="label"),
-        TaskSpec("MRPC", (3, 4), 0, _BINARY, (3, 4), label_header="Quality"),
-        # STS-B: a 0..5 similarity score; fairseq divides it by 5 (regression target)
-        TaskSpec("STS-B", (7, 8), 9, None, (7, 8), label_header="score"),
-        TaskSpec("QQP", (3, 4), 5, _BINARY, (1, 2), label_header="is_duplicate", filter_malformed=True),
-        # MNLI: the gold label is column 12 of train but column 16 of dev (dev adds label2..label5)
-        TaskSpec(
-            "MNLI", (8, 9), 11, ("contradiction", "entailment", "neutral"), (8, 9), label_header="gold_label",
-            dev_label=15, dev=("dev_matched", "dev_mismatched"),
-        ),
-        TaskSpec("QNLI", (1, 2), 3, _NLI2, (1, 2), label_header="label"),
-        TaskSpec("RTE", (1, 2), 3, _NLI2, (1, 2), label_header="label"),
-        TaskSpec("WNLI", (1, 2), 3, _BINARY, (1, 2), label_header="label"),  # not in fairseq's script
-    ]
-}
-_unlisted = sorted(set(TASKS) - set(facts()))
-if _unlisted:
-    raise GlueDataError(f"{TABLE}: no row for {', '.join(_unlisted)}. Fix: add the task's row to "
-                        "recipes/glue/hparams.tsv")
-TASKS = {n: replace(t, test=tuple(f[: -len(".tsv")] for f in facts()[n].test_files)) for n, t in TASKS.items()}
+TASKS: Dict[str, TaskSpec] = tasks()  # the package's table, read once
 
 
 def get_task(name: str) -> TaskSpec:
     """Look a task up by name, forgiving case and dashes (``sts-b``, ``STSB``, ``sst2``)."""
     key = name.upper().replace("-", "")
-    for spec in TASKS.values():
+    for spec in tasks().values():
         if spec.name.upper().replace("-", "") == key:
             return spec
-    raise GlueDataError(f"unknown task {name!r}. Fix: use one of {', '.join(TASKS)}")
+    raise GlueDataError(f"unknown task {name!r}. Fix: use one of {', '.join(tasks())}")
 
 
 class Example(NamedTuple):
@@ -243,13 +256,15 @@ def _check_header(path: str, header: Sequence[str], cols, label_col, spec: TaskS
 
 def _check_label(path: str, lineno: int, value: str, spec: TaskSpec) -> str:
     if spec.regression:
+        low, high = spec.score_range or (-math.inf, math.inf)
         try:
             score = float(value)
         except ValueError:
             score = float("nan")
-        if not 0.0 <= score <= 5.0:
+        if not low <= score <= high:  # NaN too
             raise GlueDataError(
-                f"{path}:{lineno}: {spec.name} score {value!r} is not a number in [0, 5]. Fix: correct the score"
+                f"{path}:{lineno}: {spec.name} score {value!r} is not a number in [{low:g}, {high:g}] (the task row's "
+                "score_range). Fix: correct the score"
             )
         return value
     if value not in spec.labels:

@@ -1,10 +1,7 @@
 """The recipe tables (recipes/glue/*.tsv): tab-separated, '#' comment lines, blank lines ignored, a header line.
 
 The one reader of them (the recipes' shell scripts read none: the run plan decides). Errors name the file and line.
-And the one mean and sample standard deviation over seeds that every results table prints (here, beside the
-reader, so that a table's collector needs neither torch nor fairseq).
 """
-import statistics
 from typing import Dict, List, Optional, Sequence
 
 
@@ -31,9 +28,3 @@ def read_tsv(path: str, columns: Optional[Sequence[str]] = None) -> List[Dict[st
         raise ValueError(f"{path}: no header line")
     return rows
 
-
-def mean_std(values: List[float]):
-    """Mean and sample standard deviation over seeds: (None, None) for no values, std None for one."""
-    if not values:
-        return None, None
-    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else None)

@@ -1,7 +1,7 @@
 # Licensed under the MIT license.
 """Training at the machine's speed: what the CPU's matrix units are, bf16 autocast, and torch.compile.
 
-The CPU kind (:func:`acl_runtime.machine.read_cpu_kind`, from ``/proc/cpuinfo`` or any text in its format) is what
+The CPU kind (:func:`acl_torch.machine.read_cpu_kind`, from ``/proc/cpuinfo`` or any text in its format) is what
 ``--autocast-bf16`` refuses by and what the benchmarks name on every row. bf16 is
 native where the CPU has AMX (``amx_bf16``: tile matrix units, Sapphire Rapids and later),
 ``avx512_bf16`` (bf16 dot products in AVX-512 registers: Cooper Lake, Zen 4) or Arm's ``bf16``; on any
@@ -21,7 +21,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from acl_runtime.machine import CpuKind, read_cpu_kind  # noqa: F401  (the CPU kind's home)
+from acl_torch.machine import CpuKind, read_cpu_kind  # noqa: F401  (the CPU kind's home)
 
 logger = logging.getLogger(__name__)
 

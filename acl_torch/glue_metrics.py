@@ -5,10 +5,13 @@ fairseq's label dictionary is sorted by frequency, so index 0 is not always labe
 "1"). :func:`positive_index` maps through the dictionary instead of assuming an order.
 
 The count-based forms (:func:`f1_from_counts`, :func:`mcc_from_counts`, :func:`pearson_from_sums`)
-let criteria log summable statistics and derive the metric in ``reduce_metrics``.
+let criteria log summable statistics and derive the metric in ``reduce_metrics``. :func:`mean_std` is the one mean
+and sample standard deviation over seeds that every results table prints. Standard library only: a table's
+collector (recipes/collect_results.py) needs neither torch nor fairseq.
 """
 import math
-from typing import Dict, Optional, Sequence
+import statistics
+from typing import Dict, List, Optional, Sequence
 
 POSITIVE_LABELS = ("1", "entailment")
 
@@ -81,3 +84,10 @@ def regression_metrics(pred: Sequence[float], gold: Sequence[float]) -> Dict[str
     p = float(pearsonr(pred, gold)[0]) if len(set(pred)) > 1 else 0.0
     s = float(spearmanr(pred, gold)[0]) if len(set(pred)) > 1 else 0.0
     return {"pearson": 100.0 * p, "spearman": 100.0 * s}
+
+
+def mean_std(values: List[float]):
+    """Mean and sample standard deviation over seeds: (None, None) for no values, std None for one."""
+    if not values:
+        return None, None
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else None)

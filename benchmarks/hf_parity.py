@@ -47,8 +47,8 @@ import _records
 import harness
 from _hf_loop import BATCHING_MODES
 from acl_runtime.io import atomic  # noqa: E402
-from acl_runtime.tables import mean_std
 from acl_torch.exit_heads import POOLING_MODES
+from acl_torch.glue_metrics import mean_std
 
 TASKS = ["RTE", "STS-B", "SST-2", "CoLA"]
 TRAIN_SIZES = {"RTE": 2490, "STS-B": 5749, "SST-2": 2000, "CoLA": 8551}  # SST-2: quality.py's 2000-example subset

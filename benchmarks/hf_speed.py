@@ -42,9 +42,9 @@ import common
 import harness
 from acl_fairseq.inference import flops
 from acl_runtime import conventions
-from acl_runtime.machine import read_cpu_kind
 from acl_torch import acceleration
 from acl_torch.exit_heads import POOLING_MODES
+from acl_torch.machine import read_cpu_kind
 
 # (criterion, scope, exits, extra flags)
 PLUGIN = [

@@ -21,7 +21,8 @@ from typing import Dict, List, Optional, Tuple
 
 from acl_runtime import glue_tasks
 from acl_runtime.io import atomic  # noqa: E402
-from acl_runtime.tables import mean_std, read_tsv
+from acl_runtime.tables import read_tsv
+from acl_torch.glue_metrics import mean_std
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HPARAMS = glue_tasks.TABLE  # the task table (recipes/glue/hparams.tsv links to it)
@@ -32,16 +33,15 @@ METRIC_NAMES = {"mcc": "MCC", "accuracy": "Acc", "f1": "F1", "pearson": "Pearson
 SUBSET_NAMES = {("MNLI", "valid"): "MNLI-m", ("MNLI", "valid1"): "MNLI-mm"}
 
 
-def task_columns(hparams: List[Dict[str, str]]) -> "OrderedDict[str, List[Tuple[str, str]]]":
+def task_columns(hparams: List[glue_tasks.TaskSpec]) -> "OrderedDict[str, List[Tuple[str, str]]]":
     """task -> [(subset, metric), ...] in table order, from the ``report`` column."""
     out = OrderedDict()
     for row in hparams:
-        first = row["valid_subsets"].split(",")[0]
         cols = []
-        for item in row["report"].split(","):
+        for item in row.report.split(","):
             subset, _, metric = item.rpartition("/")
-            cols.append((subset or first, metric))
-        out[row["task"]] = cols
+            cols.append((subset or row.valid_subsets[0], metric))
+        out[row.name] = cols
     return out
 
 
@@ -78,10 +78,10 @@ def format_cell(values: List[float]) -> str:
     return f"{mean:.2f}{spread} (n={len(values)})"
 
 
-def summarize(results: List[dict], hparams: List[Dict[str, str]], method_order: List[str]) -> dict:
+def summarize(results: List[dict], hparams: List[glue_tasks.TaskSpec], method_order: List[str]) -> dict:
     """The table as data: columns, methods (rows) and per-cell values over seeds."""
     columns = task_columns(hparams)
-    first_subset = {row["task"]: row["valid_subsets"].split(",")[0] for row in hparams}
+    first_subset = {row.name: row.valid_subsets[0] for row in hparams}
     tasks_present = {r["task"] for r in results}
     unknown = sorted(tasks_present - set(columns))
     for task in unknown:  # a task missing from the table: show its checkpoint-selection metric
@@ -229,7 +229,8 @@ def main(argv=None) -> int:
         print(f"error: no result.json under {args.runs_dir}", file=sys.stderr)
         return 1
     method_order = [row["method"] for row in read_tsv(METHODS)] if os.path.isfile(METHODS) else []
-    summary = summarize(results, glue_tasks.rows(args.hparams), list(OrderedDict.fromkeys(method_order)))
+    table = list(glue_tasks.tasks(args.hparams).values())
+    summary = summarize(results, table, list(OrderedDict.fromkeys(method_order)))
 
     link_dir = os.path.dirname(os.path.abspath(args.out)) if args.out else os.path.abspath(args.runs_dir)
     groups = early_exit_groups(results)

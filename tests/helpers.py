@@ -120,6 +120,18 @@ def _run(argv: Sequence[str], what: str, env: Optional[Dict[str, str]], check: b
     return proc
 
 
+def refusal(main, argv: Sequence[str], prog: str) -> str:
+    """The line the command ``prog`` prints when it refuses ``argv``: ``main(argv)`` raises the one-line
+    :class:`acl_runtime.console.UsageError` that :func:`acl_runtime.console.run` prints as ``prog: error: ...``
+    with exit status 2."""
+    from acl_runtime import console
+
+    with pytest.raises(console.UsageError) as refused:
+        main(argv)
+    assert refused.value.code == 2 and "\n" not in str(refused.value), str(refused.value)
+    return f"{prog}: error: {refused.value}"
+
+
 def train(data: str, save_dir: str, **kw):
     """One tiny ``fairseq-train --user-dir acl_fairseq`` run; returns the CompletedProcess."""
     env = kw.pop("env", None)

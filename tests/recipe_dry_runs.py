@@ -140,7 +140,7 @@ def _methods_table(env, tmp):
     with open(os.path.join(GLUE, "methods.tsv")) as f:
         text = f.read()
     with open(os.path.join(tmp, "methods.tsv"), "w") as f:
-        f.write(text + "acl_embed\tRTE\tacl_embed\tsingle\t--acl-weight 0.3 --acl-temperature 0.1\n")
+        f.write(text + "acl_embed\tRTE\tacl_embed\tsingle\t1\t--acl-weight 0.3 --acl-temperature 0.1\n")
     env["METHODS_TABLE"] = os.path.join(tmp, "methods.tsv")
 
 

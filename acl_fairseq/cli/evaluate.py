@@ -29,7 +29,6 @@ from typing import Dict, List, Optional
 
 import torch
 
-from acl_fairseq import checkpoint_safety
 from acl_fairseq.cli import calibrate, evaluate_checks
 from acl_fairseq.inference import early_exit, flops, latency, report
 from acl_fairseq.inference import hub as hub_mod
@@ -102,23 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_model(checkpoint: str, data_bin: str, user_dir: Optional[str], device: str = "auto"):
-    """(model in eval mode on its device, task, cfg), through the package's one safe checkpoint loader
-    (:func:`checkpoint_safety.load_model_and_task`: weights_only with the allowlist)."""
+    """(model in eval mode on its device, task, cfg): :func:`hub.open_checkpoint`, the one opening of a checkpoint
+    and its error policy (a :class:`console.UsageError`), of a binarized sentence_prediction folder."""
     from fairseq import utils
 
-    if not os.path.isfile(checkpoint):
-        raise FileNotFoundError(f"checkpoint file not found: {checkpoint}")
-    checkpoint_safety.check_readable(checkpoint)  # an empty or cut-short file: one line, before fairseq starts
     if not os.path.isdir(os.path.join(data_bin, "input0")):
-        raise FileNotFoundError(f"{data_bin} is not a binarized sentence_prediction dir (no input0/)")
+        raise console.UsageError(f"{data_bin} is not a binarized sentence_prediction folder (no input0/): pass the "
+                                 "folder acl-preprocess wrote")
     if user_dir:
         utils.import_user_module(argparse.Namespace(user_dir=user_dir))
-    models, cfg, task = checkpoint_safety.load_model_and_task(
-        checkpoint, {"data": data_bin, "load_checkpoint_heads": True})
-    checkpoint_safety.check_loaded_dictionary(models[0], cfg, checkpoint)
-    model = models[0].eval()
-    if hub_mod.resolve_device(device) == "cuda":
-        model = model.cuda()
+    model, cfg, task = hub_mod.open_checkpoint(checkpoint, data_bin, device)
     return model, task, cfg
 
 
@@ -182,7 +174,7 @@ def prediction_file_names(task_name: Optional[str], splits: List[str]) -> List[s
     then ``MNLI-mm.tsv``); ``<task>-<split>.tsv`` beyond them and for other tasks."""
     stem = task_name or "predictions"
     names = [f"{stem}.tsv" if i == 0 else f"{stem}-{s}.tsv" for i, s in enumerate(splits)]
-    known = glue_tasks.facts().get(task_name)
+    known = glue_tasks.tasks().get(task_name)
     if known:
         names[: len(known.leaderboard)] = known.leaderboard[: len(splits)]
     return names
@@ -200,7 +192,7 @@ def write_test_predictions(model, task, args, head_name: str, ctx: Dict) -> List
         batches = make_batches(dataset, list(range(len(dataset))), args.batch_size)
         ids, exit_logits, _ = collect_exit_logits(model, batches, head_name)
         order = ids.argsort()
-        known = glue_tasks.facts().get(ctx["task_name"])
+        known = glue_tasks.tasks().get(ctx["task_name"])
         values = format_predictions(exit_logits[order, -1], task.label_dictionary, ctx["regression"],
                                     known.regression_scale if known else None)
         path = os.path.join(args.predictions_dir, name)
@@ -322,7 +314,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         args.source = args.checkpoint
         try:
             args.checkpoint = multi_exit_folder.for_data(args.checkpoint, args.data_bin, tmp)
-        except multi_exit_folder.UnsupportedCheckpointError as e:
+        except (multi_exit_folder.UnsupportedCheckpointError, multi_exit_folder.CheckpointError) as e:
             raise console.UsageError(str(e)) from None
         return run(parser, args)
 
@@ -349,9 +341,9 @@ def run(parser: argparse.ArgumentParser, args) -> Dict:
 
 def cli_main() -> None:
     console.setup_logging()
-    # a wrong path, a damaged file, data of another dictionary, an unmet --calibrate budget: one line, exit 2
-    console.run("acl-evaluate", main, (FileNotFoundError, checkpoint_safety.CheckpointError,
-                                       checkpoint_safety.DictionaryMismatch))
+    # a wrong path, a damaged file, data of another dictionary, an unmet --calibrate budget (UsageErrors), a file
+    # missing on the way: one line, exit 2
+    console.run("acl-evaluate", main, (FileNotFoundError,))
 
 
 if __name__ == "__main__":

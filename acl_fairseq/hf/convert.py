@@ -248,15 +248,16 @@ def _convert(hf_dir: str, vocab_dir: str, out_dir: str, config: dict, num_classe
     conventions.write(os.path.join(out_dir, conventions.FILE_NAME), record)
     write_readme(out_dir, flags)
     files = ["model.pt", "dict.txt", "model_args.txt", conventions.FILE_NAME, README]
-    files += _copy_tokenizer_files(hf_dir, out_dir, model_type)
+    files += _copy_tokenizer_files(hf_dir, vocab_dir, out_dir, model_type)
     logger.info("wrote %s to %s; architecture flags: %s", ", ".join(files), out_dir, " ".join(flags))
     logger.info("its arch is this plugin's multi_exit_roberta: load it with %s (a process that has not imported "
                 "acl_fairseq fails with KeyError 'no_progress_bar')", HUB_USAGE.replace("OUT_DIR", repr(out_dir)))
     return {"model_args": flags, "files": files}
 
 
-def _copy_tokenizer_files(hf_dir: str, out_dir: str, model_type: str) -> List[str]:
-    """Copy the tokenizer's files that ``hf_dir`` has into ``out_dir``, each atomically; returns their names."""
+def _copy_tokenizer_files(hf_dir: str, vocab_dir: str, out_dir: str, model_type: str) -> List[str]:
+    """Copy the tokenizer's files that ``vocab_dir`` (the vocabulary written from a lone tokenizer.json) or else
+    ``hf_dir`` has into ``out_dir``, each atomically; returns their names."""
     files = []
     for name in TOKENIZER_FILES[model_type] + OPTIONAL_TOKENIZER_FILES:
         source = next((p for p in (os.path.join(vocab_dir, name), os.path.join(hf_dir, name)) if os.path.isfile(p)),

@@ -43,6 +43,7 @@ from typing import Callable, Dict, List, Optional
 from acl_fairseq.hf import export_tokenizer
 from acl_fairseq.hf.export_tokenizer import ExportError
 from acl_runtime import calibration, console, glue_tasks, paths, request, tokenization
+from acl_runtime.console import UsageError
 from acl_runtime.io import atomic
 
 logger = logging.getLogger("acl_fairseq.hf.export")
@@ -106,22 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def fail(message: str) -> None:
-    """A usage or input error: one line, exit status 2 (as :func:`console.run` reports a UsageError; printed here
-    so that a caller of :func:`main` gets the line too, and exited as a plain SystemExit so it is printed once)."""
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
 def check_flags(args) -> None:
     """The flags alone, before any file is read."""
     for fmt in set(args.format):
         if args.format.count(fmt) > 1:
-            fail(f"--format {fmt} is given {args.format.count(fmt)} times: name each format once")
+            raise UsageError(f"--format {fmt} is given {args.format.count(fmt)} times: name each format once")
     if args.batch_size < 1:
-        fail(f"--batch-size {args.batch_size}: the metrics pass needs a whole number >= 1")
+        raise UsageError(f"--batch-size {args.batch_size}: the metrics pass needs a whole number >= 1")
     if args.quantize and "onnx" not in args.format:
-        fail("--quantize applies to --format onnx: add it")
+        raise UsageError("--quantize applies to --format onnx: add it")
 
 
 def check_out(args) -> None:
@@ -129,17 +123,18 @@ def check_out(args) -> None:
     unless ``--force``. Writing is tried (a probe file, removed at once): permission bits say nothing for root,
     nor for a read-only or immutable mount."""
     if os.path.exists(args.out) and not os.path.isdir(args.out):
-        fail(f"--out {args.out} is a file: give a folder (each format goes to OUT/<format>/)")
+        raise UsageError(f"--out {args.out} is a file: give a folder (each format goes to OUT/<format>/)")
     for fmt in args.format:
         if os.path.exists(os.path.join(args.out, fmt)) and not args.force:
-            fail(f"{os.path.join(args.out, fmt)} exists; pass --force to replace it")
+            raise UsageError(f"{os.path.join(args.out, fmt)} exists; pass --force to replace it")
     try:  # the nearest existing folder is where the first write happens
         atomic.probe_folder(args.out)
     except NotADirectoryError as e:
-        fail(f"--out {args.out}: {e.filename} is a file, not a folder; pass another --out")
+        raise UsageError(f"--out {args.out}: {e.filename} is a file, not a folder; pass another --out") from None
     except OSError as e:
         folder = os.path.dirname(e.filename) if e.filename else args.out
-        fail(f"--out {args.out}: cannot write in {folder} ({e.strerror or e}); pass an --out you can write to")
+        raise UsageError(f"--out {args.out}: cannot write in {folder} ({e.strerror or e}); pass an --out you can "
+                         "write to") from None
 
 
 def check_data(args, cfg: Dict) -> None:
@@ -150,8 +145,8 @@ def check_data(args, cfg: Dict) -> None:
                       getattr(task, "regression_target", False))
     for sub in ("input0",) if regression else ("input0", "label"):
         if not os.path.isfile(os.path.join(args.data, sub, "dict.txt")):
-            fail(f"{os.path.join(args.data, sub, 'dict.txt')} not found: --data must be the binarized folder the "
-                 "model was trained on")
+            raise UsageError(f"{os.path.join(args.data, sub, 'dict.txt')} not found: --data must be the binarized "
+                             "folder the model was trained on")
 
 
 def format_problems(args, cfg: Dict) -> Dict[str, List[str]]:
@@ -171,7 +166,7 @@ def format_problems(args, cfg: Dict) -> Dict[str, List[str]]:
     try:
         record = tokenization.read(args.data)
     except ValueError as e:  # a malformed stats.json: no format can be written
-        fail(str(e))
+        raise UsageError(str(e)) from None
     from acl_fairseq.hf import export_weights
 
     model_args = cfg.get("model")
@@ -195,23 +190,20 @@ def refuse_formats(asked: List[str], problems: Dict[str, List[str]]) -> None:
     fix = (f"--format {' '.join(works)} can: pass it alone" if works else "no format can be written with these flags")
     if "hf" in bad:
         fix += " (hf needs a model fine-tuned from a converted BERT or RoBERTa: docs/hf_import.md)"
-    fail(f"{why}. Nothing was written. Fix: {fix}")
+    raise UsageError(f"{why}. Nothing was written. Fix: {fix}")
 
 
 def precheck(args) -> Dict:
     """Everything that can be checked before the model is built; returns the checkpoint's cfg."""
     check_flags(args)
     check_out(args)
-    try:  # a run's folder, an export, a missing file: what to pass instead
-        paths.check(args.checkpoint, (paths.CHECKPOINT,), PROG)
-    except console.UsageError as e:
-        fail(str(e))
+    paths.check(args.checkpoint, (paths.CHECKPOINT,), PROG)  # a run's folder, an export, a missing file: what instead
     cfg = read_cfg(args.checkpoint)
     check_data(args, cfg)
     try:  # what the flags alone get wrong (acl_runtime.request), before the model loads
         request.resolve(None, args.policy, args.threshold)
     except ValueError as e:
-        fail(str(e))
+        raise UsageError(str(e)) from None
     refuse_formats(args.format, format_problems(args, cfg))  # every format checked before any is written
     return cfg
 
@@ -226,16 +218,13 @@ def read_cfg(checkpoint: str) -> Dict:
     try:
         return checkpoint_safety.read_cfg(checkpoint)
     except checkpoint_safety.CheckpointError as e:  # a truncated, foreign or unsafe file: named, with the fix
-        fail(str(e))
+        raise UsageError(str(e)) from None
 
 
 def load_hub(args):
     from acl_fairseq.inference import hub as hub_mod
 
-    try:
-        return hub_mod.from_checkpoint(args.checkpoint, args.data, args.tokenizer)
-    except console.UsageError as e:
-        fail(str(e))
+    return hub_mod.from_checkpoint(args.checkpoint, args.data, args.tokenizer)  # its refusals are UsageErrors
 
 
 def serving_policy(args, hub) -> None:
@@ -243,7 +232,7 @@ def serving_policy(args, hub) -> None:
     exit_policy.json record they came from, or None), which every format writer records."""
     args.calibration = None
     if args.policy is None and hub.calibrated is not None and hub.calibrated.get("error"):
-        fail(hub.calibrated["error"])  # an exit_policy.json that cannot be read decides only without --policy
+        raise UsageError(hub.calibrated["error"])  # an unreadable exit_policy.json decides only without --policy
     if args.policy is None and hub.calibrated is not None:
         args.calibration = {k: v for k, v in hub.calibrated.items() if k != "source"}
         print(f"{PROG}: recording the calibrated policy {hub.calibrated['policy']} {hub.calibrated['threshold']:g} "
@@ -251,7 +240,7 @@ def serving_policy(args, hub) -> None:
     try:  # the one resolution of the run: the flags, else the calibrated record, checked against the model's exits
         resolved = hub.resolve_request(args.policy, args.threshold, None, source="flag")
     except ValueError as e:  # a policy on a single-exit model
-        fail(str(e))
+        raise UsageError(str(e)) from None
     args.policy, args.threshold = resolved.policy, resolved.threshold
 
 
@@ -281,7 +270,7 @@ def write_atomically(out: str, force: bool, build: Callable[[str], None]) -> Non
         names = sorted(os.listdir(tmp))
         for name in names:  # checked before anything is replaced
             if os.path.exists(os.path.join(out, name)) and not force:  # appeared while we worked
-                fail(f"{os.path.join(out, name)} exists; pass --force to replace it")
+                raise UsageError(f"{os.path.join(out, name)} exists; pass --force to replace it")
         for name in names:
             atomic.replace_folder(os.path.join(tmp, name), os.path.join(out, name))
         shutil.rmtree(tmp, ignore_errors=True)
@@ -310,11 +299,11 @@ def export(args) -> Dict:
 
     if not multi_exit_folder.is_multi_exit(args.checkpoint):
         if args.data is None:
-            fail("--data is required with a checkpoint: pass the binarized folder the model was trained on")
+            raise UsageError("--data is required with a checkpoint: pass the binarized folder the model was trained on")
         return export_run(args)
     if "hf" in args.format:
-        fail(f"--format hf: {args.checkpoint} is a transformers folder already (import acl_hf, then "
-             "AutoModelForSequenceClassification loads it); pass --format onnx")
+        raise UsageError(f"--format hf: {args.checkpoint} is a transformers folder already (import acl_hf, then "
+                         "AutoModelForSequenceClassification loads it); pass --format onnx")
     args.metrics_split = "none"
     check_flags(args)
     check_out(args)
@@ -326,7 +315,7 @@ def export(args) -> Dict:
             args.checkpoint, args.data = multi_exit_folder.materialize(args.checkpoint, tmp)
         except (multi_exit_folder.UnsupportedCheckpointError, multi_exit_folder.CheckpointError,
                 glue_tasks.GlueDataError) as e:  # named, with the fix
-            fail(str(e))
+            raise UsageError(str(e)) from None
         return export_run(args)
 
 
@@ -347,9 +336,9 @@ def export_run(args) -> Dict:
     try:
         write_atomically(args.out, args.force, build)
     except ExportError as e:
-        fail(str(e))
+        raise UsageError(str(e)) from None
     except OSError as e:  # the disk filled, or OUT turned read-only, after the checks: nothing was placed
-        fail(_os_error(e, args.out))
+        raise UsageError(_os_error(e, args.out)) from None
     return written
 
 

@@ -204,6 +204,12 @@ BPE_FILES = {"code": "bpe_codes", "bpecodes": "bpe_codes", "sentencepiece.bpe.mo
              "merges.txt": "bpe_merges", "vocab.json": "bpe_vocab"}
 
 
+def bpe_files(folder: str) -> Dict[str, str]:
+    """The model's BPE arguments for the files of :data:`BPE_FILES` found in ``folder``."""
+    return {arg: os.path.join(folder, name) for name, arg in BPE_FILES.items()
+            if os.path.exists(os.path.join(folder, name))}
+
+
 def from_pretrained(model_name_or_path: str, checkpoint_file: str = "checkpoint_best.pt",
                     data_name_or_path: str = ".", tokenizer_file: Optional[str] = None,
                     **kwargs) -> MultiExitHubInterface:
@@ -221,9 +227,7 @@ def from_pretrained(model_name_or_path: str, checkpoint_file: str = "checkpoint_
     model_path = file_utils.load_archive_file(model_name_or_path)
     kwargs["data"] = (os.path.abspath(os.path.join(model_path, data_name_or_path))
                       if data_name_or_path.startswith(".") else file_utils.load_archive_file(data_name_or_path))
-    for name, arg in BPE_FILES.items():
-        if os.path.exists(os.path.join(model_path, name)):
-            kwargs[arg] = os.path.join(model_path, name)
+    kwargs.update(bpe_files(model_path))
     if "user_dir" in kwargs:
         utils.import_user_module(argparse.Namespace(user_dir=kwargs["user_dir"]))
     kwargs.setdefault("load_checkpoint_heads", True)
@@ -245,21 +249,37 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def open_checkpoint(path: str, data: str, device: str = "cpu", overrides: Optional[Dict] = None):
+    """``(model, cfg, task)``: the checkpoint file ``path`` with the binarized ``data`` folder and its heads, read by
+    the package's one safe loader (:func:`checkpoint_safety.load_model_and_task`), in eval mode on ``device`` (cpu,
+    cuda or auto): the one opening of a checkpoint file, under acl-evaluate (this bare model) and every hub
+    (:func:`from_checkpoint`). Whatever keeps it from opening (no such file, the file damaged or unsafe, another
+    task's dictionary, CUDA where there is none) is one :class:`UsageError` naming it and the fix."""
+    on_cuda = resolve_device(device) == "cuda"  # before anything loads
+    try:
+        checkpoint_safety.check_readable(path)  # an empty or cut-short file: one line, before fairseq starts
+        models, cfg, task = checkpoint_safety.load_model_and_task(
+            path, dict(overrides or {}, data=os.path.abspath(data), load_checkpoint_heads=True))
+        checkpoint_safety.check_loaded_dictionary(models[0], cfg, path)
+    except (checkpoint_safety.CheckpointError, checkpoint_safety.DictionaryMismatch) as e:
+        raise UsageError(str(e)) from None
+    model = models[0].eval()
+    return (model.cuda() if on_cuda else model), cfg, task
+
+
 def from_checkpoint(path: str, data: str, tokenizer: Optional[str] = None, device: str = "cpu"
                     ) -> MultiExitHubInterface:
-    """The one way the commands and the benchmarks open a checkpoint file as a hub: ``path`` with the binarized
-    ``data`` folder (and ``tokenizer``, a tokenizer.json, where the data folder's own is not found), in eval mode
-    on ``device`` (cpu, cuda or auto). Whatever keeps it from opening (the file damaged or unsafe, another task's
-    dictionary, no tokenizer, an exit_policy.json that cannot be read, CUDA where there is none) is one
-    :class:`UsageError` naming it and the fix, the error policy of every caller."""
+    """The one way the commands and the benchmarks open a checkpoint file as a hub: :func:`open_checkpoint` (with
+    the BPE files beside it, as :func:`from_pretrained`), wrapped with the tokenizer of the ``data`` folder (or
+    ``tokenizer``, a stats.json or conventions.json, where the data folder's own is not found) and the calibrated
+    policy of an exit_policy.json beside it, in eval mode on ``device``. No tokenizer, or an exit_policy.json that
+    cannot be read, is a :class:`UsageError` too: every caller's one error policy."""
+    on_cuda = resolve_device(device) == "cuda"
+    model, cfg, task = open_checkpoint(path, data, "cpu", bpe_files(os.path.dirname(os.path.abspath(path))))
     try:
-        hub = from_pretrained(os.path.dirname(os.path.abspath(path)), os.path.basename(path), os.path.abspath(data),
-                              tokenizer_file=tokenizer)
-    except (TokenizerNotFound, checkpoint_safety.CheckpointError, checkpoint_safety.DictionaryMismatch,
-            calibration.RecordError) as e:
+        hub = MultiExitHubInterface(cfg, task, model, tokenizer)
+        hub.calibrated = calibration.for_checkpoint(path)
+    except (TokenizerNotFound, calibration.RecordError) as e:
         raise UsageError(str(e)) from None
     hub.eval()
-    if resolve_device(device) == "cuda":
-        hub.cuda()
-    return hub
-
+    return hub.cuda() if on_cuda else hub

@@ -11,7 +11,7 @@ import math
 import statistics
 from typing import Dict, List, Optional
 
-from acl_runtime.tables import mean_std
+from acl_torch.glue_metrics import mean_std
 
 TIMING_FIELDS = [
     "latency_full_batch1_s",

@@ -40,5 +40,5 @@ def score(logits: torch.Tensor, targets: torch.Tensor, ctx: Dict) -> Dict[str, f
         found = glue_metrics.classification_metrics(
             logits.argmax(-1).tolist(), targets.view(-1).tolist(), ctx["positive"]
         )
-    known = glue_tasks.facts().get(ctx["task_name"])
+    known = glue_tasks.tasks().get(ctx["task_name"])
     return {k: found[k] for k in known.metrics if k in found} if known else found

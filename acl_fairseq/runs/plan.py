@@ -22,7 +22,8 @@ from fractions import Fraction
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from acl_fairseq.runs.model_flags import RecipeError, decide
-from acl_fairseq.runs.recipe_tables import REPO, Method, Task, method, refusal, tasks
+from acl_fairseq.runs.recipe_tables import REPO, Method, method, refusal, tasks
+from acl_runtime.glue_tasks import TaskSpec
 
 WARMUP_FRACTION = 0.06  # fairseq's RoBERTa GLUE recipe: 6 % of the updates, rounded up
 # (variable, default, meaning): the driver's settings, read from the environment; empty = the default
@@ -125,7 +126,7 @@ def dictionaries_differ(checkpoint: str, data_bin: str) -> bool:
 
 @dataclass
 class Plan:
-    task: Task
+    task: TaskSpec
     method: Method
     settings: Dict[str, str]
     extra: List[str]
@@ -277,7 +278,7 @@ def _checked(s: Dict[str, str], task_name: str, method_name: str):
     return task, m
 
 
-def _train_flags(s, task: Task, m: Method, d, rd: str, tb: str, device: str, fp16: str, extra) -> List[str]:
+def _train_flags(s, task: TaskSpec, m: Method, d, rd: str, tb: str, device: str, fp16: str, extra) -> List[str]:
     """fairseq-train's flags after the data and the checkpoint: fairseq's GLUE recipe, the task's row, the method's
     row, the schedule (TOTAL_UPDATES and its 6 % warm-up, or the row's), the device, then ``extra``."""
     if s["TOTAL_UPDATES"]:
@@ -307,7 +308,7 @@ def _train_flags(s, task: Task, m: Method, d, rd: str, tb: str, device: str, fp1
         *(["--compile"] if s["COMPILE"] == "1" else []), *extra]
 
 
-def _evaluations(s, task: Task, m: Method, rd: str, tb: str, data_bin: str, device: str):
+def _evaluations(s, task: TaskSpec, m: Method, rd: str, tb: str, data_bin: str, device: str):
     """``(acl-evaluate argvs, result.py's --early-exit flags)``: one evaluation per validation subset of a
     multi-exit method (the first also predicts the test splits with PREDICT_TEST=1); none for a single exit."""
     evaluations, early_exit = [], []
@@ -348,7 +349,7 @@ def _records(path: str, line: str) -> bool:
         return False
 
 
-def _missing_data(data_bin: str, task: Task) -> List[str]:
+def _missing_data(data_bin: str, task: TaskSpec) -> List[str]:
     """The files of the binarized folder that fairseq's sentence_prediction task reads and that are missing."""
     need = ["input0/dict.txt", "input0/train.idx", *(f"input0/{s}.idx" for s in task.valid_subsets),
             "label/train.label" if task.regression else "label/dict.txt"]

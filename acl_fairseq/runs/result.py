@@ -18,7 +18,7 @@ import sys
 from typing import Dict, List
 
 from acl_runtime.io import atomic
-from acl_runtime.machine import CPU_FLAGS, read_cpu_kind
+from acl_torch.machine import CPU_FLAGS, read_cpu_kind
 
 # `2026-01-01 12:00:00 | INFO | valid | {"epoch": 1, "valid_loss": "0.99", ...}`
 LOG_LINE = re.compile(r"\|\s*(?P<tag>[\w.-]+)\s*\|\s*(?P<stats>\{.*\})\s*$")

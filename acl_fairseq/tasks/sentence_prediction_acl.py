@@ -32,6 +32,7 @@ a 6-exit base model). Nothing at all when ``--projector-every 0`` (the default).
 Only the master process writes under distributed training. The validation count restarts at 0 when a
 run resumes.
 """
+import argparse
 import glob
 import logging
 import os
@@ -116,12 +117,38 @@ class SentencePredictionAclConfig(SentencePredictionConfig):
     cpu: bool = II("common.cpu")
 
 
+class RefuseEmulatedBf16(argparse.Action):
+    """``--autocast-bf16`` as fairseq-train parses it. Without CUDA the model trains on this CPU, so a CPU without bf16
+    units is refused here, as argparse refuses a bad value: one line (``PROG: error: ...``) and exit status 2, before
+    fairseq sets anything up or logs its configuration. With CUDA the device is known only later: the task's
+    ``__init__`` refuses there (``--cpu`` on a GPU host, a GPU before Ampere)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=False, help=kwargs.get("help"))
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import torch
+
+        problem = None if torch.cuda.is_available() else acceleration.bf16_problem("cpu")
+        if problem:
+            parser.exit(2, f"{parser.prog}: error: {option_string}: {problem}\n")
+        setattr(namespace, self.dest, True)
+
+
 @register_task("sentence_prediction_acl", dataclass=SentencePredictionAclConfig)
 class SentencePredictionAclTask(SentencePredictionTask):
     """``sentence_prediction`` plus projector snapshots, every validation example, marked replays."""
 
     marks_replayed_batches = True  # criteria may rely on :meth:`train_step` telling them
     validates_every_example = True  # see :meth:`get_batch_iterator`
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)  # the config's flags
+        # --autocast-bf16 again, refused while argparse parses it (a group that may replace the config's flag)
+        help_text = SentencePredictionAclConfig.__dataclass_fields__["autocast_bf16"].metadata["help"]
+        parser.add_argument_group(conflict_handler="resolve").add_argument(
+            "--autocast-bf16", action=RefuseEmulatedBf16, help=help_text)
 
     def __init__(self, cfg: SentencePredictionAclConfig, data_dictionary, label_dictionary):
         super().__init__(cfg, data_dictionary, label_dictionary)
@@ -141,7 +168,8 @@ class SentencePredictionAclTask(SentencePredictionTask):
             self.projector_logdir = projector.resolve_logdir(cfg.projector_logdir, cfg.tensorboard_logdir)
         self.compiled: Optional[acceleration.CompileStats] = None
         self._graphs_logged = 0
-        if cfg.autocast_bf16:  # refused here, at start-up, in one line and exit 2, where bf16 would be emulated
+        if cfg.autocast_bf16:  # refused at start-up, in one line and exit 2, where bf16 would be emulated (without
+            # CUDA fairseq-train's parser refused it already: RefuseEmulatedBf16)
             try:
                 logger.info("--autocast-bf16: %s", acceleration.check_bf16(self.device_type))
             except ValueError as e:

@@ -53,7 +53,7 @@ def print_noted_table(rows: List[Dict], columns: Sequence[str], formats: Dict[st
 def report(rows: List[Dict], columns: Sequence[str], formats: Dict[str, str], json_path: Optional[str]) -> None:
     """The benchmarks' common ending: the optional note, the table, and the rows as JSON (written atomically), each
     row naming the CPU kind it was measured on."""
-    from acl_runtime.machine import read_cpu_kind
+    from acl_torch.machine import read_cpu_kind
 
     kind = read_cpu_kind().describe()
     print(f"# cpu: {kind}")

@@ -5,7 +5,7 @@ import platform
 import sys
 from typing import Dict
 
-from acl_runtime.machine import CPU_FLAGS
+from acl_torch.machine import CPU_FLAGS
 
 from . import cli
 
@@ -14,8 +14,8 @@ LIBRARIES = ("torch", "onnxruntime")
 
 def machine() -> Dict:
     """The machine a result was measured on, for every setup record: the CPU kind in words
-    (``acl_runtime.machine``), the flags that decide which kernels run, the cores and the load when it started."""
-    from acl_runtime.machine import read_cpu_kind
+    (``acl_torch.machine``), the flags that decide which kernels run, the cores and the load when it started."""
+    from acl_torch.machine import read_cpu_kind
 
     kind = read_cpu_kind()
     return {"cpu_kind": kind.describe(), "cpu_flags": [f for f in CPU_FLAGS if f in kind.flags],

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Hashable, Iterable, List, Optional, Sequ
 
 import _records
 from acl_runtime.io import atomic
-from acl_runtime.tables import mean_std
+from acl_torch.glue_metrics import mean_std
 
 from .clock import now, since
 from .outputs import write_json, write_text

@@ -85,7 +85,7 @@ def test_the_benchmarks_read_time_through_the_harness_clock_and_schedule_rounds_
 
 
 def test_the_machine_record_names_the_cpu_kind_and_the_flags_that_decide_the_kernels():
-    from acl_runtime.machine import read_cpu_kind
+    from acl_torch.machine import read_cpu_kind
 
     got = harness.machine()
     kind = read_cpu_kind()

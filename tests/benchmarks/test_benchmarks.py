@@ -241,8 +241,8 @@ def test_hf_speed_leaves_compiled_modes_out_in_one_line_where_compiling_fails(tm
 def test_hf_speed_leaves_bf16_modes_out_in_one_line_on_a_cpu_without_bf16_units(tmp_path, capsys, monkeypatch):
     """README's speed command with its default modes on an AVX2-only EPYC: the fp32 modes timed, not a
     ValueError from the bf16 check."""
-    from acl_runtime.machine import read_cpu_kind
     from acl_torch import acceleration
+    from acl_torch.machine import read_cpu_kind
     from test_acceleration import ROME
 
     monkeypatch.setattr(acceleration, "read_cpu_kind", lambda text=None: read_cpu_kind(ROME))

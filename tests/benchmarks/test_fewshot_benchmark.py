@@ -244,8 +244,8 @@ def test_a_finished_fewshot_run_of_another_schedule_or_from_before_the_conventio
 
 def test_fewshot_bf16_on_a_cpu_without_bf16_units_is_refused_before_any_run(tmp_path, monkeypatch, capsys):
     """Refused in one line at the start (the rule of acl_torch.acceleration.bf16_problem), not by each run."""
-    from acl_runtime.machine import read_cpu_kind
     from acl_torch import acceleration
+    from acl_torch.machine import read_cpu_kind
     from test_acceleration import ROME
 
     fewshot = _fewshot_module()

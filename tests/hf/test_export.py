@@ -192,10 +192,9 @@ def test_mean_pooling_is_refused_before_loading(run, tmp_path, capsys):
     state = torch.load(ckpt, weights_only=True, map_location="cpu")
     state["cfg"]["model"].exit_pooling = "mean"
     torch.save(state, tmp_path / "mean.pt")
-    with pytest.raises(SystemExit) as exc:
-        export.main([str(tmp_path / "mean.pt"), "--data", data, "--out", str(tmp_path / "out")])
-    err = capsys.readouterr().err
-    assert exc.value.code == 2 and "--exit-pooling mean" in err and "[CLS]" in err and len(err.splitlines()) == 1
+    err = helpers.refusal(export.main, [str(tmp_path / "mean.pt"), "--data", data, "--out", str(tmp_path / "out")],
+                          export.PROG)
+    assert "--exit-pooling mean" in err and "[CLS]" in err
     assert not os.path.exists(tmp_path / "out")
 
 
@@ -211,24 +210,20 @@ def test_force_replaces_only_the_format_folders_and_keeps_the_rest_of_out(run, t
     export.main(argv)
     assert sorted(os.listdir(out)) == ["checkpoint_best.pt", "hf", "onnx"]
     (out / "hf" / "stale.txt").write_text("from the last export")
-    with pytest.raises(SystemExit) as exc:
-        export.main(argv)
-    assert exc.value.code == 2 and f"{out / 'hf'} exists; pass --force" in capsys.readouterr().err
+    assert f"{out / 'hf'} exists; pass --force" in helpers.refusal(export.main, argv, export.PROG)
     assert (out / "hf" / "stale.txt").exists()
     export.main(argv + ["--force"])
     assert sorted(os.listdir(out)) == ["checkpoint_best.pt", "hf", "onnx"]  # no temporary folder left
     assert not (out / "hf" / "stale.txt").exists() and (out / "hf" / "config.json").is_file()
     assert (out / "checkpoint_best.pt").read_text() == "mine" and (out / "onnx" / "manifest.json").read_text() == "{}"
-    with pytest.raises(SystemExit) as exc:
-        export.main([ckpt, "--data", data, "--out", str(out / "checkpoint_best.pt")])
-    assert exc.value.code == 2 and "is a file: give a folder" in capsys.readouterr().err
+    assert "is a file: give a folder" in helpers.refusal(
+        export.main, [ckpt, "--data", data, "--out", str(out / "checkpoint_best.pt")], export.PROG)
 
 
 def test_quantize_needs_the_onnx_format(run, tmp_path, capsys):
     _, _, _, ckpt, data, _, _ = run
-    with pytest.raises(SystemExit) as exc:
-        export.main([ckpt, "--data", data, "--out", str(tmp_path / "out"), "--quantize", "int8"])
-    assert exc.value.code == 2 and "--quantize applies to --format onnx" in capsys.readouterr().err
+    assert "--quantize applies to --format onnx" in helpers.refusal(
+        export.main, [ckpt, "--data", data, "--out", str(tmp_path / "out"), "--quantize", "int8"], export.PROG)
     assert not os.path.exists(tmp_path / "out")
 
 
@@ -247,9 +242,7 @@ def test_mean_pooling_exports_to_onnx_but_not_to_hf(run, tmp_path, capsys):
         manifest = json.load(open(tmp_path / "out" / "onnx" / "manifest.json"))
         assert manifest["pooling"] == "mean" and os.listdir(tmp_path / "out") == ["onnx"]
     else:
-        with pytest.raises(SystemExit) as exc:
-            export.main(argv)
-        assert exc.value.code == 2 and "tokenizer is 'gpt2'" in capsys.readouterr().err
+        assert "tokenizer is 'gpt2'" in helpers.refusal(export.main, argv, export.PROG)
         assert not os.path.exists(tmp_path / "out")
 
 
@@ -265,20 +258,17 @@ def test_a_vocabulary_the_dictionary_does_not_cover_is_refused_and_nothing_is_le
         encoder = json.load(open(tmp_path / "bin" / "encoder.json"))
         encoder["zzzextra"] = len(encoder)
         json.dump(encoder, open(tmp_path / "bin" / "encoder.json", "w"))
-    with pytest.raises(SystemExit) as exc:
-        export.main([ckpt, "--data", str(tmp_path / "bin"), "--out", str(tmp_path / "out")])
-    err = capsys.readouterr().err
-    assert exc.value.code == 2 and "'zzzextra'" in err and "the data dictionary lacks 1 of" in err, err
+    err = helpers.refusal(export.main, [ckpt, "--data", str(tmp_path / "bin"), "--out", str(tmp_path / "out")],
+                          export.PROG)
+    assert "'zzzextra'" in err and "the data dictionary lacks 1 of" in err, err
     assert sorted(os.listdir(tmp_path)) == ["bin"]  # neither OUT nor its temporary folder
 
 
 def test_a_tokenizer_without_an_hf_equivalent_is_refused_before_loading(run, tmp_path, capsys):
     _, _, _, ckpt, _, _, _ = run
     data = helpers.make_data(str(tmp_path / "toy"), n_train=8, n_valid=4)["data"]  # whitespace tokens
-    with pytest.raises(SystemExit) as exc:
-        export.main([ckpt, "--data", data, "--out", str(tmp_path / "out")])
-    err = capsys.readouterr().err
-    assert exc.value.code == 2 and "tokenizer is 'whitespace'" in err and len(err.splitlines()) == 1, err
+    err = helpers.refusal(export.main, [ckpt, "--data", data, "--out", str(tmp_path / "out")], export.PROG)
+    assert "tokenizer is 'whitespace'" in err, err
     assert not os.path.exists(tmp_path / "out")
 
 
@@ -303,9 +293,7 @@ def test_help_names_every_flag():
 @pytest.mark.parametrize("policy,threshold", [("entropy", "1.5"), ("confidence", "nan"), ("patience", "0")])
 def test_a_threshold_outside_its_policys_range_is_refused_before_loading(run, tmp_path, capsys, policy, threshold):
     _, _, _, ckpt, data, _, _ = run
-    with pytest.raises(SystemExit) as exc:
-        export.main([ckpt, "--data", data, "--out", str(tmp_path / "out"), "--policy", policy,
-                     "--threshold", threshold])
-    err = capsys.readouterr().err
-    assert exc.value.code == 2 and policy in err and len(err.splitlines()) == 1
+    err = helpers.refusal(export.main, [ckpt, "--data", data, "--out", str(tmp_path / "out"), "--policy", policy,
+                                        "--threshold", threshold], export.PROG)
+    assert policy in err
     assert not os.path.exists(tmp_path / "out")

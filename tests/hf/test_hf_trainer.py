@@ -120,8 +120,8 @@ def test_without_a_loss_scaler_an_inf_gradient_is_raised_in_one_line_with_the_tr
 
 
 def test_bf16_on_a_cpu_without_bf16_units_is_refused_in_one_line(tmp_path, monkeypatch):
-    from acl_runtime.machine import CpuKind
     from acl_torch import acceleration
+    from acl_torch.machine import CpuKind
 
     avx2 = CpuKind("AuthenticAMD", "AMD EPYC 7B12", frozenset({"avx2", "fma"}), 2250.0)
     monkeypatch.setattr(acceleration, "read_cpu_kind", lambda: avx2)
@@ -248,7 +248,7 @@ def test_tensorboard_gets_the_fairseq_task_s_tags_under_train(tmp_path, monkeypa
 def test_bf16_autocast_trains_with_the_gate_deciding_in_fp32(tmp_path):
     """--bf16 on a CPU with bf16 units (this one has AMX; elsewhere the refusal above applies): the model runs under
     bf16 autocast, the objective and the gate's cosine in fp32 outside it, and every step is decided."""
-    from acl_runtime.machine import read_cpu_kind
+    from acl_torch.machine import read_cpu_kind
 
     if read_cpu_kind().bf16_unit is None:
         pytest.skip("this CPU has no bf16 units: --bf16 is refused here (tested above)")

@@ -106,3 +106,22 @@ def test_no_benchmark_entry_script_imports_another():
     assert len(entries) >= 15
     bad = [(p.stem, m) for p in folder.glob("*.py") for m in imports_of(p, p.stem) if m in entries]
     assert not bad, bad
+
+
+def test_the_results_tables_and_the_run_record_import_no_torch():
+    """The results tables' mean over seeds and the CPU-kind record live in acl_torch's standard-library modules
+    (glue_metrics, machine), beside their users, not in the serving runtime: recipes/collect_results.py still
+    imports neither torch nor fairseq, and the runner's result step runs under ``python -S`` (no site packages)."""
+    import os
+    import subprocess
+    import sys
+
+    path = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[1] + '/recipes']; "
+            "from acl_torch import glue_metrics, machine")
+    loaded = "; print(sorted(m for m in ('torch', 'fairseq', 'numpy') if m in sys.modules))"
+    collector = "; import collect_results; assert collect_results.mean_std is glue_metrics.mean_std"
+    record = "; from acl_fairseq.runs import result; assert result.read_cpu_kind is machine.read_cpu_kind"
+    for flags, code in (([], path + collector + loaded), (["-S"], path + record + collector + loaded)):
+        proc = subprocess.run([sys.executable, *flags, "-c", code, helpers.REPO], capture_output=True, text=True,
+                              env=dict(os.environ, PYTHONPATH=helpers.REPO), cwd=helpers.REPO)
+        assert proc.returncode == 0 and proc.stdout.strip() == "[]", (flags, proc.stdout, proc.stderr[-2000:])

@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+import helpers
 from acl_fairseq.cli import evaluate
 from acl_fairseq.hf import export
 from acl_runtime import console, inputs, paths, predict
@@ -58,11 +59,9 @@ def test_a_run_folder_a_manifest_and_an_export_out_each_name_what_to_pass(predic
 
 def test_acl_export_reads_the_same_paths(predict_run, tmp_path, capsys):
     _, data, ckpt = predict_run
-    with pytest.raises(SystemExit) as e:
-        export.main([os.path.dirname(ckpt), "--data", data, "--out", str(tmp_path / "out"), "--format", "onnx"])
-    assert e.value.code == 2
-    assert capsys.readouterr().err.strip() == (f"acl-export: error: {os.path.dirname(ckpt)} is a folder of "
-                                               f"checkpoints. Fix: pass the file, {ckpt}")
+    err = helpers.refusal(export.main, [os.path.dirname(ckpt), "--data", data, "--out", str(tmp_path / "out"),
+                                        "--format", "onnx"], export.PROG)
+    assert err == f"acl-export: error: {os.path.dirname(ckpt)} is a folder of checkpoints. Fix: pass the file, {ckpt}"
     assert not os.path.exists(tmp_path / "out")
 
 
@@ -131,9 +130,7 @@ def test_another_tasks_data_is_one_line_before_fairseq_loads_weights(predict_run
                                     "--output", str(tmp_path / "p.jsonl")])
     assert message.startswith(f"the data dictionary {other_data}/input0/dict.txt is not the one {ckpt} was trained "
                               "with"), message
-    from acl_fairseq import checkpoint_safety
-
-    with pytest.raises(checkpoint_safety.DictionaryMismatch, match="use the data folder the model was trained on"):
+    with pytest.raises(console.UsageError, match="use the data folder the model was trained on"):
         evaluate.main([ckpt, other_data, "--out-dir", str(tmp_path / "ee")])
     assert not os.path.exists(tmp_path / "p.jsonl") and not os.path.exists(tmp_path / "ee")
 
@@ -144,10 +141,8 @@ def test_another_tasks_data_is_one_line_before_fairseq_loads_weights(predict_run
 def test_export_says_which_format_cannot_be_written_why_and_what_can(predict_run, tmp_path, capsys, monkeypatch):
     _, data, ckpt = predict_run  # whitespace tokens: no standard Hugging Face tokenizer
     monkeypatch.setattr(export, "load_hub", lambda args: pytest.fail("the model was loaded"))
-    with pytest.raises(SystemExit) as e:
-        export.main([ckpt, "--data", data, "--out", str(tmp_path / "out"), "--format", "hf", "onnx"])
-    err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    err = helpers.refusal(export.main, [ckpt, "--data", data, "--out", str(tmp_path / "out"), "--format", "hf", "onnx"],
+                          export.PROG)
     assert err.startswith("acl-export: error: --format hf cannot be written: the data folder's tokenizer is "
                           "'whitespace'"), err
     assert err.endswith("Nothing was written. Fix: --format onnx can: pass it alone (hf needs a model fine-tuned "
@@ -156,10 +151,8 @@ def test_export_says_which_format_cannot_be_written_why_and_what_can(predict_run
     # int8 calibration without the training split: onnx cannot be written either, and each says why
     shutil.copytree(data, tmp_path / "notrain")
     os.remove(tmp_path / "notrain" / "input0" / "train.bin")
-    with pytest.raises(SystemExit):
-        export.main([ckpt, "--data", str(tmp_path / "notrain"), "--out", str(tmp_path / "out"), "--format", "hf",
-                     "onnx", "--quantize", "int8"])
-    err = capsys.readouterr().err.strip().splitlines()[-1]
+    err = helpers.refusal(export.main, [ckpt, "--data", str(tmp_path / "notrain"), "--out", str(tmp_path / "out"),
+                                        "--format", "hf", "onnx", "--quantize", "int8"], export.PROG)
     assert "--format hf cannot be written" in err and "--format onnx cannot be written: --quantize int8" in err, err
     assert "no format can be written with these flags" in err, err
 

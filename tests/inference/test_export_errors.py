@@ -22,18 +22,10 @@ def model(predict_run):
     return ckpt, data
 
 
-def _refused(exc, capsys, *words):
-    err = capsys.readouterr().err.strip()
-    assert exc.value.code == 2, err
-    assert len(err.splitlines()) == 1 and err.startswith("acl-export: error: "), err
+def _export_refused(argv, capsys, *words):
+    err = helpers.refusal(export.main, argv, export.PROG)
     assert all(w in err for w in words), err
     return err
-
-
-def _export_refused(argv, capsys, *words):
-    with pytest.raises(SystemExit) as exc:
-        export.main(argv)
-    return _refused(exc, capsys, *words)
 
 
 @pytest.mark.parametrize("flags, words", [

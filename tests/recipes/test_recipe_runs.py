@@ -79,7 +79,7 @@ def test_driver_run_writes_command_log_and_result(env, tmp_path):
     git = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True)
     assert head == (git.stdout.strip() if git.returncode == 0 else "unknown (not a git checkout)")
     assert result["git_head"] == head
-    from acl_runtime.machine import read_cpu_kind
+    from acl_torch.machine import read_cpu_kind
 
     assert result["cpu_kind"] == read_cpu_kind().describe()  # every record names the machine it trained on
     with open(os.path.join(run_dir, "train.log")) as f:

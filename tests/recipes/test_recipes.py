@@ -148,7 +148,7 @@ def test_method_hyperparameters_come_from_the_table(env):
 def test_per_task_row_overrides_the_default_row(env, tmp_path):
     table = tmp_path / "methods.tsv"
     with open(os.path.join(GLUE, "methods.tsv")) as f:
-        table.write_text(f.read() + "acl_embed\tRTE\tacl_embed\tsingle\t--acl-weight 0.3 --acl-temperature 0.1\n")
+        table.write_text(f.read() + "acl_embed\tRTE\tacl_embed\tsingle\t1\t--acl-weight 0.3 --acl-temperature 0.1\n")
     env["METHODS_TABLE"] = str(table)
     rte = train_argv(run("RTE.sh", "acl_embed", "--dry-run", env=env).stdout)
     assert flag(rte, "--acl-weight") == "0.3" and flag(rte, "--acl-temperature") == "0.1"

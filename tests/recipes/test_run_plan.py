@@ -198,21 +198,45 @@ def test_dictionaries_compared_byte_for_byte(tmp_path):
 
 
 def test_the_package_reads_the_task_row_that_the_plan_reads():
-    """The package's table (acl_runtime/glue_tasks.tsv; recipes/glue/hparams.tsv links to it) gives acl-preprocess,
-    acl-evaluate and acl-export the same facts as the run plan."""
+    """One record of a task (glue_tasks.TaskSpec, every fact a column of acl_runtime/glue_tasks.tsv;
+    recipes/glue/hparams.tsv links to it): the run plan, acl-preprocess, acl-evaluate and acl-export read the same."""
     from acl_runtime import glue_tasks
 
     assert os.path.samefile(glue_tasks.TABLE, os.path.join(GLUE, "hparams.tsv"))
-    table, found = recipe_tables.tasks(), glue_tasks.facts()
-    assert list(table) == list(found) and set(glue_tasks.TASKS) == set(table)
+    table = recipe_tables.tasks()
+    assert table == glue_tasks.TASKS and all(isinstance(t, glue_tasks.TaskSpec) for t in table.values())
     for name, t in table.items():
-        assert (found[name].metrics, found[name].leaderboard, found[name].test_files) == (
-            t.metrics, t.leaderboard, t.test_files), name
-        assert found[name].regression_scale == t.regression_scale and t.best_metric == t.metrics[0], name
-        assert t.test_files == [f"{stem}.tsv" for stem in glue_tasks.TASKS[name].test], name
-        assert (t.regression_scale is not None) == t.regression == glue_tasks.TASKS[name].regression, name
-    assert table["STS-B"].regression_scale == 5.0 and table["MNLI"].test_files == [
-        "test_matched.tsv", "test_mismatched.tsv"]
+        assert t.best_metric == t.metrics[0] and len(t.test_files) == len(t.leaderboard), name
+        assert t.regression == (t.regression_scale is not None) == (t.labels is None) == (t.score_range is not None)
+        assert int(t.num_classes) == (1 if t.regression else len(t.labels)), name
+    assert table["STS-B"].regression_scale == 5.0 and table["STS-B"].score_range == (0.0, 5.0)
+    assert table["MNLI"].test == ("test_matched", "test_mismatched") and table["MNLI"].dev_label == 15
+
+
+def test_what_a_method_needs_is_its_criterions_rule_not_its_name(tmp_path):
+    """methods.tsv's needs_class_labels column is each criterion's own needs_class_labels (acl_torch.objective), and
+    the run plan refuses by the column: a method is not judged by its criterion's name."""
+    from acl_torch import objective
+
+    for name in recipe_tables.method_names():
+        m = recipe_tables.method(name, "RTE")
+        assert m.needs_class_labels == objective.TERMS[m.criterion].needs_class_labels, name
+    table = tmp_path / "methods.tsv"
+    table.write_text(open(os.path.join(GLUE, "methods.tsv")).read() + "ce_labels\t*\tsentence_ce\tsingle\t1\t-\n")
+    stsb = recipe_tables.tasks()["STS-B"]
+    assert recipe_tables.refusal(stsb, recipe_tables.method("ce_labels", "STS-B", str(table))).startswith(
+        "STS-B is a regression task")
+    assert recipe_tables.refusal(stsb, recipe_tables.method("ce", "STS-B", str(table))) is None
+
+
+def test_a_table_without_a_column_is_named(tmp_path):
+    from acl_runtime import glue_tasks
+
+    rows = [line.split("\t") for line in open(glue_tasks.TABLE).read().splitlines() if not line.startswith("#")]
+    table = tmp_path / "old.tsv"
+    table.write_text("\n".join("\t".join(r[:-1]) for r in rows) + "\n")  # without score_range
+    with pytest.raises(glue_tasks.GlueDataError, match="no column score_range. Fix: give the table every column"):
+        glue_tasks.tasks(str(table))
 
 
 def test_a_changed_task_row_changes_what_the_tools_write(tmp_path, monkeypatch):

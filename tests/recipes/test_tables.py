@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from acl_runtime.tables import mean_std, read_tsv
+from acl_runtime.tables import read_tsv
+from acl_torch.glue_metrics import mean_std
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -5,6 +5,10 @@ The compiled-versus-eager checks here use the ``aot_eager`` backend (dynamo's gr
 autograd, no code generation: seconds); the ``inductor`` version of the same check is marked slow.
 """
 import logging
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -18,6 +22,9 @@ ZEN4 = ("vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\ncpu MHz\t\t: 2500.00
 SAPPHIRE = ("vendor_id\t: GenuineIntel\nmodel name\t: Intel Xeon Platinum 8480\ncpu MHz\t\t: 2000.0\n"
             "flags\t\t: avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n")
 ROME = "vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B12\ncpu MHz\t\t: 2250.0\nflags\t\t: avx2 fma\n"
+BROADWELL = ("vendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) CPU E5-2686 v4 @ 2.30GHz\n"
+             "flags\t\t: fpu sse avx avx2 fma\n")
+BROADWELL_KIND = "Intel(R) Xeon(R) CPU E5-2686 v4 @ 2.30GHz, AVX2 only, no bf16 instructions"
 READ = acceleration.read_cpu_kind  # the parser itself (the fixtures below replace the module's name)
 # every registered criterion, with the model it needs
 CASES = [("sentence_ce", "roberta", []), ("sentence_scl", "roberta", []), ("acl_embed", "roberta", []),
@@ -89,10 +96,29 @@ def test_autocast_bf16_is_refused_in_one_line_naming_an_avx2_cpu():
     assert "avx512_bf16" in acceleration.check_bf16("cpu", acceleration.read_cpu_kind(ZEN4))
 
 
-def test_task_refuses_autocast_bf16_at_start_up_on_an_avx2_cpu_in_one_line_and_exit_2(data, monkeypatch, caplog):
+def test_the_parser_refuses_autocast_bf16_on_an_avx2_cpu_in_one_line_and_exit_2(data, monkeypatch, capsys):
+    """Without CUDA the device is this CPU: fairseq-train's parser refuses the flag as it refuses a bad value."""
     monkeypatch.setattr(acceleration, "read_cpu_kind", lambda text=None: READ(ROME))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit) as refused:
         build(data, "sentence_ce", extra=["--autocast-bf16"])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"{os.path.basename(sys.argv[0])}: error: --autocast-bf16: this CPU (AMD EPYC 7B12, AVX2 "
+                          "only"), err
+
+
+def test_the_task_refuses_autocast_bf16_that_its_parser_could_not_judge(data, monkeypatch, caplog):
+    """With CUDA the parser cannot know the device (--cpu may follow): the task's __init__ refuses, in one line."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    argv = helpers.train_args(data, "/nonexistent", task="sentence_prediction_acl")  # the flag set below
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), input_args=argv))
+    cfg.task.autocast_bf16 = True
+    monkeypatch.setattr(acceleration, "read_cpu_kind", lambda text=None: READ(ROME))
+    with pytest.raises(SystemExit) as refused:
+        tasks.setup_task(cfg.task)
     assert refused.value.code == 2 and refused.value.__context__ is None or refused.value.__suppress_context__
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "\n" not in errors[0] and "this CPU (AMD EPYC 7B12, AVX2 only" in errors[0]
@@ -271,3 +297,41 @@ def test_a_checkpoint_saved_before_these_flags_loads_for_use(tmp_path, plugin_ta
     models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": data})
     assert task.compiled is None and task._precision("crit") == "crit" and task.device_type == "cpu"
     assert not hasattr(models[0], "_compiled_call_impl") or models[0]._compiled_call_impl is None
+
+
+def test_fairseq_train_refuses_autocast_bf16_on_an_avx2_cpu_in_one_line_and_gpu_check_reads_the_kind(tmp_path, data):
+    """fairseq-train --autocast-bf16 on a CPU without bf16 units (an AVX2-only Xeon's /proc/cpuinfo, read by the
+    child): exit 2 and one line on stderr naming the CPU kind, before fairseq logs anything (it was a 25-line
+    traceback, then an ERROR line after fairseq's warnings and its configuration); and
+    benchmarks/gpu_check.sh's step 5, run on that output, prints the whole CPU kind (it printed the traceback's
+    source line, then cut a model name at its first parenthesis: "this CPU (Intel(R)")."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(BROADWELL)
+    child = ("import runpy, sys; from acl_torch import machine; machine.CPUINFO = sys.argv.pop(1); "
+             "runpy.run_module('fairseq_cli.train', run_name='__main__', alter_sys=True)")
+    args = helpers.train_args(data, str(tmp_path / "ckpt"), task="sentence_prediction_acl", extra=["--autocast-bf16"])
+    no_gpu = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # the device is this CPU, as on a host without CUDA
+    proc = helpers._run([sys.executable, "-c", child, str(cpuinfo), *args], "fairseq-train", no_gpu, False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1, out[-3000:]
+    assert proc.stderr.startswith(f"train.py: error: --autocast-bf16: this CPU ({BROADWELL_KIND}) has no native bf16")
+    assert proc.stderr.endswith("torch would emulate it, ~40x slower than fp32: drop the flag\n")
+    assert not (tmp_path / "ckpt").exists()
+    # gpu_check.sh's bf16 step, as written there, with a fairseq-train that replays this run's output and status,
+    # then the task's refusal (--cpu on a GPU host: the parser cannot judge, the task's __init__ logs it)
+    script = open(os.path.join(helpers.REPO, "benchmarks", "gpu_check.sh"), encoding="utf-8").read()
+    step = re.search(r'\nrc=0; "\$PY" -m fairseq_cli.train .*?--autocast-bf16 .*?\nfi\n', script, re.S)
+    assert step, "gpu_check.sh's bf16 step is not where this test reads it"
+    logged = (f"2026-01-01 00:00:00 | ERROR | acl_fairseq.tasks.sentence_prediction_acl | --autocast-bf16: this CPU "
+              f"({BROADWELL_KIND}) has no native bf16 (needs amx_bf16 or avx512_bf16 in /proc/cpuinfo)\n")
+    for output in (out, "2026-01-01 00:00:00 | INFO | fairseq_cli.train | {'_name': None}\n" + logged):
+        saved = tmp_path / "saved.log"
+        saved.write_text(output)
+        replay = tmp_path / "replay"
+        replay.write_text(f"#!/bin/sh\ncat {saved} >&2\nexit {proc.returncode}\n")
+        replay.chmod(0o755)
+        shown = subprocess.run(["bash", "-c", f"set -euo pipefail; OUT={tmp_path}; PY={replay}; train=(); "
+                                f"{step.group(0)}"], capture_output=True, text=True)
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.strip() == (f"[gpu_check] 5/5 bf16 refused as it should be here: this CPU "
+                                        f"({BROADWELL_KIND})"), output

@@ -1,6 +1,7 @@
 """What kind of CPU this is, read from ``/proc/cpuinfo`` (or any text in its format): the one home of the CPU-kind
-detection that ``--autocast-bf16`` refuses by (:mod:`acl_torch.acceleration`) and that every benchmark row names.
-Standard library only, so that the serving runtime can say which kernels its int8 copy runs on too."""
+detection that ``--autocast-bf16`` and acl-train-hf's ``--bf16`` refuse by (:mod:`acl_torch.acceleration`) and that
+every benchmark row and training record names (the benchmarks' setup record, acl_fairseq/runs/result.py).
+Standard library only: the runner's last step reads it under ``python -S``, without torch."""
 from typing import FrozenSet, NamedTuple, Optional
 
 CPUINFO = "/proc/cpuinfo"
