@@ -46,6 +46,7 @@ from acl_fairseq.hf.mapping import (
     model_args,
     read_config,
     read_vocab,
+    tokenizer_folder,
 )
 from acl_runtime import console, conventions, tokenization
 from acl_runtime.io import atomic
@@ -209,12 +210,10 @@ def convert(hf_dir: str, out_dir: str, num_classes: Optional[int] = None,
 def _tokenizer_files(hf_dir: str, model_type: str, tmp: str) -> str:
     """The folder holding the vocabulary files :func:`read_vocab` reads: ``hf_dir`` itself, or for a folder saved by
     transformers 5 with its ``tokenizer.json`` alone, ``tmp`` with them written from it (one home:
-    :func:`acl_fairseq.hf.multi_exit_folder.tokenizer_folder`)."""
+    :func:`acl_fairseq.hf.mapping.tokenizer_folder`)."""
     if all(os.path.isfile(os.path.join(hf_dir, n)) for n in TOKENIZER_FILES[model_type]) or not os.path.isfile(
             os.path.join(hf_dir, "tokenizer.json")):
         return hf_dir  # read_vocab names what is missing
-    from acl_fairseq.hf.multi_exit_folder import tokenizer_folder
-
     return tokenizer_folder(hf_dir, model_type, os.path.join(tmp, "tokenizer"))
 
 

@@ -20,7 +20,10 @@ the buffers and task heads of ``IGNORED_PREFIXES``. How the two models line up:
 """
 import json
 import os
+import shutil
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+from acl_runtime.io import atomic
 
 if TYPE_CHECKING:
     import torch
@@ -326,3 +329,42 @@ def head_dropout(config: dict) -> Optional[float]:
 def _move(hf: Dict, out: Dict, src: str, dst: str) -> None:
     for p in ("weight", "bias"):
         out[f"{dst}.{p}"] = hf.pop(f"{src}.{p}")
+
+
+def tokenizer_folder(folder: str, kind: str, out: str) -> str:
+    """A folder with the tokenizer files acl-convert-hf reads for ``kind`` (:data:`TOKENIZER_FILES`):
+    ``folder`` itself when it holds them, else ``out``, where they are written from the folder's ``tokenizer.json``
+    (what transformers 5 saves alone), beside a copy of its tokenizer_config.json and special_tokens_map.json."""
+    if all(os.path.isfile(os.path.join(folder, n)) for n in TOKENIZER_FILES[kind]):
+        return folder
+    path = os.path.join(folder, "tokenizer.json")
+    if not os.path.isfile(path):
+        raise UnsupportedCheckpointError(f"{folder} holds neither {' nor '.join(TOKENIZER_FILES[kind])} nor "
+                                         "tokenizer.json: save the tokenizer with the model (acl-train-hf does)")
+    with open(path, encoding="utf-8") as f:
+        tokenizer = json.load(f)
+    model = tokenizer["model"]
+    wants = {"bert": "WordPiece", "roberta": "BPE"}[kind]
+    if model.get("type") != wants:
+        raise UnsupportedCheckpointError(f"{path}: a {model.get('type')} tokenizer; a {kind} encoder's is {wants}")
+    vocab = model["vocab"]
+    if sorted(vocab.values()) != list(range(len(vocab))):
+        raise UnsupportedCheckpointError(f"{path}: the vocabulary's ids are not 0..{len(vocab) - 1} without gaps")
+    os.makedirs(out)
+    if os.path.isfile(os.path.join(folder, "special_tokens_map.json")):
+        shutil.copyfile(os.path.join(folder, "special_tokens_map.json"), os.path.join(out, "special_tokens_map.json"))
+    settings = {}
+    if os.path.isfile(os.path.join(folder, "tokenizer_config.json")):
+        with open(os.path.join(folder, "tokenizer_config.json"), encoding="utf-8") as f:
+            settings = json.load(f)
+    if kind == "bert":
+        atomic.write_text(os.path.join(out, "vocab.txt"), "".join(t + "\n" for t in sorted(vocab, key=vocab.get)))
+        normalizer = tokenizer.get("normalizer") or {}
+        if normalizer.get("type") == "BertNormalizer":  # the casing the tokenizer ran with, whatever the config says
+            settings["do_lower_case"] = bool(normalizer.get("lowercase", True))
+    else:
+        atomic.write_json(os.path.join(out, "vocab.json"), vocab)
+        merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+        atomic.write_text(os.path.join(out, "merges.txt"), "".join(m + "\n" for m in ["#version: 0.2"] + merges))
+    atomic.write_json(os.path.join(out, "tokenizer_config.json"), settings)
+    return out

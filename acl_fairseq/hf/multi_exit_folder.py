@@ -153,45 +153,6 @@ def weights_file(folder: str) -> str:
     return next(os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".index.json"))
 
 
-def tokenizer_folder(folder: str, kind: str, out: str) -> str:
-    """A folder with the tokenizer files acl-convert-hf reads for ``kind`` (:data:`mapping.TOKENIZER_FILES`):
-    ``folder`` itself when it holds them, else ``out``, where they are written from the folder's ``tokenizer.json``
-    (what transformers 5 saves alone), beside a copy of its tokenizer_config.json and special_tokens_map.json."""
-    if all(os.path.isfile(os.path.join(folder, n)) for n in mapping.TOKENIZER_FILES[kind]):
-        return folder
-    path = os.path.join(folder, "tokenizer.json")
-    if not os.path.isfile(path):
-        raise UnsupportedCheckpointError(f"{folder} holds neither {' nor '.join(mapping.TOKENIZER_FILES[kind])} nor "
-                                         "tokenizer.json: save the tokenizer with the model (acl-train-hf does)")
-    with open(path, encoding="utf-8") as f:
-        tokenizer = json.load(f)
-    model = tokenizer["model"]
-    wants = {"bert": "WordPiece", "roberta": "BPE"}[kind]
-    if model.get("type") != wants:
-        raise UnsupportedCheckpointError(f"{path}: a {model.get('type')} tokenizer; a {kind} encoder's is {wants}")
-    vocab = model["vocab"]
-    if sorted(vocab.values()) != list(range(len(vocab))):
-        raise UnsupportedCheckpointError(f"{path}: the vocabulary's ids are not 0..{len(vocab) - 1} without gaps")
-    os.makedirs(out)
-    if os.path.isfile(os.path.join(folder, "special_tokens_map.json")):
-        _copy(os.path.join(folder, "special_tokens_map.json"), os.path.join(out, "special_tokens_map.json"))
-    settings = {}
-    if os.path.isfile(os.path.join(folder, "tokenizer_config.json")):
-        with open(os.path.join(folder, "tokenizer_config.json"), encoding="utf-8") as f:
-            settings = json.load(f)
-    if kind == "bert":
-        atomic.write_text(os.path.join(out, "vocab.txt"), "".join(t + "\n" for t in sorted(vocab, key=vocab.get)))
-        normalizer = tokenizer.get("normalizer") or {}
-        if normalizer.get("type") == "BertNormalizer":  # the casing the tokenizer ran with, whatever the config says
-            settings["do_lower_case"] = bool(normalizer.get("lowercase", True))
-    else:
-        atomic.write_json(os.path.join(out, "vocab.json"), vocab)
-        merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
-        atomic.write_text(os.path.join(out, "merges.txt"), "".join(m + "\n" for m in ["#version: 0.2"] + merges))
-    atomic.write_json(os.path.join(out, "tokenizer_config.json"), settings)
-    return out
-
-
 def order_labels(heads: Dict, words: List[str], data_words: List[str], folder: str) -> Dict:
     """The heads with their out_proj rows in the order of ``data_words`` (a binarized folder's label dictionary,
     which fairseq orders by count) in place of ``words`` (``id2label``'s)."""
@@ -259,7 +220,7 @@ def materialize(folder: str, out: str, seed: int = 1, labels: Optional[List[str]
     config = load_config(folder)
     encoder = config.encoder
     kind = encoder["model_type"]
-    source = tokenizer_folder(folder, kind, os.path.join(out, "tokenizer"))
+    source = mapping.tokenizer_folder(folder, kind, os.path.join(out, "tokenizer"))
     words, specials = mapping.read_vocab(source, kind)
     dict_words, hf_ids = mapping.fairseq_order(words, specials)
     encoder_sd, heads = split_state(folder, kind)
