@@ -117,7 +117,7 @@ class Sweep:
         print(f"# {self.precision}: full-depth saturation {full['throughput_per_s']:.1f}/s, batch-1 median "
               f"{alone['p50_ms']:.2f} ms (p99 {alone['p99_ms']:.2f} ms): deadlines "
               + ", ".join(f"{m:g}x = {ms:.1f} ms" for m, ms in self.deadlines_ms.items())
-              + f"; its cells: about {left / 60:.0f} minutes", flush=True)
+              + f"; its cells: about {left / 60:.0f} min", flush=True)
 
     def cell(self, run: Phases, policy, load: float, multiple) -> None:
         ms = None if multiple is None else self.deadlines_ms[multiple]
@@ -131,7 +131,11 @@ class Sweep:
                            "load": load, **row, "split": phase.get("split")})
 
     def record(self, wall_s: float) -> Dict:
+        """The batch-1 reference, the saturation, the deadlines (ms, and over the batch-1 p99), the references'
+        accuracy."""
+        p99 = (self.measured or {}).get("batch1", {}).get("p99_ms")
         return {**(self.measured or {}), "deadlines_ms": {f"{m:g}": ms for m, ms in self.deadlines_ms.items()},
+                "deadlines_over_batch1_p99": {f"{m:g}": ms / p99 for m, ms in self.deadlines_ms.items()} if p99 else {},
                 "references": deadline.reference_summary(self.refs, self.gold), "wall_s": wall_s}
 
 
@@ -146,7 +150,7 @@ def main(argv=None) -> Dict:
     priors = {p: deadline.prior(p, os.path.join(RESULTS, "serve_load.json")) for p in args.precision}
     total = sum(deadline.estimate_seconds(q["full_per_s"], q["batch1_ms"], len(sentences), exits, args)
                 for q in priors.values())
-    print(f"# estimate: about {total / 60:.0f} minutes (full-depth rates and batch-1 latency from "
+    print(f"# estimate: about {total / 60:.0f} min (full-depth rates and batch-1 latency from "
           f"{', '.join(sorted({q['source'] for q in priors.values()}))})", flush=True)
     per_precision, cells, servers = {}, [], {}
     with tempfile.TemporaryDirectory(prefix="serve_deadlines_") as tmp:

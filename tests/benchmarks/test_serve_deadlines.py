@@ -189,6 +189,8 @@ def test_a_toy_sweep_holds_every_answer_to_acl_predict_and_every_request_to_its_
     assert 0 < fp32["batch1"]["p50_ms"] <= fp32["batch1"]["p99_ms"] and fp32["batch1"]["ok"] == 64
     assert fp32["full_depth_saturation"]["throughput_per_s"] > 0
     assert fp32["deadlines_ms"]["10000"] == pytest.approx(1e4 * fp32["batch1"]["p50_ms"])
+    assert fp32["deadlines_over_batch1_p99"]["10000"] == pytest.approx(fp32["deadlines_ms"]["10000"] /
+                                                                       fp32["batch1"]["p99_ms"])
     assert sorted(fp32["references"]["fixed_exit_accuracy"]) == ["1", "2", "3"]  # the toy model's exits
     assert [(c["policy"], c["deadline_x"]) for c in got["cells"]] == [
         (None, None), ("answer", 0.001), ("answer", 10000.0), ("fail", 0.001), ("fail", 10000.0)]
