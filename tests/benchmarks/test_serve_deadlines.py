@@ -174,7 +174,7 @@ def test_bad_flags_are_refused_with_a_line_naming_the_fix(flags, message, tmp_pa
     assert e.value.code == 2 and message in capsys.readouterr().err
 
 
-@pytest.mark.slow  # about 60 s on 2 busy cores: the toy model trained (fairseq-train), two servers
+@pytest.mark.slow  # 60-90 s on 2 busy cores: the toy model trained (fairseq-train), two servers
 def test_a_toy_sweep_holds_every_answer_to_acl_predict_and_every_request_to_its_deadline(tmp_path, capsys):
     import serve_deadlines
 
