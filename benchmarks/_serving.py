@@ -162,9 +162,14 @@ def code_of(path: str) -> str:
 
 
 def model_and_sentences(args):
-    """(ONNX folder with its int8 copy, sentences): serve_speed.py's model and data, exported again when the
-    checkpoint or the exporter changed, or with ``--export`` (the hub loads only then)."""
-    ckpt, data, sentences, _, folder = load(args)
+    """(ONNX folder with its int8 copy, sentences): :func:`model_sentences_labels` without the labels."""
+    return model_sentences_labels(args)[:2]
+
+
+def model_sentences_labels(args):
+    """(ONNX folder with its int8 copy, sentences, their gold labels): serve_speed.py's model and data, exported
+    again when the checkpoint or the exporter changed, or with ``--export`` (the hub loads only then)."""
+    ckpt, data, sentences, gold, folder = load(args)
     if args.export or _records.load(folder, "source.json") != export_source(ckpt):
         from acl_fairseq.inference import hub as hub_mod
 
@@ -172,4 +177,4 @@ def model_and_sentences(args):
             os.remove(os.path.join(folder, "source.json"))  # exported() exports again without its stamp
         hub = hub_mod.from_checkpoint(ckpt, data)
         exported(hub, ckpt, folder)
-    return folder, sentences
+    return folder, sentences, gold

@@ -42,13 +42,12 @@ import sys
 import tempfile
 from typing import Dict, List, Optional
 
-import _glue_runs
 import common
 import harness
-from _serving import add_model_flags, check_model_flags, load, model_and_sentences
-from acl_runtime import calibration, console, deadlines, exits
+from _serving import load, model_and_sentences
+from acl_runtime import calibration, deadlines
 from acl_runtime.io import atomic
-from load import pair, server, stats
+from load import flags, pair, server, stats
 from load.phases import SATURATION_BATCHES, Config, Reference, run_config
 
 RATES = (0.25, 0.5, 0.75, 1.0, 1.25)
@@ -113,55 +112,31 @@ def parse_args(argv=None):
     p.add_argument("--workers", nargs="+", type=int, default=[1, 2], help="server worker processes")
     p.add_argument("--quick", action="store_true",
                    help="a smoke check: 128 sentences, 48 requests a rate, saturation over 4 x concurrency")
-    p.add_argument("--toy", action="store_true", help="serve_speed.py's toy model (tests); needs its own --json")
-    p.add_argument("--server", default=server.tool("acl-serve"), help="the acl-serve executable (default: %(default)s)")
-    p.add_argument("--policy", default="entropy", choices=list(exits.POLICIES), help="early-exit policy")
-    p.add_argument("--threshold", type=float, help="its threshold (default: the policy table's, 0.3 for entropy)")
     p.add_argument("--calibrate", type=_budget, metavar="BUDGET", help="serve at the --policy threshold that "
                    "acl-evaluate --calibrate BUDGET picks from the checkpoint's sweep (e.g. max-drop=1.0), in place "
                    "of --threshold")
-    p.add_argument("--max-batch", type=int, default=32, help="the server's --max-batch and the reference's batch")
     p.add_argument("--slo-ms", type=float, help="the server's --slo-ms (default: none)")
     p.add_argument("--deadline-policy", choices=list(deadlines.POLICIES), default="delay", help="the server's "
                    "--deadline-policy (default: %(default)s, the deadline only orders the queues, as the records "
                    "made before deadline exits ran: every answer is then acl-predict's)")
-    p.add_argument("--max-queue", type=int, default=512, help="the server's --max-queue (rows; default %(default)s)")
     p.add_argument("--rates", type=float, nargs="+", default=list(RATES), help="offered loads, x saturation")
     p.add_argument("--requests", type=int, default=872, help="Poisson arrivals per rate (bounded by --max-seconds)")
     p.add_argument("--saturation-requests", type=int, default=0, help="0: two passes over the sentences")
     p.add_argument("--concurrency", type=int, default=0, help="closed-loop callers (0: 8 x max batch x workers)")
     p.add_argument("--max-seconds", type=float, default=60.0, help="sending stops after this, per phase")
-    p.add_argument("--drain-seconds", type=float, default=30.0, help="answers later than this are lost")
     p.add_argument("--batch1-sentences", type=int, default=200, help="the batch-1 reference's subset")
-    p.add_argument("--atol", type=float, default=1e-5, help="probabilities equal to acl-predict's within this")
     p.add_argument("--interleave", type=int, default=0, metavar="N",
                    help="compare refill with no refill at refill's offered rates on two live servers, the phases "
                    "alternated, N rounds, medians (benchmarks/load/pair.py); in place of the no-refill "
                    "configurations' single same-rate phases (default 0: those)")
-    p.add_argument("--seed", type=int, default=1, help="the arrivals, the sentence order, the batch-1 subset")
-    p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all; --quick: 128)")
-    p.add_argument("--ready-seconds", type=float, default=120.0, help="start-up bound of the server")
-    p.add_argument("--stop-seconds", type=float, default=30.0, help="SIGTERM bound of the server")
-    add_model_flags(p)
-    p.add_argument("--export", action="store_true", help="export the model again (fp32 and int8) even if "
-                   "neither the checkpoint nor the exporter's code has changed")
-    p.add_argument("--plot", help="default: the --json path with .png")
+    flags.add(p)
     args = p.parse_args(argv)
     if args.calibrate and args.threshold is not None:
         p.error("--calibrate chooses the threshold: leave --threshold out")
-    console.check_request_flags(p, args, fill_default=True)
     if args.quick:
         args.examples = args.examples or 128
         args.requests, args.batch1_sentences = min(args.requests, 48), min(args.batch1_sentences, 16)
-    results = os.path.abspath(os.path.join(_glue_runs.REPO, "benchmarks", "results"))
-    if args.quick or args.toy:
-        if not args.json or os.path.abspath(args.json).startswith(results + os.sep):
-            p.error("--quick and --toy need their own --json outside benchmarks/results: a smoke run's numbers must "
-                    "not replace the real ones")
-    args.json = args.json or os.path.join(results, "serve_load.json")
-    args.plot = args.plot or os.path.splitext(args.json)[0] + ".png"
-    p.refuse_existing(args)
-    check_model_flags(p, args)
+    flags.check(p, args, "serve_load", args.quick or args.toy, "--quick and --toy")
     if min(args.workers) < 1 or args.max_batch < 1 or args.requests < 1 or min(args.rates) <= 0:
         p.error("--workers, --max-batch and --requests must be >= 1, --rates > 0")
     if args.interleave < 0:
@@ -171,8 +146,6 @@ def parse_args(argv=None):
         if need > args.max_queue * w:
             p.error(f"--max-queue {args.max_queue}: the saturation loop keeps {need} requests in flight on {w} "
                     "worker(s); raise --max-queue or lower --concurrency, or saturation would count 503s")
-    if not os.path.exists(args.server):
-        p.error(f"--server {args.server}: not found; install acl-serve (pip install -e .[serve]) or name it")
     return args
 
 

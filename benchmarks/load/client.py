@@ -5,7 +5,8 @@ v2 and record every answer.
     python benchmarks/load/client.py SPEC.json OUT.json
 
 SPEC: ``{"host", "port", "model", "texts", "order": [text index per request], "mode": "open" | "closed", "offsets":
-[send second per request] (open), "concurrency" (closed), "max_seconds", "drain_seconds", "tag"}``. OUT: ``{"end",
+[send second per request] (open), "concurrency" (closed), "max_seconds", "drain_seconds", "tag", "parameters"
+(optional: every request's OIP parameters, e.g. ``{"timeout": microseconds}``, Triton's deadline)}``. OUT: ``{"end",
 "cpu_s", "connections", "records": [...]}``, one record per request sent (see :func:`record`), times in seconds from
 the start; ``cpu_s``: this process's CPU time, what it took of the cores the server runs on.
 
@@ -135,18 +136,21 @@ def oip_body(text: str, request_id: str, parameters: Optional[Dict] = None) -> b
 
 
 def read_answer(data: bytes) -> Dict:
-    """The OIP answer's id, label, exit layer and probabilities (its one row)."""
+    """The OIP answer's id, label, exit layer and probabilities (its one row), and why it left there: the exit
+    layer output's ``exit_reason`` parameter (policy, last, deadline; None where the server sends none)."""
     got = json.loads(data)
-    outputs = {o["name"]: o["data"] for o in got.get("outputs", [])}
-    return {"id": got.get("id"), "label": outputs["label"][0], "exit_layer": int(outputs["exit_layer"][0]),
-            "probabilities": [float(p) for p in outputs["probabilities"]]}
+    outputs = {o["name"]: o for o in got.get("outputs", [])}
+    layer = outputs["exit_layer"]
+    return {"id": got.get("id"), "label": outputs["label"]["data"][0], "exit_layer": int(layer["data"][0]),
+            "exit_reason": (layer.get("parameters") or {}).get("exit_reason"),
+            "probabilities": [float(p) for p in outputs["probabilities"]["data"]]}
 
 
 def record(i: int, text_index: int, scheduled: Optional[float], sent: float) -> Dict:
     """One request's record: ``status`` 0 until it is answered (lost, or a connection error in ``error``)."""
     return {"i": i, "text": text_index, "scheduled": scheduled, "sent": sent, "done": None, "status": 0,
-            "retry_after": None, "id_ok": None, "label": None, "exit_layer": None, "probabilities": None,
-            "error": None}
+            "retry_after": None, "id_ok": None, "label": None, "exit_layer": None, "exit_reason": None,
+            "probabilities": None, "error": None}
 
 
 async def one(pool: Pool, spec: Dict, i: int, rec: Dict, clock) -> None:

@@ -126,12 +126,13 @@ class Phases:
                **(extra or {}), "split": outside_model(stats.split_between(before, after), cpu_before, cpu_after)}
         return row, out, (after, cpu_after)
 
-    def open_loop(self, rate: float, what: str, tag: str) -> Dict:
-        """The Poisson schedule stretched to ``rate`` per s, sending stopped at --max-seconds."""
+    def open_loop(self, rate: float, what: str, tag: str, **spec) -> Dict:
+        """The Poisson schedule stretched to ``rate`` per s, sending stopped at --max-seconds; ``spec``: more of the
+        client's spec (``parameters``: every request's). Its records are appended to ``records``."""
         offsets = [t / rate for t in self.unit if t / rate < self.args.max_seconds]
         _glue_runs.log(f"{self.cfg.name}: {what}, {rate:.1f}/s, {len(offsets)} requests")
         start = server.metrics(self.port)
-        out = self.drive(len(offsets), tag, mode="open", offsets=offsets)
+        out = self.drive(len(offsets), tag, mode="open", offsets=offsets, **spec)
         self.records.extend(out["records"])
         return {**stats.summarize(out, rate, len(self.unit)),
                 "split": stats.split_between(start, server.metrics(self.port))}

@@ -188,14 +188,18 @@ def tool(name: str) -> str:
     return here if os.path.exists(here) else name
 
 
-def acl_predict(folder: str, precision: str, sentences: List[str], args, tmp: str) -> List[Dict]:
-    """acl-predict's rows for ``sentences`` (fed as JSONL, so that each string is the one served)."""
-    src, out = os.path.join(tmp, "sentences.jsonl"), os.path.join(tmp, f"predict_{precision}.jsonl")
+def acl_predict(folder: str, precision: str, sentences: List[str], args, tmp: str,
+                exit_layer: Optional[int] = None) -> List[Dict]:
+    """acl-predict's rows for ``sentences`` (fed as JSONL, so that each string is the one served), with
+    ``args.policy`` and ``args.threshold``, or every row at the fixed exit ``exit_layer`` (``--exit-layer``)."""
+    src = os.path.join(tmp, "sentences.jsonl")
+    out = os.path.join(tmp, f"predict_{precision}" + ("" if exit_layer is None else f"_exit{exit_layer}") + ".jsonl")
     with open(src, "w", encoding="utf-8") as f:
         f.writelines(json.dumps({"text": s}) + "\n" for s in sentences)
+    exits = ["--policy", args.policy, "--threshold", str(args.threshold)] if exit_layer is None else \
+        ["--exit-layer", str(exit_layer)]
     cmd = [tool("acl-predict"), folder, "--precision", precision, "--input", src, "--input-format", "jsonl",
-           "--policy", args.policy, "--threshold", str(args.threshold), "--batch-size", str(args.max_batch),
-           "--output", out, "--format", "jsonl", "--force"]
+           *exits, "--batch-size", str(args.max_batch), "--output", out, "--format", "jsonl", "--force"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(f"serve_load: acl-predict failed ({proc.returncode}): {proc.stderr[-2000:]}")

@@ -28,13 +28,24 @@ def _start(r: Dict) -> float:
     return r["scheduled"] if r["scheduled"] is not None else r["sent"]
 
 
+def answered(recs: List[Dict]) -> List[Dict]:
+    """The records answered 200 with their own request's id."""
+    return [r for r in recs if r["status"] == 200 and r["id_ok"]]
+
+
+def latency_ms(r: Dict) -> float:
+    """An answered record's latency: from its scheduled send (open loop; coordinated omission counted) or its send
+    (closed loop) to its answer."""
+    return 1000 * (r["done"] - _start(r))
+
+
 def summarize(out: Dict, offered: Optional[float], planned: int) -> Dict:
     """One phase's row from the client's records: counts by outcome, throughput, latency percentiles (ms), mean exit
     layer. ``ok``: 200 with this request's id; ``lost``: sent and never answered; ``errors``: any other status or
     a connection error; ``unsent``: planned arrivals after the time bound."""
     recs = out["records"]
-    ok = [r for r in recs if r["status"] == 200 and r["id_ok"]]
-    latency = [1000 * (r["done"] - _start(r)) for r in ok]
+    ok = answered(recs)
+    latency = [latency_ms(r) for r in ok]
     span = max(r["done"] for r in ok) - min(_start(r) for r in recs) if ok else 0.0
     statuses = [r["status"] for r in recs]
     return {"offered_per_s": offered, "planned": planned, "sent": len(recs), "unsent": planned - len(recs),
@@ -65,7 +76,7 @@ def compare_answers(recs: List[Dict], expected: List[Dict], labels: List[str], a
     """Served answers against acl-predict's rows (by sentence): how many differ (in label, exit layer, or a
     probability beyond ``atol``: each counted apart too), and how many sentences were answered at least once."""
     bad, label, layer, prob, seen, worst = 0, 0, 0, 0, set(), 0.0
-    ok = [r for r in recs if r["status"] == 200 and r["id_ok"]]
+    ok = answered(recs)
     for r in ok:
         e = expected[r["text"]]
         diff = max(abs(a - e["probabilities"][k]) for a, k in zip(r["probabilities"], labels))
@@ -199,17 +210,22 @@ def parse_metrics(text: str) -> List[Tuple[str, Dict[str, str], float]]:
 def server_side(samples: List[Tuple[str, Dict[str, str], float]]) -> Dict:
     """From acl-serve's /metrics: requests answered by route and status; each layer's backend calls and the sum
     of their batch fills (rows over --max-batch; layer 0: the embeddings); each request phase's and each queue's
-    seconds and counts; the backend calls' seconds."""
+    seconds and counts; the backend calls' seconds; the inputs answered by exit reason, and those failed by their
+    deadline."""
     answered: Dict[str, float] = {}
     sums: Dict[str, Dict[str, Dict[str, float]]] = {"fill": {}, "phases": {}, "waits": {}}
     histograms = {"acl_batch_fill": ("fill", "layer"), "acl_request_phase_seconds": ("phases", "phase"),
                   "acl_queue_wait_seconds": ("waits", "layer")}
-    model, model_cpu = 0.0, 0.0
+    model, model_cpu, reasons, expired = 0.0, 0.0, {}, 0.0
     for name, labels, value in samples:
         base, _, part = name.rpartition("_")
         if name == "acl_requests_total":
             key = f"{labels.get('route')} {labels.get('status')}"
             answered[key] = answered.get(key, 0) + value
+        elif name == "acl_exit_reasons_total":
+            reasons[labels.get("reason", "?")] = reasons.get(labels.get("reason", "?"), 0.0) + value
+        elif name == "acl_deadline_expired_total":
+            expired += value
         elif name == "acl_model_seconds_total":
             model += value
         elif name == "acl_model_cpu_seconds_total":
@@ -217,15 +233,18 @@ def server_side(samples: List[Tuple[str, Dict[str, str], float]]) -> Dict:
         elif base in histograms and part in ("sum", "count"):
             kind, label = histograms[base]
             sums[kind].setdefault(labels.get(label, "?"), {"sum": 0.0, "count": 0.0})[part] += value
-    return {"answered": answered, **sums, "model_seconds": model, "model_cpu_seconds": model_cpu}
+    return {"answered": answered, **sums, "model_seconds": model, "model_cpu_seconds": model_cpu,
+            "exit_reasons": reasons, "deadline_expired": expired}
 
 
 def split_between(before: Optional[Dict], after: Optional[Dict]) -> Optional[Dict]:
     """Where the answered requests' time went between two :func:`server_side` readings: each phase's mean ms a
-    request and its share of their latency, each queue's mean wait an input, and the backend calls' seconds."""
+    request and its share of their latency, each queue's mean wait an input, the backend calls' seconds, the inputs
+    answered by exit reason and those failed by their deadline."""
     if not after or not after["phases"]:
         return None
     old = before or {"phases": {}, "waits": {}, "model_seconds": 0.0, "model_cpu_seconds": 0.0}
+    reasons, then = after.get("exit_reasons", {}), old.get("exit_reasons", {})
 
     def delta(kind, key):
         now, then = after[kind][key], old[kind].get(key, {"sum": 0.0, "count": 0.0})
@@ -240,7 +259,9 @@ def split_between(before: Optional[Dict], after: Optional[Dict]) -> Optional[Dic
             "share": {k: s / total if total else None for k, (s, _) in phases.items()},
             "queue_wait_ms": {k: 1000 * s / c if c else None for k, (s, c) in waits.items()},
             "model_seconds": after["model_seconds"] - old["model_seconds"],
-            "model_cpu_seconds": after["model_cpu_seconds"] - old["model_cpu_seconds"]}
+            "model_cpu_seconds": after["model_cpu_seconds"] - old["model_cpu_seconds"],
+            "exit_reasons": {k: int(v - then.get(k, 0.0)) for k, v in reasons.items()},
+            "deadline_expired": int(after.get("deadline_expired", 0.0) - old.get("deadline_expired", 0.0))}
 
 
 def fill_between(before: Optional[Dict], after: Optional[Dict]) -> Optional[Dict]:
