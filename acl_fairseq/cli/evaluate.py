@@ -25,7 +25,7 @@ import logging
 import os
 import sys
 import tempfile
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -233,20 +233,46 @@ def run_sweep(model, dataset, scored, args, head_name: str, layers: List[int], c
 def evaluate(args) -> Dict:
     """Run the whole evaluation; returns the result dict that is written to early_exit.json."""
     model, task, cfg = load_model(args.checkpoint, args.data_bin, args.user_dir, args.device)
+    head_name, layers = exit_head(model, cfg, args)
+    ctx = metric_context(args, task)
+    dataset, n, scored = score_split(model, task, args, head_name)
+    result = build_record(args, model, dataset, (n, scored), head_name, layers, ctx)
+    if any(s["policy"] == "entropy" for s in result["settings"]):
+        result["speedup_profile"] = report.speedup_profile(result, "entropy")
+        logger.info("entropy curve: %s at layer speed-ups %s, mean over 1x-3x %s",
+                    result["primary_metric"], result["speedup_profile"]["at"], result["speedup_profile"]["area"])
+    if args.test_split:
+        result["predictions"] = [record_path(p, args.out_dir)
+                                 for p in write_test_predictions(model, task, args, head_name, ctx)]
+    return result
+
+
+def exit_head(model, cfg, args) -> Tuple[str, List[int]]:
+    """(head name, its exit layers): ``--classification-head-name``, else the checkpoint's criterion's, else the
+    default head; a head the checkpoint lacks is named, with the ones it has."""
     head_name = args.classification_head_name or getattr(cfg.criterion, "classification_head_name", None)
     head_name = head_name or "sentence_classification_head"
     try:
-        layers = early_exit.exit_plan(model, head_name)[0]
-    except ValueError as e:  # a head the checkpoint lacks: named, with the ones it has
+        return head_name, early_exit.exit_plan(model, head_name)[0]
+    except ValueError as e:
         raise console.UsageError(f"{e}. Fix: pass one of those as --classification-head-name") from None
+
+
+def metric_context(args, task) -> Dict:
+    """What scoring needs to know of the task: its name, regression or not, the positive class, the patience."""
     regression = bool(task.cfg.regression_target)
-    ctx = {
+    return {
         "task_name": args.task_name or glue_tasks.task_of_data(args.data_bin),
         "regression": regression,
         "positive": None if regression else glue_metrics.positive_index(task.label_dictionary),
         "delta": args.regression_delta,
         "repeats": args.timing_repeats,
     }
+
+
+def score_split(model, task, args, head_name: str):
+    """(dataset, examples scored, (ids, every exit's logits, targets)) of ``--split``: a split without labels
+    is refused."""
     task.load_dataset(args.split)
     dataset = task.dataset(args.split)
     n = len(dataset) if args.max_examples is None else min(args.max_examples, len(dataset))
@@ -254,18 +280,31 @@ def evaluate(args) -> Dict:
     if scored[2] is None:
         raise console.UsageError(f"--split {args.split} has no labels. Fix: score a labeled split, and predict "
                                  "this one with --test-split")
+    return dataset, n, scored
+
+
+def exit_metrics(model, dataset, scored, head_name: str, layers: List[int], ctx: Dict) -> Tuple[List[Dict], float]:
+    """(each exit's metrics and FLOPs per example with the speed-up over all layers, all layers' FLOPs)."""
     shape, lengths = model_shape(model, head_name), [int(dataset.num_tokens(int(i))) for i in scored[0]]
     full = flops.mean_full_flops(shape, lengths)
     per_exit = [{"layer": layer, "metrics": score(scored[1][:, m], scored[2], ctx),
                  "flops_per_example": flops.mean_full_flops(shape, lengths, m),
                  "flops_speedup": full / flops.mean_full_flops(shape, lengths, m)} for m, layer in enumerate(layers)]
-    result = {
+    return per_exit, full
+
+
+def build_record(args, model, dataset, counted, head_name: str, layers: List[int], ctx: Dict) -> Dict:
+    """early_exit.json's fields: what was scored, each exit, the sweep's settings, the FLOPs and timing set-up;
+    ``counted`` is (examples scored, :func:`score_split`'s scores)."""
+    n, scored = counted
+    per_exit, full = exit_metrics(model, dataset, scored, head_name, layers, ctx)
+    return {
         "task": ctx["task_name"],
         "split": args.split,
         "checkpoint": record_path(getattr(args, "source", None) or args.checkpoint, args.out_dir),
         "data": record_path(args.data_bin, args.out_dir),
         "head_name": head_name,
-        "regression": regression,
+        "regression": ctx["regression"],
         "num_examples": n,
         "num_layers": len(model.encoder.sentence_encoder.layers),
         "exit_layers": layers,
@@ -281,14 +320,6 @@ def evaluate(args) -> Dict:
             "unit": "seconds per example",
         },
     }
-    if any(s["policy"] == "entropy" for s in result["settings"]):
-        result["speedup_profile"] = report.speedup_profile(result, "entropy")
-        logger.info("entropy curve: %s at layer speed-ups %s, mean over 1x-3x %s",
-                    result["primary_metric"], result["speedup_profile"]["at"], result["speedup_profile"]["area"])
-    if args.test_split:
-        result["predictions"] = [record_path(p, args.out_dir)
-                                 for p in write_test_predictions(model, task, args, head_name, ctx)]
-    return result
 
 
 def record_path(path: str, out_dir: str) -> str:
