@@ -201,37 +201,53 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _serve(args, settings, sock: socket.socket, started: float) -> int:
-    import uvicorn
-
-    from acl_runtime.serve import supervisor
     from acl_runtime.serve.app import build_app
-    from acl_runtime.serve.stopping import Server
-    from acl_runtime.serve.transport import NoDelayH11Protocol
 
     # the worker processes load their own; this one checks the folder and flags first, so that a bad one is one
     # line and exit 2 rather than N workers failing, and pins the model it checked (every worker serves that one)
     service = load_service(settings)
     default = service.default
     loaded = time.perf_counter()
-    config = dict(host=args.host, port=args.port, log_level=os.environ.get("LOGLEVEL", "warning").lower(),
-                  access_log=False, timeout_graceful_shutdown=settings.drain_seconds, lifespan="on",
-                  http=NoDelayH11Protocol, loop="asyncio")  # the stop (stopping.py) is built on asyncio's own loop
-    if args.workers > 1:
-        del service
-        os.environ[SETTINGS_ENV] = json.dumps(settings._asdict())
-        os.environ[supervisor.PIN_ENV] = _digest(settings)
-        # prometheus-client's multiprocess mode: each worker writes its values in this folder, /metrics sums them
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = supervisor.metrics_folder()
-        config = uvicorn.Config("acl_runtime.serve.cli:worker_app", factory=True, workers=args.workers, **config)
-    else:
-        config = uvicorn.Config(build_app(service), **config)
-    config.acl_read_timeout = settings.read_timeout  # the headers' deadline (serve/transport.py); pickled to workers
+    app = build_app(service) if args.workers == 1 else None
+    del service  # with N workers this process keeps no model
+    config = _uvicorn_config(args, settings, app)
     policy = "last exit" if default.policy is None else f"{default.policy} {default.threshold:g} ({default.source})"
     # the socket listens already (bind): a client connecting once this line is out is served
     print(f"acl-serve: {settings.model_name} from {settings.folder} ({settings.precision}, {policy}; refill "
           f"{'on' if settings.refill else 'off'}, max batch {settings.max_batch}, max queue {settings.max_queue}) on "
           f"http://{args.host}:{sock.getsockname()[1]} with {args.workers} worker(s); loaded in "
           f"{loaded - started:.2f} s", file=sys.stderr, flush=True)
+    return _run_until_drained(args, settings, config, sock)
+
+
+def _uvicorn_config(args, settings, app):
+    """uvicorn's Config: ``app`` served in this process, or (``app`` None, --workers N) N worker processes, each
+    building its own from the settings and pin passed in the environment."""
+    import uvicorn
+
+    from acl_runtime.serve import supervisor
+    from acl_runtime.serve.transport import NoDelayH11Protocol
+
+    config = dict(host=args.host, port=args.port, log_level=os.environ.get("LOGLEVEL", "warning").lower(),
+                  access_log=False, timeout_graceful_shutdown=settings.drain_seconds, lifespan="on",
+                  http=NoDelayH11Protocol, loop="asyncio")  # the stop (stopping.py) is built on asyncio's own loop
+    if app is None:
+        os.environ[SETTINGS_ENV] = json.dumps(settings._asdict())
+        os.environ[supervisor.PIN_ENV] = _digest(settings)
+        # prometheus-client's multiprocess mode: each worker writes its values in this folder, /metrics sums them
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = supervisor.metrics_folder()
+        config = uvicorn.Config("acl_runtime.serve.cli:worker_app", factory=True, workers=args.workers, **config)
+    else:
+        config = uvicorn.Config(app, **config)
+    config.acl_read_timeout = settings.read_timeout  # the headers' deadline (serve/transport.py); pickled to workers
+    return config
+
+
+def _run_until_drained(args, settings, config, sock: socket.socket) -> int:
+    """Serve until SIGTERM or Ctrl-C, then drain: 0 once every accepted request is answered."""
+    from acl_runtime.serve import supervisor
+    from acl_runtime.serve.stopping import Server
+
     # uvicorn handles SIGTERM and SIGINT while it serves, then re-raises the signal under the handler found before
     # it: this one, so that a drained server exits 0 instead of dying by the signal
     drained = []
