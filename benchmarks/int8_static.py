@@ -223,31 +223,21 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None) -> Dict:
-    args = parse_args(argv)
-    import torch
-
-    from acl_fairseq.hf import onnx_quantize
-    from acl_fairseq.inference import hub as hub_mod
+def compared_policies(ckpt: str):
+    """(the calibrated setting, the policies compared: last exit, entropy 0.3 and the one ``calibration.choose``
+    finds with max-drop=MAX_DROP on the checkpoint's acl-evaluate sweep)."""
     from acl_runtime import calibration
 
-    torch.set_num_threads(1)
-    ckpt, data = _serving.trained_checkpoint(args)
-    hub = hub_mod.from_checkpoint(ckpt, data)
-    work = os.path.join(args.work, "int8_static")
-    folder = _serving.exported(hub, ckpt, os.path.join(work, "onnx"))
-    dirs = build_schemes(hub, folder, work, args.schemes)
-    sentences, gold_names = _serving.sst2_dev(args.examples)
-    fp32 = engine(folder)
-    ids = [fp32.encode_with_info(s)[0] for s in sentences]
-    gold = np.array([fp32.label_names().index(g) for g in gold_names])
     sweep = json.load(open(os.path.join(os.path.dirname(os.path.abspath(ckpt)), "early_exit", "early_exit.json")))
     chosen = calibration.choose(sweep, calibration.Budget("max-drop", MAX_DROP))
-    policies = [("last", None, None), ("entropy 0.3", "entropy", 0.3),
-                ("calibrated", chosen["policy"], chosen["threshold"])]
-    ref = fp32_decisions(folder, work, ids, policies)
-    rng = np.random.default_rng(0)
-    sample = [np.array(ids[i]) for i in sorted(rng.choice(len(ids), min(args.avx2_rows, len(ids)), replace=False))]
+    return chosen, [("last", None, None), ("entropy 0.3", "entropy", 0.3),
+                    ("calibrated", chosen["policy"], chosen["threshold"])]
+
+
+def measure_schemes(args, folder: str, dirs: Dict[str, str], data, sample: List[np.ndarray]) -> List[Dict]:
+    """One row per scheme: its decisions against fp32's (``data`` is ids, gold labels, policies and fp32's
+    decisions) and, for the schemes with kernels of their own, the emulated AVX2 CPU against this one."""
+    ids, gold, policies, ref = data
     rows = []
     for label, layer_dir in dirs.items():
         _glue_runs.log(f"measure: {label}")
@@ -262,25 +252,54 @@ def main(argv=None) -> Dict:
             harness.write_json(args.json + ".partial", rows)
         print(f"  {label}: worst {row['worst_drop']:+.2f}, b1/b32 rows {row['b1_vs_b32_rows']}, "
               f"avx2 {row.get('avx2_logit')}", flush=True)
+    return rows
+
+
+def print_report(result: Dict, ckpt: str, chosen: Dict, repeats: int) -> None:
+    print(f"# int8_static: {result['examples']} SST-2 dev sentences, checkpoint {ckpt}; policies: last exit, "
+          f"entropy 0.3, calibrated {chosen['policy']} {chosen['threshold']:g} (max-drop={MAX_DROP}); fp32 accuracy "
+          + ", ".join(f"{k} {v:.2f}" for k, v in result["fp32_accuracy"].items() if k.endswith("b32")))
+    harness.print_noted_table(result["schemes"], COLUMNS, FORMATS)
+    if result["speed"]:
+        print(f"# speed at batch 32, {repeats} interleaved rounds (median ratio of torch's engine time)")
+        harness.print_table(result["speed"], ["system", "sent_per_s", "vs_torch", "cpu_vs_torch"],
+                            {"sent_per_s": "{:.1f}", "vs_torch": "{:.2f}x", "cpu_vs_torch": "{:.2f}x"})
+    harness.print_targets(result["targets"])
+
+
+def main(argv=None) -> Dict:
+    args = parse_args(argv)
+    import torch
+
+    from acl_fairseq.hf import onnx_quantize
+    from acl_fairseq.inference import hub as hub_mod
+
+    torch.set_num_threads(1)
+    ckpt, data = _serving.trained_checkpoint(args)
+    hub = hub_mod.from_checkpoint(ckpt, data)
+    work = os.path.join(args.work, "int8_static")
+    folder = _serving.exported(hub, ckpt, os.path.join(work, "onnx"))
+    dirs = build_schemes(hub, folder, work, args.schemes)
+    sentences, gold_names = _serving.sst2_dev(args.examples)
+    fp32 = engine(folder)
+    ids = [fp32.encode_with_info(s)[0] for s in sentences]
+    gold = np.array([fp32.label_names().index(g) for g in gold_names])
+    chosen, policies = compared_policies(ckpt)
+    ref = fp32_decisions(folder, work, ids, policies)
+    rng = np.random.default_rng(0)
+    sample = [np.array(ids[i]) for i in sorted(rng.choice(len(ids), min(args.avx2_rows, len(ids)), replace=False))]
+    rows = measure_schemes(args, folder, dirs, (ids, gold, policies, ref), sample)
     dynamic = next((d for k, d in dirs.items() if "int8-dynamic" in k), None)
     speed_rows = speed(hub, folder, dynamic, sentences, args.repeats) if args.repeats and dynamic else []
     shipped = next((k for k in dirs if k.endswith("(int8)")), None)
-    found = targets(rows, shipped, speed_rows) if shipped else []
     fp32_acc = {f"{n} b{b}": float(np.mean(ref[(n, b)]["logits"].argmax(1) == gold) * 100)
                 for n, _, _ in policies for b in BATCHES}
-    print(f"# int8_static: {len(sentences)} SST-2 dev sentences, checkpoint {ckpt}; policies: last exit, entropy "
-          f"0.3, calibrated {chosen['policy']} {chosen['threshold']:g} (max-drop={MAX_DROP}); fp32 accuracy "
-          + ", ".join(f"{k} {v:.2f}" for k, v in fp32_acc.items() if k.endswith("b32")))
-    harness.print_noted_table(rows, COLUMNS, FORMATS)
-    if speed_rows:
-        print(f"# speed at batch 32, {args.repeats} interleaved rounds (median ratio of torch's engine time)")
-        harness.print_table(speed_rows, ["system", "sent_per_s", "vs_torch", "cpu_vs_torch"],
-                            {"sent_per_s": "{:.1f}", "vs_torch": "{:.2f}x", "cpu_vs_torch": "{:.2f}x"})
-    harness.print_targets(found)
     result = {"benchmark": "int8_static", "checkpoint": os.path.relpath(ckpt, args.work), "examples": len(ids),
               "policies": [[n, p, t] for n, p, t in policies], "fp32_accuracy": fp32_acc,
               "calibration_rows": onnx_quantize.CALIBRATION_ROWS, "avx2_rows": len(sample) if args.avx2_rows else 0,
-              "cpu": args.cpu, **harness.record(threads=1), "schemes": rows, "speed": speed_rows, "targets": found}
+              "cpu": args.cpu, **harness.record(threads=1), "schemes": rows, "speed": speed_rows,
+              "targets": targets(rows, shipped, speed_rows) if shipped else []}
+    print_report(result, ckpt, chosen, args.repeats)
     if args.json:
         harness.write_json(args.json, result)
         if os.path.exists(args.json + ".partial"):
