@@ -65,38 +65,49 @@ def interleaved(args, precision: str, workers: int, rates: Sequence[Tuple[float,
     servers, stopped = {}, {}
     try:
         for side, refill in SIDES:
-            port = server.free_port()
-            log = os.path.join(tmp, f"pair-{side}.log")
-            _glue_runs.log(f"interleaved {name}: acl-serve {side} on 127.0.0.1:{port}")
-            proc = server.start_server(server.server_command(args, refill, precision, workers, folder, port), log, port,
-                                  args.ready_seconds)
-            servers[side] = (proc, port)
-            server.drive(server.phase_spec(args, port, sentences, order[: args.max_batch], f"{name}/{side}/warm",
-                                 mode="closed", concurrency=args.max_batch), tmp)
-        results = []
-        for fraction, rate in rates:
-            offsets = [t / rate for t in unit if t / rate < args.max_seconds]
-            cycle = [order[i % len(order)] for i in range(len(offsets))]
-            _glue_runs.log(f"interleaved {name}: refill's {fraction:.0%}, {rate:.1f}/s, {args.interleave} rounds of "
-                           f"{len(offsets)} requests on each server")
-            rounds = []
-            for k in range(args.interleave):
-                row = {}
-                for side, _ in (SIDES if k % 2 == 0 else SIDES[::-1]):
-                    port = servers[side][1]
-                    start = server.metrics(port)
-                    out = server.drive(server.phase_spec(args, port, sentences, cycle, f"{name}/{side}/{k}",
-                                                         mode="open", offsets=offsets), tmp)
-                    row[side] = {**stats.summarize(out, rate, len(unit)),
-                                  "split": stats.split_between(start, server.metrics(port)) if start else None}
-                rounds.append(row)
-            results.append({"refill_fraction": fraction, "offered_per_s": rate, "rounds": rounds,
-                            **medians(rounds)})
+            servers[side] = start_side(args, (side, refill), precision, workers, folder, tmp)
+            server.drive(server.phase_spec(args, servers[side][1], sentences, order[: args.max_batch],
+                                           f"{name}/{side}/warm", mode="closed", concurrency=args.max_batch), tmp)
+        ports = {side: port for side, (_, port) in servers.items()}
+        results = [rate_rounds(args, ports, rated, unit, (name, sentences, order), tmp) for rated in rates]
     finally:
         for side, (proc, _) in servers.items():
             stopped[side] = server.stop_server(proc, args.stop_seconds)
     return {"precision": precision, "workers": workers, "rounds": args.interleave, "rates": results,
             "servers": stopped}
+
+
+def start_side(args, sided: Tuple[str, bool], precision: str, workers: int, folder: str, tmp: str):
+    """(process, port) of one side's server, ``sided`` its (name, refill), started and ready."""
+    side, refill = sided
+    port = server.free_port()
+    log = os.path.join(tmp, f"pair-{side}.log")
+    _glue_runs.log(f"interleaved {precision} w{workers}: acl-serve {side} on 127.0.0.1:{port}")
+    proc = server.start_server(server.server_command(args, refill, precision, workers, folder, port), log, port,
+                               args.ready_seconds)
+    return proc, port
+
+
+def rate_rounds(args, ports: Dict[str, int], rated: Tuple[float, float], unit: List[float], load, tmp: str) -> Dict:
+    """One of refill's rates (``rated``: its fraction, its offered rate per s) on both servers, ``--interleave``
+    rounds, the first server alternating; ``load`` is (the configuration's name, the sentences, their order)."""
+    fraction, rate = rated
+    name, sentences, order = load
+    offsets = [t / rate for t in unit if t / rate < args.max_seconds]
+    cycle = [order[i % len(order)] for i in range(len(offsets))]
+    _glue_runs.log(f"interleaved {name}: refill's {fraction:.0%}, {rate:.1f}/s, {args.interleave} rounds of "
+                   f"{len(offsets)} requests on each server")
+    rounds = []
+    for k in range(args.interleave):
+        row = {}
+        for side, _ in (SIDES if k % 2 == 0 else SIDES[::-1]):
+            start = server.metrics(ports[side])
+            out = server.drive(server.phase_spec(args, ports[side], sentences, cycle, f"{name}/{side}/{k}",
+                                                 mode="open", offsets=offsets), tmp)
+            row[side] = {**stats.summarize(out, rate, len(unit)),
+                         "split": stats.split_between(start, server.metrics(ports[side])) if start else None}
+        rounds.append(row)
+    return {"refill_fraction": fraction, "offered_per_s": rate, "rounds": rounds, **medians(rounds)}
 
 
 def medians(rounds: List[Dict]) -> Dict:

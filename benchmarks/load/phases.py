@@ -156,41 +156,60 @@ def run_config(args, cfg: Config, folder: str, sentences: List[str], ref: Refere
     proc = server.start_server(command, log, port, args.ready_seconds)
     try:
         run = Phases(args, cfg, sentences, port, proc, tmp)
-        concurrency = args.concurrency or SATURATION_BATCHES * args.max_batch * cfg.workers
-        warm = run.drive(args.max_batch, "warm", mode="closed", concurrency=args.max_batch)
-        ref.round()
-        n_sat = args.saturation_requests or max(2 * len(sentences), 4 * concurrency)
-        before = run.reading()
-        saturation, _, after = run.closed(n_sat, "sat", concurrency, before, keep=True,
-                                          extra={"concurrency": concurrency})
-        full_depth, full, _ = run.closed(n_sat, "full", concurrency, after, parameters={"policy": "none"})
-        ref.round()
-        saturated = saturation["throughput_per_s"]
-        if saturated <= 0:
-            raise RuntimeError(f"serve_load: {cfg.name}: no answer at saturation; the server's log ends:\n"
-                               f"{server.tail(log)}")
-        rates = [{"fraction": f, **run.open_loop(f * saturated, f"{f:.0%} of saturation", str(f))} for f in args.rates]
-        same = run.same_rates(same_rates, saturated)
-        counted, rss = server.metrics(port), server.worker_rss(proc.pid, cfg.workers)
+        got = measure_phases(run, ref, same_rates, log)
     finally:
         stopped = server.stop_server(proc, args.stop_seconds)
-    if stopped["exit_code"] or any(p["errors"] for p in [saturation] + rates + stats.carried(same)):
+    phases = [got["saturation"]] + got["rates"] + stats.carried(got["same"])
+    if stopped["exit_code"] or any(p["errors"] for p in phases):
         print(f"# {cfg.name}: errors or exit code {stopped['exit_code']}; the server's log ends:\n{server.tail(log)}",
               file=sys.stderr)
+    record = config_record(run, ref, got, stopped, (expected, labels))
+    record["wall_s"] = harness.since(started)[0]
+    return record
+
+
+def measure_phases(run: Phases, ref: Reference, same_rates: Sequence[Tuple[float, float]], log: str) -> Dict:
+    """Each phase's output by name, from the warm-up to the workers' peaks (:func:`run_config`'s order); a server
+    that answered nothing at saturation is an error that quotes its log's end."""
+    args, cfg = run.args, run.cfg
+    concurrency = args.concurrency or SATURATION_BATCHES * args.max_batch * cfg.workers
+    warm = run.drive(args.max_batch, "warm", mode="closed", concurrency=args.max_batch)
+    ref.round()
+    n_sat = args.saturation_requests or max(2 * len(run.sentences), 4 * concurrency)
+    before = run.reading()
+    saturation, _, after = run.closed(n_sat, "sat", concurrency, before, keep=True,
+                                      extra={"concurrency": concurrency})
+    full_depth, full, _ = run.closed(n_sat, "full", concurrency, after, parameters={"policy": "none"})
+    ref.round()
+    saturated = saturation["throughput_per_s"]
+    if saturated <= 0:
+        raise RuntimeError(f"serve_load: {cfg.name}: no answer at saturation; the server's log ends:\n"
+                           f"{server.tail(log)}")
+    rates = [{"fraction": f, **run.open_loop(f * saturated, f"{f:.0%} of saturation", str(f))} for f in args.rates]
+    same = run.same_rates(same_rates, saturated)
+    counted, rss = server.metrics(run.port), server.worker_rss(run.proc.pid, cfg.workers)
+    return {"warm": warm, "before": before, "saturation": saturation, "after": after, "full_depth": full_depth,
+            "full": full, "rates": rates, "same": same, "counted": counted, "rss": rss}
+
+
+def config_record(run: Phases, ref: Reference, got: Dict, stopped: Dict, truth: Tuple[List[Dict], List[str]]) -> Dict:
+    """serve_load's record of one configuration from :func:`measure_phases`' outputs; ``truth`` is acl-predict's
+    answers and the label names, that the served answers are compared with."""
+    saturation, counted, rss = got["saturation"], got["counted"], got["rss"]
     answered = [r for r in run.records if r["status"] == 200 and r["id_ok"]]
     metrics = None if counted is None else {"answered": counted["answered"],
-                                           "fill_saturation": stats.fill_between(before[0], after[0]),
+                                           "fill_saturation": stats.fill_between(got["before"][0], got["after"][0]),
                                            "fill_all_phases": stats.fill_between(None, counted)}
-    return {"config": cfg.name, **cfg._asdict(), "saturation": saturation,
-            "full_depth_served": full_depth, "rates": rates, "same_rate_as_refill": same,
+    return {"config": run.cfg.name, **run.cfg._asdict(), "saturation": saturation,
+            "full_depth_served": got["full_depth"], "rates": got["rates"], "same_rate_as_refill": got["same"],
             "reference": ref.summary(), "mean_exit_layer": saturation["mean_exit_layer"],
             "layer_speedup": ref.engine.num_layers / saturation["mean_exit_layer"],
             "all_phases_mean_exit_layer": sum(r["exit_layer"] for r in answered) / max(1, len(answered)),
             "peak_rss_mb_per_worker": rss["per_worker_mb"], "peak_rss_mb_supervisor": rss["supervisor_mb"],
             "server_processes": rss["processes"], "server": stopped, "metrics": metrics,
-            "answers": stats.compare_answers(run.records, expected, labels, args.atol),
-            "client_answered": sum(1 for r in warm["records"] + full["records"] + run.records if r["status"]),
-            "wall_s": harness.since(started)[0]}
+            "answers": stats.compare_answers(run.records, truth[0], truth[1], run.args.atol),
+            "client_answered": sum(1 for r in got["warm"]["records"] + got["full"]["records"] + run.records
+                                   if r["status"])}
 
 
 def outside_model(split: Optional[Dict], cpu_before: Optional[float], cpu_after: Optional[float]) -> Optional[Dict]:

@@ -12,7 +12,6 @@ LONG_FUNCTIONS = {  # path::function -> why it stays longer than 40 lines
     "acl_fairseq/cli/evaluate.py::build_parser": ARGPARSE,
     "acl_runtime/serve/cli.py::build_parser": ARGPARSE,
     "benchmarks/serve_load.py::parse_args": ARGPARSE,
-    "benchmarks/load/pair.py::interleaved": REWORKED,
     "benchmarks/load/phases.py::run_config": REWORKED,
 }
 LONG_MODULES: dict = {}
