@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """int8 on two CPU kinds: the logit error of each quantization scheme against fp32, and its batch dependence.
 
-    python benchmarks/int8_portability.py --folder OUT/onnx [--rows 32] [--cpu EPYC-Rome]
+    python benchmarks/int8_portability.py --folder OUT/onnx [--rows 32] [--qemu-cpu EPYC-Rome]
         [--json benchmarks/results/int8_portability.json]
 
 OUT/onnx is a folder that ``acl-export --format onnx`` wrote. Its fp32 layer graphs are quantized here seven ways
@@ -130,15 +130,15 @@ def main(argv=None) -> None:
     p = harness.parser(__doc__, json="write the table here", epilog=True)
     p.add_argument("--folder", required=True, help="an OUT/onnx folder written by acl-export --format onnx")
     p.add_argument("--rows", type=int, default=32, help="random token rows run through every scheme")
-    p.add_argument("--cpu", default="EPYC-Rome", help="qemu CPU model of the second machine kind (AVX2, no VNNI)")
+    p.add_argument("--qemu-cpu", default="EPYC-Rome", help="qemu CPU model of the second machine kind (AVX2, no VNNI)")
     args = p.parse_args(argv)
     if shutil.which("qemu-x86_64") is None:
         sys.exit("int8_portability: qemu-x86_64 not found; install Debian's qemu-user (apt-get install qemu-user)")
     rows = chain.token_rows(args.folder, args.rows)
-    print(f"{len(rows)} random rows, every exit's logits against fp32 at batch 1; native CPU and qemu {args.cpu}")
-    table = measure(args.folder, rows, args.cpu)
+    print(f"{len(rows)} random rows, every exit's logits against fp32 at batch 1; native CPU and qemu {args.qemu_cpu}")
+    table = measure(args.folder, rows, args.qemu_cpu)
     if args.json:
-        record = {"folder": os.path.basename(os.path.normpath(args.folder)), "rows": len(rows), "cpu": args.cpu,
+        record = {"folder": os.path.basename(os.path.normpath(args.folder)), "rows": len(rows), "cpu": args.qemu_cpu,
                   "fp32_logit_scale": float(np.abs(chain.run_rows(args.folder, rows, 1)).max()), "schemes": table}
         harness.write_json(args.json, record)
         print(f"wrote {args.json}")

@@ -216,7 +216,7 @@ def parse_args(argv=None):
     p.add_argument("--schemes", nargs="*", help="measure only the labels starting with these (default: all)")
     p.add_argument("--avx2-rows", type=int, default=12, help="sentences run under qemu per scheme (0: skip; "
                    "the S8S8 schemes take minutes a row there)")
-    p.add_argument("--cpu", default="EPYC-Rome", help="qemu CPU model: AVX2 without AVX-512 or VNNI")
+    p.add_argument("--qemu-cpu", default="EPYC-Rome", help="qemu CPU model: AVX2 without AVX-512 or VNNI")
     p.add_argument("--repeats", type=int, default=5, help="interleaved speed rounds (0: skip the speed part)")
     args = p.parse_args(argv)
     _serving.check_model_flags(p, args)
@@ -246,7 +246,7 @@ def measure_schemes(args, folder: str, dirs: Dict[str, str], data, sample: List[
         row = summary(label, decisions(eng, ids, policies), ref, gold, policies)
         # the calibration variants run the shipped scheme's kernels: emulating them would only repeat its check
         if args.avx2_rows and "rows" not in label and not any(m in label for m in ("Percentile", "Entropy")):
-            row.update(avx2(folder, layer_dir, sample, args.cpu))
+            row.update(avx2(folder, layer_dir, sample, args.qemu_cpu))
         rows.append(row)
         if args.json:  # each scheme as it is measured: the run is long
             harness.write_json(args.json + ".partial", rows)
@@ -297,7 +297,7 @@ def main(argv=None) -> Dict:
     result = {"benchmark": "int8_static", "checkpoint": os.path.relpath(ckpt, args.work), "examples": len(ids),
               "policies": [[n, p, t] for n, p, t in policies], "fp32_accuracy": fp32_acc,
               "calibration_rows": onnx_quantize.CALIBRATION_ROWS, "avx2_rows": len(sample) if args.avx2_rows else 0,
-              "cpu": args.cpu, **harness.record(threads=1), "schemes": rows, "speed": speed_rows,
+              "cpu": args.qemu_cpu, **harness.record(threads=1), "schemes": rows, "speed": speed_rows,
               "targets": targets(rows, shipped, speed_rows) if shipped else []}
     print_report(result, ckpt, chosen, args.repeats)
     if args.json:
