@@ -1,6 +1,6 @@
 """Early-exit thresholds calibrated to a budget, and the ``exit_policy.json`` record beside a checkpoint.
 
-``acl-evaluate CHECKPOINT DATA_BIN --out-dir D --calibrate max-drop=0.5`` (or ``min-speedup=1.5``) sweeps the
+``acl-evaluate CHECKPOINT DATA_BIN --output D --calibrate max-drop=0.5`` (or ``min-speedup=1.5``) sweeps the
 policy's thresholds on the evaluated split as usual, then :func:`choose` picks one of the swept settings:
 
 - ``max-drop=X``: the largest layer speed-up whose primary metric stays within X points of the last exit's

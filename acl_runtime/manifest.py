@@ -38,7 +38,7 @@ def read(folder: str) -> dict:
         if kind == "export":
             raise FileNotFoundError(f"{path} not found: {folder} is acl-export's OUT; pass {target}")
         raise FileNotFoundError(f"{path} not found: not an exported ONNX folder (acl-export CHECKPOINT --data DATA "
-                                "--out OUT --format onnx writes one, in OUT/onnx)")
+                                "--output OUT --format onnx writes one, in OUT/onnx)")
     try:
         with open(path, encoding="utf-8") as f:
             manifest = json.load(f)

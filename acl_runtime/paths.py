@@ -50,7 +50,7 @@ def check(path: str, accepts: Sequence[str], prog: str) -> str:
     wants = " or ".join(WANTS[k] for k in accepts)
 
     def export_it(checkpoint: str) -> str:
-        return f"acl-export {checkpoint} --data DATA --out OUT --format onnx writes one; then {prog} OUT/onnx"
+        return f"acl-export {checkpoint} --data DATA --output OUT --format onnx writes one; then {prog} OUT/onnx"
 
     if kind == "missing":
         raise UsageError(f"{path}: no such file or folder. Fix: pass {wants}")

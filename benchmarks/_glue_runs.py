@@ -210,7 +210,7 @@ def evaluate_split(rd: str, data_bin: str, split: str, task: str) -> dict:
     out = os.path.join(rd, f"eval_{split}")
     path = os.path.join(out, "early_exit.json")
     if not os.path.isfile(path):
-        run([tool("acl-evaluate"), os.path.join(rd, "checkpoint_best.pt"), data_bin, "--out-dir", out, "--split", split,
+        run([tool("acl-evaluate"), os.path.join(rd, "checkpoint_best.pt"), data_bin, "--output", out, "--split", split,
              "--task-name", task, "--timing-examples", "0", "--device", "cpu"],
             log_path=os.path.join(out, "acl_evaluate.log"))
     with open(path) as f:

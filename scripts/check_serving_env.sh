@@ -35,7 +35,7 @@ if [[ -z "$FOLDER" ]]; then
     --optimizer adam --lr 1e-3 --batch-size 16 --max-epoch 1 --cpu --num-workers 0 --no-progress-bar \
     --save-dir "$WORK/ckpt" --no-epoch-checkpoints >"$WORK/train.log" 2>&1 || { tail -20 "$WORK/train.log"; exit 1; }
   CKPT="$WORK/ckpt/checkpoint_best.pt"
-  "$VENV/bin/acl-export" "$CKPT" --data "$WORK/data" --out "$WORK/export" --format onnx --quantize int8 \
+  "$VENV/bin/acl-export" "$CKPT" --data "$WORK/data" --output "$WORK/export" --format onnx --quantize int8 \
     --metrics-split none >/dev/null
   FOLDER="$WORK/export/onnx"
 fi

@@ -47,7 +47,7 @@ if exits:
 PY
 
 echo "[demo] early-exit report of the best checkpoint (checkpoint_best.pt) -> $OUT/early_exit"
-acl-evaluate "$OUT/checkpoints/checkpoint_best.pt" "$OUT/data" --out-dir "$OUT/early_exit" \
+acl-evaluate "$OUT/checkpoints/checkpoint_best.pt" "$OUT/data" --output "$OUT/early_exit" \
   --tensorboard-logdir "$OUT/tensorboard/early_exit"
 echo "[demo] acl-predict: two typed sentences, entropy early exit at threshold 0.3"
 printf '%s\n' "the music was really brilliant" "the plot was not clever , honestly" > "$OUT/two.txt"
@@ -55,7 +55,7 @@ acl-predict "$OUT/checkpoints/checkpoint_best.pt" --data "$OUT/data" --input "$O
   --threshold 0.3 --format tsv --output "$OUT/two.torch.tsv"
 cat "$OUT/two.torch.tsv"
 echo "[demo] acl-export: the model as ONNX graphs with an int8 copy -> $OUT/export/onnx"
-acl-export "$OUT/checkpoints/checkpoint_best.pt" --data "$OUT/data" --out "$OUT/export" --format onnx \
+acl-export "$OUT/checkpoints/checkpoint_best.pt" --data "$OUT/data" --output "$OUT/export" --format onnx \
   --quantize int8 --metrics-split none
 echo "[demo] the same two sentences through ONNX Runtime (no torch in the engine)"
 acl-predict "$OUT/export/onnx" --input "$OUT/two.txt" --policy entropy --threshold 0.3 --format tsv \

@@ -151,7 +151,7 @@ def predict_onnx(predict_run, tmp_path_factory):
 
     _, data, ckpt = predict_run
     out = tmp_path_factory.mktemp("predict_onnx") / "out"
-    export.main([ckpt, "--data", data, "--out", str(out), "--format", "onnx"])
+    export.main([ckpt, "--data", data, "--output", str(out), "--format", "onnx"])
     return str(out / "onnx")
 
 

@@ -35,7 +35,7 @@ def _export(predict_run, tmp_path_factory):
 
     _, data, ckpt = predict_run
     out = tmp_path_factory.mktemp("serve") / "out"
-    export.main([ckpt, "--data", data, "--out", str(out), "--format", "onnx", "--quantize", "int8",
+    export.main([ckpt, "--data", data, "--output", str(out), "--format", "onnx", "--quantize", "int8",
                  "--metrics-split", "none"])
     folder = str(out / "onnx")
     texts, _ = helpers.raw_split(data)
@@ -55,7 +55,7 @@ def single_folder(single_run, tmp_path_factory) -> str:
 
     data, ckpt = single_run
     out = tmp_path_factory.mktemp("serve_single") / "out"
-    export.main([ckpt, "--data", data, "--out", str(out), "--format", "onnx", "--metrics-split", "none"])
+    export.main([ckpt, "--data", data, "--output", str(out), "--format", "onnx", "--metrics-split", "none"])
     return os.path.join(str(out), "onnx")
 
 
@@ -67,7 +67,7 @@ def regression_folder(regression_run, tmp_path_factory):
 
     ckpt, data = regression_run
     out = tmp_path_factory.mktemp("serve_regression") / "out"
-    export.main([ckpt, "--data", data, "--out", str(out), "--format", "onnx", "--metrics-split", "none"])
+    export.main([ckpt, "--data", data, "--output", str(out), "--format", "onnx", "--metrics-split", "none"])
     return os.path.join(str(out), "onnx"), helpers.raw_split(data)[0][:12]
 
 

@@ -1,7 +1,7 @@
 # Licensed under the MIT license.
 """Evaluate a fine-tuned (multi-exit) RoBERTa checkpoint: per-exit GLUE metrics and an early-exit sweep.
 
-``acl-evaluate CHECKPOINT DATA_BIN --out-dir DIR`` writes ``DIR/early_exit.json``, ``DIR/early_exit.csv``
+``acl-evaluate CHECKPOINT DATA_BIN --output DIR`` writes ``DIR/early_exit.json``, ``DIR/early_exit.csv``
 and ``DIR/early_exit.png`` and prints a table; the record names the checkpoint, data and prediction files relative
 to ``DIR``. Per setting (policy x threshold): the task metric(s), average
 exit layer, layer speed-up ``L / avg``, saved fraction ``1 - avg / L``, and wall-clock latency per example
@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="fairseq checkpoint file (e.g. checkpoints/checkpoint_best.pt), or an HF-trained "
                    "multi-exit folder (acl-train-hf's --output_dir)")
     p.add_argument("data_bin", help="binarized sentence_prediction data dir (input0/, label/, ...)")
-    p.add_argument("--out-dir", required=True, help="where early_exit.json/.csv/.png are written")
+    p.add_argument("--output", required=True, metavar="DIR", help="where early_exit.json/.csv/.png are written")
     p.add_argument("--split", default="valid", help="split to score (valid; valid1 = MNLI mismatched)")
     p.add_argument(
         "--task",
@@ -242,7 +242,7 @@ def evaluate(args) -> Dict:
         logger.info("entropy curve: %s at layer speed-ups %s, mean over 1x-3x %s",
                     result["primary_metric"], result["speedup_profile"]["at"], result["speedup_profile"]["area"])
     if args.test_split:
-        result["predictions"] = [record_path(p, args.out_dir)
+        result["predictions"] = [record_path(p, args.output)
                                  for p in write_test_predictions(model, task, args, head_name, ctx)]
     return result
 
@@ -301,8 +301,8 @@ def build_record(args, model, dataset, counted, head_name: str, layers: List[int
     return {
         "task": ctx["task_name"],
         "split": args.split,
-        "checkpoint": record_path(getattr(args, "source", None) or args.checkpoint, args.out_dir),
-        "data": record_path(args.data_bin, args.out_dir),
+        "checkpoint": record_path(getattr(args, "source", None) or args.checkpoint, args.output),
+        "data": record_path(args.data_bin, args.output),
         "head_name": head_name,
         "regression": ctx["regression"],
         "num_examples": n,
@@ -322,10 +322,10 @@ def build_record(args, model, dataset, counted, head_name: str, layers: List[int
     }
 
 
-def record_path(path: str, out_dir: str) -> str:
-    """``path`` as early_exit.json records it: relative to the record's own folder (``--out-dir``), so that a
+def record_path(path: str, output: str) -> str:
+    """``path`` as early_exit.json records it: relative to the record's own folder (``--output``), so that a
     record names no folder of the machine it ran on and still leads to its files once moved with its run."""
-    return os.path.relpath(os.path.abspath(path), os.path.abspath(out_dir))
+    return os.path.relpath(os.path.abspath(path), os.path.abspath(output))
 
 
 def main(argv: Optional[List[str]] = None) -> Dict:
@@ -356,11 +356,11 @@ def run(parser: argparse.ArgumentParser, args) -> Dict:
     result = evaluate(args)
     from acl_runtime.io import atomic
 
-    os.makedirs(args.out_dir, exist_ok=True)
+    os.makedirs(args.output, exist_ok=True)
     # each output whole or absent (the package's one atomic write), as acl-predict's --output
-    atomic.write_json(os.path.join(args.out_dir, "early_exit.json"), result, indent=2)
-    atomic.write_through(os.path.join(args.out_dir, "early_exit.csv"), lambda tmp: report.write_csv(result, tmp))
-    atomic.write_through(os.path.join(args.out_dir, "early_exit.png"), lambda tmp: report.plot_result(result, tmp))
+    atomic.write_json(os.path.join(args.output, "early_exit.json"), result, indent=2)
+    atomic.write_through(os.path.join(args.output, "early_exit.csv"), lambda tmp: report.write_csv(result, tmp))
+    atomic.write_through(os.path.join(args.output, "early_exit.png"), lambda tmp: report.plot_result(result, tmp))
     if args.tensorboard_logdir:
         report.log_tensorboard(result, args.tensorboard_logdir)
     print(report.format_table(result))

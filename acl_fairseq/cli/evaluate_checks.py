@@ -7,7 +7,7 @@ from acl_runtime import console, paths
 
 def precheck(parser: argparse.ArgumentParser, args) -> None:
     """What can be refused before the model loads, each in one line with exit status 2 (a traceback after the
-    model loaded, or after the whole sweep for an unwritable --out-dir, before): flags out of range, a split the
+    model loaded, or after the whole sweep for an unwritable --output, before): flags out of range, a split the
     data folder lacks, an output folder this process cannot write in."""
     for flag, value, least in (("--batch-size", args.batch_size, 1), ("--timing-repeats", args.timing_repeats, 1),
                                ("--timing-examples", args.timing_examples, 0),
@@ -24,7 +24,7 @@ def precheck(parser: argparse.ArgumentParser, args) -> None:
             if split not in have:
                 raise console.UsageError(f"{flag} {split}: {input0} has no such split (it has {', '.join(have)}). "
                                          "Fix: pass one of those, or binarize that split into the folder")
-    for flag, folder in (("--out-dir", args.out_dir), ("--predictions-dir", args.predictions_dir)):
+    for flag, folder in (("--output", args.output), ("--predictions-dir", args.predictions_dir)):
         if folder:
             check_writable_folder(flag, folder)
 

@@ -63,7 +63,7 @@ def score(plan, setting: str, metric: str, env: Dict[str, str], keep: bool) -> f
             raise SystemExit(f"acl-tune: {rd} finished without checkpoint_best.pt and has no {TEST_RESULT}: move the "
                              "run folder away so that it is trained again")
         out = os.path.join(rd, "eval_test")
-        _run([plan.settings["ACL_EVALUATE"], ckpt, plan.data_bin, "--out-dir", out, "--split", "test", "--task-name",
+        _run([plan.settings["ACL_EVALUATE"], ckpt, plan.data_bin, "--output", out, "--split", "test", "--task-name",
               plan.task.name, "--timing-examples", "0", "--device", plan.device], env, plan.repo, driver_log,
              "acl-evaluate --split test")
         metrics = tune_data.load_json(os.path.join(out, "early_exit.json"))["per_exit"][-1]["metrics"]

@@ -1,7 +1,7 @@
 """``acl-export``: a trained (multi-exit) checkpoint out of fairseq, for serving.
 
-    acl-export CHECKPOINT --data DATA_BIN --out OUT [--format hf] [--policy entropy --threshold 0.3] [--force]
-    acl-export HF_FOLDER --out OUT --format onnx [--quantize int8 --data GLUE_DIR]   # acl-train-hf's output
+    acl-export CHECKPOINT --data DATA_BIN --output OUT [--format hf] [--policy entropy --threshold 0.3] [--force]
+    acl-export HF_FOLDER --output OUT --format onnx [--quantize int8 --data GLUE_DIR]   # acl-train-hf's output
 
 The early-exit policy recorded for serving (OUT/hf's ``early_exit.json``, OUT/onnx's manifest, which
 ``acl-predict OUT/onnx`` applies when given no policy) is ``--policy``/``--threshold``; without them, the one
@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "tokenizer record: preprocess/glue.py's stats.json with the tokenizer files); required with a "
                    "checkpoint. With an HF folder (which carries its own): the GLUE folder it was trained on "
                    "(acl-train-hf's --data_dir), read by --quantize int8 alone, to calibrate on its train.tsv")
-    p.add_argument("--out", required=True, help="output folder; each format goes to OUT/<format>/")
+    p.add_argument("--output", required=True, metavar="OUT", help="output folder; each format goes to OUT/<format>/")
     p.add_argument("--format", nargs="+", choices=tuple(FORMATS), default=["hf"],
                    help="what to write (default: %(default)s): hf = a transformers folder, onnx = graphs that "
                    "acl-predict OUT/onnx and acl_runtime run with ONNX Runtime, without torch")
@@ -122,19 +122,20 @@ def check_out(args) -> None:
     """OUT: a folder (or a path that can become one) this process can write in, without the formats' folders
     unless ``--force``. Writing is tried (a probe file, removed at once): permission bits say nothing for root,
     nor for a read-only or immutable mount."""
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise UsageError(f"--out {args.out} is a file: give a folder (each format goes to OUT/<format>/)")
+    if os.path.exists(args.output) and not os.path.isdir(args.output):
+        raise UsageError(f"--output {args.output} is a file: give a folder (each format goes to OUT/<format>/)")
     for fmt in args.format:
-        if os.path.exists(os.path.join(args.out, fmt)) and not args.force:
-            raise UsageError(f"{os.path.join(args.out, fmt)} exists; pass --force to replace it")
+        if os.path.exists(os.path.join(args.output, fmt)) and not args.force:
+            raise UsageError(f"{os.path.join(args.output, fmt)} exists; pass --force to replace it")
     try:  # the nearest existing folder is where the first write happens
-        atomic.probe_folder(args.out)
+        atomic.probe_folder(args.output)
     except NotADirectoryError as e:
-        raise UsageError(f"--out {args.out}: {e.filename} is a file, not a folder; pass another --out") from None
+        raise UsageError(f"--output {args.output}: {e.filename} is a file, not a folder; pass another --output") \
+            from None
     except OSError as e:
-        folder = os.path.dirname(e.filename) if e.filename else args.out
-        raise UsageError(f"--out {args.out}: cannot write in {folder} ({e.strerror or e}); pass an --out you can "
-                         "write to") from None
+        folder = os.path.dirname(e.filename) if e.filename else args.output
+        raise UsageError(f"--output {args.output}: cannot write in {folder} ({e.strerror or e}); pass an --output "
+                         "you can write to") from None
 
 
 def check_data(args, cfg: Dict) -> None:
@@ -334,20 +335,20 @@ def export_run(args) -> Dict:
             written[fmt] = FORMATS[fmt](ctx, folder)
 
     try:
-        write_atomically(args.out, args.force, build)
+        write_atomically(args.output, args.force, build)
     except ExportError as e:
         raise UsageError(str(e)) from None
     except OSError as e:  # the disk filled, or OUT turned read-only, after the checks: nothing was placed
-        raise UsageError(_os_error(e, args.out)) from None
+        raise UsageError(_os_error(e, args.output)) from None
     return written
 
 
 def _os_error(e: OSError, out: str) -> str:
     where = e.filename or out
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        fix = "free some space or pass an --out on another disk"
+        fix = "free some space or pass an --output on another disk"
     elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        fix = "pass an --out you can write to"
+        fix = "pass an --output you can write to"
     else:
         fix = "fix that and export again"
     return f"{where}: {e.strerror or e} while writing the export; nothing was placed in {out}: {fix}"
@@ -372,11 +373,11 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     except (KeyboardInterrupt, Exception) as e:
         if not _interrupted(e):
             raise
-        print(f"{PROG}: interrupted: nothing was placed in {args.out} (the temporary folder is removed)",
+        print(f"{PROG}: interrupted: nothing was placed in {args.output} (the temporary folder is removed)",
               file=sys.stderr)
         raise SystemExit(128 + signal.SIGINT) from None
     for fmt, files in written.items():
-        print(f"{PROG}: wrote {os.path.join(args.out, fmt)}: {', '.join(files)}", file=sys.stderr)
+        print(f"{PROG}: wrote {os.path.join(args.output, fmt)}: {', '.join(files)}", file=sys.stderr)
     return written
 
 

@@ -88,7 +88,7 @@ def write(ctx, out_dir: str) -> List[str]:
     metrics = None
     if args.metrics_split != "none":
         metrics = model_card.exit_metrics(hub, args.metrics_split, args.batch_size)
-    card = {"name": os.path.basename(os.path.normpath(os.path.abspath(args.out))), "family": family,
+    card = {"name": os.path.basename(os.path.normpath(os.path.abspath(args.output))), "family": family,
             "hf_class": export_weights.CLASSES[family], "checkpoint": os.path.basename(args.checkpoint),
             "labels": labels, "exit_layers": layers, "final_layer": layers[-1], "layout": layout["layout"],
             "max_positions": hub.max_positions, "command": model_card.training_command(ctx.cfg, args.checkpoint),

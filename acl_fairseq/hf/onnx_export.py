@@ -1,6 +1,6 @@
 """``OUT/onnx``: a trained (multi-exit) model as ONNX graphs that :mod:`acl_runtime` runs without torch.
 
-    acl-export CHECKPOINT --data DATA_BIN --out OUT --format onnx [--quantize int8] [--force]   # writes OUT/onnx
+    acl-export CHECKPOINT --data DATA_BIN --output OUT --format onnx [--quantize int8] [--force]   # writes OUT/onnx
 
 The segmentation follows the layer-by-layer engine (:mod:`acl_fairseq.inference.early_exit`), so that exited
 rows never enter a later graph:

@@ -317,7 +317,7 @@ def _evaluations(s, task: TaskSpec, m: Method, rd: str, tb: str, data_bin: str, 
     eval_extra = (s["EVAL_ARGS"].splitlines() or [""])[0].split()
     for i, subset in enumerate(task.valid_subsets):
         name = "early_exit" if i == 0 else f"early_exit_{subset}"
-        cmd = [s["ACL_EVALUATE"], os.path.join(rd, "checkpoint_best.pt"), data_bin, "--out-dir",
+        cmd = [s["ACL_EVALUATE"], os.path.join(rd, "checkpoint_best.pt"), data_bin, "--output",
                os.path.join(rd, name), "--split", subset, "--task-name", task.name, "--tensorboard-logdir",
                os.path.join(tb, f"early_exit_{subset}")]
         if s["PREDICT_TEST"] == "1" and i == 0:  # test splits pair with the valid ones: test, test1, ...

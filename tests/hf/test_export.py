@@ -78,7 +78,7 @@ def run(request, tmp_path_factory):
     margin = _sharpen(ckpt, str(root / "bin"), _examples(folder))
     assert margin > 1e-4, margin  # every label well away from a tie at fp32 noise (~1e-6 after scaling)
     out = str(root / "export")
-    export.main([ckpt, "--data", str(root / "bin"), "--out", out])
+    export.main([ckpt, "--data", str(root / "bin"), "--output", out])
     model = hub.from_pretrained(os.path.dirname(ckpt), os.path.basename(ckpt), str(root / "bin")).eval()
     return request.param, root, folder, ckpt, str(root / "bin"), out, model
 
@@ -192,7 +192,7 @@ def test_mean_pooling_is_refused_before_loading(run, tmp_path, capsys):
     state = torch.load(ckpt, weights_only=True, map_location="cpu")
     state["cfg"]["model"].exit_pooling = "mean"
     torch.save(state, tmp_path / "mean.pt")
-    err = helpers.refusal(export.main, [str(tmp_path / "mean.pt"), "--data", data, "--out", str(tmp_path / "out")],
+    err = helpers.refusal(export.main, [str(tmp_path / "mean.pt"), "--data", data, "--output", str(tmp_path / "out")],
                           export.PROG)
     assert "--exit-pooling mean" in err and "[CLS]" in err
     assert not os.path.exists(tmp_path / "out")
@@ -206,7 +206,7 @@ def test_force_replaces_only_the_format_folders_and_keeps_the_rest_of_out(run, t
     (out / "onnx").mkdir(parents=True)  # an earlier export of the other format
     (out / "onnx" / "manifest.json").write_text("{}")
     (out / "checkpoint_best.pt").write_text("mine")
-    argv = [ckpt, "--data", data, "--out", str(out), "--metrics-split", "none"]
+    argv = [ckpt, "--data", data, "--output", str(out), "--metrics-split", "none"]
     export.main(argv)
     assert sorted(os.listdir(out)) == ["checkpoint_best.pt", "hf", "onnx"]
     (out / "hf" / "stale.txt").write_text("from the last export")
@@ -217,13 +217,13 @@ def test_force_replaces_only_the_format_folders_and_keeps_the_rest_of_out(run, t
     assert not (out / "hf" / "stale.txt").exists() and (out / "hf" / "config.json").is_file()
     assert (out / "checkpoint_best.pt").read_text() == "mine" and (out / "onnx" / "manifest.json").read_text() == "{}"
     assert "is a file: give a folder" in helpers.refusal(
-        export.main, [ckpt, "--data", data, "--out", str(out / "checkpoint_best.pt")], export.PROG)
+        export.main, [ckpt, "--data", data, "--output", str(out / "checkpoint_best.pt")], export.PROG)
 
 
 def test_quantize_needs_the_onnx_format(run, tmp_path, capsys):
     _, _, _, ckpt, data, _, _ = run
     assert "--quantize applies to --format onnx" in helpers.refusal(
-        export.main, [ckpt, "--data", data, "--out", str(tmp_path / "out"), "--quantize", "int8"], export.PROG)
+        export.main, [ckpt, "--data", data, "--output", str(tmp_path / "out"), "--quantize", "int8"], export.PROG)
     assert not os.path.exists(tmp_path / "out")
 
 
@@ -235,7 +235,7 @@ def test_mean_pooling_exports_to_onnx_but_not_to_hf(run, tmp_path, capsys):
     state = torch.load(ckpt, weights_only=True, map_location="cpu")
     state["cfg"]["model"].exit_pooling = "mean"
     torch.save(state, tmp_path / "mean.pt")
-    argv = [str(tmp_path / "mean.pt"), "--data", data, "--out", str(tmp_path / "out"), "--format", "onnx",
+    argv = [str(tmp_path / "mean.pt"), "--data", data, "--output", str(tmp_path / "out"), "--format", "onnx",
             "--metrics-split", "none"]
     if family == "bert":
         export.main(argv)
@@ -258,7 +258,7 @@ def test_a_vocabulary_the_dictionary_does_not_cover_is_refused_and_nothing_is_le
         encoder = json.load(open(tmp_path / "bin" / "encoder.json"))
         encoder["zzzextra"] = len(encoder)
         json.dump(encoder, open(tmp_path / "bin" / "encoder.json", "w"))
-    err = helpers.refusal(export.main, [ckpt, "--data", str(tmp_path / "bin"), "--out", str(tmp_path / "out")],
+    err = helpers.refusal(export.main, [ckpt, "--data", str(tmp_path / "bin"), "--output", str(tmp_path / "out")],
                           export.PROG)
     assert "'zzzextra'" in err and "the data dictionary lacks 1 of" in err, err
     assert sorted(os.listdir(tmp_path)) == ["bin"]  # neither OUT nor its temporary folder
@@ -267,7 +267,7 @@ def test_a_vocabulary_the_dictionary_does_not_cover_is_refused_and_nothing_is_le
 def test_a_tokenizer_without_an_hf_equivalent_is_refused_before_loading(run, tmp_path, capsys):
     _, _, _, ckpt, _, _, _ = run
     data = helpers.make_data(str(tmp_path / "toy"), n_train=8, n_valid=4)["data"]  # whitespace tokens
-    err = helpers.refusal(export.main, [ckpt, "--data", data, "--out", str(tmp_path / "out")], export.PROG)
+    err = helpers.refusal(export.main, [ckpt, "--data", data, "--output", str(tmp_path / "out")], export.PROG)
     assert "tokenizer is 'whitespace'" in err, err
     assert not os.path.exists(tmp_path / "out")
 
@@ -286,14 +286,14 @@ def test_help_names_every_flag():
     proc = subprocess.run([sys.executable, "-m", "acl_fairseq.hf.export", "--help"], capture_output=True, text=True,
                           cwd=helpers.REPO)
     assert proc.returncode == 0, proc.stderr
-    for flag in ("--data", "--out", "--format", "--force", "--policy", "--threshold", "--metrics-split"):
+    for flag in ("--data", "--output", "--format", "--force", "--policy", "--threshold", "--metrics-split"):
         assert flag in proc.stdout
 
 
 @pytest.mark.parametrize("policy,threshold", [("entropy", "1.5"), ("confidence", "nan"), ("patience", "0")])
 def test_a_threshold_outside_its_policys_range_is_refused_before_loading(run, tmp_path, capsys, policy, threshold):
     _, _, _, ckpt, data, _, _ = run
-    err = helpers.refusal(export.main, [ckpt, "--data", data, "--out", str(tmp_path / "out"), "--policy", policy,
+    err = helpers.refusal(export.main, [ckpt, "--data", data, "--output", str(tmp_path / "out"), "--policy", policy,
                                         "--threshold", threshold], export.PROG)
     assert policy in err
     assert not os.path.exists(tmp_path / "out")

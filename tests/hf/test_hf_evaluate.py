@@ -28,7 +28,7 @@ def test_acl_evaluate_scores_an_hf_folder_as_the_hf_model_does(trained, tiny, tm
                os.path.join(tiny[0], "vocab.txt"), "--skip-test", "--workers", "1"])
     order = label_dictionary_order(os.path.join(data_bin, "label", "dict.txt"))
     assert order == ["1", "0"]  # not id2label's: the heads' rows are reordered
-    result = evaluate.main([folder, data_bin, "--out-dir", str(tmp_path / "eval"), "--timing-repeats", "1"])
+    result = evaluate.main([folder, data_bin, "--output", str(tmp_path / "eval"), "--timing-repeats", "1"])
     assert result["checkpoint"] == os.path.relpath(folder, tmp_path / "eval")
 
     examples = glue_tasks.read_split(tiny[1], "dev", glue_tasks.get_task("SST-2"), "dev").examples
@@ -52,5 +52,5 @@ def test_calibrate_is_refused_on_an_hf_folder(tmp_path, capsys):
     folder = tmp_path / "bert"
     hf_encoders.multi_exit("bert").save_pretrained(str(folder))
     with pytest.raises(SystemExit) as exc:
-        evaluate.main([str(folder), str(tmp_path), "--out-dir", str(tmp_path / "eval"), "--calibrate", "max-drop=0.5"])
+        evaluate.main([str(folder), str(tmp_path), "--output", str(tmp_path / "eval"), "--calibrate", "max-drop=0.5"])
     assert exc.value.code == 2 and "--calibrate" in capsys.readouterr().err

@@ -69,7 +69,7 @@ def export_balanced(model, tokenizer, folder, texts, out, *flags) -> str:
 
     balance(model, tokenizer, texts)
     model.save_pretrained(folder)
-    export.main([folder, "--out", out, "--format", "onnx", *flags])
+    export.main([folder, "--output", out, "--format", "onnx", *flags])
     return os.path.join(out, "onnx")
 
 
@@ -245,7 +245,8 @@ def test_an_encoder_without_a_fairseq_mapping_is_refused_in_one_line(tmp_path, c
     folder = tmp_path / encoder
     hf_encoders.multi_exit(encoder).save_pretrained(str(folder))
     capsys.readouterr()  # save_pretrained's progress
-    err = helpers.refusal(export.main, [str(folder), "--out", str(tmp_path / "out"), "--format", "onnx"], export.PROG)
+    err = helpers.refusal(export.main, [str(folder), "--output", str(tmp_path / "out"), "--format", "onnx"],
+                          export.PROG)
     assert f"its encoder is {encoder}" in err and "no fairseq mapping" in err and "bert and roberta" in err, err
     assert all(w in err for w in words), err
     assert not (tmp_path / "out").exists()
@@ -264,6 +265,6 @@ def test_flags_an_hf_folder_cannot_use_are_refused_before_it_loads(tmp_path, cap
     folder = tmp_path / "bert"
     hf_encoders.multi_exit("bert").save_pretrained(str(folder))
     capsys.readouterr()  # save_pretrained's progress
-    err = helpers.refusal(export.main, [str(folder), "--out", str(tmp_path / "out"), "--format", "onnx", *extra],
+    err = helpers.refusal(export.main, [str(folder), "--output", str(tmp_path / "out"), "--format", "onnx", *extra],
                           export.PROG)
     assert all(w in err for w in words), err

@@ -111,7 +111,7 @@ RESULTS = os.path.join(helpers.REPO, "benchmarks", "results")
 
 
 # every committed JSON record: the acl-evaluate records of the runs and logs were rewritten once from the absolute
-# paths of the machine they ran on (their checkpoint's folder held the --out-dir early_exit/), grad_conflict's
+# paths of the machine they ran on (their checkpoint's folder held the --output early_exit/), grad_conflict's
 # steps.json with benchmarks/grad_conflict.py's portable_args
 COMMITTED = glob.glob(os.path.join(RESULTS, "**", "*.json"), recursive=True)
 
@@ -122,12 +122,12 @@ def test_committed_results_name_no_folder_of_their_machine(name):
     assert [s for s in _strings(record) if os.path.isabs(s)] == []
 
 
-def test_acl_evaluate_records_paths_relative_to_its_out_dir(predict_run, tmp_path):
+def test_acl_evaluate_records_paths_relative_to_its_output(predict_run, tmp_path):
     from acl_fairseq.cli import evaluate
 
     _, data, ckpt = predict_run
     out, pred = tmp_path / "runs" / "early_exit", tmp_path / "pred"
-    evaluate.main([os.path.abspath(ckpt), os.path.abspath(data), "--out-dir", str(out), "--policy", "entropy",
+    evaluate.main([os.path.abspath(ckpt), os.path.abspath(data), "--output", str(out), "--policy", "entropy",
                    "--thresholds", "0.3", "--timing-examples", "0", "--device", "cpu", "--test-split", "valid",
                    "--predictions-dir", str(pred)])
     record = json.load(open(out / "early_exit.json", encoding="utf-8"))

@@ -13,7 +13,7 @@ from acl_fairseq.inference import report
 
 def _evaluate(predict_run, out):
     _, data, ckpt = predict_run
-    return evaluate.main([ckpt, data, "--out-dir", str(out), "--policy", "entropy", "--thresholds", "0.3",
+    return evaluate.main([ckpt, data, "--output", str(out), "--policy", "entropy", "--thresholds", "0.3",
                           "--timing-examples", "0", "--device", "cpu"])
 
 

@@ -137,7 +137,7 @@ def test_bad_budgets_are_usage_errors(text, message, capsys):
     with pytest.raises(ValueError, match=message):
         calibration.parse_budget(text)
     with pytest.raises(SystemExit) as e:
-        evaluate.build_parser().parse_args(["c.pt", "d", "--out-dir", "o", "--calibrate", text])
+        evaluate.build_parser().parse_args(["c.pt", "d", "--output", "o", "--calibrate", text])
     assert e.value.code == 2 and message.split("'")[0] in capsys.readouterr().err
 
 
@@ -190,7 +190,7 @@ def test_a_record_that_cannot_be_written_is_refused_before_the_sweep(tmp_path, m
         flags.append("--force")
         reason = "a folder is in the way"
     with pytest.raises(SystemExit) as e:
-        evaluate.main([str(folder / "checkpoint_best.pt"), str(tmp_path), "--out-dir", str(tmp_path / "ee"), *flags])
+        evaluate.main([str(folder / "checkpoint_best.pt"), str(tmp_path), "--output", str(tmp_path / "ee"), *flags])
     message = str(e.value)
     assert e.value.code == 2 and message.startswith(f"--calibrate writes {folder / calibration.FILE_NAME}, which "
                                                     f"cannot be written here ({reason})") and "\n" not in message
@@ -223,7 +223,7 @@ def _copy(run, folder) -> str:
 
 
 def _evaluate(run, ckpt, out, *extra):
-    return evaluate.main([ckpt, run["data"], "--out-dir", str(out), "--policy", "entropy", "--thresholds",
+    return evaluate.main([ckpt, run["data"], "--output", str(out), "--policy", "entropy", "--thresholds",
                           *map(str, run["thresholds"]), "--timing-examples", "0", "--device", "cpu", *extra])
 
 
@@ -265,7 +265,7 @@ def test_an_existing_record_is_refused_before_loading_and_replaced_with_force(ca
 
 def test_an_unmet_budget_is_one_line_exit_2_naming_the_closest(run, tmp_path):
     ckpt = _copy(run, str(tmp_path / "c"))
-    args = [ckpt, run["data"], "--out-dir", str(tmp_path / "ee"), "--policy", "entropy", "--thresholds",
+    args = [ckpt, run["data"], "--output", str(tmp_path / "ee"), "--policy", "entropy", "--thresholds",
             *map(str, run["thresholds"]), "--timing-examples", "0", "--device", "cpu", "--calibrate",
             "min-speedup=3.5"]
     proc = helpers.run_tool("acl-evaluate", args, check=False)
@@ -344,7 +344,7 @@ def test_acl_export_records_the_calibrated_policy_and_the_runtime_applies_it(cal
     from acl_runtime import engine as runtime
 
     out = tmp_path / "out"
-    export.main([calibrated["ckpt"], "--data", calibrated["data"], "--out", str(out), "--format", "onnx",
+    export.main([calibrated["ckpt"], "--data", calibrated["data"], "--output", str(out), "--format", "onnx",
                  "--metrics-split", "none"])
     assert "recording the calibrated policy entropy" in capsys.readouterr().err
     manifest = json.load(open(out / "onnx" / "manifest.json"))
@@ -361,7 +361,7 @@ def test_acl_export_records_the_calibrated_policy_and_the_runtime_applies_it(cal
     assert {p.exit_layer for p in engine.predict_early_exit(calibrated["texts"], policy="none")} == {3}
     # --policy none and an explicit policy override the record, in the HF folder's record as in the manifest
     for flags, policy in [(["--policy", "none"], None), (["--policy", "confidence"], "confidence")]:
-        args = export.build_parser().parse_args([calibrated["ckpt"], "--data", calibrated["data"], "--out", "o",
+        args = export.build_parser().parse_args([calibrated["ckpt"], "--data", calibrated["data"], "--output", "o",
                                                  "--format", "onnx", *flags])
         export.precheck(args)
         export.serving_policy(args, model)

@@ -47,19 +47,19 @@ def test_a_run_folder_a_manifest_and_an_export_out_each_name_what_to_pass(predic
     # acl-serve: the same reading, and a checkpoint is told how to become a folder it serves
     assert _usage(serve_cli.main, [str(export_out)]).endswith(f"Fix: pass {export_out / 'onnx'}")
     assert _usage(serve_cli.main, [ckpt]) == (f"{ckpt} is a file; acl-serve reads a folder that acl-export --format "
-                                              f"onnx wrote (OUT/onnx): acl-export {ckpt} --data DATA --out OUT "
+                                              f"onnx wrote (OUT/onnx): acl-export {ckpt} --data DATA --output OUT "
                                               "--format onnx writes one; then acl-serve OUT/onnx")
     assert _usage(serve_cli.main, [run]).startswith(f"{run} is a folder of checkpoints; acl-serve reads")
     # acl-evaluate: a folder of checkpoints, an export
-    assert _usage(evaluate.main, [run, data, "--out-dir", str(tmp_path / "ee")]).endswith(f"pass the file, {ckpt}")
+    assert _usage(evaluate.main, [run, data, "--output", str(tmp_path / "ee")]).endswith(f"pass the file, {ckpt}")
     assert "pass the checkpoint it was exported from" in _usage(
-        evaluate.main, [str(export_out / "onnx"), data, "--out-dir", str(tmp_path / "ee")])
+        evaluate.main, [str(export_out / "onnx"), data, "--output", str(tmp_path / "ee")])
     assert not os.path.exists(out) and not os.path.exists(tmp_path / "ee")
 
 
 def test_acl_export_reads_the_same_paths(predict_run, tmp_path, capsys):
     _, data, ckpt = predict_run
-    err = helpers.refusal(export.main, [os.path.dirname(ckpt), "--data", data, "--out", str(tmp_path / "out"),
+    err = helpers.refusal(export.main, [os.path.dirname(ckpt), "--data", data, "--output", str(tmp_path / "out"),
                                         "--format", "onnx"], export.PROG)
     assert err == f"acl-export: error: {os.path.dirname(ckpt)} is a folder of checkpoints. Fix: pass the file, {ckpt}"
     assert not os.path.exists(tmp_path / "out")
@@ -131,7 +131,7 @@ def test_another_tasks_data_is_one_line_before_fairseq_loads_weights(predict_run
     assert message.startswith(f"the data dictionary {other_data}/input0/dict.txt is not the one {ckpt} was trained "
                               "with"), message
     with pytest.raises(console.UsageError, match="use the data folder the model was trained on"):
-        evaluate.main([ckpt, other_data, "--out-dir", str(tmp_path / "ee")])
+        evaluate.main([ckpt, other_data, "--output", str(tmp_path / "ee")])
     assert not os.path.exists(tmp_path / "p.jsonl") and not os.path.exists(tmp_path / "ee")
 
 
@@ -141,8 +141,8 @@ def test_another_tasks_data_is_one_line_before_fairseq_loads_weights(predict_run
 def test_export_says_which_format_cannot_be_written_why_and_what_can(predict_run, tmp_path, capsys, monkeypatch):
     _, data, ckpt = predict_run  # whitespace tokens: no standard Hugging Face tokenizer
     monkeypatch.setattr(export, "load_hub", lambda args: pytest.fail("the model was loaded"))
-    err = helpers.refusal(export.main, [ckpt, "--data", data, "--out", str(tmp_path / "out"), "--format", "hf", "onnx"],
-                          export.PROG)
+    err = helpers.refusal(export.main, [ckpt, "--data", data, "--output", str(tmp_path / "out"), "--format", "hf",
+                                        "onnx"], export.PROG)
     assert err.startswith("acl-export: error: --format hf cannot be written: the data folder's tokenizer is "
                           "'whitespace'"), err
     assert err.endswith("Nothing was written. Fix: --format onnx can: pass it alone (hf needs a model fine-tuned "
@@ -151,7 +151,7 @@ def test_export_says_which_format_cannot_be_written_why_and_what_can(predict_run
     # int8 calibration without the training split: onnx cannot be written either, and each says why
     shutil.copytree(data, tmp_path / "notrain")
     os.remove(tmp_path / "notrain" / "input0" / "train.bin")
-    err = helpers.refusal(export.main, [ckpt, "--data", str(tmp_path / "notrain"), "--out", str(tmp_path / "out"),
+    err = helpers.refusal(export.main, [ckpt, "--data", str(tmp_path / "notrain"), "--output", str(tmp_path / "out"),
                                         "--format", "hf", "onnx", "--quantize", "int8"], export.PROG)
     assert "--format hf cannot be written" in err and "--format onnx cannot be written: --quantize int8" in err, err
     assert "no format can be written with these flags" in err, err

@@ -144,7 +144,7 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path, data):
     from acl_runtime.console import UsageError
 
     with pytest.raises(UsageError, match="nope.pt: no such file or folder. Fix: pass a checkpoint file"):
-        evaluate.main([str(tmp_path / "nope.pt"), data, "--out-dir", str(tmp_path / "out")])
+        evaluate.main([str(tmp_path / "nope.pt"), data, "--output", str(tmp_path / "out")])
 
 
 def test_console_script_is_declared():
@@ -215,7 +215,7 @@ def evaluated(data, tmp_path_factory):
     args = [
         str(root / "ckpt" / "checkpoint_best.pt"),
         data,
-        "--out-dir",
+        "--output",
         str(root / "out"),
         "--task-name",
         "SST-2",
@@ -342,7 +342,7 @@ def test_evaluate_runs_on_a_plain_roberta_checkpoint(evaluated, data, tmp_path):
         [
             str(tmp_path / "plain.pt"),
             data,
-            "--out-dir",
+            "--output",
             str(tmp_path / "out"),
             "--thresholds",
             "0.5",
@@ -374,24 +374,24 @@ BAD_SWEEPS = [("--thresholds", "1.5"), ("--thresholds", "nan"), ("--confidence-t
 @pytest.mark.parametrize("flag,value", BAD_SWEEPS)
 def test_cli_refuses_a_threshold_out_of_its_policys_range(flag, value, capsys):
     with pytest.raises(SystemExit) as exc:
-        evaluate.build_parser().parse_args(["c.pt", "data", "--out-dir", "o", flag, value])
+        evaluate.build_parser().parse_args(["c.pt", "data", "--output", "o", flag, value])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and f"argument {flag}: " in err and "it takes" in err, err
 
 
 def test_cli_range_refusal_exits_2_before_loading_anything():
-    proc = helpers.run_tool("acl-evaluate", ["missing.pt", "missing", "--out-dir", "o", "--thresholds", "nan"],
+    proc = helpers.run_tool("acl-evaluate", ["missing.pt", "missing", "--output", "o", "--thresholds", "nan"],
                             check=False)
     assert proc.returncode == 2 and "entropy threshold nan is out of range: it takes [0, 1]" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
 def test_sweep_reads_the_policy_table():
-    args = evaluate.build_parser().parse_args(["c.pt", "data", "--out-dir", "o"])
+    args = evaluate.build_parser().parse_args(["c.pt", "data", "--output", "o"])
     settings = evaluate.sweep(args, 4, regression=False)
     want = [(name, v) for name, row in exits.POLICIES.items() for v in row.sweep(4)]
     assert settings == want and ("patience", 3) in settings and ("confidence", 0.99) in settings
     assert {p for p, _ in evaluate.sweep(args, 4, regression=True)} == {"patience"}
-    args = evaluate.build_parser().parse_args(["c.pt", "data", "--out-dir", "o", "--policy", "patience",
+    args = evaluate.build_parser().parse_args(["c.pt", "data", "--output", "o", "--policy", "patience",
                                                "--patience-values", "2", "5"])
     assert evaluate.sweep(args, 4, regression=False) == [("patience", 2), ("patience", 5)]

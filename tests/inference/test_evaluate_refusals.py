@@ -29,7 +29,7 @@ def _refused(argv, monkeypatch, loads=False) -> str:
 
 def test_a_split_the_data_folder_lacks_is_refused_before_loading(predict_run, tmp_path, monkeypatch):
     _, data, ckpt = predict_run
-    common = [ckpt, data, "--out-dir", str(tmp_path / "ee")]
+    common = [ckpt, data, "--output", str(tmp_path / "ee")]
     message = _refused(common + ["--split", "nosuch"], monkeypatch)
     assert message.startswith(f"--split nosuch: {data}/input0 has no such split (it has train, valid)")
     message = _refused(common + ["--test-split", "valid", "test", "--predictions-dir", str(tmp_path / "p")],
@@ -41,10 +41,10 @@ def test_a_split_the_data_folder_lacks_is_refused_before_loading(predict_run, tm
 def test_an_output_folder_that_cannot_be_written_is_refused_before_loading(predict_run, tmp_path, monkeypatch):
     _, data, ckpt = predict_run
     locked = helpers.unwritable_folder(tmp_path)
-    message = _refused([ckpt, data, "--out-dir", os.path.join(locked, "ee")], monkeypatch)
-    assert message.startswith(f"--out-dir {locked}/ee: cannot write there") and "Fix:" in message
+    message = _refused([ckpt, data, "--output", os.path.join(locked, "ee")], monkeypatch)
+    assert message.startswith(f"--output {locked}/ee: cannot write there") and "Fix:" in message
     (tmp_path / "file").write_text("")
-    message = _refused([ckpt, data, "--out-dir", str(tmp_path / "ee"), "--test-split", "valid",
+    message = _refused([ckpt, data, "--output", str(tmp_path / "ee"), "--test-split", "valid",
                         "--predictions-dir", str(tmp_path / "file" / "p")], monkeypatch)
     assert message.startswith(f"--predictions-dir {tmp_path}/file/p: cannot write there")
     assert not os.path.exists(tmp_path / "ee")
@@ -54,13 +54,13 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_loading(predi
                                          ("--timing-examples", "-1")])
 def test_flags_out_of_range_are_refused_before_loading(predict_run, tmp_path, monkeypatch, capsys, flag, value):
     _, data, ckpt = predict_run
-    _refused([ckpt, data, "--out-dir", str(tmp_path / "ee"), flag, value], monkeypatch)
+    _refused([ckpt, data, "--output", str(tmp_path / "ee"), flag, value], monkeypatch)
     assert f"{flag} must be at least" in capsys.readouterr().err
 
 
 def test_a_head_the_checkpoint_lacks_is_named_with_the_heads_it_has(predict_run, tmp_path, monkeypatch):
     _, data, ckpt = predict_run
-    message = _refused([ckpt, data, "--out-dir", str(tmp_path / "ee"), "--classification-head-name", "nohead",
+    message = _refused([ckpt, data, "--output", str(tmp_path / "ee"), "--classification-head-name", "nohead",
                         "--device", "cpu"], monkeypatch, loads=True)
     assert message.startswith("model has no classification head 'nohead' (has ['sentence_classification_head'")
     assert not os.path.exists(tmp_path / "ee")
@@ -69,7 +69,7 @@ def test_a_head_the_checkpoint_lacks_is_named_with_the_heads_it_has(predict_run,
 @pytest.mark.slow  # the tool in a subprocess: about 8 s
 def test_the_command_prints_the_refusal_in_one_line_with_exit_2(predict_run, tmp_path):
     _, data, ckpt = predict_run
-    proc = subprocess.run([sys.executable, "-m", "acl_fairseq.cli.evaluate", ckpt, data, "--out-dir",
+    proc = subprocess.run([sys.executable, "-m", "acl_fairseq.cli.evaluate", ckpt, data, "--output",
                            str(tmp_path / "ee"), "--split", "nosuch"], capture_output=True, text=True,
                           cwd=helpers.REPO, env=dict(os.environ, PYTHONPATH=helpers.REPO, PYTHONWARNINGS="ignore"))
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
@@ -85,7 +85,7 @@ def test_an_unlabeled_split_is_refused_with_the_flag_that_predicts_it(predict_ru
     shutil.copytree(data, unlabeled)
     for name in ("valid.bin", "valid.idx"):
         os.remove(unlabeled / "label" / name)
-    message = _refused([ckpt, str(unlabeled), "--out-dir", str(tmp_path / "ee"), "--device", "cpu"], monkeypatch,
+    message = _refused([ckpt, str(unlabeled), "--output", str(tmp_path / "ee"), "--device", "cpu"], monkeypatch,
                        loads=True)
     assert message == ("--split valid has no labels. Fix: score a labeled split, and predict this one with "
                        "--test-split")

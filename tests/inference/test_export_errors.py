@@ -36,13 +36,13 @@ def _export_refused(argv, capsys, *words):
 def test_bad_flags_are_one_line_before_the_model_loads(model, tmp_path, capsys, monkeypatch, flags, words):
     ckpt, data = model
     monkeypatch.setattr(export, "load_hub", lambda args: pytest.fail("the model was loaded"))
-    _export_refused([ckpt, "--data", data, "--out", str(tmp_path / "out"), *flags], capsys, *words)
+    _export_refused([ckpt, "--data", data, "--output", str(tmp_path / "out"), *flags], capsys, *words)
     assert os.listdir(tmp_path) == []
 
 
 def test_the_console_script_prints_a_refusal_once(model, tmp_path):
     ckpt, data = model
-    proc = helpers.run_tool("acl-export", [ckpt, "--data", data, "--out", str(tmp_path / "out"), "--format", "onnx",
+    proc = helpers.run_tool("acl-export", [ckpt, "--data", data, "--output", str(tmp_path / "out"), "--format", "onnx",
                                            "onnx"], check=False)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "acl-export: error: --format onnx is given 2 times: name each format once"], proc.stderr
@@ -55,12 +55,12 @@ def test_an_out_that_cannot_be_written_is_refused_before_the_model_loads(model, 
     monkeypatch.setattr(export, "load_hub", lambda args: pytest.fail("the model was loaded"))
     read_only = helpers.unwritable_folder(tmp_path)
     for out in (read_only, os.path.join(read_only, "new")):
-        _export_refused([ckpt, "--data", data, "--out", out, "--format", "onnx"], capsys, f"--out {out}: cannot write "
-                        f"in {read_only}", "pass an --out you can write to")
+        _export_refused([ckpt, "--data", data, "--output", out, "--format", "onnx"], capsys,
+                        f"--output {out}: cannot write in {read_only}", "pass an --output you can write to")
         assert not os.path.exists(os.path.join(read_only, "new"))
     (tmp_path / "notes.txt").write_text("a file")
     out = str(tmp_path / "notes.txt" / "out")
-    _export_refused([ckpt, "--data", data, "--out", out, "--format", "onnx"], capsys,
+    _export_refused([ckpt, "--data", data, "--output", out, "--format", "onnx"], capsys,
                     "notes.txt is a file, not a folder")
 
 
@@ -81,7 +81,7 @@ def _read_only(path):
 
 
 @pytest.mark.parametrize("raise_, words", [(_full, ["No space left on device", "free some space"]),
-                                           (_read_only, ["Read-only file system", "an --out you can write to"])])
+                                           (_read_only, ["Read-only file system", "an --output you can write to"])])
 def test_a_write_failing_during_the_export_is_one_line_and_keeps_the_previous_export(model, tmp_path, capsys,
                                                                                      monkeypatch, raise_, words):
     ckpt, data = model
@@ -90,11 +90,11 @@ def test_a_write_failing_during_the_export_is_one_line_and_keeps_the_previous_ex
     (out / "onnx" / "manifest.json").write_text("the previous export")
     monkeypatch.setitem(export.FORMATS, "onnx", _failing_writer(raise_))
     argv = [ckpt, "--data", data, "--format", "onnx"]
-    _export_refused(argv + ["--out", str(out), "--force"], capsys, "layer1.onnx", *words,
+    _export_refused(argv + ["--output", str(out), "--force"], capsys, "layer1.onnx", *words,
                     f"nothing was placed in {out}")
     assert os.listdir(out) == ["onnx"] and (out / "onnx" / "manifest.json").read_text() == "the previous export"
     fresh = tmp_path / "fresh"
-    _export_refused(argv + ["--out", str(fresh)], capsys, *words)
+    _export_refused(argv + ["--output", str(fresh)], capsys, *words)
     assert not fresh.exists() and sorted(os.listdir(tmp_path)) == ["out"]  # an OUT made by the export goes with it
 
 
@@ -115,7 +115,7 @@ def test_ctrl_c_during_the_export_is_one_line_exit_130_and_leaves_nothing(model,
     ckpt, data = model
     monkeypatch.setitem(export.FORMATS, "onnx", _failing_writer(raise_))
     with pytest.raises(SystemExit) as exc:
-        export.main([ckpt, "--data", data, "--out", str(tmp_path / "out"), "--format", "onnx"])
+        export.main([ckpt, "--data", data, "--output", str(tmp_path / "out"), "--format", "onnx"])
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 130 and err.splitlines() == [f"acl-export: interrupted: nothing was placed in "
                                                            f"{tmp_path / 'out'} (the temporary folder is removed)"]
@@ -127,7 +127,7 @@ def test_a_legacy_format_checkpoint_passes_the_precheck(model, tmp_path, capsys)
     ckpt, data = model
     legacy = tmp_path / "legacy.pt"
     torch.save(torch.load(ckpt, weights_only=True, map_location="cpu"), legacy, _use_new_zipfile_serialization=False)
-    args = export.build_parser().parse_args([str(legacy), "--data", data, "--out", str(tmp_path / "out"), "--format",
+    args = export.build_parser().parse_args([str(legacy), "--data", data, "--output", str(tmp_path / "out"), "--format",
                                              "onnx"])
     cfg = export.precheck(args)
     assert cfg["model"].arch == "multi_exit_roberta" and capsys.readouterr().err == ""
@@ -140,7 +140,7 @@ def test_a_regression_model_exports_and_serves_its_values(regression_run, tmp_pa
 
     ckpt, data = regression_run
     out = tmp_path / "out"
-    export.main([ckpt, "--data", data, "--out", str(out), "--format", "onnx"])
+    export.main([ckpt, "--data", data, "--output", str(out), "--format", "onnx"])
     manifest = json.load(open(out / "onnx" / "manifest.json"))
     assert manifest["regression"] is True and manifest["labels"] is None
     texts = helpers.raw_split(data)[0][:6]

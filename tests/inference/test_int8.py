@@ -156,7 +156,7 @@ def test_int8_without_a_training_split_is_refused_before_the_model_loads(exporte
 
     data = tmp_path / "data"
     shutil.copytree(exported["data"], data, ignore=shutil.ignore_patterns("train.*"))
-    argv = [exported["ckpt"], "--data", str(data), "--out", str(tmp_path / "out"), "--format", "onnx", "--quantize",
+    argv = [exported["ckpt"], "--data", str(data), "--output", str(tmp_path / "out"), "--format", "onnx", "--quantize",
             "int8", "--metrics-split", "none"]
     err = helpers.refusal(export.main, argv, export.PROG)
     assert "int8-dynamic" in err, err

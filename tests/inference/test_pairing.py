@@ -110,7 +110,7 @@ def single_onnx(regression_run, tmp_path_factory):
 
     ckpt, data = regression_run
     out = tmp_path_factory.mktemp("single") / "out"
-    export.main([ckpt, "--data", data, "--out", str(out), "--format", "onnx"])
+    export.main([ckpt, "--data", data, "--output", str(out), "--format", "onnx"])
     return str(out / "onnx")
 
 

@@ -128,7 +128,7 @@ def test_cli_equals_acl_evaluate_on_the_same_split(run, model, tmp_path):
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in records] == [str(i) for i in range(1, len(texts) + 1)]
     assert summary["examples"] == len(texts) and summary["skipped"] == 0
-    result = evaluate.main([ckpt, data, "--out-dir", str(tmp_path / "ee"), "--policy", "entropy",
+    result = evaluate.main([ckpt, data, "--output", str(tmp_path / "ee"), "--policy", "entropy",
                             "--thresholds", str(threshold), "--batch-size", "32", "--timing-examples", "0",
                             "--device", "cpu"])
     setting = result["settings"][0]

@@ -38,9 +38,9 @@ touch "$save/checkpoint_best.pt" "$save/checkpoint_last.pt"
 """  # noqa: E501
 
 FAKE_EVALUATE = r"""#!/usr/bin/env bash
-# fake acl-evaluate: writes OUT_DIR/early_exit.json
+# fake acl-evaluate: writes OUTPUT/early_exit.json
 out=""; prev=""
-for a in "$@"; do [[ "$prev" == --out-dir ]] && out="$a"; prev="$a"; done
+for a in "$@"; do [[ "$prev" == --output ]] && out="$a"; prev="$a"; done
 mkdir -p "$out"
 echo '{"task": "MNLI", "num_layers": 12, "per_exit": [], "settings": []}' > "$out/early_exit.json"
 """

@@ -41,7 +41,7 @@ touch "$save/checkpoint_best.pt" "$save/checkpoint_last.pt"
 # fake acl-evaluate --split test: the test accuracy is 1 point below the run's last validation
 STUB_EVALUATE = r"""#!/usr/bin/env bash
 ckpt="$1"; out=""; prev=""
-for a in "$@"; do [[ "$prev" == --out-dir ]] && out="$a"; prev="$a"; done
+for a in "$@"; do [[ "$prev" == --output ]] && out="$a"; prev="$a"; done
 mkdir -p "$out"
 res="$(dirname "$ckpt")/result.json"
 acc=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['best_value'] - 1)" "$res")

@@ -63,7 +63,7 @@ def _one_line_exit_2(proc, path):
 @pytest.mark.parametrize("tool", ["evaluate", "predict"])
 def test_tools_refuse_an_empty_or_cut_short_checkpoint_in_one_line(tmp_path, data, tool):
     env = dict(os.environ, PYTHONPATH=helpers.REPO, PYTHONWARNINGS="ignore")
-    args = {"evaluate": [data, "--out-dir", str(tmp_path / "out")],
+    args = {"evaluate": [data, "--output", str(tmp_path / "out")],
             "predict": ["--data", data, "--input", os.path.join(data, "raw", "valid.input0"), "--output",
                         str(tmp_path / "p.jsonl")]}[tool]
     for path in _damaged(tmp_path):
@@ -145,7 +145,7 @@ def test_evaluate_names_the_refused_global_in_one_line(tmp_path, data):
     path = str(tmp_path / "evil.pt")
     torch.save({"model": {}, "args": _Payload(str(tmp_path / "pwned"))}, path)
     env = dict(os.environ, PYTHONPATH=helpers.REPO, PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, "-m", "acl_fairseq.cli.evaluate", path, data, "--out-dir",
+    proc = subprocess.run([sys.executable, "-m", "acl_fairseq.cli.evaluate", path, data, "--output",
                            str(tmp_path / "out")], capture_output=True, text=True, env=env, cwd=helpers.REPO)
     _one_line_exit_2(proc, path)
     assert "refused as unsafe" in proc.stderr and "posix.system" in proc.stderr

@@ -75,7 +75,7 @@ def test_acl_export_refuses_a_forbidden_global_in_one_line_exit_2(tmp_path, data
     from acl_fairseq.hf import export
 
     path = _evil(tmp_path)
-    err = helpers.refusal(export.main, [path, "--data", data, "--out", str(tmp_path / "out"), "--format", "onnx"],
+    err = helpers.refusal(export.main, [path, "--data", data, "--output", str(tmp_path / "out"), "--format", "onnx"],
                           export.PROG)
     assert "posix.system" in err and "refused as unsafe" in err
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "out").exists()

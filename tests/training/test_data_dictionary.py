@@ -70,7 +70,7 @@ def test_another_dictionary_is_refused_by_evaluate_predict_and_the_hub(runs, nam
     path = ckpt(root, name)
     message = f"data dictionary {other}/input0/dict.txt is not the one {path} was trained with"
     with pytest.raises(console.UsageError, match=message):  # the one opening's error policy (hub.open_checkpoint)
-        evaluate.main([path, other, "--out-dir", str(tmp_path / "ev"), "--timing-examples", "0"])
+        evaluate.main([path, other, "--output", str(tmp_path / "ev"), "--timing-examples", "0"])
     with pytest.raises(checkpoint_safety.DictionaryMismatch, match=message):
         hub.from_pretrained(str(root / name), "checkpoint_best.pt", other)
     with pytest.raises(SystemExit, match="the " + message) as refused:  # console.run adds "acl-predict: error:"
@@ -84,7 +84,7 @@ def test_another_dictionary_is_refused_by_evaluate_predict_and_the_hub(runs, nam
 
 def test_acl_evaluate_says_so_in_one_line(runs, tmp_path):
     root, _, other = runs
-    proc = helpers._run([sys.executable, "-m", "acl_fairseq.cli.evaluate", ckpt(root, "stock"), other, "--out-dir",
+    proc = helpers._run([sys.executable, "-m", "acl_fairseq.cli.evaluate", ckpt(root, "stock"), other, "--output",
                          str(tmp_path / "ev")], "acl-evaluate", None, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("acl-evaluate: error: the data dictionary")
