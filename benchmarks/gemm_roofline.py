@@ -24,7 +24,7 @@ batches of 32 sorted by length (benchmarks/results/dev_lengths.json).
 """
 import os
 import tempfile
-from typing import Callable, Dict, List
+from typing import Dict, List
 
 import numpy as np
 import torch
@@ -90,52 +90,58 @@ def layer_shapes(batch: int, length: int, dim: int, ffn: int, heads: int) -> Lis
                ((batch * heads, length, length), (batch * heads, length, head))])
 
 
-def systems(args, tmp: str) -> List[Dict]:
+def checked_layer(args, tmp: str):
+    """(the torch layer and its input, the onnxruntime session and its feed, the model's size): the layer exported
+    and checked to compute what torch computes (both engines time the same function)."""
     layer, size = fairseq_layer(tmp)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(args.seq_len, args.batch, size["dim"], generator=g)
+    x = torch.randn(args.seq_len, args.batch, size["dim"], generator=torch.Generator().manual_seed(0))
     mask = torch.zeros(args.batch, args.seq_len, dtype=torch.bool)
     export_layer(layer, x, mask, os.path.join(tmp, "layer.onnx"))
-    layer_sess = ort_session(os.path.join(tmp, "layer.onnx"))
-    layer_feed = {"x": x.numpy(), "padding_mask": mask.numpy()}
-    with torch.no_grad():  # the two engines time the same function
+    session = ort_session(os.path.join(tmp, "layer.onnx"))
+    feed = {"x": x.numpy(), "padding_mask": mask.numpy()}
+    with torch.no_grad():
         out = layer(x, encoder_padding_mask=mask)
         out = out[0] if isinstance(out, tuple) else out
-        gap = float(np.abs(layer_sess.run(None, layer_feed)[0] - out.numpy()).max())
+        gap = float(np.abs(session.run(None, feed)[0] - out.numpy()).max())
     if gap > 1e-4:
         raise SystemExit(f"gemm_roofline: the exported layer differs from torch's by {gap:.2e} (bound 1e-4)")
-    shapes = layer_shapes(args.batch, args.seq_len, size["dim"], size["ffn"], size["heads"])
-    gemm_graph(os.path.join(tmp, "gemms.onnx"), shapes)
-    gemm_sess = ort_session(os.path.join(tmp, "gemms.onnx"))
+    return (layer, x, mask), (session, feed), size
+
+
+def products(shapes: List[tuple], path: str, seed: int = 1):
+    """(torch's calls, onnxruntime's call, FLOPs) of the matrix products of ``shapes`` on random operands."""
+    g = torch.Generator().manual_seed(seed)
     operands = [(torch.randn(*a, generator=g), torch.randn(*b, generator=g)) for a, b in shapes]
-    gemm_feed = {f"{k}{i}": t.numpy() for i, pair in enumerate(operands) for k, t in zip("ab", pair)}
-    square = [torch.randn(args.square, args.square, generator=g) for _ in range(2)]
-    square_sess_path = os.path.join(tmp, "square.onnx")
-    gemm_graph(square_sess_path, [((args.square,) * 2, (args.square,) * 2)])
-    square_sess = ort_session(square_sess_path)
-    square_feed = {"a0": square[0].numpy(), "b0": square[1].numpy()}
+    gemm_graph(path, shapes)
+    session = ort_session(path)
+    feed = {f"{k}{i}": t.numpy() for i, pair in enumerate(operands) for k, t in zip("ab", pair)}
+
+    def torch_calls():
+        with torch.no_grad():
+            for a, b in operands:
+                torch.matmul(a, b)
+
+    return torch_calls, lambda: session.run(None, feed), sum(2 * int(np.prod(a)) * b[-1] for a, b in shapes)
+
+
+def systems(args, tmp: str) -> List[Dict]:
+    (layer, x, mask), (session, feed), size = checked_layer(args, tmp)
+    shapes = layer_shapes(args.batch, args.seq_len, size["dim"], size["ffn"], size["heads"])
+    torch_gemms, ort_gemms, gemm_flop = products(shapes, os.path.join(tmp, "gemms.onnx"))
+    torch_sgemm, ort_sgemm, square_flop = products([((args.square,) * 2, (args.square,) * 2)],
+                                                   os.path.join(tmp, "square.onnx"))
     layer_flop = args.batch * flops.layer_flops(args.seq_len, size["dim"], size["ffn"])
-    gemm_flop = sum(2 * int(np.prod(a)) * b[-1] for a, b in shapes)
-    square_flop = 2 * args.square ** 3
 
-    def torch_gemms():
-        for a, b in operands:
-            torch.matmul(a, b)
+    def torch_layer():
+        with torch.no_grad():
+            layer(x, encoder_padding_mask=mask)
 
-    def run(fn: Callable) -> Callable:
-        def go():
-            with torch.no_grad():
-                fn()
-        return go
-
-    return [
-        dict(what="layer", engine="torch", flop=layer_flop, fn=run(lambda: layer(x, encoder_padding_mask=mask))),
-        dict(what="layer", engine="onnxruntime", flop=layer_flop, fn=lambda: layer_sess.run(None, layer_feed)),
-        dict(what="gemms", engine="torch", flop=gemm_flop, fn=run(torch_gemms)),
-        dict(what="gemms", engine="onnxruntime", flop=gemm_flop, fn=lambda: gemm_sess.run(None, gemm_feed)),
-        dict(what="sgemm", engine="torch", flop=square_flop, fn=run(lambda: torch.matmul(*square))),
-        dict(what="sgemm", engine="onnxruntime", flop=square_flop, fn=lambda: square_sess.run(None, square_feed)),
-    ]
+    return [dict(what="layer", engine="torch", flop=layer_flop, fn=torch_layer),
+            dict(what="layer", engine="onnxruntime", flop=layer_flop, fn=lambda: session.run(None, feed)),
+            dict(what="gemms", engine="torch", flop=gemm_flop, fn=torch_gemms),
+            dict(what="gemms", engine="onnxruntime", flop=gemm_flop, fn=ort_gemms),
+            dict(what="sgemm", engine="torch", flop=square_flop, fn=torch_sgemm),
+            dict(what="sgemm", engine="onnxruntime", flop=square_flop, fn=ort_sgemm)]
 
 
 def measure(found: List[Dict], repeats: int) -> None:
