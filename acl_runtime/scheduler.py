@@ -95,12 +95,13 @@ class Scheduler(deadlines.Steps):
     ``deadline`` overrides it). ``on_batch(layer, rows, seconds, cpu_seconds)`` is called after every backend call
     (layer 0: the embeddings; the call's wall and thread CPU seconds), ``on_fault(layer, rows_failed)`` after
     each failed call's rows at fault were found, ``on_depth(rows)`` whenever rows left (answered, failed or
-    cancelled), from the scheduler's thread (or :meth:`cancel`'s caller). ``pad``: the padding id (default: the
-    backend's). ``deadline_policy``: what a deadline does beyond ordering (:data:`acl_runtime.deadlines.POLICIES`),
-    at the costs of ``costs`` (a :class:`~acl_runtime.deadlines.CostTable`, kept current from every call);
-    ``clock``: the seconds every time here is read from (tests drive it). ``waves``: rule 3's run of a light load
-    with nothing in flight as one wave through every layer (False: layer by layer always, so that new rows can start
-    between a wave's layers; benchmarks/serve_ideal.py's pure schedules)."""
+    cancelled), from the scheduler's thread (or :meth:`cancel`'s caller), ``on_tokens(layer, tokens, padded)``
+    after every backend call: its positions (rows x width) and how many are padding. ``pad``: the padding id
+    (default: the backend's). ``deadline_policy``: what a deadline does beyond ordering
+    (:data:`acl_runtime.deadlines.POLICIES`), at the costs of ``costs`` (a :class:`~acl_runtime.deadlines.CostTable`,
+    kept current from every call); ``clock``: the seconds every time here is read from (tests drive it). ``waves``:
+    rule 3's run of a light load with nothing in flight as one wave through every layer (False: layer by layer
+    always, so that new rows can start between a wave's layers; benchmarks/serve_ideal.py's pure schedules)."""
 
     def __init__(self, backend, regression: bool = False, max_batch: int = 32, max_queue: int = 1024,
                  refill: bool = True, max_padding: float = 0.5, max_wait: Optional[int] = None,
@@ -108,6 +109,7 @@ class Scheduler(deadlines.Steps):
                  on_batch: Optional[Callable[[int, int, float, float], None]] = None, pad: Optional[int] = None,
                  on_fault: Optional[Callable[[int, int], None]] = None,
                  on_depth: Optional[Callable[[int], None]] = None, deadline_policy: str = "answer",
+                 on_tokens: Optional[Callable[[int, int, int], None]] = None,
                  costs: Optional[deadlines.CostTable] = None, clock: Callable[[], float] = time.perf_counter,
                  waves: bool = True):
         if max_batch < 1 or max_queue < max_batch:
@@ -117,7 +119,7 @@ class Scheduler(deadlines.Steps):
         self.max_batch, self.max_queue, self.refill, self.max_padding = max_batch, max_queue, refill, max_padding
         self.layers = list(backend.exit_layers)
         self.max_wait = 2 * self.layers[-1] if max_wait is None else max_wait
-        self.on_batch, self.on_fault, self.on_depth = on_batch, on_fault, on_depth
+        self.on_batch, self.on_fault, self.on_depth, self.on_tokens = on_batch, on_fault, on_depth, on_tokens
         if slo is not None and not slo > 0:
             raise ValueError(f"slo {slo} must be a positive number of seconds")
         if deadline_policy not in deadlines.POLICIES:
@@ -322,13 +324,15 @@ class Scheduler(deadlines.Steps):
                 self.queues[layer + 1].append(r)
         return len(rows) - len(going)
 
-    def _called(self, layer: int, rows: int, seconds: float, cpu: float) -> None:
-        """After each backend call: the smoothed cost of a call and of that layer at that batch size, and
-        ``on_batch``."""
+    def _called(self, layer: int, rows: int, seconds: float, cpu: float, tokens: int, padded: int) -> None:
+        """After each backend call: the smoothed cost of a call and of that layer at that batch size, ``on_batch``
+        and ``on_tokens``."""
         self._call = seconds if self._call == 0 else 0.9 * self._call + 0.1 * seconds
         self.costs.observe(layer, rows, seconds)
         if self.on_batch is not None:
             self.on_batch(layer, rows, seconds, cpu)
+        if self.on_tokens is not None:
+            self.on_tokens(layer, tokens, padded)
 
     def _decide(self, layer: int, rows: List[_Row], logits: np.ndarray) -> np.ndarray:
         """Which rows leave at the exit of ``layer``: their last exit, or their policy's step on its own rows. The

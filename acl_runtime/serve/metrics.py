@@ -10,6 +10,9 @@
   (Triton's "Request timeout expired");
 - ``acl_queue_depth``: inputs accepted and not yet answered (the scheduler's queue);
 - ``acl_batch_fill{layer}``: rows of each backend call over ``--max-batch`` (layer 0: the embeddings);
+- ``acl_tokens_total{layer}``, ``acl_padded_tokens_total{layer}``: positions the backend calls ran (rows x the
+  batch's width) and those of them that were padding: the padded share of a layer's calls is their ratio
+  (``rate(acl_padded_tokens_total[1m]) / rate(acl_tokens_total[1m])``);
 - ``acl_isolated_failures_total{layer}``: inputs failed alone after a backend call on their batch raised and was
   run again in halves (the other rows of the batch were answered);
 - ``acl_request_phase_seconds{phase}``: where each answered request's time went (a histogram per phase, ``PHASES``;
@@ -158,6 +161,10 @@ class Metrics:
                                  multiprocess_mode="livesum")
         self.batch_fill = Histogram("acl_batch_fill", "rows of a backend call over --max-batch, by layer (0: the "
                                     "embeddings)", ["layer"], buckets=FILL_BUCKETS, registry=r)
+        self.tokens = Counter("acl_tokens", "positions the backend calls ran (rows x the batch's width), by layer (0: "
+                              "the embeddings)", ["layer"], registry=r)
+        self.padded = Counter("acl_padded_tokens", "positions of the backend calls that were padding (their share: "
+                              "over acl_tokens_total), by layer", ["layer"], registry=r)
         self.isolated = Counter("acl_isolated_failures", "inputs failed alone after their batch's backend call "
                                 "raised (the batch was split and the other rows answered), by layer", ["layer"],
                                 registry=r)
@@ -208,6 +215,12 @@ class Metrics:
         self.batch_fill.labels(layer=str(layer)).observe(rows / self.max_batch)
         self.model_seconds.inc(seconds)
         self.model_cpu.inc(cpu)
+
+    @_kept
+    def on_tokens(self, layer: int, tokens: int, padded: int) -> None:
+        """The scheduler's ``on_tokens``: a backend call's positions and its padded ones."""
+        self.tokens.labels(layer=str(layer)).inc(tokens)
+        self.padded.labels(layer=str(layer)).inc(padded)
 
     @_kept
     def phases(self, seconds: dict, waits) -> None:

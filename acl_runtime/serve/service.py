@@ -141,6 +141,7 @@ class Service:
                                    slo=None if s.slo_ms is None else s.slo_ms / 1000,
                                    pad=self.engine.pad, on_fault=self.metrics.on_fault,
                                    on_depth=lambda rows: self.metrics.track_depth(),
+                                   on_tokens=self.metrics.on_tokens,
                                    deadline_policy=s.deadline_policy)
         self.metrics.depth = self.scheduler.depth
         self.ready = False

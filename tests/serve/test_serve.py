@@ -180,6 +180,13 @@ def test_metrics_counts_equal_the_requests_rows_and_backend_calls_answered(expor
     assert rows["0"] == len(texts)  # every row embedded once
     for layer in exported["engine"].exit_layers:  # a row runs layer L unless it left at an earlier exit
         assert rows[str(layer)] == sum(p.exit_layer >= layer for p in want)
+    # the padded share's counters: a call's positions less its padding are the real tokens of the rows in it
+    lengths = [len(exported["engine"].encode_with_info(a, b)[0]) for a, b in texts]
+    real = {x: metric(text, f'acl_tokens_total{{layer="{x}"}}')
+            - metric(text, f'acl_padded_tokens_total{{layer="{x}"}}') for x in layers}
+    assert real["0"] == sum(lengths)
+    for layer in exported["engine"].exit_layers:
+        assert real[str(layer)] == sum(n for p, n in zip(want, lengths) if p.exit_layer >= layer)
 
 
 def test_precision_int8_serves_the_int8_copy(exported):  # noqa: F811
