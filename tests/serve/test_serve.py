@@ -2,6 +2,7 @@
 JSON, TEI's /predict and tritonclient.http (a client no one here wrote); every bad request is a 4xx with one
 line; a full queue is 503 with Retry-After and every request gets exactly one answer; /metrics."""
 import concurrent.futures
+import os
 import random
 
 import numpy as np
@@ -203,3 +204,16 @@ def test_precision_int8_serves_the_int8_copy(exported):  # noqa: F811
     fp32 = [exported["engine"].predict_early_exit([t])[0].probabilities["1"] for t in texts]
     assert np.abs(np.subtract(served, want)).max() < ATOL
     assert np.abs(np.subtract(served, fp32)).max() > 10 * ATOL  # not the fp32 graphs
+
+
+def test_a_worker_encodes_without_the_tokenizers_thread_pool_unless_told(exported, monkeypatch):  # noqa: F811
+    """A worker's encode_batch runs in its calling thread (rayon's pool cost more CPU than it saved beside the
+    model's thread: docs/serve.md); an operator's TOKENIZERS_PARALLELISM is kept."""
+    from acl_runtime.serve.service import Service, Settings
+
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    Service(Settings(folder=exported["folder"]))
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    Service(Settings(folder=exported["folder"]))
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
