@@ -165,16 +165,21 @@ class Engine(loop.EarlyExitPredictor):
         """``(ids, truncated)`` built as the hub builds them: each text cut at its byte budget
         (:func:`acl_runtime.tokenization.clip`), then init token, A, ``</s>``, [separator, B, ``</s>``], cut at
         the model's positions (ending with ``</s>``) when too long."""
-        return self.encode_many([(a, b)])[0]
+        return self.encode_many([(a, b)], batch=False)[0]
 
-    def encode_many(self, inputs: Sequence[Tuple[str, Optional[str]]]) -> List[Tuple[List[int], bool]]:
+    def encode_many(self, inputs: Sequence[Tuple[str, Optional[str]]],
+                    batch: bool = True) -> List[Tuple[List[int], bool]]:
         """:meth:`encode_with_info` of every ``(a, b)`` input (``b`` None for one text), their texts tokenized in
         one ``encode_batch`` call (one crossing into the tokenizer, the GIL released while it runs) rather than
-        one ``encode`` a text: the same ids and truncation flags."""
+        one ``encode`` a text: the same ids and truncation flags. ``batch=False``: one ``encode`` a text (one
+        input's one or two texts: ``encode_batch`` of a pair on tokenizers' thread pool took 8-16% more CPU)."""
         max_positions = self.layout["max_positions"]
         clipped = [[tokenization.clip(x, max_positions) for x in ((a,) if b is None else (a, b))] for a, b in inputs]
         flat = [text for row in clipped for text, _ in row]
-        encodings = iter(self.tokenizer.encode_batch(flat, add_special_tokens=False) if flat else ())
+        if batch and flat:
+            encodings = iter(self.tokenizer.encode_batch(flat, add_special_tokens=False))
+        else:
+            encodings = (self.tokenizer.encode(text, add_special_tokens=False) for text in flat)
         out = []
         for row in clipped:
             words = [self._text_ids(next(encodings).ids) for _ in row]

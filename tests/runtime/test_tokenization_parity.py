@@ -111,7 +111,7 @@ def test_a_request_encoded_in_one_batch_gives_each_input_its_own_ids_and_flags(p
     expected = [(lambda ids, cut: (ids.tolist(), cut))(*hub.encode_with_info(a, *(() if b is None else (b,))))
                 for a, b in inputs]
     got = eng.encode_many(inputs)
-    assert got == expected
+    assert got == expected and eng.encode_many(inputs, batch=False) == expected
     assert [cut for _, cut in got] == [False, False, False, True, False, True, False, False, True]
     assert eng.encode_many([]) == []
 
