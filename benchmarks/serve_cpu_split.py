@@ -17,7 +17,6 @@ model calls' positions (``acl_padded_tokens_total`` / ``acl_tokens_total``).
 slows pure Python more than C, so its shares lean towards Python, and its milliseconds are not the unprofiled
 ones: measure without ``--profile`` for those.
 """
-import argparse
 import cProfile
 import json
 import os
@@ -146,21 +145,24 @@ def run(args, texts) -> Dict:
     return result
 
 
-def main(argv: Optional[list] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv=None):
+    from harness import cli
+
+    p = cli.parser(__doc__, json=True)
     p.add_argument("folder", help="an exported OUT/onnx folder")
     p.add_argument("--precision", default="fp32", choices=["fp32", "int8"])
     p.add_argument("--seconds", type=float, default=8.0, help="of closed-loop load (default 8)")
     p.add_argument("--concurrency", type=int, default=32, help="client connections (default 32)")
     p.add_argument("--profile", action="store_true", help="split the CPU outside the model by cProfile")
     p.add_argument("--texts", help="one text a line (default: SST-2 dev, GLUE_DIR)")
-    p.add_argument("--json", help="write the result here (atomically)")
-    p.add_argument("--force", action="store_true", help="overwrite --json")
     args = p.parse_args(argv)
-    if args.json and os.path.exists(args.json) and not args.force:
-        p.exit(2, f"serve_cpu_split.py: {args.json} exists: pass --force to overwrite it\n")
     if args.seconds <= 0 or args.concurrency < 1:
-        p.exit(2, "serve_cpu_split.py: --seconds must be > 0 and --concurrency at least 1\n")
+        p.error("--seconds must be > 0 and --concurrency at least 1")
+    return args
+
+
+def main(argv: Optional[list] = None) -> int:
+    args = parse_args(argv)
     if args.texts:
         with open(args.texts, encoding="utf-8") as f:
             texts = [line.rstrip("\n") for line in f if line.strip()]
@@ -171,7 +173,8 @@ def main(argv: Optional[list] = None) -> int:
     try:
         result = run(args, texts)
     except (ValueError, FileNotFoundError) as e:
-        p.exit(2, f"serve_cpu_split.py: {e}\n")
+        print(f"serve_cpu_split.py: {e}", file=sys.stderr)
+        return 2
     print(json.dumps(result, indent=1))
     if args.json:
         from acl_runtime.io import atomic

@@ -1,5 +1,5 @@
 """benchmarks/serve_cpu_split.py's parts of the CPU outside the model, and its refusals (the load run itself is
-measured by hand: docs/serve.md)."""
+measured by hand: docs/serve.md; its --json refusal: test_benchmark_outputs.py)."""
 import cProfile
 import time
 
@@ -35,11 +35,3 @@ def test_the_split_leaves_the_waits_out_and_its_shares_add_up(tmp_path):
     assert not any(k.endswith("(left out)") for k in parts)
     assert sum(v["share"] for v in parts.values()) == pytest.approx(1.0)
     assert parts[cpu_split.OTHER]["ms_per_request"] > 0
-
-
-def test_an_existing_json_is_kept_without_force(tmp_path, capsys):
-    out = tmp_path / "out.json"
-    out.write_text("{}")
-    with pytest.raises(SystemExit) as e:
-        cpu_split.main([str(tmp_path), "--json", str(out), "--texts", str(out)])
-    assert e.value.code == 2 and "--force" in capsys.readouterr().err and out.read_text() == "{}"
