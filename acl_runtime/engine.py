@@ -13,7 +13,7 @@ layer) the manifest's serving policy decides (acl-export's ``--policy``, else th
 calibrated for the checkpoint), else the last exit; ``policy="none"`` is always the last exit.
 """
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -165,16 +165,31 @@ class Engine(loop.EarlyExitPredictor):
         """``(ids, truncated)`` built as the hub builds them: each text cut at its byte budget
         (:func:`acl_runtime.tokenization.clip`), then init token, A, ``</s>``, [separator, B, ``</s>``], cut at
         the model's positions (ending with ``</s>``) when too long."""
-        max_positions = self.layout["max_positions"]
-        clipped = [tokenization.clip(x, max_positions) for x in ((a,) if b is None else (a, b))]
-        words = [self._text_ids(text) for text, _ in clipped]
-        ids, truncated = self.input_layout.fit(self.input_layout.build(*words), max_positions)
-        return ids, truncated or any(cut for _, cut in clipped)
+        return self.encode_many([(a, b)], batch=False)[0]
 
-    def _text_ids(self, text: str) -> List[int]:
-        """The tokenizer file's ids of ``text``, a special token's id read as ``<unk>``: a folder exported before
+    def encode_many(self, inputs: Sequence[Tuple[str, Optional[str]]],
+                    batch: bool = True) -> List[Tuple[List[int], bool]]:
+        """:meth:`encode_with_info` of every ``(a, b)`` input (``b`` None for one text), their texts tokenized in
+        one ``encode_batch`` call (one crossing into the tokenizer, the GIL released while it runs) rather than
+        one ``encode`` a text: the same ids and truncation flags. ``batch=False``: one ``encode`` a text (one
+        input's one or two texts: ``encode_batch`` of a pair on tokenizers' thread pool took 8-16% more CPU)."""
+        max_positions = self.layout["max_positions"]
+        clipped = [[tokenization.clip(x, max_positions) for x in ((a,) if b is None else (a, b))] for a, b in inputs]
+        flat = [text for row in clipped for text, _ in row]
+        if batch and flat:
+            encodings = iter(self.tokenizer.encode_batch(flat, add_special_tokens=False))
+        else:
+            encodings = (self.tokenizer.encode(text, add_special_tokens=False) for text in flat)
+        out = []
+        for row in clipped:
+            words = [self._text_ids(next(encodings).ids) for _ in row]
+            ids, truncated = self.input_layout.fit(self.input_layout.build(*words), max_positions)
+            out.append((ids, truncated or any(cut for _, cut in row)))
+        return out
+
+    def _text_ids(self, ids: List[int]) -> List[int]:
+        """The tokenizer file's ids of a text, a special token's id read as ``<unk>``: a folder exported before
         text was text (acl_runtime.tokenization.dictionary_ids) maps a typed ``<pad>`` or ``</s>`` to its row."""
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
         layout = self.input_layout
         specials = {self.pad, layout.eos, layout.init, layout.separator_token}
         if specials.isdisjoint(ids):

@@ -29,22 +29,7 @@ Which layer runs (:meth:`Scheduler._pick`), in order:
 4. else the deepest queue holding a full batch (finishing work in flight bounds the memory held in queues);
 5. else the queue holding the most rows, the deeper on a tie.
 
-Rules tried (benchmarks/serve_load.py, MiniLM, SST-2 dev, entropy 0.3, one thread): running the oldest row's queue
-always, a request at a time through its layers, cut batches small: it served 139 requests/s at saturation against
-174, and its p99 at half that load was 105 ms against 63. Rules 4 and 5 alone (with rule 2) against all five
-(``--slo-ms 20``), run after run in turn, 872 SST-2 dev sentences, 400 Poisson arrivals a rate, on 2 cores shared with
-other work (load average 1.8 to 4.4; AMD EPYC with AVX-512, no AMX): saturated 116 and 121 requests/s against 150
-and 124, the shallow layers' batches 76-80% full against 90-97% (every row late: the deadline rule runs the oldest
-rows' queue, a full batch of them, where ``max_wait`` cut batches short); p99 at half of saturation 98 and 187 ms
-against 95 and 133. Rule 3 alone (no deadline) in one round: 117 requests/s, p99 112 ms. The split
-(acl-serve's ``acl_request_phase_seconds``) gives the rest of the tail to the queue for the embeddings: at half
-load a new row waits for the wave in flight (6-12 ms of its slowest input's 9-16 ms in queues), and on one
-thread a batch of 32 runs its rows only 1.2-1.3x faster than one at a time (the engine: 125-149 sentences/s
-batched, 8.6-9.8 ms a sentence alone), so batching shortens that wait little. Refill against no refill at the same
-offered rate (serve_load's same-rate phases, int8, one worker, 25% of refill's saturation, 69-88 requests/s): with
-rule 3's wave gathered under ``max_padding``, refill's p99 over no refill's was 1.41, 1.63, 1.03 and 0.83 in four
-runs (medians at or below no refill's); taking every waiting row, as without refill, 1.05, 1.11, 0.77, 0.58 and
-1.81: at a quarter load a p99 of 872 requests, measured minutes apart, is noise beside the difference.
+The rules tried before these, with their figures: docs/serve.md ("The scheduler's rules").
 
 A batch starts with its queue's oldest row and takes the rows closest to it in length while the padding stays
 within ``max_padding`` of the real tokens. With ``refill=False`` the scheduler is today's batched early exit: up to
@@ -95,12 +80,13 @@ class Scheduler(deadlines.Steps):
     ``deadline`` overrides it). ``on_batch(layer, rows, seconds, cpu_seconds)`` is called after every backend call
     (layer 0: the embeddings; the call's wall and thread CPU seconds), ``on_fault(layer, rows_failed)`` after
     each failed call's rows at fault were found, ``on_depth(rows)`` whenever rows left (answered, failed or
-    cancelled), from the scheduler's thread (or :meth:`cancel`'s caller). ``pad``: the padding id (default: the
-    backend's). ``deadline_policy``: what a deadline does beyond ordering (:data:`acl_runtime.deadlines.POLICIES`),
-    at the costs of ``costs`` (a :class:`~acl_runtime.deadlines.CostTable`, kept current from every call);
-    ``clock``: the seconds every time here is read from (tests drive it). ``waves``: rule 3's run of a light load
-    with nothing in flight as one wave through every layer (False: layer by layer always, so that new rows can start
-    between a wave's layers; benchmarks/serve_ideal.py's pure schedules)."""
+    cancelled), from the scheduler's thread (or :meth:`cancel`'s caller), ``on_tokens(layer, tokens, padded)``
+    after every backend call: its positions (rows x width) and how many are padding. ``pad``: the padding id
+    (default: the backend's). ``deadline_policy``: what a deadline does beyond ordering
+    (:data:`acl_runtime.deadlines.POLICIES`), at the costs of ``costs`` (a :class:`~acl_runtime.deadlines.CostTable`,
+    kept current from every call); ``clock``: the seconds every time here is read from (tests drive it). ``waves``:
+    rule 3's run of a light load with nothing in flight as one wave through every layer (False: layer by layer
+    always, so that new rows can start between a wave's layers; benchmarks/serve_ideal.py's pure schedules)."""
 
     def __init__(self, backend, regression: bool = False, max_batch: int = 32, max_queue: int = 1024,
                  refill: bool = True, max_padding: float = 0.5, max_wait: Optional[int] = None,
@@ -108,6 +94,7 @@ class Scheduler(deadlines.Steps):
                  on_batch: Optional[Callable[[int, int, float, float], None]] = None, pad: Optional[int] = None,
                  on_fault: Optional[Callable[[int, int], None]] = None,
                  on_depth: Optional[Callable[[int], None]] = None, deadline_policy: str = "answer",
+                 on_tokens: Optional[Callable[[int, int, int], None]] = None,
                  costs: Optional[deadlines.CostTable] = None, clock: Callable[[], float] = time.perf_counter,
                  waves: bool = True):
         if max_batch < 1 or max_queue < max_batch:
@@ -117,7 +104,7 @@ class Scheduler(deadlines.Steps):
         self.max_batch, self.max_queue, self.refill, self.max_padding = max_batch, max_queue, refill, max_padding
         self.layers = list(backend.exit_layers)
         self.max_wait = 2 * self.layers[-1] if max_wait is None else max_wait
-        self.on_batch, self.on_fault, self.on_depth = on_batch, on_fault, on_depth
+        self.on_batch, self.on_fault, self.on_depth, self.on_tokens = on_batch, on_fault, on_depth, on_tokens
         if slo is not None and not slo > 0:
             raise ValueError(f"slo {slo} must be a positive number of seconds")
         if deadline_policy not in deadlines.POLICIES:
@@ -322,13 +309,15 @@ class Scheduler(deadlines.Steps):
                 self.queues[layer + 1].append(r)
         return len(rows) - len(going)
 
-    def _called(self, layer: int, rows: int, seconds: float, cpu: float) -> None:
-        """After each backend call: the smoothed cost of a call and of that layer at that batch size, and
-        ``on_batch``."""
+    def _called(self, layer: int, rows: int, seconds: float, cpu: float, tokens: int, padded: int) -> None:
+        """After each backend call: the smoothed cost of a call and of that layer at that batch size, ``on_batch``
+        and ``on_tokens``."""
         self._call = seconds if self._call == 0 else 0.9 * self._call + 0.1 * seconds
         self.costs.observe(layer, rows, seconds)
         if self.on_batch is not None:
             self.on_batch(layer, rows, seconds, cpu)
+        if self.on_tokens is not None:
+            self.on_tokens(layer, tokens, padded)
 
     def _decide(self, layer: int, rows: List[_Row], logits: np.ndarray) -> np.ndarray:
         """Which rows leave at the exit of ``layer``: their last exit, or their policy's step on its own rows. The

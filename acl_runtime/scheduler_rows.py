@@ -58,25 +58,26 @@ class _Row:
 
 class _Timed:
     """A backend whose ``embed`` and ``layer`` calls are timed and reported, ``report(layer, rows, seconds,
-    cpu_seconds)`` (layer 0: the embeddings): every backend call the scheduler makes, a step's or ``run_batch``'s
-    (the states' ``join`` before a call is not counted in it)."""
+    cpu_seconds, tokens, padded)`` (layer 0: the embeddings; ``tokens`` the positions of the call, rows x width,
+    ``padded`` those of them that are padding): every backend call the scheduler makes, a step's or
+    ``run_batch``'s (the states' ``join`` before a call is not counted in it)."""
 
-    def __init__(self, backend, report: Callable[[int, int, float, float], None],
+    def __init__(self, backend, report: Callable[[int, int, float, float, int, int], None],
                  clock: Callable[[], float] = time.perf_counter):
         self.backend, self.report, self.clock = backend, report, clock
         self.exit_layers, self.num_classes, self.take = backend.exit_layers, backend.num_classes, backend.take
         self.seconds: List[float] = []  # per call, in order: the embeddings, layer 1, 2, ...
 
-    def _timed(self, layer: int, rows: int, call, *args):
+    def _timed(self, layer: int, mask: np.ndarray, call, *args):
         started, cpu = self.clock(), time.thread_time()
         out = call(*args)
         took = self.clock() - started
         self.seconds.append(took)
-        self.report(layer, rows, took, time.thread_time() - cpu)
+        self.report(layer, len(mask), took, time.thread_time() - cpu, int(mask.size), int(np.count_nonzero(mask)))
         return out
 
     def embed(self, ids, mask):
-        return self._timed(0, len(mask), self.backend.embed, ids, mask)
+        return self._timed(0, mask, self.backend.embed, ids, mask)
 
     def layer(self, i, x, mask):
-        return self._timed(i, len(mask), self.backend.layer, i, x, mask)
+        return self._timed(i, mask, self.backend.layer, i, x, mask)

@@ -12,6 +12,7 @@ from acl_runtime.serve.transport import STOPPING
 
 ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS, "identity": None}
 GZIP_MAGIC = b"\x1f\x8b"  # a gzip member's first bytes
+TIMEOUT_AT = getattr(asyncio, "timeout_at", None)  # Python 3.11+; wait_for before
 
 
 async def read_body(request: Request, limit: int, timeout: Optional[float] = None) -> bytes:
@@ -71,6 +72,9 @@ async def _stream(request: Request, timeout: Optional[float]):
         try:
             if deadline is None:
                 chunk = await chunks.__anext__()
+            elif TIMEOUT_AT is not None:  # a timer a chunk, no task (wait_for wraps each read in one)
+                async with TIMEOUT_AT(deadline):
+                    chunk = await chunks.__anext__()
             else:
                 chunk = await asyncio.wait_for(chunks.__anext__(), max(deadline - loop.time(), 0))
         except StopAsyncIteration:

@@ -10,6 +10,9 @@
   (Triton's "Request timeout expired");
 - ``acl_queue_depth``: inputs accepted and not yet answered (the scheduler's queue);
 - ``acl_batch_fill{layer}``: rows of each backend call over ``--max-batch`` (layer 0: the embeddings);
+- ``acl_tokens_total{layer}``, ``acl_padded_tokens_total{layer}``: positions the backend calls ran (rows x the
+  batch's width) and those of them that were padding: the padded share of a layer's calls is their ratio
+  (``rate(acl_padded_tokens_total[1m]) / rate(acl_tokens_total[1m])``);
 - ``acl_isolated_failures_total{layer}``: inputs failed alone after a backend call on their batch raised and was
   run again in halves (the other rows of the batch were answered);
 - ``acl_request_phase_seconds{phase}``: where each answered request's time went (a histogram per phase, ``PHASES``;
@@ -125,11 +128,22 @@ def _kept(method):
 class Metrics:
     def __init__(self, exit_layers: Sequence[int], max_batch: int):
         self.lost, self.max_batch = False, max_batch
+        self._children: Dict[tuple, object] = {}  # (id(metric), label values) -> its child (_child)
         self.depth = lambda: 0  # the scheduler's depth(), read at each scrape and after each answer
         try:
             self._build(exit_layers)
         except OSError as e:
             self.give_up(e)
+
+    def _child(self, metric, *values: str):
+        """``metric.labels(*values)``, looked up once: prometheus-client's ``labels`` checks and joins the values on
+        every call (12 lookups a request were 0.18 of the worker's 2.3 CPU ms a request outside the model, profiled:
+        docs/serve.md)."""
+        key = (id(metric),) + values
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def give_up(self, error: Exception) -> None:
         if not self.lost:
@@ -158,6 +172,10 @@ class Metrics:
                                  multiprocess_mode="livesum")
         self.batch_fill = Histogram("acl_batch_fill", "rows of a backend call over --max-batch, by layer (0: the "
                                     "embeddings)", ["layer"], buckets=FILL_BUCKETS, registry=r)
+        self.tokens = Counter("acl_tokens", "positions the backend calls ran (rows x the batch's width), by layer (0: "
+                              "the embeddings)", ["layer"], registry=r)
+        self.padded = Counter("acl_padded_tokens", "positions of the backend calls that were padding (their share: "
+                              "over acl_tokens_total), by layer", ["layer"], registry=r)
         self.isolated = Counter("acl_isolated_failures", "inputs failed alone after their batch's backend call "
                                 "raised (the batch was split and the other rows answered), by layer", ["layer"],
                                 registry=r)
@@ -179,9 +197,9 @@ class Metrics:
     @_kept
     def triton(self, stat: str, count: int, ns: int = 0, last_ms: int = 0) -> None:
         """Counts ``count`` (and ``ns``) under Triton's ``stat``; ``last_ms``: the answer's time."""
-        self.triton_counts.labels(stat=stat, unit="count").inc(count)
+        self._child(self.triton_counts, stat, "count").inc(count)
         if ns:
-            self.triton_counts.labels(stat=stat, unit="ns").inc(ns)
+            self._child(self.triton_counts, stat, "ns").inc(ns)
         if last_ms:
             self.triton_last.set(last_ms)
 
@@ -205,20 +223,26 @@ class Metrics:
     @_kept
     def on_batch(self, layer: int, rows: int, seconds: float, cpu: float) -> None:
         """The scheduler's ``on_batch``: called from its thread after every backend call."""
-        self.batch_fill.labels(layer=str(layer)).observe(rows / self.max_batch)
+        self._child(self.batch_fill, str(layer)).observe(rows / self.max_batch)
         self.model_seconds.inc(seconds)
         self.model_cpu.inc(cpu)
+
+    @_kept
+    def on_tokens(self, layer: int, tokens: int, padded: int) -> None:
+        """The scheduler's ``on_tokens``: a backend call's positions and its padded ones."""
+        self._child(self.tokens, str(layer)).inc(tokens)
+        self._child(self.padded, str(layer)).inc(padded)
 
     @_kept
     def phases(self, seconds: dict, waits) -> None:
         """One answered request's phases (``PHASES``' names to seconds), and the waits of its inputs (an inputs x
         queues array; a queue an input never passed holds 0 and is left out)."""
         for name, value in seconds.items():
-            self.phase.labels(phase=name).observe(value)
+            self._child(self.phase, name).observe(value)
         for layer in range(waits.shape[1]):
             column = waits[:, layer]
             for value in column[column > 0]:
-                self.queue_wait.labels(layer=str(layer)).observe(float(value))
+                self._child(self.queue_wait, str(layer)).observe(float(value))
 
     @_kept
     def on_fault(self, layer: int, rows: int) -> None:
@@ -227,14 +251,14 @@ class Metrics:
 
     @_kept
     def answered(self, route: str, status: int, seconds: float) -> None:
-        self.requests.labels(route=route, status=str(status)).inc()
-        self.latency.labels(route=route).observe(seconds)
+        self._child(self.requests, route, str(status)).inc()
+        self._child(self.latency, route).observe(seconds)
 
     @_kept
     def exits(self, layers: Sequence[int], reasons: Sequence[str]) -> None:
         for layer, reason in zip(layers, reasons):
             self.exit_layer.observe(int(layer))
-            self.exit_reasons.labels(reason=str(reason)).inc()
+            self._child(self.exit_reasons, str(reason)).inc()
 
     def exposition(self) -> bytes:
         self.track_depth()

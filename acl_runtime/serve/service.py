@@ -6,6 +6,7 @@ Every backend call is made by the scheduler's thread (:class:`acl_runtime.schedu
 encodes its texts, submits the rows, and awaits their future, so the event loop never runs a model.
 """
 import asyncio
+import os
 import threading
 import time
 from typing import Awaitable, Callable, Dict, List, NamedTuple, Optional
@@ -20,6 +21,7 @@ from acl_runtime.serve.metrics import Metrics, shared
 from acl_runtime.serve.protocol import BadRequest
 
 VERSION = "1"  # the one model version served (OIP's /versions/{v} paths)
+TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"  # the tokenizers package's switch for its thread pool
 SPLIT = ("queue", "compute_input", "compute_infer", "compute_output")  # Triton's statistics of a success
 
 
@@ -131,6 +133,10 @@ class Service:
 
     def __init__(self, settings: Settings):
         self.settings = s = settings
+        # a request's texts are encoded in one encode_batch (Engine.encode_many), the GIL released; without rayon's
+        # threads, which cost more CPU than they save beside the model's thread (MiniLM's WordPiece, SST-2, 4 texts:
+        # 75 us a text against 42 in the calling thread; docs/serve.md). An operator's own setting is kept.
+        os.environ.setdefault(TOKENIZERS_PARALLELISM, "false")
         self.engine = Engine(s.folder, s.precision, threads=s.threads)
         self.default = self.engine.resolve_request(s.policy, s.threshold, None, source="flag")
         self.labels = [] if self.engine.regression else self.engine.label_names()
@@ -141,6 +147,7 @@ class Service:
                                    slo=None if s.slo_ms is None else s.slo_ms / 1000,
                                    pad=self.engine.pad, on_fault=self.metrics.on_fault,
                                    on_depth=lambda rows: self.metrics.track_depth(),
+                                   on_tokens=self.metrics.on_tokens,
                                    deadline_policy=s.deadline_policy)
         self.metrics.depth = self.scheduler.depth
         self.ready = False
@@ -200,7 +207,9 @@ class Service:
             raise BadRequest(413, f"{len(texts)} inputs in one request, more than the queue holds (--max-queue "
                              f"{self.settings.max_queue}): split the request")
         began = time.perf_counter()
-        encoded = [self.engine.encode_with_info(a, b) for a, b in texts]
+        # the texts of a request of several in one encode_batch (the GIL released once for all); a lone input's in
+        # this thread: releasing and taking back the GIL beside the busy model thread cost more than its text
+        encoded = self.engine.encode_many(texts, batch=len(texts) > 1)
         start = time.perf_counter()  # before the rows' queue waits start
         try:
             future = self.scheduler.submit([ids for ids, _ in encoded], request, deadline)

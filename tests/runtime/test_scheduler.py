@@ -269,3 +269,17 @@ def test_a_cancelled_request_frees_its_queued_rows_and_the_others_are_answered(r
     assert sched.close() and sched.depth() == 0
     _check(backend, jobs[:1] + jobs[2:], futures)
     assert sched.cancel(futures[0]) == 0 and not futures[0].cancelled()  # an answered request stays answered
+
+
+@pytest.mark.parametrize("refill", [True, False])
+def test_every_backend_call_reports_its_positions_and_padding(refill):
+    """on_tokens(layer, tokens, padded) after each call: rows x the call's width, and the positions beyond each
+    row's length (two rows of 3 and 7 tokens run together: 14 positions, 4 of them padding, at every layer)."""
+    backend, seen = MeanBackend(exit_layers=(4,)), []
+    sched = Scheduler(backend, max_batch=4, max_queue=8, refill=refill, max_padding=10.0,
+                      on_tokens=lambda layer, tokens, padded: seen.append((layer, tokens, padded)))
+    future = sched.submit([[5, 6, 7], [5, 6, 7, 8, 9, 10, 11]])
+    while sched.step():
+        pass
+    assert future.done()
+    assert seen == [(layer, 14, 4) for layer in range(5)]

@@ -97,6 +97,25 @@ def test_any_text_gives_the_same_ids_on_both_paths(pair, a, b):
     assert hub.task.source_dictionary.pad() not in on_onnx[0]
 
 
+def test_a_request_encoded_in_one_batch_gives_each_input_its_own_ids_and_flags(pair):
+    """Engine.encode_many (acl-serve: every text of a request in one encode_batch) on a mixed batch: lone texts
+    beside pairs, an empty text, a text over the positions, one over the byte budget, Unicode, special spellings;
+    each input's ids and truncation flag equal the checkpoint's encoding of that input alone."""
+    from acl_runtime import tokenization as tok
+
+    hub, eng = pair
+    budget = tok.byte_budget(eng.layout["max_positions"])
+    inputs = [("the music was good", "not bad"), ("café naïve 字 é", None), ("", "the movie"),
+              (" ".join(["very"] * 600), "good"), ("bad", None), ("x" * (budget + 7), "the"),
+              ("<pad> </s> [SEP] the", "<s> music"), ("\x1fthe\u3000movie\x1c", ""), ("good", "very " * 300)]
+    expected = [(lambda ids, cut: (ids.tolist(), cut))(*hub.encode_with_info(a, *(() if b is None else (b,))))
+                for a, b in inputs]
+    got = eng.encode_many(inputs)
+    assert got == expected and eng.encode_many(inputs, batch=False) == expected
+    assert [cut for _, cut in got] == [False, False, False, True, False, True, False, False, True]
+    assert eng.encode_many([]) == []
+
+
 @pytest.mark.parametrize("kind,lowercase", [("wordpiece", True), ("wordpiece", False), ("whitespace", True)])
 def test_exported_file_maps_text_as_the_checkpoint(tmp_path, kind, lowercase):
     """The exported tokenizer file against the checkpoint's tokenizer and dictionary, for the kinds and casings

@@ -2,6 +2,7 @@
 JSON, TEI's /predict and tritonclient.http (a client no one here wrote); every bad request is a 4xx with one
 line; a full queue is 503 with Retry-After and every request gets exactly one answer; /metrics."""
 import concurrent.futures
+import os
 import random
 
 import numpy as np
@@ -180,6 +181,13 @@ def test_metrics_counts_equal_the_requests_rows_and_backend_calls_answered(expor
     assert rows["0"] == len(texts)  # every row embedded once
     for layer in exported["engine"].exit_layers:  # a row runs layer L unless it left at an earlier exit
         assert rows[str(layer)] == sum(p.exit_layer >= layer for p in want)
+    # the padded share's counters: a call's positions less its padding are the real tokens of the rows in it
+    lengths = [len(exported["engine"].encode_with_info(a, b)[0]) for a, b in texts]
+    real = {x: metric(text, f'acl_tokens_total{{layer="{x}"}}')
+            - metric(text, f'acl_padded_tokens_total{{layer="{x}"}}') for x in layers}
+    assert real["0"] == sum(lengths)
+    for layer in exported["engine"].exit_layers:
+        assert real[str(layer)] == sum(n for p, n in zip(want, lengths) if p.exit_layer >= layer)
 
 
 def test_precision_int8_serves_the_int8_copy(exported):  # noqa: F811
@@ -196,3 +204,16 @@ def test_precision_int8_serves_the_int8_copy(exported):  # noqa: F811
     fp32 = [exported["engine"].predict_early_exit([t])[0].probabilities["1"] for t in texts]
     assert np.abs(np.subtract(served, want)).max() < ATOL
     assert np.abs(np.subtract(served, fp32)).max() > 10 * ATOL  # not the fp32 graphs
+
+
+def test_a_worker_encodes_without_the_tokenizers_thread_pool_unless_told(exported, monkeypatch):  # noqa: F811
+    """A worker's encode_batch runs in its calling thread (rayon's pool cost more CPU than it saved beside the
+    model's thread: docs/serve.md); an operator's TOKENIZERS_PARALLELISM is kept."""
+    from acl_runtime.serve.service import Service, Settings
+
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    Service(Settings(folder=exported["folder"]))
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    Service(Settings(folder=exported["folder"]))
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "true"

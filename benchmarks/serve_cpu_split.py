@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Where one acl-serve worker's CPU outside the model goes, at saturation.
+
+    python benchmarks/serve_cpu_split.py FOLDER [--precision int8] [--seconds 8] [--concurrency 32] [--profile]
+        [--json OUT.json [--force]]
+
+One worker in this process, served as acl-serve serves it (uvicorn's h11 with TCP_NODELAY, the Starlette app of
+:mod:`acl_runtime.serve.app`, the header and body timeouts), and benchmarks/load/client.py in a process of its own,
+closed-loop (``--concurrency`` connections, one SST-2 dev sentence a request, OIP v2), for ``--seconds``. Reported:
+requests/s, the worker's CPU seconds (this process) and its model calls' (``acl_model_cpu_seconds_total``), the
+CPU milliseconds a request outside the model and their share of the worker's, and each layer's padded share of the
+model calls' positions (``acl_padded_tokens_total`` / ``acl_tokens_total``).
+
+``--profile`` runs cProfile on the event loop's thread and on the scheduler's, each with its own thread's CPU clock
+(not wall time: a thread waiting for the GIL is not busy), and splits the CPU outside the model into parts
+(:data:`PARTS`, matched on each function's file and name; the model's calls and the waits left out). Profiling
+slows pure Python more than C, so its shares lean towards Python, and its milliseconds are not the unprofiled
+ones: measure without ``--profile`` for those.
+"""
+import cProfile
+import json
+import os
+import pstats
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from typing import Dict, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# (part, predicate on (file, function name)), first match wins; a function matching none is "builtins and other"
+PARTS = [
+    ("waiting (left out)", lambda f, n: "epoll" in n or "acquire" in n),
+    ("model (left out)", lambda f, n: "onnxruntime" in f or "onnxruntime" in n),
+    ("socket syscalls", lambda f, n: "'send'" in n or "'recv'" in n),
+    ("tokenization", lambda f, n: "tokenizers" in n or "tokenization.py" in f
+     or ("engine.py" in f and ("encode" in n or "_text_ids" in n))),
+    ("JSON", lambda f, n: "/json/" in f or "msgspec" in n or "schema.py" in f or "json" in n),
+    ("metrics", lambda f, n: "prometheus_client" in f or "serve/metrics.py" in f),
+    ("HTTP (uvicorn, h11)", lambda f, n: "h11" in f or "uvicorn" in f or "transport.py" in f),
+    ("Starlette", lambda f, n: "starlette" in f),
+    ("asyncio", lambda f, n: "asyncio" in f or "concurrent/futures" in f or "threading.py" in f
+     or "_contextvars" in n),
+    ("scheduler", lambda f, n: "scheduler" in f or "deadlines.py" in f or "loop.py" in f),
+    ("numpy", lambda f, n: "numpy" in f or "numpy" in n or "ufunc" in n or "ndarray" in n),
+    ("handlers", lambda f, n: "acl_runtime" in f),
+]
+OTHER = "builtins and other"
+
+
+def part_of(filename: str, name: str) -> str:
+    return next((part for part, match in PARTS if match(filename, name)), OTHER)
+
+
+def split(profiles, requests: int) -> Dict[str, Dict[str, float]]:
+    """``{part: {"ms_per_request", "share"}}`` of the profiled CPU outside the model (waits and model left out)."""
+    seconds = Counter()
+    for prof in profiles:
+        for (filename, _, name), (_, _, own, _, _) in pstats.Stats(prof).stats.items():
+            seconds[part_of(filename, name)] += own
+    outside = {k: v for k, v in seconds.items() if not k.endswith("(left out)")}
+    total = sum(outside.values()) or 1.0
+    return {k: {"ms_per_request": 1000 * v / max(requests, 1), "share": v / total}
+            for k, v in sorted(outside.items(), key=lambda kv: -kv[1])}
+
+
+def padded_shares(metrics) -> Dict[str, float]:
+    """Each layer's padded positions over its positions, from the worker's own counters."""
+    from prometheus_client import generate_latest
+
+    text = generate_latest(metrics.registry).decode()
+    read = lambda name: {k: float(v) for k, v in re.findall(name + r'\{layer="(\d+)"\} (\S+)', text)}  # noqa: E731
+    tokens, padded = read("acl_tokens_total"), read("acl_padded_tokens_total")
+    return {k: padded.get(k, 0.0) / v for k, v in tokens.items() if v > 0}
+
+
+def run(args, texts) -> Dict:
+    import uvicorn
+
+    from acl_runtime import scheduler as scheduler_module
+    from acl_runtime.serve.app import build_app
+    from acl_runtime.serve.service import Service, Settings
+    from acl_runtime.serve.transport import NoDelayH11Protocol
+
+    profiles = {"loop": cProfile.Profile(time.thread_time), "scheduler": cProfile.Profile(time.thread_time)}
+    if args.profile:
+        plain = scheduler_module.Scheduler._run
+
+        def profiled(self):
+            profiles["scheduler"].enable()
+            try:
+                plain(self)
+            finally:
+                profiles["scheduler"].disable()
+        scheduler_module.Scheduler._run = profiled
+    service = Service(Settings(folder=args.folder, precision=args.precision, threads=1))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = uvicorn.Config(build_app(service), host="127.0.0.1", port=port, log_level="warning", access_log=False,
+                            http=NoDelayH11Protocol, loop="asyncio", lifespan="on")
+    config.acl_read_timeout = 30.0
+    server, result = uvicorn.Server(config), {}
+    tmp = tempfile.mkdtemp(prefix="cpu_split_")
+
+    def drive():
+        while not server.started:
+            time.sleep(0.05)
+        spec = {"host": "127.0.0.1", "port": port, "model": "acl", "texts": texts, "mode": "closed",
+                "order": list(range(len(texts))) * 100, "concurrency": args.concurrency,
+                "max_seconds": args.seconds, "drain_seconds": 5, "tag": "cpu"}
+        with open(os.path.join(tmp, "spec.json"), "w", encoding="utf-8") as f:
+            json.dump(spec, f)
+        cpu, model = time.process_time(), service.metrics.model_cpu._value.get()
+        subprocess.run([sys.executable, os.path.join(HERE, "load", "client.py"), os.path.join(tmp, "spec.json"),
+                        os.path.join(tmp, "out.json")], check=True)
+        result.update(worker_cpu_s=time.process_time() - cpu, model_cpu_s=service.metrics.model_cpu._value.get()
+                      - model)
+        with open(os.path.join(tmp, "out.json"), encoding="utf-8") as f:
+            out = json.load(f)
+        result.update(requests=sum(r["status"] == 200 for r in out["records"]), seconds=out["end"],
+                      failed=sum(r["status"] != 200 for r in out["records"]))
+        server.should_exit = True
+
+    threading.Thread(target=drive, daemon=True).start()
+    if args.profile:
+        profiles["loop"].enable()
+    server.run()
+    if args.profile:
+        profiles["loop"].disable()
+    n, outside = result["requests"], result["worker_cpu_s"] - result["model_cpu_s"]
+    result.update(requests_per_s=n / result["seconds"], outside_ms_per_request=1000 * outside / max(n, 1),
+                  model_ms_per_request=1000 * result["model_cpu_s"] / max(n, 1),
+                  outside_share=outside / result["worker_cpu_s"], padded_share=padded_shares(service.metrics))
+    if args.profile:
+        paths = []
+        for name, prof in profiles.items():
+            paths.append(os.path.join(tmp, f"{name}.prof"))
+            prof.dump_stats(paths[-1])
+        result["profiled_split"] = split(paths, n)
+    return result
+
+
+def parse_args(argv=None):
+    from harness import cli
+
+    p = cli.parser(__doc__, json=True)
+    p.add_argument("folder", help="an exported OUT/onnx folder")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "int8"])
+    p.add_argument("--seconds", type=float, default=8.0, help="of closed-loop load (default 8)")
+    p.add_argument("--concurrency", type=int, default=32, help="client connections (default 32)")
+    p.add_argument("--profile", action="store_true", help="split the CPU outside the model by cProfile")
+    p.add_argument("--texts", help="one text a line (default: SST-2 dev, GLUE_DIR)")
+    args = p.parse_args(argv)
+    if args.seconds <= 0 or args.concurrency < 1:
+        p.error("--seconds must be > 0 and --concurrency at least 1")
+    return args
+
+
+def main(argv: Optional[list] = None) -> int:
+    args = parse_args(argv)
+    if args.texts:
+        with open(args.texts, encoding="utf-8") as f:
+            texts = [line.rstrip("\n") for line in f if line.strip()]
+    else:
+        import _glue_runs  # benchmarks/ is on the path of a script run by path
+
+        texts = list(_glue_runs.dev_rows("SST-2")[0])
+    try:
+        result = run(args, texts)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"serve_cpu_split.py: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=1))
+    if args.json:
+        from acl_runtime.io import atomic
+
+        atomic.write_json(args.json, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
