@@ -78,25 +78,29 @@ def padded_shares(metrics) -> Dict[str, float]:
     return {k: padded.get(k, 0.0) / v for k, v in tokens.items() if v > 0}
 
 
-def run(args, texts) -> Dict:
+def profile_scheduler(profile: cProfile.Profile) -> None:
+    """Profile the scheduler's thread (its CPU time) for as long as it runs."""
+    from acl_runtime import scheduler as scheduler_module
+
+    plain = scheduler_module.Scheduler._run
+
+    def profiled(self):
+        profile.enable()
+        try:
+            plain(self)
+        finally:
+            profile.disable()
+    scheduler_module.Scheduler._run = profiled
+
+
+def one_worker(args):
+    """(service, uvicorn server, port): one worker in this process, configured as acl-serve configures it."""
     import uvicorn
 
-    from acl_runtime import scheduler as scheduler_module
     from acl_runtime.serve.app import build_app
     from acl_runtime.serve.service import Service, Settings
     from acl_runtime.serve.transport import NoDelayH11Protocol
 
-    profiles = {"loop": cProfile.Profile(time.thread_time), "scheduler": cProfile.Profile(time.thread_time)}
-    if args.profile:
-        plain = scheduler_module.Scheduler._run
-
-        def profiled(self):
-            profiles["scheduler"].enable()
-            try:
-                plain(self)
-            finally:
-                profiles["scheduler"].disable()
-        scheduler_module.Scheduler._run = profiled
     service = Service(Settings(folder=args.folder, precision=args.precision, threads=1))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -104,29 +108,37 @@ def run(args, texts) -> Dict:
     config = uvicorn.Config(build_app(service), host="127.0.0.1", port=port, log_level="warning", access_log=False,
                             http=NoDelayH11Protocol, loop="asyncio", lifespan="on")
     config.acl_read_timeout = 30.0
-    server, result = uvicorn.Server(config), {}
-    tmp = tempfile.mkdtemp(prefix="cpu_split_")
+    return service, uvicorn.Server(config), port
 
-    def drive():
-        while not server.started:
-            time.sleep(0.05)
-        spec = {"host": "127.0.0.1", "port": port, "model": "acl", "texts": texts, "mode": "closed",
-                "order": list(range(len(texts))) * 100, "concurrency": args.concurrency,
-                "max_seconds": args.seconds, "drain_seconds": 5, "tag": "cpu"}
-        with open(os.path.join(tmp, "spec.json"), "w", encoding="utf-8") as f:
-            json.dump(spec, f)
-        cpu, model = time.process_time(), service.metrics.model_cpu._value.get()
-        subprocess.run([sys.executable, os.path.join(HERE, "load", "client.py"), os.path.join(tmp, "spec.json"),
-                        os.path.join(tmp, "out.json")], check=True)
-        result.update(worker_cpu_s=time.process_time() - cpu, model_cpu_s=service.metrics.model_cpu._value.get()
-                      - model)
-        with open(os.path.join(tmp, "out.json"), encoding="utf-8") as f:
-            out = json.load(f)
-        result.update(requests=sum(r["status"] == 200 for r in out["records"]), seconds=out["end"],
-                      failed=sum(r["status"] != 200 for r in out["records"]))
-        server.should_exit = True
 
-    threading.Thread(target=drive, daemon=True).start()
+def drive(args, texts, service, server, port: int, tmp: str, result: Dict) -> None:
+    """The closed-loop client process against the started server, then the server told to stop; ``result`` gets
+    this process's CPU seconds, the model's and the client's counts."""
+    while not server.started:
+        time.sleep(0.05)
+    spec = {"host": "127.0.0.1", "port": port, "model": "acl", "texts": texts, "mode": "closed",
+            "order": list(range(len(texts))) * 100, "concurrency": args.concurrency,
+            "max_seconds": args.seconds, "drain_seconds": 5, "tag": "cpu"}
+    with open(os.path.join(tmp, "spec.json"), "w", encoding="utf-8") as f:
+        json.dump(spec, f)
+    cpu, model = time.process_time(), service.metrics.model_cpu._value.get()
+    subprocess.run([sys.executable, os.path.join(HERE, "load", "client.py"), os.path.join(tmp, "spec.json"),
+                    os.path.join(tmp, "out.json")], check=True)
+    result.update(worker_cpu_s=time.process_time() - cpu, model_cpu_s=service.metrics.model_cpu._value.get() - model)
+    with open(os.path.join(tmp, "out.json"), encoding="utf-8") as f:
+        out = json.load(f)
+    result.update(requests=sum(r["status"] == 200 for r in out["records"]), seconds=out["end"],
+                  failed=sum(r["status"] != 200 for r in out["records"]))
+    server.should_exit = True
+
+
+def run(args, texts) -> Dict:
+    profiles = {"loop": cProfile.Profile(time.thread_time), "scheduler": cProfile.Profile(time.thread_time)}
+    if args.profile:
+        profile_scheduler(profiles["scheduler"])
+    service, server, port = one_worker(args)
+    result, tmp = {}, tempfile.mkdtemp(prefix="cpu_split_")
+    threading.Thread(target=drive, args=(args, texts, service, server, port, tmp, result), daemon=True).start()
     if args.profile:
         profiles["loop"].enable()
     server.run()

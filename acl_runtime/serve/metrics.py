@@ -168,6 +168,10 @@ class Metrics:
             self.exit_reasons.labels(reason=reason)
         self.expired = Counter("acl_deadline_expired", "inputs of requests failed because their deadline passed "
                                "before they started (Triton's 'Request timeout expired')", registry=r)
+        self._build_model_metrics(r)
+
+    def _build_model_metrics(self, r: CollectorRegistry) -> None:
+        """The scheduler's side: queues, batches, positions, the model's time and Triton's statistics."""
         self.queue_depth = Gauge("acl_queue_depth", "inputs accepted and not yet answered", registry=r,
                                  multiprocess_mode="livesum")
         self.batch_fill = Histogram("acl_batch_fill", "rows of a backend call over --max-batch, by layer (0: the "
