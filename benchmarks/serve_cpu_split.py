@@ -31,6 +31,8 @@ import time
 from collections import Counter
 from typing import Dict, Optional
 
+import harness
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 # (part, predicate on (file, function name)), first match wins; a function matching none is "builtins and other"
 PARTS = [
@@ -121,10 +123,10 @@ def drive(args, texts, service, server, port: int, tmp: str, result: Dict) -> No
             "max_seconds": args.seconds, "drain_seconds": 5, "tag": "cpu"}
     with open(os.path.join(tmp, "spec.json"), "w", encoding="utf-8") as f:
         json.dump(spec, f)
-    cpu, model = time.process_time(), service.metrics.model_cpu._value.get()
+    cpu, model = harness.now()[1], service.metrics.model_cpu._value.get()
     subprocess.run([sys.executable, os.path.join(HERE, "load", "client.py"), os.path.join(tmp, "spec.json"),
                     os.path.join(tmp, "out.json")], check=True)
-    result.update(worker_cpu_s=time.process_time() - cpu, model_cpu_s=service.metrics.model_cpu._value.get() - model)
+    result.update(worker_cpu_s=harness.now()[1] - cpu, model_cpu_s=service.metrics.model_cpu._value.get() - model)
     with open(os.path.join(tmp, "out.json"), encoding="utf-8") as f:
         out = json.load(f)
     result.update(requests=sum(r["status"] == 200 for r in out["records"]), seconds=out["end"],
@@ -158,9 +160,7 @@ def run(args, texts) -> Dict:
 
 
 def parse_args(argv=None):
-    from harness import cli
-
-    p = cli.parser(__doc__, json=True)
+    p = harness.parser(__doc__, json=True)
     p.add_argument("folder", help="an exported OUT/onnx folder")
     p.add_argument("--precision", default="fp32", choices=["fp32", "int8"])
     p.add_argument("--seconds", type=float, default=8.0, help="of closed-loop load (default 8)")
@@ -189,9 +189,7 @@ def main(argv: Optional[list] = None) -> int:
         return 2
     print(json.dumps(result, indent=1))
     if args.json:
-        from acl_runtime.io import atomic
-
-        atomic.write_json(args.json, result)
+        harness.write_json(args.json, result)
     return 0
 
 
