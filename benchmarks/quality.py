@@ -224,8 +224,8 @@ def main(argv=None) -> int:
         return 0
     os.makedirs(args.results, exist_ok=True)
     md = os.path.join(args.results, "quality.md")
-    _glue_runs.run([sys.executable, _glue_runs.COLLECTOR, runs_dir, "--out", md, "--plot-dir", args.results])
-    _glue_runs.run([sys.executable, _glue_runs.COLLECTOR, runs_dir, "--out", os.path.join(args.results,
+    _glue_runs.run([sys.executable, _glue_runs.COLLECTOR, runs_dir, "--output", md, "--plot-dir", args.results])
+    _glue_runs.run([sys.executable, _glue_runs.COLLECTOR, runs_dir, "--output", os.path.join(args.results,
                                                                                           "quality.json")])
     with open(md) as f:
         table = f.read()

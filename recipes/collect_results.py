@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turn the runs' result.json files (written by recipes/glue/finetune.sh) into the results table.
 
-    python recipes/collect_results.py RUNS_DIR [--out results.md|results.json] [--format md|json] [--plot-dir DIR]
+    python recipes/collect_results.py RUNS_DIR [--output results.md|results.json] [--format md|json] [--plot-dir DIR]
 
 One row per method, one column per (task, GLUE metric) as recipes/glue/hparams.tsv's ``report`` column
 lists them (CoLA MCC, MRPC F1 and accuracy, STS-B Pearson and Spearman, MNLI matched and mismatched, ...).
@@ -9,7 +9,7 @@ A cell is ``mean ± std (n=N)`` over seeds: the sample standard deviation, at ea
 For multi-exit runs (result.json names an early_exit.json) it also draws, per task, the overlay of the
 quality-vs-speed-up curves of every method (``acl_fairseq.inference.report.plot_overlay``), links it, and tabulates
 each exit's primary metric over seeds.
-``--format json`` (the default for an --out ending in .json) writes the same numbers as JSON instead of
+``--format json`` (the default for an --output ending in .json) writes the same numbers as JSON instead of
 markdown. The table is generated: paste it into the README rather than typing numbers.
 """
 import argparse
@@ -215,10 +215,10 @@ def plot_early_exit(groups: Dict[str, Dict[str, List[dict]]], plot_dir: str, lin
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], usage=__doc__.split("\n\n")[1].strip())
     p.add_argument("runs_dir", help="folder searched recursively for result.json (e.g. OUT_ROOT/runs)")
-    p.add_argument("--out", help="write here instead of standard output")
+    p.add_argument("--output", help="write here instead of standard output")
     p.add_argument("--format", choices=["md", "json"], help="markdown table or the numbers as JSON (default: json "
-                   "for an --out ending in .json, else md)")
-    p.add_argument("--plot-dir", help="where early-exit plots go (default: beside --out, else RUNS_DIR)")
+                   "for an --output ending in .json, else md)")
+    p.add_argument("--plot-dir", help="where early-exit plots go (default: beside --output, else RUNS_DIR)")
     p.add_argument("--hparams", default=HPARAMS, help="the task table (report column, task order)")
     args = p.parse_args(argv)
 
@@ -232,17 +232,17 @@ def main(argv=None) -> int:
     table = list(glue_tasks.tasks(args.hparams).values())
     summary = summarize(results, table, list(OrderedDict.fromkeys(method_order)))
 
-    link_dir = os.path.dirname(os.path.abspath(args.out)) if args.out else os.path.abspath(args.runs_dir)
+    link_dir = os.path.dirname(os.path.abspath(args.output)) if args.output else os.path.abspath(args.runs_dir)
     groups = early_exit_groups(results)
     plots = plot_early_exit(groups, args.plot_dir or link_dir, link_dir)
     per_exit = per_exit_values(groups)
-    if (args.format or ("json" if (args.out or "").endswith(".json") else "md")) == "json":
+    if (args.format or ("json" if (args.output or "").endswith(".json") else "md")) == "json":
         text = json.dumps({**summary, "plots": plots, "per_exit": per_exit}, indent=2) + "\n"
     else:
         text = markdown(summary, plots, per_exit_markdown(per_exit))
-    if args.out:
-        atomic.write_text(args.out, text)
-        print(f"[collect] {len(results)} runs -> {args.out}", file=sys.stderr)
+    if args.output:
+        atomic.write_text(args.output, text)
+        print(f"[collect] {len(results)} runs -> {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0

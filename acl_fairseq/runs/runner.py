@@ -250,7 +250,7 @@ def sweep(argv: Sequence[str], env: Mapping[str, str], repo: str = run_plan.REPO
     out_root = env.get("OUT_ROOT") or os.path.join(repo, "runs", "glue")
     if not dry and env.get("COLLECT", "1") == "1" and os.path.isdir(os.path.join(out_root, "runs")):
         _call([env.get("PYTHON") or "python3", os.path.join(repo, "recipes", "collect_results.py"),
-               os.path.join(out_root, "runs"), "--out", os.path.join(out_root, "results.md")], dict(env), None)
+               os.path.join(out_root, "runs"), "--output", os.path.join(out_root, "results.md")], dict(env), None)
     if failed:
         print(f"error: {len(failed)} run(s) failed: {' '.join(failed)}", file=sys.stderr)
         return 1

@@ -57,3 +57,12 @@ def test_evaluate_and_export_write_where_output_says():
 
     assert evaluate.build_parser().parse_args(["c.pt", "d", "--output", "o"]).output == "o"
     assert export.build_parser().parse_args(["c.pt", "--output", "o"]).output == "o"
+
+
+def test_the_results_collector_writes_where_output_says(monkeypatch):
+    """recipes/collect_results.py (the runs' table, called by the recipe runner and benchmarks/quality.py) too."""
+    from test_collect_results import load_collector
+
+    collector = load_collector()
+    flags = _flags(lambda: collector.main([]), monkeypatch)
+    assert "--output" in flags and not flags & OLD_OUTPUT_SPELLINGS

@@ -47,7 +47,7 @@ def test_collector_table(tmp_path, capsys):
     fake_result(runs, "CoLA", "ce", 2, {"mcc": 62.0, "accuracy": 81.0})
     fake_result(runs, "MNLI", "acl_embed", 1, {"accuracy": 87.5}, {"accuracy": 87.0})
     out = tmp_path / "results.md"
-    proc = subprocess.run([sys.executable, os.path.join(RECIPES, "collect_results.py"), runs, "--out", str(out)],
+    proc = subprocess.run([sys.executable, os.path.join(RECIPES, "collect_results.py"), runs, "--output", str(out)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     lines = out.read_text().splitlines()
@@ -65,7 +65,7 @@ def test_collector_table(tmp_path, capsys):
     assert collector.main([runs, "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out) == data  # the deprecated switch still works
     by_suffix = tmp_path / "table.json"
-    assert collector.main([runs, "--out", str(by_suffix)]) == 0
+    assert collector.main([runs, "--output", str(by_suffix)]) == 0
     assert json.loads(by_suffix.read_text()) == data
     cell = next(c for c in data["cells"] if c["method"] == "ce" and c["task"] == "CoLA")
     assert cell["values"] == [60.0, 62.0] and cell["seeds"] == [1, 2] and cell["n"] == 2
@@ -86,7 +86,7 @@ def test_collector_plots_multi_exit_runs(tmp_path, monkeypatch):
     fake_report = type(sys)("acl_fairseq.inference.report")
     fake_report.plot_overlay = lambda groups, path: calls.append((groups, path)) or open(path, "w").close()
     monkeypatch.setitem(sys.modules, "acl_fairseq.inference.report", fake_report)
-    assert collector.main([runs, "--out", str(tmp_path / "results.md")]) == 0
+    assert collector.main([runs, "--output", str(tmp_path / "results.md")]) == 0
     assert len(calls) == 1
     groups, path = calls[0]
     assert list(groups) == ["acl_cross_layer"] and groups["acl_cross_layer"] == [ee, ee]
@@ -118,14 +118,14 @@ def test_collector_tabulates_every_exit_over_seeds(tmp_path, monkeypatch):
     fake_result(runs, "SST-2", "ce", 1, {"accuracy": 83.0})  # single exit: no early_exit.json, no row
     monkeypatch.setitem(sys.modules, "acl_fairseq.inference.report", None)  # no plot needed here
     out = tmp_path / "results.md"
-    assert collector.main([runs, "--out", str(out)]) == 0
+    assert collector.main([runs, "--output", str(out)]) == 0
     text = out.read_text()
     assert "SST-2, Acc of every exit" in text
     assert "| method | exit 1 | exit 2 |" in text
     assert "| multi_exit_ce | 71.00 ± 1.41 (n=2) | 81.00 ± 1.41 (n=2) |" in text
     assert "| acl_cross_layer | 75.00 (n=1) | 81.00 (n=1) |" in text
     assert "| ce | 83.00 (n=1) |" in text and "| ce | 83.00 (n=1) | –" not in text
-    assert collector.main([runs, "--format", "json", "--out", str(tmp_path / "r.json")]) == 0
+    assert collector.main([runs, "--format", "json", "--output", str(tmp_path / "r.json")]) == 0
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["per_exit"]["SST-2"]["metric"] == "accuracy"
     assert data["per_exit"]["SST-2"]["methods"]["multi_exit_ce"] == {"1": [70.0, 72.0], "2": [80.0, 82.0]}

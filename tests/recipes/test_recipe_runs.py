@@ -207,7 +207,7 @@ def test_tiny_end_to_end_run(env, tmp_path):
     with open(os.path.join(run_dir, "command.sh")) as f:
         assert "--criterion acl_cross_layer" in f.read()
     table = subprocess.run([sys.executable, os.path.join(RECIPES, "collect_results.py"), os.path.join(out, "runs"),
-                            "--out", os.path.join(out, "results.md")], capture_output=True, text=True)
+                            "--output", os.path.join(out, "results.md")], capture_output=True, text=True)
     assert table.returncode == 0, table.stderr
     assert os.path.isfile(os.path.join(out, "early_exit_SST-2.png"))
     with open(os.path.join(out, "results.md")) as f:
