@@ -19,19 +19,20 @@ from typing import Dict, List
 
 import _glue_runs
 import harness
-from acl_runtime.tables import read_tsv
+from acl_fairseq.runs import recipe_tables
 
 METHODS_TABLE = os.path.join(_glue_runs.REPO, "recipes", "glue", "methods.tsv")
 PAIR_KEYS = ("n", "method", "seed")
 
 
 def criterion_flags(method: str) -> List[str]:
-    """``--criterion NAME`` and the method's options from methods.tsv, in acl-train-hf's spelling."""
-    row = next(r for r in read_tsv(METHODS_TABLE, ["method", "task", "criterion", "exits", "flags"])
-               if r["method"] == method)
-    flags = [] if row["flags"] == "-" else shlex.split(row["flags"])
-    return ["--criterion", row["criterion"]] + ["--" + f[2:].replace("-", "_") if f.startswith("--") else f
-                                                for f in flags]
+    """``--criterion NAME`` and the method's options from methods.tsv (its SST-2 row, as the runs' plan reads it), in
+    acl-train-hf's spelling."""
+    row = recipe_tables.method(method, "SST-2")
+    if row is None:
+        raise ValueError(f"{METHODS_TABLE}: no method {method!r}")
+    return ["--criterion", row.criterion] + ["--" + f[2:].replace("-", "_") if f.startswith("--") else f
+                                             for f in row.flags]
 
 
 def command(hf_dir: str, glue_dir: str, enc: "_glue_runs.Encoder", n: int, method: str, seed: int, rd: str,
