@@ -11,7 +11,6 @@ the model and optimizer that ``Trainer._prepare_for_training`` wrapped (so ``bf1
 for every system alike. Same optimizer settings as the other sides: AdamW (0.9, 0.98), eps 1e-6, weight decay 0.1
 (the Trainer exempts biases and LayerNorm), lr 2e-5 with a linear schedule, dropout 0.1.
 """
-import tempfile
 from typing import Dict, List, Optional
 
 import torch
@@ -49,7 +48,7 @@ class TrainerSystem:
     """A Trainer prepared as ``train()`` prepares it, stepping on one fixed batch (``step``)."""
 
     def __init__(self, hf_dir: str, batch: Dict, device: str, mode: str, pooling: str, criterion=None, scope=None,
-                 exits: str = "top", options: Optional[Dict] = None, backend: str = "inductor", work_dir: str = None):
+                 exits: str = "top", options: Optional[Dict] = None, backend: str = "inductor", work_dir: str = "."):
         from transformers import AutoModelForSequenceClassification, Trainer, TrainingArguments
 
         import acl_hf
@@ -60,7 +59,7 @@ class TrainerSystem:
         self.mode, self.bf16 = mode, bf16
         self.times, self.cpu_times, self.mem = [], [], []
         args = TrainingArguments(
-            output_dir=work_dir or tempfile.mkdtemp(prefix="acl_trainer_step_"), report_to=[], use_cpu=device == "cpu",
+            output_dir=work_dir, report_to=[], use_cpu=device == "cpu",
             per_device_train_batch_size=len(batch["labels"]), learning_rate=2e-5, weight_decay=0.1, adam_beta1=0.9,
             adam_beta2=0.98, adam_epsilon=1e-6, lr_scheduler_type="linear", max_steps=10 ** 6, bf16=bf16,
             torch_compile=compiled, torch_compile_backend=backend if compiled else None, disable_tqdm=True, seed=0)
