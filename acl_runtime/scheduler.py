@@ -24,8 +24,9 @@ Which layer runs (:meth:`Scheduler._pick`), in order:
 3. a light load (at most ``max_batch`` rows in all): the deepest queue, so that the rows in flight run through to
    their exits as one wave and a request costs about what it costs alone; when all of them wait for the
    embeddings (nothing in flight), they all run through every layer in one go, exactly as without refill
-   (``run_batch``: no step between layers to pay for; ``max_padding`` is not applied to them: it split a burst of
-   unlike lengths into two waves, the second waiting for the first);
+   (``run_batch``: no step between layers to pay for), split by length only where the running server's own cost
+   of a call says the split pays (``split_waves``, :mod:`acl_runtime.padding`: ``max_padding`` split a burst of
+   unlike lengths into two waves even where the second then waited longer than the whole wave would take);
 4. else the deepest queue holding a full batch (finishing work in flight bounds the memory held in queues);
 5. else the queue holding the most rows, the deeper on a tie.
 
@@ -53,7 +54,7 @@ from typing import Callable, Deque, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from acl_runtime import deadlines, exits, loop
+from acl_runtime import deadlines, exits, loop, padding
 from acl_runtime.deadlines import LAST, POLICY, DeadlineExpired  # noqa: F401  (DeadlineExpired: the API)
 from acl_runtime.scheduler_rows import Answer, _Job, _Row, _Timed  # noqa: F401  (Answer: the API)
 
@@ -86,7 +87,8 @@ class Scheduler(deadlines.Steps):
     (:data:`acl_runtime.deadlines.POLICIES`), at the costs of ``costs`` (a :class:`~acl_runtime.deadlines.CostTable`,
     kept current from every call); ``clock``: the seconds every time here is read from (tests drive it). ``waves``:
     rule 3's run of a light load with nothing in flight as one wave through every layer (False: layer by layer
-    always, so that new rows can start between a wave's layers; benchmarks/serve_ideal.py's pure schedules)."""
+    always, so that new rows can start between a wave's layers; benchmarks/serve_ideal.py's pure schedules).
+    ``split_waves``: such a wave split by length where it pays (:mod:`acl_runtime.padding`)."""
 
     def __init__(self, backend, regression: bool = False, max_batch: int = 32, max_queue: int = 1024,
                  refill: bool = True, max_padding: float = 0.5, max_wait: Optional[int] = None,
@@ -96,7 +98,7 @@ class Scheduler(deadlines.Steps):
                  on_depth: Optional[Callable[[int], None]] = None, deadline_policy: str = "answer",
                  on_tokens: Optional[Callable[[int, int, int], None]] = None,
                  costs: Optional[deadlines.CostTable] = None, clock: Callable[[], float] = time.perf_counter,
-                 waves: bool = True):
+                 waves: bool = True, split_waves: bool = True):
         if max_batch < 1 or max_queue < max_batch:
             raise ValueError(f"max_batch {max_batch} must be at least 1 and max_queue {max_queue} at least max_batch")
         self.backend, self.regression, self.delta = backend, regression, delta
@@ -110,6 +112,7 @@ class Scheduler(deadlines.Steps):
         if deadline_policy not in deadlines.POLICIES:
             raise ValueError(f"deadline policy {deadline_policy!r} is not one of {', '.join(deadlines.POLICIES)}")
         self.slo, self.deadline_policy, self.clock, self.waves = slo, deadline_policy, clock, waves
+        self.split_waves, self.call_cost = split_waves, padding.CallCost()
         self.costs = deadlines.CostTable(self.layers[-1], max_batch) if costs is None else costs
         # the exit a row waiting for layer j reaches next
         self._next_exit = {j: min(e for e in self.layers if e >= j) for j in range(1, self.layers[-1] + 1)}
@@ -314,6 +317,8 @@ class Scheduler(deadlines.Steps):
         and ``on_tokens``."""
         self._call = seconds if self._call == 0 else 0.9 * self._call + 0.1 * seconds
         self.costs.observe(layer, rows, seconds)
+        if layer > 0:
+            self.call_cost.observe(tokens, seconds)
         if self.on_batch is not None:
             self.on_batch(layer, rows, seconds, cpu)
         if self.on_tokens is not None:
@@ -340,12 +345,20 @@ class Scheduler(deadlines.Steps):
 
     def _shrinking(self, rows: List[_Row]) -> int:
         """Without refill, or a light load's wave: the rows of each request through ``run_batch``, sorted by
-        length, as acl-predict runs."""
+        length, as acl-predict runs; with refill and ``split_waves``, in the groups of like lengths that cost
+        least by the fitted cost of a call (:mod:`acl_runtime.padding`; one wave until that cost is known)."""
         by_request: Dict[loop.ExitRequest, List[_Row]] = {}
         for r in rows:
             by_request.setdefault(r.request, []).append(r)
+        line = self.call_cost.line() if self.refill and self.split_waves else None
         for group in by_request.values():
-            for positions, _ in loop.make_batches([r.ids for r in group], self.max_batch, self.pad):
+            lengths = [r.ids.size for r in group]
+            if line is None:
+                batches = [positions for positions, _ in loop.make_batches([r.ids for r in group], self.max_batch,
+                                                                            self.pad)]
+            else:
+                batches = padding.split_by_length(lengths, self.max_batch, *line)
+            for positions in batches:
                 self._isolate(0, [group[p] for p in positions], self._run_whole)
         return len(rows)
 

@@ -2,14 +2,16 @@
 """Where one acl-serve worker's CPU outside the model goes, at saturation.
 
     python benchmarks/serve_cpu_split.py FOLDER [--precision int8] [--seconds 8] [--concurrency 32] [--profile]
-        [--json OUT.json [--force]]
+        [--split-waves on off] [--rounds 3] [--json OUT.json [--force]]
 
 One worker in this process, served as acl-serve serves it (uvicorn's h11 with TCP_NODELAY, the Starlette app of
 :mod:`acl_runtime.serve.app`, the header and body timeouts), and benchmarks/load/client.py in a process of its own,
 closed-loop (``--concurrency`` connections, one SST-2 dev sentence a request, OIP v2), for ``--seconds``. Reported:
 requests/s, the worker's CPU seconds (this process) and its model calls' (``acl_model_cpu_seconds_total``), the
 CPU milliseconds a request outside the model and their share of the worker's, and each layer's padded share of the
-model calls' positions (``acl_padded_tokens_total`` / ``acl_tokens_total``).
+model calls' positions (``acl_padded_tokens_total`` / ``acl_tokens_total``). ``--split-waves on off`` serves the
+worker with and without acl-serve's ``--split-waves`` in ``--rounds`` interleaved rounds (``harness.rounds``,
+rotated), each round a fresh worker; the JSON keeps every run and each system's medians.
 
 ``--profile`` runs cProfile on the event loop's thread and on the scheduler's, each with its own thread's CPU clock
 (not wall time: a thread waiting for the GIL is not busy), and splits the CPU outside the model into parts
@@ -23,6 +25,7 @@ import os
 import pstats
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -95,7 +98,7 @@ def profile_scheduler(profile: cProfile.Profile) -> None:
     scheduler_module.Scheduler._run = profiled
 
 
-def one_worker(args):
+def one_worker(args, split_waves: bool = True):
     """(service, uvicorn server, port): one worker in this process, configured as acl-serve configures it."""
     import uvicorn
 
@@ -103,7 +106,7 @@ def one_worker(args):
     from acl_runtime.serve.service import Service, Settings
     from acl_runtime.serve.transport import NoDelayH11Protocol
 
-    service = Service(Settings(folder=args.folder, precision=args.precision, threads=1))
+    service = Service(Settings(folder=args.folder, precision=args.precision, threads=1, split_waves=split_waves))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -134,11 +137,11 @@ def drive(args, texts, service, server, port: int, tmp: str, result: Dict) -> No
     server.should_exit = True
 
 
-def run(args, texts) -> Dict:
+def run(args, texts, split_waves: bool = True) -> Dict:
     profiles = {"loop": cProfile.Profile(time.thread_time), "scheduler": cProfile.Profile(time.thread_time)}
     if args.profile:
         profile_scheduler(profiles["scheduler"])
-    service, server, port = one_worker(args)
+    service, server, port = one_worker(args, split_waves)
     result, tmp = {}, tempfile.mkdtemp(prefix="cpu_split_")
     threading.Thread(target=drive, args=(args, texts, service, server, port, tmp, result), daemon=True).start()
     if args.profile:
@@ -159,6 +162,22 @@ def run(args, texts) -> Dict:
     return result
 
 
+MEDIANS = ["requests_per_s", "outside_ms_per_request", "model_ms_per_request", "outside_share", "padded_share"]
+
+
+def medians(runs: Dict[str, list]) -> Dict[str, Dict[str, float]]:
+    """Each system's median of every run's figures (the padded share: over the layers' mean of each run)."""
+    out = {}
+    for name, results in runs.items():
+        row = {}
+        for key in MEDIANS:
+            values = [r[key] if key != "padded_share" else statistics.mean(r[key].values() or [0.0]) for r in results]
+            row[key] = statistics.median(values)
+        out[name] = row
+    return out
+
+
+
 def parse_args(argv=None):
     p = harness.parser(__doc__, json=True)
     p.add_argument("folder", help="an exported OUT/onnx folder")
@@ -167,9 +186,14 @@ def parse_args(argv=None):
     p.add_argument("--concurrency", type=int, default=32, help="client connections (default 32)")
     p.add_argument("--profile", action="store_true", help="split the CPU outside the model by cProfile")
     p.add_argument("--texts", help="one text a line (default: SST-2 dev, GLUE_DIR)")
+    p.add_argument("--split-waves", nargs="+", choices=["on", "off"], default=["on"],
+                   help="the worker's --split-waves, each a system (default: on, as acl-serve)")
+    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds of every system (default 1)")
     args = p.parse_args(argv)
-    if args.seconds <= 0 or args.concurrency < 1:
-        p.error("--seconds must be > 0 and --concurrency at least 1")
+    if args.seconds <= 0 or args.concurrency < 1 or args.rounds < 1:
+        p.error("--seconds must be > 0, --concurrency and --rounds at least 1")
+    if args.profile and (args.rounds > 1 or len(args.split_waves) > 1):
+        p.error("--profile profiles one run: one --split-waves and one round")
     return args
 
 
@@ -182,12 +206,23 @@ def main(argv: Optional[list] = None) -> int:
         import _glue_runs  # benchmarks/ is on the path of a script run by path
 
         texts = list(_glue_runs.dev_rows("SST-2")[0])
+    setup = harness.header("serve_cpu_split", precision=args.precision, seconds=args.seconds,
+                           concurrency=args.concurrency, rounds=args.rounds)
+    runs: Dict[str, list] = {name: [] for name in args.split_waves}
     try:
-        result = run(args, texts)
+        for _, order in harness.rounds(args.split_waves, args.rounds):
+            for name in order:
+                runs[name].append(run(args, texts, split_waves=name == "on"))
+                print(f"split-waves {name}: " + json.dumps({k: v for k, v in runs[name][-1].items()
+                                                             if k != "profiled_split"}), flush=True)
     except (ValueError, FileNotFoundError) as e:
         print(f"serve_cpu_split.py: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(result, indent=1))
+    result = {"benchmark": "serve_cpu_split", "setup": setup, "runs": runs, "medians": medians(runs)}
+    if len(runs) == 1 and args.rounds == 1:
+        result.update(next(iter(runs.values()))[0])  # one run: its figures at the top, as before
+    harness.print_table([{"split_waves": name, **row} for name, row in result["medians"].items()],
+                        ["split_waves", *MEDIANS], {k: "{:.3f}" for k in MEDIANS})
     if args.json:
         harness.write_json(args.json, result)
     return 0

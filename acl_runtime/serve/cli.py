@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "refused with 413 (default: %(default)s)")
     p.add_argument("--refill", action=argparse.BooleanOptionalAction, default=True, help="continuous batching "
                    "across layers (--no-refill: each batch runs to its end, shrinking as rows exit; default: on)")
+    p.add_argument("--split-waves", action=argparse.BooleanOptionalAction, default=True, help="with --refill, a "
+                   "wave of unlike lengths runs as several calls of like lengths where the worker's own measured "
+                   "cost of a call says the padding saved pays for the calls added (--no-split-waves: one padded "
+                   "wave; default: on)")
     p.add_argument("--slo-ms", type=_slo_ms, help="a latency objective in milliseconds, from a request's "
                    "tokenized rows to its answer, the deadline of a request that gives none of its own (Triton's "
                    "\"timeout\" parameter in microseconds, /predict's deadline_ms, the X-Deadline-Ms header): the "
@@ -151,7 +155,7 @@ def settings_from(args):
                          "raise --max-queue")
     return Settings(os.path.abspath(args.folder), args.model_name, args.precision, args.policy, args.threshold,
                     args.max_batch, max_queue, args.max_body_bytes, args.refill, args.threads, args.drain_seconds,
-                    args.read_timeout, args.slo_ms, args.deadline_policy)
+                    args.read_timeout, args.slo_ms, args.deadline_policy, args.split_waves)
 
 
 def load_service(settings):

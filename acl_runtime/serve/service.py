@@ -42,6 +42,7 @@ class Settings(NamedTuple):
     read_timeout: float = 30.0  # seconds for a request's headers, and for its body once they came (408 past it)
     slo_ms: Optional[float] = None  # the scheduler's latency objective (--slo-ms), a request's default deadline
     deadline_policy: str = "answer"  # what a deadline does (--deadline-policy: acl_runtime.deadlines.POLICIES)
+    split_waves: bool = True  # a light load's wave split by length where it pays (--split-waves)
 
 
 class Answered(NamedTuple):
@@ -148,7 +149,7 @@ class Service:
                                    pad=self.engine.pad, on_fault=self.metrics.on_fault,
                                    on_depth=lambda rows: self.metrics.track_depth(),
                                    on_tokens=self.metrics.on_tokens,
-                                   deadline_policy=s.deadline_policy)
+                                   deadline_policy=s.deadline_policy, split_waves=s.split_waves)
         self.metrics.depth = self.scheduler.depth
         self.ready = False
 

@@ -160,7 +160,9 @@ def test_deadline_policy_flag_reaches_the_settings(capsys):
 
     assert cli.settings_from(cli.build_parser().parse_args(["folder"])).deadline_policy == "answer"
     args = cli.build_parser().parse_args(["folder", "--deadline-policy", "fail", "--slo-ms", "30"])
-    assert cli.settings_from(args)[-2:] == (30.0, "fail")
+    settings = cli.settings_from(args)
+    assert (settings.slo_ms, settings.deadline_policy, settings.split_waves) == (30.0, "fail", True)
+    assert not cli.settings_from(cli.build_parser().parse_args(["folder", "--no-split-waves"])).split_waves
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["folder", "--deadline-policy", "drop"])
     assert "--deadline-policy" in capsys.readouterr().err
