@@ -25,6 +25,12 @@ Simulated (``_ideal_sim``: the scheduler's own code on a clock of its own): each
 median over the seeds; ``best`` is the least p99 over the schedules at that rate and front. Beside: batch 1 alone,
 the median and the p99 over the sentences each alone (``alone_*``: full depth; ``alone_exit_*``: at its exit), and
 the configuration's measured p99 over the simulated best (``measured_over_best``).
+
+Targets (printed with pass/miss, kept in the JSON's ``verdicts``), at each measured rate of 25%, 50% and 75% of
+saturation: the measured p99 at most 1.25x the simulated best of the same rate (the best over the schedules, with
+the work outside the model beside the model's thread: the least the physics allows one worker); and where the
+simulation says it is reachable (the simulated best at most 3x the p99 of the sentences alone), the measured p99 at
+most 3x that p99 alone.
 """
 import json
 import os
@@ -121,6 +127,30 @@ def simulate_config(config: Dict, setup: Dict, cost: _ideal_sim.CostModel, lengt
     return rows
 
 
+JUDGED = (0.25, 0.5, 0.75)  # the fractions of saturation at which the measured p99 is held against the simulation
+WITHIN_BEST, OVER_ALONE = 1.25, 3.0
+
+
+def targets(rows: List[Dict], refs: Dict[str, Dict]) -> List[Dict]:
+    """The measured p99 against the simulated best beside (``WITHIN_BEST``), and against ``OVER_ALONE`` x the p99
+    of the sentences alone where the simulated best reaches it, at each judged fraction."""
+    found = []
+    for r in rows:
+        if r["front"] != "beside" or not r["schedule"].startswith("best") or \
+                not any(abs(r["fraction"] - f) < 1e-9 for f in JUDGED):
+            continue
+        at = f"{r['fraction']:.0%} load"
+        found.append(harness.target(f"p99 at {at} / simulated best ({r['schedule'][6:-1]}, beside)",
+                                    r["measured_over_best"], WITHIN_BEST, at_least=False, config=r["config"]))
+        alone = refs[r["config"]]["alone_p99_ms"]
+        reachable = r["p99_ms"] <= OVER_ALONE * alone
+        found.append(harness.target(f"p99 at {at} / p99 of requests alone"
+                                    + ("" if reachable else " (simulated best over the bound: not judged)"),
+                                    r["measured_p99_ms"] / alone, OVER_ALONE if reachable else None,
+                                    at_least=False, config=r["config"]))
+    return found
+
+
 def references(cost: _ideal_sim.CostModel, lengths: List[int], shares: List[float]) -> Dict:
     exits = _ideal_sim.draw_exits(shares, len(lengths), random.Random(0))
     full = [cost.alone(n, cost.layers) for n in lengths]
@@ -153,9 +183,11 @@ def main(argv=None) -> Dict:
         refs[name] = references(cost, lengths, shares)
         rows += simulate_config(config, setup, cost, lengths, shares, args)
     harness.print_noted_table(rows, COLUMNS, FORMATS)
+    verdicts = targets(rows, refs)
+    harness.print_targets(verdicts)
     result = {"benchmark": "serve_ideal", "setup": {**rec, "slo_ms": setup["slo_ms"], "max_batch": setup["max_batch"],
                                                      "records_cpu_kind": setup["cpu_kind"]},
-              "references": refs, "rows": rows}
+              "references": refs, "rows": rows, "verdicts": verdicts}
     if args.json:
         harness.write_json(args.json, result)
     return result

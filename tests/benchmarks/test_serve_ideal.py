@@ -84,3 +84,18 @@ def test_the_script_on_the_committed_records(tmp_path, capsys):
     assert "serve_ideal" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         serve_ideal.main(["--configs", "refill fp32 w2", "--seeds", "1", "--requests", "10"])
+
+
+def test_the_measured_p99_is_judged_against_the_simulated_best_and_against_3x_alone_where_reachable():
+    row = dict(config="c", front="beside", schedule="best (edf)", p99_ms=40.0, measured_p99_ms=48.0,
+               measured_over_best=1.2)
+    refs = {"c": {"alone_p99_ms": 15.0}}
+    rows = [dict(row, fraction=f) for f in (0.25, 0.5, 1.0)] + [dict(row, fraction=0.5, front="serial"),
+                                                                 dict(row, fraction=0.5, schedule="edf")]
+    found = serve_ideal.targets(rows, refs)
+    assert len(found) == 4  # 25% and 50% (1.0 is not judged), beside's best only
+    within, alone = found[0], found[1]
+    assert within["pass"] and within["bound"] == 1.25 and "edf" in within["target"]
+    assert alone["pass"] is False and alone["value"] == pytest.approx(48.0 / 15.0)  # 40 <= 45: reachable, judged
+    far = serve_ideal.targets([dict(row, fraction=0.75, p99_ms=50.0, measured_over_best=1.3)], refs)
+    assert far[0]["pass"] is False and far[1]["pass"] is None and "not judged" in far[1]["target"]
