@@ -9,7 +9,9 @@ One worker in this process, served as acl-serve serves it (uvicorn's h11 with TC
 closed-loop (``--concurrency`` connections, one SST-2 dev sentence a request, OIP v2), for ``--seconds``. Reported:
 requests/s, the worker's CPU seconds (this process) and its model calls' (``acl_model_cpu_seconds_total``), the
 CPU milliseconds a request outside the model and their share of the worker's, and each layer's padded share of the
-model calls' positions (``acl_padded_tokens_total`` / ``acl_tokens_total``). ``--split-waves on off`` serves the
+model calls' positions (``acl_padded_tokens_total`` / ``acl_tokens_total``), and where the model's thread's busy time
+goes (``model_thread``: its calls on and off the CPU, its Python between calls, its waits for the GIL or a core
+between calls). ``--split-waves on off`` serves the
 worker with and without acl-serve's ``--split-waves`` in ``--rounds`` interleaved rounds (``harness.rounds``,
 rotated), each round a fresh worker; the JSON keeps every run and each system's medians.
 
@@ -19,6 +21,7 @@ rotated), each round a fresh worker; the JSON keeps every run and each system's 
 slows pure Python more than C, so its shares lean towards Python, and its milliseconds are not the unprofiled
 ones: measure without ``--profile`` for those.
 """
+import contextlib
 import cProfile
 import json
 import os
@@ -98,6 +101,40 @@ def profile_scheduler(profile: cProfile.Profile) -> None:
     scheduler_module.Scheduler._run = profiled
 
 
+@contextlib.contextmanager
+def step_clock(totals: Dict[str, float]):
+    """While inside: the scheduler's steps' wall and thread CPU seconds summed into ``totals`` (``step_wall_s``,
+    ``step_cpu_s``). With the model calls' own wall and CPU (/metrics), the model's thread's time splits into its
+    calls on the CPU, its calls off it (the GIL taken back after ONNX Runtime, other processes), its Python between
+    calls, and its waits for the GIL between calls: what a front end in a process of its own could give back."""
+    from acl_runtime import scheduler as scheduler_module
+
+    plain = scheduler_module.Scheduler.step
+    totals.update(step_wall_s=0.0, step_cpu_s=0.0)
+
+    def clocked(self):
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return plain(self)
+        finally:
+            totals["step_wall_s"] += time.perf_counter() - wall
+            totals["step_cpu_s"] += time.thread_time() - cpu
+    scheduler_module.Scheduler.step = clocked
+    try:
+        yield totals
+    finally:
+        scheduler_module.Scheduler.step = plain
+
+
+def model_thread(totals: Dict[str, float], model_wall: float, model_cpu: float) -> Dict[str, float]:
+    """Shares of the model's thread's busy wall time (its steps): in calls on / off the CPU, between calls on the
+    CPU (the scheduler's Python) and off it (waiting for the GIL or a core)."""
+    wall = max(totals["step_wall_s"], 1e-9)
+    between_wall, between_cpu = totals["step_wall_s"] - model_wall, totals["step_cpu_s"] - model_cpu
+    return {"calls_on_cpu": model_cpu / wall, "calls_off_cpu": (model_wall - model_cpu) / wall,
+            "between_on_cpu": between_cpu / wall, "between_off_cpu": (between_wall - between_cpu) / wall}
+
+
 def one_worker(args, split_waves: bool = True):
     """(service, uvicorn server, port): one worker in this process, configured as acl-serve configures it."""
     import uvicorn
@@ -126,10 +163,14 @@ def drive(args, texts, service, server, port: int, tmp: str, result: Dict) -> No
             "max_seconds": args.seconds, "drain_seconds": 5, "tag": "cpu"}
     with open(os.path.join(tmp, "spec.json"), "w", encoding="utf-8") as f:
         json.dump(spec, f)
-    cpu, model = harness.now()[1], service.metrics.model_cpu._value.get()
-    subprocess.run([sys.executable, os.path.join(HERE, "load", "client.py"), os.path.join(tmp, "spec.json"),
-                    os.path.join(tmp, "out.json")], check=True)
-    result.update(worker_cpu_s=harness.now()[1] - cpu, model_cpu_s=service.metrics.model_cpu._value.get() - model)
+    metrics = service.metrics
+    cpu, model, model_wall = harness.now()[1], metrics.model_cpu._value.get(), metrics.model_seconds._value.get()
+    with step_clock({}) as steps:
+        subprocess.run([sys.executable, os.path.join(HERE, "load", "client.py"), os.path.join(tmp, "spec.json"),
+                        os.path.join(tmp, "out.json")], check=True)
+    result.update(worker_cpu_s=harness.now()[1] - cpu, model_cpu_s=metrics.model_cpu._value.get() - model)
+    result["model_thread"] = model_thread(steps, metrics.model_seconds._value.get() - model_wall,
+                                          result["model_cpu_s"])
     with open(os.path.join(tmp, "out.json"), encoding="utf-8") as f:
         out = json.load(f)
     result.update(requests=sum(r["status"] == 200 for r in out["records"]), seconds=out["end"],
@@ -162,16 +203,27 @@ def run(args, texts, split_waves: bool = True) -> Dict:
     return result
 
 
-MEDIANS = ["requests_per_s", "outside_ms_per_request", "model_ms_per_request", "outside_share", "padded_share"]
+MEDIANS = ["requests_per_s", "outside_ms_per_request", "model_ms_per_request", "outside_share", "padded_share",
+           "model_thread_off_cpu"]
+
+
+def figure(result: Dict, key: str) -> float:
+    """One of :data:`MEDIANS` from a run: the padded share is the layers' mean, the model's thread off the CPU its
+    calls' and its waits between them."""
+    if key == "padded_share":
+        return statistics.mean(result[key].values() or [0.0])
+    if key == "model_thread_off_cpu":
+        return result["model_thread"]["calls_off_cpu"] + result["model_thread"]["between_off_cpu"]
+    return result[key]
 
 
 def medians(runs: Dict[str, list]) -> Dict[str, Dict[str, float]]:
-    """Each system's median of every run's figures (the padded share: over the layers' mean of each run)."""
+    """Each system's median of every run's figures (:func:`figure`)."""
     out = {}
     for name, results in runs.items():
         row = {}
         for key in MEDIANS:
-            values = [r[key] if key != "padded_share" else statistics.mean(r[key].values() or [0.0]) for r in results]
+            values = [figure(r, key) for r in results]
             row[key] = statistics.median(values)
         out[name] = row
     return out
