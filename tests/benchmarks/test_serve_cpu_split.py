@@ -42,7 +42,8 @@ def test_the_model_threads_time_splits_into_calls_and_the_time_between_them_on_a
     assert shares == pytest.approx({"calls_on_cpu": 0.7, "calls_off_cpu": 0.1, "between_on_cpu": 0.05,
                                     "between_off_cpu": 0.15})
     assert sum(shares.values()) == pytest.approx(1.0)
-    run = {"padded_share": {"0": 0.2, "1": 0.4}, "model_thread": shares, "requests_per_s": 5.0}
+    run = {"padded_share": {"0": 0.2, "1": 0.4}, "model_thread": shares, "requests_per_s": 5.0,
+           "outside_ms_per_request": 1.0, "model_ms_per_request": 3.0, "outside_share": 0.25}
     assert cpu_split.figure(run, "padded_share") == pytest.approx(0.3)
     assert cpu_split.figure(run, "model_thread_off_cpu") == pytest.approx(0.25)
     two = cpu_split.medians({"on": [run, dict(run, requests_per_s=7.0), dict(run, requests_per_s=1.0)]})
