@@ -16,7 +16,9 @@ with neither there is none. ``--deadline-policy`` (:data:`POLICIES`) says what i
   exits): a late row runs every layer its policy asks for and is answered late.
 
 The boundaries: right after a backend call, for the rows going on (the batch they would run in: the rows that
-would then wait for the next layer, at most ``--max-batch``), and again when their queue runs (the batch gathered).
+would then wait for the next layer, at most ``--max-batch``), before every step for every row still waiting
+(:meth:`Steps._sweep`: a row waiting behind other layers' calls is answered when its deadline catches it, not
+when its queue's turn comes), and again when their queue runs (the batch gathered).
 """
 import bisect
 import math
@@ -142,6 +144,40 @@ class Steps:
             kept = self._deadline_exits(layer, rows, len(rows), now)
             return kept, len(rows) - len(kept)
         return rows, 0
+
+    def _sweep(self, now: float) -> int:
+        """Before each step (under the lock), the rows their deadline has caught while they wait in a queue: at the
+        embeddings, past it (their requests fail, as :meth:`_due` fails them when their queue runs); at a deeper
+        layer (``answer``), a row that reached an exit and would be late at its next, at the cost of the batch its
+        queue would run, answers from that exit now: waiting for its queue's turn, it was late by then. Every row of
+        every queue is looked at (a queue is in no deadline order), once a request with a deadline came
+        (``_deadlines``). The count of rows done."""
+        if self.deadline_policy == "delay" or not getattr(self, "_deadlines", False):
+            return 0
+        before = self._rows
+        expired = [r for r in self.queues[0] if r.deadline < now]
+        if expired:
+            self._expire(expired, now)  # their rows leave every queue, and the count
+        done = before - self._rows
+        if self.deadline_policy != "answer":
+            return done
+        for layer in range(1, len(self.queues)):
+            queue = self.queues[layer]
+            if not queue:
+                continue
+            cost = self.costs.path(layer, self._next_exit[layer], min(len(queue), self.max_batch))
+            caught = [r for r in queue if r.reached is not None and late(r.deadline - now, cost)]
+            if not caught:
+                continue
+            gone = {id(r) for r in caught}
+            kept = [r for r in queue if id(r) not in gone]
+            queue.clear()
+            queue.extend(kept)
+            for r in caught:
+                r.job.answer(r, r.reached[0], r.reached[1], DEADLINE)
+            self._rows -= len(caught)
+            done += len(caught)
+        return done
 
     def _deadline_exits(self, layer: int, rows: List["_Row"], batch: int, now: float) -> List["_Row"]:
         """Of ``rows`` about to wait for (or run) ``layer``, those that go on; a row that has reached an exit and

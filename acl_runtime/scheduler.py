@@ -56,19 +56,7 @@ import numpy as np
 
 from acl_runtime import deadlines, exits, loop, padding
 from acl_runtime.deadlines import LAST, POLICY, DeadlineExpired  # noqa: F401  (DeadlineExpired: the API)
-from acl_runtime.scheduler_rows import Answer, _Job, _Row, _Timed  # noqa: F401  (Answer: the API)
-
-
-class QueueFull(Exception):
-    """More rows than ``max_queue`` would be waiting: refused before anything was queued."""
-
-    def __init__(self, message: str, retry_after: int):
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class Closed(Exception):
-    """The scheduler is closing: it takes nothing new."""
+from acl_runtime.scheduler_rows import Answer, Closed, QueueFull, _Job, _Row, _Timed  # noqa: F401  (the API)
 
 
 class Scheduler(deadlines.Steps):
@@ -112,7 +100,7 @@ class Scheduler(deadlines.Steps):
         if deadline_policy not in deadlines.POLICIES:
             raise ValueError(f"deadline policy {deadline_policy!r} is not one of {', '.join(deadlines.POLICIES)}")
         self.slo, self.deadline_policy, self.clock, self.waves = slo, deadline_policy, clock, waves
-        self.split_waves, self.call_cost = split_waves, padding.CallCost()
+        self.split_waves, self.call_cost, self._deadlines = split_waves, padding.CallCost(), False
         self.costs = deadlines.CostTable(self.layers[-1], max_batch) if costs is None else costs
         # the exit a row waiting for layer j reaches next
         self._next_exit = {j: min(e for e in self.layers if e >= j) for j in range(1, self.layers[-1] + 1)}
@@ -145,6 +133,7 @@ class Scheduler(deadlines.Steps):
         job = _Job(len(rows_ids), self.backend.num_classes, len(self.queues), budget, self.clock)
         now = self.clock()
         due = now + budget if budget is not None else math.inf
+        self._deadlines = self._deadlines or due < math.inf  # from now on, every step sweeps the queues
         with self._cond:
             if self._closing:
                 raise Closed("the scheduler is closing: it takes no new requests")
@@ -216,10 +205,13 @@ class Scheduler(deadlines.Steps):
             if self._rows == 0:
                 return False
             now = self.clock()
+            swept = self._sweep(now)
             whole = not self.refill or self.waves and self._rows <= self.max_batch and len(self.queues[0]) == self._rows
             if whole and self.refill and self.deadline_policy == "answer" and self._wave_may_end_early(now):
                 whole = False  # layer by layer, so that a deadline can end a row at a boundary
-            if not self.refill:
+            if self._rows == 0:  # the sweep answered or failed every waiting row
+                layer, rows, whole = 0, [], False
+            elif not self.refill:
                 layer, rows = 0, [self.queues[0].popleft() for _ in range(min(self.max_batch, len(self.queues[0])))]
             elif whole:  # a light load with nothing in flight: every row in one wave through every layer
                 layer, rows = 0, list(self.queues[0])
@@ -239,7 +231,7 @@ class Scheduler(deadlines.Steps):
             if done:
                 rate = done / max(self.clock() - start, 1e-6)
                 self._rate = rate if self._rate == 0 else 0.9 * self._rate + 0.1 * rate
-        if done and self.on_depth is not None:
+        if (done or swept) and self.on_depth is not None:
             self.on_depth(self._rows)  # after the count fell: a request's own answer comes before it
         return True
 

@@ -1,6 +1,6 @@
 """A request inside the scheduler (:mod:`acl_runtime.scheduler`): its :class:`Answer`, the job that gathers its
 rows' answers into it, a row (its states, policy state, deadline, the exit it has reached), and the backend whose
-calls are timed. numpy only."""
+calls are timed; the refusals of a submit (the queue full, the scheduler closing). numpy only."""
 import time
 from concurrent.futures import Future
 from typing import Callable, List, NamedTuple, Optional
@@ -8,6 +8,18 @@ from typing import Callable, List, NamedTuple, Optional
 import numpy as np
 
 from acl_runtime import exits, loop
+
+
+class QueueFull(Exception):
+    """More rows than ``max_queue`` would be waiting: refused before anything was queued."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Closed(Exception):
+    """The scheduler is closing: it takes nothing new."""
 
 
 class Answer(NamedTuple):

@@ -148,6 +148,27 @@ def test_a_row_that_waited_is_checked_again_when_its_queue_runs_and_answers_with
     np.testing.assert_allclose(answer.logits[0], _alone_at(backend, ids, 1), atol=1e-6)
 
 
+def test_a_waiting_row_is_answered_when_its_deadline_catches_it_not_when_its_queue_runs():
+    """A row waiting for layer 2 while a request with less slack takes the next calls: before every step the
+    queues are swept, so it answers from exit 1 when its time left falls under layer 2's cost, at its deadline or
+    before, rather than after the other request's calls, when its queue's turn came (late)."""
+    sched, backend, clock = _scheduler()
+    ids = _inputs(1, 3)[0]
+    future = sched.submit([ids], deadline=13 * U)  # the whole path costs 15 units: layer by layer
+    sched.step()
+    sched.step()  # at 3 units it waits for layer 2 (3 units) with 10 left
+    answered_at = []
+    future.add_done_callback(lambda _: answered_at.append(clock.t))
+    clock.t = 11 * U  # 2 units left: under layer 2's cost
+    other = sched.submit(_inputs(4, 8), deadline=1 * U)  # less slack: rule 1 runs its calls first
+    sched.step()
+    assert future.done() and answered_at == [11 * U] and backend.log[-1][0] == 0  # then the other's embeddings
+    answer = future.result()
+    assert (int(answer.exit_layer[0]), answer.exit_reason[0]) == (1, "deadline")
+    np.testing.assert_allclose(answer.logits[0], _alone_at(backend, ids, 1), atol=1e-6)
+    assert sched.close() and other.done()
+
+
 def test_the_policy_decides_first_a_deadline_never_makes_a_row_go_deeper():
     """A row whose policy fires at layer 1 leaves there as the policy's, whatever its deadline; a confident one
     with a deadline that would allow layer 4 still leaves at its policy's exit."""
