@@ -99,3 +99,6 @@ def test_the_measured_p99_is_judged_against_the_simulated_best_and_against_3x_al
     assert alone["pass"] is False and alone["value"] == pytest.approx(48.0 / 15.0)  # 40 <= 45: reachable, judged
     far = serve_ideal.targets([dict(row, fraction=0.75, p99_ms=50.0, measured_over_best=1.3)], refs)
     assert far[0]["pass"] is False and far[1]["pass"] is None and "not judged" in far[1]["target"]
+    measured = serve_ideal.targets([dict(row, fraction=0.5)], {"c": {"alone_p99_ms": 15.0,
+                                                                    "measured_alone_p99_ms": 12.0}})
+    assert measured[1]["value"] == pytest.approx(48.0 / 12.0)  # the engine's measured p99 alone comes first

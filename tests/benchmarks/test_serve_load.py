@@ -96,6 +96,11 @@ def test_verdicts_hold_the_issues_bounds():
     assert no_refill["pass"] is None and no_refill["value"] == pytest.approx(0.5)
     assert not [v for v in found if v["config"] == "cFalse1" and "moonshot" in v["target"]]
     json.dumps(found)  # the record takes them as they are
+    assert not [v for v in found if "requests alone" in v["target"]]  # a record without the p99 alone: none
+    alone = _result(True, 1, 90.0, 60.0, 1.5, 29.0, 10.0)
+    alone["reference"]["batch1_p99_ms"] = 14.5
+    got = _pick(load_stats.verdicts([alone], n_sentences=10), "cTrue1", "p99 at 50% / p99 of requests alone")
+    assert got["value"] == pytest.approx(2.0) and got["pass"] is None  # judged by serve_ideal, where reachable
 
 
 def test_the_share_outside_the_model_is_cpu_against_cpu():
