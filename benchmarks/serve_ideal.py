@@ -190,7 +190,9 @@ def main(argv=None) -> Dict:
     verdicts = targets(rows, refs)
     harness.print_targets(verdicts)
     result = {"benchmark": "serve_ideal", "setup": {**rec, "slo_ms": setup["slo_ms"], "max_batch": setup["max_batch"],
-                                                     "records_cpu_kind": setup["cpu_kind"]},
+                                                     "records_cpu_kind": setup["cpu_kind"],
+                                                     "fusions": os.path.relpath(args.fusions),
+                                                     "fusions_cpu_kind": fusions["setup"].get("cpu_kind")},
               "references": refs, "rows": rows, "verdicts": verdicts}
     if args.json:
         harness.write_json(args.json, result)
