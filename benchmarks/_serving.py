@@ -37,6 +37,27 @@ def check_model_flags(p: argparse.ArgumentParser, args) -> None:
         p.error("--checkpoint needs --data (the folder the model was trained on)")
 
 
+def add_served_flags(p: argparse.ArgumentParser, export: bool = True) -> None:
+    """The model flags, then the served copy's: ``--examples``, ``--export`` (with ``export``) and ``--toy``."""
+    add_model_flags(p)
+    p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all 872)")
+    if export:
+        p.add_argument("--export", action="store_true", help="export the cached model again")
+    p.add_argument("--toy", action="store_true", help="a tiny model on generated data (tests); needs its own --json")
+
+
+def check_served_flags(p, args, default_json: str = None) -> None:
+    """:func:`check_model_flags`; ``--toy`` needs its own --json outside benchmarks/results (its numbers must not sit
+    beside the real ones); ``default_json``: the --json of a real run, refused when it exists without --force."""
+    check_model_flags(p, args)
+    results = os.path.abspath(os.path.join(_glue_runs.REPO, "benchmarks", "results"))
+    if args.toy and (not args.json or os.path.abspath(args.json).startswith(results + os.sep)):
+        p.error("--toy needs its own --json outside benchmarks/results: its numbers must not sit beside the real ones")
+    if default_json:
+        args.json = args.json or os.path.join(results, default_json)
+        p.refuse_existing(args)
+
+
 def trained_checkpoint(args) -> tuple:
     """(checkpoint, data folder): the given ones, or a short acl_cross_layer run made once."""
     if args.checkpoint:

@@ -3,14 +3,8 @@
 
     python benchmarks/dev_lengths.py [--tasks SST-2 CoLA] [--glue-dir ../shared/glue] [--encoder runs/bench/minilm]
 
-The multi-exit records keep, per early-exit setting, the share of examples leaving at each exit, not which example
-left where, and their checkpoints are not kept. So the FLOPs of a setting are estimated as if an example's exit did
-not depend on its length: E[FLOPs] = sum over exits m of (share at m) x (layers to m x the mean layer FLOPs over the
-dev lengths + m heads). The layer FLOPs are linear and quadratic in the length, so their mean over the recorded
-length histogram is exact; only the independence is an assumption (acl-evaluate counts each example exactly).
-Lengths: the encoder's word pieces of dev.tsv plus <s> and </s> (equal, example by example, to the binarized SST-2
-dev set the runs read). Writes benchmarks/results/dev_lengths.json: per task the length histogram, and the encoder's
-shape from its model_args.txt.
+Writes benchmarks/results/dev_lengths.json: per task the length histogram (word pieces + 2), and the encoder's shape
+from its model_args.txt. Why and how the FLOPs use it: docs/benchmarks.md.
 """
 import collections
 import json

@@ -6,13 +6,9 @@ timed apart.
     python benchmarks/predict_speed.py [--checkpoint CKPT --data DATA_BIN] [--threshold 0.3]
         [--batch-sizes 1 32] [--repeats 3] [--examples N] [--json benchmarks/results/predict_speed.json]
 
-Without --checkpoint it trains one once (acl_cross_layer, an exit after every layer, on quality.py's
-2000-example SST-2 subset, --updates updates through the recipe driver) into WORK/predict_speed, beside
-its data; it is never committed. Per batch size, each repeat runs the three stages of both modes (all
-layers, early exit) alternately; the table shows medians. ``wall_speedup`` = all-layers model time /
-early-exit model time; ``layer_speedup`` = layers / mean exit layer; their ratio is the share of the
-saved layers that turns into saved time. ``prep_share``: tokenization plus batching over the end-to-end
-time.
+Systems: all layers and early exit, alternated each repeat. Measure: sentences/s, each stage's median time, the
+preparation's share, the wall speed-up against the layer speed-up. No targets here (docs/benchmarks.md's
+headline holds them: efficiency 0.9, preparation <= 10%). The protocol: docs/benchmarks.md.
 """
 import statistics
 from typing import Dict, List

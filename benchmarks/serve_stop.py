@@ -6,11 +6,8 @@ with no answer).
 
     python benchmarks/serve_stop.py --folder OUT/onnx [--workers 1 2] [--runs 3] --json /tmp/stop.json [--force]
 
-Promised (docs/serve.md, SIGTERM): no connection is taken after the signal has been handled, and every connection
-taken gets an answer. ``last_taken_ms``: the latest start, after SIGTERM was sent, of an attempt that was taken.
-``dropped_at_signal``: attempts begun before the signal and dropped after it was sent (a connection completed by the
-kernel and reset at the stop: the client cannot tell it from a taken one; 0 since the stop takes every completed
-connection, docs/serve.md); ``before_dropped`` counts only drops that came before the signal.
+Systems: acl-serve at each ``--workers``, ``--runs`` times. Promised (docs/serve.md, SIGTERM): no connection is taken
+after the signal has been handled, and every connection taken gets an answer. The columns: docs/benchmarks.md.
 """
 import os
 import signal
