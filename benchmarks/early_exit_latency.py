@@ -170,23 +170,26 @@ def auto_thresholds(logits: torch.Tensor, layers: List[int], points: int) -> Lis
 # ---- timing ------------------------------------------------------------------------------------
 
 
-def time_setting(model, batches: List[torch.Tensor], policy: str, threshold: float, repeats: int) -> Dict:
+def time_setting(model, batches: List[torch.Tensor], policy: str, threshold: float, repeats: int,
+                 num_layers: int) -> Dict:
     """The package's side-by-side rounds (``acl_fairseq.inference.latency``, as acl-evaluate times), the order of
-    the two systems swapped every round; speed-ups are medians of the per-round ratios."""
+    the two systems swapped every round: the setting's mean exit layer, the layers it saves, the wall clock and CPU
+    time it saves (medians of the per-round ratios) and each time speed-up's share of the layer speed-up (its
+    efficiency)."""
     from acl_fairseq.inference import early_exit, latency
 
     rounds = latency.side_by_side(model, batches, HEAD, policy, threshold, repeats, alternate=True)
     (t_full, c_full), (t_exit, c_exit) = (zip(*rounds[k]) for k in ("full", "exit"))
     outs = [early_exit.early_exit_forward(model, t, HEAD, policy, threshold) for t in batches]
     n = sum(t.size(0) for t in batches)
-    return {
-        "avg_exit_layer": float(torch.cat([o.exit_layer for o in outs]).float().mean()),
-        "avg_layers_computed": float(torch.cat([o.layers_computed for o in outs]).float().mean()),
-        "full_ms_per_example": 1000 * common.median(t_full) / n,
-        "exit_ms_per_example": 1000 * common.median(t_exit) / n,
-        "wallclock_speedup": common.median([b / e for b, e in zip(t_full, t_exit)]),
-        "cpu_speedup": common.median([b / e for b, e in zip(c_full, c_exit)]),
-    }
+    avg_exit_layer = float(torch.cat([o.exit_layer for o in outs]).float().mean())
+    layer_speedup = num_layers / avg_exit_layer
+    wall = common.median([b / e for b, e in zip(t_full, t_exit)])
+    cpu = common.median([b / e for b, e in zip(c_full, c_exit)])
+    return {"avg_exit_layer": avg_exit_layer, "layer_speedup": layer_speedup, "wallclock_speedup": wall,
+            "efficiency": wall / layer_speedup, "cpu_speedup": cpu, "cpu_efficiency": cpu / layer_speedup,
+            "full_ms_per_example": 1000 * common.median(t_full) / n,
+            "exit_ms_per_example": 1000 * common.median(t_exit) / n}
 
 
 def settings(args, logits: torch.Tensor, layers: List[int]) -> List[tuple]:
@@ -200,22 +203,6 @@ def settings(args, logits: torch.Tensor, layers: List[int]) -> List[tuple]:
                       if not exits.POLICIES[policy].integer or v < len(layers)]
         out += [(policy, v) for v in values]
     return out
-
-
-def _speedups(found: Dict, num_layers: int) -> Dict:
-    """A setting's exit layer and speed-ups: the layers saved, the wall clock and CPU time saved, and each time
-    speed-up's share of the layer speed-up (its efficiency)."""
-    layer_speedup = num_layers / found["avg_exit_layer"]
-    return {
-        "avg_exit_layer": found["avg_exit_layer"],
-        "layer_speedup": layer_speedup,
-        "wallclock_speedup": found["wallclock_speedup"],
-        "efficiency": found["wallclock_speedup"] / layer_speedup,
-        "cpu_speedup": found["cpu_speedup"],
-        "cpu_efficiency": found["cpu_speedup"] / layer_speedup,
-        "full_ms_per_example": found["full_ms_per_example"],
-        "exit_ms_per_example": found["exit_ms_per_example"],
-    }
 
 
 def run(args) -> List[Dict]:
@@ -238,9 +225,9 @@ def run(args) -> List[Dict]:
     rows = []
     for policy, threshold in settings(args, logits, layers):
         for bs, batches in ((1, single), (args.batch, batched)):
-            found = time_setting(model, batches, policy, threshold, args.repeats)
             rows.append({"policy": policy, "threshold": threshold, "batch": bs,
-                         **_speedups(found, num_layers), "model": name, "num_layers": num_layers,
+                         **time_setting(model, batches, policy, threshold, args.repeats, num_layers),
+                         "model": name, "num_layers": num_layers,
                          "seq_len": args.seq_len if not args.checkpoint else None,
                          "examples": sum(t.size(0) for t in batches), "device": args.device,
                          "threads": torch.get_num_threads()})

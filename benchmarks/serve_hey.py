@@ -12,7 +12,6 @@ model; ``--toy`` its toy model). Measure: sent, answered, p50/p99 and throughput
 counted by the server's /metrics (none lost), acl-serve exits 0 on SIGTERM. How each generator paces, and the
 figures: docs/serve.md, "Load generators nobody here wrote".
 """
-import argparse
 import csv
 import glob
 import io
@@ -25,7 +24,6 @@ import sys
 import tempfile
 from typing import Dict, List, Optional, Tuple
 
-import _glue_runs
 import _serving
 import harness
 from load import server, stats
@@ -173,8 +171,9 @@ def _answered(port: int, route: str = "predict") -> float:
 
 def parse_args(argv=None):
     p = harness.parser(__doc__, json=True)
-    p.add_argument("--folder", help="an acl-export OUT/onnx folder to serve (default: serve_speed.py's model)")
-    p.add_argument("--toy", action="store_true", help="serve_speed.py's toy model (without --folder)")
+    p.add_argument("--folder", help="an acl-export OUT/onnx folder to serve (default: serve_speed.py's model; --toy: "
+                   "its toy model)")
+    _serving.add_served_flags(p)
     p.add_argument("--rate", type=float, default=50.0, help="requests per second, both generators")
     p.add_argument("--seconds", type=float, default=10.0, help="how long each generator sends")
     p.add_argument("--connections", type=int, default=4, help="hey's workers (-c), each at rate / connections")
@@ -185,10 +184,6 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=int, default=1, help="acl-serve --workers")
     p.add_argument("--precision", choices=["fp32", "int8"], default="fp32")
     p.add_argument("--server", default=server.tool("acl-serve"), help="the acl-serve executable (default: %(default)s)")
-    p.add_argument("--work", default=os.path.join(_glue_runs.REPO, "runs", "bench"), help="model cache (%(default)s)")
-    p.add_argument("--examples", type=int, default=0, help=argparse.SUPPRESS)
-    _serving.add_model_flags(p, hidden=True, work=False)
-    p.add_argument("--export", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if not args.json:
         p.error("--json PATH is required (the table is printed; the JSON keeps every row and the setup)")
@@ -237,15 +232,13 @@ def main(argv=None) -> Dict:
     rows, stopped = _rounds(args, hey, perf_analyzer, folder, text)
     lost = {g: [r for r in rows if r["generator"] == g and r["server_counted"] != r["ok"]]
             for g in ("hey", "perf_analyzer")}
-    record = {"benchmark": "serve_hey", "setup": {"folder": folder, "text": text, "rate_per_s": args.rate,
-              "seconds": args.seconds, "connections": args.connections, "workers": args.workers,
-              "precision": args.precision, "cpus": os.cpu_count(), "load_average": os.getloadavg()[0],
-              "hey": hey, "perf_analyzer": perf_analyzer}, "rows": rows, "server": stopped,
+    setup = harness.header("serve_hey", folder=folder, text=text, rate_per_s=args.rate, seconds=args.seconds,
+                           connections=args.connections, workers=args.workers, precision=args.precision, hey=hey,
+                           perf_analyzer=perf_analyzer, threads=1)
+    record = {"benchmark": "serve_hey", "setup": setup, "rows": rows, "server": stopped,
               "checks": {"exit_0": stopped["exit_code"] == 0, "hey_answers_counted_by_server": not lost["hey"],
                          **({"perf_analyzer_answers_counted_by_server": not lost["perf_analyzer"]}
                             if perf_analyzer else {})}}
-    print(f"# serve_hey: {args.rate:g} requests/s for {args.seconds:g} s, one sentence, {args.workers} worker(s), "
-          f"{args.precision}, {os.cpu_count()} cpus")
     harness.print_noted_table(rows, COLUMNS, FORMATS)
     harness.write_json(args.json, record)
     if not all(record["checks"].values()):
