@@ -5,7 +5,7 @@ import argparse
 import os
 import sys
 import tempfile
-from typing import Dict, List
+from typing import Dict
 
 import _converted
 import _glue_runs
@@ -73,15 +73,6 @@ def trained_checkpoint(args) -> tuple:
     env["EVAL_ARGS"] = "--timing-examples 0"
     _glue_runs.finetune(TASK, "acl_cross_layer", env, ["--no-last-checkpoints"])
     return os.path.join(_glue_runs.run_dir(root, TASK, "acl_cross_layer", 1), "checkpoint_best.pt"), data
-
-
-def dev_sentences(n, path=None) -> List[str]:
-    """SST-2 dev sentences (:func:`sst2_dev`), or the lines of ``path``."""
-    if not path:
-        return sst2_dev(n)[0]
-    with open(path, encoding="utf-8") as f:
-        rows = [line.rstrip("\n") for line in f]
-    return rows[:n] if n else rows
 
 
 TOY_MODEL = [*common.size_args("tiny", 64), "--dropout", "0.0", "--attention-dropout", "0.0"]
