@@ -144,26 +144,20 @@ def rows_of(found: List[Dict], args) -> List[Dict]:
     kind = read_cpu_kind()
     peak, _ = acceleration.peak_gflops(kind, torch.float32, 1)
     at = {(s["what"], s["engine"]): common.median(s["cpu_times"]) for s in found}
+    gflops = {(s["what"], s["engine"]): s["flop"] / at[(s["what"], s["engine"])] / 1e9 for s in found}
     rows = []
     for s in found:
-        t = at[(s["what"], s["engine"])]
-        gflops = s["flop"] / t / 1e9
+        key = (s["what"], s["engine"])
         row = {"what": s["what"], "engine": s["engine"], "batch": args.batch, "seq_len": args.seq_len,
-               "cpu_ms": t * 1e3, "wall_ms": common.median(s["times"]) * 1e3, "gflops": gflops,
-               "vs_sgemm": gflops / s_flops(found, "sgemm", s["engine"]),
-               "peak_frac": gflops / peak if peak else None, "vs_torch": at[(s["what"], "torch")] / t,
+               "cpu_ms": at[key] * 1e3, "wall_ms": common.median(s["times"]) * 1e3, "gflops": gflops[key],
+               "vs_sgemm": gflops[key] / gflops[("sgemm", s["engine"])],
+               "peak_frac": gflops[key] / peak if peak else None, "vs_torch": at[(s["what"], "torch")] / at[key],
                "cpu_kind": kind.describe(), "threads": 1, "repeats": args.repeats}
         if s["what"] == "layer":
-            row["gemm_share"] = at[("gemms", s["engine"])] / t
+            row["gemm_share"] = at[("gemms", s["engine"])] / at[key]
             row["bound_vs_torch"] = at[("layer", "torch")] / at[("gemms", s["engine"])]
         rows.append(row)
     return rows
-
-
-def s_flops(found: List[Dict], what: str, engine: str) -> float:
-    """GFLOP/s of ``what`` in ``engine``."""
-    s = next(s for s in found if (s["what"], s["engine"]) == (what, engine))
-    return s["flop"] / common.median(s["cpu_times"]) / 1e9
 
 
 def parse_args(argv=None):

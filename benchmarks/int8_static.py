@@ -126,13 +126,16 @@ def fp32_decisions(folder: str, work: str, ids, policies) -> Dict:
     return out
 
 
+def accuracy(logits: np.ndarray, gold: np.ndarray) -> float:
+    return float(np.mean(logits.argmax(1) == gold) * 100)
+
+
 def summary(label: str, got: Dict, ref: Dict, gold: np.ndarray, policies) -> Dict:
     row = {"scheme": label, "accuracy": {}, "drop": {}, "b1_vs_b32": {}, "vs_fp32": {}}
     for name, _, _ in policies:
         for b in BATCHES:
             mine, theirs = got[(name, b)], ref[(name, b)]
-            acc = float(np.mean(mine["logits"].argmax(1) == gold) * 100)
-            fp32 = float(np.mean(theirs["logits"].argmax(1) == gold) * 100)
+            acc, fp32 = accuracy(mine["logits"], gold), accuracy(theirs["logits"], gold)
             row["accuracy"][f"{name} b{b}"] = acc
             row["drop"][f"{name} b{b}"] = acc - fp32
             row["vs_fp32"][f"{name} b{b}"] = int(((mine["logits"].argmax(1) != theirs["logits"].argmax(1)) |
@@ -275,8 +278,7 @@ def main(argv=None) -> Dict:
     dynamic = next((d for k, d in dirs.items() if "int8-dynamic" in k), None)
     speed_rows = speed(hub, folder, dynamic, sentences, args.repeats) if args.repeats and dynamic else []
     shipped = next((k for k in dirs if k.endswith("(int8)")), None)
-    fp32_acc = {f"{n} b{b}": float(np.mean(ref[(n, b)]["logits"].argmax(1) == gold) * 100)
-                for n, _, _ in policies for b in BATCHES}
+    fp32_acc = {f"{n} b{b}": accuracy(ref[(n, b)]["logits"], gold) for n, _, _ in policies for b in BATCHES}
     result = {"benchmark": "int8_static", "checkpoint": os.path.relpath(ckpt, args.work), "examples": len(ids),
               "policies": [[n, p, t] for n, p, t in policies], "fp32_accuracy": fp32_acc,
               "calibration_rows": onnx_quantize.CALIBRATION_ROWS, "avx2_rows": len(sample) if args.avx2_rows else 0,

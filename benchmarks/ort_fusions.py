@@ -247,18 +247,10 @@ def _print_profiles(layer_prof: Dict[str, dict], served: List[dict]) -> None:
               f"beyond its kernels, Python {s['python_us_per_call']:.0f} us between calls")
 
 
-def main(argv=None) -> Dict:
-    args = parse_args(argv)
-    import onnx
-
-    folder, sentences = _serving.model_and_sentences(args)
-    manifest = json.load(open(os.path.join(folder, "manifest.json"), encoding="utf-8"))
-    layer_file = manifest["layers"][args.layer - 1]["file"]
-    heads = common.MODEL_SIZES["tiny" if args.toy else "minilm"]["heads"]  # for the bert optimizer
-    hidden = onnx.load(os.path.join(folder, layer_file)).graph.input[0].type.tensor_type.shape.dim[2].dim_value
-    _glue_runs.log(f"inputs: layer {args.layer}, {len(sentences)} sentences")
-    inputs = layer_inputs(folder, sentences, args.layer, args.batch1, args.calibration)
+def measure(args, folder: str, sentences: List[str], inputs: Dict, heads: int, hidden: int):
+    """``(the graphs built, the rows, the layer's profiles, the served path's)``: every system timed and checked."""
     with tempfile.TemporaryDirectory(prefix="ort_fusions_") as work:
+        layer_file = chain.manifest(folder)["layers"][args.layer - 1]["file"]
         built = build_graphs(folder, layer_file, work, inputs["calibration"], heads, hidden)
         paths, specs = built["paths"], systems()
         sessions, ops, checks = _sessions_and_checks(paths, specs, inputs)
@@ -268,18 +260,24 @@ def main(argv=None) -> Dict:
         layer_prof = {g: layer_profile(paths[g], inputs["b32"], work)
                       for g in ("fp32", "int8 static", "int8 static+BiasGelu", "int8 dynamic")}
         served = [served_profile(folder, p, sentences, work) for p in ("fp32", "int8")]
-    rows = rows_of(specs, times, checks, ops)
-    result = {"benchmark": "ort_fusions",
-              "setup": {"onnx": os.path.relpath(folder, args.work), "layer": args.layer, "toy": args.toy,
-                        "examples": len(sentences), "batch1_sentences": args.batch1,
-                        "mean_tokens": float(np.mean(inputs["lengths"])), "batch32_passes": len(inputs["b32"]),
-                        "calibration_sentences": args.calibration, "repeats": args.repeats,
-                        "heads": heads, "hidden": hidden, **harness.record(threads=1)},
-              "bert_optimizer_fusions": built["bert_optimizer_fusions"], "rows": rows,
-              "layer_profiles": layer_prof, "served_profiles": served}
-    print(f"# ort_fusions: layer {args.layer} of {folder}, {len(sentences)} {'toy' if args.toy else 'SST-2 dev'} "
-          f"sentences ({result['setup']['mean_tokens']:.1f} tokens on average), batch 1: {len(inputs['b1'])} alone, "
-          f"batch 32: {len(inputs['b32'])} batches; 1 thread; {args.repeats} rounds, medians")
+    return built, rows_of(specs, times, checks, ops), layer_prof, served
+
+
+def main(argv=None) -> Dict:
+    args = parse_args(argv)
+    folder, sentences = _serving.model_and_sentences(args)
+    _glue_runs.log(f"inputs: layer {args.layer}, {len(sentences)} sentences")
+    inputs = layer_inputs(folder, sentences, args.layer, args.batch1, args.calibration)
+    heads = common.MODEL_SIZES["tiny" if args.toy else "minilm"]["heads"]  # for the bert optimizer
+    hidden = int(inputs["b1"][0]["x"].shape[2])  # x: T x B x C
+    built, rows, layer_prof, served = measure(args, folder, sentences, inputs, heads, hidden)
+    setup = harness.header("ort_fusions", onnx=os.path.relpath(folder, args.work), layer=args.layer, toy=args.toy,
+                           examples=len(sentences), batch1_sentences=args.batch1,
+                           mean_tokens=float(np.mean(inputs["lengths"])), batch32_passes=len(inputs["b32"]),
+                           calibration_sentences=args.calibration, repeats=args.repeats, heads=heads, hidden=hidden,
+                           threads=1)
+    result = {"benchmark": "ort_fusions", "setup": setup, "bert_optimizer_fusions": built["bert_optimizer_fusions"],
+              "rows": rows, "layer_profiles": layer_prof, "served_profiles": served}
     print(f"# bert optimizer fusions that fired: {built['bert_optimizer_fusions'] or 'none'}")
     harness.print_noted_table(rows, COLUMNS, FORMATS)
     _print_profiles(layer_prof, served)

@@ -112,11 +112,10 @@ def main(argv=None) -> List[Dict]:
         p.error("--json PATH is required")
     with tempfile.TemporaryDirectory(prefix="serve_stop_") as tmp:
         rows = [one_run(args, w, k + 1, tmp) for w in args.workers for k in range(args.runs)]
-    print(f"# serve_stop: {args.clients} clients, a new connection per /predict, SIGTERM after "
-          f"{args.before_seconds:g} s, {os.cpu_count()} cpus")
+    setup = harness.header("serve_stop", clients=args.clients, before_seconds=args.before_seconds,
+                           after_seconds=args.after_seconds, server=args.server, folder=args.folder, threads=None)
     harness.print_noted_table(rows, COLUMNS, FORMATS)
-    harness.write_json(args.json, {"benchmark": "serve_stop", "server": args.server, "folder": args.folder,
-                                   "load_average": os.getloadavg()[0], "rows": rows})
+    harness.write_json(args.json, {"benchmark": "serve_stop", "setup": setup, "rows": rows})
     return rows
 
 
