@@ -6,8 +6,8 @@
 Systems: the early-exit engine and the all-layers baseline, alternated, per policy setting, at batch 1 and
 batched, on a random-weight multi-exit model whose exits are given graded confidence (a trained checkpoint's
 latency: acl-evaluate's latency columns, the same side-by-side timing).
-Measure: the wall and CPU speed-ups and their efficiency (speed-up over the layer speed-up). Targets (the headline
-in docs/benchmarks.md): efficiency 0.9 at batch 1, 0.75 batched. The protocol: docs/benchmarks.md.
+Measure: the wall and CPU speed-ups and their efficiency (speed-up over the layer speed-up). Targets
+(:func:`targets`): the worst efficiency at least 0.9 at batch 1, 0.75 batched. The protocol: docs/benchmarks.md.
 """
 from typing import Dict, List
 
