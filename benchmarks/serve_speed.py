@@ -189,13 +189,16 @@ def parse_args(argv=None):
     return args
 
 
-def setup_record(args, ckpt: str, folder: str, n: int) -> Dict:
-    """The run's settings; paths relative to ``--work``, the run folder, so that the record names no folder of the
-    machine it ran on."""
-    return harness.record(args.threads, checkpoint=os.path.relpath(ckpt, args.work),
-                          onnx=os.path.relpath(folder, args.work), examples=n, toy=args.toy, policy=args.policy,
-                          threshold=args.threshold, threshold_source=args.threshold_source,
-                          batch_sizes=[1, args.batch_size], repeats=args.repeats)
+def peak_memory(args, model: tuple, sentences: List[str], rows: List[Dict]) -> Dict:
+    """Each row's peak resident memory and its ratio to torch's (none with ``--no-rss``), from one process per
+    engine (``model``: checkpoint, data, ONNX folder); the processes' records."""
+    rss = {} if args.no_rss else serve_child.peak_rss(*model, sentences, args.policy, args.threshold,
+                                                        args.batch_size, args.threads)
+    for row in rows:
+        rec = rss.get(row["engine"])
+        row["peak_rss_mb"] = rec["peak_rss_mb"] if rec else None
+        row["rss_vs_torch"] = rec["peak_rss_mb"] / rss["torch"]["peak_rss_mb"] if rec else None
+    return {k: {f: v for f, v in r.items() if f != "labels"} for k, r in rss.items()}
 
 
 def main(argv=None) -> Dict:
@@ -217,19 +220,14 @@ def main(argv=None) -> Dict:
                        "systems")
         measure(systems, sentences, b, args.repeats)
     rows = [row_of(s, by_name, b, gold, hub.num_layers) for b in (1, args.batch_size) for s in systems]
-    rss = {} if args.no_rss else serve_child.peak_rss(ckpt, data, folder, sentences, args.policy, args.threshold,
-                                                        args.batch_size, args.threads)
-    for row in rows:
-        rec = rss.get(row["engine"])
-        row["peak_rss_mb"] = rec["peak_rss_mb"] if rec else None
-        row["rss_vs_torch"] = rec["peak_rss_mb"] / rss["torch"]["peak_rss_mb"] if rec else None
+    rss = peak_memory(args, (ckpt, data, folder), sentences, rows)
     found = targets(rows, args.batch_size)
-    result = {"benchmark": "serve_speed", "setup": setup_record(args, ckpt, folder, len(sentences)),
-              "rows": rows, "rss": {k: {f: v for f, v in r.items() if f != "labels"} for k, r in rss.items()},
-              "targets": found}
-    harness.header("serve_speed", sentences=f"{len(sentences)} of {'the toy task' if args.toy else 'SST-2 dev'}",
-                   policy=args.policy, threshold=args.threshold, repeats=args.repeats, checkpoint=ckpt,
-                   threads=args.threads)
+    # paths relative to --work, the run folder, so that the record names no folder of the machine it ran on
+    setup = harness.header("serve_speed", args.threads, checkpoint=os.path.relpath(ckpt, args.work),
+                           onnx=os.path.relpath(folder, args.work), examples=len(sentences), toy=args.toy,
+                           policy=args.policy, threshold=args.threshold, threshold_source=args.threshold_source,
+                           batch_sizes=[1, args.batch_size], repeats=args.repeats)
+    result = {"benchmark": "serve_speed", "setup": setup, "rows": rows, "rss": rss, "targets": found}
     harness.print_noted_table(rows, COLUMNS, FORMATS)
     harness.print_targets(found, "# targets, on the wall clock; cpu: the same in process CPU time (steady under load)")
     if args.json:
