@@ -1,6 +1,8 @@
-"""An exported OUT/onnx folder's chain of graphs run with onnxruntime directly, every exit's logits kept: on this CPU
-(:func:`run_rows`) or under ``qemu-x86_64 -cpu CPU`` (:func:`run_emulated`, this file as the child), for the int8
-benchmarks (int8_portability.py, int8_static.py) and tests/inference/test_int8.py.
+"""ONNX Runtime as the benchmarks open it: a one-thread session (:func:`session`, the ops it runs after its
+optimizer: :func:`session_ops`), an engine with other sessions swapped in (:func:`swap_sessions`), and an exported
+OUT/onnx folder's chain of graphs run directly, every exit's logits kept: on this CPU (:func:`run_rows`) or under
+``qemu-x86_64 -cpu CPU`` (:func:`run_emulated`, this file as the child), for the ONNX benchmarks (int8_portability.py,
+int8_static.py, ort_fusions.py, gemm_roofline.py) and tests/inference/test_int8.py.
 
     python benchmarks/_int8_chain.py DIR --folder OUT/onnx --precision int8 --batch-size 8 [--layer-dir D]
 
@@ -11,9 +13,56 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Dict, List
+from collections import Counter
+from typing import Dict, Iterator, List
 
 import numpy as np
+
+LEVELS = {"none": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+          "all": "ORT_ENABLE_ALL"}
+
+
+def options(level: str = "all", profile: str = None):
+    """One-thread session options at ``level``, warnings off; ``profile``: ORT's profiler on, its files' prefix."""
+    import onnxruntime as ort
+
+    out = ort.SessionOptions()
+    out.intra_op_num_threads = out.inter_op_num_threads = 1
+    out.log_severity_level = 3
+    out.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[level])
+    if profile:
+        out.enable_profiling, out.profile_file_prefix = True, profile
+    return out
+
+
+def session(path: str, level: str = "all", profile: str = None, disabled=()):
+    """A one-thread CPU session of ``path`` at ``level``, without the optimizers named in ``disabled`` (the engine's:
+    ``acl_runtime.engine.DISABLED_OPTIMIZERS``)."""
+    import onnxruntime as ort
+
+    return ort.InferenceSession(path, options(level, profile), providers=["CPUExecutionProvider"],
+                                disabled_optimizers=list(disabled))
+
+
+def session_ops(path: str, level: str, disabled=()) -> Counter:
+    """The op types of the graph the session runs, after its optimizer (saved once to a temporary file)."""
+    import onnx
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix="session_ops_") as tmp:
+        opts = options(level)
+        opts.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
+        ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled))
+        return Counter(n.op_type for n in onnx.load(opts.optimized_model_filepath).graph.node)
+
+
+def swap_sessions(eng, embeddings, layers):
+    """``eng`` (an ``acl_runtime.engine.Engine``) running ``embeddings`` and ``layers`` instead of its own sessions."""
+    from acl_runtime.engine import OrtBackend
+
+    eng.layers = layers
+    eng.backend = OrtBackend(embeddings, layers, eng.exit_layers, eng.manifest["num_classes"], eng.pad)
+    return eng
 
 
 def manifest(folder: str) -> Dict:
@@ -39,22 +88,26 @@ def token_rows(folder: str, n: int, seed: int = 0) -> List[np.ndarray]:
 def sessions(folder: str, precision: str, layer_dir: str = None, exact: bool = False):
     """``exact``: no graph optimization, so that a QDQ graph runs as written (QuantizeLinear, DequantizeLinear, float
     MatMul): the quantized model's arithmetic without any CPU's integer kernel, which is what no kind may change."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    if exact:
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    level = "none" if exact else "all"
     m = manifest(folder)
     files = {r["file"]: r["file"] for r in m["layers"]}
     if precision != "fp32":
         files = m["quantized"][precision]["layers"]
-    embed = ort.InferenceSession(os.path.join(folder, m["embeddings"]), options)
+    embed = session(os.path.join(folder, m["embeddings"]), level)
     base = layer_dir or folder
-    layers = [ort.InferenceSession(os.path.join(base, files[r["file"]] if layer_dir is None else r["file"]), options)
+    layers = [session(os.path.join(base, files[r["file"]] if layer_dir is None else r["file"]), level)
               for r in m["layers"]]
     return m, embed, layers
+
+
+def padded(rows: List[np.ndarray], batch: int, pad: int) -> Iterator[np.ndarray]:
+    """``rows`` ``batch`` at a time, each call's rows padded with ``pad`` to its longest."""
+    for start in range(0, len(rows), batch):
+        chunk = rows[start:start + batch]
+        ids = np.full((len(chunk), max(len(r) for r in chunk)), pad, dtype=np.int64)
+        for i, r in enumerate(chunk):
+            ids[i, :len(r)] = r
+        yield ids
 
 
 def run_rows(folder: str, rows: List[np.ndarray], batch: int, precision: str = "fp32",
@@ -63,12 +116,8 @@ def run_rows(folder: str, rows: List[np.ndarray], batch: int, precision: str = "
     ``layer_dir``: take the layer graphs (by their fp32 file names) from there instead; ``exact``: see
     :func:`sessions`."""
     m, embed, layers = sessions(folder, precision, layer_dir, exact)
-    pad, out = m["input_layout"]["pad"], []
-    for start in range(0, len(rows), batch):
-        chunk = rows[start:start + batch]
-        ids = np.full((len(chunk), max(len(r) for r in chunk)), pad, dtype=np.int64)
-        for i, r in enumerate(chunk):
-            ids[i, :len(r)] = r
+    out = []
+    for ids in padded(rows, batch, m["input_layout"]["pad"]):
         x, mask = embed.run(None, {"src_tokens": ids})
         logits = []
         for rec, session in zip(m["layers"], layers):

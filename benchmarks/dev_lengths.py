@@ -2,15 +2,11 @@
 """Token lengths of the GLUE dev sets as the quality benchmark's encoder reads them, for FLOPs from run records.
 
     python benchmarks/dev_lengths.py [--tasks SST-2 CoLA] [--glue-dir ../shared/glue] [--encoder runs/bench/minilm]
+        [--json benchmarks/results/dev_lengths.json] [--force]
 
-The multi-exit records keep, per early-exit setting, the share of examples leaving at each exit, not which example
-left where, and their checkpoints are not kept. So the FLOPs of a setting are estimated as if an example's exit did
-not depend on its length: E[FLOPs] = sum over exits m of (share at m) x (layers to m x the mean layer FLOPs over the
-dev lengths + m heads). The layer FLOPs are linear and quadratic in the length, so their mean over the recorded
-length histogram is exact; only the independence is an assumption (acl-evaluate counts each example exactly).
-Lengths: the encoder's word pieces of dev.tsv plus <s> and </s> (equal, example by example, to the binarized SST-2
-dev set the runs read). Writes benchmarks/results/dev_lengths.json: per task the length histogram, and the encoder's
-shape from its model_args.txt.
+Writes per task the length histogram (word pieces + 2), and the encoder's shape from its model_args.txt. The FLOPs
+of a setting are then estimated as if an example's exit did not depend on its length; why and how:
+docs/benchmarks.md.
 """
 import collections
 import json
@@ -40,21 +36,22 @@ def encoder_shape(encoder: str) -> dict:
 
 
 def main(argv=None) -> int:
-    p = harness.parser(__doc__)
+    p = harness.parser(__doc__, json=f"write the lengths here (default: {_quality_tables.LENGTHS_RECORD})")
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     p.add_argument("--glue-dir", default=_glue_runs.GLUE_DIR)
     p.add_argument("--encoder", default=os.path.join(_glue_runs.REPO, "runs", "bench", "minilm"),
                    help="the converted encoder of benchmarks/quality.py (its conventions.json tokenizer record and "
                         "model_args.txt)")
-    p.add_argument("--out", default=_quality_tables.LENGTHS_RECORD)
     args = p.parse_args(argv)
+    args.json = args.json or _quality_tables.LENGTHS_RECORD
+    p.refuse_existing(args)
     with open(os.path.join(args.encoder, "conventions.json"), encoding="utf-8") as f:
         record = json.load(f)["tokenizer"]  # the record acl-convert-hf wrote, the data's tokenizer
     tokenize = tokenization.build(record, args.encoder)
     out = {t: {"source": f"{t}/dev.tsv, word pieces of the encoder + 2", "shape": encoder_shape(args.encoder),
                "histogram": histogram(args.glue_dir, t, tokenize)} for t in args.tasks}
-    harness.write_json(args.out, out)
-    print(f"wrote {args.out}: " + ", ".join(f"{t} {sum(v['histogram'].values())} examples" for t, v in out.items()))
+    harness.write_json(args.json, out)
+    print(f"wrote {args.json}: " + ", ".join(f"{t} {sum(v['histogram'].values())} examples" for t, v in out.items()))
     return 0
 
 

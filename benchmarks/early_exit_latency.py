@@ -1,28 +1,14 @@
 #!/usr/bin/env python
 """Wall-clock speed-up of layer-by-layer early exit against running every layer, next to ``L / avg``.
 
-For each policy setting, the engine of ``acl_fairseq.inference.early_exit`` (``early_exit_forward``, which stops
-computing for the rows that exit) and the all-layers baseline (``full_forward``: fairseq's encoder,
-then the final exit) run alternately on the same examples, at batch size 1 and batched (``--batch-size``),
-timed by the package's ``acl_fairseq.inference.latency.side_by_side`` (what acl-evaluate's latency columns use).
-``wallclock_speedup`` = median over ``--repeats`` rounds of (baseline time / early-exit time);
-``layer_speedup`` = ``L / avg_exit_layer`` where ``L`` is the final exit's layer and
-``avg_exit_layer`` the mean layer the engine left at; ``efficiency`` = their quotient.
-``cpu_speedup`` / ``cpu_efficiency`` are the same from the process CPU time, which stays steady on a
-machine shared with other jobs (``--threads`` defaults to 1 for that reason; 0 = torch's default).
-
-Model: a multi-exit RoBERTa with random weights of ``--model``'s size (exits after every layer), or a
-trained one (``--checkpoint`` with its binarized ``--data``, whose ``--split`` supplies the examples).
-Random weights give every exit a near-uniform prediction, so before timing each exit's ``out_proj`` is
-set (``calibrate_exits``) so that its confidence depends on the example (its score on the first
-principal direction of that exit's features) and grows with depth: as with a trained model, one
-batch leaves over several exits. Entropy thresholds are then chosen (bisection over the examples) so
-that the average exit layer spans ``1..L`` (``--thresholds`` gives them explicitly instead). The
-examples are random tokens of ``--seq-len`` (no padding) for random weights.
-
     python benchmarks/early_exit_latency.py --model minilm --seq-len 128 --batch-size 32 --json latency.json
+
+Systems: the early-exit engine and the all-layers baseline, alternated, per policy setting, at batch 1 and
+batched, on a random-weight multi-exit model whose exits are given graded confidence (a trained checkpoint's
+latency: acl-evaluate's latency columns, the same side-by-side timing).
+Measure: the wall and CPU speed-ups and their efficiency (speed-up over the layer speed-up). Targets
+(:func:`targets`): the worst efficiency at least 0.9 at batch 1, 0.75 batched. The protocol: docs/benchmarks.md.
 """
-import os
 from typing import Dict, List
 
 import torch
@@ -32,6 +18,7 @@ import harness
 from acl_runtime import console, exits
 
 HEAD = "sentence_classification_head"
+NUM_CLASSES, SEED = 2, 0  # two classes: the exits' confidence is calibrated on their margin
 # the printed table: its columns, and the format of each numeric one
 COLUMNS = ["policy", "threshold", "batch", "avg_exit_layer", "layer_speedup", "wallclock_speedup", "efficiency",
            "cpu_speedup", "cpu_efficiency", "full_ms_per_example", "exit_ms_per_example"]
@@ -43,12 +30,8 @@ FORMATS = {"threshold": "{:.6g}", "avg_exit_layer": "{:.2f}", "layer_speedup": "
 def parse_args(argv=None):
     p = harness.parser(__doc__, json="write the rows here", threads=1)
     p.add_argument("--model", choices=sorted(common.MODEL_SIZES), default="minilm",
-                   help="size of the random-weight multi-exit model (ignored with --checkpoint)")
-    p.add_argument("--checkpoint", help="trained (multi-exit) checkpoint instead of random weights; needs --data")
-    p.add_argument("--data", help="binarized sentence_prediction data of --checkpoint")
-    p.add_argument("--split", default="valid", help="split of --data whose first --examples are timed")
+                   help="size of the random-weight multi-exit model")
     p.add_argument("--seq-len", type=int, default=128, help="tokens per random example")
-    p.add_argument("--num-classes", type=int, default=2)
     p.add_argument("--examples", type=int, default=64, help="examples timed per setting and mode")
     p.add_argument("--batch-size", dest="batch", type=int, default=32,
                    help="batch size of the batched mode")
@@ -58,7 +41,6 @@ def parse_args(argv=None):
     p.add_argument("--points", type=int, default=6, help="automatic entropy thresholds: how many settings")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds per setting (median reported)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     return args
 
@@ -68,32 +50,15 @@ def parse_args(argv=None):
 
 def random_model(args, tmp: str):
     size = common.MODEL_SIZES[args.model]
-    data = common.make_dict_dir(tmp, size["vocab"], args.num_classes)
+    data = common.make_dict_dir(tmp, size["vocab"], NUM_CLASSES)
     argv = common.train_argv(data, "sentence_ce", "multi_exit_roberta", args.model, args.seq_len,
-                             args.num_classes, args.batch, args.device)
-    torch.manual_seed(args.seed)
+                             NUM_CLASSES, args.batch, args.device)
+    torch.manual_seed(SEED)
     _, _, model, _ = common.build(argv)
     model = model.to(args.device).eval()
-    g = torch.Generator().manual_seed(args.seed)
+    g = torch.Generator().manual_seed(SEED)
     tokens = common.random_tokens(args.examples, args.seq_len, size["vocab"], g).to(args.device)
     return model, list(tokens.split(1)), list(tokens.split(args.batch))
-
-
-def checkpoint_model(args):
-    from acl_fairseq.cli import evaluate
-
-    if not args.data:
-        raise SystemExit("--checkpoint needs --data (its binarized sentence_prediction folder)")
-    model, task, _ = evaluate.load_model(args.checkpoint, args.data, None, args.device)
-    task.load_dataset(args.split)
-    ds = task.dataset(args.split)
-    ids = list(range(min(args.examples, len(ds))))
-    device = next(model.parameters()).device
-
-    def tokens(bs):
-        return [b["net_input"]["src_tokens"].to(device) for b in evaluate.make_batches(ds, ids, bs)]
-
-    return model, tokens(1), tokens(args.batch)
 
 
 def exit_logits(model, batches: List[torch.Tensor]) -> torch.Tensor:
@@ -184,23 +149,26 @@ def auto_thresholds(logits: torch.Tensor, layers: List[int], points: int) -> Lis
 # ---- timing ------------------------------------------------------------------------------------
 
 
-def time_setting(model, batches: List[torch.Tensor], policy: str, threshold: float, repeats: int) -> Dict:
+def time_setting(model, batches: List[torch.Tensor], policy: str, threshold: float, repeats: int,
+                 num_layers: int) -> Dict:
     """The package's side-by-side rounds (``acl_fairseq.inference.latency``, as acl-evaluate times), the order of
-    the two systems swapped every round; speed-ups are medians of the per-round ratios."""
+    the two systems swapped every round: the setting's mean exit layer, the layers it saves, the wall clock and CPU
+    time it saves (medians of the per-round ratios) and each time speed-up's share of the layer speed-up (its
+    efficiency)."""
     from acl_fairseq.inference import early_exit, latency
 
     rounds = latency.side_by_side(model, batches, HEAD, policy, threshold, repeats, alternate=True)
     (t_full, c_full), (t_exit, c_exit) = (zip(*rounds[k]) for k in ("full", "exit"))
     outs = [early_exit.early_exit_forward(model, t, HEAD, policy, threshold) for t in batches]
     n = sum(t.size(0) for t in batches)
-    return {
-        "avg_exit_layer": float(torch.cat([o.exit_layer for o in outs]).float().mean()),
-        "avg_layers_computed": float(torch.cat([o.layers_computed for o in outs]).float().mean()),
-        "full_ms_per_example": 1000 * common.median(t_full) / n,
-        "exit_ms_per_example": 1000 * common.median(t_exit) / n,
-        "wallclock_speedup": common.median([b / e for b, e in zip(t_full, t_exit)]),
-        "cpu_speedup": common.median([b / e for b, e in zip(c_full, c_exit)]),
-    }
+    avg_exit_layer = float(torch.cat([o.exit_layer for o in outs]).float().mean())
+    layer_speedup = num_layers / avg_exit_layer
+    wall = common.median([b / e for b, e in zip(t_full, t_exit)])
+    cpu = common.median([b / e for b, e in zip(c_full, c_exit)])
+    return {"avg_exit_layer": avg_exit_layer, "layer_speedup": layer_speedup, "wallclock_speedup": wall,
+            "efficiency": wall / layer_speedup, "cpu_speedup": cpu, "cpu_efficiency": cpu / layer_speedup,
+            "full_ms_per_example": 1000 * common.median(t_full) / n,
+            "exit_ms_per_example": 1000 * common.median(t_exit) / n}
 
 
 def settings(args, logits: torch.Tensor, layers: List[int]) -> List[tuple]:
@@ -216,59 +184,49 @@ def settings(args, logits: torch.Tensor, layers: List[int]) -> List[tuple]:
     return out
 
 
-def _speedups(found: Dict, num_layers: int) -> Dict:
-    """A setting's exit layer and speed-ups: the layers saved, the wall clock and CPU time saved, and each time
-    speed-up's share of the layer speed-up (its efficiency)."""
-    layer_speedup = num_layers / found["avg_exit_layer"]
-    return {
-        "avg_exit_layer": found["avg_exit_layer"],
-        "layer_speedup": layer_speedup,
-        "wallclock_speedup": found["wallclock_speedup"],
-        "efficiency": found["wallclock_speedup"] / layer_speedup,
-        "cpu_speedup": found["cpu_speedup"],
-        "cpu_efficiency": found["cpu_speedup"] / layer_speedup,
-        "full_ms_per_example": found["full_ms_per_example"],
-        "exit_ms_per_example": found["exit_ms_per_example"],
-    }
-
-
 def run(args) -> List[Dict]:
     from acl_fairseq.inference import early_exit
 
     harness.set_threads(args.threads)
     with common.temp_dir("acl_bench_") as tmp:
-        if args.checkpoint:
-            model, single, batched = checkpoint_model(args)
-            name = os.path.basename(args.checkpoint)
-        else:
-            if args.num_classes < 2:
-                raise SystemExit("--num-classes must be >= 2 (the exits are calibrated on two classes)")
-            model, single, batched = random_model(args, tmp)
-            calibrate_exits(model, batched)
-            name = f"{args.model}_multi_exit_random"
+        model, single, batched = random_model(args, tmp)
+    calibrate_exits(model, batched)
+    name = f"{args.model}_multi_exit_random"
     layers, _, _ = early_exit.exit_plan(model, HEAD)
     num_layers = layers[-1]
     logits = exit_logits(model, batched)
     rows = []
     for policy, threshold in settings(args, logits, layers):
         for bs, batches in ((1, single), (args.batch, batched)):
-            found = time_setting(model, batches, policy, threshold, args.repeats)
             rows.append({"policy": policy, "threshold": threshold, "batch": bs,
-                         **_speedups(found, num_layers), "model": name, "num_layers": num_layers,
-                         "seq_len": args.seq_len if not args.checkpoint else None,
+                         **time_setting(model, batches, policy, threshold, args.repeats, num_layers),
+                         "model": name, "num_layers": num_layers,
+                         "seq_len": args.seq_len,
                          "examples": sum(t.size(0) for t in batches), "device": args.device,
                          "threads": torch.get_num_threads()})
     return rows
 
 
+def targets(rows: List[Dict]) -> List[Dict]:
+    """The worst efficiency over the settings: at least 0.9 at batch 1 and 0.75 batched."""
+    found = []
+    for batched, bound in ((False, 0.9), (True, 0.75)):
+        values = [r["efficiency"] for r in rows if (r["batch"] > 1) == batched]
+        if values:
+            found.append(harness.target(f"early-exit efficiency, {'batched' if batched else 'batch 1'} (worst)",
+                                        min(values), bound))
+    return found
+
+
 def main(argv=None) -> List[Dict]:
     args = parse_args(argv)
     rows = run(args)
-    source = {"data": f"{args.data}:{args.split}"} if args.checkpoint else {"seq_len": args.seq_len}
-    harness.header("early_exit_latency", model=rows[0]["model"] if rows else "-", **source, examples=args.examples,
+    harness.header("early_exit_latency", model=rows[0]["model"] if rows else "-", seq_len=args.seq_len,
+                   examples=args.examples,
                    batch=f"1,{args.batch}", device=args.device, repeats=args.repeats)
     print("# efficiency = wallclock_speedup / layer_speedup")
     harness.report(rows, COLUMNS, FORMATS, args.json)
+    harness.print_targets(targets(rows))
     return rows
 
 

@@ -5,22 +5,10 @@ sgemm, on one thread.
 
     python benchmarks/gemm_roofline.py [--batch 32] [--seq-len 26] [--repeats 9] [--json PATH]
 
-Systems, each timed in interleaved rounds (``harness.rounds``, rotated), medians:
-- ``layer``: the layer's forward, torch (``no_grad``, the torch engine's call) and onnxruntime (the graph
-  ``acl_fairseq.hf.onnx_export`` writes for a layer, level all, one intra-op thread: the served session);
-- ``gemms``: the same layer's matrix products alone, as one graph of MatMuls in onnxruntime (MLAS) and as
-  ``torch.matmul`` calls (oneDNN/MKL): Q, K, V and output projections, the FFN's two, and the attention's two
-  batched products over every head (the layer's FLOPs: ``acl_fairseq.inference.flops.layer_flops``; the products'
-  from their shapes);
-- ``sgemm``: a bare 1024 x 1024 x 1024 sgemm in both, the CPU's own fp32 rate, beside the peak the CPU's flags give
-  (``acl_torch.acceleration.peak_gflops``).
-
-Every figure is from the process CPU time (one thread: the call's own compute, which other processes on the cores
-hardly move; the wall clock is printed beside it). What it answers: each engine's GFLOP/s in its products
-(``gflops``) against its bare sgemm, the share of the layer that is products (``gemm_share``), and the best the
-onnxruntime layer could be against torch's if everything outside its products cost nothing (``bound_vs_torch``:
-torch's layer time over onnxruntime's products alone). Default length 26: the median padded length (25.5) of SST-2 dev's
-batches of 32 sorted by length (benchmarks/results/dev_lengths.json).
+Systems: (layer, its products alone, a bare sgemm) x (torch, onnxruntime), in rotated rounds. Measure: process CPU
+time, GFLOP/s against the bare sgemm and the CPU's peak, the products' share of the layer, and the bound on
+onnxruntime's layer against torch's. No targets: it explains serve_speed.py's 1.2x miss (docs/serve.md); the
+protocol: docs/benchmarks.md.
 """
 import os
 import tempfile
@@ -29,6 +17,7 @@ from typing import Dict, List
 import numpy as np
 import torch
 
+import _int8_chain as chain
 import common
 import harness
 from acl_fairseq.inference import flops
@@ -48,14 +37,9 @@ def fairseq_layer(tmp: str):
 
 def ort_session(path: str):
     """A one-thread session as the engine opens one (level all, its disabled fusions)."""
-    import onnxruntime as ort
-
     from acl_runtime.engine import DISABLED_OPTIMIZERS
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
-    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"],
-                                disabled_optimizers=DISABLED_OPTIMIZERS)
+    return chain.session(path, disabled=DISABLED_OPTIMIZERS)
 
 
 def export_layer(layer, x, mask, path: str) -> None:
@@ -160,26 +144,20 @@ def rows_of(found: List[Dict], args) -> List[Dict]:
     kind = read_cpu_kind()
     peak, _ = acceleration.peak_gflops(kind, torch.float32, 1)
     at = {(s["what"], s["engine"]): common.median(s["cpu_times"]) for s in found}
+    gflops = {(s["what"], s["engine"]): s["flop"] / at[(s["what"], s["engine"])] / 1e9 for s in found}
     rows = []
     for s in found:
-        t = at[(s["what"], s["engine"])]
-        gflops = s["flop"] / t / 1e9
+        key = (s["what"], s["engine"])
         row = {"what": s["what"], "engine": s["engine"], "batch": args.batch, "seq_len": args.seq_len,
-               "cpu_ms": t * 1e3, "wall_ms": common.median(s["times"]) * 1e3, "gflops": gflops,
-               "vs_sgemm": gflops / s_flops(found, "sgemm", s["engine"]),
-               "peak_frac": gflops / peak if peak else None, "vs_torch": at[(s["what"], "torch")] / t,
+               "cpu_ms": at[key] * 1e3, "wall_ms": common.median(s["times"]) * 1e3, "gflops": gflops[key],
+               "vs_sgemm": gflops[key] / gflops[("sgemm", s["engine"])],
+               "peak_frac": gflops[key] / peak if peak else None, "vs_torch": at[(s["what"], "torch")] / at[key],
                "cpu_kind": kind.describe(), "threads": 1, "repeats": args.repeats}
         if s["what"] == "layer":
-            row["gemm_share"] = at[("gemms", s["engine"])] / t
+            row["gemm_share"] = at[("gemms", s["engine"])] / at[key]
             row["bound_vs_torch"] = at[("layer", "torch")] / at[("gemms", s["engine"])]
         rows.append(row)
     return rows
-
-
-def s_flops(found: List[Dict], what: str, engine: str) -> float:
-    """GFLOP/s of ``what`` in ``engine``."""
-    s = next(s for s in found if (s["what"], s["engine"]) == (what, engine))
-    return s["flop"] / common.median(s["cpu_times"]) / 1e9
 
 
 def parse_args(argv=None):

@@ -4,14 +4,9 @@
     python benchmarks/int8_portability.py --folder OUT/onnx [--rows 32] [--qemu-cpu EPYC-Rome]
         [--json benchmarks/results/int8_portability.json]
 
-OUT/onnx is a folder that ``acl-export --format onnx`` wrote. Its fp32 layer graphs are quantized here seven ways
-(dynamic or static QDQ; unsigned or signed activations; full-range or ``reduce_range`` 7-bit weights, per tensor or
-per output channel), each static one calibrated on the same random token rows, and the project's own ``int8/`` copy
-is measured beside them. Every scheme runs the same ``--rows`` random token rows through all layers at batch 1 and
-batch 8, once on this CPU and once under ``qemu-x86_64 -cpu CPU`` (default EPYC-Rome: AVX2 without AVX-512 or VNNI;
-Debian's qemu-user), where onnxruntime takes its AVX2 kernels. Columns: the largest |logit - fp32 logit| over every
-exit at batch 1 and 8, and the largest change of a row's logits between batch 1 and batch 8. Emulation is slow
-(about a minute a scheme); the numbers are exact either way: this measures arithmetic, not speed.
+Systems: seven quantizations of the folder's fp32 layer graphs (:data:`SCHEMES`) and its own ``int8/`` copy, each on
+this CPU and under ``qemu-x86_64 -cpu CPU``. Measure: the largest logit error against fp32 at batch 1 and 8, and
+batch 1 against 8. No targets (docs/benchmarks.md has the figures and the protocol).
 """
 import logging
 import os
@@ -40,11 +35,7 @@ def _calibration_feeds(m: dict, embed, layers, rows: List[np.ndarray]) -> Dict[s
     """{layer graph file: its inputs}: ``rows`` run through the fp32 chain (manifest ``m``, its sessions) in batches
     of 8, each layer's input kept for the static schemes' calibration."""
     feeds = {r["file"]: [] for r in m["layers"]}
-    for start in range(0, len(rows), 8):
-        chunk = rows[start:start + 8]
-        ids = np.full((len(chunk), max(len(r) for r in chunk)), m["input_layout"]["pad"], dtype=np.int64)
-        for i, r in enumerate(chunk):
-            ids[i, :len(r)] = r
+    for ids in chain.padded(rows, 8, m["input_layout"]["pad"]):
         x, mask = embed.run(None, {"src_tokens": ids})
         for rec, session in zip(m["layers"], layers):
             feeds[rec["file"]].append({"x": x, "padding_mask": mask})

@@ -5,26 +5,11 @@ emulated AVX2 one, and the speed of the shipped copy against the torch engine.
     python benchmarks/int8_static.py [--checkpoint CKPT --data DATA_BIN] [--avx2-rows 12] [--repeats 5]
         [--json benchmarks/results/int8_static.json]
 
-Model: predict_speed.py's (the 300-update acl_cross_layer MiniLM that serve_speed.py serves, cached in WORK),
-exported by acl-export's own code (``onnx_export.write_onnx(..., quantize="int8")``) into WORK/int8_static/onnx:
-its ``int8/`` copy is the shipped scheme. The other schemes quantize the same fp32 graphs with the same
-calibration rows (``onnx_quantize.calibration_rows``: 512 seeded rows of the training split), each through
-``onnx_quantize.quantize_graph``; ``dynamic`` is ``--quantize int8-dynamic``.
-
-Every scheme runs the runtime's early-exit loop (``runtime.Engine``, one thread; a candidate's layer sessions
-swapped into it) on all 872 sentences at batch 1, 8 and 32, for the last exit and for two entropy thresholds:
-serve_speed.py's 0.3 and the model's calibrated one (``calibration.choose`` with max-drop=0.5 on the checkpoint's
-acl-evaluate sweep). Columns: accuracy minus fp32's at the same batch size (the worst over the three sizes and
-the three policies), the rows whose label or exit layer differs from fp32's (the most at one size and policy), the
-largest last-exit logit error against fp32 at batch 32, the rows whose label or exit layer differs between batch
-1 and 32 (summed over the policies), the largest change of a row's last-exit logits between them, and the single
-batch-32 pass's time. The
-AVX2 columns run ``--avx2-rows`` sentences through every exit at batch 8 under ``qemu-x86_64 -cpu EPYC-Rome``
-(_int8_chain.run_emulated) against the same on this CPU: the largest logit difference and the rows whose
-label at any exit differs (not for the calibration variants, whose kernels are the shipped scheme's). Speed:
-torch (the hub), ORT fp32, the shipped int8 and int8-dynamic at batch 32, all layers and early exit (entropy
-0.3), ``--repeats`` interleaved rounds, median ratio of engine time to torch's.
-The fp32 decisions are cached in WORK/int8_static.
+Systems: the shipped static scheme, one change each from it (:func:`candidates`), and dynamic; for speed, torch,
+ORT fp32, the shipped int8 and int8-dynamic. Measure: accuracy and decisions against fp32 at three batch sizes and
+three policies, batch 1 against 32, the emulated AVX2 CPU against this one, and the batch-32 speed in interleaved
+rounds. Targets (:func:`targets`): identical decisions at batch 1 and 32; accuracy within 0.5 of fp32; the same
+answers on emulated AVX2; ORT int8 >= 1.8x torch at batch 32. The protocol: docs/benchmarks.md.
 """
 import hashlib
 import json
@@ -35,12 +20,12 @@ from typing import Dict, List
 import numpy as np
 
 import _glue_runs
-import _int8_chain as probe
+import _int8_chain as chain
 import _records
 import _serving
 import common
 import harness
-from acl_runtime.io import atomic  # noqa: E402
+from acl_runtime.io import atomic
 
 BATCHES = (1, 8, 32)
 MAX_DROP = 0.5  # the budget the "calibrated" policy is chosen under
@@ -76,7 +61,7 @@ def build_schemes(hub, folder: str, work: str, wanted: List[str]) -> Dict[str, s
     """Label -> folder of that scheme's layer graphs (fp32 file names); the shipped scheme is the export's own."""
     from acl_fairseq.hf import onnx_quantize
 
-    graphs = json.load(open(os.path.join(folder, "manifest.json")))
+    graphs = chain.manifest(folder)
     dirs, feeds = {}, {}
     for i, (label, scheme) in enumerate(candidates().items()):
         if wanted and not any(label.startswith(w) for w in wanted):
@@ -103,14 +88,12 @@ def build_schemes(hub, folder: str, work: str, wanted: List[str]) -> Dict[str, s
 
 def engine(folder: str, layer_dir: str = None, precision: str = "fp32"):
     """``runtime.Engine`` on ``folder``, its layer sessions taken from ``layer_dir`` when given."""
-    from acl_fairseq.hf.onnx_quantize import _session
-    from acl_runtime.engine import Engine, OrtBackend
+    from acl_runtime.engine import Engine
 
     eng = Engine(folder, precision, threads=1)
     if layer_dir is not None:
-        m = eng.manifest
-        eng.layers = [_session(os.path.join(layer_dir, r["file"])) for r in m["layers"]]
-        eng.backend = OrtBackend(eng.backend.embeddings, eng.layers, eng.exit_layers, m["num_classes"])
+        layers = [chain.session(os.path.join(layer_dir, r["file"])) for r in eng.manifest["layers"]]
+        chain.swap_sessions(eng, eng.backend.embeddings, layers)
     return eng
 
 
@@ -129,7 +112,7 @@ def decisions(eng, ids: List[List[int]], policies: List, batches=BATCHES) -> Dic
 
 def fp32_decisions(folder: str, work: str, ids, policies) -> Dict:
     """fp32's, cached in ``work`` (keyed by the graphs' sha256, the inputs and the policies)."""
-    manifest = json.load(open(os.path.join(folder, "manifest.json")))
+    manifest = chain.manifest(folder)
     key = stamp_of({k: v for k, v in manifest["sha256"].items() if not k.startswith("int8/")}, ids, policies)
     path = os.path.join(work, f"fp32_{key}.npz")
     if os.path.isfile(path):
@@ -143,13 +126,16 @@ def fp32_decisions(folder: str, work: str, ids, policies) -> Dict:
     return out
 
 
+def accuracy(logits: np.ndarray, gold: np.ndarray) -> float:
+    return float(np.mean(logits.argmax(1) == gold) * 100)
+
+
 def summary(label: str, got: Dict, ref: Dict, gold: np.ndarray, policies) -> Dict:
     row = {"scheme": label, "accuracy": {}, "drop": {}, "b1_vs_b32": {}, "vs_fp32": {}}
     for name, _, _ in policies:
         for b in BATCHES:
             mine, theirs = got[(name, b)], ref[(name, b)]
-            acc = float(np.mean(mine["logits"].argmax(1) == gold) * 100)
-            fp32 = float(np.mean(theirs["logits"].argmax(1) == gold) * 100)
+            acc, fp32 = accuracy(mine["logits"], gold), accuracy(theirs["logits"], gold)
             row["accuracy"][f"{name} b{b}"] = acc
             row["drop"][f"{name} b{b}"] = acc - fp32
             row["vs_fp32"][f"{name} b{b}"] = int(((mine["logits"].argmax(1) != theirs["logits"].argmax(1)) |
@@ -167,11 +153,11 @@ def summary(label: str, got: Dict, ref: Dict, gold: np.ndarray, policies) -> Dic
 
 
 def avx2(folder: str, layer_dir: str, rows: List[np.ndarray], cpu: str) -> Dict:
-    native = probe.run_rows(folder, rows, 8, "fp32", layer_dir)
-    emulated = probe.run_emulated(folder, rows, 8, "fp32", cpu, layer_dir)
+    native = chain.run_rows(folder, rows, 8, "fp32", layer_dir)
+    emulated = chain.run_emulated(folder, rows, 8, "fp32", cpu, layer_dir)
     flips = (native.argmax(-1) != emulated.argmax(-1)).any(1)
     return {"avx2_logit": float(np.abs(native - emulated).max()), "avx2_rows": int(flips.sum()),
-            "avx2_err_vs_fp32": float(np.abs(emulated - probe.run_rows(folder, rows, 8, "fp32")).max())}
+            "avx2_err_vs_fp32": float(np.abs(emulated - chain.run_rows(folder, rows, 8, "fp32")).max())}
 
 
 def speed(hub, folder: str, dynamic_dir: str, sentences: List[str], repeats: int) -> List[Dict]:
@@ -292,8 +278,7 @@ def main(argv=None) -> Dict:
     dynamic = next((d for k, d in dirs.items() if "int8-dynamic" in k), None)
     speed_rows = speed(hub, folder, dynamic, sentences, args.repeats) if args.repeats and dynamic else []
     shipped = next((k for k in dirs if k.endswith("(int8)")), None)
-    fp32_acc = {f"{n} b{b}": float(np.mean(ref[(n, b)]["logits"].argmax(1) == gold) * 100)
-                for n, _, _ in policies for b in BATCHES}
+    fp32_acc = {f"{n} b{b}": accuracy(ref[(n, b)]["logits"], gold) for n, _, _ in policies for b in BATCHES}
     result = {"benchmark": "int8_static", "checkpoint": os.path.relpath(ckpt, args.work), "examples": len(ids),
               "policies": [[n, p, t] for n, p, t in policies], "fp32_accuracy": fp32_acc,
               "calibration_rows": onnx_quantize.CALIBRATION_ROWS, "avx2_rows": len(sample) if args.avx2_rows else 0,

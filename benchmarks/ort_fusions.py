@@ -6,34 +6,10 @@ int8, at batch 1 and 32, and where a batch-32 pass of the whole served path spen
         [--json benchmarks/results/ort_fusions.json]
     python benchmarks/ort_fusions.py --toy --json /tmp/ort_fusions_toy.json     # a tiny model, seconds
 
-Model: serve_speed.py's (the 300-update acl_cross_layer MiniLM and its export in WORK/serve_speed/onnx, made again
-when the checkpoint or the exporter changed). Inputs: SST-2 dev sentences (25 tokens on average), the layer's
-fp32 inputs made by the embeddings graph and the fp32 layers before it; batch 1: the first ``--batch1`` sentences
-alone; batch 32: all of them, sorted by length and cut as the engine cuts them.
-
-Systems, each a one-thread session (``intra_op_num_threads=1``, as acl-serve runs) on layer ``--layer``:
-
-- fp32 at each ``graph_optimization_level`` (none, basic, extended, all: the engine's), and fp32 rewritten by
-  ``onnxruntime.transformers.optimizer.optimize_model(model_type="bert")`` (its fusions that fire are listed);
-- int8: the layer quantized here by the shipped scheme (static QDQ, calibrated on the layer's inputs of the last
-  ``--calibration`` dev sentences, so that both copies share their scales), without and with the GELU fusion
-  the export applies (``onnx_quantize.fuse_gelu``), at the session levels; dynamic int8 without and with it;
-- the engine's sessions: level all without onnxruntime's ``SkipLayerNormFusion`` (``engine.DISABLED_OPTIMIZERS``),
-  fp32 and the fused static copy (the shipped int8).
-
-Columns: milliseconds per pass (all batch-1 feeds, or all batch-32 feeds), ``vs_base``: the median over rounds of
-the reference's time over this system's in the same round (the reference: fp32 at level all for fp32, the unfused
-static copy at level all for int8); ``d_prob``: the largest change of an exit probability against the reference;
-``b1_vs_b32``: the largest change of a row's logits between batch 1 and batch 32 (the batch-invariance of its
-answers); ``new_ops``: the ops the session runs that the plain fp32 graph does not have (quantize and dequantize
-ops aside); ``call_us``: one call on a single token, the floor of a layer call (no profiler). ``--repeats``
-rounds, the order rotated by one each round, medians.
-
-Profiles (``enable_profiling``), one batch-32 pass each: the layer's kernel time by op type for the fp32, the
-static and the dynamic copies; and the served path (``runtime.Engine``, all layers, its sessions rebuilt with
-profiling): kernel time by op type, ORT's per-call overhead (a ``model_run`` less its kernels) and the Python
-between calls (the pass's wall clock less its ``model_run`` events), per call. ``--toy`` runs the tiny toy model;
-it must write its own ``--json``, never into benchmarks/results.
+Systems (:func:`systems`): fp32 at each session level and through the bert optimizer; int8 static and dynamic,
+without and with the GELU fusion; the engine's own sessions. Measure: milliseconds per pass against a reference in
+rotated rounds, the answers' changes, a call's floor, and kernel profiles of the layer and of the served path. No
+targets: the figures and what they decided are in docs/serve.md; the protocol in docs/benchmarks.md.
 """
 import json
 import os
@@ -44,43 +20,15 @@ from typing import Dict, List
 import numpy as np
 
 import _glue_runs
+import _int8_chain as chain
 import _serving
 import common
 import harness
 
-LEVELS = {"none": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
-          "all": "ORT_ENABLE_ALL"}
 QDQ = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
 COLUMNS = ["system", "b1_ms", "b1_vs_base", "b32_ms", "b32_vs_base", "call_us", "d_prob", "b1_vs_b32", "new_ops"]
 FORMATS = {"call_us": "{:.0f}", "b1_ms": "{:.1f}", "b32_ms": "{:.1f}", "b1_vs_base": "{:.3f}x",
            "b32_vs_base": "{:.3f}x", "d_prob": "{:.1e}", "b1_vs_b32": "{:.1e}"}
-
-
-def session(path: str, level: str = "all", profile: str = None, disabled=()):
-    """A one-thread session at ``level``, without the optimizers named in ``disabled``."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[level])
-    if profile:
-        options.enable_profiling, options.profile_file_prefix = True, profile
-    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled))
-
-
-def session_ops(path: str, level: str, disabled=()) -> Counter:
-    """The op types of the graph the session runs, after its optimizer (saved once to a temporary file)."""
-    import onnx
-    import onnxruntime as ort
-
-    with tempfile.TemporaryDirectory(prefix="ort_fusions_") as tmp:
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[level])
-        options.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
-        ort.InferenceSession(path, options, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled))
-        return Counter(n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node)
 
 
 # ---- inputs ----------------------------------------------------------------------------------------
@@ -134,7 +82,8 @@ def build_graphs(folder: str, layer_file: str, work: str, feeds: List[Dict], hea
 def systems() -> List[Dict]:
     """The systems: name, graph, session level, optimizers disabled, reference name."""
     off = ["SkipLayerNormFusion"]
-    out = [{"name": f"fp32, level {lv}", "graph": "fp32", "level": lv, "base": "fp32, level all"} for lv in LEVELS]
+    out = [{"name": f"fp32, level {lv}", "graph": "fp32", "level": lv, "base": "fp32, level all"}
+           for lv in chain.LEVELS]
     out.append({"name": "fp32 bert-optimizer, level all", "graph": "fp32 bert-optimizer", "level": "all",
                 "base": "fp32, level all"})
     out.append({"name": "fp32, level all, no SkipLayerNorm (engine)", "graph": "fp32", "level": "all",
@@ -207,7 +156,7 @@ def kernel_profile(path: str) -> Dict:
 
 
 def layer_profile(path: str, feeds: List[Dict], work: str) -> Dict:
-    sess = session(path, profile=os.path.join(work, "profile"))
+    sess = chain.session(path, profile=os.path.join(work, "profile"))
     outputs(sess, feeds)
     return kernel_profile(sess.end_profiling())
 
@@ -215,17 +164,16 @@ def layer_profile(path: str, feeds: List[Dict], work: str) -> Dict:
 def served_profile(folder: str, precision: str, sentences: List[str], work: str) -> Dict:
     """One batch-32 pass of ``runtime.Engine`` over ``sentences``, all layers, every session profiled (and set as
     the engine sets its own)."""
-    from acl_runtime.engine import DISABLED_OPTIMIZERS, Engine, OrtBackend
+    from acl_runtime.engine import DISABLED_OPTIMIZERS, Engine
 
     eng = Engine(folder, precision, threads=1)
     m = eng.manifest
     files = m["quantized"][precision] if precision != "fp32" else \
         {"embeddings": m["embeddings"], "layers": {r["file"]: r["file"] for r in m["layers"]}}
     prefix = os.path.join(work, f"served_{precision}")
-    embed = session(os.path.join(folder, files["embeddings"]), profile=prefix, disabled=DISABLED_OPTIMIZERS)
-    layers = [session(os.path.join(folder, files["layers"][r["file"]]), profile=prefix, disabled=DISABLED_OPTIMIZERS)
-              for r in m["layers"]]
-    eng.backend = OrtBackend(embed, layers, eng.exit_layers, m["num_classes"], eng.pad)
+    embed, *layers = [chain.session(os.path.join(folder, f), profile=prefix, disabled=DISABLED_OPTIMIZERS)
+                      for f in [files["embeddings"]] + [files["layers"][r["file"]] for r in m["layers"]]]
+    chain.swap_sessions(eng, embed, layers)
     batches = eng.make_batches([eng.encode_with_info(s)[0] for s in sentences], 32)
     seconds, _ = harness.wall(lambda: eng.run_batches(batches, len(sentences)))
     parts = [kernel_profile(s.end_profiling()) for s in [embed] + layers]
@@ -246,24 +194,15 @@ def parse_args(argv=None):
     p = harness.parser(__doc__,
                        json="write the setup, rows and profiles here (default: benchmarks/results/ort_fusions.json)",
                        epilog=True)
-    _serving.add_model_flags(p)
-    p.add_argument("--export", action="store_true", help="export the cached model again")
-    p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all 872)")
+    _serving.add_served_flags(p)
     p.add_argument("--layer", type=int, default=3, help="the layer graph measured (1-based)")
-    p.add_argument("--heads", type=int, help="attention heads, for the bert optimizer (default: MiniLM's, the toy's)")
     p.add_argument("--batch1", type=int, default=150, help="sentences run alone (the batch-1 pass)")
     p.add_argument("--calibration", type=int, default=128, help="sentences calibrating the int8 copies made here")
     p.add_argument("--repeats", type=int, default=7, help="timed rounds, each running every system once")
-    p.add_argument("--toy", action="store_true", help="a tiny model on generated data (tests); needs its own --json")
     args = p.parse_args(argv)
-    _serving.check_model_flags(p, args)
     if min(args.layer, args.batch1, args.calibration, args.repeats) < 1:
         p.error("--layer, --batch1, --calibration and --repeats must be >= 1")
-    results = os.path.abspath(os.path.join(_glue_runs.REPO, "benchmarks", "results"))
-    if args.toy and (not args.json or os.path.abspath(args.json).startswith(results + os.sep)):
-        p.error("--toy needs its own --json outside benchmarks/results: its numbers must not sit beside the real ones")
-    args.json = args.json or os.path.join(results, "ort_fusions.json")
-    p.refuse_existing(args)
+    _serving.check_served_flags(p, args, "ort_fusions.json")
     return args
 
 
@@ -286,8 +225,8 @@ def _sessions_and_checks(paths: Dict[str, str], specs: List[dict], inputs: dict)
     its rows checked against its base system's, with its call floor."""
     import onnx
 
-    sessions = {s["name"]: session(paths[s["graph"]], s["level"], disabled=s.get("disabled", ())) for s in specs}
-    ops = {s["name"]: session_ops(paths[s["graph"]], s["level"], s.get("disabled", ())) for s in specs}
+    sessions = {s["name"]: chain.session(paths[s["graph"]], s["level"], disabled=s.get("disabled", ())) for s in specs}
+    ops = {s["name"]: chain.session_ops(paths[s["graph"]], s["level"], s.get("disabled", ())) for s in specs}
     ops["plain"] = {g: Counter(n.op_type for n in onnx.load(p).graph.node) for g, p in paths.items()}
     out = {n: {b: outputs(sess, inputs[b]) for b in ("b1", "b32")} for n, sess in sessions.items()}
     checks = {s["name"]: {**row_checks(out[s["name"]], out[s["base"]], inputs),
@@ -308,18 +247,10 @@ def _print_profiles(layer_prof: Dict[str, dict], served: List[dict]) -> None:
               f"beyond its kernels, Python {s['python_us_per_call']:.0f} us between calls")
 
 
-def main(argv=None) -> Dict:
-    args = parse_args(argv)
-    import onnx
-
-    folder, sentences = _serving.model_and_sentences(args)
-    manifest = json.load(open(os.path.join(folder, "manifest.json"), encoding="utf-8"))
-    layer_file = manifest["layers"][args.layer - 1]["file"]
-    heads = args.heads or common.MODEL_SIZES["tiny" if args.toy else "minilm"]["heads"]
-    hidden = onnx.load(os.path.join(folder, layer_file)).graph.input[0].type.tensor_type.shape.dim[2].dim_value
-    _glue_runs.log(f"inputs: layer {args.layer}, {len(sentences)} sentences")
-    inputs = layer_inputs(folder, sentences, args.layer, args.batch1, args.calibration)
+def measure(args, folder: str, sentences: List[str], inputs: Dict, heads: int, hidden: int):
+    """``(the graphs built, the rows, the layer's profiles, the served path's)``: every system timed and checked."""
     with tempfile.TemporaryDirectory(prefix="ort_fusions_") as work:
+        layer_file = chain.manifest(folder)["layers"][args.layer - 1]["file"]
         built = build_graphs(folder, layer_file, work, inputs["calibration"], heads, hidden)
         paths, specs = built["paths"], systems()
         sessions, ops, checks = _sessions_and_checks(paths, specs, inputs)
@@ -329,18 +260,24 @@ def main(argv=None) -> Dict:
         layer_prof = {g: layer_profile(paths[g], inputs["b32"], work)
                       for g in ("fp32", "int8 static", "int8 static+BiasGelu", "int8 dynamic")}
         served = [served_profile(folder, p, sentences, work) for p in ("fp32", "int8")]
-    rows = rows_of(specs, times, checks, ops)
-    result = {"benchmark": "ort_fusions",
-              "setup": {"onnx": os.path.relpath(folder, args.work), "layer": args.layer, "toy": args.toy,
-                        "examples": len(sentences), "batch1_sentences": args.batch1,
-                        "mean_tokens": float(np.mean(inputs["lengths"])), "batch32_passes": len(inputs["b32"]),
-                        "calibration_sentences": args.calibration, "repeats": args.repeats,
-                        "heads": heads, "hidden": hidden, **harness.record(threads=1)},
-              "bert_optimizer_fusions": built["bert_optimizer_fusions"], "rows": rows,
-              "layer_profiles": layer_prof, "served_profiles": served}
-    print(f"# ort_fusions: layer {args.layer} of {folder}, {len(sentences)} {'toy' if args.toy else 'SST-2 dev'} "
-          f"sentences ({result['setup']['mean_tokens']:.1f} tokens on average), batch 1: {len(inputs['b1'])} alone, "
-          f"batch 32: {len(inputs['b32'])} batches; 1 thread; {args.repeats} rounds, medians")
+    return built, rows_of(specs, times, checks, ops), layer_prof, served
+
+
+def main(argv=None) -> Dict:
+    args = parse_args(argv)
+    folder, sentences = _serving.model_and_sentences(args)
+    _glue_runs.log(f"inputs: layer {args.layer}, {len(sentences)} sentences")
+    inputs = layer_inputs(folder, sentences, args.layer, args.batch1, args.calibration)
+    heads = common.MODEL_SIZES["tiny" if args.toy else "minilm"]["heads"]  # for the bert optimizer
+    hidden = int(inputs["b1"][0]["x"].shape[2])  # x: T x B x C
+    built, rows, layer_prof, served = measure(args, folder, sentences, inputs, heads, hidden)
+    setup = harness.header("ort_fusions", onnx=os.path.relpath(folder, args.work), layer=args.layer, toy=args.toy,
+                           examples=len(sentences), batch1_sentences=args.batch1,
+                           mean_tokens=float(np.mean(inputs["lengths"])), batch32_passes=len(inputs["b32"]),
+                           calibration_sentences=args.calibration, repeats=args.repeats, heads=heads, hidden=hidden,
+                           threads=1)
+    result = {"benchmark": "ort_fusions", "setup": setup, "bert_optimizer_fusions": built["bert_optimizer_fusions"],
+              "rows": rows, "layer_profiles": layer_prof, "served_profiles": served}
     print(f"# bert optimizer fusions that fired: {built['bert_optimizer_fusions'] or 'none'}")
     harness.print_noted_table(rows, COLUMNS, FORMATS)
     _print_profiles(layer_prof, served)

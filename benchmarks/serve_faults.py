@@ -21,34 +21,16 @@ from typing import List
 
 import harness
 from acl_runtime.io import atomic
+from load import server
 
 CASES = ("hup", "ttou", "term-worker", "kill-worker", "reexport-kill-worker", "delete-kill-workers",
          "kill-9-supervisor", "term-then-stop-worker")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def workers(pid: int):
     """The uvicorn workers of acl-serve's supervisor ``pid`` (not multiprocessing's resource tracker)."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            children = [int(c) for c in f.read().split()]
-    except FileNotFoundError:
-        return []
-    found = []
-    for child in children:
-        try:
-            with open(f"/proc/{child}/cmdline", "rb") as f:
-                line = f.read()
-        except FileNotFoundError:
-            continue
-        if b"spawn_main" in line and b"resource_tracker" not in line:
-            found.append(child)
-    return found
+    return [child for child in server.process_tree(pid)[1:]
+            if "spawn_main" in server.cmdline(child) and "resource_tracker" not in server.cmdline(child)]
 
 
 def _ask(url: str) -> str:
@@ -78,7 +60,7 @@ def _client(url: str, rate: float, until: float, out: list) -> None:
 
 def _start(case: str, served: str, work: str):
     """``(process, url, log lines)`` of acl-serve with two workers on ``served``, once both workers serve."""
-    port = _free_port()
+    port = server.free_port()
     url = f"http://127.0.0.1:{port}"
     drain = ["--drain-seconds", "1"] if case == "term-then-stop-worker" else []
     proc = subprocess.Popen([sys.executable, "-m", "acl_runtime.serve.cli", served, "--workers", "2", "--port",

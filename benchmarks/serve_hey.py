@@ -6,31 +6,12 @@ PATH; none: a one-line note and no rows), so that each generator checks the othe
 
     python benchmarks/serve_hey.py --toy --rate 50 --seconds 10 --json /tmp/hey.json [--force]
     python benchmarks/serve_hey.py --folder OUT/onnx --rate 20 --seconds 2 --json /tmp/hey.json
-    python benchmarks/serve_hey.py --toy --json /tmp/hey.json [--perf-analyzer PATH]
 
-How each paces: hey runs ``--connections`` workers, each sending at ``rate / connections`` per second on its own
-kept-alive connection and waiting for the answer before its next send (closed loop: a slow answer delays that
-worker's next request, so its latencies leave out the wait a late request would have had); serve_load's client
-sends on a fixed schedule (``i / rate`` s) whatever the answers do, and counts latency from the scheduled time.
-perf_analyzer (2.48.0, the last that runs on Debian 12's C library; ``make env`` installs it beside the venv's
-Python with pip's CUDA runtime, which goes on LD_LIBRARY_PATH here)
-runs ``--request-rate-range RATE --request-count RATE x SECONDS`` with ``--max-threads`` ``--connections`` (its
-threads send on a fixed schedule, each waiting for its answer: a late answer delays the next send) and the
-sentence as ``--input-data`` (its default, random 128-character strings in text and text_pair, would be a pair);
-its latencies come from its ``--profile-export-file``, from each request's send to its answer.
-Every answer counts: hey's 200s must equal what the server's /metrics counted on ``/predict``, and
-perf_analyzer's answers what it counted on OIP infer (none lost); acl-serve must exit 0 on SIGTERM.
-
-Measured (toy model, 1 worker, fp32; AMD EPYC with AVX-512, no AMX; 2 cores shared with other jobs, load average
-5.2 to 5.7, noisy): ``python benchmarks/serve_hey.py --toy --work /tmp/pa-work --rate 50 --seconds 10 --rounds 2
---json /tmp/hey_toy_pa.json --perf-analyzer /tmp/pa-target/bin/perf_analyzer``, twice: p50 hey 4.10 to 7.20 ms,
-serve_load's client 6.41 to 7.90, perf_analyzer 4.83 to 6.05; p99 10.91 to 19.67, 14.80 to 21.15 and 12.97 to
-16.40; 500 of 500 answered by each in each round (docs/serve.md has the table).
-
-Model: ``--folder`` (an acl-export OUT/onnx), else serve_speed.py's (``--toy``: its toy model). ``--rounds``
-runs the generators in turn (hey, the client, perf_analyzer) that many times.
+Systems: the three generators, in turn for ``--rounds``, on one acl-serve (``--folder``, else serve_speed.py's
+model; ``--toy`` its toy model). Measure: sent, answered, p50/p99 and throughput of each. Checks: every answer
+counted by the server's /metrics (none lost), acl-serve exits 0 on SIGTERM. How each generator paces, and the
+figures: docs/serve.md, "Load generators nobody here wrote".
 """
-import argparse
 import csv
 import glob
 import io
@@ -43,7 +24,6 @@ import sys
 import tempfile
 from typing import Dict, List, Optional, Tuple
 
-import _glue_runs
 import _serving
 import harness
 from load import server, stats
@@ -191,8 +171,9 @@ def _answered(port: int, route: str = "predict") -> float:
 
 def parse_args(argv=None):
     p = harness.parser(__doc__, json=True)
-    p.add_argument("--folder", help="an acl-export OUT/onnx folder to serve (default: serve_speed.py's model)")
-    p.add_argument("--toy", action="store_true", help="serve_speed.py's toy model (without --folder)")
+    p.add_argument("--folder", help="an acl-export OUT/onnx folder to serve (default: serve_speed.py's model; --toy: "
+                   "its toy model)")
+    _serving.add_served_flags(p)
     p.add_argument("--rate", type=float, default=50.0, help="requests per second, both generators")
     p.add_argument("--seconds", type=float, default=10.0, help="how long each generator sends")
     p.add_argument("--connections", type=int, default=4, help="hey's workers (-c), each at rate / connections")
@@ -203,10 +184,6 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=int, default=1, help="acl-serve --workers")
     p.add_argument("--precision", choices=["fp32", "int8"], default="fp32")
     p.add_argument("--server", default=server.tool("acl-serve"), help="the acl-serve executable (default: %(default)s)")
-    p.add_argument("--work", default=os.path.join(_glue_runs.REPO, "runs", "bench"), help="model cache (%(default)s)")
-    p.add_argument("--examples", type=int, default=0, help=argparse.SUPPRESS)
-    _serving.add_model_flags(p, hidden=True, work=False)
-    p.add_argument("--export", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if not args.json:
         p.error("--json PATH is required (the table is printed; the JSON keeps every row and the setup)")
@@ -255,15 +232,13 @@ def main(argv=None) -> Dict:
     rows, stopped = _rounds(args, hey, perf_analyzer, folder, text)
     lost = {g: [r for r in rows if r["generator"] == g and r["server_counted"] != r["ok"]]
             for g in ("hey", "perf_analyzer")}
-    record = {"benchmark": "serve_hey", "setup": {"folder": folder, "text": text, "rate_per_s": args.rate,
-              "seconds": args.seconds, "connections": args.connections, "workers": args.workers,
-              "precision": args.precision, "cpus": os.cpu_count(), "load_average": os.getloadavg()[0],
-              "hey": hey, "perf_analyzer": perf_analyzer}, "rows": rows, "server": stopped,
+    setup = harness.header("serve_hey", folder=folder, text=text, rate_per_s=args.rate, seconds=args.seconds,
+                           connections=args.connections, workers=args.workers, precision=args.precision, hey=hey,
+                           perf_analyzer=perf_analyzer, threads=1)
+    record = {"benchmark": "serve_hey", "setup": setup, "rows": rows, "server": stopped,
               "checks": {"exit_0": stopped["exit_code"] == 0, "hey_answers_counted_by_server": not lost["hey"],
                          **({"perf_analyzer_answers_counted_by_server": not lost["perf_analyzer"]}
                             if perf_analyzer else {})}}
-    print(f"# serve_hey: {args.rate:g} requests/s for {args.seconds:g} s, one sentence, {args.workers} worker(s), "
-          f"{args.precision}, {os.cpu_count()} cpus")
     harness.print_noted_table(rows, COLUMNS, FORMATS)
     harness.write_json(args.json, record)
     if not all(record["checks"].values()):

@@ -1,36 +1,17 @@
 #!/usr/bin/env python3
 """Serving speed of one trained multi-exit model on three engines: the torch engine (the hub), ONNX Runtime fp32 and
-ONNX Runtime int8 (the exported ``OUT/onnx`` folder, :mod:`acl_runtime`), each with all layers and with
-early exit, on SST-2 dev.
+ONNX Runtime int8 (the exported ``OUT/onnx`` folder, :mod:`acl_runtime`), each with all layers and with early exit,
+on SST-2 dev.
 
     python benchmarks/serve_speed.py [--checkpoint CKPT --data DATA_BIN] [--threshold T] [--repeats 5]
         [--threads 1] [--json benchmarks/results/serve_speed.json]
     python benchmarks/serve_speed.py --toy --json /tmp/serve_toy.json     # a tiny model, seconds (tests)
 
-Model: predict_speed.py's (``trained_checkpoint``: the 300-update acl_cross_layer MiniLM, cached in
-WORK/predict_speed), exported once with ``--quantize int8`` into WORK/serve_speed/onnx (made again when the
-checkpoint changes). All six systems (3 engines x all layers / early exit) run in this one process: each repeat
-runs every system once over the whole dev set, the order rotated by one each repeat; the table shows medians
-over repeats.
-
-- batch 1: every sentence alone; ``p50_ms`` / ``p95_ms``: per-sentence engine latency (the batch built from the
-  ids, then ``run_batches``), percentiles over the sentences of a repeat. ``tok_ms``: tokenization per
-  sentence (the hub's tokenizer for torch, the exported ``tokenizers`` file for ORT), timed apart; ``e2e_*`` in
-  the JSON adds it.
-- batch ``--batch-size`` (32): the hub's batching (sorted by length); ``sent_per_s`` = sentences / engine time.
-- ``vs_torch``: the torch system of the same mode's engine time over this one's (per repeat, median).
-  ``layer_speedup`` = layers / mean exit layer; ``wall_speedup`` = the same engine's all-layers time over its
-  early-exit time; ``efficiency`` = their quotient (the share of the saved layers that becomes saved time).
-  ``cpu_*``: the same from the process CPU time of the engine calls, which stays steady when other jobs share the
-  cores (one thread per engine by default, so that it is the engine's compute); the targets use the wall clock.
-- ``peak_rss_mb``: the peak resident memory (VmHWM) of a separate process that loads one engine and classifies
-  the dev set with early exit at the batch size (benchmarks/load/serve_child.py): for ORT it imports only the runtime
-  (torch and fairseq unimportable), for torch the hub. ``rss_vs_torch``: that over the torch process's.
-
-Its targets are printed beside the results with pass/miss. The threshold is ``--threshold``
-(default: the policy table's default for ``--policy``); the JSON records which. ``--toy`` trains a tiny model
-on the generated toy task (scripts/toy_data.py) in seconds, for the end-to-end test; it must write its own
-``--json``, never into benchmarks/results.
+Systems: 3 engines x (all layers, early exit), in one process, in rotated rounds. Measure: batch-1 latency
+percentiles and batched sentences/s (engine time, tokenization apart), accuracy, the early-exit efficiency, the
+ratio to torch (wall and CPU time), and each engine's peak resident memory in a process of its own. Targets: ORT
+fp32 >= 1.3x torch at batch 1; early-exit efficiency >= 0.9 at batch 1; ORT int8 >= 1.8x torch batched; int8
+accuracy within 1.0 point of fp32. The protocol: docs/benchmarks.md, "What the serving benchmarks measure".
 """
 import os
 import sys
@@ -52,9 +33,6 @@ FORMATS = {"p50_ms": "{:.2f}", "p95_ms": "{:.2f}", "tok_ms": "{:.3f}", "sent_per
            "mean_exit_layer": "{:.2f}", "layer_speedup": "{:.2f}x", "wall_speedup": "{:.2f}x",
            "efficiency": "{:.2f}", "cpu_efficiency": "{:.2f}", "vs_torch": "{:.2f}x",
            "cpu_vs_torch": "{:.2f}x", "peak_rss_mb": "{:.0f}", "rss_vs_torch": "{:.2f}"}
-
-
-# ---- model and data ------------------------------------------------------------------------------
 
 
 # ---- the systems ---------------------------------------------------------------------------------
@@ -90,48 +68,29 @@ def make_systems(hub, folder: str, policy: str, threshold: float, threads: int) 
     return [System(e, m, runners[e], policy, threshold) for e in ENGINES for m in MODES]
 
 
-def pass_batch1(system: System, sentences: List[str]) -> Dict:
-    """Every sentence alone: per-sentence tokenization and engine times (wall, and the engine's CPU), outputs."""
-    tok, model, cpu, logits, layers = [], [], [], [], []
-    for s in sentences:
-        t0, _ = harness.now()
-        ids = system.encode(s)
-        t1, c1 = harness.now()
-        out = system.run([ids], 1)
-        t2, c2 = harness.now()
-        tok.append(t1 - t0)
-        model.append(t2 - t1)
-        cpu.append(c2 - c1)
-        lg, ly = numpy_out(out)
-        logits.append(lg[0])
-        layers.append(ly[0])
-    return {"tok": tok, "model": model, "cpu": cpu, "logits": logits, "layers": layers}
-
-
-def pass_batched(system: System, sentences: List[str], batch_size: int) -> Dict:
-    t0, _ = harness.now()
-    ids = [system.encode(s) for s in sentences]
-    t1, c1 = harness.now()
-    out = system.run(ids, batch_size)
-    t2, c2 = harness.now()
-    logits, layers = numpy_out(out)
-    return {"tok": [t1 - t0], "model": [t2 - t1], "cpu": [c2 - c1], "logits": list(logits), "layers": list(layers)}
+def one_pass(system: System, sentences: List[str], batch_size: int) -> Dict:
+    """One pass over ``sentences``: at batch 1 every sentence alone, else all of them in the hub's batches.
+    Per call: tokenization and engine times (wall, and the engine's CPU); the outputs in input order."""
+    out = {"tok": [], "model": [], "cpu": [], "logits": [], "layers": []}
+    for group in ([s] for s in sentences) if batch_size == 1 else [sentences]:
+        start = harness.now()
+        ids = [system.encode(s) for s in group]
+        encoded = harness.now()
+        found = system.run(ids, batch_size)
+        model, cpu = harness.since(encoded)
+        logits, layers = numpy_out(found)
+        for key, value in (("tok", encoded[0] - start[0]), ("model", model), ("cpu", cpu)):
+            out[key].append(value)
+        out["logits"] += list(logits)
+        out["layers"] += list(layers)
+    return out
 
 
 def measure(systems: List[System], sentences: List[str], batch_size: int, repeats: int) -> None:
-    """``repeats`` rounds, each running every system once (order rotated by one per round), after one untimed
-    warm-up round on a few sentences."""
-    import gc
-
+    """``repeats`` rounds, each running every system once (order rotated by one per round), the garbage collector
+    off during a pass, after one untimed warm-up round on a few sentences."""
     def one(s: System, sents):
-        gc.collect()
-        gc.disable()
-        try:
-            if batch_size == 1:
-                return pass_batch1(s, sents)
-            return pass_batched(s, sents, batch_size)
-        finally:
-            gc.enable()
+        return harness.timed(lambda: one_pass(s, sents, batch_size), no_gc=True)[2]
 
     for s in systems:
         one(s, sentences[:8])
@@ -215,34 +174,31 @@ def targets(rows: List[Dict], batch: int) -> List[Dict]:
 
 def parse_args(argv=None):
     p = harness.parser(__doc__, json="write the setup, rows and targets here", threads=1)
-    _serving.add_model_flags(p)
+    _serving.add_served_flags(p, export=False)
     p.add_argument("--policy", default="entropy", choices=list(exits.POLICIES), help="early-exit policy")
     p.add_argument("--threshold", type=float, help="its threshold (default: the policy table's, 0.3 for entropy)")
     p.add_argument("--batch-size", type=int, default=32, help="the batched setting (batch 1 always runs)")
-    p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all 872)")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds, each running every system once")
     p.add_argument("--no-rss", action="store_true", help="skip the peak-memory processes")
-    p.add_argument("--toy", action="store_true", help="a tiny model on generated data (tests); needs its own --json")
     args = p.parse_args(argv)
     args.threshold_source = "--threshold" if args.threshold is not None else "policy default"
     console.check_request_flags(p, args, fill_default=True)
-    _serving.check_model_flags(p, args)
     if args.threads < 1 or args.repeats < 1 or args.batch_size < 2:
         p.error("--threads and --repeats must be >= 1, --batch-size >= 2 (batch 1 always runs)")
-    results = os.path.abspath(os.path.join(_glue_runs.REPO, "benchmarks", "results"))
-    if args.toy and (not args.json or os.path.abspath(args.json).startswith(results + os.sep)):
-        p.error("--toy needs its own --json outside benchmarks/results: its numbers must not sit beside the real ones")
+    _serving.check_served_flags(p, args)
     return args
 
 
-def setup_record(args, ckpt: str, folder: str, n: int) -> Dict:
-    """The run's settings; paths relative to ``--work``, the run folder, so that the record names no folder of the
-    machine it ran on."""
-    return harness.record(args.threads, checkpoint=os.path.relpath(ckpt, args.work), onnx=os.path.relpath(folder,
-                                                                                                          args.work),
-                          examples=n, toy=args.toy, policy=args.policy, threshold=args.threshold,
-                          threshold_source=args.threshold_source, batch_sizes=[1,
-                                                                               args.batch_size], repeats=args.repeats)
+def peak_memory(args, model: tuple, sentences: List[str], rows: List[Dict]) -> Dict:
+    """Each row's peak resident memory and its ratio to torch's (none with ``--no-rss``), from one process per
+    engine (``model``: checkpoint, data, ONNX folder); the processes' records."""
+    rss = {} if args.no_rss else serve_child.peak_rss(*model, sentences, args.policy, args.threshold,
+                                                        args.batch_size, args.threads)
+    for row in rows:
+        rec = rss.get(row["engine"])
+        row["peak_rss_mb"] = rec["peak_rss_mb"] if rec else None
+        row["rss_vs_torch"] = rec["peak_rss_mb"] / rss["torch"]["peak_rss_mb"] if rec else None
+    return {k: {f: v for f, v in r.items() if f != "labels"} for k, r in rss.items()}
 
 
 def main(argv=None) -> Dict:
@@ -264,19 +220,14 @@ def main(argv=None) -> Dict:
                        "systems")
         measure(systems, sentences, b, args.repeats)
     rows = [row_of(s, by_name, b, gold, hub.num_layers) for b in (1, args.batch_size) for s in systems]
-    rss = {} if args.no_rss else serve_child.peak_rss(ckpt, data, folder, sentences, args.policy, args.threshold,
-                                                        args.batch_size, args.threads)
-    for row in rows:
-        rec = rss.get(row["engine"])
-        row["peak_rss_mb"] = rec["peak_rss_mb"] if rec else None
-        row["rss_vs_torch"] = rec["peak_rss_mb"] / rss["torch"]["peak_rss_mb"] if rec else None
+    rss = peak_memory(args, (ckpt, data, folder), sentences, rows)
     found = targets(rows, args.batch_size)
-    result = {"benchmark": "serve_speed", "setup": setup_record(args, ckpt, folder, len(sentences)),
-              "rows": rows, "rss": {k: {f: v for f, v in r.items() if f != "labels"} for k, r in rss.items()},
-              "targets": found}
-    harness.header("serve_speed", sentences=f"{len(sentences)} of {'the toy task' if args.toy else 'SST-2 dev'}",
-                   policy=args.policy, threshold=args.threshold, repeats=args.repeats, checkpoint=ckpt,
-                   threads=args.threads)
+    # paths relative to --work, the run folder, so that the record names no folder of the machine it ran on
+    setup = harness.header("serve_speed", args.threads, checkpoint=os.path.relpath(ckpt, args.work),
+                           onnx=os.path.relpath(folder, args.work), examples=len(sentences), toy=args.toy,
+                           policy=args.policy, threshold=args.threshold, threshold_source=args.threshold_source,
+                           batch_sizes=[1, args.batch_size], repeats=args.repeats)
+    result = {"benchmark": "serve_speed", "setup": setup, "rows": rows, "rss": rss, "targets": found}
     harness.print_noted_table(rows, COLUMNS, FORMATS)
     harness.print_targets(found, "# targets, on the wall clock; cpu: the same in process CPU time (steady under load)")
     if args.json:

@@ -6,11 +6,9 @@ with no answer).
 
     python benchmarks/serve_stop.py --folder OUT/onnx [--workers 1 2] [--runs 3] --json /tmp/stop.json [--force]
 
-Promised (docs/serve.md, SIGTERM): no connection is taken after the signal has been handled, and every connection
-taken gets an answer. ``last_taken_ms``: the latest start, after SIGTERM was sent, of an attempt that was taken.
-``dropped_at_signal``: attempts begun before the signal and dropped after it was sent (a connection completed by the
-kernel and reset at the stop: the client cannot tell it from a taken one; 0 since the stop takes every completed
-connection, docs/serve.md); ``before_dropped`` counts only drops that came before the signal.
+Systems: acl-serve at each ``--workers``, ``--runs`` times. Promised (docs/serve.md, SIGTERM): no connection is taken
+after the signal has been handled, and every connection taken gets an answer. Targets: none taken after SIGTERM and
+dropped, none dropped at the signal, every exit 0. The columns: docs/benchmarks.md.
 """
 import os
 import signal
@@ -101,6 +99,14 @@ def classify(outcomes: List[tuple], sigterm: float) -> Dict:
             "before": dict(before), "after": dict(Counter(o for _, o in after))}
 
 
+def targets(rows: List[Dict]) -> List[Dict]:
+    """The promises, over every run: no connection taken after the signal goes unanswered, none completed before it
+    is reset at the stop, and acl-serve exits 0."""
+    return [harness.target("taken after SIGTERM, dropped unanswered", sum(r["after_dropped"] for r in rows), 0, False),
+            harness.target("begun before SIGTERM, dropped at it", sum(r["dropped_at_signal"] for r in rows), 0, False),
+            harness.target("runs whose server exited other than 0", sum(r["exit_code"] != 0 for r in rows), 0, False)]
+
+
 def main(argv=None) -> List[Dict]:
     p = harness.parser(__doc__, json=True)
     p.add_argument("--folder", required=True, help="an acl-export OUT/onnx folder")
@@ -115,11 +121,12 @@ def main(argv=None) -> List[Dict]:
         p.error("--json PATH is required")
     with tempfile.TemporaryDirectory(prefix="serve_stop_") as tmp:
         rows = [one_run(args, w, k + 1, tmp) for w in args.workers for k in range(args.runs)]
-    print(f"# serve_stop: {args.clients} clients, a new connection per /predict, SIGTERM after "
-          f"{args.before_seconds:g} s, {os.cpu_count()} cpus")
+    setup = harness.header("serve_stop", clients=args.clients, before_seconds=args.before_seconds,
+                           after_seconds=args.after_seconds, server=args.server, folder=args.folder, threads=None)
     harness.print_noted_table(rows, COLUMNS, FORMATS)
-    harness.write_json(args.json, {"benchmark": "serve_stop", "server": args.server, "folder": args.folder,
-                                   "load_average": os.getloadavg()[0], "rows": rows})
+    found = targets(rows)
+    harness.print_targets(found)
+    harness.write_json(args.json, {"benchmark": "serve_stop", "setup": setup, "rows": rows, "targets": found})
     return rows
 
 

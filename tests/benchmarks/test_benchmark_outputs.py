@@ -6,10 +6,11 @@ import pathlib
 import pytest
 
 # the script, and the arguments it needs besides --json to get past its parser
-SCRIPTS = {"early_exit_latency": [], "hf_speed": [], "int8_portability": ["--folder", "x"], "optimizer_time": [],
-           "predict_speed": [], "preprocess_speed": [], "step_time": [], "int8_static": [], "serve_speed": [],
-           "serve_load": [], "ort_fusions": [], "serve_hey": [], "serve_stop": ["--folder", "x"], "serve_ideal": [],
-           "serve_faults": ["--folder", "x"], "serve_deadlines": [], "gemm_roofline": [], "serve_cpu_split": ["x"]}
+SCRIPTS = {"dev_lengths": [], "early_exit_latency": [], "hf_speed": [], "int8_portability": ["--folder", "x"],
+           "optimizer_time": [], "predict_speed": [], "preprocess_speed": [], "step_time": [], "int8_static": [],
+           "serve_speed": [], "serve_load": [], "ort_fusions": [], "serve_hey": [], "serve_stop": ["--folder", "x"],
+           "serve_ideal": [], "serve_faults": ["--folder", "x"], "serve_deadlines": [], "gemm_roofline": [],
+           "serve_cpu_split": ["x"]}
 ENTRIES = sorted(p.stem for p in (pathlib.Path(__file__).parents[2] / "benchmarks").glob("*.py")
                  if not p.stem.startswith("_") and p.stem != "common")
 
