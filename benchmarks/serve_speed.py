@@ -201,6 +201,12 @@ def peak_memory(args, model: tuple, sentences: List[str], rows: List[Dict]) -> D
     return {k: {f: v for f, v in r.items() if f != "labels"} for k, r in rss.items()}
 
 
+def run_paths(args, ckpt: str, folder: str) -> Dict[str, str]:
+    """The checkpoint and the export, relative to --work, the run folder: the record names no folder of the machine
+    it ran on."""
+    return {"checkpoint": os.path.relpath(ckpt, args.work), "onnx": os.path.relpath(folder, args.work)}
+
+
 def main(argv=None) -> Dict:
     args = parse_args(argv)
     import torch
@@ -222,9 +228,8 @@ def main(argv=None) -> Dict:
     rows = [row_of(s, by_name, b, gold, hub.num_layers) for b in (1, args.batch_size) for s in systems]
     rss = peak_memory(args, (ckpt, data, folder), sentences, rows)
     found = targets(rows, args.batch_size)
-    # paths relative to --work, the run folder, so that the record names no folder of the machine it ran on
-    setup = harness.header("serve_speed", args.threads, checkpoint=os.path.relpath(ckpt, args.work),
-                           onnx=os.path.relpath(folder, args.work), examples=len(sentences), toy=args.toy,
+    setup = harness.header("serve_speed", args.threads, **run_paths(args, ckpt, folder), examples=len(sentences),
+                           toy=args.toy,
                            policy=args.policy, threshold=args.threshold, threshold_source=args.threshold_source,
                            batch_sizes=[1, args.batch_size], repeats=args.repeats)
     result = {"benchmark": "serve_speed", "setup": setup, "rows": rows, "rss": rss, "targets": found}

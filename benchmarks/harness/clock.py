@@ -15,6 +15,12 @@ def now() -> Tuple[float, float]:
     return time.perf_counter(), time.process_time()
 
 
+def thread_now() -> Tuple[float, float]:
+    """(wall, this thread's CPU) seconds: :func:`now` for a measure that runs in one thread among others (a
+    server's model thread)."""
+    return time.perf_counter(), time.thread_time()
+
+
 def since(start: Tuple[float, float]) -> Tuple[float, float]:
     """(wall, CPU) seconds since ``start``, a reading of :func:`now`."""
     wall, cpu = now()

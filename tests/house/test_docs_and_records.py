@@ -95,7 +95,7 @@ def test_serve_speed_records_paths_relative_to_its_run_folder(tmp_path):
 
     work = tmp_path / "bench"
     args = serve_speed.parse_args(["--toy", "--work", str(work), "--json", str(tmp_path / "toy.json")])
-    setup = serve_speed.setup_record(args, str(work / "toy" / "ckpt" / "checkpoint_best.pt"), str(work / "onnx"), 3)
+    setup = serve_speed.run_paths(args, str(work / "toy" / "ckpt" / "checkpoint_best.pt"), str(work / "onnx"))
     assert (setup["checkpoint"], setup["onnx"]) == (os.path.join("toy", "ckpt", "checkpoint_best.pt"), "onnx")
 
 
