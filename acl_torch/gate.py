@@ -73,6 +73,10 @@ class GateConfig:
     global_decision: bool = False  # decide on the gradients summed over all workers
     apply: bool = True  # False: only measure (log grad_cos and conflict), always keep the auxiliary part
 
+    def __post_init__(self):
+        if self.scope not in SCOPES:
+            raise ValueError(f"gate scope {self.scope!r} is not one of {', '.join(SCOPES)}")
+
 
 def combine(
     params: Callable[[], Sequence[torch.Tensor]], exits: ExitOutputs, ce: torch.Tensor, aux: torch.Tensor,

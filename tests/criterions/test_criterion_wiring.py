@@ -6,6 +6,7 @@ import torch
 
 import helpers
 from acl_fairseq.criterions import gating
+from acl_torch import objective
 from test_criterion_totals import model_outputs, setup, total_loop
 from test_criterions import build
 
@@ -107,6 +108,17 @@ def test_the_criteria_s_gate_passes_an_overflow_on_for_an_fp16_model_only(dtype,
     else:
         (loss * float("inf")).backward()
         assert float(log["acl_grad_overflow"]) == 1.0
+
+def test_an_auxiliary_part_without_a_gradient_is_added_as_it_is_and_a_bad_scope_is_refused():
+    # nothing for the gate to decide (the auxiliary part needs no gradient, no global decision): the total is ce + aux
+    layer = torch.nn.Linear(3, 2)
+    ce, aux = layer(torch.randn(4, 3))[:, 0].sum(), torch.tensor(0.75)
+    loss, log = gating.combine(layer.train(), None, ce, aux, gating.GateConfig("params", 0.0))
+    assert float(loss) == pytest.approx(float(ce) + 0.75) and log == {}
+    assert objective.AclEmbedTerms.acl_gate(None, apply=False).scope == "params"  # ACL-Embed: over all parameters
+    with pytest.raises(ValueError, match="scope 'param' is not one of params, features"):
+        gating.GateConfig("param", 0.0)
+
 
 class _Frozen(torch.nn.Module):
     def __init__(self):
