@@ -1,32 +1,18 @@
 #!/usr/bin/env python3
-"""Fine-tuning quality, side by side: the plugin (fairseq-train through recipes/glue/finetune.sh) against a
-plain Hugging Face transformers loop (benchmarks/hf_loop.py), on the same converted encoder, data, seeds
-and hyperparameters.
+"""Fine-tuning quality, side by side: the plugin (fairseq-train through the recipes' runner) against a plain
+Hugging Face transformers loop (benchmarks/hf_loop.py), on the same converted encoder, data, seeds and
+hyperparameters.
+
+Systems: ``--systems`` plugin and hf, at the matched setting (recipes/glue/converted.tsv's lr and pooling per task)
+or with the switches below (each a known difference between the two pipelines; ``--search``: the plugin's RTE lr x
+pooling search). Measure: each run's best-epoch GLUE dev metric and training samples/s, runs recorded under
+RESULTS/runs/parity (benchmarks/_records.py). Targets: the plugin's mean within 1.0 point of HF's (or within the
+paired differences' std if larger), with the difference paired by seed; RESULTS/hf_parity.json and .md. How it runs:
+docs/benchmarks.md, "hf_parity.py".
 
     python benchmarks/hf_parity.py --tasks RTE STS-B SST-2 --seeds 1 2 3 [--jobs 2]
     python benchmarks/hf_parity.py --search      # the RTE schedule/pooling search (plugin only)
     python benchmarks/hf_parity.py --collect-only
-
-Every run is a subprocess with one thread, ``--jobs`` at a time, and lands in
-WORK/parity/<setting>/<system>/<TASK>/seed<S> (the plugin's under the driver's runs/ layout), its record under
-RESULTS/runs/parity/... (benchmarks/_records.py); a run with a result in either is skipped, so the benchmark
-resumes where it stopped, and the table is built from the records of every machine and session. The setting
-name lists what differs from the matched defaults, so switched runs never mix with the others.
-
-Matched defaults (what the plugin's recipe gives a converted BERT): pairs as BERT builds them ([CLS] A
-[SEP] B [SEP], token type 1 on B), no truncation below 512 tokens, the recipe table's pooling and lr for
-the task (recipes/glue/converted.tsv), head dropout from the HF config (0.1), no clipping, Adam betas
-(0.9, 0.98), eps 1e-6, weight decay 0.1 on every parameter, 6 % warm-up then linear decay. Each known
-difference between the two pipelines is a switch (``--help``): ``--pair-format double`` and
-``--no-segment`` (both systems), ``--head-dropout``, ``--clip-norm``, ``--adam-betas``, ``--adam-eps``,
-``--pooling``, ``--lr``; ``--hf-max-len`` (HF truncates, longest first), ``--hf-batching fixed``
-(fairseq's batches: made once at random, reordered each epoch) and ``--hf-fold-token-types`` (the
-converter's embedding parameters) on the HF side only: those settings pair HF with the plugin runs of the
-setting without them.
-
-Writes RESULTS/hf_parity.json and RESULTS/hf_parity.md: per-seed values, mean ± std, the plugin-minus-HF
-difference paired by seed, and each system's training samples/s (fairseq's train_wall; HF's loop time
-without evaluation).
 """
 import argparse
 import glob
@@ -292,18 +278,9 @@ def summarize(runs: Dict) -> Dict:
                 mean, std = mean_std(values)
                 entry[system] = {"seeds": sorted(r["seed"] for r in rows), "values": values, "mean": mean, "std": std,
                                  "samples_per_s": statistics.median(speeds) if speeds else None}
-            if "plugin" in entry and "hf" in entry:
-                a = {r["seed"]: r["metric"] for r in systems["plugin"]}
-                b = {r["seed"]: r["metric"] for r in systems["hf"]}
-                seeds = sorted(set(a) & set(b))
-                diffs = [a[s] - b[s] for s in seeds]
-                mean, std = mean_std(diffs)
-                if diffs:
-                    iv = _paired.interval(diffs)
-                    entry["paired"] = {"seeds": seeds, "diffs": diffs, "mean": mean, "std": std,
-                                       "ci95": [iv["lo"],
-                                                iv["hi"]], "ahead": iv["ahead"], "verdict": _paired.verdict(iv),
-                                       "within_target": abs(mean) <= max(1.0, std or 0.0)}
+            paired = harness.paired(entry["plugin"], entry["hf"], "values") if {"plugin", "hf"} <= set(entry) else None
+            if paired:
+                entry["paired"] = {**paired, "within_target": abs(paired["mean"]) <= max(1.0, paired["std"] or 0.0)}
             summary.setdefault(setting, {})[task] = entry
     return summary
 
@@ -339,10 +316,8 @@ def write_results(work: str, results: str, command: str) -> Dict:
         written = _records.sync(work, sub, records)
         _glue_runs.log(f"records: {written} written from {os.path.join(work, sub)} into {records}")
     summary = summarize(collect(records))
-    os.makedirs(results, exist_ok=True)
-    for name, text in (("hf_parity.json", json.dumps(summary, indent=2, sort_keys=True) + "\n"),
-                       ("hf_parity.md", markdown(summary, command))):
-        harness.write_text(os.path.join(results, name), text)
+    harness.write_json(os.path.join(results, "hf_parity.json"), summary, indent=2, sort_keys=True)
+    harness.write_text(os.path.join(results, "hf_parity.md"), markdown(summary, command))
     print(markdown(summary, command))
     return summary
 
