@@ -28,16 +28,7 @@ def train(args, enc: _glue_runs.Encoder, n: int, method: str, seed: int, root: s
                                                            "--save-interval",
                                          str(sch["every"]), "--no-last-checkpoints", "--no-save-optimizer-state"])
     ev = _glue_runs.evaluate_split(rd, db, "test", _fewshot.TASK)
-    test_metrics = ev["per_exit"][-1]["metrics"]
-    valid_metrics = res["best_valid"]["valid"]
     with open(os.path.join(db, "stats.json")) as f:
         sizes = {k: v["examples"] for k, v in json.load(f)["splits"].items()}
-    return {
-        "task": _fewshot.TASK, "n": n, "method": method, "seed": seed, "split_sizes": sizes,
-        "test_accuracy": float(test_metrics["accuracy"]),
-        "valid_accuracy": float(valid_metrics["accuracy"]),
-        "best_num_updates": res.get("best_num_updates"), "total_updates": updates,
-        "schedule": sch, "test_metrics": test_metrics, "valid_metrics": valid_metrics,
-        "seconds": round(harness.since(t0)[0], 1),
-        **{k: v for k, v in harness.machine().items() if k in ("cpu_kind", "cpu_flags")},
-    }
+    return _fewshot.result(n, method, seed, sizes, ev["per_exit"][-1]["metrics"], res["best_valid"]["valid"],
+                           res.get("best_num_updates"), sch, harness.since(t0)[0])

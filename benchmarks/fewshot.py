@@ -1,27 +1,18 @@
 #!/usr/bin/env python3
-"""Few-shot SST-2 (Gunel et al. 2021, "Supervised Contrastive Learning for Pre-trained Language Model
-Fine-tuning", few-shot protocol) with a real pretrained encoder, offline, through the recipe driver.
+"""Few-shot SST-2 (Gunel et al. 2021's protocol) with a real pretrained encoder, offline, through the recipes'
+runner: N label-stratified training examples, model selection on valid, scored on the labelled test half.
+
+Systems: the methods of ``--methods`` (ce, scl, acl_embed, acl_grad) at each N of ``--ns`` with the schedule of
+recipes/glue/fewshot.tsv, through fairseq-train (benchmarks/_fewshot_fairseq.py), in bf16 (``--bf16``) or through
+Hugging Face's Trainer (``--trainer hf``, benchmarks/_fewshot_hf.py). Measure: each run's test-half accuracy at the
+checkpoint selected on valid, every run recorded under RESULTS/runs/fewshot[_bf16|_hf] (harness.study). Targets:
+each method against CE (and ACL-Embed against SCL) paired by seed, RESULTS/fewshot.json/.md/.png; bf16 within
+``_fewshot.BF16_BOUND`` points of fp32 seed by seed (bf16_fewshot_accuracy.json); the HF trainer beside fairseq
+(hf_fewshot_accuracy.json). How it runs: docs/benchmarks.md, "fewshot.py".
 
     python benchmarks/fewshot.py [--ns 20 100 1000] [--methods ce scl acl_embed acl_grad]
         [--seeds 1 2 3 4 5] [--work runs/bench] [--results benchmarks/results] [--threads 2] [--toy]
         [--bf16 | --trainer hf]
-
-Protocol, per (N, seed): ``preprocess/glue.py --few-shot N --seed S`` draws N label-stratified training
-examples and splits the dev set (stratified, seeded) into test = half of it and valid = 500 other examples
-(SST-2's dev has 872: test 436, valid the other 436). The same seed is the fairseq ``--seed`` of the run, so
-it draws the sample AND the initialisation of the head. Each method then runs through
-``recipes/glue/finetune.sh SST-2 METHOD`` (single exit, mean pooling at the last layer: see _glue_runs.py);
-fairseq keeps the best checkpoint by valid accuracy (model selection on valid only), and
-``acl-evaluate --split test`` scores that checkpoint on the labelled test half. Each finished run is recorded
-under RESULTS/runs/fewshot/ (benchmarks/_records.py); a run with a result in the work folder or a record is
-skipped, so the benchmark can be continued a few runs at a time, on any machine, and the table holds them all.
-Schedules per N (batch, epochs, validation interval, lr, each with its reason) are the recipe table
-recipes/glue/fewshot.tsv. Results: per-run JSON under the work dir and its record, and in ``--results``:
-fewshot.json (mean, std, per-seed values per cell), fewshot.md (table next to the paper's trend), fewshot.png
-(accuracy against N per method with the seed spread).
-
-``--toy``: N=8, 2 seeds, a 2-epoch schedule, for the end-to-end test (pass a tiny encoder with
-``--encoder-dir`` and a tiny GLUE-format folder with ``--glue-dir``).
 """
 import json
 import os
