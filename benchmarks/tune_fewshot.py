@@ -1,16 +1,14 @@
 #!/usr/bin/env python3
-"""The few-shot SST-2 tuning study: each method tuned with acl-tune on the same trial budget, then its
-best setting beside its default on seeds, scored on the protocol's test half.
+"""The few-shot SST-2 tuning study: each method tuned with acl-tune on the same trial budget, then its best
+setting beside its default on seeds, scored on the protocol's test half.
+
+Systems: each (N, method) of ``--ns`` x ``--methods``, tuned by ``--workers`` acl-tune processes on fewshot.py's
+runs. Measure: ``acl-tune --evaluate-best``'s test-half accuracy, tuned and at the default, per seed. Targets:
+tuned against default and method against method, paired by seed (benchmarks/_tune_report.py), in
+RESULTS/tune_fewshot.json and .md. How it runs: docs/benchmarks.md, "tune_fewshot.py".
 
     python benchmarks/tune_fewshot.py [--ns 20 100] [--methods ce scl acl_embed] [--trials 24] [--workers 2]
         [--seeds 1 2 3 4 5] [--work runs/bench] [--out runs/tune/fewshot] [--dry-run]
-
-The runs are benchmarks/fewshot.py's: the converted MiniLM (single exit at the last layer, mean pooling), the
-data of ``preprocess/glue.py --few-shot N --seed S`` (one folder per seed, made here when missing, shared with
-fewshot.py under WORK/data/fewshot), the schedule of recipes/glue/fewshot.tsv per N. The study of (N, method)
-tunes on seed 1's data, its objective on the protocol's valid split; ``--workers`` acl-tune processes share
-its SQLite study, each with one thread. Then ``acl-tune --evaluate-best`` writes OUT/N<N>/<method>/best.md.
-Everything resumes: run the same command again.
 """
 import math
 import os
