@@ -1,7 +1,6 @@
 """The converted-encoder protocol that quality.py, hf_parity.py, grad_conflict.py and predict_speed.py share: the
 schedule table (recipes/glue/converted.tsv), the GLUE training sizes, the seeded SST-2 training subset, the
 binarized data, and one run of the table's schedule through the recipes' runner."""
-import math
 import os
 import random
 import sys
@@ -56,12 +55,9 @@ def run_one(task: str, method: str, seed: int, work: str, enc: "_glue_runs.Encod
     def train():
         db = binarize(task, work, enc)
         n = sch["train_subset"] or TRAIN_SIZES[task]
-        updates = math.ceil(n / sch["batch"]) * sch["epochs"]
         multi = recipe_tables.method(method, task).exits == "multi"
-        env = _glue_runs.driver_env(_glue_runs.Encoder(enc.dir, pooling=sch["pooling"]), db, out_root, seed,
-                                    multi=multi,
-                                    schedule=dict(LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"],
-                                                  TOTAL_UPDATES=updates, LOG_INTERVAL=10))
+        env = _glue_runs.driver_env(_glue_runs.Encoder(enc.dir, pooling=sch["pooling"]), db, out_root, seed, multi,
+                                    _glue_runs.schedule(sch["lr"], sch["batch"], sch["epochs"], n, 10))
         env["OMP_NUM_THREADS"] = str(threads)
         _glue_runs.finetune(task, method, env, ["--no-last-checkpoints", *extra])
         if not keep_checkpoints:

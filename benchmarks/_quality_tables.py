@@ -265,7 +265,7 @@ def restored_markdown(runs_dir: str) -> str:
 
 
 # the GLUE dev sets' token lengths (benchmarks/dev_lengths.py writes it), for FLOPs from the run records
-LENGTHS_RECORD = os.path.join(_glue_runs.REPO, "benchmarks", "results", "dev_lengths.json")
+LENGTHS_RECORD = os.path.join(_glue_runs.RESULTS, "dev_lengths.json")
 
 
 def read_lengths(path: str = LENGTHS_RECORD) -> Optional[dict]:

