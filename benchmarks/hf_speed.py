@@ -226,29 +226,26 @@ def all_exits(label: str) -> bool:
     return label.endswith("all exits")
 
 
-def verdicts(rows: List[Dict], command: str) -> List[str]:
-    """The issue's targets, one line each, per shape and thread count."""
+def verdicts(rows: List[Dict], command: str) -> List[Dict]:
+    """The targets (harness.target), per shape and thread count: the plugin's CE step at least as fast as the better
+    of HF eager/compiled in fp32; on AMX, its fastest step 1.5x HF eager fp32 and 1.0x HF bf16 (elsewhere reported,
+    with no verdict); each criterion's cost over its side's CE."""
     out = []
-    groups = sorted({(r["batch"], r["seq_len"], r["threads"]) for r in rows})
-    for b, t, th in groups:
+    for b, t, th in sorted({(r["batch"], r["seq_len"], r["threads"]) for r in rows}):
         g = [r for r in rows if (r["batch"], r["seq_len"], r["threads"]) == (b, t, th)]
-        at = f"{b}x{t}, {th} thread(s), {g[0]['cpu_kind']}"
+        at, amx = f"{b}x{t}, {th} thread(s), {g[0]['cpu_kind']}", g[0]["bf16_unit"] == "amx"
         hf = {r["mode"]: r["median_step_s"] for r in g if r["system"] == "hf"}
         ce = {r["mode"]: r["median_step_s"] for r in g if r["system"] == "plugin/sentence_ce"}
-        fp32_hf = [hf[m] for m in ("eager", "compiled") if m in hf]
-        fp32_ce = [ce[m] for m in ("eager", "compiled") if m in ce]
+        fp32_hf, fp32_ce = ([side[m] for m in ("eager", "compiled") if m in side] for side in (hf, ce))
         if fp32_hf and fp32_ce:
-            x = min(fp32_hf) / min(fp32_ce)
-            out.append(f"{'MET ' if x >= 1.0 else 'MISSED'} fp32: plugin sentence_ce {x:.2f}x the better of HF "
-                       f"eager/compiled (target >= 1.0x) [{at}]")
-        if g[0]["bf16_unit"] != "amx":
-            out.append(f"NOT MEASURED on AMX: fastest step >= 1.5x HF eager fp32 and >= 1.0x HF bf16; run "
-                       f"`{command}` on a CPU with amx_bf16 [{at}]")
-        elif ce and "eager" in hf and "bf16" in hf:
-            best = min(ce.values())
-            for name, ref, goal in (("HF eager fp32", hf["eager"], 1.5), ("HF bf16", hf["bf16"], 1.0)):
-                out.append(f"{'MET ' if ref / best >= goal else 'MISSED'} AMX: fastest plugin sentence_ce "
-                           f"{ref / best:.2f}x {name} (target >= {goal}x; bf16 accuracy not checked here) [{at}]")
+            out.append(harness.target("fp32: plugin sentence_ce over the better of HF eager/compiled",
+                                      min(fp32_hf) / min(fp32_ce), 1.0, config=at))
+        if ce and "eager" in hf and "bf16" in hf:
+            why = "bf16 accuracy not checked here" if amx else f"not measured on AMX: run `{command}` on a CPU " \
+                "with amx_bf16"
+            out += [harness.target(f"AMX: fastest plugin sentence_ce over {name} ({why})", ref / min(ce.values()),
+                                   goal if amx else None, config=at)
+                    for name, ref, goal in (("HF eager fp32", hf["eager"], 1.5), ("HF bf16", hf["bf16"], 1.0))]
         for r in g:
             if r["ratio_to_ce"] is None or r["system"].startswith("plugin/sentence_ce") or r["system"] in (
                     "trainer", "acl_hf/sentence_ce/all exits"):
@@ -257,9 +254,8 @@ def verdicts(rows: List[Dict], command: str) -> List[str]:
             goal = 1.8 if r["system"].endswith("/params") else 1.05 if trainer else 1.1
             base = ("AclTrainer's CE with every exit" if all_exits(r["system"]) else "the plain Trainer's CE"
                     ) if trainer else "CE"
-            out.append(f"{'MET ' if r['ratio_to_ce'] <= goal else 'MISSED'} cost over {base}: {r['system']} "
-                       f"{r['mode']} {r['ratio_to_ce']:.2f}x (CPU time {r.get('ratio_to_ce_cpu') or float('nan'):.2f}x;"
-                       f" target <= {goal}x) [{at}]")
+            out.append(harness.target(f"cost over {base}: {r['system']} {r['mode']}", r["ratio_to_ce"], goal,
+                                      at_least=False, config=at, cpu_value=r.get("ratio_to_ce_cpu")))
     return out
 
 
@@ -351,8 +347,7 @@ def main(argv=None) -> List[Dict]:
                     "ratio_to_ce": "{:.3f}x", "ratio_to_ce_cpu": "{:.3f}x", "compile_s": "{:.1f}",
                     "pays_after": "{:.0f}", "gflops": "{:.1f}",
                     "peak_frac": "{:.2f}", "peak_mem_mb": "{:.1f}"}, args.json)
-    for line in verdicts(rows, "python benchmarks/hf_speed.py --criteria sentence_ce --shapes 16x128 32x64"):
-        print("# " + line)
+    harness.print_targets(verdicts(rows, "python benchmarks/hf_speed.py --criteria sentence_ce --shapes 16x128 32x64"))
     kind = read_cpu_kind()
     for threads in sorted({r["threads"] for r in rows}):
         print(f"# peak: {acceleration.peak_gflops(kind, torch.float32, threads)[1]}; "

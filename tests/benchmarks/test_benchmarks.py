@@ -281,15 +281,25 @@ def test_hf_speed_verdicts_claim_nothing_about_amx_on_another_cpu():
                 row("plugin/acl_grad/params", "eager", 3.5, unit, 1.84),
                 row("plugin/acl_embed", "bf16", 0.95, unit, 1.05)]
 
+    def found(targets, text):
+        """The one target whose name holds ``text``."""
+        hits = [t for t in targets if text in t["target"]]
+        assert len(hits) == 1, (text, [t["target"] for t in targets])
+        return hits[0]
+
     zen = hf_speed.verdicts(rows("avx512_bf16"), "CMD")
-    assert any(v.startswith("NOT MEASURED on AMX") and "`CMD`" in v for v in zen)
-    assert not any(v.startswith(("MET  AMX", "MISSED AMX")) for v in zen)
-    assert any(v.startswith("MISSED fp32") and "0.95x" in v for v in zen)  # 1.8 / 1.9: behind HF compiled
-    assert any(v.startswith("MISSED cost over CE: plugin/acl_grad/params") for v in zen)
-    assert any(v.startswith("MET  cost over CE: plugin/acl_embed bf16") for v in zen)
+    amx_targets = [t for t in zen if t["target"].startswith("AMX")]
+    assert len(amx_targets) == 2 and all("not measured on AMX" in t["target"] and "`CMD`" in t["target"]
+                                         and t["pass"] is None for t in amx_targets)  # reported, no verdict
+    fp32 = found(zen, "fp32: plugin sentence_ce")
+    assert fp32["pass"] is False and round(fp32["value"], 2) == 0.95  # 1.8 / 1.9: behind HF compiled
+    assert found(zen, "cost over CE: plugin/acl_grad/params")["pass"] is False
+    assert found(zen, "cost over CE: plugin/acl_embed bf16")["pass"] is True
     amx = hf_speed.verdicts(rows("amx"), "CMD")
-    assert any(v.startswith("MET  AMX") and "2.22x HF eager fp32" in v for v in amx)  # 2.0 / 0.9
-    assert any(v.startswith("MET  AMX") and "1.11x HF bf16" in v for v in amx)
+    eager, bf16 = found(amx, "over HF eager fp32"), found(amx, "over HF bf16")
+    assert eager["pass"] is True and round(eager["value"], 2) == 2.22  # 2.0 / 0.9
+    assert bf16["pass"] is True and round(bf16["value"], 2) == 1.11
+    assert "not measured" not in eager["target"] + bf16["target"]
 
 
 def test_hf_speed_holds_an_all_exit_criterion_against_ce_with_all_exits():
@@ -303,10 +313,10 @@ def test_hf_speed_holds_an_all_exit_criterion_against_ce_with_all_exits():
              "ratio_to_ce": r, "cpu_kind": "X", "bf16_unit": None}
             for s, r in (("plugin/sentence_ce/all exits", 1.0), ("plugin/acl_cross_layer/features/all exits", 1.05),
                          ("plugin/multi_exit_kd/all exits", 1.2))]
-    got = hf_speed.verdicts(rows, "CMD")
-    assert any(v.startswith("MET  cost over CE: plugin/acl_cross_layer/features/all exits eager 1.05x") for v in got)
-    assert any(v.startswith("MISSED cost over CE: plugin/multi_exit_kd/all exits eager 1.20x") for v in got)
-    assert not any("cost over CE: plugin/sentence_ce" in v for v in got)
+    got = {t["target"]: (t["value"], t["pass"]) for t in hf_speed.verdicts(rows, "CMD")}
+    assert got["cost over CE: plugin/acl_cross_layer/features/all exits eager"] == (1.05, True)
+    assert got["cost over CE: plugin/multi_exit_kd/all exits eager"] == (1.2, False)
+    assert not any("cost over CE: plugin/sentence_ce" in name for name in got)
 
 
 def test_optimizer_time_at_toy_size(tmp_path):
