@@ -5,7 +5,7 @@ import os
 import random
 import sys
 import tempfile
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import _glue_runs
 import _records
@@ -71,6 +71,11 @@ def run_one(task: str, method: str, seed: int, work: str, enc: "_glue_runs.Encod
     return _records.result_or_train(rd, work, records, train, check)
 
 
+def subset_indices(n_total: int, n: int, seed: int = SUBSET_SEED) -> List[int]:
+    """The seeded training subset: ``n`` of the ``n_total`` rows of train.tsv after its header, in file order."""
+    return sorted(random.Random(seed).sample(range(n_total), n))
+
+
 def binarize(task: str, work: str, enc: _glue_runs.Encoder) -> str:
     out = os.path.join(work, "data", "quality", f"{task}-bin")
     if os.path.isfile(os.path.join(out, "stats.json")):
@@ -82,7 +87,7 @@ def binarize(task: str, work: str, enc: _glue_runs.Encoder) -> str:
     with tempfile.TemporaryDirectory(prefix=f"acl_{task}_subset_") as tmp:  # outside the repo, deleted after
         with open(os.path.join(src, "train.tsv"), encoding="utf-8") as f:
             header, *rows = f.read().splitlines()
-        keep = sorted(random.Random(SUBSET_SEED).sample(range(len(rows)), n))
+        keep = subset_indices(len(rows), n, SUBSET_SEED)
         with open(os.path.join(tmp, "train.tsv"), "w", encoding="utf-8") as f:
             f.write("\n".join([header] + [rows[i] for i in keep]) + "\n")
         os.symlink(os.path.join(src, "dev.tsv"), os.path.join(tmp, "dev.tsv"))
