@@ -212,8 +212,7 @@ def finetune(task: str, method: str, env: Dict[str, str], extra_flags: Sequence[
     rd = plan.run_dir
     res_path = os.path.join(rd, "result.json")
     if os.path.isfile(res_path):
-        with open(res_path) as f:
-            return json.load(f)
+        return _records.load(rd)
     t0 = now()
     log(f"train: {task} {method} seed {plan.seed} -> {rd}")
     log_path = rd + ".driver.log"

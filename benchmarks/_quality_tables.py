@@ -269,10 +269,7 @@ LENGTHS_RECORD = os.path.join(_glue_runs.RESULTS, "dev_lengths.json")
 
 
 def read_lengths(path: str = LENGTHS_RECORD) -> Optional[dict]:
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    return _records.load(*os.path.split(path))
 
 
 def flops_axis(ee: dict, lengths: dict, num_classes: int = 2) -> dict:

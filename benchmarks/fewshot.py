@@ -45,18 +45,14 @@ def study(work: str, records: str, bf16: bool = False, trainer: str = "fairseq")
 
 def _conventions(enc: _glue_runs.Encoder):
     """The converted encoder's conventions record (head dropout, pair format), or None for one without it."""
-    path = os.path.join(enc.dir, "conventions.json")
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return {k: v for k, v in json.load(f).items() if k in ("family", "head_dropout", "pair_format")}
+    record = _records.load(enc.dir, "conventions.json")
+    return record and {k: v for k, v in record.items() if k in ("family", "head_dropout", "pair_format")}
 
 
 def check_finished(folder: str, sch: Dict[str, object], enc: _glue_runs.Encoder) -> None:
     """A finished run (in WORK or recorded) of another schedule, or from before the converted encoder carried its
     conventions record (no head dropout, fairseq's adam), must not pass for this one."""
-    with open(os.path.join(folder, RESULT)) as f:
-        done = json.load(f)
+    done = _records.load(folder, RESULT)
     got = {k: v for k, v in done["schedule"].items() if k != "reason"}
     got["trainer"] = done.get("trainer", "fairseq")
     sch = dict(sch, trainer=got["trainer"])  # a run's study decides its trainer: the schedule is what is compared

@@ -214,11 +214,9 @@ def run_all(args, jobs) -> None:
 
 
 def _plugin_result(rd: str) -> Optional[Dict]:
-    path = os.path.join(rd, "result.json")
-    if not os.path.isfile(path):
+    res = _records.load(rd)
+    if res is None:
         return None
-    with open(path) as f:
-        res = json.load(f)
     seed = int(os.path.basename(rd)[4:])
     speed = _fairseq_samples_per_s(os.path.join(rd, "train.log"), TRAIN_SIZES[res["task"]])
     return {"seed": seed, "metric": res["best_value"], "samples_per_s": speed or res.get("samples_per_s")}
