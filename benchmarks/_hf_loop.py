@@ -1,6 +1,6 @@
 """The plain Hugging Face transformers fine-tuning loop that hf_loop.py runs, hf_parity.py compares with the
 plugin's fairseq runs and hf_speed.py times (:func:`train_step`): the config, the model, the batches, the schedule
-and the loop. What the defaults are and why: hf_loop.py's docstring."""
+and the loop. What the defaults are and why: docs/benchmarks.md, "hf_loop.py"."""
 import dataclasses
 import math
 import os

@@ -124,13 +124,17 @@ def pilot_bullet(results: str) -> str:
                 f"{task} {_paired.interval_text(_paired.interval(p['diffs']))}" for task, p in same.items()) + ".")
 
 
-def gate_bullet(results: str) -> str:
-    gate = _load(results, "quality_gate.json")
-    verdicts, parts = {}, []
-    for task, by_method in gate.items():
+def _gate(results: str):
+    """(task, its scl_grad pair, gated − base by seed, the % of updates the gate dropped) of quality_gate.json."""
+    for task, by_method in _load(results, "quality_gate.json").items():
         p = by_method["scl_grad"]
-        diffs = [g - b for g, b in zip(p["gated"], p["base"])]
-        rates = [100 * r for r in p["conflict_rate"] if r is not None]
+        yield task, p, [g - b for g, b in zip(p["gated"], p["base"])], [100 * r for r in p["conflict_rate"]
+                                                                         if r is not None]
+
+
+def gate_bullet(results: str) -> str:
+    verdicts, parts = {}, []
+    for task, p, diffs, rates in _gate(results):
         verdicts[task] = _paired.verdict(_paired.interval(diffs))
         parts.append(f"{task} {p['metric']} ({_seeds(p['seeds'])}; SCL dropped in {min(rates):.1f}-{max(rates):.1f}% "
                      f"of updates): {_said(diffs)} ({_paired.interval(diffs)['ahead']} of {len(diffs)} seeds ahead)")
@@ -197,10 +201,7 @@ def multi_exit_row(results: str) -> str:
 
 def gate_row(results: str) -> str:
     out = []
-    for task, by_method in _load(results, "quality_gate.json").items():
-        p = by_method["scl_grad"]
-        diffs = [g - b for g, b in zip(p["gated"], p["base"])]
-        rates = [100 * r for r in p["conflict_rate"] if r is not None]
+    for task, p, diffs, rates in _gate(results):
         iv = _paired.interval(diffs)
         digits = 1 if max(rates) < 10 else 0  # 0.5-1.6%, not 1-2%
         out.append(f"{task} {_paired.interval_text(iv)} {p['metric']} ({iv['ahead']} of {iv['n']} seeds ahead; "
