@@ -1,16 +1,15 @@
 """fewshot.py --trainer hf: the few-shot protocol through acl-train-hf (Hugging Face's Trainer), each run beside the
 fairseq run of the same N, method and seed, at the fairseq runs' settings; what differs: docs/benchmarks.md,
 "fewshot.py"."""
-import json
 import math
 import os
 import shlex
-import subprocess
 import sys
 from typing import Dict, List
 
 import _fewshot
 import _glue_runs
+import _records
 import harness
 from acl_fairseq.runs import recipe_tables
 
@@ -49,16 +48,11 @@ def train(hf_dir: str, glue_dir: str, enc: "_glue_runs.Encoder", n: int, method:
     """One run into ``rd``: acl-train-hf's result.json, then the benchmark's result with the test half's accuracy at
     the validation that selected the model."""
     argv = command(hf_dir, glue_dir, enc, n, method, seed, rd, sch)
-    os.makedirs(rd, exist_ok=True)
     harness.write_text(os.path.join(rd, "command.sh"), "#!/usr/bin/env bash\n" + shlex.join(argv) + "\n")
     t0 = harness.now()
-    with open(os.path.join(rd, "train.log"), "w") as log:
-        done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, cwd=_glue_runs.REPO,
-                              env=dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=_glue_runs.REPO))
-    if done.returncode != 0:
-        sys.exit(f"fewshot: acl-train-hf failed (exit {done.returncode}); its log: {rd}/train.log")
-    with open(os.path.join(rd, "result.json")) as f:
-        res = json.load(f)
+    _glue_runs.run(argv, env={"OMP_NUM_THREADS": str(threads), "PYTHONPATH": _glue_runs.REPO},
+                   log_path=os.path.join(rd, "train.log"))  # a failure raises with the log's tail
+    res = _records.load(rd)
     out = _fewshot.result(n, method, seed, res["split_sizes"], res["test_metrics"]["test"],
                           res["best_valid"]["valid"], res["best_num_updates"], sch, harness.since(t0)[0], trainer="hf")
     if not keep:  # the weights, and the Trainer's log (its numbers that the tables read are in ``out``)
