@@ -177,12 +177,7 @@ def markdown(summary: dict) -> str:
 
 
 def plot(summary: dict, path: str) -> None:
-    import logging
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's imports leave the root logger at DEBUG
-
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = harness.pyplot()
     import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(6, 4.2))

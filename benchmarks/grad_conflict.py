@@ -173,14 +173,7 @@ def summarize(steps: List[dict]) -> Dict[str, Dict[str, Dict[str, Dict[str, floa
 
 def plot(results: Dict[str, dict], steps: Dict[str, List[dict]], path: str) -> None:
     """One panel per run: histograms of the params-scope angle of each pair, with 90 degrees marked."""
-    import logging
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's import left the root logger at DEBUG
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = harness.pyplot()
     # one angle axis for every run, so that the panels compare at a glance
     fig, axes = plt.subplots(1, len(steps), figsize=(5.5 * len(steps), 3.8), squeeze=False, sharex=True)
     for ax, (run, run_steps) in zip(axes[0], steps.items()):

@@ -8,10 +8,10 @@ from .cli import Parser, parser
 from .clock import now, rounds, since, timed, wall
 from .outputs import load_note, print_noted_table, print_table, report, write_json, write_text
 from .setup_record import CPU_FLAGS, header, machine, record, set_threads, versions
-from .study import Study, grid, paired, paired_cells, save_figure, summarize_cells, write_outputs
+from .study import Study, grid, paired, paired_cells, pyplot, save_figure, summarize_cells, write_outputs
 from .targets import print_targets, target, verdict
 
 __all__ = ["CPU_FLAGS", "Parser", "Study", "grid", "header", "load_note", "machine", "now", "paired", "paired_cells",
-           "parser", "print_noted_table", "print_table", "print_targets", "record", "report", "rounds", "save_figure",
-           "set_threads", "since", "summarize_cells", "target", "timed", "verdict", "versions", "wall",
+           "parser", "print_noted_table", "print_table", "print_targets", "pyplot", "record", "report", "rounds",
+           "save_figure", "set_threads", "since", "summarize_cells", "target", "timed", "verdict", "versions", "wall",
            "write_json", "write_outputs", "write_text"]

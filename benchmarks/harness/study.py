@@ -145,6 +145,20 @@ def paired_cells(cells: Sequence[dict], keys: Sequence[str], vary: str, base: st
     return out
 
 
+def pyplot():
+    """matplotlib.pyplot drawing off screen (Agg), its logger at WARNING (fairseq's imports leave the root logger at
+    DEBUG), for the studies' figures."""
+    import logging
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def save_figure(fig, path: str, dpi: int = 120) -> None:
     """A matplotlib figure as PNG, written whole or not at all; the figure is closed."""
     import matplotlib.pyplot as plt
