@@ -305,8 +305,7 @@ def markdown(summary: Dict, command: str) -> str:
 def write_results(work: str, results: str, command: str) -> Dict:
     records = _records.records_root(results)
     for sub in ("parity", "quality"):
-        written = _records.sync(work, sub, records)
-        _glue_runs.log(f"records: {written} written from {os.path.join(work, sub)} into {records}")
+        harness.Study(sub, work, records, log=_glue_runs.log).sync()
     summary = summarize(collect(records))
     harness.write_json(os.path.join(results, "hf_parity.json"), summary, indent=2, sort_keys=True)
     harness.write_text(os.path.join(results, "hf_parity.md"), markdown(summary, command))
