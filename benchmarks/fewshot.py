@@ -248,9 +248,6 @@ def build_parser():
     p.add_argument("--ns", type=int, nargs="+", default=[20, 100, 1000])
     p.add_argument("--methods", nargs="+", default=_fewshot.METHODS, choices=_fewshot.METHODS)
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
-    p.add_argument("--order", choices=["seed-major", "cell-major"], default="seed-major",
-                   help="seed-major (default): all methods of seed 1, then seed 2 ... so every method has the same "
-                        "seeds when stopped early; cell-major: all seeds of one method first")
     _glue_runs.study_flags(p, results=None)
     p.add_argument("--results", default=None,
                    help="fewshot.json/.md/.png go here, the run records under RESULTS/runs/fewshot (default "
@@ -333,7 +330,7 @@ def main(argv=None) -> int:
     refuse_another_protocol(p, args, name)
     if not args.collect_only:
         runs = study(args.work, records, args.bf16, args.trainer)
-        plan = harness.grid([(n, m) for n in args.ns for m in args.methods], args.seeds, args.order,
+        plan = harness.grid([(n, m) for n in args.ns for m in args.methods], args.seeds, "seed-major",
                             block=lambda c: c[0])
         _glue_runs.log(f"few-shot {_fewshot.TASK}: {len(plan)} runs (N {args.ns}, methods {args.methods}, "
                        f"seeds {args.seeds}); schedules {json.dumps(schedules)}")

@@ -150,13 +150,10 @@ def main(argv=None):
     p.add_argument("--merges", type=int, default=5000, help="merges of the locally learned BPE")
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="workers for both pipelines")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--work-dir", help="scratch folder (default: a temporary one, removed afterwards)")
     args = p.parse_args(argv)
 
-    work = args.work_dir or tempfile.mkdtemp(prefix="preprocess_bench_")
-    os.makedirs(work, exist_ok=True)
     python = sys.executable
-    try:
+    with tempfile.TemporaryDirectory(prefix="preprocess_bench_") as work:
         bpe, bpe_kind = bpe_files(args.bpe_dir, work, args.merges, args.glue_dir)
         runs = {"ours": [], "fairseq": []}
         for r in range(args.repeats):
@@ -168,9 +165,6 @@ def main(argv=None):
         same = identical(os.path.join(work, "ours"), os.path.join(work, "fairseq"))
         with open(os.path.join(work, "ours", "stats.json")) as f:
             n = {k: v["examples"] for k, v in json.load(f)["splits"].items()}
-    finally:
-        if not args.work_dir:
-            shutil.rmtree(work, ignore_errors=True)
 
     result = _summary(args, runs, n, bpe_kind, same)
     _print_summary(args, result)

@@ -48,7 +48,6 @@ def parse_args(argv=None):
     p.add_argument("--num-classes", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5, help="timed rounds (each runs every variant once)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
-    p.add_argument("--inner", type=int, default=1, help="steps per timed sample (the mean is the sample)")
     p.add_argument("--mem-repeats", type=int, default=2, help="steps per variant measuring peak memory (0: skip)")
     p.add_argument("--criteria", nargs="+", help="only these criteria (sentence_ce is always kept as the base)")
     p.add_argument("--no-multi-exit", action="store_true", help="skip the multi-exit rows")
@@ -97,12 +96,7 @@ def run(args) -> List[Dict]:
         data_dir = common.make_dict_dir(tmp, common.MODEL_SIZES[args.model]["vocab"], args.num_classes)
         variants = build_variants(args, data_dir)
     timer = common.step_clock(args.device)
-
-    def sample_time(v):
-        wall, cpu = timer(lambda: [v.step() for _ in range(args.inner)])
-        return wall / args.inner, cpu / args.inner
-
-    run.memory_method = common.interleaved_rounds(variants, sample_time, args.repeats, args.warmup,
+    run.memory_method = common.interleaved_rounds(variants, lambda v: timer(v.step), args.repeats, args.warmup,
                                                   args.mem_repeats, args.device, args.seed)
     base = {v.kind: v for v in variants if v.name == "sentence_ce"}
     return [{"criterion": v.name, "scope": v.scope,
@@ -127,8 +121,7 @@ def main(argv=None):
     args = parse_args(argv)
     rows = run(args)
     harness.header("step_time", model=args.model, batch=args.batch, seq_len=args.seq_len, device=args.device,
-                   precision="fp16" if args.fp16 else "fp32", repeats=args.repeats, warmup=args.warmup,
-                   inner=args.inner)
+                   precision="fp16" if args.fp16 else "fp32", repeats=args.repeats, warmup=args.warmup)
     print(f"# {common.describe_memory(run.memory_method)}")
     harness.report(rows, COLUMNS, FORMATS, args.json)
     harness.print_targets(targets(rows))
