@@ -298,7 +298,7 @@ def parse_args(argv=None):
     return p, args
 
 
-def encoder(p, args) -> Tuple["_glue_runs.Encoder", str]:
+def encoder(args) -> Tuple["_glue_runs.Encoder", str]:
     """The encoder the runs fine-tune (--encoder-dir, else --hf-dir or the packaged MiniLM converted once), and
     its name in the protocol."""
     if args.encoder_dir:
@@ -324,7 +324,7 @@ def refuse_another_protocol(p, args, name: str) -> None:
 
 def main(argv=None) -> int:
     p, args = parse_args(argv)
-    enc, name = encoder(p, args)
+    enc, name = encoder(args)
     schedules = {str(n): _fewshot.schedule_for(n, args.toy) for n in args.ns}
     records = _records.records_root(args.results)
     refuse_another_protocol(p, args, name)

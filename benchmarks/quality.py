@@ -66,7 +66,7 @@ def build_parser():
     return p
 
 
-def _run_all(p, args, study: harness.Study, records: str) -> None:
+def _run_all(args, study: harness.Study, records: str) -> None:
     """Every (task, method, seed) of the grid that has no record yet, on the packaged MiniLM converted once."""
     enc = _glue_runs.minilm(args.hf_dir, args.work)
     plan = harness.grid([(t, m) for t in args.tasks for m in methods_for(t, args.methods, args.multi_exit_tasks)],
@@ -94,13 +94,12 @@ def _protocol_markdown(args, runs_dir: str) -> str:
 
 
 def main(argv=None) -> int:
-    p = build_parser()
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     records = _records.records_root(args.results)
     study = harness.Study("quality", args.work, records,
                           log=_glue_runs.log)  # WORK/quality/runs/TASK/METHOD/seedS, its records
     if not args.collect_only:
-        _run_all(p, args, study, records)
+        _run_all(args, study, records)
 
     study.sync()
     runs_dir = os.path.join(records, "quality", "runs")
