@@ -1,12 +1,11 @@
 """The converted-encoder protocol that quality.py, hf_parity.py, grad_conflict.py and predict_speed.py share: the
 schedule table (recipes/glue/converted.tsv), the GLUE training sizes, the seeded SST-2 training subset, the
 binarized data, and one run of the table's schedule through the recipes' runner."""
-import math
 import os
 import random
 import sys
 import tempfile
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import _glue_runs
 import _records
@@ -56,12 +55,9 @@ def run_one(task: str, method: str, seed: int, work: str, enc: "_glue_runs.Encod
     def train():
         db = binarize(task, work, enc)
         n = sch["train_subset"] or TRAIN_SIZES[task]
-        updates = math.ceil(n / sch["batch"]) * sch["epochs"]
         multi = recipe_tables.method(method, task).exits == "multi"
-        env = _glue_runs.driver_env(_glue_runs.Encoder(enc.dir, pooling=sch["pooling"]), db, out_root, seed,
-                                    multi=multi,
-                                    schedule=dict(LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"],
-                                                  TOTAL_UPDATES=updates, LOG_INTERVAL=10))
+        env = _glue_runs.driver_env(_glue_runs.Encoder(enc.dir, pooling=sch["pooling"]), db, out_root, seed, multi,
+                                    _glue_runs.schedule(sch["lr"], sch["batch"], sch["epochs"], n, 10))
         env["OMP_NUM_THREADS"] = str(threads)
         _glue_runs.finetune(task, method, env, ["--no-last-checkpoints", *extra])
         if not keep_checkpoints:
@@ -75,6 +71,11 @@ def run_one(task: str, method: str, seed: int, work: str, enc: "_glue_runs.Encod
     return _records.result_or_train(rd, work, records, train, check)
 
 
+def subset_indices(n_total: int, n: int, seed: int = SUBSET_SEED) -> List[int]:
+    """The seeded training subset: ``n`` of the ``n_total`` rows of train.tsv after its header, in file order."""
+    return sorted(random.Random(seed).sample(range(n_total), n))
+
+
 def binarize(task: str, work: str, enc: _glue_runs.Encoder) -> str:
     out = os.path.join(work, "data", "quality", f"{task}-bin")
     if os.path.isfile(os.path.join(out, "stats.json")):
@@ -86,7 +87,7 @@ def binarize(task: str, work: str, enc: _glue_runs.Encoder) -> str:
     with tempfile.TemporaryDirectory(prefix=f"acl_{task}_subset_") as tmp:  # outside the repo, deleted after
         with open(os.path.join(src, "train.tsv"), encoding="utf-8") as f:
             header, *rows = f.read().splitlines()
-        keep = sorted(random.Random(SUBSET_SEED).sample(range(len(rows)), n))
+        keep = subset_indices(len(rows), n, SUBSET_SEED)
         with open(os.path.join(tmp, "train.tsv"), "w", encoding="utf-8") as f:
             f.write("\n".join([header] + [rows[i] for i in keep]) + "\n")
         os.symlink(os.path.join(src, "dev.tsv"), os.path.join(tmp, "dev.tsv"))

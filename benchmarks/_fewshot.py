@@ -7,6 +7,7 @@ from typing import Dict, List, Optional, Tuple
 
 import _glue_runs
 import _paired
+import harness
 from acl_runtime.tables import read_tsv
 
 TASK = "SST-2"
@@ -38,6 +39,16 @@ def schedule_for(n: int, toy: bool) -> Dict[str, object]:
     epochs = max(3, math.ceil(70 / per_epoch))
     return dict(batch=batch, epochs=epochs, every=max(1, epochs // 5), lr=1e-4,
                 reason="not in recipes/glue/fewshot.tsv: batch 16, about 70 updates and at least 3 epochs, lr 1e-4")
+
+
+def result(n: int, method: str, seed: int, sizes: dict, test: dict, valid: dict, best_num_updates, sch: dict,
+           seconds: float, **extra) -> dict:
+    """A finished run's record (fewshot_result.json), either trainer's: ``extra`` after the seed (``trainer``)."""
+    return {"task": TASK, "n": n, "method": method, "seed": seed, **extra, "split_sizes": sizes,
+            "test_accuracy": float(test["accuracy"]), "valid_accuracy": float(valid["accuracy"]),
+            "best_num_updates": best_num_updates, "total_updates": math.ceil(n / sch["batch"]) * sch["epochs"],
+            "schedule": sch, "test_metrics": test, "valid_metrics": valid, "seconds": round(seconds, 1),
+            **{k: v for k, v in harness.machine().items() if k in ("cpu_kind", "cpu_flags")}}
 
 
 def data_bin(work: str, n: int, seed: int) -> str:
@@ -83,9 +94,3 @@ def twin_pairs(runs: List[dict], twins: List[dict], column: str, names: Tuple[st
             cell[f"within_{bound}_points"] = max(map(abs, d)) <= bound
         paired.append(cell)
     return {"rows": rows, "paired": paired, "unpaired": unpaired}
-
-
-def precision_pairs(bf16: List[dict], fp32: List[dict]) -> Dict[str, list]:
-    """Each bf16 run beside the fp32 run of the same N, method and seed, the differences held against
-    ``BF16_BOUND``."""
-    return twin_pairs(bf16, fp32, "precision", ("bf16", "fp32"), BF16_BOUND)

@@ -2,7 +2,6 @@
 --few-shot N --seed S, recipes/glue/finetune.sh), its best checkpoint scored on the labelled test half by
 ``acl-evaluate --split test``."""
 import json
-import math
 import os
 
 import _fewshot
@@ -15,11 +14,8 @@ def train(args, enc: _glue_runs.Encoder, n: int, method: str, seed: int, root: s
     """Preprocess (once per N, seed), train in ``rd`` under ``root`` and score on test; returns the run's record."""
     db = _glue_runs.preprocess(_fewshot.TASK, args.glue_dir, _fewshot.data_bin(args.work, n, seed), enc,
                                ["--few-shot", str(n), "--seed", str(seed)])
-    per_epoch = math.ceil(n / sch["batch"])
-    updates = per_epoch * sch["epochs"]
-    env = _glue_runs.driver_env(enc, db, root, seed, multi=False, schedule=dict(
-        LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"], TOTAL_UPDATES=updates,
-        LOG_INTERVAL=max(1, per_epoch)))
+    env = _glue_runs.driver_env(enc, db, root, seed, False, _glue_runs.schedule(sch["lr"], sch["batch"],
+                                                                                sch["epochs"], n))
     env["OMP_NUM_THREADS"] = str(args.threads)
     if args.bf16:
         env["BF16"] = "1"  # the recipes' switch: --autocast-bf16 on every fairseq-train run
@@ -28,16 +24,7 @@ def train(args, enc: _glue_runs.Encoder, n: int, method: str, seed: int, root: s
                                                            "--save-interval",
                                          str(sch["every"]), "--no-last-checkpoints", "--no-save-optimizer-state"])
     ev = _glue_runs.evaluate_split(rd, db, "test", _fewshot.TASK)
-    test_metrics = ev["per_exit"][-1]["metrics"]
-    valid_metrics = res["best_valid"]["valid"]
     with open(os.path.join(db, "stats.json")) as f:
         sizes = {k: v["examples"] for k, v in json.load(f)["splits"].items()}
-    return {
-        "task": _fewshot.TASK, "n": n, "method": method, "seed": seed, "split_sizes": sizes,
-        "test_accuracy": float(test_metrics["accuracy"]),
-        "valid_accuracy": float(valid_metrics["accuracy"]),
-        "best_num_updates": res.get("best_num_updates"), "total_updates": updates,
-        "schedule": sch, "test_metrics": test_metrics, "valid_metrics": valid_metrics,
-        "seconds": round(harness.since(t0)[0], 1),
-        **{k: v for k, v in harness.machine().items() if k in ("cpu_kind", "cpu_flags")},
-    }
+    return _fewshot.result(n, method, seed, sizes, ev["per_exit"][-1]["metrics"], res["best_valid"]["valid"],
+                           res.get("best_num_updates"), sch, harness.since(t0)[0])

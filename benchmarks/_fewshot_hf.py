@@ -1,28 +1,19 @@
 """fewshot.py --trainer hf: the few-shot protocol through acl-train-hf (Hugging Face's Trainer), each run beside the
-fairseq run of the same N, method and seed (the same training sample, valid and test halves: both trainers draw
-them with acl_runtime.scl_protocols).
-
-The settings are the fairseq runs': the HF folder the fairseq encoder was converted from (the packaged MiniLM), one
-exit at the last layer with the encoder's pooling, the method's options of recipes/glue/methods.tsv (fairseq's flags
-with underscores), the schedule of recipes/glue/fewshot.tsv (batch, epochs, lr, validation every k epochs), AdamW
-(0.9, 0.98), eps 1e-6, weight decay 0.1, linear decay after a warm-up of 6 % of the updates (fairseq's
-polynomial_decay of power 1), no clipping, dropout 0.1. What differs: the Trainer leaves biases and LayerNorm weights
-out of weight decay (fairseq decays every parameter), and the head's initial weights come from another random
-stream (same seed, not the same draw)."""
-import json
+fairseq run of the same N, method and seed, at the fairseq runs' settings; what differs: docs/benchmarks.md,
+"fewshot.py"."""
 import math
 import os
 import shlex
-import subprocess
 import sys
 from typing import Dict, List
 
+import _fewshot
 import _glue_runs
+import _records
 import harness
 from acl_fairseq.runs import recipe_tables
 
 METHODS_TABLE = os.path.join(_glue_runs.REPO, "recipes", "glue", "methods.tsv")
-PAIR_KEYS = ("n", "method", "seed")
 
 
 def criterion_flags(method: str) -> List[str]:
@@ -57,24 +48,13 @@ def train(hf_dir: str, glue_dir: str, enc: "_glue_runs.Encoder", n: int, method:
     """One run into ``rd``: acl-train-hf's result.json, then the benchmark's result with the test half's accuracy at
     the validation that selected the model."""
     argv = command(hf_dir, glue_dir, enc, n, method, seed, rd, sch)
-    os.makedirs(rd, exist_ok=True)
     harness.write_text(os.path.join(rd, "command.sh"), "#!/usr/bin/env bash\n" + shlex.join(argv) + "\n")
     t0 = harness.now()
-    with open(os.path.join(rd, "train.log"), "w") as log:
-        done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, cwd=_glue_runs.REPO,
-                              env=dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=_glue_runs.REPO))
-    if done.returncode != 0:
-        sys.exit(f"fewshot: acl-train-hf failed (exit {done.returncode}); its log: {rd}/train.log")
-    with open(os.path.join(rd, "result.json")) as f:
-        res = json.load(f)
-    test, valid = res["test_metrics"]["test"], res["best_valid"]["valid"]
-    per_epoch = math.ceil(n / sch["batch"])
-    out = {"task": "SST-2", "n": n, "method": method, "seed": seed, "trainer": "hf",
-           "split_sizes": res["split_sizes"], "test_accuracy": float(test["accuracy"]),
-           "valid_accuracy": float(valid["accuracy"]), "best_num_updates": res["best_num_updates"],
-           "total_updates": per_epoch * sch["epochs"], "schedule": sch, "test_metrics": test, "valid_metrics": valid,
-           "seconds": round(harness.since(t0)[0], 1),
-           **{k: v for k, v in harness.machine().items() if k in ("cpu_kind", "cpu_flags")}}
+    _glue_runs.run(argv, env={"OMP_NUM_THREADS": str(threads), "PYTHONPATH": _glue_runs.REPO},
+                   log_path=os.path.join(rd, "train.log"))  # a failure raises with the log's tail
+    res = _records.load(rd)
+    out = _fewshot.result(n, method, seed, res["split_sizes"], res["test_metrics"]["test"],
+                          res["best_valid"]["valid"], res["best_num_updates"], sch, harness.since(t0)[0], trainer="hf")
     if not keep:  # the weights, and the Trainer's log (its numbers that the tables read are in ``out``)
         for name in os.listdir(rd):
             if name.endswith((".safetensors", ".bin")) or name == res["train_log"]:

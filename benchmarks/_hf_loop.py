@@ -1,6 +1,6 @@
 """The plain Hugging Face transformers fine-tuning loop that hf_loop.py runs, hf_parity.py compares with the
 plugin's fairseq runs and hf_speed.py times (:func:`train_step`): the config, the model, the batches, the schedule
-and the loop. What the defaults are and why: hf_loop.py's docstring."""
+and the loop. What the defaults are and why: docs/benchmarks.md, "hf_loop.py"."""
 import dataclasses
 import math
 import os
@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import _converted
 import _glue_runs
 import harness
 from acl_fairseq.runs import plan, recipe_tables
@@ -91,12 +92,6 @@ def load_examples(task: str, glue_dir: str = _glue_runs.GLUE_DIR, split: str = "
     data = read_split(os.path.join(glue_dir, spec.name), stem, spec, "train" if split == "train" else "dev")
     texts = [e.texts[0] if len(e.texts) == 1 else (e.texts[0], e.texts[1]) for e in data.examples]
     return texts, [target_of(spec, e.label) for e in data.examples]
-
-
-def subset_indices(n_total: int, n: int, seed: int) -> List[int]:
-    """benchmarks/quality.py's training subset: it samples N rows of train.tsv after the header, in file order.
-    read_split keeps every row of a headed task (QQP aside), so row i is example i."""
-    return sorted(random.Random(seed).sample(range(n_total), n))
 
 
 def load_tokenizer(hf_dir: str):
@@ -251,13 +246,6 @@ def train_step(model: nn.Module, batch: Dict[str, torch.Tensor], optimizer, sche
     return loss.item()
 
 
-def positive_class(spec: TaskSpec) -> Optional[int]:
-    """The class F1 and MCC are about, found as acl_torch.glue_metrics.positive_index finds it."""
-    if spec.regression or len(spec.labels) != 2:
-        return None
-    return next((spec.labels.index(p) for p in glue_metrics.POSITIVE_LABELS if p in spec.labels), None)
-
-
 @torch.no_grad()
 def evaluate(model: nn.Module, tokenizer, examples: Examples, cfg: HFConfig) -> Dict[str, float]:
     """GLUE metrics in percent, named as the plugin names them (accuracy f1 mcc, or pearson spearman)."""
@@ -277,7 +265,7 @@ def evaluate(model: nn.Module, tokenizer, examples: Examples, cfg: HFConfig) -> 
             preds[i] = p
     if spec.regression:
         return glue_metrics.regression_metrics(preds, targets)
-    return glue_metrics.classification_metrics(preds, targets, positive_class(spec))
+    return glue_metrics.classification_metrics(preds, targets, glue_metrics.positive_of(spec.labels))
 
 
 def _train_epochs(model, tokenizer, encoded, labels, dev, cfg: HFConfig, spec, optimizer, scheduler, total: int):
@@ -321,7 +309,9 @@ def train_hf(cfg: HFConfig, glue_dir: str = _glue_runs.GLUE_DIR, train_examples:
 
     texts, targets = train_examples or load_examples(spec.name, glue_dir, "train")
     if cfg.train_subset:
-        keep = subset_indices(len(texts), cfg.train_subset, cfg.subset_seed)
+        # quality.py's subset of train.tsv's rows: read_split keeps every row of a headed task (QQP aside), so row i
+        # is example i
+        keep = _converted.subset_indices(len(texts), cfg.train_subset, cfg.subset_seed)
         texts, targets = [texts[i] for i in keep], [targets[i] for i in keep]
     dev_texts, dev_targets = load_examples(spec.name, glue_dir, "dev")
     dev = (dev_texts[: cfg.dev_limit], dev_targets[: cfg.dev_limit]) if cfg.dev_limit else (dev_texts, dev_targets)

@@ -1,23 +1,7 @@
-"""Run records: the part of a finished benchmark run that is kept in the repository.
-
-WORK (``--work``, default runs/bench) is scratch: checkpoints, TensorBoard logs, full training logs. It is
-not committed and does not outlive the machine, so a table collected from WORK alone would hold only the
-runs of the last machine. A record is the small part of a run that the tables need, kept under
-RESULTS/runs/ at the run folder's own path below WORK:
-
-    RESULTS/runs/quality/runs/RTE/ce/seed1/        (WORK/quality/runs/RTE/ce/seed1/)
-    RESULTS/runs/parity/lr2e-05_cls/hf/RTE/seed1/  (WORK/parity/lr2e-05_cls/hf/RTE/seed1/)
-    RESULTS/runs/fewshot/N20/runs/SST-2/scl/seed1/ (WORK/fewshot/N20/runs/SST-2/scl/seed1/)
-
-It keeps result.json, command.sh and git_head.txt, every JSON file that result.json names (the early-exit
-report), and train.log cut to the lines the collectors read: fairseq's per-epoch ``| train |`` and ``| valid |``
-summaries, "Loaded checkpoint" and "done training in" (a few kB per run instead of 50). The benchmarks save a
-record when a run finishes, skip a run whose record exists, and build their tables from the records, so runs
-made on different machines and in different sessions add up.
-
-A record restored from a committed table, its run folder lost, has only result.json, with ``restored_from``
-saying where its numbers come from.
-"""
+"""Run records: the part of a finished benchmark run that is kept in the repository, under RESULTS/runs/ at the run
+folder's own path below WORK (RESULTS/runs/quality/runs/RTE/ce/seed1/ for WORK/quality/runs/RTE/ce/seed1/): its
+result file, command.sh, git_head.txt, the JSON files the result names and train.log cut to the lines the
+collectors read. Why and how: docs/benchmarks.md, "Run records"."""
 import json
 import os
 import re

@@ -1,40 +1,19 @@
-"""One optimizer step of Hugging Face's ``Trainer``, as its own loop runs it, for benchmarks/hf_speed.py's ``trainer``
-side: the plain ``Trainer`` over ``AutoModelForSequenceClassification`` (cross-entropy inside the model: the
-reference a Trainer user has) and :class:`acl_hf.AclTrainer` over :class:`acl_hf.MultiExitForSequenceClassification`
-with each criterion (the project's HF path).
-
-A step is the body of the Trainer's inner loop (``Trainer._run_epoch``, transformers 5) with one micro-batch:
-``get_batch_samples`` counting ``num_items_in_batch``, ``training_step`` (forward, loss, ``accelerator.backward``),
-the gradient clipping of ``max_grad_norm``, ``optimizer.step``, ``lr_scheduler.step`` and ``model.zero_grad``, on
-the model and optimizer that ``Trainer._prepare_for_training`` wrapped (so ``bf16=True`` autocasts and
-``torch_compile=True`` compiles exactly as ``trainer.train()`` would). Logging, saving and evaluation are left out
-for every system alike. Same optimizer settings as the other sides: AdamW (0.9, 0.98), eps 1e-6, weight decay 0.1
-(the Trainer exempts biases and LayerNorm), lr 2e-5 with a linear schedule, dropout 0.1.
-"""
+"""One optimizer step of Hugging Face's ``Trainer``, as its own loop runs it, for benchmarks/hf_speed.py's trainer
+side: the plain ``Trainer`` (cross-entropy inside the model) and :class:`acl_hf.AclTrainer` with each criterion.
+What a step is: docs/benchmarks.md, "hf_speed.py"."""
 from typing import Dict, List, Optional
 
 import torch
 
+# mode -> (compiled, bf16)
 MODES = {"eager": (False, False), "compiled": (True, False), "bf16": (False, True), "compiled-bf16": (True, True)}
 
-# (criterion, scope, exits, options): the plugin side's rows (hf_speed.PLUGIN) in the Trainer's argument names
-CRITERIA = [
-    ("sentence_ce", None, "top", {}),
-    ("sentence_ce", None, "all", {}),
-    ("sentence_scl", None, "top", {"scl_weight": 0.9, "scl_temperature": 0.3, "scl_feature": "encoder"}),
-    ("acl_embed", None, "top", {}),
-    ("acl_grad", "features", "top", {"acl_grad_scope": "features"}),
-    ("acl_grad", "params", "top", {"acl_grad_scope": "params"}),
-    ("acl_cross_layer", "features", "all", {"acl_grad_scope": "features"}),
-    ("multi_exit_kd", None, "all", {"kd_weight": 1.0, "kd_temperature": 2.0}),
-]
 
-
-def chosen(criteria: Optional[List[str]]) -> List[tuple]:
-    """CRITERIA's rows for ``--criteria`` (CE always; CE with every exit only beside an all-exit criterion)."""
-    rows = [r for r in CRITERIA if not criteria or r[0] in criteria or r[0] == "sentence_ce"]
-    multi = any(exits == "all" and name != "sentence_ce" for name, _, exits, _ in rows)
-    return [r for r in rows if multi or not (r[0] == "sentence_ce" and r[2] == "all")]
+def trainer_options(flags: List[str]) -> Dict[str, object]:
+    """A criterion's fairseq flags (hf_speed.PLUGIN's) in the Trainer's argument names: ``--scl-weight 0.9`` ->
+    ``scl_weight=0.9`` (the exits' weighting is the model's, given to every AclTrainer system alike)."""
+    return {flag[2:].replace("-", "_"): float(value) if value[0].isdigit() else value
+            for flag, value in zip(flags[::2], flags[1::2]) if flag != "--exit-weighting"}
 
 
 def skipped(scope: Optional[str], mode: str) -> Optional[str]:
@@ -99,18 +78,18 @@ def model_layers(hf_dir: str) -> int:
     return AutoConfig.from_pretrained(hf_dir).num_hidden_layers
 
 
-def build(args, hf_dir: str, batch: Dict, work_dir: str) -> List[TrainerSystem]:
-    """The plain Trainer's CE, then AclTrainer with every chosen criterion, in every mode of ``args.trainer_modes``
-    (a criterion the Trainer refuses in a mode is said in one line and left out)."""
+def build(args, hf_dir: str, batch: Dict, work_dir: str, criteria: List[tuple]) -> List[TrainerSystem]:
+    """The plain Trainer's CE, then AclTrainer with each of ``criteria`` (hf_speed.chosen's rows), in every mode of
+    ``args.trainer_modes`` (a criterion the Trainer refuses in a mode is said in one line and left out)."""
     out = []
     for mode in args.trainer_modes:
         out.append(TrainerSystem(hf_dir, batch, args.device, mode, args.pooling, backend=args.compile_backend,
                                  work_dir=work_dir))
-        for name, scope, exits, options in chosen(args.criteria):
+        for name, scope, exits, flags in criteria:
             why = skipped(scope, mode)
             if why:
                 print(f"# acl_hf/{name}/{scope} {mode} left out: {why}")
                 continue
-            out.append(TrainerSystem(hf_dir, batch, args.device, mode, args.pooling, name, scope, exits, options,
-                                     args.compile_backend, work_dir))
+            out.append(TrainerSystem(hf_dir, batch, args.device, mode, args.pooling, name, scope, exits,
+                                     trainer_options(flags), args.compile_backend, work_dir))
     return out

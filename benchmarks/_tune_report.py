@@ -2,21 +2,17 @@
 (acl-tune --evaluate-best) gathered into one record and one table: tuned beside default per method, and method
 against method, tuned and at the default, each a paired difference over the seeds with its 95% interval
 (benchmarks/_paired.py)."""
-import json
 import os
 from typing import Dict, List, Optional
 
 import _paired
+import _records
 
 PAIRS = [("scl", "ce"), ("acl_embed", "ce"), ("acl_embed", "scl")]  # (first, second): first − second
 
 
 def _study(out: str, n: int, method: str) -> Optional[dict]:
-    path = os.path.join(out, f"N{n}", method, "best.json")
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    return _records.load(os.path.join(out, f"N{n}", method), "best.json")
 
 
 def _paired_difference(a: Dict[str, float], b: Dict[str, float]) -> dict:
@@ -92,11 +88,7 @@ def markdown(record: dict) -> str:
 
 
 def load(results: str) -> Optional[dict]:
-    path = os.path.join(results, "tune_fewshot.json")
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    return _records.load(results, "tune_fewshot.json")
 
 
 def _word(verdict: str) -> str:

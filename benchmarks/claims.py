@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
-"""README's "Did the papers' claims hold" bullets, generated from the committed tables, so that no claim is typed by
-hand: every comparison says "ahead" or "behind" only where its 95% interval (Student t, n - 1 degrees of freedom,
-benchmarks/_paired.py) excludes 0, else "within noise (n = k)".
+"""README's "Did the papers' claims hold" bullets and the results table's paired cells, generated from the committed
+tables, so that no claim is typed by hand.
+
+Systems: the comparisons of quality_paired.json, quality_gate.json, quality_speedup*.json (benchmarks/quality.py),
+fewshot.json (fewshot.py), grad_conflict.json (grad_conflict.py), hf_parity.json (hf_parity.py) and
+tune_fewshot.json (tune_fewshot.py --report). Measure: each paired difference's mean and 95% interval
+(benchmarks/_paired.py). Targets: "ahead" or "behind" only where the interval excludes 0, else "within noise (n =
+k)"; written between the ``<!-- claims:begin -->`` and ``<!-- claims:end -->`` lines of the README and of
+docs/benchmarks.md and into the README's paired rows (``ROWS``); ``--check`` writes nothing and exits 1 when either
+file differs.
 
     python benchmarks/claims.py [--results benchmarks/results] [--readme README.md] [--docs docs/benchmarks.md]
         [--check]
-
-Reads RESULTS/quality_paired.json, quality_gate.json, quality_speedup.json and quality_speedup_flops.json
-(benchmarks/quality.py --collect-only), fewshot.json (benchmarks/fewshot.py --collect-only), grad_conflict.json
-(benchmarks/grad_conflict.py) and tune_fewshot.json (benchmarks/tune_fewshot.py --report), and writes the bullets
-between the ``<!-- claims:begin -->`` and ``<!-- claims:end -->`` lines of the README and of docs/benchmarks.md,
-and the headline cell of the README results table's paired rows (:data:`ROWS`). ``--check`` writes nothing and
-exits 1 when either file differs.
 """
 import json
 import os
@@ -124,13 +124,17 @@ def pilot_bullet(results: str) -> str:
                 f"{task} {_paired.interval_text(_paired.interval(p['diffs']))}" for task, p in same.items()) + ".")
 
 
-def gate_bullet(results: str) -> str:
-    gate = _load(results, "quality_gate.json")
-    verdicts, parts = {}, []
-    for task, by_method in gate.items():
+def _gate(results: str):
+    """(task, its scl_grad pair, gated − base by seed, the % of updates the gate dropped) of quality_gate.json."""
+    for task, by_method in _load(results, "quality_gate.json").items():
         p = by_method["scl_grad"]
-        diffs = [g - b for g, b in zip(p["gated"], p["base"])]
-        rates = [100 * r for r in p["conflict_rate"] if r is not None]
+        yield task, p, [g - b for g, b in zip(p["gated"], p["base"])], [100 * r for r in p["conflict_rate"]
+                                                                         if r is not None]
+
+
+def gate_bullet(results: str) -> str:
+    verdicts, parts = {}, []
+    for task, p, diffs, rates in _gate(results):
         verdicts[task] = _paired.verdict(_paired.interval(diffs))
         parts.append(f"{task} {p['metric']} ({_seeds(p['seeds'])}; SCL dropped in {min(rates):.1f}-{max(rates):.1f}% "
                      f"of updates): {_said(diffs)} ({_paired.interval(diffs)['ahead']} of {len(diffs)} seeds ahead)")
@@ -197,10 +201,7 @@ def multi_exit_row(results: str) -> str:
 
 def gate_row(results: str) -> str:
     out = []
-    for task, by_method in _load(results, "quality_gate.json").items():
-        p = by_method["scl_grad"]
-        diffs = [g - b for g, b in zip(p["gated"], p["base"])]
-        rates = [100 * r for r in p["conflict_rate"] if r is not None]
+    for task, p, diffs, rates in _gate(results):
         iv = _paired.interval(diffs)
         digits = 1 if max(rates) < 10 else 0  # 0.5-1.6%, not 1-2%
         out.append(f"{task} {_paired.interval_text(iv)} {p['metric']} ({iv['ahead']} of {iv['n']} seeds ahead; "

@@ -1,15 +1,7 @@
-"""Helpers shared by the benchmarks that build fairseq models: model sizes, fairseq building, random data, the
-device clock, memory. (The harness every benchmark shares, its parser, header, clock and outputs: ``harness``.)
-
-Models, tasks and criteria are built exactly as ``fairseq-train --user-dir acl_fairseq`` builds them
-(``options.get_training_parser`` -> ``parse_args_and_arch`` -> ``tasks.setup_task`` ->
-``task.build_model`` / ``task.build_criterion``) over a throw-away data folder that holds only the two
-dictionaries the ``sentence_prediction`` task reads; the batches are random tokens of a fixed shape.
-
-The benchmarks are scripts started by path (``python benchmarks/step_time.py ...``): Python puts the
-script's folder on ``sys.path``, so they import the shared modules by name (``import common``), and ``acl_fairseq``
-is the installed package (``pip install -e .``). Nothing here changes ``sys.path``.
-"""
+"""What the benchmarks that build fairseq models share: model sizes, models, tasks and criteria built as
+``fairseq-train --user-dir acl_fairseq`` builds them over a throw-away folder of the two dictionaries, random
+batches of a fixed shape, a training step (``Variant``) and its clock, rounds and peak memory (``PeakMemory``).
+Everything else every benchmark shares is the harness's (``import harness``)."""
 import ctypes
 import gc
 import logging
@@ -101,28 +93,41 @@ def train_argv(data: str, criterion: str, arch: str, model: str, seq_len: int, n
     return argv
 
 
-def build(argv: Sequence[str]):
-    """``(cfg, task, model, criterion)`` as fairseq-train builds them from ``argv``."""
+def _task(argv: Sequence[str]):
+    """``(cfg, task)`` as fairseq-train parses ``argv`` and sets the task up."""
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    parser = options.get_training_parser()
-    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, input_args=list(argv)))
-    task = tasks.setup_task(cfg.task)
-    model = task.build_model(cfg.model)
-    criterion = task.build_criterion(cfg.criterion)
-    return cfg, task, model, criterion
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(),
+                                                                     input_args=list(argv)))
+    return cfg, tasks.setup_task(cfg.task)
+
+
+def build(argv: Sequence[str]):
+    """``(cfg, task, model, criterion)`` as fairseq-train builds them from ``argv``."""
+    cfg, task = _task(argv)
+    return cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion)
 
 
 def build_criterion(argv: Sequence[str]):
-    """``(cfg, criterion)`` for ``argv`` (the task is rebuilt; the model is not)."""
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    parser = options.get_training_parser()
-    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, input_args=list(argv)))
-    task = tasks.setup_task(cfg.task)
+    """``(cfg, task, criterion)`` for ``argv`` (the task is rebuilt; the model is not)."""
+    cfg, task = _task(argv)
     return cfg, task, task.build_criterion(cfg.criterion)
+
+
+def build_trainable(argv: Sequence[str], device, half: bool = False):
+    """``(model, optimizer, criterion, task)`` as fairseq's Trainer builds them: the model on ``device`` in training
+    mode (fp16 weights and fairseq's FP16Optimizer with ``half``), the optimizer of ``argv`` over its trainable
+    parameters."""
+    from fairseq import optim
+
+    cfg, task, model, criterion = build(argv)
+    model = model.to(device).train()
+    if half:
+        model = model.half()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = optim.FP16Optimizer.build_optimizer(cfg, params) if half else optim.build_optimizer(cfg.optimizer, params)
+    return model, opt, criterion, task
 
 
 def random_tokens(batch: int, seq_len: int, vocab: int, generator: torch.Generator) -> torch.Tensor:
@@ -150,6 +155,11 @@ def random_sample(batch: int, seq_len: int, vocab: int, num_classes: int, device
 
 def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
+
+
+def median_ratio(values: Sequence[float], bases: Sequence[float]) -> float:
+    """The median over rounds of each round's value over its base (the same round's)."""
+    return median([v / b for v, b in zip(values, bases)])
 
 
 # ---- peak memory ---------------------------------------------------------------------------------
@@ -246,13 +256,8 @@ def describe_memory(method: str) -> str:
 
 
 def step_clock(device):
-    """``fn -> (wall seconds, process CPU seconds)`` of ``fn()`` on ``device``: the harness clock
-    (``harness.timed``), the device synchronized around it, with the garbage collector off.
-
-    The CPU time (``time.process_time``: user + system of every thread of this process) hardly moves
-    when other processes share the cores, where the wall clock does; with one torch thread it is the
-    step's compute time. On CUDA only the wall clock means anything.
-    """
+    """``fn -> (wall seconds, process CPU seconds)`` of ``fn()`` on ``device``: ``harness.timed``, the device
+    synchronized around it, the garbage collector off (with one torch thread the CPU time is the step's compute)."""
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else None
     return lambda fn: harness.timed(fn, sync=sync, no_gc=True)[:2]
 

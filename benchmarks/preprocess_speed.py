@@ -1,13 +1,10 @@
 #!/usr/bin/env python
-"""Time SST-2 preprocessing: ``preprocess/glue.py`` vs fairseq's own pipeline, on this machine.
+"""Time SST-2 preprocessing: ``preprocess/glue.py`` against fairseq's own pipeline, on this machine.
 
-fairseq's pipeline is what ``examples/roberta/preprocess_GLUE_tasks.sh`` runs for SST-2: ``tail``/``cut``
-per split, ``python -m fairseq.examples.roberta.multiprocessing_bpe_encoder`` per split, then
-``fairseq-preprocess`` for ``input0`` (with ``--srcdict dict.txt``) and for ``label``. Both use the same
-GPT-2 BPE files and the same number of workers. The official files are used when ``--bpe-dir`` holds
-them; otherwise a byte-level BPE is learned locally from SST-2's training text (``--merges``), in the
-same three-file format. Each pipeline runs ``--repeats`` times (alternating); medians are compared and
-the two outputs are checked to be byte-identical.
+Systems: this tool, and fairseq's ``examples/roberta/preprocess_GLUE_tasks.sh`` for SST-2 step by step, the same
+GPT-2 BPE files (``--bpe-dir``, else a byte-level BPE learned from SST-2's training text) and workers. Measure: the
+median wall and CPU seconds over ``--repeats`` alternating runs, fairseq's stages. Targets: both write
+byte-identical files (exit 1 otherwise). How it measures: docs/benchmarks.md, "preprocess_speed.py".
 
     python benchmarks/preprocess_speed.py --json bench.json
 """
@@ -153,13 +150,10 @@ def main(argv=None):
     p.add_argument("--merges", type=int, default=5000, help="merges of the locally learned BPE")
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="workers for both pipelines")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--work-dir", help="scratch folder (default: a temporary one, removed afterwards)")
     args = p.parse_args(argv)
 
-    work = args.work_dir or tempfile.mkdtemp(prefix="preprocess_bench_")
-    os.makedirs(work, exist_ok=True)
     python = sys.executable
-    try:
+    with tempfile.TemporaryDirectory(prefix="preprocess_bench_") as work:
         bpe, bpe_kind = bpe_files(args.bpe_dir, work, args.merges, args.glue_dir)
         runs = {"ours": [], "fairseq": []}
         for r in range(args.repeats):
@@ -171,9 +165,6 @@ def main(argv=None):
         same = identical(os.path.join(work, "ours"), os.path.join(work, "fairseq"))
         with open(os.path.join(work, "ours", "stats.json")) as f:
             n = {k: v["examples"] for k, v in json.load(f)["splits"].items()}
-    finally:
-        if not args.work_dir:
-            shutil.rmtree(work, ignore_errors=True)
 
     result = _summary(args, runs, n, bpe_kind, same)
     _print_summary(args, result)

@@ -1,18 +1,15 @@
 #!/usr/bin/env python3
-"""The few-shot SST-2 tuning study: each method tuned with acl-tune on the same trial budget, then its
-best setting beside its default on seeds, scored on the protocol's test half.
+"""The few-shot SST-2 tuning study: each method tuned with acl-tune on the same trial budget, then its best
+setting beside its default on seeds, scored on the protocol's test half.
+
+Systems: each (N, method) of ``--ns`` x ``--methods``, tuned by ``--workers`` acl-tune processes on fewshot.py's
+runs. Measure: ``acl-tune --evaluate-best``'s test-half accuracy, tuned and at the default, per seed. Targets:
+tuned against default and method against method, paired by seed (benchmarks/_tune_report.py), in
+RESULTS/tune_fewshot.json and .md. How it runs: docs/benchmarks.md, "tune_fewshot.py".
 
     python benchmarks/tune_fewshot.py [--ns 20 100] [--methods ce scl acl_embed] [--trials 24] [--workers 2]
         [--seeds 1 2 3 4 5] [--work runs/bench] [--out runs/tune/fewshot] [--dry-run]
-
-The runs are benchmarks/fewshot.py's: the converted MiniLM (single exit at the last layer, mean pooling), the
-data of ``preprocess/glue.py --few-shot N --seed S`` (one folder per seed, made here when missing, shared with
-fewshot.py under WORK/data/fewshot), the schedule of recipes/glue/fewshot.tsv per N. The study of (N, method)
-tunes on seed 1's data, its objective on the protocol's valid split; ``--workers`` acl-tune processes share
-its SQLite study, each with one thread. Then ``acl-tune --evaluate-best`` writes OUT/N<N>/<method>/best.md.
-Everything resumes: run the same command again.
 """
-import math
 import os
 import shlex
 import subprocess
@@ -30,10 +27,7 @@ TASK = "SST-2"
 def tune_command(args, n: int, method: str, enc: _glue_runs.Encoder) -> List[str]:
     """acl-tune's command for the study of (n, method), without --evaluate-best; the flags for fairseq-train last."""
     sch = _fewshot.schedule_for(n, False)
-    per_epoch = math.ceil(n / sch["batch"])
-    env = _glue_runs.driver_env(enc, "", "", 1, multi=False, schedule=dict(
-        LR=sch["lr"], BATCH_SIZE=sch["batch"], MAX_EPOCH=sch["epochs"], TOTAL_UPDATES=per_epoch * sch["epochs"],
-        LOG_INTERVAL=per_epoch))
+    env = _glue_runs.driver_env(enc, "", "", 1, False, _glue_runs.schedule(sch["lr"], sch["batch"], sch["epochs"], n))
     sets = [f"--set={k}={v}" for k, v in env.items() if k not in ("DATA_BIN", "OUT_ROOT", "SEED")]
     folder, name = os.path.split(_fewshot.data_bin(args.work, n, 0))  # fewshot.py's folder of seed 0, as a template
     template = os.path.join(folder, name.replace("seed0", "seed{seed}"))
@@ -50,15 +44,13 @@ def build_parser():
     p.add_argument("--trials", type=int, default=24, help="finished trials per study (default %(default)s)")
     p.add_argument("--workers", type=int, default=2, help="acl-tune processes per study (default %(default)s)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5], help="--evaluate-best's seeds")
-    p.add_argument("--work", default=os.path.join(_glue_runs.REPO, "runs", "bench"), help="the encoder and the data")
+    _glue_runs.study_flags(p, hf_dir=False, collect=False)
     p.add_argument("--out", default=os.path.join(_glue_runs.REPO, "runs", "tune", "fewshot"), help="the studies")
     p.add_argument("--glue-dir", default=os.path.join(_glue_runs.GLUE_DIR, TASK), help="GLUE SST-2 folder")
     p.add_argument("--dry-run", action="store_true", help="print the acl-tune commands, run nothing")
     p.add_argument("--report", action="store_true",
                    help="run nothing: gather the studies' best.json into RESULTS/tune_fewshot.{json,md} (also written "
                         "after a full run)")
-    p.add_argument("--results", default=os.path.join(_glue_runs.REPO, "benchmarks", "results"),
-                   help="where the report goes")
     return p
 
 

@@ -1,17 +1,7 @@
 """One study pipeline: the grid of cells x seeds, each run through the script's run function (skipped when its
-record exists), the work folder synced into the records and every result read back from them, the per-cell
-summary over seeds with paired differences of chosen (cell, base) pairs, and the outputs written whole.
-
-A study script keeps only what it measures: its run function (train and score one cell at one seed), its cells,
-its pairs and its table and plot. The records are benchmarks/_records.py's (RESULTS/runs/<name>/..., the run
-folder's path below WORK), the paired differences benchmarks/_paired.py's.
-
-    study = Study("fewshot", work, records, result="fewshot_result.json")
-    study.run(grid(cells, seeds, "seed-major", block=lambda c: c[0]), run_one, label)
-    runs = study.collect(key=lambda r: (r["n"], r["seed"]))
-    cells = summarize_cells(runs, ("n", "method"), declared_cells, ["test_accuracy"])
-    deltas = paired_cells(cells, ("n", "method"), "method", "ce", "test_accuracy")
-    write_outputs(results, "fewshot", summary, markdown_text, figure)
+record exists: benchmarks/_records.py), every result read back from the records, the per-cell summary over seeds
+with the paired differences of chosen (cell, base) pairs (benchmarks/_paired.py), and the outputs written whole. A
+study script keeps only what it measures: its run function, its cells, its pairs and its table and plot.
 """
 import os
 import sys
@@ -153,6 +143,20 @@ def paired_cells(cells: Sequence[dict], keys: Sequence[str], vary: str, base: st
             d = p.pop("diffs")
             out.append({**{k: c[k] for k in keys}, "base": base, **p, diffs: d})
     return out
+
+
+def pyplot():
+    """matplotlib.pyplot drawing off screen (Agg), its logger at WARNING (fairseq's imports leave the root logger at
+    DEBUG), for the studies' figures."""
+    import logging
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def save_figure(fig, path: str, dpi: int = 120) -> None:

@@ -281,15 +281,18 @@ def test_hf_speed_verdicts_claim_nothing_about_amx_on_another_cpu():
                 row("plugin/acl_grad/params", "eager", 3.5, unit, 1.84),
                 row("plugin/acl_embed", "bf16", 0.95, unit, 1.05)]
 
-    zen = hf_speed.verdicts(rows("avx512_bf16"), "CMD")
-    assert any(v.startswith("NOT MEASURED on AMX") and "`CMD`" in v for v in zen)
-    assert not any(v.startswith(("MET  AMX", "MISSED AMX")) for v in zen)
-    assert any(v.startswith("MISSED fp32") and "0.95x" in v for v in zen)  # 1.8 / 1.9: behind HF compiled
-    assert any(v.startswith("MISSED cost over CE: plugin/acl_grad/params") for v in zen)
-    assert any(v.startswith("MET  cost over CE: plugin/acl_embed bf16") for v in zen)
-    amx = hf_speed.verdicts(rows("amx"), "CMD")
-    assert any(v.startswith("MET  AMX") and "2.22x HF eager fp32" in v for v in amx)  # 2.0 / 0.9
-    assert any(v.startswith("MET  AMX") and "1.11x HF bf16" in v for v in amx)
+    def verdicts(unit):  # (value to 2 places, pass) of the targets whose name holds each key
+        got = hf_speed.verdicts(rows(unit), "CMD")
+        return {key: [(round(t["value"], 2), t["pass"]) for t in got if key in t["target"]] for key in (
+            "fp32: plugin sentence_ce", "over HF eager fp32", "over HF bf16", "acl_grad/params", "acl_embed bf16",
+            "not measured on AMX: run `CMD`")}
+
+    zen, amx = verdicts("avx512_bf16"), verdicts("amx")
+    assert zen["fp32: plugin sentence_ce"] == [(0.95, False)]  # 1.8 / 1.9: behind HF compiled
+    assert zen["over HF eager fp32"] == [(2.22, None)] and zen["over HF bf16"] == [(1.11, None)]  # no AMX verdict
+    assert len(zen["not measured on AMX: run `CMD`"]) == 2 and amx["not measured on AMX: run `CMD`"] == []
+    assert zen["acl_grad/params"] == [(1.84, False)] and zen["acl_embed bf16"] == [(1.05, True)]
+    assert amx["over HF eager fp32"] == [(2.22, True)] and amx["over HF bf16"] == [(1.11, True)]  # 2.0 / 0.9
 
 
 def test_hf_speed_holds_an_all_exit_criterion_against_ce_with_all_exits():
@@ -303,10 +306,10 @@ def test_hf_speed_holds_an_all_exit_criterion_against_ce_with_all_exits():
              "ratio_to_ce": r, "cpu_kind": "X", "bf16_unit": None}
             for s, r in (("plugin/sentence_ce/all exits", 1.0), ("plugin/acl_cross_layer/features/all exits", 1.05),
                          ("plugin/multi_exit_kd/all exits", 1.2))]
-    got = hf_speed.verdicts(rows, "CMD")
-    assert any(v.startswith("MET  cost over CE: plugin/acl_cross_layer/features/all exits eager 1.05x") for v in got)
-    assert any(v.startswith("MISSED cost over CE: plugin/multi_exit_kd/all exits eager 1.20x") for v in got)
-    assert not any("cost over CE: plugin/sentence_ce" in v for v in got)
+    got = {t["target"]: (t["value"], t["pass"]) for t in hf_speed.verdicts(rows, "CMD")}
+    assert got["cost over CE: plugin/acl_cross_layer/features/all exits eager"] == (1.05, True)
+    assert got["cost over CE: plugin/multi_exit_kd/all exits eager"] == (1.2, False)
+    assert not any("cost over CE: plugin/sentence_ce" in name for name in got)
 
 
 def test_optimizer_time_at_toy_size(tmp_path):

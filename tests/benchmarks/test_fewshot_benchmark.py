@@ -157,7 +157,7 @@ def test_bf16_runs_are_paired_with_the_fp32_run_of_the_same_cell_and_seed():
 
     fp32 = [run("ce", 1, 80.0), run("ce", 2, 79.0), run("acl_embed", 1, 81.0), run("ce", 1, 70.0, n=100)]
     bf16 = [run("ce", 2, 79.5), run("ce", 1, 80.0), run("acl_embed", 1, 80.5), run("acl_embed", 3, 82.0)]
-    out = FS.precision_pairs(bf16, fp32)
+    out = FS.twin_pairs(bf16, fp32, "precision", ("bf16", "fp32"), FS.BF16_BOUND)  # as fewshot.py's PAIRS["bf16"]
     by = {(c["n"], c["method"]): c for c in out["paired"]}
     assert set(by) == {(1000, "ce"), (1000, "acl_embed")}
     assert by[1000, "ce"]["seeds"] == [1, 2] and by[1000, "ce"]["bf16_minus_fp32_per_seed"] == [0.0, 0.5]

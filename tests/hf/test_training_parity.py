@@ -16,7 +16,7 @@ from acl_fairseq.hf import convert as convert_hf
 from tiny_hf import BERT_VOCAB, batch, bert_pairs, fairseq_ids, load_fairseq, write_bert
 
 HEAD = "sentence_classification_head"
-# eps small: fairseq's adam adds it before the bias correction, torch's after (hf_loop's docstring)
+# eps small: fairseq's adam adds it before the bias correction, torch's after (docs/benchmarks.md, "hf_loop.py")
 LR, BETAS, EPS, DECAY, UPDATES = 1e-3, (0.9, 0.98), 1e-8, 0.1, 8
 
 
