@@ -7,8 +7,9 @@ more than what the extra calls cost. Both costs are the running server's own:
 
 - :class:`CallCost` fits ``seconds = fixed + per_position x positions`` (positions: rows x width) to the layer
   calls the scheduler makes, the older ones weighing less (``decay`` a call); it says nothing (``None``) until it
-  has seen enough calls of different sizes for the fit to be meaningful, and a call whose time is not a finite
-  number of seconds is not counted;
+  has seen enough calls of different sizes for the fit to be meaningful (the start's measured calls of every batch
+  size count: :meth:`CallCost.seed`), keeps its last line while the recent calls are too alike to fit another,
+  and does not count a call whose time is not a finite number of seconds;
 - :func:`split_by_length` cuts rows sorted by length into contiguous groups (at most ``max_batch`` rows each)
   whose modelled cost, ``sum(fixed + per_position x rows x width)``, is the least (dynamic programming over the
   sorted rows: the best split into contiguous groups of a sorted list is the best split of any kind, since a group
@@ -26,14 +27,16 @@ class CallCost:
     """An online least-squares line through ``(positions, seconds)`` of the layer calls, exponentially forgetting
     (each new call's weight 1, the older ones' times ``decay``). ``line()``: ``(fixed, per_position)`` seconds, or
     None before ``min_calls`` calls, or while the positions seen vary too little for a slope
-    (``min_spread``: their weighted standard deviation over their mean), or while the slope is not positive."""
+    (``min_spread``: their weighted standard deviation over their mean) unless a line was fitted before, or while
+    the slope is not positive."""
 
-    def __init__(self, decay: float = 0.995, min_calls: int = 32, min_spread: float = 0.25):
+    def __init__(self, decay: float = 0.995, min_calls: int = 16, min_spread: float = 0.25):
         if not 0 < decay <= 1:
             raise ValueError(f"decay {decay} must be in (0, 1]")
         self.decay, self.min_calls, self.min_spread = decay, min_calls, min_spread
         self.calls = 0
         self._w = self._x = self._y = self._xx = self._xy = 0.0
+        self._last: Optional[Tuple[float, float]] = None
 
     def observe(self, positions: int, seconds: float) -> None:
         if positions <= 0 or not (math.isfinite(seconds) and seconds >= 0):
@@ -43,17 +46,26 @@ class CallCost:
         self._xx, self._xy = d * self._xx + positions * positions, d * self._xy + positions * seconds
         self.calls += 1
 
+    def seed(self, table, width: int) -> None:
+        """Observe the calls a :class:`acl_runtime.deadlines.CostTable` measured at start (every layer at every
+        batch size bucket, on rows of ``width`` tokens): a line before the first request."""
+        for seconds in table.seconds[1:]:  # the layers; the embeddings cost otherwise
+            for rows, cell in zip(table.buckets, seconds):
+                if cell is not None:
+                    self.observe(rows * width, cell)
+
     def line(self) -> Optional[Tuple[float, float]]:
+        """The line; while the recent calls vary too little in size to fit one (a steady load of like waves), the
+        last line fitted."""
         if self.calls < self.min_calls:
             return None
         mean = self._x / self._w
         var = self._xx / self._w - mean * mean
         if var <= 0 or math.sqrt(var) < self.min_spread * mean:
-            return None
+            return self._last
         slope = (self._xy / self._w - mean * self._y / self._w) / var
-        if not slope > 0:
-            return None
-        return max(0.0, self._y / self._w - slope * mean), slope
+        self._last = (max(0.0, self._y / self._w - slope * mean), slope) if slope > 0 else None
+        return self._last
 
 
 def split_by_length(lengths: Sequence[int], max_batch: int, fixed: float, per_position: float) -> List[List[int]]:

@@ -160,9 +160,10 @@ class Service:
 
     def start(self) -> None:
         """Measure what a layer costs at each batch size on this machine (the deadlines' table: every layer at every
-        bucket, before the first request), then take requests."""
-        deadlines.measure(self.engine.backend, self.scheduler.costs,
-                          self.engine.encode_with_info(deadlines.PROBE_TEXT)[0])
+        bucket, before the first request; the wave split's line through them), then take requests."""
+        probe = self.engine.encode_with_info(deadlines.PROBE_TEXT)[0]
+        deadlines.measure(self.engine.backend, self.scheduler.costs, probe)
+        self.scheduler.call_cost.seed(self.scheduler.costs, len(probe))  # the wave split's cost of a call too
         self.scheduler.start()
         self.ready = True
 

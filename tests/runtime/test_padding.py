@@ -85,6 +85,23 @@ def test_the_cost_of_a_call_is_fitted_from_calls_of_different_sizes_and_nonsense
         CallCost(decay=0.0)
 
 
+def test_the_start_measurement_seeds_the_line_and_a_steady_load_of_like_calls_keeps_the_last_one():
+    from acl_runtime.deadlines import CostTable
+
+    table = CostTable(layers=3, max_batch=32)  # as deadlines.measure fills it: every layer at every bucket
+    for layer in range(4):
+        for b, rows in enumerate(table.buckets):
+            table.seconds[layer][b] = 1e-4 + 2e-7 * rows * 26 + (0.5 if layer == 0 else 0.0)
+    cost = CallCost()
+    cost.seed(table, width=26)
+    assert cost.calls == 3 * len(table.buckets)  # the layers only: the embeddings cost otherwise
+    fixed, per_position = cost.line()
+    assert fixed == pytest.approx(1e-4) and per_position == pytest.approx(2e-7)
+    for _ in range(3000):  # full waves of one size, for long: too alike to fit a line, the last one stays
+        cost.observe(32 * 55, 1e-4 + 2e-7 * 32 * 55)
+    assert cost.line() == (pytest.approx(1e-4), pytest.approx(2e-7))
+
+
 class _Clock:
     def __init__(self):
         self.now = 0.0
