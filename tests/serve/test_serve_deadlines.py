@@ -172,5 +172,7 @@ def test_the_service_runs_its_deadline_policy(slowed):
     (_, service), _, _ = slowed
     assert service.scheduler.deadline_policy == "answer" and service.scheduler.slo == DEADLINE_MS / 1000
     assert all(cell is not None for row in service.scheduler.costs.seconds for cell in row)  # measured at start
-    # the wave split's cost of a call, seeded from the same start measurement: known before the first request
-    assert service.scheduler.split_waves and service.scheduler.call_cost.line() is not None
+    # the wave split's cost of a call, seeded from the same start measurement (its line: none here, where a call's
+    # time is a fixed sleep, not a cost a position)
+    table = service.scheduler.costs
+    assert service.scheduler.call_cost.calls >= (len(table.seconds) - 1) * len(table.buckets)
