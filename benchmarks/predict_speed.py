@@ -4,7 +4,7 @@ a multi-exit MiniLM, at batch 1 and 32, with and without early exit; tokenizatio
 timed apart.
 
     python benchmarks/predict_speed.py [--checkpoint CKPT --data DATA_BIN] [--threshold 0.3]
-        [--batch-sizes 1 32] [--repeats 3] [--examples N] [--json benchmarks/results/predict_speed.json]
+        [--batch-sizes 1 32] [--repeats 3] [--examples N] [--input LINES] [--json benchmarks/results/predict_speed.json]
 
 Systems: all layers and early exit, alternated each repeat. Measure: sentences/s, each stage's median time, the
 preparation's share, the wall speed-up against the layer speed-up. Targets (:func:`targets`), at the largest batch:
@@ -60,6 +60,13 @@ def targets(rows: List[Dict]) -> List[Dict]:
                                                                          if r["batch_size"] == batch), 0.1, False)]
 
 
+def read_lines(path: str, n: int) -> List[str]:
+    """The first ``n`` lines of ``path`` (0: all), one sentence a line."""
+    with open(path, encoding="utf-8") as f:
+        rows = [line.rstrip("\n") for line in f]
+    return rows[:n] if n else rows
+
+
 def main(argv=None) -> List[Dict]:
     p = harness.parser(__doc__, json="write the rows here", threads=1)
     _serving.add_model_flags(p)
@@ -68,6 +75,7 @@ def main(argv=None) -> List[Dict]:
                    "default: the policy's, 0.3 for entropy)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
     p.add_argument("--examples", type=int, default=0, help="first N dev sentences (0: all 872)")
+    p.add_argument("--input", help="sentences, one per line, instead of SST-2 dev (a model trained on other data)")
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
     console.check_request_flags(p, args, fill_default=True)
@@ -77,11 +85,11 @@ def main(argv=None) -> List[Dict]:
     from acl_fairseq.inference import hub as hub_mod
 
     hub = hub_mod.from_checkpoint(ckpt, data)
-    sentences = _serving.sst2_dev(args.examples)[0]
+    sentences = _serving.sst2_dev(args.examples)[0] if not args.input else read_lines(args.input, args.examples)
     rows = []
     for b in args.batch_sizes:
         rows += measure(hub, sentences, b, args.policy, args.threshold, args.repeats)
-    harness.header("predict_speed", sentences=f"{len(sentences)} of SST-2 dev", policy=args.policy,
+    harness.header("predict_speed", sentences=f"{len(sentences)} of {args.input or 'SST-2 dev'}", policy=args.policy,
                    threshold=args.threshold, checkpoint=ckpt)
     harness.report(rows, ["batch_size", "mode", "sentences_per_s", "tokenize_s", "batch_s", "model_s", "prep_share",
                           "mean_exit_layer", "layer_speedup", "wall_speedup", "wall_over_layer_speedup"],
