@@ -155,8 +155,11 @@ def test_the_metadata_gives_each_input_row_the_configurations_dims_and_such_rows
                                                                                    "probabilities")]
             answers.append(client.infer("acl", tensors, outputs=asked))
         flat, column = answers
-        for name in ("label", "exit_layer", "probabilities"):
+        for name in ("label", "exit_layer"):
             assert np.array_equal(flat.as_numpy(name), column.as_numpy(name)), name
+        # the same rows, within float reduction order: a light load's wave is split by length at the worker's fitted
+        # cost of a call, which moves between the two requests, so their rows may run in other groups
+        assert np.abs(flat.as_numpy("probabilities") - column.as_numpy("probabilities")).max() < 1e-6
         assert [x.decode() if isinstance(x, bytes) else x for x in column.as_numpy("label")] == [p.label for p in
                                                                                                want]
         assert column.as_numpy("exit_layer").tolist() == [p.exit_layer for p in want]
