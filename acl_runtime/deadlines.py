@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
 import numpy as np
 
+from acl_runtime.scheduler_rows import take_out
+
 if TYPE_CHECKING:
     from acl_runtime.scheduler_rows import _Row
 
@@ -125,7 +127,8 @@ def measure(backend, table: CostTable, ids: Sequence[int], repeats: int = 2,
 
 class Steps:
     """The scheduler's deadline steps (:class:`acl_runtime.scheduler.Scheduler` is one): on its ``queues``,
-    ``costs``, ``_next_exit``, ``max_batch``, ``deadline_policy``, and its ``_cond`` and ``_rows``."""
+    ``costs``, ``_next_exit``, ``max_batch``, ``deadline_policy``, ``_deadlines`` (a request with a deadline has
+    come), and its ``_cond`` and ``_rows``."""
 
     def _due(self, layer: int, rows: List["_Row"], now: float):
         """``(the rows that run layer, the count of the others done)``: at the embeddings, a request whose
@@ -152,7 +155,7 @@ class Steps:
         queue would run, answers from that exit now: waiting for its queue's turn, it was late by then. Every row of
         every queue is looked at (a queue is in no deadline order), once a request with a deadline came
         (``_deadlines``). The count of rows done."""
-        if self.deadline_policy == "delay" or not getattr(self, "_deadlines", False):
+        if self.deadline_policy == "delay" or not self._deadlines:
             return 0
         before = self._rows
         expired = [r for r in self.queues[0] if r.deadline < now]
@@ -166,13 +169,7 @@ class Steps:
             if not queue:
                 continue
             cost = self.costs.path(layer, self._next_exit[layer], min(len(queue), self.max_batch))
-            caught = [r for r in queue if r.reached is not None and late(r.deadline - now, cost)]
-            if not caught:
-                continue
-            gone = {id(r) for r in caught}
-            kept = [r for r in queue if id(r) not in gone]
-            queue.clear()
-            queue.extend(kept)
+            caught = take_out(queue, lambda r, cost=cost: r.reached is not None and late(r.deadline - now, cost))
             for r in caught:
                 r.job.answer(r, r.reached[0], r.reached[1], DEADLINE)
             self._rows -= len(caught)
@@ -201,11 +198,7 @@ class Steps:
         with self._cond:
             removed = 0
             for queue in self.queues:
-                kept = [r for r in queue if id(r.job) not in jobs]
-                if len(kept) != len(queue):
-                    removed += len(queue) - len(kept)
-                    queue.clear()
-                    queue.extend(kept)
+                removed += len(take_out(queue, lambda r: id(r.job) in jobs))
             self._rows -= removed
         for r in jobs.values():
             if not r.job.future.done():

@@ -56,7 +56,7 @@ import numpy as np
 
 from acl_runtime import deadlines, exits, loop, padding
 from acl_runtime.deadlines import LAST, POLICY, DeadlineExpired  # noqa: F401  (DeadlineExpired: the API)
-from acl_runtime.scheduler_rows import Answer, Closed, QueueFull, _Job, _Row, _Timed  # noqa: F401  (the API)
+from acl_runtime.scheduler_rows import Answer, Closed, QueueFull, _Job, _Row, _Timed, take_out  # noqa: F401
 
 
 class Scheduler(deadlines.Steps):
@@ -160,11 +160,7 @@ class Scheduler(deadlines.Steps):
         with self._cond:
             freed = 0
             for queue in self.queues:
-                kept = [r for r in queue if r.job.future is not future]
-                freed += len(queue) - len(kept)
-                if len(kept) != len(queue):
-                    queue.clear()
-                    queue.extend(kept)
+                freed += len(take_out(queue, lambda r: r.job.future is future))
             self._rows -= freed
             self._cond.notify_all()
         if freed and self.on_depth is not None:
@@ -265,9 +261,7 @@ class Scheduler(deadlines.Steps):
                 chosen.append(row)
                 real, width = real + row.ids.size, w
         taken = {id(r) for r in chosen}
-        kept = [r for r in queue if id(r) not in taken]
-        queue.clear()
-        queue.extend(kept)
+        take_out(queue, lambda r: id(r) in taken)
         return chosen
 
     def _advance(self, layer: int, rows: List[_Row]) -> int:
@@ -344,12 +338,11 @@ class Scheduler(deadlines.Steps):
             by_request.setdefault(r.request, []).append(r)
         line = self.call_cost.line() if self.refill and self.split_waves else None
         for group in by_request.values():
-            lengths = [r.ids.size for r in group]
             if line is None:
                 batches = [positions for positions, _ in loop.make_batches([r.ids for r in group], self.max_batch,
                                                                             self.pad)]
             else:
-                batches = padding.split_by_length(lengths, self.max_batch, *line)
+                batches = padding.split_by_length([r.ids.size for r in group], self.max_batch, *line)
             for positions in batches:
                 self._isolate(0, [group[p] for p in positions], self._run_whole)
         return len(rows)

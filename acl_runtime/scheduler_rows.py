@@ -22,6 +22,18 @@ class Closed(Exception):
     """The scheduler is closing: it takes nothing new."""
 
 
+def take_out(queue, leaving: Callable[["_Row"], bool]) -> List["_Row"]:
+    """The rows of ``queue`` (a deque) for which ``leaving`` holds, taken out of it in place; the others keep their
+    order."""
+    kept, out = [], []
+    for r in queue:
+        (out if leaving(r) else kept).append(r)
+    if out:
+        queue.clear()
+        queue.extend(kept)
+    return out
+
+
 class Answer(NamedTuple):
     logits: np.ndarray  # (n, K) float32: the exit each row left at
     exit_layer: np.ndarray  # (n,) int64: 1-based layer of that exit
